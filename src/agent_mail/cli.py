@@ -1,0 +1,308 @@
+"""agent-mail: a mailbox for AI coding agents. JSON on stdout, JSON errors on stderr.
+
+Usage:
+    agent-mail describe [COMMAND]                the whole manual, as JSON
+    agent-mail send --from research:lead --to deploy:worker --subject "fix X" --body "..."
+    agent-mail send --from research:lead --to '*' --subject "status check"
+    agent-mail read deploy:worker                take delivery of unread mail
+    agent-mail ack deploy:worker ID [ID ...]     "I acted on it"
+    agent-mail status                            who has what waiting
+    agent-mail cleanup --older-than 30 --dry-run deliberate deletion, no default age
+
+The mailbox is one SQLite file: ~/.agent-mail/mail.db, or $AGENT_MAIL_DB.
+
+This module only parses, calls and prints. It is the one place where errors
+become {"error": ...} and exit codes; the work happens in agent_mail.service.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from agent_mail import errors, spec
+
+
+def parse(argv: list[str]) -> tuple[str, dict]:
+    """argv (without the program name) -> (command, values). Raises InvalidInput with every problem."""
+    if not argv:
+        return "describe", {"command": None}
+    name, rest = argv[0], argv[1:]
+    if name in ("-h", "--help", "help"):
+        return "describe", {"command": None}
+    if name == "--version":
+        return "version", {}
+    command = spec.COMMANDS.get(name)
+    if command is None:
+        raise errors.InvalidInput([(None, _unknown_command(name))])
+    if "-h" in rest or "--help" in rest:
+        return "describe", {"command": name}
+    values, problems = _parse_args(command, rest)
+    if problems:
+        from agent_mail import service  # only on the error path: find the other problems too
+
+        seen = {p for p in problems}
+        problems += [p for p in service.input_problems(name, values) if p not in seen]
+        raise errors.InvalidInput(problems)
+    return name, values
+
+
+def _unknown_command(name: str) -> str:
+    known = ", ".join(spec.COMMANDS)
+    hint = _closest(name, list(spec.COMMANDS))
+    text = f"unknown command {name!r}."
+    if hint:
+        text += f" Did you mean {hint!r}?"
+    return text + f" Commands: {known}. Run 'agent-mail describe' for the manual."
+
+
+def _closest(word: str, choices: list[str]) -> str | None:
+    import difflib  # only on the error path
+
+    found = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
+def _parse_args(command: spec.Command, tokens: list[str]) -> tuple[dict, list]:
+    flags = {a.name: a for a in command.args if not a.positional}
+    positionals = [a for a in command.args if a.positional]
+    problems: list[tuple[str | None, str]] = []
+    raw: dict[str, list[str]] = {}
+    loose: list[str] = []
+    only_positional = False
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        i += 1
+        if only_positional or token == "-" or not token.startswith("-") or _is_number(token):
+            loose.append(token)
+            continue
+        if token == "--":
+            only_positional = True
+            continue
+        name, has_value, value = token.partition("=")
+        arg = flags.get(name)
+        if arg is None:
+            problems.append((name, _unknown_flag(command, name)))
+            if not has_value and i < len(tokens) and not tokens[i].startswith("-"):
+                i += 1  # most likely its value: one problem, not two
+            continue
+        if arg.kind == spec.FLAG:
+            if has_value:
+                problems.append((name, "takes no value."))
+            raw.setdefault(name, []).append("")
+            continue
+        if not has_value:
+            if i >= len(tokens) or tokens[i] in flags:
+                problems.append((name, f"needs a value ({arg.kind}): {arg.help}"))
+                continue
+            value = tokens[i]
+            i += 1
+        raw.setdefault(name, []).append(value)
+
+    values: dict = {}
+    for arg in positionals:
+        if arg.repeat:
+            taken, loose = loose, []
+        else:
+            taken, loose = loose[:1], loose[1:]
+        raw[arg.name] = taken
+    if loose:
+        problems.append((None, f"unexpected argument(s) {loose!r} for '{command.name}'."))
+
+    for arg in command.args:
+        given = raw.get(arg.name) or []
+        if arg.kind == spec.REMOVED:
+            if given:
+                problems.append((arg.name, arg.removed_because))
+            continue
+        if not given:
+            values[arg.dest] = [] if arg.repeat else (False if arg.kind == spec.FLAG else arg.default)
+            if arg.required:
+                what = "argument" if arg.positional else "flag"
+                problems.append((arg.name, f"is a required {what}: {arg.help}"))
+            continue
+        if len(given) > 1 and not arg.repeat:
+            problems.append((arg.name, "was given more than once; give it once."))
+            continue
+        if arg.kind == spec.FLAG:
+            values[arg.dest] = True
+            continue
+        converted = []
+        for text in given:
+            result, problem = _convert(command, arg, text)
+            if problem:
+                problems.append((arg.name, problem))
+            else:
+                converted.append(result)
+        values[arg.dest] = converted if arg.repeat else (converted[0] if converted else None)
+
+    present = {a.name for a in command.args if raw.get(a.name)}
+    for group in command.exclusive:
+        used = [g for g in group if g in present]
+        if len(used) > 1:
+            problems.append((used[0], f"cannot be combined with {', '.join(used[1:])}; use one."))
+    for group in command.one_of:
+        used = [g for g in group if g in present]
+        if not used:
+            problems.append((group[0], f"give one of: {', '.join(group)}."))
+        elif len(used) > 1:
+            problems.append((used[0], f"cannot be combined with {', '.join(used[1:])}; use one."))
+    return values, problems
+
+
+def _is_number(token: str) -> bool:
+    try:
+        float(token)
+    except ValueError:
+        return False
+    return True
+
+
+def _unknown_flag(command: spec.Command, name: str) -> str:
+    names = [a.name for a in command.args if not a.positional]
+    hint = _closest(name, names)
+    text = f"is not a flag of '{command.name}'."
+    if hint:
+        text += f" Did you mean {hint}?"
+    return text + f" Flags: {', '.join(names) or 'none'}. See 'agent-mail describe {command.name}'."
+
+
+def _convert(command: spec.Command, arg: spec.Arg, text: str) -> tuple[object, str | None]:
+    """Turn one raw value into its typed value, or explain why it cannot be."""
+    from agent_mail import model
+
+    kind = arg.kind
+    if kind in (spec.IDENTITY, spec.RECIPIENT):
+        problem = model.identity_problem(text, allow_broadcast=kind == spec.RECIPIENT)
+        return text, problem
+    if kind == spec.MESSAGE_ID:
+        return text.lower(), model.message_id_problem(text)
+    if kind in (spec.INT, spec.NUMBER):
+        try:
+            number = int(text) if kind == spec.INT else float(text)
+        except ValueError:
+            return None, f"{text!r} is not {'a whole number' if kind == spec.INT else 'a number'}."
+        if number != number or number in (float("inf"), float("-inf")):
+            return None, f"{text!r} is not a finite number."
+        low, high = arg.minimum, arg.maximum
+        if (low is not None and number < low) or (high is not None and number > high):
+            return None, f"{text} is out of range; use a value from {_num(low)} to {_num(high)}."
+        return number, None
+    if kind == spec.FIELDS:
+        wanted = [f.strip() for f in text.split(",") if f.strip()]
+        valid = list(command.item_fields)
+        unknown = [f for f in wanted if f not in valid]
+        if not wanted:
+            return None, f"is empty. Choose from: {','.join(valid)}."
+        if unknown:
+            return None, f"unknown field(s) {unknown}. Choose from: {','.join(valid)}."
+        return list(dict.fromkeys(wanted)), None
+    if kind == spec.COMMAND:
+        if text not in spec.COMMANDS:
+            return None, _unknown_command(text)
+        return text, None
+    if kind == spec.PATH and not text:
+        return None, "is empty; give a path."
+    if "\x00" in text:
+        return None, "contains a NUL character."
+    return text, None
+
+
+def _num(value: float | None) -> str:
+    if value is None:
+        return "any"
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+# ---------------------------------------------------------------- output
+
+
+def _dumps(document: object) -> bytes:
+    return (json.dumps(document, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def emit(document: object) -> None:
+    """Write the result to stdout and make sure it arrived; raise OutputError if not."""
+    stream = sys.stdout
+    try:
+        if stream is None:
+            raise OSError("standard output is closed")
+        buffer = getattr(stream, "buffer", None)
+        if buffer is None:  # replaced by a text-only stream (tests): keep its encoding out of it
+            stream.write(_dumps(document).decode("utf-8"))
+        else:
+            stream.flush()
+            buffer.write(_dumps(document))
+        stream.flush()
+    except (OSError, ValueError) as exc:
+        _silence_stdout()
+        raise errors.OutputError(
+            f"could not write the result to standard output ({exc}); nothing was changed."
+        ) from None
+
+
+def _silence_stdout() -> None:
+    """After a failed write, stop Python from failing again on exit while flushing stdout."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.close(devnull)
+    except OSError:
+        pass
+
+
+def _emit_error(error: errors.AgentMailError) -> None:
+    data = _dumps(error.payload())
+    try:
+        stream = sys.stderr
+        buffer = getattr(stream, "buffer", None)
+        if buffer is None:
+            stream.write(data.decode("utf-8"))
+        else:
+            buffer.write(data)
+        stream.flush()
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+# ---------------------------------------------------------------- dispatch
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; return the exit code. Never raises for user-facing failures."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    try:
+        name, values = parse(args)
+        if name == "version":
+            from agent_mail import __version__
+
+            emit({"name": "agent-mail", "version": __version__})
+            return errors.EXIT_OK
+        if name == "describe":
+            from agent_mail import __version__, service
+
+            emit(spec.describe_document(service.storage_report(), __version__, values.get("command")))
+            return errors.EXIT_OK
+        from agent_mail import service
+
+        with service.open_mailbox() as mailbox:
+            code = getattr(mailbox, name)(**values, emit=emit)
+        return code if isinstance(code, int) else errors.EXIT_OK
+    except errors.AgentMailError as exc:
+        _emit_error(exc)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        _emit_error(errors.AgentMailError("interrupted; nothing was changed."))
+        return 130
+    except Exception as exc:  # a bug: still JSON, still no traceback, with enough to report it
+        _emit_error(errors.AgentMailError(
+            f"internal error ({type(exc).__name__}: {exc}). Nothing was changed. Please report this."
+        ))
+        return errors.EXIT_FAILED
+
+
+def run() -> None:
+    """Console-script entry point."""
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""Identities, message ids, limits and text rules: pure checks that return problems.
+
+Every check returns an error message (a string) or None, so callers can collect
+all the problems of one call and report them together.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import re
+import uuid
+
+IDENTITY_RE = re.compile(r"[a-z0-9][a-z0-9-]*:[a-z0-9][a-z0-9-]*")
+MESSAGE_ID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+BROADCAST = "*"
+
+SUBJECT_MAX_CHARS = 200
+BODY_MAX_CHARS = 50_000
+# Control characters other than tab, newline and carriage return; DEL and the C1 range too.
+_BODY_CONTROL_RE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+_LINE_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_SURROGATE_RE = re.compile(r"[\ud800-\udfff]")
+
+
+def identity_problem(value: str, *, allow_broadcast: bool = False) -> str | None:
+    """Why `value` is not a usable identity, or None."""
+    if allow_broadcast and value == BROADCAST:
+        return None
+    if IDENTITY_RE.fullmatch(value):
+        return None
+    hint = " or '*' for every agent" if allow_broadcast else ""
+    lowered = value.strip().lower()
+    if lowered != value and IDENTITY_RE.fullmatch(lowered):
+        return f"{value!r} is not a valid identity; did you mean {lowered!r}? Identities are lowercase."
+    return (
+        f"{value!r} is not a valid identity. Use project:name{hint}, each half lowercase "
+        "letters, digits and hyphens, starting with a letter or digit (e.g. deploy:worker)."
+    )
+
+
+def message_id_problem(value: str) -> str | None:
+    """Why `value` is not a message id, or None. Ids are lowercase UUIDs."""
+    if MESSAGE_ID_RE.fullmatch(value.lower()):
+        return None
+    return (
+        f"{value!r} is not a message id. Ids are UUIDs like "
+        "9f1c2e34-5678-4abc-9def-0123456789ab, exactly as read or send printed them."
+    )
+
+
+def _encoding_problem(value: str) -> str | None:
+    if _SURROGATE_RE.search(value):
+        return "is not valid UTF-8 text. Pass UTF-8 (or use --body-file with a UTF-8 file)."
+    return None
+
+
+def subject_problem(value: str) -> str | None:
+    """Why `value` is not a usable subject line, or None."""
+    problem = _encoding_problem(value)
+    if problem:
+        return problem
+    if not value.strip():
+        return "is empty. Give a short line saying what the message is about."
+    if "\n" in value or "\r" in value:
+        return "must be one line. Put the detail in --body."
+    if _LINE_CONTROL_RE.search(value):
+        return "contains control characters. Use plain printable text."
+    if len(value) > SUBJECT_MAX_CHARS:
+        return (
+            f"is {len(value)} characters; the limit is {SUBJECT_MAX_CHARS}. "
+            "Keep it scannable and put the detail in --body."
+        )
+    return None
+
+
+def body_problem(value: str) -> str | None:
+    """Why `value` is not a usable body, or None."""
+    problem = _encoding_problem(value)
+    if problem:
+        return problem
+    match = _BODY_CONTROL_RE.search(value)
+    if match:
+        return (
+            f"contains the control character U+{ord(match.group()):04X} at position "
+            f"{match.start()}. Only newline, carriage return and tab are allowed."
+        )
+    if len(value) > BODY_MAX_CHARS:
+        return (
+            f"is {len(value)} characters; the limit is {BODY_MAX_CHARS}. A message is "
+            "coordination, not content: write the substance to a file and pass it with --ref."
+        )
+    return None
+
+
+def new_message_id() -> str:
+    return str(uuid.uuid4())
+
+
+def now() -> _dt.datetime:
+    return _dt.datetime.now(_dt.timezone.utc)
+
+
+def iso(moment: _dt.datetime) -> str:
+    """An ISO 8601 timestamp in UTC with microseconds: sortable as text."""
+    return moment.astimezone(_dt.timezone.utc).isoformat(timespec="microseconds")
+
+
+def now_iso() -> str:
+    return iso(now())
+
+
+def parse_iso(value: str | None) -> _dt.datetime | None:
+    """Parse a stored timestamp (ours are UTC; older mailboxes wrote local offsets)."""
+    if not value:
+        return None
+    try:
+        moment = _dt.datetime.fromisoformat(value)
+    except (TypeError, ValueError):
+        return None
+    if moment.tzinfo is None:
+        moment = moment.astimezone()
+    return moment

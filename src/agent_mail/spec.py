@@ -1,0 +1,353 @@
+"""Every command, argument, default, output field and example, declared once.
+
+The argument parser (cli.py) and `describe` are both built from these
+definitions, so the manual cannot disagree with what the parser accepts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from agent_mail import model
+
+# Argument kinds. The parser converts and checks each value by its kind.
+IDENTITY = "identity"  # project:name
+RECIPIENT = "recipient"  # project:name or '*'
+MESSAGE_ID = "message_id"  # a UUID as printed by send/read
+TEXT = "text"
+PATH = "path"
+JSON = "json"
+INT = "int"
+NUMBER = "number"
+FLAG = "flag"
+FIELDS = "fields"  # comma-separated subset of a command's fields
+COMMAND = "command"  # the name of a command
+REMOVED = "removed"  # accepted only to be rejected with a message naming the replacement
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One positional argument or flag of a command."""
+
+    name: str  # positional name, or the flag itself ("--to")
+    kind: str
+    help: str
+    required: bool = False
+    default: object = None
+    repeat: bool = False  # flag may be given many times / positional takes many values
+    minimum: float | None = None
+    maximum: float | None = None
+    removed_because: str = ""  # for REMOVED flags: the replacement and why
+
+    @property
+    def positional(self) -> bool:
+        return not self.name.startswith("-")
+
+    @property
+    def dest(self) -> str:
+        dest = self.name.lstrip("-").replace("-", "_")
+        return "from_" if dest == "from" else dest  # `from` is a Python keyword
+
+    def describe(self) -> dict:
+        doc: dict = {"type": self.kind, "required": self.required, "description": self.help}
+        if self.positional:
+            doc["positional"] = True
+        if self.repeat:
+            doc["repeatable"] = True
+        if self.default is not None:
+            doc["default"] = self.default
+        if self.minimum is not None or self.maximum is not None:
+            doc["range"] = [self.minimum, self.maximum]
+        if self.kind == REMOVED:
+            doc["removed"] = self.removed_because
+        return doc
+
+
+@dataclass(frozen=True)
+class Command:
+    """A command: its arguments, rules between them, and what it prints."""
+
+    name: str
+    summary: str
+    args: tuple[Arg, ...]
+    output: dict[str, str]  # top-level field -> meaning
+    examples: tuple[str, ...]
+    mutating: bool = False
+    item_fields: dict[str, str] = field(default_factory=dict)  # fields of each listed item
+    items_key: str = ""  # which output field holds the list of items
+    exclusive: tuple[tuple[str, ...], ...] = ()  # at most one of each group
+    one_of: tuple[tuple[str, ...], ...] = ()  # exactly one of each group
+    modes: dict[str, str] = field(default_factory=dict)  # how output differs per mode
+    notes: tuple[str, ...] = ()
+    needs_mailbox: bool = True
+
+    def arg(self, name: str) -> Arg:
+        for candidate in self.args:
+            if candidate.name == name:
+                return candidate
+        raise KeyError(name)
+
+    def describe(self) -> dict:
+        doc: dict = {
+            "description": self.summary,
+            "mutating": self.mutating,
+            "args": {a.name: a.describe() for a in self.args},
+            "output_fields": dict(self.output),
+        }
+        if self.items_key:
+            doc["item_fields"] = {"in": self.items_key, "fields": dict(self.item_fields)}
+        if self.exclusive:
+            doc["mutually_exclusive"] = [list(g) for g in self.exclusive]
+        if self.one_of:
+            doc["exactly_one_of"] = [list(g) for g in self.one_of]
+        if self.modes:
+            doc["modes"] = dict(self.modes)
+        if self.notes:
+            doc["notes"] = list(self.notes)
+        doc["examples"] = [f"agent-mail {e}" for e in self.examples]
+        return doc
+
+
+MESSAGE_FIELDS = {
+    "id": "Message id (UUID). Pass it to ack, --reply-to or --thread.",
+    "sender": "Identity that sent it.",
+    "recipient": "Identity it was addressed to, or '*' for a broadcast.",
+    "subject": "One-line subject.",
+    "body": "Body text (may be empty).",
+    "refs": "Absolute paths the sender pointed at, as a JSON array.",
+    "reply_to": "Id of the message this answers, or null.",
+    "type": "'direct' or 'broadcast'.",
+    "created": "When it was sent (ISO 8601).",
+    "read_at": "When this agent took delivery, or null.",
+    "acked_at": "When this agent acknowledged it, or null.",
+}
+
+STATUS_FIELDS = {
+    "agent": "The identity.",
+    "unread": "Messages waiting for this identity that it has not read.",
+    "unacked": "Messages addressed to this identity that it has not acknowledged.",
+}
+
+FIELDS_HELP = "Comma-separated subset of the item fields to return (e.g. id,sender,subject). Saves context."
+
+COMMANDS: dict[str, Command] = {}
+
+
+def _register(command: Command) -> None:
+    COMMANDS[command.name] = command
+
+
+_register(Command(
+    name="describe",
+    summary="Print this manual as JSON: every command, argument, output field and example, plus the "
+    "mailbox this invocation resolves. Never creates the mailbox.",
+    args=(
+        Arg("command", COMMAND, "Describe only this command."),
+    ),
+    output={
+        "name": "Program name.",
+        "version": "Program version.",
+        "description": "What agent-mail is.",
+        "identity": "The identity format.",
+        "invariants": "Rules that hold for every command.",
+        "exit_codes": "What each exit status means.",
+        "limits": "Size limits enforced on input.",
+        "storage": "The mailbox this invocation resolves: path, source, exists, messages, size_bytes.",
+        "commands": "Every command's manual, keyed by name.",
+    },
+    modes={"describe COMMAND": "Prints {name, storage, command: <that command's manual>} instead."},
+    examples=("describe", "describe send"),
+    needs_mailbox=False,
+))
+
+_register(Command(
+    name="send",
+    summary="Send a message to an agent, or to every agent with --to '*'. Recipients need no registration.",
+    mutating=True,
+    args=(
+        Arg("--from", IDENTITY, "Your identity (project:name).", required=True),
+        Arg("--to", RECIPIENT, "Recipient identity (project:name), or '*' to broadcast to everyone but you.",
+            required=True),
+        Arg("--subject", TEXT, f"One line, at most {model.SUBJECT_MAX_CHARS} characters: what this is about.",
+            required=True),
+        Arg("--body", TEXT, f"Body text, at most {model.BODY_MAX_CHARS} characters. Say what happened and "
+            "what the recipient should do; put documents in files and --ref them."),
+        Arg("--body-file", PATH, "Read the body from this UTF-8 file ('-' for standard input). For text that "
+            "is awkward to quote, not for length: the same cap applies."),
+        Arg("--ref", PATH, "A path this message points at; repeat for several. Resolved to an absolute path "
+            "against your working directory; it must exist.", repeat=True),
+        Arg("--refs", JSON, "A JSON array of paths, same rules as --ref (prefer --ref: no quoting)."),
+        Arg("--reply-to", MESSAGE_ID, "Id of the message you are answering. Threads the reply and marks that "
+            "message read and acknowledged for you: a reply is proof it was handled."),
+        Arg("--no-ack", FLAG, "With --reply-to: do not acknowledge the message you answer (it is still marked read)."),
+    ),
+    exclusive=(("--body", "--body-file"),),
+    output={
+        "id": "The new message's id.",
+        "sender": "Your identity.",
+        "recipient": "Who it was addressed to.",
+        "subject": "The subject as stored.",
+        "type": "'direct' or 'broadcast'.",
+        "created": "When it was stored (ISO 8601).",
+        "refs": "The absolute paths stored with it.",
+        "reply_to": "The message it answers, or null.",
+        "acknowledged": "With --reply-to: the id marked read and acknowledged for you, else null.",
+    },
+    examples=(
+        'send --from research:lead --to deploy:worker --subject "Fix the deploy bug" --body "Logs attached." '
+        "--ref logs/deploy-error.txt",
+        'send --from research:lead --to "*" --subject "Status check" --body "Report your current status."',
+        'send --from deploy:worker --to research:lead --subject "Deploy fixed" --reply-to '
+        "9f1c2e34-5678-4abc-9def-0123456789ab",
+        'send --from a:b --to c:d --subject "Notes" --body-file notes.md',
+    ),
+))
+
+_register(Command(
+    name="read",
+    summary="Take delivery: return this agent's unread messages (oldest first) and mark them read, "
+    "after they have been printed.",
+    args=(
+        Arg("agent", IDENTITY, "Whose inbox (project:name).", required=True),
+        Arg("--all", FLAG, "Include messages already read: the newest --limit messages, oldest first."),
+        Arg("--from", IDENTITY, "Only messages from this sender."),
+        Arg("--limit", INT, "At most this many messages.", default=50, minimum=1, maximum=10_000),
+        Arg("--thread", MESSAGE_ID, "Return the whole thread containing this message, oldest first. "
+            "Marks nothing."),
+        Arg("--no-mark-read", FLAG, "Return unread messages without marking them read."),
+        Arg("--ack", FLAG, "Also acknowledge what this returns. Only when reading IS acting on it."),
+        Arg("--fields", FIELDS, FIELDS_HELP),
+    ),
+    exclusive=(("--all", "--thread"), ("--thread", "--ack"), ("--no-mark-read", "--ack")),
+    output={
+        "agent": "The identity read.",
+        "messages": "The messages, oldest first.",
+        "count": "How many are in messages.",
+        "remaining": "Unread messages still waiting after this call (more than --limit were waiting).",
+    },
+    items_key="messages",
+    item_fields=MESSAGE_FIELDS,
+    modes={
+        "default": "Unread messages: direct ones to you (including notes to yourself) and broadcasts from "
+        "others. Marks them read once printed.",
+        "--all": "The newest --limit messages, read and unread, oldest first. Marks the unread ones read.",
+        "--thread ID": "Every message of that thread from its root, oldest first. Marks nothing.",
+    },
+    examples=(
+        "read deploy:worker",
+        "read deploy:worker --all --limit 100",
+        "read deploy:worker --from research:lead --fields id,subject,body",
+        "read deploy:worker --thread 9f1c2e34-5678-4abc-9def-0123456789ab",
+    ),
+))
+
+_register(Command(
+    name="ack",
+    summary="Acknowledge messages: 'I acted on this'. Distinct from read; implies read. Per agent for "
+    "broadcasts.",
+    mutating=True,
+    args=(
+        Arg("agent", IDENTITY, "Who is acknowledging (project:name).", required=True),
+        Arg("ids", MESSAGE_ID, "One or more message ids addressed to this agent.", repeat=True),
+        Arg("--all", FLAG, "Acknowledge everything this agent has not acknowledged yet."),
+    ),
+    one_of=(("ids", "--all"),),
+    output={
+        "agent": "The identity acknowledging.",
+        "acked_at": "The time recorded for the newly acknowledged messages.",
+        "acked": "Ids acknowledged by this call.",
+        "already_acked": "Ids that were acknowledged before (left unchanged).",
+        "count": "How many this call acknowledged.",
+    },
+    examples=(
+        "ack deploy:worker 9f1c2e34-5678-4abc-9def-0123456789ab",
+        "ack deploy:worker --all",
+    ),
+))
+
+_register(Command(
+    name="status",
+    summary="One row per identity seen in traffic: what is waiting for it.",
+    args=(
+        Arg("--agent", IDENTITY, "Only this identity (listed even if it has never been seen)."),
+        Arg("--project", TEXT, "Only identities of this project (the part before ':')."),
+        Arg("--fields", FIELDS, "Comma-separated subset of the row fields to return."),
+    ),
+    exclusive=(("--agent", "--project"),),
+    output={
+        "agents": "One row per identity, sorted by identity.",
+        "count": "How many rows.",
+    },
+    items_key="agents",
+    item_fields=STATUS_FIELDS,
+    examples=("status", "status --project deploy", "status --agent deploy:worker --fields agent,unread"),
+))
+
+_register(Command(
+    name="cleanup",
+    summary="Delete messages older than an age you choose. The only bulk deletion; there is no default "
+    "age, and nothing else ever deletes a message.",
+    mutating=True,
+    args=(
+        Arg("--older-than", INT, "Age in DAYS. Required: a default would be a retention policy nobody "
+            "chose. 0 means everything sent before now.", required=True, minimum=0, maximum=36_500),
+        Arg("--dry-run", FLAG, "Report what would be deleted, delete nothing."),
+    ),
+    output={
+        "dry_run": "true when nothing was deleted because --dry-run was given.",
+        "cutoff": "Messages created before this time are (or would be) deleted.",
+        "deleted_count": "Messages deleted (or that would be).",
+        "oldest_deleted": "Creation time of the oldest of them, or null.",
+        "newest_deleted": "Creation time of the newest of them, or null.",
+        "sessions_deleted": "Liveness records older than the cutoff deleted (or that would be).",
+    },
+    modes={"--dry-run": "Same fields, counting what would be deleted; dry_run is true."},
+    examples=("cleanup --older-than 30 --dry-run", "cleanup --older-than 30"),
+))
+
+
+INVARIANTS = (
+    "Every command prints exactly one JSON document on stdout on success, and {\"error\": ...} on stderr "
+    "with a non-zero exit on failure. A failed command changed nothing.",
+    "Messages never expire. Only `cleanup --older-than DAYS` deletes them, and it has no default age.",
+    "A mutating command commits only after its output reached stdout: if printing fails, nothing changed.",
+    "read marks read only what it printed; --thread and --no-mark-read mark nothing.",
+    "Identities are project:name, lowercase letters, digits and hyphens. No registration is needed.",
+    "A direct message to yourself reaches you; your own broadcasts do not.",
+    "Replying with --reply-to marks the answered message read and acknowledged for you (--no-ack keeps it "
+    "unacknowledged).",
+    "All problems of one call are reported together, each naming its field.",
+)
+
+EXIT_CODES = {
+    "0": "Success: the JSON document on stdout is the result.",
+    "1": "The call was well formed but could not be carried out (mailbox unreadable or locked, output "
+    "could not be written). Nothing changed.",
+    "2": "The call was wrong (unknown flag, bad value, unknown message). Nothing changed; fix it as the "
+    "error says.",
+}
+
+DESCRIPTION = (
+    "agent-mail is a local mailbox for AI coding agents: send a message, take delivery, say you acted on "
+    "it, and see what is waiting for whom. One SQLite file, JSON in and out."
+)
+
+
+def describe_document(storage: dict, version: str, command: str | None = None) -> dict:
+    """The manual: the whole of it, or one command's part."""
+    if command is not None:
+        return {"name": command, "storage": storage, "command": COMMANDS[command].describe()}
+    return {
+        "name": "agent-mail",
+        "version": version,
+        "description": DESCRIPTION,
+        "identity": "project:name, each half [a-z0-9][a-z0-9-]*; '*' as a recipient means everyone.",
+        "invariants": list(INVARIANTS),
+        "exit_codes": dict(EXIT_CODES),
+        "limits": {
+            "subject_max_chars": model.SUBJECT_MAX_CHARS,
+            "body_max_chars": model.BODY_MAX_CHARS,
+        },
+        "storage": storage,
+        "commands": {name: c.describe() for name, c in COMMANDS.items()},
+    }

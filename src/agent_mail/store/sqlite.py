@@ -1,0 +1,398 @@
+"""The embedded default: one SQLite file in WAL mode.
+
+Schema changes are an ordered list of small named migrations, recorded in
+`schema_migrations` and applied when the mailbox is opened, so a new mailbox and
+one written by an earlier implementation take the same path. Migrations only
+add (tables, indexes, nullable columns); they never rewrite or drop data.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from contextlib import contextmanager
+
+from agent_mail import errors
+from agent_mail.store.base import Store
+
+# Marks a file as an agent-mail mailbox ("AGML"). Older mailboxes carry 0.
+APPLICATION_ID = 0x41474D4C
+BUSY_TIMEOUT_SECONDS = 10.0
+
+# Columns the seed lineage's `messages` table has; anything without them is not a mailbox.
+_REQUIRED_MESSAGE_COLUMNS = {
+    "id", "sender", "recipient", "subject", "body", "refs", "reply_to", "type", "created", "read_at", "acked_at",
+}
+
+
+def m001_seed_schema(db: sqlite3.Connection) -> None:
+    """The tables of the seed lineage, exactly, so its mailboxes open unchanged."""
+    db.execute("""CREATE TABLE IF NOT EXISTS messages (
+        id TEXT PRIMARY KEY, sender TEXT NOT NULL, recipient TEXT NOT NULL, subject TEXT NOT NULL,
+        body TEXT NOT NULL DEFAULT '', refs TEXT, reply_to TEXT, type TEXT NOT NULL DEFAULT 'direct',
+        ttl_hours INTEGER NOT NULL DEFAULT 24, created TEXT NOT NULL, read_at TEXT, acked_at TEXT)""")
+    db.execute("CREATE INDEX IF NOT EXISTS idx_messages_recipient ON messages(recipient)")
+    db.execute("CREATE INDEX IF NOT EXISTS idx_messages_sender ON messages(sender)")
+    db.execute("CREATE INDEX IF NOT EXISTS idx_messages_created ON messages(created)")
+    db.execute("""CREATE TABLE IF NOT EXISTS broadcast_acks (
+        message_id TEXT NOT NULL, agent TEXT NOT NULL, read_at TEXT, acked_at TEXT,
+        PRIMARY KEY (message_id, agent))""")
+    db.execute("""CREATE TABLE IF NOT EXISTS watchers (
+        agent TEXT PRIMARY KEY, started_at TEXT NOT NULL, last_seen TEXT NOT NULL)""")
+    db.execute("""CREATE TABLE IF NOT EXISTS watch_sessions (
+        id TEXT PRIMARY KEY, agent TEXT NOT NULL, started_at TEXT NOT NULL, last_seen TEXT NOT NULL,
+        state TEXT NOT NULL DEFAULT 'armed', released_at TEXT, released_reason TEXT)""")
+    db.execute("CREATE INDEX IF NOT EXISTS idx_watch_sessions_agent ON watch_sessions(agent)")
+
+
+def m002_inbox_indexes(db: sqlite3.Connection) -> None:
+    """Indexes that make the inbox, per-agent counts and thread walks index-only."""
+    db.execute("CREATE INDEX IF NOT EXISTS idx_messages_inbox ON messages(recipient, read_at, acked_at)")
+    db.execute("CREATE INDEX IF NOT EXISTS idx_messages_reply_to ON messages(reply_to)")
+    db.execute("CREATE INDEX IF NOT EXISTS idx_broadcast_acks_agent ON broadcast_acks(agent)")
+
+
+MIGRATIONS = (m001_seed_schema, m002_inbox_indexes)
+
+_COLUMNS = "m.rowid AS seq, m.id, m.sender, m.recipient, m.subject, m.body, m.refs, m.reply_to, m.type, m.created"
+# This agent's own read/ack state: on the row for direct mail, in broadcast_acks for broadcasts.
+_DIRECT = f"SELECT {_COLUMNS}, m.read_at, m.acked_at FROM messages m WHERE m.recipient = :agent"
+_BROADCAST = (
+    f"SELECT {_COLUMNS}, b.read_at, b.acked_at FROM messages m "
+    "LEFT JOIN broadcast_acks b ON b.message_id = m.id AND b.agent = :agent "
+    "WHERE m.recipient = '*' AND m.sender != :agent"
+)
+
+
+def _row(row: sqlite3.Row) -> dict:
+    message = dict(row)
+    message["refs"] = _decode_refs(message.get("refs"))
+    return message
+
+
+def _decode_refs(raw: object) -> list:
+    """Refs are stored as JSON text; older mailboxes may hold anything, so never fail on them."""
+    if raw is None or raw == "":
+        return []
+    try:
+        value = json.loads(raw)
+    except (TypeError, ValueError):
+        return [raw]
+    if isinstance(value, list):
+        return value
+    return [value]
+
+
+class SQLiteStore(Store):
+    """A mailbox in one SQLite file."""
+
+    kind = "sqlite"
+
+    def __init__(self, path: str):
+        self.path = path
+        self.db = self._connect()
+
+    # -- opening ----------------------------------------------------------
+    def _fail(self, exc: Exception, doing: str) -> errors.StorageError:
+        text = str(exc)
+        if "locked" in text or "busy" in text:
+            return errors.StorageError(
+                f"the mailbox {self.path} stayed locked by another process for more than "
+                f"{BUSY_TIMEOUT_SECONDS:.0f} s while {doing}; nothing was changed. Retry in a moment."
+            )
+        if "not a database" in text or "malformed" in text or "corrupt" in text:
+            return errors.StorageError(
+                f"{self.path} is not a readable agent-mail mailbox ({text}); it was left untouched. "
+                "Point AGENT_MAIL_DB at another file or restore it from a backup."
+            )
+        return errors.StorageError(f"cannot use the mailbox {self.path} while {doing}: {text}.")
+
+    def _connect(self) -> sqlite3.Connection:
+        directory = os.path.dirname(os.path.abspath(self.path))
+        try:
+            if not os.path.isdir(directory):
+                os.makedirs(directory, mode=0o700, exist_ok=True)
+                os.chmod(directory, 0o700)
+            if not os.path.exists(self.path):
+                try:
+                    os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+                except FileExistsError:
+                    pass
+            elif os.path.isdir(self.path):
+                raise errors.StorageError(f"the mailbox path {self.path} is a directory; point AGENT_MAIL_DB at a file.")
+        except OSError as exc:
+            raise errors.StorageError(f"cannot create the mailbox {self.path}: {exc.strerror or exc}.") from None
+        try:
+            db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise self._fail(exc, "opening it") from None
+        db.row_factory = sqlite3.Row
+        try:
+            self._prepare(db)
+        except sqlite3.Error as exc:
+            db.close()
+            raise self._fail(exc, "opening it") from None
+        except errors.AgentMailError:
+            db.close()
+            raise
+        return db
+
+    def _prepare(self, db: sqlite3.Connection) -> None:
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        app_id = db.execute("PRAGMA application_id").fetchone()[0]
+        if app_id == APPLICATION_ID and version >= len(MIGRATIONS):
+            return  # the common case: one header read, nothing to do
+        self._check_is_mailbox(db, app_id)
+        if db.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+            db.execute("PRAGMA journal_mode=WAL")
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            db.execute("CREATE TABLE IF NOT EXISTS schema_migrations (name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)")
+            applied = {r[0] for r in db.execute("SELECT name FROM schema_migrations")}
+            for migration in MIGRATIONS:
+                if migration.__name__ not in applied:
+                    migration(db)
+                    db.execute(
+                        "INSERT INTO schema_migrations (name, applied_at) VALUES (?, strftime('%Y-%m-%dT%H:%M:%fZ'))",
+                        (migration.__name__,),
+                    )
+            if db.execute("PRAGMA user_version").fetchone()[0] < len(MIGRATIONS):
+                db.execute(f"PRAGMA user_version = {len(MIGRATIONS)}")
+            db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    def _check_is_mailbox(self, db: sqlite3.Connection, app_id: int) -> None:
+        """Refuse to touch a database that belongs to something else."""
+        if app_id not in (0, APPLICATION_ID):
+            raise errors.StorageError(
+                f"{self.path} is a SQLite database of another application; it was left untouched. "
+                "Point AGENT_MAIL_DB at an agent-mail mailbox or a new file."
+            )
+        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if not tables:
+            return
+        columns = {r[1] for r in db.execute("PRAGMA table_info(messages)")}
+        if not _REQUIRED_MESSAGE_COLUMNS <= columns:
+            raise errors.StorageError(
+                f"{self.path} is a SQLite database but not an agent-mail mailbox (it has no usable "
+                "messages table); it was left untouched. Point AGENT_MAIL_DB at a mailbox or a new file."
+            )
+
+    def close(self) -> None:
+        self.db.close()
+
+    @contextmanager
+    def transaction(self, write: bool = False):
+        doing = "writing" if write else "reading"
+        try:
+            self.db.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+        except sqlite3.Error as exc:
+            raise self._fail(exc, doing) from None
+        try:
+            yield self
+        except BaseException:
+            if self.db.in_transaction:
+                self.db.execute("ROLLBACK")
+            raise
+        try:
+            self.db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if self.db.in_transaction:
+                self.db.execute("ROLLBACK")
+            raise self._fail(exc, doing) from None
+
+    def _query(self, sql: str, params: object = ()) -> list[dict]:
+        return [_row(r) for r in self.db.execute(sql, params)]
+
+    # -- messages ---------------------------------------------------------
+    def insert_message(self, message: dict) -> None:
+        self.db.execute(
+            "INSERT INTO messages (id, sender, recipient, subject, body, refs, reply_to, type, created) "
+            "VALUES (:id, :sender, :recipient, :subject, :body, :refs, :reply_to, :type, :created)",
+            {**message, "refs": json.dumps(message["refs"], ensure_ascii=False) if message["refs"] else None},
+        )
+
+    def get_message(self, message_id: str) -> dict | None:
+        rows = self._query(f"SELECT {_COLUMNS}, m.read_at, m.acked_at FROM messages m WHERE m.id = ?", (message_id,))
+        return rows[0] if rows else None
+
+    def inbox(self, agent: str, *, unread_only: bool, sender: str | None, limit: int | None) -> list[dict]:
+        direct, broadcast = _DIRECT, _BROADCAST
+        if unread_only:
+            direct += " AND m.read_at IS NULL"
+            broadcast += " AND b.read_at IS NULL"
+        if sender is not None:
+            direct += " AND m.sender = :sender"
+            broadcast += " AND m.sender = :sender"
+        sql = f"SELECT * FROM ({direct} UNION ALL {broadcast}) ORDER BY seq"
+        if limit is not None:
+            sql += " LIMIT :limit"
+        return self._query(sql, {"agent": agent, "sender": sender, "limit": limit})
+
+    def addressed(self, agent: str, message_ids: list[str]) -> dict[str, dict]:
+        found: dict[str, dict] = {}
+        for start in range(0, len(message_ids), 500):
+            chunk = message_ids[start:start + 500]
+            params = {"agent": agent, **{f"id{i}": value for i, value in enumerate(chunk)}}
+            marks = ",".join(f":id{i}" for i in range(len(chunk)))
+            sql = f"SELECT * FROM ({_DIRECT} UNION ALL {_BROADCAST}) WHERE id IN ({marks})"
+            for message in self._query(sql, params):
+                found[message["id"]] = message
+        return found
+
+    def unacked(self, agent: str) -> list[dict]:
+        return self._query(
+            f"SELECT * FROM ({_DIRECT} AND m.acked_at IS NULL UNION ALL {_BROADCAST} AND b.acked_at IS NULL) "
+            "ORDER BY seq",
+            {"agent": agent},
+        )
+
+    def count_unread(self, agent: str) -> int:
+        direct = self.db.execute(
+            "SELECT COUNT(*) FROM messages WHERE recipient = ? AND read_at IS NULL", (agent,)
+        ).fetchone()[0]
+        broadcast = self.db.execute(
+            "SELECT COUNT(*) FROM messages m LEFT JOIN broadcast_acks b ON b.message_id = m.id AND b.agent = ?1 "
+            "WHERE m.recipient = '*' AND m.sender != ?1 AND b.read_at IS NULL",
+            (agent,),
+        ).fetchone()[0]
+        return direct + broadcast
+
+    def _set_state(self, agent: str, messages: list[dict], at: str, ack: bool) -> None:
+        direct = [(at, m["id"]) for m in messages if m["recipient"] != "*"]
+        broadcast = [(m["id"], agent, at, at if ack else None) for m in messages if m["recipient"] == "*"]
+        if ack:
+            self.db.executemany(
+                "UPDATE messages SET acked_at = COALESCE(acked_at, ?1), read_at = COALESCE(read_at, ?1) WHERE id = ?2",
+                direct,
+            )
+        else:
+            self.db.executemany("UPDATE messages SET read_at = COALESCE(read_at, ?1) WHERE id = ?2", direct)
+        self.db.executemany(
+            "INSERT INTO broadcast_acks (message_id, agent, read_at, acked_at) VALUES (?1, ?2, ?3, ?4) "
+            "ON CONFLICT (message_id, agent) DO UPDATE SET read_at = COALESCE(read_at, excluded.read_at), "
+            "acked_at = COALESCE(acked_at, excluded.acked_at)",
+            broadcast,
+        )
+
+    def mark_read(self, agent: str, messages: list[dict], at: str) -> None:
+        self._set_state(agent, messages, at, ack=False)
+
+    def mark_acked(self, agent: str, messages: list[dict], at: str) -> None:
+        self._set_state(agent, messages, at, ack=True)
+
+    def thread(self, message_id: str) -> list[dict]:
+        root, seen = message_id, set()
+        while root not in seen:
+            seen.add(root)
+            row = self.db.execute("SELECT reply_to FROM messages WHERE id = ?", (root,)).fetchone()
+            if row is None or not row[0]:
+                break
+            parent = self.db.execute("SELECT 1 FROM messages WHERE id = ?", (row[0],)).fetchone()
+            if parent is None:  # the parent was cleaned up: this is as far back as the thread goes
+                break
+            root = row[0]
+        return self._query(
+            "WITH RECURSIVE thread(id) AS (SELECT ? UNION SELECT m.id FROM messages m JOIN thread t "
+            f"ON m.reply_to = t.id) SELECT {_COLUMNS}, m.read_at, m.acked_at FROM messages m "
+            "JOIN thread t ON m.id = t.id ORDER BY seq",
+            (root,),
+        )
+
+    # -- overview and maintenance ---------------------------------------------
+    def agent_counts(self) -> dict[str, dict]:
+        counts: dict[str, dict] = {}
+
+        def entry(agent: str) -> dict:
+            return counts.setdefault(agent, {"unread": 0, "unacked": 0})
+
+        for agent, unread, unacked in self.db.execute(
+            "SELECT recipient, SUM(read_at IS NULL), SUM(acked_at IS NULL) FROM messages "
+            "WHERE recipient != '*' GROUP BY recipient"
+        ):
+            row = entry(agent)
+            row["unread"] += unread
+            row["unacked"] += unacked
+        sent_broadcasts: dict[str, int] = {}
+        for (sender,) in self.db.execute("SELECT DISTINCT sender FROM messages"):
+            entry(sender)
+        for sender, n in self.db.execute(
+            "SELECT sender, COUNT(*) FROM messages WHERE recipient = '*' GROUP BY sender"
+        ):
+            sent_broadcasts[sender] = n
+        total_broadcasts = sum(sent_broadcasts.values())
+        if total_broadcasts:
+            settled = {
+                agent: (read, acked)
+                for agent, read, acked in self.db.execute(
+                    "SELECT b.agent, SUM(b.read_at IS NOT NULL), SUM(b.acked_at IS NOT NULL) FROM broadcast_acks b "
+                    "JOIN messages m ON m.id = b.message_id WHERE m.recipient = '*' AND m.sender != b.agent "
+                    "GROUP BY b.agent"
+                )
+            }
+            for agent, row in counts.items():
+                waiting = total_broadcasts - sent_broadcasts.get(agent, 0)
+                read, acked = settled.get(agent, (0, 0))
+                row["unread"] += waiting - read
+                row["unacked"] += waiting - acked
+        for (agent,) in self.db.execute("SELECT DISTINCT agent FROM watch_sessions"):
+            entry(agent)
+        return counts
+
+    def cleanup(self, cutoff: str, dry_run: bool) -> dict:
+        old = "julianday(created) < julianday(:cutoff)"
+        count, oldest, newest = self.db.execute(
+            f"SELECT COUNT(*), (SELECT created FROM messages WHERE {old} ORDER BY julianday(created) LIMIT 1), "
+            f"(SELECT created FROM messages WHERE {old} ORDER BY julianday(created) DESC LIMIT 1) "
+            f"FROM messages WHERE {old}",
+            {"cutoff": cutoff},
+        ).fetchone()
+        stale = "julianday(last_seen) < julianday(:cutoff)"
+        sessions = self.db.execute(f"SELECT COUNT(*) FROM watch_sessions WHERE {stale}", {"cutoff": cutoff}).fetchone()[0]
+        sessions += self.db.execute(f"SELECT COUNT(*) FROM watchers WHERE {stale}", {"cutoff": cutoff}).fetchone()[0]
+        if not dry_run:
+            self.db.execute(
+                f"DELETE FROM broadcast_acks WHERE message_id IN (SELECT id FROM messages WHERE {old})",
+                {"cutoff": cutoff},
+            )
+            self.db.execute(f"DELETE FROM messages WHERE {old}", {"cutoff": cutoff})
+            self.db.execute(f"DELETE FROM watch_sessions WHERE {stale}", {"cutoff": cutoff})
+            self.db.execute(f"DELETE FROM watchers WHERE {stale}", {"cutoff": cutoff})
+        return {"deleted_count": count, "oldest_deleted": oldest, "newest_deleted": newest,
+                "sessions_deleted": sessions}
+
+    # -- waiting -------------------------------------------------------------
+    def change_token(self) -> object:
+        # data_version changes when another connection commits; reading it touches no table.
+        return self.db.execute("PRAGMA data_version").fetchone()[0]
+
+
+def inspect(path: str) -> dict:
+    """Facts about a mailbox file for `describe`, without creating or changing it."""
+    report: dict = {"exists": os.path.isfile(path), "messages": None, "size_bytes": None}
+    if not report["exists"]:
+        return report
+    try:
+        report["size_bytes"] = os.path.getsize(path)
+    except OSError:
+        pass
+    try:
+        db = sqlite3.connect(f"file:{_uri_path(path)}?mode=ro", uri=True, timeout=2.0)
+        try:
+            report["messages"] = db.execute("SELECT COUNT(*) FROM messages").fetchone()[0]
+        finally:
+            db.close()
+    except sqlite3.Error as exc:
+        report["problem"] = f"cannot read it as a mailbox: {exc}"
+    return report
+
+
+def _uri_path(path: str) -> str:
+    from urllib.parse import quote
+
+    return quote(os.path.abspath(path))
+
