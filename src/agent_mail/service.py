@@ -11,7 +11,6 @@ import datetime as _dt
 import json
 import os
 from contextlib import contextmanager
-from typing import Callable, Iterator
 
 from agent_mail import errors, model
 from agent_mail.store.base import Store
@@ -24,7 +23,8 @@ def _no_emit(document: dict) -> None:
     """Used when the caller wants the returned value only."""
 
 
-Emit = Callable[[dict], None]
+# Annotations below are never evaluated (see the __future__ import), so `Emit`
+# (a callable taking the result document) needs no runtime import of typing.
 
 
 # ---------------------------------------------------------------- locating the mailbox

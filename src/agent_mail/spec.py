@@ -6,8 +6,6 @@ definitions, so the manual cannot disagree with what the parser accepts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from agent_mail import model
 
 # Argument kinds. The parser converts and checks each value by its kind.
@@ -25,19 +23,27 @@ COMMAND = "command"  # the name of a command
 REMOVED = "removed"  # accepted only to be rejected with a message naming the replacement
 
 
-@dataclass(frozen=True)
 class Arg:
-    """One positional argument or flag of a command."""
+    """One positional argument or flag of a command.
 
-    name: str  # positional name, or the flag itself ("--to")
-    kind: str
-    help: str
-    required: bool = False
-    default: object = None
-    repeat: bool = False  # flag may be given many times / positional takes many values
-    minimum: float | None = None
-    maximum: float | None = None
-    removed_because: str = ""  # for REMOVED flags: the replacement and why
+    A plain class rather than a dataclass: building dataclasses costs ~10 ms of
+    imports and code generation on every invocation of a short-lived CLI.
+    """
+
+    __slots__ = ("name", "kind", "help", "required", "default", "repeat", "minimum", "maximum", "removed_because")
+
+    def __init__(self, name: str, kind: str, help: str, *, required: bool = False, default: object = None,
+                 repeat: bool = False, minimum: float | None = None, maximum: float | None = None,
+                 removed_because: str = ""):
+        self.name = name  # positional name, or the flag itself ("--to")
+        self.kind = kind
+        self.help = help
+        self.required = required
+        self.default = default
+        self.repeat = repeat  # flag may be given many times / positional takes many values
+        self.minimum = minimum
+        self.maximum = maximum
+        self.removed_because = removed_because  # for REMOVED flags: the replacement and why
 
     @property
     def positional(self) -> bool:
@@ -63,23 +69,26 @@ class Arg:
         return doc
 
 
-@dataclass(frozen=True)
 class Command:
     """A command: its arguments, rules between them, and what it prints."""
 
-    name: str
-    summary: str
-    args: tuple[Arg, ...]
-    output: dict[str, str]  # top-level field -> meaning
-    examples: tuple[str, ...]
-    mutating: bool = False
-    item_fields: dict[str, str] = field(default_factory=dict)  # fields of each listed item
-    items_key: str = ""  # which output field holds the list of items
-    exclusive: tuple[tuple[str, ...], ...] = ()  # at most one of each group
-    one_of: tuple[tuple[str, ...], ...] = ()  # exactly one of each group
-    modes: dict[str, str] = field(default_factory=dict)  # how output differs per mode
-    notes: tuple[str, ...] = ()
-    needs_mailbox: bool = True
+    def __init__(self, name: str, summary: str, args: tuple, output: dict, examples: tuple, *,
+                 mutating: bool = False, item_fields: dict | None = None, items_key: str = "",
+                 exclusive: tuple = (), one_of: tuple = (), modes: dict | None = None, notes: tuple = (),
+                 needs_mailbox: bool = True):
+        self.name = name
+        self.summary = summary
+        self.args: tuple[Arg, ...] = args
+        self.output = output  # top-level field -> meaning
+        self.examples = examples
+        self.mutating = mutating
+        self.item_fields = item_fields or {}  # fields of each listed item
+        self.items_key = items_key  # which output field holds the list of items
+        self.exclusive = exclusive  # at most one of each group
+        self.one_of = one_of  # exactly one of each group
+        self.modes = modes or {}  # how output differs per mode
+        self.notes = notes
+        self.needs_mailbox = needs_mailbox
 
     def arg(self, name: str) -> Arg:
         for candidate in self.args:

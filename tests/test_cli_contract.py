@@ -1,0 +1,207 @@
+"""The output contract, describe, and the parser: one source of truth, JSON always."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from agent_mail import cli, spec
+from conftest import am_process, process_env
+
+
+def test_describe_lists_every_command_and_never_creates_the_mailbox(am, mailbox_path):
+    doc = am("describe").json
+    assert set(doc["commands"]) == set(spec.COMMANDS)
+    storage = doc["storage"]
+    assert storage["path"] == str(mailbox_path) and storage["source"] == "AGENT_MAIL_DB"
+    assert storage["exists"] is False and storage["messages"] is None and storage["size_bytes"] is None
+    assert not mailbox_path.exists() and not mailbox_path.parent.exists()
+
+
+def test_no_arguments_prints_the_same_manual(am):
+    assert am().json == am("describe").json
+
+
+def test_describe_reports_count_and_size(am, send, mailbox_path):
+    send("a:x", "b:y", "one")
+    storage = am("describe").json["storage"]
+    assert storage["exists"] is True and storage["messages"] == 1
+    assert storage["size_bytes"] == os.path.getsize(mailbox_path)
+
+
+def test_describe_default_path_when_not_overridden(am, monkeypatch, tmp_path):
+    monkeypatch.delenv("AGENT_MAIL_DB")
+    storage = am("describe").json["storage"]
+    assert storage["source"] == "default"
+    assert storage["path"] == os.path.join(str(tmp_path / "home"), ".agent-mail", "mail.db")
+
+
+def test_describe_one_command_and_help_flag(am):
+    one = am("describe", "send").json
+    assert one["name"] == "send" and one["command"] == spec.COMMANDS["send"].describe()
+    assert am("send", "--help").json == one
+    assert am("describe", "sned").error["error"].count("send") >= 1
+
+
+def test_version(am):
+    from agent_mail import __version__
+
+    assert am("--version").json["version"] == __version__
+
+
+def test_every_example_parses(am):
+    for name, command in spec.COMMANDS.items():
+        assert command.examples, f"{name} has no example"
+        for example in command.examples:
+            argv = shlex.split(example)
+            parsed_name, _ = cli.parse(argv)
+            assert parsed_name == name, example
+
+
+def test_parser_accepts_exactly_the_documented_flags(am):
+    """describe and the parser cannot disagree: both come from spec.COMMANDS."""
+    for name, command in spec.COMMANDS.items():
+        documented = am("describe", name).json["command"]["args"]
+        assert list(documented) == [a.name for a in command.args]
+        for arg in command.args:
+            if arg.positional or arg.kind == spec.REMOVED:
+                continue
+            with pytest.raises(Exception) as caught:
+                cli.parse([name, arg.name + "x-undocumented"])
+            assert "is not a flag" in str(caught.value)
+
+
+def test_all_problems_are_reported_together_with_their_fields(am):
+    error = am("send", "--from", "Bad", "--to", "also bad", "--subject", "x" * 300, "--bogus").error
+    fields = [p["field"] for p in error["problems"]]
+    assert fields == ["--bogus", "--from", "--to", "--subject"]
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["send", "--from"], "needs a value"),
+    (["send", "--from", "a:b", "--to", "c:d"], "--subject"),
+    (["read"], "agent"),
+    (["read", "a:b", "extra"], "unexpected"),
+    (["read", "a:b", "--all=yes"], "takes no value"),
+    (["read", "a:b", "--limit", "5", "--limit", "6"], "more than once"),
+    (["read", "a:b", "--limit", "many"], "whole number"),
+    (["frobnicate"], "unknown command"),
+    (["read", "a:b", "--thread", "x", "--all"], "--thread"),
+    (["send", "--from", "--to", "c:d", "--subject", "s"], "needs a value"),
+])
+def test_usage_errors_are_json(am, argv, needle):
+    error = am(*argv).error
+    assert needle in error["error"]
+
+
+def test_values_that_look_like_flags_or_numbers_are_accepted(am):
+    am("send", "--from", "a:b", "--to", "c:d", "--subject", "-1", "--body", "--- yaml").json
+    am("send", "--from=a:b", "--to=c:d", "--subject=x=y").json
+    message = am("read", "c:d").json["messages"]
+    assert [m["subject"] for m in message] == ["-1", "x=y"] and message[0]["body"] == "--- yaml"
+
+
+def test_internal_errors_are_json_not_tracebacks(am, monkeypatch):
+    from agent_mail import service
+
+    def boom(self, **kwargs):
+        raise RuntimeError("kaboom")
+
+    monkeypatch.setattr(service.Mailbox, "status", boom)
+    error = am("status").error
+    assert "internal error" in error["error"] and "kaboom" in error["error"]
+
+
+def test_documented_output_fields_match_what_commands_print(am, send, tmp_path):
+    """Every top-level and item field a command prints is documented, and vice versa."""
+    receipt = send("a:x", "b:y", "one")
+    assert set(receipt) == set(spec.COMMANDS["send"].output)
+    read = am("read", "b:y", "--no-mark-read").json
+    assert set(read) == set(spec.COMMANDS["read"].output)
+    assert set(read["messages"][0]) == set(spec.COMMANDS["read"].item_fields)
+    ack = am("ack", "b:y", "--all").json
+    assert set(ack) == set(spec.COMMANDS["ack"].output)
+    status = am("status").json
+    assert set(status) == set(spec.COMMANDS["status"].output)
+    assert set(status["agents"][0]) == set(spec.COMMANDS["status"].item_fields)
+    cleanup = am("cleanup", "--older-than", "1", "--dry-run").json
+    assert set(cleanup) == set(spec.COMMANDS["cleanup"].output)
+    describe = am("describe").json
+    assert set(describe) == set(spec.COMMANDS["describe"].output)
+
+
+# ---------------------------------------------------------------- real processes
+
+
+def test_module_and_console_script_are_the_same_program():
+    via_module = am_process("describe")
+    assert via_module.returncode == 0
+    json.loads(via_module.stdout)
+
+
+@pytest.mark.parametrize("env", [{"LANG": "C", "LC_ALL": "C"}, {"PYTHONIOENCODING": "ascii"},
+                                 {"PYTHONIOENCODING": "latin-1", "PYTHONUTF8": "0"}])
+def test_output_is_utf8_whatever_the_locale(env):
+    environment = process_env(**env)
+    sent = am_process("send", "--from", "a:x", "--to", "b:y", "--subject", "日本語 ✓", env=environment)
+    assert sent.returncode == 0, sent.stderr
+    assert "日本語 ✓".encode() in sent.stdout
+    read = am_process("read", "b:y", env=environment)
+    assert json.loads(read.stdout.decode("utf-8"))["messages"][0]["subject"] == "日本語 ✓"
+    failed = am_process("read", "b:y", "--fields", "ü", env=environment)
+    assert failed.returncode == 2 and "ü".encode() in failed.stderr
+
+
+def test_closed_stdout_changes_nothing(send, am):
+    message = send("a:x", "b:y", "precious")["id"]
+    proc = subprocess.run([sys.executable, "-m", "agent_mail", "read", "b:y"], env=process_env(),
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, close_fds=True,
+                          preexec_fn=lambda: os.close(1))
+    assert proc.returncode == 1
+    assert "nothing was changed" in json.loads(proc.stderr)["error"]
+    assert [m["id"] for m in am("read", "b:y", "--no-mark-read").json["messages"]] == [message]
+
+
+def test_full_disk_on_stdout_changes_nothing(send, am):
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full on this system")
+    send("a:x", "b:y", "precious")
+    with open("/dev/full", "wb") as full:
+        proc = subprocess.run([sys.executable, "-m", "agent_mail", "read", "b:y"], env=process_env(),
+                              stdout=full, stderr=subprocess.PIPE)
+    assert proc.returncode == 1 and b"Traceback" not in proc.stderr
+    assert am("read", "b:y", "--no-mark-read").json["count"] == 1
+    with open("/dev/full", "wb") as full:
+        proc = subprocess.run([sys.executable, "-m", "agent_mail", "send", "--from", "a:x", "--to", "b:y",
+                               "--subject", "lost?"], env=process_env(), stdout=full, stderr=subprocess.PIPE)
+    assert proc.returncode == 1
+    assert am("read", "b:y", "--all", "--no-mark-read").json["count"] == 1
+
+
+def test_closed_pipe_reader_changes_nothing(send, am):
+    """The reader of our stdout is gone (EPIPE): an error on stderr, nothing marked read."""
+    send("a:x", "b:y", "precious")
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "agent_mail", "read", "b:y"], env=process_env(),
+                              stdout=write_end, stderr=subprocess.PIPE)
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 1 and b"Traceback" not in proc.stderr
+    assert "nothing was changed" in json.loads(proc.stderr)["error"]
+    assert am("read", "b:y", "--no-mark-read").json["count"] == 1
+
+
+def test_cold_import_pulls_in_no_heavy_modules():
+    code = ("import sys, agent_mail.cli; heavy = {'importlib.metadata', 'argparse', 'difflib', 'asyncio', "
+            "'email', 'http', 'urllib.parse', 'agent_mail.service', 'sqlite3'}; "
+            "print(sorted(heavy & set(sys.modules)))")
+    # -S: measure our imports, not what site-packages .pth files load
+    proc = subprocess.run([sys.executable, "-S", "-c", code], env=process_env(), capture_output=True, text=True)
+    assert proc.stdout.strip() == "[]", proc.stdout + proc.stderr
