@@ -75,7 +75,7 @@ def test_no_mark_read_leaves_unread_and_ack_acknowledges(am, send):
     assert ids(am("read", "b:y", "--no-mark-read").json) == [message_id]
     acked = am("read", "b:y", "--ack").json["messages"][0]
     assert acked["acked_at"] is not None and acked["read_at"] is not None
-    row = am("status", "--agent", "b:y").json["agents"][0]
+    row = am("status", "--agent", "b:y", "--fields", "agent,unread,unacked").json["agents"][0]
     assert row == {"agent": "b:y", "unread": 0, "unacked": 0}
 
 
@@ -121,13 +121,13 @@ def test_reply_marks_the_answered_message_read_and_acked(am, send):
     question = send("a:x", "b:y", "question")["id"]
     receipt = send("b:y", "a:x", "answer", "--reply-to", question)
     assert receipt["acknowledged"] == question and receipt["reply_to"] == question
-    assert am("status", "--agent", "b:y").json["agents"][0] == {"agent": "b:y", "unread": 0, "unacked": 0}
+    assert am("status", "--agent", "b:y", "--fields", "agent,unread,unacked").json["agents"][0] == {"agent": "b:y", "unread": 0, "unacked": 0}
 
 
 def test_reply_with_no_ack_marks_read_only(am, send):
     question = send("a:x", "b:y", "question")["id"]
     assert send("b:y", "a:x", "answer", "--reply-to", question, "--no-ack")["acknowledged"] is None
-    assert am("status", "--agent", "b:y").json["agents"][0] == {"agent": "b:y", "unread": 0, "unacked": 1}
+    assert am("status", "--agent", "b:y", "--fields", "agent,unread,unacked").json["agents"][0] == {"agent": "b:y", "unread": 0, "unacked": 1}
 
 
 def test_reply_to_a_broadcast_acks_it_for_the_replier_only(am, send):
@@ -282,7 +282,7 @@ def test_status_rows_filters_and_fields(am, send):
     send("deploy:lead", "deploy:worker", "one")
     send("deploy:lead", "deploy:worker", "two")
     send("research:lead", "*", "all")
-    rows = {r["agent"]: r for r in am("status").json["agents"]}
+    rows = {r["agent"]: r for r in am("status", "--fields", "agent,unread,unacked").json["agents"]}
     assert rows["deploy:worker"] == {"agent": "deploy:worker", "unread": 3, "unacked": 3}
     assert rows["deploy:lead"] == {"agent": "deploy:lead", "unread": 1, "unacked": 1}
     assert rows["research:lead"] == {"agent": "research:lead", "unread": 0, "unacked": 0}

@@ -93,7 +93,7 @@ def test_legacy_mailbox_opens_unchanged_and_every_message_is_readable(am, mailbo
     assert [m["subject"] for m in main["messages"]] == ["reply"]
     thread = am("read", "agent-mail:worker", "--thread", "22222222-2222-4222-8222-222222222222").json
     assert thread["count"] == 2
-    rows = {r["agent"]: r for r in am("status").json["agents"]}
+    rows = {r["agent"]: r for r in am("status", "--fields", "agent,unread,unacked").json["agents"]}
     assert rows["agent-mail:worker"] == {"agent": "agent-mail:worker", "unread": 1, "unacked": 2}
     # the old rows and columns are all still there, untouched
     db = sqlite3.connect(mailbox_path)

@@ -93,6 +93,11 @@ def _parse_args(command: spec.Command, tokens: list[str]) -> tuple[dict, list]:
                 problems.append((name, "takes no value."))
             raw.setdefault(name, []).append("")
             continue
+        if arg.kind == spec.REMOVED:
+            if not has_value and i < len(tokens) and (not tokens[i].startswith("-") or _is_number(tokens[i])):
+                i += 1  # its old value, if any
+            raw.setdefault(name, []).append("")
+            continue
         if not has_value:
             if i >= len(tokens) or tokens[i] in flags:
                 problems.append((name, f"needs a value ({arg.kind}): {arg.help}"))

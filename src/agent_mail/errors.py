@@ -52,6 +52,14 @@ class NotFound(InvalidInput):
     """A message or identity the call names does not exist (for this agent)."""
 
 
+class Interrupted(AgentMailError):
+    """A signal stopped a blocked command; the exit code is 128 + the signal number."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
 class StorageError(AgentMailError):
     """The mailbox file cannot be opened, read or written."""
 

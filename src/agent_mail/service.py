@@ -176,6 +176,63 @@ def _project(message: dict, fields: list[str] | None) -> dict:
     return message
 
 
+# ---------------------------------------------------------------- liveness
+
+_NEVER = {"armed_seen": None, "released_at": None, "session_seen": None, "heartbeat": None, "sessions": 0}
+
+
+def describe_liveness(facts: dict | None, at: _dt.datetime) -> dict:
+    """watching / last_seen / watch_state / released_at / reachable from stored liveness facts."""
+    from agent_mail import spec
+
+    facts = facts or _NEVER
+
+    def within(moment, seconds):
+        return moment is not None and (at - moment).total_seconds() <= seconds
+
+    seen = [m for m in (facts["session_seen"], facts["heartbeat"]) if m is not None]
+    last_seen = max(seen) if seen else None
+    armed_seen, released_at = facts["armed_seen"], facts["released_at"]
+    if not facts["sessions"]:
+        state = "never"
+    elif within(armed_seen, spec.STALE_SECONDS):
+        state = "armed"
+    elif armed_seen is not None and (released_at is None or armed_seen > released_at):
+        state = "stale"  # the newest session stopped refreshing without ever exiting: killed
+    else:
+        state = "released"
+    return {
+        "watching": within(last_seen, spec.LIVENESS_SECONDS),
+        "last_seen": model.iso(last_seen) if last_seen else None,
+        "watch_state": state,
+        "released_at": model.iso(released_at) if released_at else None,
+        "reachable": state == "armed" or within(facts["heartbeat"], spec.LIVENESS_SECONDS),
+    }
+
+
+def next_steps(agent: str, *, unread: int = 0, ack_ids: list[str] | tuple = (), reachable: bool) -> list[str]:
+    """Literal commands, in order: take delivery, settle what was acted on, re-arm."""
+    steps = []
+    if unread:
+        steps.append(f"agent-mail read {agent}")
+    if ack_ids:
+        if len(ack_ids) <= 10:
+            steps.append(f"agent-mail ack {agent} " + " ".join(ack_ids))
+        else:
+            steps.append(f"agent-mail ack {agent} --all")
+    if not reachable:
+        steps.append(f"agent-mail watch {agent}")
+    return steps
+
+
+class _Stopped(Exception):
+    """A signal ended a blocked watch."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
 # ---------------------------------------------------------------- operations
 
 
@@ -224,8 +281,15 @@ class Mailbox:
             receipt = {k: message[k] for k in ("id", "sender", "recipient", "subject", "type", "created",
                                                 "refs", "reply_to")}
             receipt["acknowledged"] = acknowledged
+            presence = self._presence(from_)
+            receipt["sender_reachable"] = presence["reachable"]
+            lapsed = presence["watch_state"] in ("released", "stale") and not presence["reachable"]
+            receipt["next"] = [f"agent-mail watch {from_}"] if lapsed else []
             emit(receipt)
         return receipt
+
+    def _presence(self, agent: str) -> dict:
+        return describe_liveness(self.store.liveness(agent).get(agent), model.now())
 
     def read(self, *, agent: str, all: bool = False, from_: str | None = None, limit: int = 50,
              thread: str | None = None, no_mark_read: bool = False, ack: bool = False,
@@ -236,7 +300,8 @@ class Mailbox:
                 messages = self.store.thread(thread)
                 if not messages:
                     raise errors.NotFound([("--thread", f"no message has id {thread}.")])
-                result = self._read_result(agent, messages, fields, remaining=self.store.count_unread(agent))
+                result = self._read_result(agent, messages, fields, remaining=self.store.count_unread(agent),
+                                           suggest_ack=False)
                 emit(result)
             return result
         marking = not no_mark_read
@@ -262,9 +327,15 @@ class Mailbox:
             emit(result)
         return result
 
-    def _read_result(self, agent: str, messages: list[dict], fields: list[str] | None, remaining: int) -> dict:
+    def _read_result(self, agent: str, messages: list[dict], fields: list[str] | None, remaining: int,
+                     suggest_ack: bool = True) -> dict:
         listed = [_project(m, fields) for m in messages]
-        return {"agent": agent, "messages": listed, "count": len(listed), "remaining": remaining}
+        reachable = self._presence(agent)["reachable"]
+        to_ack = [m["id"] for m in messages if m["acked_at"] is None and m["recipient"] in (agent, model.BROADCAST)
+                  and m["sender"] != agent] if suggest_ack else []
+        return {"agent": agent, "messages": listed, "count": len(listed), "remaining": remaining,
+                "reachable": reachable,
+                "next": next_steps(agent, unread=remaining, ack_ids=to_ack, reachable=reachable)}
 
     def ack(self, *, agent: str, ids: list[str] | tuple = (), all: bool = False, emit: Emit = _no_emit) -> dict:
         """Record that `agent` acted on these messages (all outstanding ones with all=True)."""
@@ -288,14 +359,119 @@ class Mailbox:
                 already = [i for i in wanted if found[i]["acked_at"] is not None]
             at = model.now_iso()
             self.store.mark_acked(agent, fresh, at)
+            reachable = self._presence(agent)["reachable"]
             result = {
                 "agent": agent,
                 "acked_at": at if fresh else None,
                 "acked": [m["id"] for m in fresh],
                 "already_acked": already,
                 "count": len(fresh),
+                "reachable": reachable,
+                "next": next_steps(agent, unread=self.store.count_unread(agent), reachable=reachable),
             }
             emit(result)
+        return result
+
+    def heartbeat(self, *, agent: str, emit: Emit = _no_emit) -> dict:
+        """Record that `agent` is present without a blocked watch."""
+        at = model.now_iso()
+        with self.store.transaction(write=True):
+            self.store.record_heartbeat(agent, at)
+            unread = self.store.count_unread(agent)
+            reachable = self._presence(agent)["reachable"]
+            result = {"agent": agent, "last_seen": at, "unread": unread, "reachable": reachable,
+                      "next": next_steps(agent, unread=unread, reachable=True)}
+            emit(result)
+        return result
+
+    def watch(self, *, agent: str, timeout_minutes: float | None = None, once: bool = False,
+              emit: Emit = _no_emit) -> dict:
+        """Block until `agent` has unread mail (or the timeout passes); return envelopes, consume nothing."""
+        from agent_mail import spec
+
+        if once:
+            return self._watch_result(agent, self._envelopes(agent), session=None, emit=emit, heartbeat=True)
+        minutes = spec.WATCH_MINUTES_DEFAULT if timeout_minutes is None else timeout_minutes
+        session = model.new_message_id()
+        with self.store.transaction(write=True):
+            self.store.open_session(session, agent, model.now_iso())
+        reason = "signal"
+        previous = _install_stop_handlers()
+        try:
+            messages = self._wait_for_mail(agent, session, minutes * 60.0)
+            reason = "mail" if messages else "timeout"
+        except _Stopped as stop:
+            self._release(session, f"signal {stop.signum}")
+            import signal
+
+            name = signal.Signals(stop.signum).name
+            raise errors.Interrupted(f"watch for {agent} was stopped by {name}; its session was released, "
+                                     "so status shows it as released, not armed.", 128 + stop.signum) from None
+        except BaseException:
+            self._release(session, reason)
+            raise
+        finally:
+            _restore_handlers(previous)
+        self._release(session, reason)
+        return self._watch_result(agent, messages, session=session, emit=emit)
+
+    def _release(self, session: str, reason: str) -> None:
+        with self.store.transaction(write=True):
+            self.store.release_session(session, model.now_iso(), reason)
+
+    def _envelopes(self, agent: str) -> list[dict]:
+        from agent_mail import spec
+
+        with self.store.transaction():
+            messages = self.store.inbox(agent, unread_only=True, sender=None, limit=None)
+        return [{f: m[f] for f in spec.ENVELOPE_FIELDS} for m in messages]
+
+    def _wait_for_mail(self, agent: str, session: str, seconds: float) -> list[dict]:
+        """The blocking loop: sleep until a commit elsewhere adds mail for `agent`, refreshing liveness."""
+        import time
+
+        from agent_mail import spec
+
+        now = time.monotonic()
+        deadline, refresh_at = now + seconds, now + spec.REFRESH_SECONDS
+        token = self.store.change_token()
+        marker = object()  # forces the first full check
+        while True:
+            current = self.store.mail_marker()
+            if current != marker or time.monotonic() >= refresh_at:
+                # Full check only when a message was added (or at each refresh, as a safety net).
+                marker = current
+                messages = self._envelopes(agent)
+                if messages:
+                    return messages
+            now = time.monotonic()
+            if now >= deadline:
+                return []
+            if now >= refresh_at:
+                with self.store.transaction(write=True):
+                    self.store.touch_session(session, model.now_iso())
+                refresh_at = now + spec.REFRESH_SECONDS
+            token = self.store.wait_for_change(token, min(deadline, refresh_at) - now)
+
+    def _watch_result(self, agent: str, messages: list[dict], *, session: str | None, emit: Emit,
+                      heartbeat: bool = False) -> dict:
+        if heartbeat:
+            with self.store.transaction(write=True):
+                self.store.record_heartbeat(agent, model.now_iso())
+        with self.store.transaction():
+            facts = self.store.liveness(agent).get(agent)
+        # Reachable after this call: another watch is armed (a --once check counts as presence).
+        presence = describe_liveness(facts, model.now())
+        reachable = presence["reachable"] if heartbeat else presence["watch_state"] == "armed"
+        result = {
+            "agent": agent,
+            "messages": messages,
+            "count": len(messages),
+            "timeout": not messages,
+            "reachable": reachable,
+            "next": next_steps(agent, unread=len(messages), reachable=reachable),
+        }
+        emit(result)
         return result
 
     def status(self, *, agent: str | None = None, project: str | None = None, fields: list[str] | None = None,
@@ -305,6 +481,8 @@ class Mailbox:
             raise errors.InvalidInput(_project_problems(project))
         with self.store.transaction():
             counts = self.store.agent_counts()
+            liveness = self.store.liveness(agent)
+        at = model.now()
         if agent is not None:
             names = [agent]
         else:
@@ -314,6 +492,8 @@ class Mailbox:
         rows = []
         for name in names:
             row = {"agent": name, **counts.get(name, {"unread": 0, "unacked": 0})}
+            row.update(describe_liveness(liveness.get(name), at))
+            del row["reachable"]
             rows.append({f: row[f] for f in fields} if fields else row)
         result = {"agents": rows, "count": len(rows)}
         emit(result)
@@ -327,6 +507,32 @@ class Mailbox:
             result = {"dry_run": dry_run, "cutoff": cutoff, **counts}
             emit(result)
         return result
+
+
+def _install_stop_handlers() -> dict:
+    """Turn SIGTERM / SIGHUP / SIGINT into an exception, so a stopped watch releases its session."""
+    import signal
+
+    def stop(signum, frame):
+        raise _Stopped(signum)
+
+    previous = {}
+    for name in ("SIGTERM", "SIGHUP", "SIGINT"):
+        number = getattr(signal, name, None)
+        if number is None:
+            continue
+        try:
+            previous[number] = signal.signal(number, stop)
+        except (ValueError, OSError):  # not the main thread, or not allowed here
+            pass
+    return previous
+
+
+def _restore_handlers(previous: dict) -> None:
+    import signal
+
+    for number, handler in previous.items():
+        signal.signal(number, handler)
 
 
 def _identity_problems(identities: dict[str, str]) -> list[tuple[str, str]]:

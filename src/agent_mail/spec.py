@@ -131,11 +131,37 @@ MESSAGE_FIELDS = {
     "acked_at": "When this agent acknowledged it, or null.",
 }
 
+# Liveness, fixed on purpose: nothing legitimate tunes these, and every knob is a wrong choice waiting.
+WATCH_MINUTES_DEFAULT = 55.0  # the longest wait that still wakes inside a one-hour prompt-cache window
+WATCH_MINUTES_MIN = 5.0
+WATCH_MINUTES_MAX = 240.0
+REFRESH_SECONDS = 5.0  # a blocked watch refreshes its session this often
+LIVENESS_SECONDS = 60.0  # seen this recently = watching; spans the gap between a wake and the re-arm
+STALE_SECONDS = 15.0  # an armed session not refreshed for this long was killed
+
+ENVELOPE_FIELDS = {
+    "id": "Message id.",
+    "sender": "Who sent it.",
+    "subject": "Its subject.",
+    "type": "'direct' or 'broadcast'.",
+    "created": "When it was sent.",
+}
+
 STATUS_FIELDS = {
     "agent": "The identity.",
     "unread": "Messages waiting for this identity that it has not read.",
     "unacked": "Messages addressed to this identity that it has not acknowledged.",
+    "watching": f"true when a watch or heartbeat of this identity was seen in the last {LIVENESS_SECONDS:.0f} s.",
+    "last_seen": "When a watch or heartbeat of this identity was last seen, or null.",
+    "watch_state": "armed: a watch is blocked now. released: the last watch exited and nothing replaced it "
+    f"(the agent is deaf until it re-arms). stale: a watch stopped refreshing for {STALE_SECONDS:.0f} s without "
+    "exiting (killed). never: it has never watched.",
+    "released_at": "When the last watch exited cleanly, or null.",
 }
+
+REACHABLE_HELP = ("Whether this identity can be reached right now: a watch is armed, or a heartbeat was seen "
+                  f"in the last {LIVENESS_SECONDS:.0f} s.")
+NEXT_HELP = "The literal commands that finish the loop from the state just observed, in order. Run them."
 
 FIELDS_HELP = "Comma-separated subset of the item fields to return (e.g. id,sender,subject). Saves context."
 
@@ -160,7 +186,8 @@ _register(Command(
         "identity": "The identity format.",
         "invariants": "Rules that hold for every command.",
         "exit_codes": "What each exit status means.",
-        "limits": "Size limits enforced on input.",
+        "limits": "Limits enforced on input.",
+        "liveness": "The fixed timings behind watching, watch_state and reachable.",
         "storage": "The mailbox this invocation resolves: path, source, exists, messages, size_bytes.",
         "commands": "Every command's manual, keyed by name.",
     },
@@ -201,6 +228,9 @@ _register(Command(
         "refs": "The absolute paths stored with it.",
         "reply_to": "The message it answers, or null.",
         "acknowledged": "With --reply-to: the id marked read and acknowledged for you, else null.",
+        "sender_reachable": ("Whether you, the sender, can be reached for the answer: a watch of yours is armed, or "
+                             f"you sent a heartbeat in the last {LIVENESS_SECONDS:.0f} s."),
+        "next": "When your own watch has lapsed: the command that re-arms it. Otherwise empty.",
     },
     examples=(
         'send --from research:lead --to deploy:worker --subject "Fix the deploy bug" --body "Logs attached." '
@@ -233,6 +263,8 @@ _register(Command(
         "messages": "The messages, oldest first.",
         "count": "How many are in messages.",
         "remaining": "Unread messages still waiting after this call (more than --limit were waiting).",
+        "reachable": REACHABLE_HELP,
+        "next": NEXT_HELP,
     },
     items_key="messages",
     item_fields=MESSAGE_FIELDS,
@@ -267,6 +299,8 @@ _register(Command(
         "acked": "Ids acknowledged by this call.",
         "already_acked": "Ids that were acknowledged before (left unchanged).",
         "count": "How many this call acknowledged.",
+        "reachable": REACHABLE_HELP,
+        "next": NEXT_HELP,
     },
     examples=(
         "ack deploy:worker 9f1c2e34-5678-4abc-9def-0123456789ab",
@@ -275,8 +309,69 @@ _register(Command(
 ))
 
 _register(Command(
+    name="watch",
+    summary="Block until this agent has unread mail, then return the envelopes (no bodies). Marks nothing "
+    "read: follow it with `read`. Waiting costs nothing, and a message wakes it within milliseconds.",
+    args=(
+        Arg("agent", IDENTITY, "Whose inbox to watch (project:name).", required=True),
+        Arg("--timeout-minutes", NUMBER, "MINUTES to wait before returning an empty result (exit 0). Leave it "
+            "alone unless you must: the default is the longest wait that still wakes inside a one-hour "
+            "prompt-cache window. A timeout is the nudge to resume outstanding work, then re-arm.",
+            default=WATCH_MINUTES_DEFAULT, minimum=WATCH_MINUTES_MIN, maximum=WATCH_MINUTES_MAX),
+        Arg("--once", FLAG, "Check once and return at once, never block. Counts as a heartbeat."),
+        Arg("--timeout", REMOVED, "Removed.", removed_because="was removed: it took seconds, and agents passed 30, "
+            "waking every half minute to learn nothing. Use --timeout-minutes M (5 to 240, default 55), or "
+            "--once for a single check."),
+        Arg("--poll", REMOVED, "Removed.", removed_because="was removed: the wait is woken by the commit "
+            "itself, so there is no interval to tune. Drop it; use --once for a single check."),
+    ),
+    exclusive=(("--once", "--timeout-minutes"),),
+    output={
+        "agent": "The identity watched.",
+        "messages": "Envelopes of every unread message, oldest first: exactly what `read` would deliver.",
+        "count": "How many envelopes.",
+        "timeout": "true when the wait ended with nothing to deliver (an ordinary result, exit 0).",
+        "reachable": "Whether another watch of this identity is still armed now that this one has returned "
+        "(normally false: re-arm).",
+        "next": NEXT_HELP,
+    },
+    items_key="messages",
+    item_fields=ENVELOPE_FIELDS,
+    modes={
+        "--once": "One check, no waiting; timeout is true when nothing is waiting.",
+        "signals": "SIGINT, SIGTERM or SIGHUP end the wait: the session is released and a JSON error says so.",
+    },
+    notes=(
+        f"While blocked, the watch refreshes its liveness session every {REFRESH_SECONDS:.0f} s in its own short "
+        "transaction and holds no lock. It wakes on the commit of another process, not on a poll interval.",
+        "The loop: watch (blocks) -> read (take delivery) -> act -> ack -> watch again. Never end a turn "
+        "without a watch armed.",
+    ),
+    examples=("watch deploy:worker", "watch deploy:worker --timeout-minutes 120", "watch deploy:worker --once"),
+))
+
+_register(Command(
+    name="heartbeat",
+    summary="Record that this agent is present, for agents that work without a blocked watch (e.g. from a "
+    "harness hook on every tool use). Counts toward watching and last_seen like a watch refresh.",
+    mutating=True,
+    args=(
+        Arg("agent", IDENTITY, "Who is present (project:name).", required=True),
+    ),
+    output={
+        "agent": "The identity.",
+        "last_seen": "The time recorded.",
+        "unread": "Messages waiting for it.",
+        "reachable": REACHABLE_HELP,
+        "next": NEXT_HELP,
+    },
+    examples=("heartbeat deploy:worker",),
+))
+
+_register(Command(
     name="status",
-    summary="One row per identity seen in traffic: what is waiting for it.",
+    summary="One row per identity seen in traffic, watches or heartbeats: what is waiting for it and "
+    "whether it is listening.",
     args=(
         Arg("--agent", IDENTITY, "Only this identity (listed even if it has never been seen)."),
         Arg("--project", TEXT, "Only identities of this project (the part before ':')."),
@@ -326,6 +421,10 @@ INVARIANTS = (
     "Replying with --reply-to marks the answered message read and acknowledged for you (--no-ack keeps it "
     "unacknowledged).",
     "All problems of one call are reported together, each naming its field.",
+    "watch never marks anything read, never returns bodies, never deletes anything; the set it reports is "
+    "the set a following `read` delivers. Follow every wake with `read`, and re-arm with `watch`.",
+    "Results that leave you something to do carry `reachable` and `next`: literal commands computed from the "
+    "current state. Run them.",
 )
 
 EXIT_CODES = {
@@ -334,6 +433,7 @@ EXIT_CODES = {
     "could not be written). Nothing changed.",
     "2": "The call was wrong (unknown flag, bad value, unknown message). Nothing changed; fix it as the "
     "error says.",
+    "130": "watch was interrupted by SIGINT (143: SIGTERM, 129: SIGHUP); its session was released.",
 }
 
 DESCRIPTION = (
@@ -356,6 +456,13 @@ def describe_document(storage: dict, version: str, command: str | None = None) -
         "limits": {
             "subject_max_chars": model.SUBJECT_MAX_CHARS,
             "body_max_chars": model.BODY_MAX_CHARS,
+            "watch_minutes": [WATCH_MINUTES_MIN, WATCH_MINUTES_MAX],
+            "watch_minutes_default": WATCH_MINUTES_DEFAULT,
+        },
+        "liveness": {
+            "refresh_seconds": REFRESH_SECONDS,
+            "watching_within_seconds": LIVENESS_SECONDS,
+            "stale_after_seconds": STALE_SECONDS,
         },
         "storage": storage,
         "commands": {name: c.describe() for name, c in COMMANDS.items()},

@@ -17,7 +17,7 @@ class Store:
     #: What `describe` calls this backend.
     kind = "abstract"
     #: How often the default `wait_for_change` looks for a change, in seconds.
-    poll_seconds = 0.5
+    poll_seconds = 0.025
 
     # -- lifecycle -------------------------------------------------------
     def close(self) -> None:
@@ -75,9 +75,38 @@ class Store:
         """Delete (or count) messages created before `cutoff` and liveness rows last seen before it."""
         raise NotImplementedError
 
+    # -- liveness -------------------------------------------------------------
+    def open_session(self, session_id: str, agent: str, at: str) -> None:
+        """Record an armed watch session for `agent`."""
+        raise NotImplementedError
+
+    def touch_session(self, session_id: str, at: str) -> None:
+        """Refresh an armed session's last_seen."""
+        raise NotImplementedError
+
+    def release_session(self, session_id: str, at: str, reason: str) -> None:
+        """Mark a session released (its watch exited), with why."""
+        raise NotImplementedError
+
+    def record_heartbeat(self, agent: str, at: str) -> None:
+        """Record that `agent` is present without a blocked watch."""
+        raise NotImplementedError
+
+    def liveness(self, agent: str | None = None) -> dict[str, dict]:
+        """{identity: {armed_seen, released_at, session_seen, heartbeat, sessions}}; times are aware datetimes.
+
+        armed_seen: latest refresh of a session still marked armed; released_at: latest clean exit;
+        session_seen: latest refresh of any session; heartbeat: latest heartbeat; sessions: how many.
+        """
+        raise NotImplementedError
+
     # -- waiting ------------------------------------------------------------
     def change_token(self) -> object:
         """A value that differs once another process has committed a change."""
+        raise NotImplementedError
+
+    def mail_marker(self) -> object:
+        """A cheap value that changes whenever a message is added."""
         raise NotImplementedError
 
     def wait_for_change(self, token: object, timeout: float) -> object:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import time
 from contextlib import contextmanager
 
 from agent_mail import errors
@@ -19,6 +20,8 @@ from agent_mail.store.base import Store
 # Marks a file as an agent-mail mailbox ("AGML"). Older mailboxes carry 0.
 APPLICATION_ID = 0x41474D4C
 BUSY_TIMEOUT_SECONDS = 10.0
+# With file notifications, still look at the database this often in case one was missed.
+SAFETY_POLL_SECONDS = 1.0
 
 # Columns the seed lineage's `messages` table has; anything without them is not a mailbox.
 _REQUIRED_MESSAGE_COLUMNS = {
@@ -53,7 +56,16 @@ def m002_inbox_indexes(db: sqlite3.Connection) -> None:
     db.execute("CREATE INDEX IF NOT EXISTS idx_broadcast_acks_agent ON broadcast_acks(agent)")
 
 
-MIGRATIONS = (m001_seed_schema, m002_inbox_indexes)
+def m003_liveness(db: sqlite3.Connection) -> None:
+    """Presence without a blocked watch (heartbeat), and per-agent session lookups."""
+    db.execute("CREATE TABLE IF NOT EXISTS heartbeats (agent TEXT PRIMARY KEY, last_seen TEXT NOT NULL)")
+    db.execute("CREATE INDEX IF NOT EXISTS idx_watch_sessions_agent_state ON watch_sessions(agent, state)")
+
+
+MIGRATIONS = (m001_seed_schema, m002_inbox_indexes, m003_liveness)
+
+# Julian day of the Unix epoch: converts SQLite's julianday() back to a timestamp.
+_UNIX_EPOCH_JD = 2440587.5
 
 _COLUMNS = "m.rowid AS seq, m.id, m.sender, m.recipient, m.subject, m.body, m.refs, m.reply_to, m.type, m.created"
 # This agent's own read/ack state: on the row for direct mail, in broadcast_acks for broadcasts.
@@ -91,6 +103,7 @@ class SQLiteStore(Store):
 
     def __init__(self, path: str):
         self.path = path
+        self._directory_watch = None  # opened on the first wait
         self.db = self._connect()
 
     # -- opening ----------------------------------------------------------
@@ -183,6 +196,8 @@ class SQLiteStore(Store):
             )
 
     def close(self) -> None:
+        if self._directory_watch:
+            self._directory_watch.close()
         self.db.close()
 
     @contextmanager
@@ -339,7 +354,7 @@ class SQLiteStore(Store):
                 read, acked = settled.get(agent, (0, 0))
                 row["unread"] += waiting - read
                 row["unacked"] += waiting - acked
-        for (agent,) in self.db.execute("SELECT DISTINCT agent FROM watch_sessions"):
+        for (agent,) in self.db.execute("SELECT DISTINCT agent FROM watch_sessions UNION SELECT agent FROM heartbeats"):
             entry(agent)
         return counts
 
@@ -353,7 +368,8 @@ class SQLiteStore(Store):
         ).fetchone()
         stale = "julianday(last_seen) < julianday(:cutoff)"
         sessions = self.db.execute(f"SELECT COUNT(*) FROM watch_sessions WHERE {stale}", {"cutoff": cutoff}).fetchone()[0]
-        sessions += self.db.execute(f"SELECT COUNT(*) FROM watchers WHERE {stale}", {"cutoff": cutoff}).fetchone()[0]
+        for table in ("watchers", "heartbeats"):
+            sessions += self.db.execute(f"SELECT COUNT(*) FROM {table} WHERE {stale}", {"cutoff": cutoff}).fetchone()[0]
         if not dry_run:
             self.db.execute(
                 f"DELETE FROM broadcast_acks WHERE message_id IN (SELECT id FROM messages WHERE {old})",
@@ -362,13 +378,88 @@ class SQLiteStore(Store):
             self.db.execute(f"DELETE FROM messages WHERE {old}", {"cutoff": cutoff})
             self.db.execute(f"DELETE FROM watch_sessions WHERE {stale}", {"cutoff": cutoff})
             self.db.execute(f"DELETE FROM watchers WHERE {stale}", {"cutoff": cutoff})
+            self.db.execute(f"DELETE FROM heartbeats WHERE {stale}", {"cutoff": cutoff})
         return {"deleted_count": count, "oldest_deleted": oldest, "newest_deleted": newest,
                 "sessions_deleted": sessions}
+
+    # -- liveness ------------------------------------------------------------
+    def open_session(self, session_id: str, agent: str, at: str) -> None:
+        self.db.execute(
+            "INSERT INTO watch_sessions (id, agent, started_at, last_seen, state) VALUES (?, ?, ?, ?, 'armed')",
+            (session_id, agent, at, at),
+        )
+
+    def touch_session(self, session_id: str, at: str) -> None:
+        self.db.execute("UPDATE watch_sessions SET last_seen = ? WHERE id = ? AND state = 'armed'", (at, session_id))
+
+    def release_session(self, session_id: str, at: str, reason: str) -> None:
+        self.db.execute(
+            "UPDATE watch_sessions SET state = 'released', released_at = ?1, released_reason = ?2, last_seen = ?1 "
+            "WHERE id = ?3 AND state = 'armed'",
+            (at, reason, session_id),
+        )
+
+    def record_heartbeat(self, agent: str, at: str) -> None:
+        self.db.execute(
+            "INSERT INTO heartbeats (agent, last_seen) VALUES (?, ?) "
+            "ON CONFLICT (agent) DO UPDATE SET last_seen = excluded.last_seen",
+            (agent, at),
+        )
+
+    def liveness(self, agent: str | None = None) -> dict[str, dict]:
+        # julianday() honours the offsets older mailboxes wrote, so maxima are true instants.
+        where, params = ("WHERE agent = ?", (agent,)) if agent is not None else ("", ())
+        facts: dict[str, dict] = {}
+        for name, armed, released, seen, sessions in self.db.execute(
+            "SELECT agent, MAX(CASE WHEN state = 'armed' THEN julianday(last_seen) END), "
+            "MAX(CASE WHEN state = 'released' THEN julianday(released_at) END), MAX(julianday(last_seen)), "
+            f"COUNT(*) FROM watch_sessions {where} GROUP BY agent",
+            params,
+        ):
+            facts[name] = {"armed_seen": _from_jd(armed), "released_at": _from_jd(released),
+                           "session_seen": _from_jd(seen), "heartbeat": None, "sessions": sessions}
+        for name, seen in self.db.execute(f"SELECT agent, julianday(last_seen) FROM heartbeats {where}", params):
+            facts.setdefault(name, {"armed_seen": None, "released_at": None, "session_seen": None,
+                                    "sessions": 0})["heartbeat"] = _from_jd(seen)
+        return facts
 
     # -- waiting -------------------------------------------------------------
     def change_token(self) -> object:
         # data_version changes when another connection commits; reading it touches no table.
         return self.db.execute("PRAGMA data_version").fetchone()[0]
+
+    def mail_marker(self) -> object:
+        return self.db.execute("SELECT MAX(rowid) FROM messages").fetchone()[0]
+
+    def wait_for_change(self, token: object, timeout: float) -> object:
+        """Sleep until another process commits (or `timeout` passes), without polling the database.
+
+        The mailbox directory is watched with inotify: every commit writes the WAL file, so the
+        kernel wakes us; `data_version` then says whether a commit really happened. Where inotify
+        is unavailable, the polling default of the base class stands in.
+        """
+        if self._directory_watch is None:
+            from agent_mail.store import filewatch
+
+            self._directory_watch = filewatch.open_watch(os.path.dirname(os.path.abspath(self.path))) or False
+        if self._directory_watch is False:
+            return super().wait_for_change(token, timeout)
+        deadline = time.monotonic() + timeout
+        while True:
+            current = self.change_token()
+            remaining = deadline - time.monotonic()
+            if current != token or remaining <= 0:
+                return current
+            # A safety net for file systems that do not report every write (network shares).
+            self._directory_watch.wait(min(remaining, SAFETY_POLL_SECONDS))
+
+
+def _from_jd(value: float | None):
+    if value is None:
+        return None
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp((value - _UNIX_EPOCH_JD) * 86400.0, dt.timezone.utc)
 
 
 def inspect(path: str) -> dict:
