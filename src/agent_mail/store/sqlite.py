@@ -64,9 +64,6 @@ def m003_liveness(db: sqlite3.Connection) -> None:
 
 MIGRATIONS = (m001_seed_schema, m002_inbox_indexes, m003_liveness)
 
-# Julian day of the Unix epoch: converts SQLite's julianday() back to a timestamp.
-_UNIX_EPOCH_JD = 2440587.5
-
 _COLUMNS = "m.rowid AS seq, m.id, m.sender, m.recipient, m.subject, m.body, m.refs, m.reply_to, m.type, m.created"
 # This agent's own read/ack state: on the row for direct mail, in broadcast_acks for broadcasts.
 _DIRECT = f"SELECT {_COLUMNS}, m.read_at, m.acked_at FROM messages m WHERE m.recipient = :agent"
@@ -407,20 +404,32 @@ class SQLiteStore(Store):
         )
 
     def liveness(self, agent: str | None = None) -> dict[str, dict]:
-        # julianday() honours the offsets older mailboxes wrote, so maxima are true instants.
-        where, params = ("WHERE agent = ?", (agent,)) if agent is not None else ("", ())
+        from agent_mail.model import parse_iso
+
+        # Maxima by julianday(), which honours the offsets older mailboxes wrote; the bare column
+        # next to MAX() is taken from the row holding that maximum, so the stored text comes back exact.
+        where = "agent = :agent" if agent is not None else "1"
+        params = {"agent": agent}
         facts: dict[str, dict] = {}
-        for name, armed, released, seen, sessions in self.db.execute(
-            "SELECT agent, MAX(CASE WHEN state = 'armed' THEN julianday(last_seen) END), "
-            "MAX(CASE WHEN state = 'released' THEN julianday(released_at) END), MAX(julianday(last_seen)), "
-            f"COUNT(*) FROM watch_sessions {where} GROUP BY agent",
-            params,
-        ):
-            facts[name] = {"armed_seen": _from_jd(armed), "released_at": _from_jd(released),
-                           "session_seen": _from_jd(seen), "heartbeat": None, "sessions": sessions}
-        for name, seen in self.db.execute(f"SELECT agent, julianday(last_seen) FROM heartbeats {where}", params):
-            facts.setdefault(name, {"armed_seen": None, "released_at": None, "session_seen": None,
-                                    "sessions": 0})["heartbeat"] = _from_jd(seen)
+
+        def fact(name: str) -> dict:
+            return facts.setdefault(name, {"armed_seen": None, "released_at": None, "session_seen": None,
+                                           "heartbeat": None, "sessions": 0})
+
+        queries = (
+            ("session_seen", f"SELECT agent, last_seen, MAX(julianday(last_seen)) FROM watch_sessions WHERE {where}"),
+            ("armed_seen", "SELECT agent, last_seen, MAX(julianday(last_seen)) FROM watch_sessions "
+                           f"WHERE state = 'armed' AND {where}"),
+            ("released_at", "SELECT agent, released_at, MAX(julianday(released_at)) FROM watch_sessions "
+                            f"WHERE state = 'released' AND {where}"),
+            ("heartbeat", f"SELECT agent, last_seen, MAX(julianday(last_seen)) FROM heartbeats WHERE {where}"),
+        )
+        for key, sql in queries:
+            for name, stamp, _ in self.db.execute(sql + " GROUP BY agent", params):
+                fact(name)[key] = parse_iso(stamp)
+        for name, count in self.db.execute(f"SELECT agent, COUNT(*) FROM watch_sessions WHERE {where} GROUP BY agent",
+                                           params):
+            fact(name)["sessions"] = count
         return facts
 
     # -- waiting -------------------------------------------------------------
@@ -452,14 +461,6 @@ class SQLiteStore(Store):
                 return current
             # A safety net for file systems that do not report every write (network shares).
             self._directory_watch.wait(min(remaining, SAFETY_POLL_SECONDS))
-
-
-def _from_jd(value: float | None):
-    if value is None:
-        return None
-    import datetime as dt
-
-    return dt.datetime.fromtimestamp((value - _UNIX_EPOCH_JD) * 86400.0, dt.timezone.utc)
 
 
 def inspect(path: str) -> dict:

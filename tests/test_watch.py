@@ -1,0 +1,345 @@
+"""watch, heartbeat and liveness: in-process for the logic, real processes for waking and signals."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+
+from agent_mail import service, spec
+from agent_mail.service import describe_liveness, open_mailbox
+from conftest import process_env
+
+ENVELOPE = {"id", "sender", "subject", "type", "created"}
+
+
+def envelope_ids(document):
+    return [m["id"] for m in document["messages"]]
+
+
+# ---------------------------------------------------------------- what watch reports
+
+
+def test_once_with_and_without_mail(am, send):
+    empty = am("watch", "b:y", "--once").json
+    assert empty["messages"] == [] and empty["count"] == 0 and empty["timeout"] is True
+    message = send("a:x", "b:y", "hi")["id"]
+    found = am("watch", "b:y", "--once").json
+    assert envelope_ids(found) == [message] and found["timeout"] is False and found["count"] == 1
+    assert found["next"][0] == "agent-mail read b:y"
+
+
+def test_watch_reports_exactly_what_read_delivers(am, send):
+    send("c:z", "b:y", "introduce c:z")
+    direct = send("a:x", "b:y", "direct")["id"]
+    broadcast = send("c:z", "*", "broadcast")["id"]
+    note = send("b:y", "b:y", "note to self")["id"]
+    send("b:y", "*", "own broadcast")
+    already = send("a:x", "b:y", "already read")["id"]
+    am("ack", "b:y", already)  # acking implies read
+    watched = am("watch", "b:y", "--once").json
+    read = am("read", "b:y", "--no-mark-read").json
+    assert envelope_ids(watched) == envelope_ids(read)
+    assert set(envelope_ids(watched)) == {envelope_ids(watched)[0], direct, broadcast, note}
+    for envelope in watched["messages"]:
+        assert set(envelope) == ENVELOPE
+
+
+def test_watch_consumes_nothing(am, send):
+    message = send("a:x", "b:y", "hi", "--body", "secret body")["id"]
+    before = am("status", "--agent", "b:y", "--fields", "unread,unacked").json
+    watched = am("watch", "b:y", "--once").json
+    assert "secret body" not in json.dumps(watched)
+    assert am("status", "--agent", "b:y", "--fields", "unread,unacked").json == before
+    assert envelope_ids(am("read", "b:y").json) == [message]
+
+
+def test_the_blocking_loop_times_out_on_a_sub_floor_deadline(send):
+    with open_mailbox() as mailbox:
+        started = time.monotonic()
+        result = mailbox.watch(agent="b:y", timeout_minutes=0.01)  # 0.6 s: the floor is the parser's
+        elapsed = time.monotonic() - started
+    assert result["timeout"] is True and result["messages"] == [] and result["count"] == 0
+    assert 0.5 <= elapsed < 5
+    assert result["next"] == ["agent-mail watch b:y"] and result["reachable"] is False
+    with open_mailbox() as mailbox:
+        row = mailbox.status(agent="b:y")["agents"][0]
+    assert row["watch_state"] == "released" and row["watching"] is True
+
+
+def test_the_blocking_loop_refreshes_its_session(monkeypatch, mailbox_path):
+    monkeypatch.setattr(spec, "REFRESH_SECONDS", 0.1)
+    with open_mailbox() as mailbox:
+        mailbox.watch(agent="b:y", timeout_minutes=0.01)
+    db = sqlite3.connect(mailbox_path)
+    started, last_seen, state, reason = db.execute(
+        "SELECT started_at, last_seen, state, released_reason FROM watch_sessions").fetchone()
+    assert state == "released" and reason == "timeout" and last_seen > started
+
+
+@pytest.mark.parametrize("argv, field", [
+    (["--timeout", "30"], "--timeout"),
+    (["--timeout"], "--timeout"),
+    (["--poll", "0.1"], "--poll"),
+    (["--timeout-minutes", "4.9"], "--timeout-minutes"),
+    (["--timeout-minutes", "241"], "--timeout-minutes"),
+    (["--timeout-minutes", "abc"], "--timeout-minutes"),
+    (["--timeout-minutes", "nan"], "--timeout-minutes"),
+    (["--once", "--timeout-minutes", "30"], "--once"),
+])
+def test_rejected_flags_and_bounds(am, argv, field, mailbox_path):
+    error = am("watch", "b:y", *argv).error
+    assert error["problems"][0]["field"] == field
+    assert not mailbox_path.exists()  # rejected before the mailbox is touched
+
+
+def test_removed_flags_name_their_replacement(am):
+    assert "--timeout-minutes" in am("watch", "b:y", "--timeout", "30").error["error"]
+    assert "--once" in am("watch", "b:y", "--poll", "1").error["error"]
+
+
+def test_describe_documents_watch_and_the_discipline(am):
+    doc = am("describe").json
+    watch = doc["commands"]["watch"]
+    assert watch["args"]["--timeout-minutes"]["default"] == 55
+    assert watch["args"]["--timeout-minutes"]["range"] == [5, 240]
+    assert set(watch["item_fields"]["fields"]) == ENVELOPE
+    assert any("watch never marks anything read" in rule for rule in doc["invariants"])
+
+
+# ---------------------------------------------------------------- liveness states
+
+
+def _facts(**kwargs):
+    base = {"armed_seen": None, "released_at": None, "session_seen": None, "heartbeat": None, "sessions": 1}
+    base.update(kwargs)
+    return base
+
+
+NOW = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.timezone.utc)
+
+
+@pytest.mark.parametrize("facts, state, watching, reachable", [
+    (None, "never", False, False),
+    (_facts(armed_seen=NOW, session_seen=NOW), "armed", True, True),
+    (_facts(released_at=NOW - dt.timedelta(seconds=30), session_seen=NOW - dt.timedelta(seconds=30)),
+     "released", True, False),
+    (_facts(released_at=NOW - dt.timedelta(seconds=90), session_seen=NOW - dt.timedelta(seconds=90)),
+     "released", False, False),
+    (_facts(armed_seen=NOW - dt.timedelta(seconds=20), session_seen=NOW - dt.timedelta(seconds=20)),
+     "stale", True, False),
+    # a killed watch after an earlier clean exit is stale; a clean exit after a killed one is released
+    (_facts(armed_seen=NOW - dt.timedelta(seconds=20), released_at=NOW - dt.timedelta(minutes=5),
+            session_seen=NOW - dt.timedelta(seconds=20)), "stale", True, False),
+    (_facts(armed_seen=NOW - dt.timedelta(minutes=5), released_at=NOW - dt.timedelta(seconds=20),
+            session_seen=NOW - dt.timedelta(seconds=20)), "released", True, False),
+    # an armed session wins over any number of exits
+    (_facts(armed_seen=NOW - dt.timedelta(seconds=3), released_at=NOW - dt.timedelta(seconds=1),
+            session_seen=NOW - dt.timedelta(seconds=1)), "armed", True, True),
+    # heartbeat only: watching and reachable, but it never watched
+    (_facts(sessions=0, heartbeat=NOW - dt.timedelta(seconds=10)), "never", True, True),
+])
+def test_liveness_states(facts, state, watching, reachable):
+    described = describe_liveness(facts, NOW)
+    assert (described["watch_state"], described["watching"], described["reachable"]) == (state, watching, reachable)
+
+
+def test_heartbeat_counts_as_presence_and_lists_the_identity(am, send):
+    beat = am("heartbeat", "hook:agent").json
+    assert beat["reachable"] is True and beat["unread"] == 0 and beat["next"] == []
+    row = am("status", "--agent", "hook:agent").json["agents"][0]
+    assert row["watching"] is True and row["last_seen"] == beat["last_seen"] and row["watch_state"] == "never"
+    assert "hook:agent" in [r["agent"] for r in am("status").json["agents"]]
+    send("a:x", "hook:agent", "hi")
+    assert am("heartbeat", "hook:agent").json["next"] == ["agent-mail read hook:agent"]
+
+
+def test_status_liveness_fields_are_projectable(am):
+    am("heartbeat", "a:x")
+    rows = am("status", "--fields", "agent,watching,last_seen,watch_state,released_at").json["agents"]
+    assert set(rows[0]) == {"agent", "watching", "last_seen", "watch_state", "released_at"}
+
+
+def test_read_ack_and_send_carry_reachable_and_next(am, send):
+    question = send("a:x", "b:y", "q")["id"]
+    read = am("read", "b:y").json
+    assert read["reachable"] is False
+    assert read["next"] == [f"agent-mail ack b:y {question}", "agent-mail watch b:y"]
+    ack = am("ack", "b:y", question).json
+    assert ack["next"] == ["agent-mail watch b:y"]
+    # a sender that never watched gets no re-arm hint; one whose watch lapsed does
+    assert send("b:y", "a:x", "r")["next"] == []
+    with open_mailbox() as mailbox:
+        mailbox.watch(agent="b:y", timeout_minutes=0.001)
+    receipt = send("b:y", "a:x", "r2")
+    assert receipt["sender_reachable"] is False and receipt["next"] == ["agent-mail watch b:y"]
+
+
+def test_heartbeat_makes_read_reachable(am, send):
+    send("a:x", "b:y", "q")
+    am("heartbeat", "b:y")
+    read = am("read", "b:y").json
+    assert read["reachable"] is True and not any("watch" in step for step in read["next"])
+
+
+def test_cleanup_sweeps_old_liveness_rows(am, mailbox_path):
+    am("heartbeat", "old:agent")
+    am("heartbeat", "new:agent")
+    with open_mailbox() as mailbox:
+        mailbox.watch(agent="old:agent", timeout_minutes=0.001)
+    db = sqlite3.connect(mailbox_path)
+    db.execute("UPDATE heartbeats SET last_seen = '2020-01-01T00:00:00+00:00' WHERE agent = 'old:agent'")
+    db.execute("UPDATE watch_sessions SET last_seen = '2020-01-01T00:00:00-07:00'")
+    db.commit()
+    assert am("cleanup", "--older-than", "1", "--dry-run").json["sessions_deleted"] == 2
+    assert am("cleanup", "--older-than", "1").json["sessions_deleted"] == 2
+    assert db.execute("SELECT COUNT(*) FROM watch_sessions").fetchone()[0] == 0
+    assert [r[0] for r in db.execute("SELECT agent FROM heartbeats")] == ["new:agent"]
+
+
+# ---------------------------------------------------------------- real processes
+
+
+def _start_watch(*extra, env=None):
+    return subprocess.Popen([sys.executable, "-m", "agent_mail", "watch", "b:y", *extra],
+                            env=env or process_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _wait_until_armed(mailbox_path, proc, agent="b:y", timeout=30):
+    """Readiness is the watch's own liveness row, not a sleep."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        if mailbox_path.exists():
+            try:
+                db = sqlite3.connect(mailbox_path, timeout=5)
+                try:
+                    row = db.execute("SELECT last_seen FROM watch_sessions WHERE agent = ? AND state = 'armed'",
+                                     (agent,)).fetchone()
+                finally:
+                    db.close()
+                if row:
+                    return row[0]
+            except sqlite3.OperationalError:
+                pass  # the table does not exist yet
+        time.sleep(0.02)
+    raise AssertionError("the watch never armed")
+
+
+@pytest.fixture
+def reap():
+    """Kill any watch a test leaves behind."""
+    procs = []
+    yield procs.append
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
+def _send_process(subject="wake"):
+    return subprocess.run([sys.executable, "-m", "agent_mail", "send", "--from", "a:x", "--to", "b:y",
+                           "--subject", subject], env=process_env(), capture_output=True, timeout=60)
+
+
+def test_a_blocked_watch_is_woken_by_a_send_from_another_process(mailbox_path, reap, am):
+    watch = _start_watch("--timeout-minutes", "5")
+    reap(watch)
+    first_seen = _wait_until_armed(mailbox_path, watch)
+    # while blocked: watching, armed, last_seen advancing, and no lock held
+    time.sleep(spec.REFRESH_SECONDS + 0.7)
+    row = am("status", "--agent", "b:y").json["agents"][0]
+    assert row["watching"] is True and row["watch_state"] == "armed" and row["last_seen"] > first_seen
+    assert am("status", "--agent", "b:y", "--fields", "agent,watching").json["agents"] == [
+        {"agent": "b:y", "watching": True}]
+    writer = sqlite3.connect(mailbox_path, timeout=0, isolation_level=None)
+    writer.execute("BEGIN IMMEDIATE")  # would fail at once if the watch held a lock
+    writer.execute("ROLLBACK")
+    writer.close()
+    sent_at = time.monotonic()
+    sent = _send_process()
+    assert sent.returncode == 0, sent.stderr
+    out, err = watch.communicate(timeout=30)
+    woke_after = time.monotonic() - sent_at
+    assert watch.returncode == 0, err
+    result = json.loads(out)
+    assert result["timeout"] is False and result["messages"][0]["subject"] == "wake"
+    assert woke_after < 10  # the timeout was 300 s: woken by the send, not by the clock
+    row = am("status", "--agent", "b:y").json["agents"][0]
+    assert row["watch_state"] == "released" and row["unread"] == 1  # nothing consumed
+
+
+def test_wake_without_file_notifications_falls_back_to_polling(mailbox_path, reap):
+    watch = _start_watch("--timeout-minutes", "5", env=process_env(AGENT_MAIL_NO_INOTIFY="1"))
+    reap(watch)
+    _wait_until_armed(mailbox_path, watch)
+    assert _send_process().returncode == 0
+    out, _ = watch.communicate(timeout=30)
+    assert json.loads(out)["count"] == 1
+
+
+def test_a_send_to_someone_else_does_not_wake_the_watch(mailbox_path, reap):
+    watch = _start_watch("--timeout-minutes", "5")
+    reap(watch)
+    _wait_until_armed(mailbox_path, watch)
+    subprocess.run([sys.executable, "-m", "agent_mail", "send", "--from", "a:x", "--to", "c:z", "--subject", "no"],
+                   env=process_env(), check=True, capture_output=True)
+    time.sleep(0.5)
+    assert watch.poll() is None
+    assert _send_process("yes").returncode == 0
+    out, _ = watch.communicate(timeout=30)
+    assert [m["subject"] for m in json.loads(out)["messages"]] == ["yes"]
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGHUP, 129)])
+def test_a_signalled_watch_releases_its_session(mailbox_path, reap, am, signum, code):
+    watch = _start_watch()
+    reap(watch)
+    _wait_until_armed(mailbox_path, watch)
+    watch.send_signal(signum)
+    out, err = watch.communicate(timeout=30)
+    assert watch.returncode == code and out == b""
+    assert "released" in json.loads(err)["error"] and b"Traceback" not in err
+    row = am("status", "--agent", "b:y").json["agents"][0]
+    assert row["watch_state"] == "released" and row["released_at"] is not None
+
+
+def test_a_killed_watch_goes_stale(mailbox_path, reap, am):
+    watch = _start_watch()
+    reap(watch)
+    _wait_until_armed(mailbox_path, watch)
+    watch.kill()
+    watch.communicate(timeout=30)
+    assert am("status", "--agent", "b:y").json["agents"][0]["watch_state"] == "armed"  # not yet noticed
+    # it stops refreshing: age its last refresh past the stale threshold instead of waiting for it
+    aged = (dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=spec.STALE_SECONDS + 5)).isoformat()
+    db = sqlite3.connect(mailbox_path)
+    db.execute("UPDATE watch_sessions SET last_seen = ?", (aged,))
+    db.commit()
+    row = am("status", "--agent", "b:y").json["agents"][0]
+    assert row["watch_state"] == "stale" and row["watching"] is True and row["released_at"] is None
+
+
+def test_two_watches_one_exits_the_other_keeps_the_identity_armed(mailbox_path, reap, am):
+    first, second = _start_watch(), _start_watch()
+    reap(first)
+    reap(second)
+    _wait_until_armed(mailbox_path, first)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        con = sqlite3.connect(mailbox_path, timeout=5)
+        armed = con.execute("SELECT COUNT(*) FROM watch_sessions WHERE state = 'armed'").fetchone()[0]
+        con.close()
+        if armed == 2:
+            break
+        time.sleep(0.02)
+    first.send_signal(signal.SIGTERM)
+    first.communicate(timeout=30)
+    assert am("status", "--agent", "b:y").json["agents"][0]["watch_state"] == "armed"
