@@ -343,3 +343,58 @@ def test_two_watches_one_exits_the_other_keeps_the_identity_armed(mailbox_path, 
     first.send_signal(signal.SIGTERM)
     first.communicate(timeout=30)
     assert am("status", "--agent", "b:y").json["agents"][0]["watch_state"] == "armed"
+
+
+def test_a_commit_from_a_connection_that_stays_open_wakes_the_wait(am, mailbox_path, monkeypatch):
+    """The write event comes before the commit is published; the wait must not miss it.
+
+    A long-lived sender (a server holding its connection) never closes or checkpoints, so
+    the only file event is the WAL write. With the safety poll pushed out to 60 s, a wait
+    that returns in seconds proves the event itself was followed up.
+    """
+    from agent_mail.store import sqlite as sqlite_store
+
+    monkeypatch.setattr(sqlite_store, "SAFETY_POLL_SECONDS", 60.0)
+    am("status").json
+    store = sqlite_store.SQLiteStore(str(mailbox_path))
+    sender = sqlite3.connect(mailbox_path, isolation_level=None, check_same_thread=False)
+    try:
+        token = store.change_token()
+        store.wait_for_change(token, 0.01)  # opens the directory watch
+
+        def commit_soon():
+            time.sleep(0.3)
+            sender.execute("BEGIN IMMEDIATE")
+            sender.execute("INSERT INTO messages (id, sender, recipient, subject, created) "
+                           "VALUES ('x', 'a:x', 'b:y', 's', '2026-01-01T00:00:00+00:00')")
+            sender.execute("COMMIT")
+
+        import threading
+
+        thread = threading.Thread(target=commit_soon)
+        thread.start()
+        started = time.monotonic()
+        new_token = store.wait_for_change(token, 30.0)
+        thread.join()
+        assert new_token != token
+        assert time.monotonic() - started < 20  # not the 60 s safety poll
+    finally:
+        sender.close()
+        store.close()
+
+
+def test_own_commits_do_not_count_as_changes(am, mailbox_path):
+    from agent_mail.store import sqlite as sqlite_store
+
+    am("status").json
+    store = sqlite_store.SQLiteStore(str(mailbox_path))
+    try:
+        token = store.change_token()
+        store.wait_for_change(token, 0.01)
+        with store.transaction(write=True):
+            store.record_heartbeat("a:x", "2026-01-01T00:00:00+00:00")
+        started = time.monotonic()
+        assert store.wait_for_change(token, 0.3) == token
+        assert time.monotonic() - started >= 0.29
+    finally:
+        store.close()

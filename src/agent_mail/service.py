@@ -392,6 +392,7 @@ class Mailbox:
         if once:
             return self._watch_result(agent, self._envelopes(agent), session=None, emit=emit, heartbeat=True)
         minutes = spec.WATCH_MINUTES_DEFAULT if timeout_minutes is None else timeout_minutes
+        self.store.relax_durability()  # this connection writes liveness only; skip its syncs
         session = model.new_message_id()
         with self.store.transaction(write=True):
             self.store.open_session(session, agent, model.now_iso())

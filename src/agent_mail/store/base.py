@@ -27,6 +27,13 @@ class Store:
         """A transaction; `write=True` takes the write lock up front. Rolls back on error."""
         raise NotImplementedError
 
+    def relax_durability(self) -> None:
+        """Let this connection's later commits skip waiting for the disk.
+
+        For connections that write only liveness (a watch): a power cut may lose the last
+        refresh, never corrupt or lose mail. The default keeps full durability.
+        """
+
     # -- messages --------------------------------------------------------
     def insert_message(self, message: dict) -> None:
         """Store one message row (id, sender, recipient, subject, body, refs, reply_to, type, created)."""

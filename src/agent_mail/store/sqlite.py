@@ -22,6 +22,8 @@ APPLICATION_ID = 0x41474D4C
 BUSY_TIMEOUT_SECONDS = 10.0
 # With file notifications, still look at the database this often in case one was missed.
 SAFETY_POLL_SECONDS = 1.0
+# How long after a write event to keep looking for the commit it belongs to (longer than a sync).
+SETTLE_SECONDS = 0.25
 
 # Columns the seed lineage's `messages` table has; anything without them is not a mailbox.
 _REQUIRED_MESSAGE_COLUMNS = {
@@ -101,6 +103,7 @@ class SQLiteStore(Store):
     def __init__(self, path: str):
         self.path = path
         self._directory_watch = None  # opened on the first wait
+        self._wrote = False  # committed since the last wait: our own file events are pending
         self.db = self._connect()
 
     # -- opening ----------------------------------------------------------
@@ -197,6 +200,10 @@ class SQLiteStore(Store):
             self._directory_watch.close()
         self.db.close()
 
+    def relax_durability(self) -> None:
+        # In WAL mode, NORMAL syncs at checkpoints only: a crash keeps the database intact.
+        self.db.execute("PRAGMA synchronous = NORMAL")
+
     @contextmanager
     def transaction(self, write: bool = False):
         doing = "writing" if write else "reading"
@@ -212,6 +219,7 @@ class SQLiteStore(Store):
             raise
         try:
             self.db.execute("COMMIT")
+            self._wrote = self._wrote or write
         except sqlite3.Error as exc:
             if self.db.in_transaction:
                 self.db.execute("ROLLBACK")
@@ -453,6 +461,10 @@ class SQLiteStore(Store):
             self._directory_watch = filewatch.open_watch(os.path.dirname(os.path.abspath(self.path))) or False
         if self._directory_watch is False:
             return super().wait_for_change(token, timeout)
+        if self._wrote:
+            # Our own commits (the session refresh) raise events too; they are not news to us.
+            self._directory_watch.wait(0)
+            self._wrote = False
         deadline = time.monotonic() + timeout
         while True:
             current = self.change_token()
@@ -460,7 +472,24 @@ class SQLiteStore(Store):
             if current != token or remaining <= 0:
                 return current
             # A safety net for file systems that do not report every write (network shares).
-            self._directory_watch.wait(min(remaining, SAFETY_POLL_SECONDS))
+            if self._directory_watch.wait(min(remaining, SAFETY_POLL_SECONDS)):
+                current = self._settle(token, min(remaining, SETTLE_SECONDS))
+                if current != token:
+                    return current
+
+    def _settle(self, token: object, seconds: float) -> object:
+        """After a write event, watch data_version closely until the commit becomes visible.
+
+        A commit writes the WAL (the event), syncs it, and only then publishes itself in the
+        shared-memory index, which the kernel does not report. So the event usually arrives a
+        sync too early; looking again every millisecond for a moment catches the publication.
+        """
+        deadline = time.monotonic() + seconds
+        while True:
+            current = self.change_token()
+            if current != token or time.monotonic() >= deadline:
+                return current
+            time.sleep(0.001)
 
 
 def inspect(path: str) -> dict:

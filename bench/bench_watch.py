@@ -1,0 +1,180 @@
+"""Wake latency and idle cost of `watch`, this project beside the reference CLI, in one run.
+
+    python bench/bench_watch.py [--rounds 30] [--idle-seconds 30]
+
+For each implementation, with its own mailbox:
+- wake latency: a watch is armed (readiness = its own armed session row); after a random
+  pause of 0 to 1 s (so polling is caught at a random phase) the benchmark commits a message straight into the mailbox with sqlite3 and times from just after
+  COMMIT until the watch process has printed its result and exited.
+- end to end: the same, but the message is sent by spawning the implementation's own
+  `agent-mail send`, timed from the spawn.
+- idle CPU: a watch blocked for --idle-seconds, its user+system CPU time from /proc.
+Both implementations share the seed lineage's `messages` schema, so the same INSERT
+wakes either.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import random
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import implementations, machine, summary, table  # noqa: E402
+
+AGENT = "bench:watcher"
+
+
+def _env(db: str) -> dict:
+    env = dict(os.environ)
+    env["AGENT_MAIL_DB"] = db
+    return env
+
+
+def _start_watch(cli: str, db: str) -> subprocess.Popen:
+    return subprocess.Popen([cli, "watch", AGENT, "--timeout-minutes", "5"], env=_env(db),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _wait_armed(db: str, proc: subprocess.Popen, sessions_before: int) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"watch exited early: {proc.communicate()}")
+        try:
+            con = sqlite3.connect(db, timeout=5)
+            try:
+                n = con.execute("SELECT COUNT(*) FROM watch_sessions WHERE agent = ?", (AGENT,)).fetchone()[0]
+            finally:
+                con.close()
+            if n > sessions_before:
+                time.sleep(0.05)  # let it get from writing its row to actually blocking
+                return
+        except sqlite3.OperationalError:
+            pass
+        time.sleep(0.005)
+    raise RuntimeError("watch never armed")
+
+
+def _sessions(db: str) -> int:
+    try:
+        con = sqlite3.connect(db, timeout=5)
+        try:
+            return con.execute("SELECT COUNT(*) FROM watch_sessions WHERE agent = ?", (AGENT,)).fetchone()[0]
+        finally:
+            con.close()
+    except sqlite3.OperationalError:
+        return 0
+
+
+def _commit_message(db: str) -> float:
+    con = sqlite3.connect(db, timeout=10, isolation_level=None)
+    try:
+        con.execute("BEGIN IMMEDIATE")
+        con.execute(
+            "INSERT INTO messages (id, sender, recipient, subject, body, type, created) "
+            "VALUES (?, 'bench:sender', ?, 'wake', '', 'direct', ?)",
+            (str(uuid.uuid4()), AGENT, dt.datetime.now(dt.timezone.utc).isoformat()),
+        )
+        con.execute("COMMIT")
+        return time.perf_counter()
+    finally:
+        con.close()
+
+
+def _mark_all_read(db: str) -> None:
+    con = sqlite3.connect(db, timeout=10)
+    con.execute("UPDATE messages SET read_at = ? WHERE read_at IS NULL", (dt.datetime.now().isoformat(),))
+    con.commit()
+    con.close()
+
+
+def measure_wake(cli: str, db: str, rounds: int, via_cli: bool) -> list[float]:
+    latencies = []
+    for _ in range(rounds):
+        before = _sessions(db)
+        proc = _start_watch(cli, db)
+        try:
+            _wait_armed(db, proc, before)
+            # A random moment, so an implementation that polls is caught at a random point of its cycle.
+            time.sleep(random.random())
+            if via_cli:
+                started = time.perf_counter()
+                subprocess.run([cli, "send", "--from", "bench:sender", "--to", AGENT, "--subject", "wake"],
+                               env=_env(db), check=True, stdout=subprocess.DEVNULL)
+            else:
+                started = _commit_message(db)
+            proc.stdout.read()  # EOF: the watch printed its result and exited
+            proc.wait(timeout=60)
+            latencies.append((time.perf_counter() - started) * 1000)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate()
+        _mark_all_read(db)
+    return latencies
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as handle:
+        fields = handle.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure_idle(clis: dict[str, str], dbs: dict[str, str], seconds: float) -> dict[str, float]:
+    """CPU of each implementation's watch blocked for `seconds`, all running side by side."""
+    procs = {}
+    try:
+        for name, cli in clis.items():
+            before = _sessions(dbs[name])
+            procs[name] = _start_watch(cli, dbs[name])
+            _wait_armed(dbs[name], procs[name], before)
+        start = {name: _cpu_seconds(p.pid) for name, p in procs.items()}
+        time.sleep(seconds)
+        return {name: (_cpu_seconds(p.pid) - start[name]) / seconds * 100 for name, p in procs.items()}
+    finally:
+        for proc in procs.values():
+            proc.kill()
+            proc.communicate()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--idle-seconds", type=float, default=30.0)
+    args = parser.parse_args()
+    clis = implementations()
+    with tempfile.TemporaryDirectory() as tmp:
+        dbs = {}
+        for name, cli in clis.items():
+            dbs[name] = os.path.join(tmp, name, "mail.db")
+            subprocess.run([cli, "status"], env=_env(dbs[name]), check=True, stdout=subprocess.DEVNULL)
+        results = {}
+        for name, cli in clis.items():
+            wake = measure_wake(cli, dbs[name], args.rounds, via_cli=False)
+            e2e = measure_wake(cli, dbs[name], args.rounds, via_cli=True)
+            results[name] = (summary(wake), summary(e2e))
+        idle = measure_idle(clis, dbs, args.idle_seconds)
+    rows = []
+    labels = (("wake: commit -> watch returned, median ms", 0, 0), ("wake: commit -> watch returned, p90 ms", 0, 1),
+              ("end to end: send spawned -> watch returned, median ms", 1, 0),
+              ("end to end: send spawned -> watch returned, p90 ms", 1, 1))
+    for label, which, stat in labels:
+        ours, ref = results["agent-mail"][which][stat], results["reference"][which][stat]
+        rows.append((label, f"{ours:.1f}", f"{ref:.1f}", f"{ours / ref:.3f}"))
+    rows.append((f"idle watch CPU over {args.idle_seconds:.0f} s, % of one core", f"{idle['agent-mail']:.2f}",
+                 f"{idle['reference']:.2f}", f"{idle['agent-mail'] / idle['reference']:.3f}"
+                 if idle["reference"] else "n/a"))
+    print(f"# watch benchmark ({args.rounds} rounds; {machine()})\n")
+    print(table(rows, ("measure", "agent-mail", "reference 0.5.1", "ratio")))
+
+
+if __name__ == "__main__":
+    main()
