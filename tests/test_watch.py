@@ -71,7 +71,9 @@ def test_the_blocking_loop_times_out_on_a_sub_floor_deadline(send):
     assert result["next"] == ["agent-mail watch b:y"] and result["reachable"] is False
     with open_mailbox() as mailbox:
         row = mailbox.status(agent="b:y")["agents"][0]
+        listed = [r["agent"] for r in mailbox.status()["agents"]]
     assert row["watch_state"] == "released" and row["watching"] is True
+    assert listed == ["b:y"]  # an identity that has only ever watched is still listed
 
 
 def test_the_blocking_loop_refreshes_its_session(monkeypatch, mailbox_path):
