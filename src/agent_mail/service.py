@@ -394,31 +394,35 @@ class Mailbox:
         minutes = spec.WATCH_MINUTES_DEFAULT if timeout_minutes is None else timeout_minutes
         self.store.relax_durability()  # this connection writes liveness only; skip its syncs
         session = model.new_message_id()
-        with self.store.transaction(write=True):
-            self.store.open_session(session, agent, model.now_iso())
-        reason = "signal"
+        # Handlers first: a signal that arrives once the session exists must still release it.
         previous = _install_stop_handlers()
         try:
+            with self.store.transaction(write=True):
+                self.store.open_session(session, agent, model.now_iso())
             messages = self._wait_for_mail(agent, session, minutes * 60.0)
-            reason = "mail" if messages else "timeout"
+            self._release(session, "mail" if messages else "timeout")
         except _Stopped as stop:
-            self._release(session, f"signal {stop.signum}")
+            self._release(session, f"signal {stop.signum}", quietly=True)
             import signal
 
             name = signal.Signals(stop.signum).name
             raise errors.Interrupted(f"watch for {agent} was stopped by {name}; its session was released, "
                                      "so status shows it as released, not armed.", 128 + stop.signum) from None
         except BaseException:
-            self._release(session, reason)
+            self._release(session, "error", quietly=True)
             raise
         finally:
             _restore_handlers(previous)
-        self._release(session, reason)
         return self._watch_result(agent, messages, session=session, emit=emit)
 
-    def _release(self, session: str, reason: str) -> None:
-        with self.store.transaction(write=True):
-            self.store.release_session(session, model.now_iso(), reason)
+    def _release(self, session: str, reason: str, quietly: bool = False) -> None:
+        """Mark the session released (a no-op if it never got stored or is released already)."""
+        try:
+            with self.store.transaction(write=True):
+                self.store.release_session(session, model.now_iso(), reason)
+        except errors.StorageError:
+            if not quietly:  # on the way out of another failure, that failure is the one to report
+                raise
 
     def _envelopes(self, agent: str) -> list[dict]:
         from agent_mail import spec
