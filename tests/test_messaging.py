@@ -327,7 +327,8 @@ def test_cleanup_dry_run_then_real(am, send, mailbox_path):
     dry = am("cleanup", "--older-than", "30", "--dry-run").json
     assert dry["dry_run"] is True and dry["deleted_count"] == 1
     assert dry["oldest_deleted"] == dry["newest_deleted"] == "2000-01-01T10:00:00.000000-05:00"
-    assert set(dry) == {"dry_run", "cutoff", "deleted_count", "oldest_deleted", "newest_deleted", "sessions_deleted"}
+    assert set(dry) == {"dry_run", "cutoff", "deleted_count", "oldest_deleted", "newest_deleted", "sessions_deleted",
+                        "events_deleted", "attachments_deleted"}
     assert am("read", "b:y", "--all", "--no-mark-read").json["count"] == 2
     real = am("cleanup", "--older-than", "30").json
     assert real["dry_run"] is False and real["deleted_count"] == 1

@@ -293,8 +293,10 @@ def main(argv: list[str] | None = None) -> int:
         from agent_mail import service
 
         with service.open_mailbox() as mailbox:
-            code = getattr(mailbox, name)(**values, emit=emit)
-        return code if isinstance(code, int) else errors.EXIT_OK
+            result = getattr(mailbox, name)(**values, emit=emit)
+        if name == "send" and result["refused"]:
+            return errors.EXIT_PARTIAL  # the receipt is on stdout and says who was refused
+        return errors.EXIT_OK
     except errors.AgentMailError as exc:
         _emit_error(exc)
         return exc.exit_code

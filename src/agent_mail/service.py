@@ -12,7 +12,7 @@ import json
 import os
 from contextlib import contextmanager
 
-from agent_mail import errors, model
+from agent_mail import errors, model, spec
 from agent_mail.store.base import Store
 
 DEFAULT_PATH = os.path.join("~", ".agent-mail", "mail.db")
@@ -54,7 +54,9 @@ def open_mailbox() -> Iterator["Mailbox"]:
     path, _ = resolve_path()
     store = SQLiteStore(path)
     try:
-        yield Mailbox(store)
+        mailbox = Mailbox(store)
+        mailbox.publish_due()
+        yield mailbox
     finally:
         store.close()
 
@@ -146,12 +148,77 @@ def prepare_send(values: dict) -> tuple[dict, list[tuple[str, str]]]:
                 refs.append(absolute)
     if values.get("no_ack") and not values.get("reply_to"):
         problems.append(("--no-ack", "only applies with --reply-to; drop it."))
+    recipients = list(dict.fromkeys(_as_list(values.get("to"))))
+    if model.BROADCAST in recipients and len(recipients) > 1:
+        problems.append(("--to", "'*' already means everyone; give it alone, or list the recipients instead."))
+    if len(recipients) > spec.RECIPIENTS_MAX:
+        problems.append(("--to", f"{len(recipients)} recipients; the limit is {spec.RECIPIENTS_MAX} a send. Use '*' "
+                                 "or split the send."))
+    attachments, attach_problems = _read_attachments(_as_list(values.get("attach")))
+    problems += attach_problems
     prepared = {
         "subject": subject,
         "body": body or "",
         "refs": list(dict.fromkeys(refs)),
+        "recipients": recipients,
+        "attachments": attachments,
     }
     return prepared, problems
+
+
+def _as_list(value) -> list:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    return list(value)
+
+
+def _read_attachments(paths: list[str]) -> tuple[list[dict], list[tuple[str, str]]]:
+    """Read every --attach file now, so what is stored is exactly what was checked."""
+    import hashlib
+    import stat
+
+    problems: list[tuple[str, str]] = []
+    attachments: list[dict] = []
+    if len(paths) > spec.ATTACHMENTS_MAX_COUNT:
+        problems.append(("--attach", f"{len(paths)} files; the limit is {spec.ATTACHMENTS_MAX_COUNT} a send."))
+        return [], problems
+    total = 0
+    for path in paths:
+        absolute = os.path.abspath(os.path.expanduser(path))
+        try:
+            info = os.stat(absolute)
+        except FileNotFoundError:
+            problems.append(("--attach", f"{path!r} does not exist (resolved to {absolute})."))
+            continue
+        except OSError as exc:
+            problems.append(("--attach", f"cannot read {path!r}: {exc.strerror or exc}."))
+            continue
+        if not stat.S_ISREG(info.st_mode):
+            problems.append(("--attach", f"{path!r} is not a regular file; attach files, not directories or devices."))
+            continue
+        if info.st_size > spec.ATTACHMENT_MAX_BYTES:
+            problems.append(("--attach", f"{path!r} is {info.st_size} bytes; the limit is {spec.ATTACHMENT_MAX_BYTES} "
+                                         "a file. Put it somewhere shared and --ref it instead."))
+            continue
+        try:
+            with open(absolute, "rb") as handle:
+                content = handle.read(spec.ATTACHMENT_MAX_BYTES + 1)
+        except OSError as exc:
+            problems.append(("--attach", f"cannot read {path!r}: {exc.strerror or exc}."))
+            continue
+        if len(content) > spec.ATTACHMENT_MAX_BYTES:  # it grew while we looked
+            problems.append(("--attach", f"{path!r} is over the {spec.ATTACHMENT_MAX_BYTES}-byte limit."))
+            continue
+        total += len(content)
+        name = os.path.basename(absolute) or "attachment"
+        attachments.append({"name": name, "content": content, "size": len(content),
+                            "sha256": hashlib.sha256(content).hexdigest()})
+    if total > spec.ATTACHMENTS_MAX_BYTES_PER_SEND:
+        problems.append(("--attach", f"{total} bytes in all; the limit is {spec.ATTACHMENTS_MAX_BYTES_PER_SEND} a "
+                                     "send. Split it, or --ref large files."))
+    return attachments, problems
 
 
 def input_problems(command: str, values: dict) -> list[tuple[str, str]]:
@@ -160,7 +227,25 @@ def input_problems(command: str, values: dict) -> list[tuple[str, str]]:
         return prepare_send(values)[1]
     if command == "status" and values.get("project") is not None:
         return _project_problems(values["project"])
+    if command == "profile":
+        return _profile_problems(values)
     return []
+
+
+PROFILE_SETTINGS = ("human", "mirror-dir", "max-entries")
+
+
+def _profile_problems(values: dict) -> list[tuple[str, str]]:
+    problems = []
+    for name in values.get("clear") or []:
+        if name not in PROFILE_SETTINGS:
+            problems.append(("--clear", f"{name!r} is not a setting; use one of: {', '.join(PROFILE_SETTINGS)}."))
+        elif values.get(name.replace("-", "_")):
+            problems.append(("--clear", f"cannot both set and clear {name}."))
+    directory = values.get("mirror_dir")
+    if directory is not None and not os.path.isdir(os.path.expanduser(directory)):
+        problems.append(("--mirror-dir", f"{directory!r} is not an existing directory; create it first."))
+    return problems
 
 
 def _project_problems(project: str) -> list[tuple[str, str]]:
@@ -170,10 +255,7 @@ def _project_problems(project: str) -> list[tuple[str, str]]:
 
 
 def _project(message: dict, fields: list[str] | None) -> dict:
-    message = {k: v for k, v in message.items() if k != "seq"}
-    if fields:
-        return {f: message.get(f) for f in fields}
-    return message
+    return {f: message.get(f) for f in (fields or spec.MESSAGE_FIELDS)}
 
 
 # ---------------------------------------------------------------- liveness
@@ -183,8 +265,6 @@ _NEVER = {"armed_seen": None, "released_at": None, "session_seen": None, "heartb
 
 def describe_liveness(facts: dict | None, at: _dt.datetime) -> dict:
     """watching / last_seen / watch_state / released_at / reachable from stored liveness facts."""
-    from agent_mail import spec
-
     facts = facts or _NEVER
 
     def within(moment, seconds):
@@ -241,143 +321,478 @@ class Mailbox:
 
     def __init__(self, store: Store):
         self.store = store
+        self._rendered: set[str] = set()  # agents whose files the current transaction rewrote
 
-    def send(self, *, from_: str, to: str, subject: str, body: str | None = None, body_file: str | None = None,
-             ref: list[str] | tuple = (), refs: str | None = None, reply_to: str | None = None,
-             no_ack: bool = False, emit: Emit = _no_emit) -> dict:
-        """Store one message for `to` ('*' for everyone but the sender)."""
-        prepared, problems = prepare_send({
-            "subject": subject, "body": body, "body_file": body_file, "ref": ref, "refs": refs,
-            "reply_to": reply_to, "no_ack": no_ack,
-        })
-        problems = _identity_problems({"--from": from_, "--to": to}) + problems
-        if problems:
-            raise errors.InvalidInput(problems)
-        created = model.now_iso()
-        message = {
-            "id": model.new_message_id(),
-            "sender": from_,
-            "recipient": to,
-            "subject": prepared["subject"],
-            "body": prepared["body"],
-            "refs": prepared["refs"],
-            "reply_to": reply_to,
-            "type": "broadcast" if to == model.BROADCAST else "direct",
-            "created": created,
-        }
-        with self.store.transaction(write=True):
-            acknowledged = None
-            if reply_to is not None:
-                if self.store.get_message(reply_to) is None:
-                    raise errors.NotFound([("--reply-to", f"no message has id {reply_to}. Use an id from read.")])
-                answered = self.store.addressed(from_, [reply_to]).get(reply_to)
-                if answered is not None:
-                    if no_ack:
-                        self.store.mark_read(from_, [answered], created)
-                    else:
-                        self.store.mark_acked(from_, [answered], created)
-                        acknowledged = reply_to
-            self.store.insert_message(message)
-            receipt = {k: message[k] for k in ("id", "sender", "recipient", "subject", "type", "created",
-                                                "refs", "reply_to")}
-            receipt["acknowledged"] = acknowledged
-            presence = self._presence(from_)
-            receipt["sender_reachable"] = presence["reachable"]
-            lapsed = presence["watch_state"] in ("released", "stale") and not presence["reachable"]
-            receipt["next"] = [f"agent-mail watch {from_}"] if lapsed else []
-            emit(receipt)
-        return receipt
+    @contextmanager
+    def _changing(self, write: bool = True):
+        """A transaction whose notification files are rendered again if it rolls back.
 
+        Files are rendered inside the transaction (from the state about to be committed, and
+        serialised by the write lock); if the result then cannot be emitted, the rollback
+        leaves them ahead of the mailbox, so they are redrawn from the state that stands.
+        """
+        self._rendered = set()
+        try:
+            with self.store.transaction(write=write):
+                yield
+        except BaseException:
+            if self._rendered:
+                try:
+                    with self.store.transaction():
+                        self._render(self._rendered, system=True)
+                except errors.AgentMailError:
+                    pass
+            raise
+        finally:
+            self._rendered = set()
+
+    # -- presence --------------------------------------------------------------
     def _presence(self, agent: str) -> dict:
         return describe_liveness(self.store.liveness(agent).get(agent), model.now())
 
+    def _reachability(self, agents: list[str]) -> dict[str, bool]:
+        """Whether each identity can be reached now: armed watch, fresh heartbeat, or a human."""
+        at = model.now()
+        facts = self.store.liveness(agents[0]) if len(agents) == 1 else self.store.liveness()
+        humans = self.store.humans()
+        return {a: a in humans or describe_liveness(facts.get(a), at)["reachable"] for a in agents}
+
+    # -- notification files ---------------------------------------------------------
+    def _render(self, agents, *, email: bool = True, system: bool = False) -> list[dict]:
+        """Rewrite the notification files of those `agents` that have a mirror directory."""
+        from agent_mail import notify
+
+        results = []
+        for agent in sorted(set(agents)):
+            profile = self.store.profile(agent)
+            if not profile or not profile["mirror_dir"]:
+                continue
+            self._rendered.add(agent)
+            if email:
+                outcome = notify.write_document(profile["mirror_dir"], notify.EMAIL_FILE,
+                                                self._unread_mirror(agent, profile))
+                results.append({"agent": agent, **outcome})
+            if system:
+                events = self.store.events(agent)
+                document = notify.system_channel(events) if events else None
+                results.append({"agent": agent, **notify.write_document(profile["mirror_dir"], notify.SYSTEM_FILE,
+                                                                         document)})
+        return results
+
+    def _render_all_mirrors(self, except_agent: str | None = None) -> list[dict]:
+        return self._render([a for a in self.store.mirrored_agents() if a != except_agent])
+
+    def _unread_mirror(self, agent: str, profile: dict | None) -> dict | None:
+        from agent_mail import notify
+
+        limit = (profile or {}).get("max_entries") or notify.DEFAULT_MAX_ENTRIES
+        now = model.now_iso()
+        unread = self.store.inbox(agent, unread_only=True, sender=None, limit=None, now=now)
+        newest = list(reversed(unread[-limit:]))
+        attachments = self.store.attachments_of([m["id"] for m in newest])
+        return notify.unread_mirror(agent, newest, len(unread), attachments)
+
+    def publish_due(self) -> list[dict]:
+        """Announce scheduled messages that fell due: render their recipients' mirrors. Needs no daemon:
+        every command runs this first, and a blocked watch runs it when a message for it falls due."""
+        now = model.now_iso()
+        with self.store.transaction():
+            pending = self.store.due_unpublished(now)
+        if not pending:
+            return []
+        with self._changing():
+            due = self.store.due_unpublished(now)
+            self.store.mark_published([d["message_id"] for d in due], now)
+            direct = [d["recipient"] for d in due if d["recipient"] != model.BROADCAST]
+            if any(d["recipient"] == model.BROADCAST for d in due):
+                direct += self.store.mirrored_agents()
+            return self._render(direct)
+
+    # -- send ----------------------------------------------------------------
+    def send(self, *, from_: str, to, subject: str, body: str | None = None, body_file: str | None = None,
+             ref=(), refs: str | None = None, reply_to: str | None = None, no_ack: bool = False,
+             delay_minutes: float | None = None, attach=(), require_reachable: bool = False,
+             emit: Emit = _no_emit) -> dict:
+        """Store one copy of the message per recipient ('*' for everyone but the sender), in one transaction."""
+        import datetime as dt
+
+        recipients = _as_list(to)
+        prepared, problems = prepare_send({
+            "subject": subject, "body": body, "body_file": body_file, "ref": ref, "refs": refs,
+            "reply_to": reply_to, "no_ack": no_ack, "to": recipients, "attach": attach,
+        })
+        checks = [("--from", from_)] + [("--to", r) for r in recipients]
+        problems = _identity_problems(checks) + problems
+        if not recipients:
+            problems.append(("--to", "give at least one recipient."))
+        if delay_minutes is not None and not 0 <= delay_minutes <= spec.DELAY_MINUTES_MAX:
+            problems.append(("--delay-minutes", f"use a value from 0 to {spec.DELAY_MINUTES_MAX:.0f}."))
+        if problems:
+            raise errors.InvalidInput(problems)
+        moment = model.now()
+        created = model.iso(moment)
+        deliver_at = model.iso(moment + dt.timedelta(minutes=delay_minutes)) if delay_minutes else None
+        batch = model.new_message_id()
+        with self._changing():
+            acknowledged, touched = self._settle_reply(from_, reply_to, no_ack, created)
+            reachable = self._reachability([r for r in recipients if r not in (from_, model.BROADCAST)])
+            if model.BROADCAST in recipients:
+                others = [a for a in self.store.agent_counts(created) if a != from_]
+                anyone = self._reachability(others) if others else {}
+                reachable[model.BROADCAST] = any(anyone.values())
+            reachable[from_] = True  # a note to yourself needs no check
+            deliveries, published = [], []
+            for recipient in recipients:
+                entry = {"recipient": recipient, "id": None, "status": "delivered",
+                         "reachable": reachable[recipient]}
+                if require_reachable and not reachable[recipient]:
+                    entry["status"] = "refused"
+                    entry["reason"] = self._refusal(recipient)
+                    self.store.add_event(model.new_message_id(), from_, "email.bounce", {
+                        "recipient": recipient, "subject": prepared["subject"], "reason": entry["reason"],
+                    }, created)
+                    deliveries.append(entry)
+                    continue
+                message = {
+                    "id": model.new_message_id(), "sender": from_, "recipient": recipient,
+                    "subject": prepared["subject"], "body": prepared["body"], "refs": prepared["refs"],
+                    "reply_to": reply_to, "type": "broadcast" if recipient == model.BROADCAST else "direct",
+                    "created": created, "deliver_at": deliver_at, "batch_id": batch,
+                }
+                self.store.insert_message(message)
+                for position, attachment in enumerate(prepared["attachments"]):
+                    self.store.add_attachment(message["id"], position, attachment["name"], attachment["content"],
+                                              attachment["sha256"], created)
+                entry["id"] = message["id"]
+                if deliver_at:
+                    entry["status"] = "scheduled"
+                    entry["deliver_at"] = deliver_at
+                else:
+                    published.append(recipient)
+                deliveries.append(entry)
+            refused = [d for d in deliveries if d["status"] == "refused"]
+            mirrors = []
+            if model.BROADCAST in published:
+                mirrors += self._render_all_mirrors(except_agent=from_)
+            mirrors += self._render([r for r in published if r != model.BROADCAST] + touched)
+            if refused:
+                mirrors += self._render([from_], email=False, system=True)
+            presence = self._presence(from_)
+            single = deliveries[0] if len(deliveries) == 1 else None
+            lapsed = presence["watch_state"] in ("released", "stale") and not presence["reachable"]
+            receipt = {
+                "id": single["id"] if single else None,
+                "recipient": single["recipient"] if single else None,
+                "sender": from_,
+                "subject": prepared["subject"],
+                "type": "broadcast" if recipients == [model.BROADCAST] else "direct",
+                "created": created,
+                "refs": prepared["refs"],
+                "attachments": [{k: a[k] for k in ("name", "size", "sha256")} for a in prepared["attachments"]],
+                "reply_to": reply_to,
+                "acknowledged": acknowledged,
+                "batch_id": batch,
+                "deliveries": deliveries,
+                "delivered": sum(d["status"] == "delivered" for d in deliveries),
+                "scheduled": sum(d["status"] == "scheduled" for d in deliveries),
+                "refused": len(refused),
+                "mirrors": mirrors,
+                "sender_reachable": presence["reachable"],
+                "next": [f"agent-mail watch {from_}"] if lapsed else [],
+            }
+            emit(receipt)
+        return receipt
+
+    def _settle_reply(self, replier: str, reply_to: str | None, no_ack: bool, at: str) -> tuple[str | None, list]:
+        """A reply marks the answered message read and acknowledged for the replier."""
+        if reply_to is None:
+            return None, []
+        if self.store.get_message(reply_to) is None:
+            raise errors.NotFound([("--reply-to", f"no message has id {reply_to}. Use an id from read.")])
+        answered = self.store.addressed(replier, [reply_to], at).get(reply_to)
+        if answered is None:
+            return None, []
+        self.store.set_flags(replier, [answered], at, ("read",) if no_ack else ("read", "ack"))
+        return (None if no_ack else reply_to), [replier]
+
+    def _refusal(self, recipient: str) -> str:
+        if recipient == model.BROADCAST:
+            return "nobody is reachable now: no identity has an armed watch, a recent heartbeat or a human profile."
+        presence = self._presence(recipient)
+        state = presence["watch_state"]
+        seen = f", last seen {presence['last_seen']}" if presence["last_seen"] else ""
+        if state == "never":
+            return f"{recipient} is not reachable: it has never watched and sent no recent heartbeat{seen}."
+        if state == "stale":
+            return f"{recipient} is not reachable: its watch stopped refreshing without exiting (killed?){seen}."
+        return f"{recipient} is not reachable: its last watch ended at {presence['released_at']} and was not " \
+               f"re-armed{seen}."
+
+    def cancel(self, *, sender: str, ids, emit: Emit = _no_emit) -> dict:
+        """Withdraw scheduled messages of `sender` that have not fallen due."""
+        wanted = list(dict.fromkeys(ids))
+        now = model.now_iso()
+        with self.store.transaction(write=True):
+            problems = []
+            for message_id in wanted:
+                message = self.store.get_message(message_id)
+                if message is None:
+                    problems.append(("ids", f"no message has id {message_id}."))
+                elif message["sender"] != sender:
+                    problems.append(("ids", f"message {message_id} was sent by {message['sender']}, not {sender}; "
+                                            "only its sender can cancel it."))
+                elif message["cancelled_at"] is not None:
+                    problems.append(("ids", f"message {message_id} was already cancelled at "
+                                            f"{message['cancelled_at']}."))
+                elif message["deliver_at"] is None or message["deliver_at"] <= now:
+                    when = message["deliver_at"] or message["created"]
+                    problems.append(("ids", f"message {message_id} was delivered at {when}; a delivered message "
+                                            "cannot be withdrawn (send a correction instead)."))
+            if problems:
+                raise errors.InvalidInput([(f, m + " Nothing was cancelled.") for f, m in problems])
+            for message_id in wanted:
+                self.store.cancel(message_id, now)
+            result = {"sender": sender, "cancelled": wanted, "count": len(wanted)}
+            emit(result)
+        return result
+
+    # -- read and handling --------------------------------------------------------
     def read(self, *, agent: str, all: bool = False, from_: str | None = None, limit: int = 50,
-             thread: str | None = None, no_mark_read: bool = False, ack: bool = False,
+             thread: str | None = None, archived: bool = False, no_mark_read: bool = False, ack: bool = False,
              fields: list[str] | None = None, emit: Emit = _no_emit) -> dict:
         """Take delivery of `agent`'s mail; see spec.COMMANDS['read'] for the modes."""
-        if thread is not None:
+        now = model.now_iso()
+        if thread is not None or archived:
             with self.store.transaction():
-                messages = self.store.thread(thread)
-                if not messages:
-                    raise errors.NotFound([("--thread", f"no message has id {thread}.")])
-                result = self._read_result(agent, messages, fields, remaining=self.store.count_unread(agent),
+                if thread is not None:
+                    messages = self.store.thread(thread, agent, now)
+                    if not messages:
+                        raise errors.NotFound([("--thread", f"no message has id {thread}.")])
+                else:
+                    messages = self.store.inbox(agent, unread_only=False, sender=from_, limit=None, now=now,
+                                                archived=True)[-limit:]
+                result = self._read_result(agent, messages, fields, remaining=self.store.count_unread(agent, now),
                                            suggest_ack=False)
                 emit(result)
             return result
         marking = not no_mark_read
-        with self.store.transaction(write=marking or ack):
+        with self._changing(write=marking or ack):
             if all:
-                newest = self.store.inbox(agent, unread_only=False, sender=from_, limit=None)
-                messages = newest[-limit:]
+                messages = self.store.inbox(agent, unread_only=False, sender=from_, limit=None, now=now)[-limit:]
             else:
-                messages = self.store.inbox(agent, unread_only=True, sender=from_, limit=limit)
-            at = model.now_iso()
-            if marking:
-                fresh = [m for m in messages if m["read_at"] is None]
-                self.store.mark_read(agent, fresh, at)
-                for m in fresh:
-                    m["read_at"] = at
-            if ack:
-                fresh = [m for m in messages if m["acked_at"] is None]
-                self.store.mark_acked(agent, fresh, at)
-                for m in fresh:
-                    m["acked_at"] = at
-                    m["read_at"] = m["read_at"] or at
-            result = self._read_result(agent, messages, fields, remaining=self.store.count_unread(agent))
+                messages = self.store.inbox(agent, unread_only=True, sender=from_, limit=limit, now=now)
+            fresh = [m for m in messages if m["read_at"] is None] if marking else []
+            unacked = [m for m in messages if m["acked_at"] is None] if ack else []
+            if fresh:
+                self.store.set_flags(agent, fresh, now, ("read",))
+            if unacked:
+                self.store.set_flags(agent, unacked, now, ("read", "ack"))
+            for m in fresh + unacked:
+                m["read_at"] = m["read_at"] or now
+            for m in unacked:
+                m["acked_at"] = now
+            result = self._read_result(agent, messages, fields, remaining=self.store.count_unread(agent, now))
+            changed = bool(fresh or unacked)
+            if changed:
+                self._render([agent])
             emit(result)
         return result
 
     def _read_result(self, agent: str, messages: list[dict], fields: list[str] | None, remaining: int,
                      suggest_ack: bool = True) -> dict:
+        attachments = self.store.attachments_of([m["id"] for m in messages])
+        for message in messages:
+            message["attachments"] = attachments.get(message["id"], [])
         listed = [_project(m, fields) for m in messages]
         reachable = self._presence(agent)["reachable"]
-        to_ack = [m["id"] for m in messages if m["acked_at"] is None and m["recipient"] in (agent, model.BROADCAST)
-                  and m["sender"] != agent] if suggest_ack else []
+        to_ack = [m["id"] for m in messages if m["acked_at"] is None and m["sender"] != agent] if suggest_ack else []
         return {"agent": agent, "messages": listed, "count": len(listed), "remaining": remaining,
                 "reachable": reachable,
                 "next": next_steps(agent, unread=remaining, ack_ids=to_ack, reachable=reachable)}
 
-    def ack(self, *, agent: str, ids: list[str] | tuple = (), all: bool = False, emit: Emit = _no_emit) -> dict:
+    def _addressed_or_fail(self, agent: str, wanted: list[str], now: str) -> dict[str, dict]:
+        """The messages, all of them addressed to `agent`, or an error naming each one that is not."""
+        found = self.store.addressed(agent, wanted, now)
+        problems = []
+        for message_id in wanted:
+            if message_id in found:
+                continue
+            if self.store.get_message(message_id) is None:
+                problems.append(("ids", f"no message has id {message_id}; nothing was changed."))
+            else:
+                problems.append(("ids", f"message {message_id} is not addressed to {agent}; nothing was changed."))
+        if problems:
+            raise errors.NotFound(problems)
+        return found
+
+    def ack(self, *, agent: str, ids=(), all: bool = False, emit: Emit = _no_emit) -> dict:
         """Record that `agent` acted on these messages (all outstanding ones with all=True)."""
         wanted = list(dict.fromkeys(ids))
-        with self.store.transaction(write=True):
+        now = model.now_iso()
+        with self._changing():
             if all:
-                fresh, already = self.store.unacked(agent), []
+                fresh, already = self.store.unacked(agent, now), []
             else:
-                found = self.store.addressed(agent, wanted)
-                missing = [i for i in wanted if i not in found]
-                if missing:
-                    problems = []
-                    for message_id in missing:
-                        if self.store.get_message(message_id) is None:
-                            problems.append(("ids", f"no message has id {message_id}; nothing was acknowledged."))
-                        else:
-                            problems.append(("ids", f"message {message_id} is not addressed to {agent}; "
-                                                    "nothing was acknowledged."))
-                    raise errors.NotFound(problems)
+                found = self._addressed_or_fail(agent, wanted, now)
                 fresh = [found[i] for i in wanted if found[i]["acked_at"] is None]
                 already = [i for i in wanted if found[i]["acked_at"] is not None]
-            at = model.now_iso()
-            self.store.mark_acked(agent, fresh, at)
+            self.store.set_flags(agent, fresh, now, ("read", "ack"))
             reachable = self._presence(agent)["reachable"]
             result = {
                 "agent": agent,
-                "acked_at": at if fresh else None,
+                "acked_at": now if fresh else None,
                 "acked": [m["id"] for m in fresh],
                 "already_acked": already,
                 "count": len(fresh),
                 "reachable": reachable,
-                "next": next_steps(agent, unread=self.store.count_unread(agent), reachable=reachable),
+                "next": next_steps(agent, unread=self.store.count_unread(agent, now), reachable=reachable),
+            }
+            if fresh:
+                self._render([agent])
+            emit(result)
+        return result
+
+    def _handle(self, agent: str, ids, emit: Emit, flag: str, done: str, already_key: str, state: str) -> dict:
+        wanted = list(dict.fromkeys(ids))
+        now = model.now_iso()
+        with self._changing():
+            found = self._addressed_or_fail(agent, wanted, now)
+            fresh = [found[i] for i in wanted if found[i][state] is None]
+            already = [i for i in wanted if found[i][state] is not None]
+            self.store.set_flags(agent, fresh, now, tuple(dict.fromkeys(("read", flag))))
+            reachable = self._presence(agent)["reachable"]
+            result = {
+                "agent": agent,
+                done: [m["id"] for m in fresh],
+                already_key: already,
+                "count": len(fresh),
+                "reachable": reachable,
+                "next": next_steps(agent, unread=self.store.count_unread(agent, now), reachable=reachable),
+            }
+            if fresh:
+                self._render([agent])
+            emit(result)
+        return result
+
+    def dismiss(self, *, agent: str, ids, emit: Emit = _no_emit) -> dict:
+        """Mark messages read without returning them."""
+        return self._handle(agent, ids, emit, "read", "dismissed", "already_read", "read_at")
+
+    def archive(self, *, agent: str, ids, emit: Emit = _no_emit) -> dict:
+        """Take messages out of the inbox; `read --archived` still lists them."""
+        return self._handle(agent, ids, emit, "archive", "archived", "already_archived", "archived_at")
+
+    def delete(self, *, agent: str, ids, emit: Emit = _no_emit) -> dict:
+        """Remove messages from every view of `agent`; the other parties keep theirs."""
+        return self._handle(agent, ids, emit, "delete", "deleted", "already_deleted", "deleted_at")
+
+    # -- attachments -------------------------------------------------------------
+    def attachments(self, *, agent: str, id: str, save_to: str | None = None, overwrite: bool = False,
+                    emit: Emit = _no_emit) -> dict:
+        """List a message's attachments, or write them into `save_to`."""
+        now = model.now_iso()
+        with self.store.transaction():
+            message = self.store.get_message(id)
+            visible = self.store.addressed(agent, [id], now).get(id)
+            if message is None:
+                raise errors.NotFound([("id", f"no message has id {id}.")])
+            if message["sender"] != agent and (visible is None or visible["deleted_at"] is not None):
+                raise errors.NotFound([("id", f"message {id} is neither addressed to nor sent by {agent}.")])
+            listed = self.store.attachments_of([id]).get(id, [])
+            contents = {}
+            if save_to is not None:
+                for attachment in listed:
+                    contents[attachment["sha256"]] = self.store.attachment_content(attachment["sha256"])
+        saved, directory = [], None
+        if save_to is not None:
+            from agent_mail import files
+
+            directory, saved = files.save_attachments(save_to, listed, contents, overwrite)
+        result = {"agent": agent, "id": id, "attachments": listed, "count": len(listed), "directory": directory,
+                  "saved": saved}
+        try:
+            emit(result)
+        except errors.OutputError:
+            if saved and not overwrite:
+                from agent_mail import files
+
+                files.remove_saved(saved)  # nothing changed: the caller never learnt of these files
+            raise
+        return result
+
+    # -- profiles and notifications ------------------------------------------------
+    def profile(self, *, agent: str, human: bool = False, mirror_dir: str | None = None,
+                max_entries: int | None = None, clear=(), emit: Emit = _no_emit) -> dict:
+        """Show, or change, `agent`'s optional settings."""
+        values = {"human": human, "mirror_dir": mirror_dir, "max_entries": max_entries, "clear": list(clear)}
+        problems = _profile_problems(values)
+        if problems:
+            raise errors.InvalidInput(problems)
+        changing = human or mirror_dir is not None or max_entries is not None or bool(clear)
+        with self._changing(write=changing):
+            current = self.store.profile(agent) or {"agent": agent, "human": False, "mirror_dir": None,
+                                                     "max_entries": None, "updated_at": None}
+            mirrors = []
+            if changing:
+                updated = dict(current)
+                if human:
+                    updated["human"] = True
+                if mirror_dir is not None:
+                    updated["mirror_dir"] = os.path.realpath(os.path.expanduser(mirror_dir))
+                if max_entries is not None:
+                    updated["max_entries"] = max_entries
+                for name in clear:
+                    updated[name.replace("-", "_")] = False if name == "human" else None
+                updated["updated_at"] = model.now_iso()
+                self.store.save_profile(updated)
+                old_dir = current["mirror_dir"]
+                if old_dir and old_dir != updated["mirror_dir"]:
+                    from agent_mail import notify
+
+                    for name in (notify.EMAIL_FILE, notify.SYSTEM_FILE):
+                        mirrors.append({"agent": agent, **notify.write_document(old_dir, name, None)})
+                mirrors += self._render([agent], system=True)
+                current = updated
+            result = {**{k: current[k] for k in ("agent", "human", "mirror_dir", "max_entries", "updated_at")},
+                      "mirrors": mirrors}
+            emit(result)
+        return result
+
+    def notifications(self, *, agent: str, dismiss=(), clear_email: bool = False, emit: Emit = _no_emit) -> dict:
+        """The unread mirror and the system channel of `agent`; optionally dismiss events or clear the file."""
+        from agent_mail import notify
+
+        wanted = list(dict.fromkeys(dismiss))
+        with self._changing(write=bool(wanted)):
+            dismissed = []
+            if wanted:
+                dismissed = self.store.dismiss_events(agent, wanted, model.now_iso())
+                unknown = [i for i in wanted if i not in dismissed]
+                if unknown:
+                    raise errors.NotFound([("--dismiss", f"{i} is not an open event of {agent}; nothing was "
+                                                         "dismissed.") for i in unknown])
+                self._render([agent], email=False, system=True)
+            profile = self.store.profile(agent)
+            cleared = False
+            if clear_email and profile and profile["mirror_dir"]:
+                cleared = notify.write_document(profile["mirror_dir"], notify.EMAIL_FILE, None)["status"] == "removed"
+            result = {
+                "agent": agent,
+                "email": self._unread_mirror(agent, profile),
+                "system": notify.system_channel(self.store.events(agent)),
+                "dismissed": dismissed,
+                "cleared": cleared,
             }
             emit(result)
         return result
 
+    # -- liveness ----------------------------------------------------------------
     def heartbeat(self, *, agent: str, emit: Emit = _no_emit) -> dict:
         """Record that `agent` is present without a blocked watch."""
         at = model.now_iso()
         with self.store.transaction(write=True):
             self.store.record_heartbeat(agent, at)
-            unread = self.store.count_unread(agent)
+            unread = self.store.count_unread(agent, at)
             reachable = self._presence(agent)["reachable"]
             result = {"agent": agent, "last_seen": at, "unread": unread, "reachable": reachable,
                       "next": next_steps(agent, unread=unread, reachable=True)}
@@ -387,10 +802,8 @@ class Mailbox:
     def watch(self, *, agent: str, timeout_minutes: float | None = None, once: bool = False,
               emit: Emit = _no_emit) -> dict:
         """Block until `agent` has unread mail (or the timeout passes); return envelopes, consume nothing."""
-        from agent_mail import spec
-
         if once:
-            return self._watch_result(agent, self._envelopes(agent), session=None, emit=emit, heartbeat=True)
+            return self._watch_result(agent, self._envelopes(agent), emit=emit, heartbeat=True)
         minutes = spec.WATCH_MINUTES_DEFAULT if timeout_minutes is None else timeout_minutes
         self.store.relax_durability()  # this connection writes liveness only; skip its syncs
         session = model.new_message_id()
@@ -413,7 +826,7 @@ class Mailbox:
             raise
         finally:
             _restore_handlers(previous)
-        return self._watch_result(agent, messages, session=session, emit=emit)
+        return self._watch_result(agent, messages, emit=emit)
 
     def _release(self, session: str, reason: str, quietly: bool = False) -> None:
         """Mark the session released (a no-op if it never got stored or is released already)."""
@@ -425,30 +838,41 @@ class Mailbox:
                 raise
 
     def _envelopes(self, agent: str) -> list[dict]:
-        from agent_mail import spec
-
         with self.store.transaction():
-            messages = self.store.inbox(agent, unread_only=True, sender=None, limit=None)
+            messages = self.store.inbox(agent, unread_only=True, sender=None, limit=None, now=model.now_iso())
         return [{f: m[f] for f in spec.ENVELOPE_FIELDS} for m in messages]
 
-    def _wait_for_mail(self, agent: str, session: str, seconds: float) -> list[dict]:
-        """The blocking loop: sleep until a commit elsewhere adds mail for `agent`, refreshing liveness."""
-        import time
+    def _next_due(self, agent: str) -> float | None:
+        """Seconds until the next scheduled message for `agent` falls due, or None."""
+        now = model.now()
+        with self.store.transaction():
+            due = self.store.next_due(agent, model.iso(now))
+        moment = model.parse_iso(due)
+        return None if moment is None else max(0.0, (moment - now).total_seconds())
 
-        from agent_mail import spec
+    def _wait_for_mail(self, agent: str, session: str, seconds: float) -> list[dict]:
+        """The blocking loop: sleep until a commit elsewhere adds mail for `agent` (or a scheduled one
+        falls due), refreshing liveness; return the envelopes, or [] at the deadline."""
+        import time
 
         now = time.monotonic()
         deadline, refresh_at = now + seconds, now + spec.REFRESH_SECONDS
         token = self.store.change_token()
-        marker = object()  # forces the first full check
+        marker, due_at = object(), None  # a fresh marker forces the first full check
         while True:
             current = self.store.mail_marker()
-            if current != marker or time.monotonic() >= refresh_at:
-                # Full check only when a message was added (or at each refresh, as a safety net).
+            now = time.monotonic()
+            falling_due = due_at is not None and now >= due_at
+            if current != marker or falling_due or now >= refresh_at:
+                # Full check only when a message was added, one fell due, or at each refresh (safety net).
                 marker = current
+                if falling_due:
+                    self.publish_due()
                 messages = self._envelopes(agent)
                 if messages:
                     return messages
+                until_due = self._next_due(agent)
+                due_at = None if until_due is None else time.monotonic() + until_due
             now = time.monotonic()
             if now >= deadline:
                 return []
@@ -456,10 +880,10 @@ class Mailbox:
                 with self.store.transaction(write=True):
                     self.store.touch_session(session, model.now_iso())
                 refresh_at = now + spec.REFRESH_SECONDS
-            token = self.store.wait_for_change(token, min(deadline, refresh_at) - now)
+            wake = min(deadline, refresh_at, due_at if due_at is not None else deadline)
+            token = self.store.wait_for_change(token, max(0.0, wake - now))
 
-    def _watch_result(self, agent: str, messages: list[dict], *, session: str | None, emit: Emit,
-                      heartbeat: bool = False) -> dict:
+    def _watch_result(self, agent: str, messages: list[dict], *, emit: Emit, heartbeat: bool = False) -> dict:
         if heartbeat:
             with self.store.transaction(write=True):
                 self.store.record_heartbeat(agent, model.now_iso())
@@ -479,13 +903,15 @@ class Mailbox:
         emit(result)
         return result
 
+    # -- overview -----------------------------------------------------------------
     def status(self, *, agent: str | None = None, project: str | None = None, fields: list[str] | None = None,
                emit: Emit = _no_emit) -> dict:
-        """One row per identity seen in traffic (or just `agent`, or one project's)."""
+        """One row per identity seen in traffic, watches, heartbeats or profiles (or just `agent`)."""
         if project is not None and _project_problems(project):
             raise errors.InvalidInput(_project_problems(project))
+        now = model.now_iso()
         with self.store.transaction():
-            counts = self.store.agent_counts()
+            counts = self.store.agent_counts(now)
             liveness = self.store.liveness(agent)
         at = model.now()
         if agent is not None:
@@ -505,12 +931,15 @@ class Mailbox:
         return result
 
     def cleanup(self, *, older_than: int, dry_run: bool = False, emit: Emit = _no_emit) -> dict:
-        """Delete messages (and liveness records) older than `older_than` days."""
+        """Delete messages (and what hangs off them, and old liveness rows and events) older than `older_than` days."""
         cutoff = model.iso(model.now() - _dt.timedelta(days=older_than))
         with self.store.transaction(write=not dry_run):
             counts = self.store.cleanup(cutoff, dry_run)
             result = {"dry_run": dry_run, "cutoff": cutoff, **counts}
             emit(result)
+        if not dry_run and counts["deleted_count"]:
+            with self.store.transaction():
+                self._render(self.store.mirrored_agents())
         return result
 
 
@@ -540,10 +969,10 @@ def _restore_handlers(previous: dict) -> None:
         signal.signal(number, handler)
 
 
-def _identity_problems(identities: dict[str, str]) -> list[tuple[str, str]]:
+def _identity_problems(identities: list[tuple[str, str]]) -> list[tuple[str, str]]:
     """Identity checks for callers that bypass the CLI parser (library use)."""
     problems = []
-    for flag, value in identities.items():
+    for flag, value in identities:
         problem = model.identity_problem(value, allow_broadcast=flag == "--to")
         if problem:
             problems.append((flag, problem))

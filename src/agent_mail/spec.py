@@ -127,8 +127,11 @@ MESSAGE_FIELDS = {
     "reply_to": "Id of the message this answers, or null.",
     "type": "'direct' or 'broadcast'.",
     "created": "When it was sent (ISO 8601).",
+    "deliver_at": "For a message sent with --delay-minutes: when it fell (or falls) due. Otherwise null.",
     "read_at": "When this agent took delivery, or null.",
     "acked_at": "When this agent acknowledged it, or null.",
+    "archived_at": "When this agent archived it, or null.",
+    "attachments": "Attached files: [{name, size, sha256}]. Save them with `agent-mail attachments`.",
 }
 
 # Liveness, fixed on purpose: nothing legitimate tunes these, and every knob is a wrong choice waiting.
@@ -138,6 +141,13 @@ WATCH_MINUTES_MAX = 240.0
 REFRESH_SECONDS = 5.0  # a blocked watch refreshes its session this often
 LIVENESS_SECONDS = 60.0  # seen this recently = watching; spans the gap between a wake and the re-arm
 STALE_SECONDS = 15.0  # an armed session not refreshed for this long was killed
+
+DELAY_MINUTES_MAX = 43_200.0  # 30 days
+ATTACHMENT_MAX_BYTES = 10 * 1024 * 1024
+ATTACHMENTS_MAX_BYTES_PER_SEND = 25 * 1024 * 1024
+ATTACHMENTS_MAX_COUNT = 20
+RECIPIENTS_MAX = 500
+MAX_ENTRIES_LIMIT = 1000
 
 ENVELOPE_FIELDS = {
     "id": "Message id.",
@@ -202,8 +212,8 @@ _register(Command(
     mutating=True,
     args=(
         Arg("--from", IDENTITY, "Your identity (project:name).", required=True),
-        Arg("--to", RECIPIENT, "Recipient identity (project:name), or '*' to broadcast to everyone but you.",
-            required=True),
+        Arg("--to", RECIPIENT, "Recipient identity (project:name); repeat it for several (each gets its own copy "
+            "and id), or give '*' alone to broadcast to everyone but you.", required=True, repeat=True),
         Arg("--subject", TEXT, f"One line, at most {model.SUBJECT_MAX_CHARS} characters: what this is about.",
             required=True),
         Arg("--body", TEXT, f"Body text, at most {model.BODY_MAX_CHARS} characters. Say what happened and "
@@ -216,18 +226,37 @@ _register(Command(
         Arg("--reply-to", MESSAGE_ID, "Id of the message you are answering. Threads the reply and marks that "
             "message read and acknowledged for you: a reply is proof it was handled."),
         Arg("--no-ack", FLAG, "With --reply-to: do not acknowledge the message you answer (it is still marked read)."),
+        Arg("--delay-minutes", NUMBER, "Deliver this many MINUTES from now. Stored in the mailbox: invisible to the "
+            "recipient until due, survives restarts, needs no daemon; withdraw it before then with `cancel`.",
+            minimum=0, maximum=DELAY_MINUTES_MAX),
+        Arg("--attach", PATH, f"A file to attach; repeat for several (at most {ATTACHMENTS_MAX_COUNT}). Read and "
+            f"stored in the mailbox when you send, so it travels with the message. At most "
+            f"{ATTACHMENT_MAX_BYTES // (1024 * 1024)} MiB a file, {ATTACHMENTS_MAX_BYTES_PER_SEND // (1024 * 1024)} "
+            "MiB a send.", repeat=True),
+        Arg("--require-reachable", FLAG, "Refuse recipients that cannot be reached now (no armed watch, no heartbeat "
+            "in the last 60 s, not a human). The others still get it; exit code 3 says some were refused, and "
+            "each refusal is recorded in your system channel."),
     ),
     exclusive=(("--body", "--body-file"),),
     output={
-        "id": "The new message's id.",
+        "id": "With exactly one recipient: the new message's id (else null; see deliveries).",
+        "recipient": "With exactly one recipient: who it was addressed to (else null; see deliveries).",
         "sender": "Your identity.",
-        "recipient": "Who it was addressed to.",
         "subject": "The subject as stored.",
         "type": "'direct' or 'broadcast'.",
         "created": "When it was stored (ISO 8601).",
         "refs": "The absolute paths stored with it.",
+        "attachments": "The attached files: [{name, size, sha256}].",
         "reply_to": "The message it answers, or null.",
         "acknowledged": "With --reply-to: the id marked read and acknowledged for you, else null.",
+        "batch_id": "One id shared by every copy of this send.",
+        "deliveries": "One entry per recipient: {recipient, id, status, reachable} plus deliver_at when "
+        "status is 'scheduled' and reason when it is 'refused' (no message was stored for it; id is null).",
+        "delivered": "How many recipients got it now.",
+        "scheduled": "How many will get it at deliver_at.",
+        "refused": "How many were refused (non-zero means exit code 3).",
+        "mirrors": "Notification files rewritten because of this send: [{agent, path, status}]; a failed "
+        "render is listed with status 'failed' and never fails the send.",
         "sender_reachable": ("Whether you, the sender, can be reached for the answer: a watch of yours is armed, or "
                              f"you sent a heartbeat in the last {LIVENESS_SECONDS:.0f} s."),
         "next": "When your own watch has lapsed: the command that re-arms it. Otherwise empty.",
@@ -239,6 +268,9 @@ _register(Command(
         'send --from deploy:worker --to research:lead --subject "Deploy fixed" --reply-to '
         "9f1c2e34-5678-4abc-9def-0123456789ab",
         'send --from a:b --to c:d --subject "Notes" --body-file notes.md',
+        'send --from lead:main --to team:one --to team:two --subject "Review" --attach report.pdf',
+        'send --from lead:main --to team:one --subject "Standup" --delay-minutes 30',
+        'send --from lead:main --to team:one --subject "Urgent" --require-reachable',
     ),
 ))
 
@@ -253,11 +285,13 @@ _register(Command(
         Arg("--limit", INT, "At most this many messages.", default=50, minimum=1, maximum=10_000),
         Arg("--thread", MESSAGE_ID, "Return the whole thread containing this message, oldest first. "
             "Marks nothing."),
+        Arg("--archived", FLAG, "List the messages you archived, oldest first. Marks nothing."),
         Arg("--no-mark-read", FLAG, "Return unread messages without marking them read."),
         Arg("--ack", FLAG, "Also acknowledge what this returns. Only when reading IS acting on it."),
         Arg("--fields", FIELDS, FIELDS_HELP),
     ),
-    exclusive=(("--all", "--thread"), ("--thread", "--ack"), ("--no-mark-read", "--ack")),
+    exclusive=(("--all", "--thread", "--archived"), ("--thread", "--ack"), ("--archived", "--ack"),
+               ("--no-mark-read", "--ack")),
     output={
         "agent": "The identity read.",
         "messages": "The messages, oldest first.",
@@ -273,7 +307,10 @@ _register(Command(
         "others. Marks them read once printed.",
         "--all": "The newest --limit messages, read and unread, oldest first. Marks the unread ones read.",
         "--thread ID": "Every message of that thread from its root, oldest first. Marks nothing.",
+        "--archived": "Archived messages only, oldest first. Marks nothing.",
     },
+    notes=("Deleted messages never appear; archived ones only with --archived; a scheduled message only once "
+           "it is due.",),
     examples=(
         "read deploy:worker",
         "read deploy:worker --all --limit 100",
@@ -368,6 +405,130 @@ _register(Command(
     examples=("heartbeat deploy:worker",),
 ))
 
+
+def _handling(name: str, summary: str, done: str, already: str, already_help: str) -> Command:
+    return Command(
+        name=name,
+        summary=summary,
+        mutating=True,
+        args=(
+            Arg("agent", IDENTITY, "Whose messages (project:name).", required=True),
+            Arg("ids", MESSAGE_ID, "One or more message ids addressed to this agent.", required=True, repeat=True),
+        ),
+        output={
+            "agent": "The identity.",
+            done: "Ids this call changed.",
+            already: already_help,
+            "count": "How many this call changed.",
+            "reachable": REACHABLE_HELP,
+            "next": NEXT_HELP,
+        },
+        examples=(f"{name} deploy:worker 9f1c2e34-5678-4abc-9def-0123456789ab",),
+    )
+
+
+_register(_handling(
+    "dismiss", "Mark messages read without fetching them again (after handling them from the unread mirror).",
+    "dismissed", "already_read", "Ids that were read before (left unchanged)."))
+_register(_handling(
+    "archive", "Move messages out of the inbox: marked read, gone from `read` and `read --all`, listed by "
+    "`read --archived`.", "archived", "already_archived", "Ids archived before (left unchanged)."))
+_register(_handling(
+    "delete", "Remove messages from every view of this agent (marked read). The other parties keep their copy; "
+    "only `cleanup` removes the shared record.", "deleted", "already_deleted", "Ids deleted before."))
+
+_register(Command(
+    name="cancel",
+    summary="Withdraw scheduled messages (sent with --delay-minutes) before they fall due.",
+    mutating=True,
+    args=(
+        Arg("sender", IDENTITY, "Who sent them (project:name).", required=True),
+        Arg("ids", MESSAGE_ID, "Ids from the send receipt's deliveries.", required=True, repeat=True),
+    ),
+    output={
+        "sender": "The sender.",
+        "cancelled": "Ids withdrawn by this call; their recipients will never see them.",
+        "count": "How many.",
+    },
+    notes=("All or nothing: an id that is unknown, not yours, already due or already cancelled is an error and "
+           "nothing is withdrawn.",),
+    examples=("cancel lead:main 9f1c2e34-5678-4abc-9def-0123456789ab",),
+))
+
+_register(Command(
+    name="attachments",
+    summary="List a message's attachments, or save them into a directory (never outside it, never "
+    "overwriting unless asked).",
+    mutating=False,
+    args=(
+        Arg("agent", IDENTITY, "Who asks: a recipient or the sender of the message.", required=True),
+        Arg("id", MESSAGE_ID, "The message.", required=True),
+        Arg("--save-to", PATH, "Write the attachments into this directory (created if missing). Names are made "
+            "safe: no directories, no traversal, links are never followed."),
+        Arg("--overwrite", FLAG, "With --save-to: replace files of the same name (regular files only)."),
+    ),
+    output={
+        "agent": "The identity.",
+        "id": "The message.",
+        "attachments": "[{name, size, sha256}] as stored.",
+        "count": "How many attachments.",
+        "directory": "With --save-to: the directory written to, else null.",
+        "saved": "With --save-to: [{name, path, size, sha256}] for each file written, else [].",
+    },
+    examples=("attachments deploy:worker 9f1c2e34-5678-4abc-9def-0123456789ab",
+              "attachments deploy:worker 9f1c2e34-5678-4abc-9def-0123456789ab --save-to ./inbox-files"),
+))
+
+_register(Command(
+    name="profile",
+    summary="Show or change an identity's optional settings. Nobody needs a profile to send or read.",
+    mutating=True,
+    args=(
+        Arg("agent", IDENTITY, "Whose profile (project:name).", required=True),
+        Arg("--human", FLAG, "This identity is a person: always reachable."),
+        Arg("--mirror-dir", PATH, "Render the unread mirror to DIR/.notification/email.json (and the system "
+            "channel to system.json) on every change. DIR must exist."),
+        Arg("--max-entries", INT, "How many of the newest unread messages the mirror lists (count stays the total).",
+            minimum=1, maximum=MAX_ENTRIES_LIMIT),
+        Arg("--clear", TEXT, "Reset a setting: human, mirror-dir or max-entries; repeatable. Clearing mirror-dir "
+            "removes the mirror files it wrote.", repeat=True),
+    ),
+    output={
+        "agent": "The identity.",
+        "human": "Whether it is a person (always reachable).",
+        "mirror_dir": "Where its notification files go, or null.",
+        "max_entries": f"Entries in its unread mirror (null: the default, {10}).",
+        "updated_at": "When the profile last changed, or null if it has none.",
+        "mirrors": "Notification files this call rewrote or removed: [{agent, path, status}].",
+    },
+    examples=("profile deploy:worker", "profile jj:human --human",
+              "profile deploy:worker --mirror-dir /path/to/worktree --max-entries 20",
+              "profile deploy:worker --clear mirror-dir"),
+))
+
+_register(Command(
+    name="notifications",
+    summary="The notification views of an identity: its unread mirror and its system channel (bounces). "
+    "Reading them marks nothing read.",
+    mutating=True,
+    args=(
+        Arg("agent", IDENTITY, "Whose notifications (project:name).", required=True),
+        Arg("--dismiss", MESSAGE_ID, "Dismiss this system event (id from system.events); repeatable.", repeat=True),
+        Arg("--clear-email", FLAG, "Remove the email mirror file without marking anything read (it is rendered "
+            "again on the next change)."),
+    ),
+    output={
+        "agent": "The identity.",
+        "email": "The unread mirror {instructions, data: {count, newest_received_at, email_ids, emails}}, or null "
+        "when nothing is unread.",
+        "system": "{events: [{id, source, recipient, subject, reason, created}]}: undismissed events, oldest first.",
+        "dismissed": "Event ids this call dismissed.",
+        "cleared": "Whether this call removed the email mirror file.",
+    },
+    examples=("notifications deploy:worker", "notifications lead:main --dismiss 9f1c2e34-5678-4abc-9def-0123456789ab",
+              "notifications deploy:worker --clear-email"),
+))
+
 _register(Command(
     name="status",
     summary="One row per identity seen in traffic, watches or heartbeats: what is waiting for it and "
@@ -404,6 +565,9 @@ _register(Command(
         "oldest_deleted": "Creation time of the oldest of them, or null.",
         "newest_deleted": "Creation time of the newest of them, or null.",
         "sessions_deleted": "Liveness records older than the cutoff deleted (or that would be).",
+        "events_deleted": "System-channel events older than the cutoff deleted (or that would be).",
+        "attachments_deleted": "Stored attachment contents no remaining message refers to, deleted (or that "
+        "would be).",
     },
     modes={"--dry-run": "Same fields, counting what would be deleted; dry_run is true."},
     examples=("cleanup --older-than 30 --dry-run", "cleanup --older-than 30"),
@@ -414,6 +578,9 @@ INVARIANTS = (
     "Every command prints exactly one JSON document on stdout on success, and {\"error\": ...} on stderr "
     "with a non-zero exit on failure. A failed command changed nothing.",
     "Messages never expire. Only `cleanup --older-than DAYS` deletes them, and it has no default age.",
+    "A send is all or nothing per recipient and published in one transaction: every recipient gets its own "
+    "copy with its own id and state; a refused recipient gets nothing, and the receipt says so.",
+    "Reading the unread mirror or the system channel never marks anything read.",
     "A mutating command commits only after its output reached stdout: if printing fails, nothing changed.",
     "read marks read only what it printed; --thread and --no-mark-read mark nothing.",
     "Identities are project:name, lowercase letters, digits and hyphens. No registration is needed.",
@@ -433,6 +600,8 @@ EXIT_CODES = {
     "could not be written). Nothing changed.",
     "2": "The call was wrong (unknown flag, bad value, unknown message). Nothing changed; fix it as the "
     "error says.",
+    "3": "send: some recipients were refused (--require-reachable); the receipt on stdout says which. "
+    "The others got the message.",
     "130": "watch was interrupted by SIGINT (143: SIGTERM, 129: SIGHUP); its session was released.",
 }
 
@@ -456,6 +625,11 @@ def describe_document(storage: dict, version: str, command: str | None = None) -
         "limits": {
             "subject_max_chars": model.SUBJECT_MAX_CHARS,
             "body_max_chars": model.BODY_MAX_CHARS,
+            "recipients_max": RECIPIENTS_MAX,
+            "delay_minutes_max": DELAY_MINUTES_MAX,
+            "attachment_max_bytes": ATTACHMENT_MAX_BYTES,
+            "attachments_max_bytes_per_send": ATTACHMENTS_MAX_BYTES_PER_SEND,
+            "attachments_max_count": ATTACHMENTS_MAX_COUNT,
             "watch_minutes": [WATCH_MINUTES_MIN, WATCH_MINUTES_MAX],
             "watch_minutes_default": WATCH_MINUTES_DEFAULT,
         },

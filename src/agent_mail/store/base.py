@@ -35,51 +35,107 @@ class Store:
         """
 
     # -- messages --------------------------------------------------------
+    # `now` (ISO UTC) decides visibility: a scheduled message is invisible to its recipients until
+    # due, and a cancelled one forever. Per-agent state (read_at, acked_at, archived_at, deleted_at)
+    # lives on the row for direct mail and per agent for broadcasts.
     def insert_message(self, message: dict) -> None:
-        """Store one message row (id, sender, recipient, subject, body, refs, reply_to, type, created)."""
+        """Store one message row; one with deliver_at is also queued for publication."""
         raise NotImplementedError
 
     def get_message(self, message_id: str) -> dict | None:
-        """The stored row, or None."""
+        """The stored row whoever it is for, or None."""
         raise NotImplementedError
 
-    def inbox(self, agent: str, *, unread_only: bool, sender: str | None, limit: int | None) -> list[dict]:
-        """Messages addressed to `agent` (direct, or broadcasts from others), oldest first.
+    def inbox(self, agent: str, *, unread_only: bool, sender: str | None, limit: int | None, now: str,
+              archived: bool = False) -> list[dict]:
+        """Visible messages for `agent` (direct, or broadcasts from others), oldest first.
 
-        read_at / acked_at are this agent's own state (per agent for broadcasts).
+        Deleted ones never; archived ones only (and only) with archived=True.
         """
         raise NotImplementedError
 
-    def addressed(self, agent: str, message_ids: list[str]) -> dict[str, dict]:
-        """Those of `message_ids` addressed to `agent`, keyed by id, with the agent's state."""
+    def addressed(self, agent: str, message_ids: list[str], now: str) -> dict[str, dict]:
+        """Those of `message_ids` visible to `agent` as a recipient, keyed by id, with its state."""
         raise NotImplementedError
 
-    def unacked(self, agent: str) -> list[dict]:
-        """Every message addressed to `agent` that it has not acknowledged, oldest first."""
+    def unacked(self, agent: str, now: str) -> list[dict]:
+        """Visible messages for `agent` neither acknowledged, archived nor deleted, oldest first."""
         raise NotImplementedError
 
-    def count_unread(self, agent: str) -> int:
+    def count_unread(self, agent: str, now: str) -> int:
         raise NotImplementedError
 
-    def mark_read(self, agent: str, messages: list[dict], at: str) -> None:
-        """Record that `agent` took delivery of `messages` (keeps an earlier read time)."""
+    def set_flags(self, agent: str, messages: list[dict], at: str, flags: tuple[str, ...]) -> None:
+        """Stamp `agent`'s "read" / "ack" / "archive" / "delete" times on `messages`, keeping earlier ones."""
         raise NotImplementedError
 
-    def mark_acked(self, agent: str, messages: list[dict], at: str) -> None:
-        """Record that `agent` acted on `messages`; also marks them read."""
+    def thread(self, message_id: str, agent: str, now: str) -> list[dict]:
+        """The thread holding `message_id`, from its root, oldest first, as `agent` may see it."""
         raise NotImplementedError
 
-    def thread(self, message_id: str) -> list[dict]:
-        """Every message in the thread holding `message_id`, from its root, oldest first."""
+    # -- scheduled delivery -------------------------------------------------------
+    def due_unpublished(self, now: str) -> list[dict]:
+        """Scheduled messages that fell due and were not announced yet: [{message_id, recipient, deliver_at}]."""
+        raise NotImplementedError
+
+    def mark_published(self, message_ids: list[str], at: str) -> None:
+        raise NotImplementedError
+
+    def next_due(self, agent: str, now: str) -> str | None:
+        """When the next scheduled message for `agent` (or everyone) falls due, or None."""
+        raise NotImplementedError
+
+    def cancel(self, message_id: str, at: str) -> None:
+        """Withdraw a scheduled message."""
+        raise NotImplementedError
+
+    # -- attachments ----------------------------------------------------------
+    def add_attachment(self, message_id: str, position: int, name: str, content: bytes, sha256: str,
+                       at: str) -> None:
+        """Link content to a message; the content itself is stored once per sha256."""
+        raise NotImplementedError
+
+    def attachments_of(self, message_ids: list[str]) -> dict[str, list[dict]]:
+        """{message id: [{name, size, sha256}, ...]} in the order they were attached."""
+        raise NotImplementedError
+
+    def attachment_content(self, sha256: str) -> bytes | None:
+        raise NotImplementedError
+
+    # -- profiles and the system channel ---------------------------------------------
+    def profile(self, agent: str) -> dict | None:
+        """{agent, human, mirror_dir, max_entries, updated_at} or None."""
+        raise NotImplementedError
+
+    def save_profile(self, profile: dict) -> None:
+        raise NotImplementedError
+
+    def mirrored_agents(self) -> list[str]:
+        """Identities with a mirror directory."""
+        raise NotImplementedError
+
+    def humans(self) -> set[str]:
+        raise NotImplementedError
+
+    def add_event(self, event_id: str, agent: str, source: str, payload: dict, at: str) -> None:
+        """Add an event to `agent`'s system channel; it stays until dismissed or cleaned up."""
+        raise NotImplementedError
+
+    def events(self, agent: str) -> list[dict]:
+        """`agent`'s undismissed system events, oldest first."""
+        raise NotImplementedError
+
+    def dismiss_events(self, agent: str, event_ids: list[str], at: str) -> list[str]:
         raise NotImplementedError
 
     # -- overview and maintenance -----------------------------------------
-    def agent_counts(self) -> dict[str, dict]:
-        """{identity: {"unread": n, "unacked": n}} for every identity seen in traffic."""
+    def agent_counts(self, now: str) -> dict[str, dict]:
+        """{identity: {"unread": n, "unacked": n}} for every identity seen in traffic, watches or profiles."""
         raise NotImplementedError
 
     def cleanup(self, cutoff: str, dry_run: bool) -> dict:
-        """Delete (or count) messages created before `cutoff` and liveness rows last seen before it."""
+        """Delete (or count) messages created before `cutoff`, with everything that hangs off them, and
+        liveness rows, system events and unreferenced attachment content older than it."""
         raise NotImplementedError
 
     # -- liveness -------------------------------------------------------------

@@ -64,16 +64,53 @@ def m003_liveness(db: sqlite3.Connection) -> None:
     db.execute("CREATE INDEX IF NOT EXISTS idx_watch_sessions_agent_state ON watch_sessions(agent, state)")
 
 
-MIGRATIONS = (m001_seed_schema, m002_inbox_indexes, m003_liveness)
+def m004_delivery(db: sqlite3.Connection) -> None:
+    """Fan-out, scheduled delivery, per-agent archive/delete, attachments, profiles, the system channel."""
+    for column in ("deliver_at", "cancelled_at", "batch_id", "archived_at", "deleted_at"):
+        db.execute(f"ALTER TABLE messages ADD COLUMN {column} TEXT")
+    for column in ("archived_at", "deleted_at"):
+        db.execute(f"ALTER TABLE broadcast_acks ADD COLUMN {column} TEXT")
+    # Supersedes m002's inbox index (an index holds no data): counts and inbox reads stay index-only.
+    db.execute("DROP INDEX IF EXISTS idx_messages_inbox")
+    db.execute("CREATE INDEX IF NOT EXISTS idx_messages_state ON messages(recipient, read_at, acked_at, archived_at, "
+               "deleted_at, cancelled_at, deliver_at)")
+    db.execute("""CREATE TABLE IF NOT EXISTS scheduled (
+        message_id TEXT PRIMARY KEY, recipient TEXT NOT NULL, deliver_at TEXT NOT NULL, published_at TEXT)""")
+    db.execute("CREATE INDEX IF NOT EXISTS idx_scheduled_pending ON scheduled(deliver_at) WHERE published_at IS NULL")
+    db.execute("""CREATE TABLE IF NOT EXISTS attachment_blobs (
+        sha256 TEXT PRIMARY KEY, size INTEGER NOT NULL, content BLOB NOT NULL, created TEXT NOT NULL)""")
+    db.execute("""CREATE TABLE IF NOT EXISTS attachments (
+        message_id TEXT NOT NULL, position INTEGER NOT NULL, name TEXT NOT NULL, size INTEGER NOT NULL,
+        sha256 TEXT NOT NULL, PRIMARY KEY (message_id, position))""")
+    db.execute("CREATE INDEX IF NOT EXISTS idx_attachments_sha256 ON attachments(sha256)")
+    db.execute("""CREATE TABLE IF NOT EXISTS profiles (
+        agent TEXT PRIMARY KEY, human INTEGER NOT NULL DEFAULT 0, mirror_dir TEXT, max_entries INTEGER,
+        updated_at TEXT NOT NULL)""")
+    db.execute("""CREATE TABLE IF NOT EXISTS system_events (
+        id TEXT PRIMARY KEY, agent TEXT NOT NULL, source TEXT NOT NULL, payload TEXT NOT NULL,
+        created TEXT NOT NULL, dismissed_at TEXT)""")
+    db.execute("CREATE INDEX IF NOT EXISTS idx_system_events_agent ON system_events(agent, dismissed_at)")
 
-_COLUMNS = "m.rowid AS seq, m.id, m.sender, m.recipient, m.subject, m.body, m.refs, m.reply_to, m.type, m.created"
-# This agent's own read/ack state: on the row for direct mail, in broadcast_acks for broadcasts.
-_DIRECT = f"SELECT {_COLUMNS}, m.read_at, m.acked_at FROM messages m WHERE m.recipient = :agent"
-_BROADCAST = (
-    f"SELECT {_COLUMNS}, b.read_at, b.acked_at FROM messages m "
-    "LEFT JOIN broadcast_acks b ON b.message_id = m.id AND b.agent = :agent "
-    "WHERE m.recipient = '*' AND m.sender != :agent"
+
+MIGRATIONS = (m001_seed_schema, m002_inbox_indexes, m003_liveness, m004_delivery)
+
+_COLUMNS = (
+    "m.rowid AS seq, m.id, m.sender, m.recipient, m.subject, m.body, m.refs, m.reply_to, m.type, m.created, "
+    "m.deliver_at"
 )
+# Visible to recipients: not withdrawn, and due (a scheduled message is invisible until then).
+_VISIBLE = "m.cancelled_at IS NULL AND (m.deliver_at IS NULL OR m.deliver_at <= :now)"
+# This agent's own state: on the row for direct mail, in broadcast_acks for broadcasts.
+_DIRECT = (
+    f"SELECT {_COLUMNS}, m.read_at, m.acked_at, m.archived_at, m.deleted_at FROM messages m "
+    f"WHERE m.recipient = :agent AND {_VISIBLE}"
+)
+_BROADCAST = (
+    f"SELECT {_COLUMNS}, b.read_at, b.acked_at, b.archived_at, b.deleted_at FROM messages m "
+    "LEFT JOIN broadcast_acks b ON b.message_id = m.id AND b.agent = :agent "
+    f"WHERE m.recipient = '*' AND m.sender != :agent AND {_VISIBLE}"
+)
+_FLAG_COLUMNS = {"read": "read_at", "ack": "acked_at", "archive": "archived_at", "delete": "deleted_at"}
 
 
 def _row(row: sqlite3.Row) -> dict:
@@ -93,6 +130,11 @@ def _decode_refs(raw: object) -> list:
     if isinstance(value, list):
         return value
     return [value]
+
+
+def _ids_clause(ids: list[str], prefix: str = "id") -> tuple[str, dict]:
+    params = {f"{prefix}{i}": value for i, value in enumerate(ids)}
+    return ",".join(f":{name}" for name in params), params
 
 
 class SQLiteStore(Store):
@@ -231,17 +273,30 @@ class SQLiteStore(Store):
     # -- messages ---------------------------------------------------------
     def insert_message(self, message: dict) -> None:
         self.db.execute(
-            "INSERT INTO messages (id, sender, recipient, subject, body, refs, reply_to, type, created) "
-            "VALUES (:id, :sender, :recipient, :subject, :body, :refs, :reply_to, :type, :created)",
-            {**message, "refs": json.dumps(message["refs"], ensure_ascii=False) if message["refs"] else None},
+            "INSERT INTO messages (id, sender, recipient, subject, body, refs, reply_to, type, created, deliver_at, "
+            "batch_id) VALUES (:id, :sender, :recipient, :subject, :body, :refs, :reply_to, :type, :created, "
+            ":deliver_at, :batch_id)",
+            {"deliver_at": None, "batch_id": None, **message,
+             "refs": json.dumps(message["refs"], ensure_ascii=False) if message["refs"] else None},
         )
+        if message.get("deliver_at"):
+            self.db.execute("INSERT INTO scheduled (message_id, recipient, deliver_at) VALUES (?, ?, ?)",
+                            (message["id"], message["recipient"], message["deliver_at"]))
 
     def get_message(self, message_id: str) -> dict | None:
-        rows = self._query(f"SELECT {_COLUMNS}, m.read_at, m.acked_at FROM messages m WHERE m.id = ?", (message_id,))
+        rows = self._query(
+            f"SELECT {_COLUMNS}, m.read_at, m.acked_at, m.archived_at, m.deleted_at, m.cancelled_at "
+            "FROM messages m WHERE m.id = ?",
+            (message_id,),
+        )
         return rows[0] if rows else None
 
-    def inbox(self, agent: str, *, unread_only: bool, sender: str | None, limit: int | None) -> list[dict]:
-        direct, broadcast = _DIRECT, _BROADCAST
+    def inbox(self, agent: str, *, unread_only: bool, sender: str | None, limit: int | None, now: str,
+              archived: bool = False) -> list[dict]:
+        direct, broadcast = _DIRECT + " AND m.deleted_at IS NULL", _BROADCAST + " AND b.deleted_at IS NULL"
+        shelf = "IS NOT NULL" if archived else "IS NULL"
+        direct += f" AND m.archived_at {shelf}"
+        broadcast += f" AND b.archived_at {shelf}"
         if unread_only:
             direct += " AND m.read_at IS NULL"
             broadcast += " AND b.read_at IS NULL"
@@ -251,61 +306,53 @@ class SQLiteStore(Store):
         sql = f"SELECT * FROM ({direct} UNION ALL {broadcast}) ORDER BY seq"
         if limit is not None:
             sql += " LIMIT :limit"
-        return self._query(sql, {"agent": agent, "sender": sender, "limit": limit})
+        return self._query(sql, {"agent": agent, "sender": sender, "limit": limit, "now": now})
 
-    def addressed(self, agent: str, message_ids: list[str]) -> dict[str, dict]:
+    def addressed(self, agent: str, message_ids: list[str], now: str) -> dict[str, dict]:
         found: dict[str, dict] = {}
         for start in range(0, len(message_ids), 500):
-            chunk = message_ids[start:start + 500]
-            params = {"agent": agent, **{f"id{i}": value for i, value in enumerate(chunk)}}
-            marks = ",".join(f":id{i}" for i in range(len(chunk)))
+            marks, params = _ids_clause(message_ids[start:start + 500])
             sql = f"SELECT * FROM ({_DIRECT} UNION ALL {_BROADCAST}) WHERE id IN ({marks})"
-            for message in self._query(sql, params):
+            for message in self._query(sql, {"agent": agent, "now": now, **params}):
                 found[message["id"]] = message
         return found
 
-    def unacked(self, agent: str) -> list[dict]:
+    def unacked(self, agent: str, now: str) -> list[dict]:
+        open_ = "acked_at IS NULL AND {0}.archived_at IS NULL AND {0}.deleted_at IS NULL"
         return self._query(
-            f"SELECT * FROM ({_DIRECT} AND m.acked_at IS NULL UNION ALL {_BROADCAST} AND b.acked_at IS NULL) "
+            f"SELECT * FROM ({_DIRECT} AND m.{open_.format('m')} UNION ALL {_BROADCAST} AND b.{open_.format('b')}) "
             "ORDER BY seq",
-            {"agent": agent},
+            {"agent": agent, "now": now},
         )
 
-    def count_unread(self, agent: str) -> int:
+    def count_unread(self, agent: str, now: str) -> int:
+        params = {"agent": agent, "now": now}
         direct = self.db.execute(
-            "SELECT COUNT(*) FROM messages WHERE recipient = ? AND read_at IS NULL", (agent,)
+            f"SELECT COUNT(*) FROM messages m WHERE m.recipient = :agent AND m.read_at IS NULL AND {_VISIBLE}", params
         ).fetchone()[0]
         broadcast = self.db.execute(
-            "SELECT COUNT(*) FROM messages m LEFT JOIN broadcast_acks b ON b.message_id = m.id AND b.agent = ?1 "
-            "WHERE m.recipient = '*' AND m.sender != ?1 AND b.read_at IS NULL",
-            (agent,),
+            "SELECT COUNT(*) FROM messages m LEFT JOIN broadcast_acks b ON b.message_id = m.id AND b.agent = :agent "
+            f"WHERE m.recipient = '*' AND m.sender != :agent AND b.read_at IS NULL AND {_VISIBLE}",
+            params,
         ).fetchone()[0]
         return direct + broadcast
 
-    def _set_state(self, agent: str, messages: list[dict], at: str, ack: bool) -> None:
-        direct = [(at, m["id"]) for m in messages if m["recipient"] != "*"]
-        broadcast = [(m["id"], agent, at, at if ack else None) for m in messages if m["recipient"] == "*"]
-        if ack:
-            self.db.executemany(
-                "UPDATE messages SET acked_at = COALESCE(acked_at, ?1), read_at = COALESCE(read_at, ?1) WHERE id = ?2",
-                direct,
-            )
-        else:
-            self.db.executemany("UPDATE messages SET read_at = COALESCE(read_at, ?1) WHERE id = ?2", direct)
+    def set_flags(self, agent: str, messages: list[dict], at: str, flags: tuple[str, ...]) -> None:
+        """Stamp this agent's read / ack / archive / delete times (earlier stamps are kept)."""
+        columns = [_FLAG_COLUMNS[f] for f in flags]
+        updates = ", ".join(f"{c} = COALESCE({c}, :at)" for c in columns)
+        direct = [{"at": at, "id": m["id"]} for m in messages if m["recipient"] != "*"]
+        self.db.executemany(f"UPDATE messages SET {updates} WHERE id = :id", direct)
+        broadcast = [{"at": at, "id": m["id"], "agent": agent} for m in messages if m["recipient"] == "*"]
+        values = ", ".join(":at" if c in columns else "NULL" for c in _FLAG_COLUMNS.values())
+        merge = ", ".join(f"{c} = COALESCE({c}, excluded.{c})" for c in columns)
         self.db.executemany(
-            "INSERT INTO broadcast_acks (message_id, agent, read_at, acked_at) VALUES (?1, ?2, ?3, ?4) "
-            "ON CONFLICT (message_id, agent) DO UPDATE SET read_at = COALESCE(read_at, excluded.read_at), "
-            "acked_at = COALESCE(acked_at, excluded.acked_at)",
+            f"INSERT INTO broadcast_acks (message_id, agent, {', '.join(_FLAG_COLUMNS.values())}) "
+            f"VALUES (:id, :agent, {values}) ON CONFLICT (message_id, agent) DO UPDATE SET {merge}",
             broadcast,
         )
 
-    def mark_read(self, agent: str, messages: list[dict], at: str) -> None:
-        self._set_state(agent, messages, at, ack=False)
-
-    def mark_acked(self, agent: str, messages: list[dict], at: str) -> None:
-        self._set_state(agent, messages, at, ack=True)
-
-    def thread(self, message_id: str) -> list[dict]:
+    def thread(self, message_id: str, agent: str, now: str) -> list[dict]:
         root, seen = message_id, set()
         while root not in seen:
             seen.add(root)
@@ -316,76 +363,205 @@ class SQLiteStore(Store):
             if parent is None:  # the parent was cleaned up: this is as far back as the thread goes
                 break
             root = row[0]
+        # The whole thread, less what this agent deleted, and less what is withdrawn or not yet due
+        # (a sender still sees its own scheduled messages).
         return self._query(
-            "WITH RECURSIVE thread(id) AS (SELECT ? UNION SELECT m.id FROM messages m JOIN thread t "
-            f"ON m.reply_to = t.id) SELECT {_COLUMNS}, m.read_at, m.acked_at FROM messages m "
-            "JOIN thread t ON m.id = t.id ORDER BY seq",
-            (root,),
+            "WITH RECURSIVE thread(id) AS (SELECT :root UNION SELECT m.id FROM messages m JOIN thread t "
+            f"ON m.reply_to = t.id) SELECT {_COLUMNS}, "
+            "CASE WHEN m.recipient = '*' THEN b.read_at ELSE m.read_at END AS read_at, "
+            "CASE WHEN m.recipient = '*' THEN b.acked_at ELSE m.acked_at END AS acked_at, "
+            "CASE WHEN m.recipient = '*' THEN b.archived_at ELSE m.archived_at END AS archived_at "
+            "FROM messages m JOIN thread t ON m.id = t.id "
+            "LEFT JOIN broadcast_acks b ON b.message_id = m.id AND b.agent = :agent "
+            "WHERE m.cancelled_at IS NULL AND (m.deliver_at IS NULL OR m.deliver_at <= :now OR m.sender = :agent) "
+            "AND NOT (m.recipient = :agent AND m.deleted_at IS NOT NULL) "
+            "AND NOT (m.recipient = '*' AND b.deleted_at IS NOT NULL) ORDER BY seq",
+            {"root": root, "agent": agent, "now": now},
         )
 
+    # -- scheduled delivery -------------------------------------------------------
+    def due_unpublished(self, now: str) -> list[dict]:
+        return [dict(r) for r in self.db.execute(
+            "SELECT message_id, recipient, deliver_at FROM scheduled WHERE published_at IS NULL AND deliver_at <= ?",
+            (now,),
+        )]
+
+    def mark_published(self, message_ids: list[str], at: str) -> None:
+        self.db.executemany("UPDATE scheduled SET published_at = ? WHERE message_id = ?",
+                            [(at, i) for i in message_ids])
+
+    def next_due(self, agent: str, now: str) -> str | None:
+        return self.db.execute(
+            "SELECT MIN(deliver_at) FROM scheduled WHERE published_at IS NULL AND deliver_at > ? "
+            "AND recipient IN (?, '*')",
+            (now, agent),
+        ).fetchone()[0]
+
+    def cancel(self, message_id: str, at: str) -> None:
+        self.db.execute("UPDATE messages SET cancelled_at = ? WHERE id = ?", (at, message_id))
+        self.db.execute("DELETE FROM scheduled WHERE message_id = ?", (message_id,))
+
+    # -- attachments ----------------------------------------------------------
+    def add_attachment(self, message_id: str, position: int, name: str, content: bytes, sha256: str,
+                       at: str) -> None:
+        self.db.execute(
+            "INSERT INTO attachment_blobs (sha256, size, content, created) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (sha256) DO NOTHING",
+            (sha256, len(content), content, at),
+        )
+        self.db.execute(
+            "INSERT INTO attachments (message_id, position, name, size, sha256) VALUES (?, ?, ?, ?, ?)",
+            (message_id, position, name, len(content), sha256),
+        )
+
+    def attachments_of(self, message_ids: list[str]) -> dict[str, list[dict]]:
+        listed: dict[str, list[dict]] = {}
+        for start in range(0, len(message_ids), 500):
+            marks, params = _ids_clause(message_ids[start:start + 500])
+            for row in self.db.execute(
+                f"SELECT message_id, name, size, sha256 FROM attachments WHERE message_id IN ({marks}) "
+                "ORDER BY message_id, position",
+                params,
+            ):
+                listed.setdefault(row[0], []).append({"name": row[1], "size": row[2], "sha256": row[3]})
+        return listed
+
+    def attachment_content(self, sha256: str) -> bytes | None:
+        row = self.db.execute("SELECT content FROM attachment_blobs WHERE sha256 = ?", (sha256,)).fetchone()
+        return None if row is None else bytes(row[0])
+
+    # -- profiles and the system channel ---------------------------------------------
+    def profile(self, agent: str) -> dict | None:
+        row = self.db.execute(
+            "SELECT agent, human, mirror_dir, max_entries, updated_at FROM profiles WHERE agent = ?", (agent,)
+        ).fetchone()
+        if row is None:
+            return None
+        profile = dict(row)
+        profile["human"] = bool(profile["human"])
+        return profile
+
+    def save_profile(self, profile: dict) -> None:
+        self.db.execute(
+            "INSERT INTO profiles (agent, human, mirror_dir, max_entries, updated_at) "
+            "VALUES (:agent, :human, :mirror_dir, :max_entries, :updated_at) ON CONFLICT (agent) DO UPDATE SET "
+            "human = excluded.human, mirror_dir = excluded.mirror_dir, max_entries = excluded.max_entries, "
+            "updated_at = excluded.updated_at",
+            {**profile, "human": int(bool(profile["human"]))},
+        )
+
+    def mirrored_agents(self) -> list[str]:
+        return [r[0] for r in self.db.execute("SELECT agent FROM profiles WHERE mirror_dir IS NOT NULL ORDER BY agent")]
+
+    def humans(self) -> set[str]:
+        return {r[0] for r in self.db.execute("SELECT agent FROM profiles WHERE human = 1")}
+
+    def add_event(self, event_id: str, agent: str, source: str, payload: dict, at: str) -> None:
+        self.db.execute(
+            "INSERT INTO system_events (id, agent, source, payload, created) VALUES (?, ?, ?, ?, ?)",
+            (event_id, agent, source, json.dumps(payload, ensure_ascii=False), at),
+        )
+
+    def events(self, agent: str) -> list[dict]:
+        return [
+            {"id": r[0], "source": r[1], **json.loads(r[2]), "created": r[3]}
+            for r in self.db.execute(
+                "SELECT id, source, payload, created FROM system_events WHERE agent = ? AND dismissed_at IS NULL "
+                "ORDER BY rowid",
+                (agent,),
+            )
+        ]
+
+    def dismiss_events(self, agent: str, event_ids: list[str], at: str) -> list[str]:
+        """Dismiss these events of `agent`; return the ids that were open."""
+        marks, params = _ids_clause(event_ids)
+        found = [r[0] for r in self.db.execute(
+            f"SELECT id FROM system_events WHERE agent = :agent AND dismissed_at IS NULL AND id IN ({marks})",
+            {"agent": agent, **params},
+        )]
+        self.db.executemany("UPDATE system_events SET dismissed_at = ? WHERE id = ?", [(at, i) for i in found])
+        return found
+
     # -- overview and maintenance ---------------------------------------------
-    def agent_counts(self) -> dict[str, dict]:
+    def agent_counts(self, now: str) -> dict[str, dict]:
         counts: dict[str, dict] = {}
+        params = {"now": now}
 
         def entry(agent: str) -> dict:
             return counts.setdefault(agent, {"unread": 0, "unacked": 0})
 
         for agent, unread, unacked in self.db.execute(
-            "SELECT recipient, SUM(read_at IS NULL), SUM(acked_at IS NULL) FROM messages "
-            "WHERE recipient != '*' GROUP BY recipient"
+            "SELECT recipient, SUM(read_at IS NULL), "
+            "SUM(acked_at IS NULL AND archived_at IS NULL AND deleted_at IS NULL) FROM messages m "
+            f"WHERE recipient != '*' AND {_VISIBLE} GROUP BY recipient",
+            params,
         ):
             row = entry(agent)
             row["unread"] += unread
             row["unacked"] += unacked
-        sent_broadcasts: dict[str, int] = {}
         for (sender,) in self.db.execute("SELECT DISTINCT sender FROM messages"):
             entry(sender)
-        for sender, n in self.db.execute(
-            "SELECT sender, COUNT(*) FROM messages WHERE recipient = '*' GROUP BY sender"
+        sent_broadcasts = dict(self.db.execute(
+            f"SELECT sender, COUNT(*) FROM messages m WHERE recipient = '*' AND {_VISIBLE} GROUP BY sender", params
+        ).fetchall())
+        for (agent,) in self.db.execute(
+            "SELECT agent FROM watch_sessions UNION SELECT agent FROM heartbeats UNION SELECT agent FROM profiles"
         ):
-            sent_broadcasts[sender] = n
+            entry(agent)
         total_broadcasts = sum(sent_broadcasts.values())
         if total_broadcasts:
             settled = {
-                agent: (read, acked)
-                for agent, read, acked in self.db.execute(
-                    "SELECT b.agent, SUM(b.read_at IS NOT NULL), SUM(b.acked_at IS NOT NULL) FROM broadcast_acks b "
-                    "JOIN messages m ON m.id = b.message_id WHERE m.recipient = '*' AND m.sender != b.agent "
-                    "GROUP BY b.agent"
+                agent: (read, done)
+                for agent, read, done in self.db.execute(
+                    "SELECT b.agent, SUM(b.read_at IS NOT NULL), "
+                    "SUM(b.acked_at IS NOT NULL OR b.archived_at IS NOT NULL OR b.deleted_at IS NOT NULL) "
+                    "FROM broadcast_acks b JOIN messages m ON m.id = b.message_id "
+                    f"WHERE m.recipient = '*' AND m.sender != b.agent AND {_VISIBLE} GROUP BY b.agent",
+                    params,
                 )
             }
             for agent, row in counts.items():
                 waiting = total_broadcasts - sent_broadcasts.get(agent, 0)
-                read, acked = settled.get(agent, (0, 0))
+                read, done = settled.get(agent, (0, 0))
                 row["unread"] += waiting - read
-                row["unacked"] += waiting - acked
-        for (agent,) in self.db.execute("SELECT DISTINCT agent FROM watch_sessions UNION SELECT agent FROM heartbeats"):
-            entry(agent)
+                row["unacked"] += waiting - done
         return counts
 
     def cleanup(self, cutoff: str, dry_run: bool) -> dict:
         old = "julianday(created) < julianday(:cutoff)"
+        params = {"cutoff": cutoff}
         count, oldest, newest = self.db.execute(
             f"SELECT COUNT(*), (SELECT created FROM messages WHERE {old} ORDER BY julianday(created) LIMIT 1), "
             f"(SELECT created FROM messages WHERE {old} ORDER BY julianday(created) DESC LIMIT 1) "
             f"FROM messages WHERE {old}",
-            {"cutoff": cutoff},
+            params,
         ).fetchone()
         stale = "julianday(last_seen) < julianday(:cutoff)"
-        sessions = self.db.execute(f"SELECT COUNT(*) FROM watch_sessions WHERE {stale}", {"cutoff": cutoff}).fetchone()[0]
-        for table in ("watchers", "heartbeats"):
-            sessions += self.db.execute(f"SELECT COUNT(*) FROM {table} WHERE {stale}", {"cutoff": cutoff}).fetchone()[0]
+        sessions = sum(
+            self.db.execute(f"SELECT COUNT(*) FROM {table} WHERE {stale}", params).fetchone()[0]
+            for table in ("watch_sessions", "watchers", "heartbeats")
+        )
+        events = self.db.execute(
+            f"SELECT COUNT(*) FROM system_events WHERE {old}", params
+        ).fetchone()[0]
+        doomed = f"SELECT id FROM messages WHERE {old}"
+        # Content no message will refer to once these are gone.
+        orphans = (
+            "SELECT sha256 FROM attachment_blobs WHERE julianday(created) < julianday(:cutoff) AND sha256 NOT IN "
+            f"(SELECT sha256 FROM attachments WHERE message_id NOT IN ({doomed}))"
+        )
+        blobs = self.db.execute(f"SELECT COUNT(*) FROM ({orphans})", params).fetchone()[0]
         if not dry_run:
-            self.db.execute(
-                f"DELETE FROM broadcast_acks WHERE message_id IN (SELECT id FROM messages WHERE {old})",
-                {"cutoff": cutoff},
-            )
-            self.db.execute(f"DELETE FROM messages WHERE {old}", {"cutoff": cutoff})
-            self.db.execute(f"DELETE FROM watch_sessions WHERE {stale}", {"cutoff": cutoff})
-            self.db.execute(f"DELETE FROM watchers WHERE {stale}", {"cutoff": cutoff})
-            self.db.execute(f"DELETE FROM heartbeats WHERE {stale}", {"cutoff": cutoff})
+            for table, column in (("broadcast_acks", "message_id"), ("attachments", "message_id"),
+                                  ("scheduled", "message_id")):
+                self.db.execute(f"DELETE FROM {table} WHERE {column} IN ({doomed})", params)
+            self.db.execute(f"DELETE FROM attachment_blobs WHERE sha256 IN ({orphans})", params)
+            self.db.execute(f"DELETE FROM messages WHERE {old}", params)
+            for table in ("watch_sessions", "watchers", "heartbeats"):
+                self.db.execute(f"DELETE FROM {table} WHERE {stale}", params)
+            self.db.execute(f"DELETE FROM system_events WHERE {old}", params)
         return {"deleted_count": count, "oldest_deleted": oldest, "newest_deleted": newest,
-                "sessions_deleted": sessions}
+                "sessions_deleted": sessions, "events_deleted": events, "attachments_deleted": blobs}
 
     # -- liveness ------------------------------------------------------------
     def open_session(self, session_id: str, agent: str, at: str) -> None:
