@@ -133,6 +133,21 @@ def test_documented_output_fields_match_what_commands_print(am, send, tmp_path):
     assert set(cleanup) == set(spec.COMMANDS["cleanup"].output)
     describe = am("describe").json
     assert set(describe) == set(spec.COMMANDS["describe"].output)
+    send("a:x", "b:y", "to watch")
+    watch = am("watch", "b:y", "--once").json
+    assert set(watch) == set(spec.COMMANDS["watch"].output)
+    assert set(watch["messages"][0]) == set(spec.COMMANDS["watch"].item_fields)
+    assert set(am("heartbeat", "b:y").json) == set(spec.COMMANDS["heartbeat"].output)
+    message = receipt["id"]
+    for name in ("dismiss", "archive", "delete"):
+        assert set(am(name, "b:y", message).json) == set(spec.COMMANDS[name].output)
+    later = send("a:x", "b:y", "later", "--delay-minutes", "5")["id"]
+    assert set(am("cancel", "a:x", later).json) == set(spec.COMMANDS["cancel"].output)
+    assert set(am("attachments", "b:y", message).json) == set(spec.COMMANDS["attachments"].output)
+    assert set(am("profile", "b:y").json) == set(spec.COMMANDS["profile"].output)
+    assert set(am("notifications", "b:y").json) == set(spec.COMMANDS["notifications"].output)
+    assert set(spec.COMMANDS) == {"describe", "send", "read", "ack", "watch", "heartbeat", "dismiss", "archive",
+                                  "delete", "cancel", "attachments", "profile", "notifications", "status", "cleanup"}
 
 
 # ---------------------------------------------------------------- real processes

@@ -429,6 +429,7 @@ class Mailbox:
             problems.append(("--delay-minutes", f"use a value from 0 to {spec.DELAY_MINUTES_MAX:.0f}."))
         if problems:
             raise errors.InvalidInput(problems)
+        recipients = prepared["recipients"]  # duplicates collapsed
         moment = model.now()
         created = model.iso(moment)
         deliver_at = model.iso(moment + dt.timedelta(minutes=delay_minutes)) if delay_minutes else None
