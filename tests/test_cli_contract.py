@@ -143,7 +143,7 @@ def test_documented_output_fields_match_what_commands_print(am, send, tmp_path):
         assert set(am(name, "b:y", message).json) == set(spec.COMMANDS[name].output)
     later = send("a:x", "b:y", "later", "--delay-minutes", "5")["id"]
     assert set(am("cancel", "a:x", later).json) == set(spec.COMMANDS["cancel"].output)
-    assert set(am("attachments", "b:y", message).json) == set(spec.COMMANDS["attachments"].output)
+    assert set(am("attachments", "a:x", message).json) == set(spec.COMMANDS["attachments"].output)
     assert set(am("profile", "b:y").json) == set(spec.COMMANDS["profile"].output)
     assert set(am("notifications", "b:y").json) == set(spec.COMMANDS["notifications"].output)
     assert set(spec.COMMANDS) == {"describe", "send", "read", "ack", "watch", "heartbeat", "dismiss", "archive",
