@@ -506,3 +506,18 @@ def test_concurrent_renders_never_leave_a_torn_file(am, mirrored):
     # and the last render matches the mailbox
     final = am("notifications", "w:one").json["email"]
     assert _mirror(mirrored) == final
+
+
+def test_a_read_that_could_not_be_printed_leaves_the_mirror_as_the_mailbox(am, mirrored):
+    am(*send_args("a:x", "w:one")).json
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "agent_mail", "read", "w:one"], env=process_env(),
+                              stdout=write_end, stderr=subprocess.PIPE, timeout=60)
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 1
+    # the render inside the transaction removed the file; the rollback must have put it back
+    assert _mirror(mirrored)["data"]["count"] == 1
+    assert am("status", "--agent", "w:one", "--fields", "unread").json["agents"][0]["unread"] == 1

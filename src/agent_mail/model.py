@@ -87,7 +87,8 @@ def body_problem(value: str) -> str | None:
     if len(value) > BODY_MAX_CHARS:
         return (
             f"is {len(value)} characters; the limit is {BODY_MAX_CHARS}. A message is "
-            "coordination, not content: write the substance to a file and pass it with --ref."
+            "coordination, not content: write the substance to a file and pass it with --ref PATH "
+            "(or --attach PATH to carry it inside the mailbox)."
         )
     return None
 
