@@ -580,8 +580,14 @@ class Mailbox:
         with self._changing(write=marking or ack):
             if all:
                 messages = self.store.inbox(agent, unread_only=False, sender=from_, limit=None, now=now)[-limit:]
+                unread = None
             else:
-                messages = self.store.inbox(agent, unread_only=True, sender=from_, limit=limit, now=now)
+                # One light pass finds every unread message (and so what remains); whole rows are
+                # fetched only for the page returned.
+                unread = self.store.inbox(agent, unread_only=True, sender=None, limit=None, now=now, envelopes=True)
+                page = [m["id"] for m in unread if from_ is None or m["sender"] == from_][:limit]
+                found = self.store.addressed(agent, page, now)
+                messages = [found[i] for i in page]
             fresh = [m for m in messages if m["read_at"] is None] if marking else []
             unacked = [m for m in messages if m["acked_at"] is None] if ack else []
             if fresh:
@@ -592,7 +598,11 @@ class Mailbox:
                 m["read_at"] = m["read_at"] or now
             for m in unacked:
                 m["acked_at"] = now
-            result = self._read_result(agent, messages, fields, remaining=self.store.count_unread(agent, now))
+            if unread is None:
+                remaining = self.store.count_unread(agent, now)
+            else:
+                remaining = len(unread) - len({m["id"] for m in fresh + unacked})
+            result = self._read_result(agent, messages, fields, remaining=remaining)
             changed = bool(fresh or unacked)
             if changed:
                 self._render([agent])
@@ -840,7 +850,8 @@ class Mailbox:
 
     def _envelopes(self, agent: str) -> list[dict]:
         with self.store.transaction():
-            messages = self.store.inbox(agent, unread_only=True, sender=None, limit=None, now=model.now_iso())
+            messages = self.store.inbox(agent, unread_only=True, sender=None, limit=None, now=model.now_iso(),
+                                        envelopes=True)
         return [{f: m[f] for f in spec.ENVELOPE_FIELDS} for m in messages]
 
     def _next_due(self, agent: str) -> float | None:

@@ -47,10 +47,11 @@ class Store:
         raise NotImplementedError
 
     def inbox(self, agent: str, *, unread_only: bool, sender: str | None, limit: int | None, now: str,
-              archived: bool = False) -> list[dict]:
+              archived: bool = False, envelopes: bool = False) -> list[dict]:
         """Visible messages for `agent` (direct, or broadcasts from others), oldest first.
 
-        Deleted ones never; archived ones only (and only) with archived=True.
+        Deleted ones never; archived ones only (and only) with archived=True. envelopes=True
+        leaves out body, refs and reply_to, for callers that only list or count.
         """
         raise NotImplementedError
 
