@@ -370,3 +370,17 @@ def test_message_ids_are_random_version_4_uuids():
     for value in made:
         parsed = uuid.UUID(value)
         assert parsed.version == 4 and parsed.variant == uuid.RFC_4122 and str(parsed) == value
+
+
+def test_status_counts_stay_exact_when_another_writer_left_stray_broadcast_state(am, send, mailbox_path):
+    send("b:y", "a:x", "introduce b:y")
+    broadcast = send("a:x", "*", "all hands")["id"]
+    send("a:x", "*", "second")
+    am("dismiss", "b:y", broadcast)
+    db = sqlite3.connect(mailbox_path)
+    # a read mark for a message that no longer exists, as an older tool's purge could leave behind
+    db.execute("INSERT INTO broadcast_acks (message_id, agent, read_at) VALUES "
+               "('00000000-0000-4000-8000-000000000000', 'b:y', '2026-01-01T00:00:00+00:00')")
+    db.commit()
+    row = am("status", "--agent", "b:y", "--fields", "unread,unacked").json["agents"][0]
+    assert row == {"unread": 1, "unacked": 2}
