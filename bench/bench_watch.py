@@ -145,12 +145,8 @@ def measure_idle(clis: dict[str, str], dbs: dict[str, str], seconds: float) -> d
             proc.communicate()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--idle-seconds", type=float, default=30.0)
-    args = parser.parse_args()
-    clis = implementations()
+def rows(clis: dict[str, str], rounds: int = 30, idle_seconds: float = 30.0) -> list[tuple]:
+    """Measure; return table rows (measure, agent-mail, reference, ratio)."""
     with tempfile.TemporaryDirectory() as tmp:
         dbs = {}
         for name, cli in clis.items():
@@ -158,22 +154,31 @@ def main() -> None:
             subprocess.run([cli, "status"], env=_env(dbs[name]), check=True, stdout=subprocess.DEVNULL)
         results = {}
         for name, cli in clis.items():
-            wake = measure_wake(cli, dbs[name], args.rounds, via_cli=False)
-            e2e = measure_wake(cli, dbs[name], args.rounds, via_cli=True)
+            wake = measure_wake(cli, dbs[name], rounds, via_cli=False)
+            e2e = measure_wake(cli, dbs[name], rounds, via_cli=True)
             results[name] = (summary(wake), summary(e2e))
-        idle = measure_idle(clis, dbs, args.idle_seconds)
-    rows = []
-    labels = (("wake: commit -> watch returned, median ms", 0, 0), ("wake: commit -> watch returned, p90 ms", 0, 1),
-              ("end to end: send spawned -> watch returned, median ms", 1, 0),
-              ("end to end: send spawned -> watch returned, p90 ms", 1, 1))
+        idle = measure_idle(clis, dbs, idle_seconds)
+    table_rows = []
+    labels = (("watch wake: commit -> returned, median ms", 0, 0), ("watch wake: commit -> returned, p90 ms", 0, 1),
+              ("watch end to end: send spawned -> returned, median ms", 1, 0),
+              ("watch end to end: send spawned -> returned, p90 ms", 1, 1))
     for label, which, stat in labels:
         ours, ref = results["agent-mail"][which][stat], results["reference"][which][stat]
-        rows.append((label, f"{ours:.1f}", f"{ref:.1f}", f"{ours / ref:.3f}"))
-    rows.append((f"idle watch CPU over {args.idle_seconds:.0f} s, % of one core", f"{idle['agent-mail']:.2f}",
-                 f"{idle['reference']:.2f}", f"{idle['agent-mail'] / idle['reference']:.3f}"
-                 if idle["reference"] else "n/a"))
+        table_rows.append((label, f"{ours:.1f}", f"{ref:.1f}", f"{ours / ref:.3f}"))
+    table_rows.append((f"idle watch CPU over {idle_seconds:.0f} s, % of one core", f"{idle['agent-mail']:.2f}",
+                       f"{idle['reference']:.2f}",
+                       f"{idle['agent-mail'] / idle['reference']:.3f}" if idle["reference"] else "n/a"))
+    return table_rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--idle-seconds", type=float, default=30.0)
+    args = parser.parse_args()
+    result = rows(implementations(), args.rounds, args.idle_seconds)
     print(f"# watch benchmark ({args.rounds} rounds; {machine()})\n")
-    print(table(rows, ("measure", "agent-mail", "reference 0.5.1", "ratio")))
+    print(table(result, ("measure", "agent-mail", "reference 0.5.1", "ratio")))
 
 
 if __name__ == "__main__":

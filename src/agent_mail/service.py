@@ -176,11 +176,12 @@ def _as_list(value) -> list:
 
 def _read_attachments(paths: list[str]) -> tuple[list[dict], list[tuple[str, str]]]:
     """Read every --attach file now, so what is stored is exactly what was checked."""
-    import hashlib
-    import stat
-
     problems: list[tuple[str, str]] = []
     attachments: list[dict] = []
+    if not paths:
+        return attachments, problems
+    import hashlib  # loads OpenSSL: only when something is attached
+    import stat
     if len(paths) > spec.ATTACHMENTS_MAX_COUNT:
         problems.append(("--attach", f"{len(paths)} files; the limit is {spec.ATTACHMENTS_MAX_COUNT} a send."))
         return [], problems
