@@ -250,7 +250,7 @@ def _profile_problems(values: dict) -> list[tuple[str, str]]:
 
 
 def _project_problems(project: str) -> list[tuple[str, str]]:
-    if model.IDENTITY_RE.fullmatch(f"{project}:x"):
+    if model.is_name(project):
         return []
     return [("--project", f"{project!r} is not a project name: lowercase letters, digits and hyphens.")]
 

@@ -198,7 +198,9 @@ _register(Command(
         "exit_codes": "What each exit status means.",
         "limits": "Limits enforced on input.",
         "liveness": "The fixed timings behind watching, watch_state and reachable.",
-        "storage": "The mailbox this invocation resolves: path, source, exists, messages, size_bytes.",
+        "storage": "The mailbox this invocation resolves: path, source, exists, messages, size_bytes, and "
+        "permissions {directory, file, private, warning}: a mailbox other users can read is reported here; one "
+        "they can write is refused by every other command.",
         "commands": "Every command's manual, keyed by name.",
     },
     modes={"describe COMMAND": "Prints {name, storage, command: <that command's manual>} instead."},

@@ -191,6 +191,11 @@ class SQLiteStore(Store):
                 f"{self.path} is not a readable agent-mail mailbox ({text}); it was left untouched. "
                 "Point AGENT_MAIL_DB at another file or restore it from a backup."
             )
+        if "disk I/O" in text or "full" in text:
+            return errors.StorageError(
+                f"the mailbox {self.path} could not be written while {doing} ({text}: is the disk full, or a "
+                "file-size limit in force?); nothing was changed."
+            )
         return errors.StorageError(f"cannot use the mailbox {self.path} while {doing}: {text}.")
 
     def _connect(self) -> sqlite3.Connection:
@@ -206,6 +211,9 @@ class SQLiteStore(Store):
                     pass
             elif os.path.isdir(self.path):
                 raise errors.StorageError(f"the mailbox path {self.path} is a directory; point AGENT_MAIL_DB at a file.")
+            problem = permission_problem(self.path)
+            if problem:
+                raise errors.StorageError(problem)
         except OSError as exc:
             raise errors.StorageError(f"cannot create the mailbox {self.path}: {exc.strerror or exc}.") from None
         try:
@@ -285,17 +293,25 @@ class SQLiteStore(Store):
             raise self._fail(exc, doing) from None
         try:
             yield self
+        except sqlite3.Error as exc:
+            self._rollback()
+            raise self._fail(exc, doing) from None
         except BaseException:
-            if self.db.in_transaction:
-                self.db.execute("ROLLBACK")
+            self._rollback()
             raise
         try:
             self.db.execute("COMMIT")
             self._wrote = self._wrote or write
         except sqlite3.Error as exc:
+            self._rollback()
+            raise self._fail(exc, doing) from None
+
+    def _rollback(self) -> None:
+        try:
             if self.db.in_transaction:
                 self.db.execute("ROLLBACK")
-            raise self._fail(exc, doing) from None
+        except sqlite3.Error:
+            pass  # SQLite has rolled back by itself (a failed write aborts the transaction)
 
     def _query(self, sql: str, params: object = ()) -> list[dict]:
         return [_row(r) for r in self.db.execute(sql, params)]
@@ -725,9 +741,52 @@ class SQLiteStore(Store):
             time.sleep(0.001)
 
 
+def permission_problem(path: str) -> str | None:
+    """Why the mailbox must not be used as it is: anyone else could rewrite or replace it.
+
+    Refused: a mailbox file writable by other users, or a directory writable by them without
+    the sticky bit (which would let them swap the file). Merely readable by others is reported
+    by `describe` (see permissions()) instead: the mail is exposed, but nothing can be forged.
+    """
+    import stat
+
+    directory = os.path.dirname(os.path.abspath(path))
+    info = os.stat(directory)
+    if info.st_mode & stat.S_IWOTH and not info.st_mode & stat.S_ISVTX:
+        return (f"the mailbox directory {directory} is writable by every user (mode {stat.S_IMODE(info.st_mode):04o}), "
+                f"so anyone could replace your mail; nothing was done. Run: chmod 700 {directory}")
+    if os.path.exists(path) and os.stat(path).st_mode & stat.S_IWOTH:
+        return (f"the mailbox {path} is writable by every user (mode {stat.S_IMODE(os.stat(path).st_mode):04o}), so "
+                f"anyone could rewrite your mail; nothing was done. Run: chmod 600 {path}")
+    return None
+
+
+def permissions(path: str) -> dict:
+    """The mailbox's and its directory's modes, and whether only the owner can read them."""
+    import stat
+
+    directory = os.path.dirname(os.path.abspath(path))
+    modes = {}
+    for key, target in (("directory", directory), ("file", path)):
+        try:
+            modes[key] = stat.S_IMODE(os.stat(target).st_mode)
+        except OSError:
+            modes[key] = None
+    exposed = [k for k, mode in modes.items() if mode is not None and mode & 0o077 and
+               not (k == "directory" and mode & stat.S_ISVTX)]
+    report = {k: (f"{v:04o}" if v is not None else None) for k, v in modes.items()}
+    report["private"] = not exposed
+    if exposed:
+        report["warning"] = (f"the mailbox {' and its '.join(exposed)} can be read by other users; "
+                             f"run: chmod 700 {directory}" + (f" && chmod 600 {path}" if "file" in exposed else ""))
+    return report
+
+
 def inspect(path: str) -> dict:
     """Facts about a mailbox file for `describe`, without creating or changing it."""
     report: dict = {"exists": os.path.isfile(path), "messages": None, "size_bytes": None}
+    if os.path.isdir(os.path.dirname(os.path.abspath(path))):
+        report["permissions"] = permissions(path)
     if not report["exists"]:
         return report
     try:

@@ -1,0 +1,44 @@
+"""Every benchmark, this project beside the reference CLI (agent-mail-cli 0.5.1), in one run.
+
+    python bench/run_all.py [--quick]
+
+Builds (or reuses) the two throwaway virtual environments under bench/.cache, then runs
+bench_cli (cold start, 200,000-message mailbox, growth), bench_concurrency, bench_fanout
+and bench_watch, and prints one table of both figures and their ratio. --quick uses
+fewer rounds and a 20,000-message mailbox, for a smoke run; the recorded numbers in
+docs/benchmarks.md come from the full run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_cli  # noqa: E402
+import bench_concurrency  # noqa: E402
+import bench_fanout  # noqa: E402
+import bench_watch  # noqa: E402
+from common import implementations, machine, table  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer rounds, smaller mailbox")
+    args = parser.parse_args()
+    clis = implementations()
+    started = time.time()
+    rounds = 5 if args.quick else 15
+    rows = []
+    rows += bench_cli.rows(clis, rounds=rounds, messages=20_000 if args.quick else 200_000, agents=200)
+    rows += bench_concurrency.rows(clis, senders=8, readers=4, sends=5 if args.quick else 25)
+    rows += bench_fanout.rows(clis, rounds=rounds, recipients=50)
+    rows += bench_watch.rows(clis, rounds=5 if args.quick else 30, idle_seconds=5 if args.quick else 30)
+    print(f"# agent-mail benchmarks ({machine()}; {time.time() - started:.0f} s)\n")
+    print(table(rows, ("measure", "agent-mail", "reference 0.5.1", "ratio")))
+
+
+if __name__ == "__main__":
+    main()

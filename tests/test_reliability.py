@@ -1,0 +1,302 @@
+"""Load, crashes, output failures, hostile input and privacy, with real processes and bounded time."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import resource
+import signal
+import sqlite3
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from agent_mail import model, service, spec
+from conftest import _run_inprocess, process_env
+
+
+def integrity(path) -> str:
+    db = sqlite3.connect(path)
+    try:
+        return db.execute("PRAGMA integrity_check").fetchone()[0]
+    finally:
+        db.close()
+
+
+# ---------------------------------------------------------------- concurrency
+
+WORKER = r"""
+import io, json, sys, time, contextlib
+from agent_mail import cli
+role, me, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
+log = open(sys.argv[4], "a", buffering=1)
+
+def call(*argv):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(list(argv))
+    if code not in (0,):
+        log.write(json.dumps({"failure": argv[0], "code": code, "stderr": err.getvalue()}) + "\n")
+        return None
+    return json.loads(out.getvalue())
+
+deadline = time.monotonic() + seconds
+n = 0
+while time.monotonic() < deadline:
+    if role == "send":
+        subject = f"{me}-{n}"
+        if call("send", "--from", me, "--to", "team:one", "--to", "team:two", "--subject", subject) is not None:
+            log.write(json.dumps({"sent": subject}) + "\n")
+    elif role == "read":
+        result = call("read", me, "--limit", "5")
+        if result:
+            for m in result["messages"]:
+                log.write(json.dumps({"read": m["subject"], "by": me}) + "\n")
+    elif role == "ack":
+        # acknowledge what the reader already took delivery of (acking implies read, so acking
+        # unread mail would take it away from the reader)
+        seen = call("read", me, "--all", "--no-mark-read", "--limit", "20")
+        done = [m["id"] for m in (seen or {"messages": []})["messages"] if m["read_at"] and not m["acked_at"]]
+        if done:
+            call("ack", me, *done)
+    elif role == "watch":
+        call("watch", me, "--once")
+        call("heartbeat", me)
+    elif role == "status":
+        call("status")
+    n += 1
+"""
+
+
+def test_many_processes_at_once_deliver_everything_exactly_once(tmp_path, mailbox_path, am):
+    am("status").json
+    log = tmp_path / "log.jsonl"
+    roles = [("send", "src:a"), ("send", "src:b"), ("send", "src:c"), ("read", "team:one"), ("read", "team:two"),
+             ("ack", "team:one"), ("ack", "team:two"), ("watch", "team:one"), ("status", "x:y")]
+    procs = [subprocess.Popen([sys.executable, "-c", WORKER, role, me, "4", str(log)], env=process_env(),
+                              stderr=subprocess.PIPE) for role, me in roles]
+    # and a blocked watch, woken over and over by the traffic
+    watcher = subprocess.Popen([sys.executable, "-m", "agent_mail", "watch", "team:two", "--timeout-minutes", "5"],
+                               env=process_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        for proc in procs:
+            _, err = proc.communicate(timeout=120)
+            assert proc.returncode == 0, err
+        out, _ = watcher.communicate(timeout=60)
+        assert json.loads(out)["timeout"] is False
+    finally:
+        for proc in procs + [watcher]:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    failures = [e for e in events if "failure" in e]
+    assert failures == []  # no "database is locked", nothing else either
+    sent = sorted(e["sent"] for e in events if "sent" in e)
+    assert len(sent) > 10, "too little traffic to prove anything"
+    for inbox in ("team:one", "team:two"):
+        delivered = [e["read"] for e in events if e.get("by") == inbox]
+        delivered += [m["subject"] for m in am("read", inbox, "--limit", "10000").json["messages"]]
+        assert sorted(delivered) == sent, inbox  # every message exactly once to each recipient
+    assert integrity(mailbox_path) == "ok"
+
+
+# ---------------------------------------------------------------- crashes
+
+READER_LOOP = """
+import sys
+from agent_mail import cli
+while True:
+    cli.main(["read", "b:y", "--limit", "3"])
+"""
+
+ACKER_LOOP = """
+import sys
+from agent_mail import cli
+ids = sys.argv[1:]
+i = 0
+while True:
+    cli.main(["ack", "b:y", *ids[i:i + 4]])
+    i = (i + 4) % len(ids)
+"""
+
+
+def test_killed_readers_and_ackers_never_mark_what_was_not_output(tmp_path, mailbox_path, am, send):
+    sent = [send("a:x", "b:y", f"m{i}")["id"] for i in range(160)]
+    acked_by_acker = sent[:40]  # the acker works on these (acking implies read); the reader on any
+    output = tmp_path / "reader-output.txt"
+    rng = random.Random(11)
+    for round_ in range(6):
+        with open(output, "ab") as sink:
+            reader = subprocess.Popen([sys.executable, "-c", READER_LOOP], env=process_env(), stdout=sink,
+                                      stderr=subprocess.DEVNULL)
+            acker = subprocess.Popen([sys.executable, "-c", ACKER_LOOP, *acked_by_acker],
+                                     env=process_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(rng.uniform(0.4, 0.9))
+            for proc in (reader, acker):
+                proc.send_signal(signal.SIGKILL)
+                proc.wait(timeout=30)
+    assert integrity(mailbox_path) == "ok"
+    printed = output.read_text(errors="replace")
+    db = sqlite3.connect(mailbox_path)
+    read_ids = [r[0] for r in db.execute("SELECT id FROM messages WHERE read_at IS NOT NULL")
+                if r[0] not in acked_by_acker]
+    assert read_ids, "the reader never got to read anything; the test proves nothing"
+    # marked read by the reader must mean: it reached the reader's stdout
+    assert [i for i in read_ids if i not in printed] == []
+    acked = {r[0] for r in db.execute("SELECT id FROM messages WHERE acked_at IS NOT NULL")}
+    assert acked and acked <= set(acked_by_acker)
+
+
+# ---------------------------------------------------------------- output and disk failures
+
+
+def _limit_file_size(limit: int):
+    def apply():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+def test_output_over_the_file_size_limit_changes_nothing(tmp_path, send, am, mailbox_path):
+    for i in range(6):
+        send("a:x", "b:y", f"precious {i}", "--body", "x" * 40_000)
+    db = sqlite3.connect(mailbox_path)
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    db.close()
+    # the 240 kB result cannot be written in full under a 150 kB file-size limit
+    with open(tmp_path / "out.json", "wb") as sink:
+        proc = subprocess.run([sys.executable, "-m", "agent_mail", "read", "b:y", "--no-mark-read"],
+                              env=process_env(), stdout=sink, stderr=subprocess.PIPE,
+                              preexec_fn=_limit_file_size(150_000), timeout=60)
+    assert proc.returncode == 1 and b"Traceback" not in proc.stderr
+    assert "could not write the result" in json.loads(proc.stderr)["error"]
+    # a marking read under the same limit fails at the first write it cannot make, and marks nothing
+    with open(tmp_path / "out2.json", "wb") as sink:
+        proc = subprocess.run([sys.executable, "-m", "agent_mail", "read", "b:y"], env=process_env(), stdout=sink,
+                              stderr=subprocess.PIPE, preexec_fn=_limit_file_size(150_000), timeout=60)
+    assert proc.returncode == 1 and json.loads(proc.stderr)["error"]
+    assert am("read", "b:y", "--no-mark-read").json["count"] == 6
+    assert integrity(mailbox_path) == "ok"
+
+
+def test_a_mailbox_that_cannot_grow_refuses_cleanly(tmp_path, send, am, mailbox_path):
+    send("a:x", "b:y", "before")
+    db = sqlite3.connect(mailbox_path)
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    db.close()
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(2 * 1024 * 1024))
+    size = os.path.getsize(mailbox_path)
+    proc = subprocess.run([sys.executable, "-m", "agent_mail", "send", "--from", "a:x", "--to", "b:y",
+                           "--subject", "too big", "--attach", str(big)], env=process_env(), capture_output=True,
+                          preexec_fn=_limit_file_size(size + 64 * 1024), timeout=60)
+    assert proc.returncode == 1 and b"Traceback" not in proc.stderr
+    error = json.loads(proc.stderr)["error"]
+    assert str(mailbox_path) in error
+    assert integrity(mailbox_path) == "ok"
+    assert [m["subject"] for m in am("read", "b:y", "--all", "--no-mark-read").json["messages"]] == ["before"]
+    am("send", "--from", "a:x", "--to", "b:y", "--subject", "after").json  # and it still works
+
+
+# ---------------------------------------------------------------- bad input, fuzzed
+
+_IDENTITIES = st.sampled_from(["a:x", "b:y", "team:one", "*", "Bad:Id", "nocolon", "a:", ":b", "a:b:c", ""])
+_TEXT = st.one_of(
+    st.text(max_size=40),
+    st.binary(max_size=40).map(lambda b: b.decode("utf-8", "surrogateescape")),
+    st.text(alphabet=st.characters(min_codepoint=0, max_codepoint=0x9f), max_size=20),
+)
+_NUMBERS = st.sampled_from(["0", "1", "-1", "5", "55", "241", "1e9", "nan", "inf", "-0", "0.5", "abc"])
+_IDS = st.one_of(st.builds(model.new_message_id), st.sampled_from(["not-an-id", "", "00000000-0000-4000-8000-0"]))
+_PATHS = st.sampled_from(["files/a.txt", "files", "missing.txt", "-", "/dev/null", "", "../outside", "files/link"])
+_FLAGS = sorted({a.name for c in spec.COMMANDS.values() for a in c.args if not a.positional} | {"--help", "--bogus"})
+
+
+def _tokens():
+    return st.lists(st.one_of(st.sampled_from(_FLAGS), _IDENTITIES, _TEXT, _NUMBERS, _IDS, _PATHS,
+                              st.sampled_from(["--", "-", "-x", "--to=*", "--limit=3"])), max_size=10)
+
+
+@pytest.fixture
+def fuzz_room(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "files").mkdir()
+    (tmp_path / "files" / "a.txt").write_text("attachment")
+    (tmp_path / "files" / "link").symlink_to("/etc/hostname")
+    # a watch that would block for 55 minutes returns at once instead; the parser is what is fuzzed
+    monkeypatch.setattr(service.Mailbox, "_wait_for_mail", lambda self, agent, session, seconds: [])
+    return tmp_path
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(command=st.sampled_from(sorted(spec.COMMANDS) + ["bogus", "", "--version"]), tokens=_tokens())
+def test_fuzzed_argv_never_tracebacks(fuzz_room, command, tokens):
+    result = _run_inprocess(command, *tokens, stdin=b"body from stdin")
+    assert "Traceback" not in result.out + result.err
+    if result.code in (0, 3):
+        document = json.loads(result.out)
+        assert isinstance(document, dict) and result.err == ""
+    else:
+        assert result.out == ""
+        error = json.loads(result.err)
+        assert isinstance(error["error"], str) and error["error"]
+        assert "internal error" not in error["error"], error
+        assert result.code in (1, 2, 129, 130, 143)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(subject=_TEXT, body=_TEXT)
+def test_fuzzed_text_is_stored_exactly_or_refused(fuzz_room, subject, body):
+    result = _run_inprocess("send", "--from", "a:x", "--to", "b:y", "--subject", subject, "--body", body)
+    if result.code == 0:
+        stored = _run_inprocess("read", "b:y", "--thread", json.loads(result.out)["id"])
+        message = json.loads(stored.out)["messages"][0]
+        assert (message["subject"], message["body"]) == (subject, body)
+    else:
+        assert result.code == 2 and json.loads(result.err)["problems"]
+
+
+# ---------------------------------------------------------------- privacy and permissions
+
+
+def test_a_world_writable_directory_is_refused_untouched(am, send, mailbox_path):
+    send("a:x", "b:y", "hi")
+    os.chmod(mailbox_path.parent, 0o777)
+    try:
+        error = am("read", "b:y").error
+        assert "chmod 700" in error["error"] and str(mailbox_path.parent) in error["error"]
+    finally:
+        os.chmod(mailbox_path.parent, 0o700)
+    assert am("read", "b:y").json["count"] == 1  # nothing was marked by the refused call
+
+
+def test_a_world_writable_mailbox_is_refused(am, send, mailbox_path):
+    send("a:x", "b:y", "hi")
+    os.chmod(mailbox_path, 0o666)
+    assert "chmod 600" in am("status").error["error"]
+
+
+def test_a_sticky_shared_directory_is_accepted(am, tmp_path, monkeypatch):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    monkeypatch.setenv("AGENT_MAIL_DB", str(shared / "mail.db"))
+    am("send", "--from", "a:x", "--to", "b:y", "--subject", "s").json
+    assert stat.S_IMODE(os.stat(shared / "mail.db").st_mode) == 0o600
+
+
+def test_a_readable_mailbox_is_reported_by_describe(am, send, mailbox_path):
+    send("a:x", "b:y", "hi")
+    assert am("describe").json["storage"]["permissions"]["private"] is True
+    os.chmod(mailbox_path.parent, 0o755)
+    os.chmod(mailbox_path, 0o644)
+    permissions = am("describe").json["storage"]["permissions"]
+    assert permissions == {**permissions, "directory": "0755", "file": "0644", "private": False}
+    assert "chmod" in permissions["warning"]
+    assert am("read", "b:y").json["count"] == 1  # readable by others: warned, still usable
