@@ -215,7 +215,8 @@ def test_closed_pipe_reader_changes_nothing(send, am):
 
 def test_cold_import_pulls_in_no_heavy_modules():
     code = ("import sys, agent_mail.cli; heavy = {'importlib.metadata', 'argparse', 'difflib', 'asyncio', "
-            "'email', 'http', 'urllib.parse', 'agent_mail.service', 'sqlite3'}; "
+            "'email', 'http', 'urllib.parse', 'agent_mail.service', 'sqlite3', 'hashlib', 'uuid', 'typing', "
+            "'dataclasses', 'ctypes'}; "
             "print(sorted(heavy & set(sys.modules)))")
     # -S: measure our imports, not what site-packages .pth files load
     proc = subprocess.run([sys.executable, "-S", "-c", code], env=process_env(), capture_output=True, text=True)
