@@ -47,19 +47,23 @@ def _row(label: str, ours: float, ref: float, unit: str = "ms") -> tuple:
 
 
 def cold_start_rows(clis: dict[str, str], rounds: int) -> list[tuple]:
-    medians: dict[str, dict[str, float]] = {}
+    """Whole-process `read` and `send`, the implementations interleaved run by run, so that a
+    machine slowing down or speeding up part-way through affects both alike."""
+    commands = {"read": ["read", "b:y"], "send": ["send", "--from", "a:x", "--to", "b:y", "--subject", "s",
+                                                  "--body", "b"]}
+    samples: dict[str, dict[str, list[float]]] = {name: {cmd: [] for cmd in commands} for name in clis}
     with tempfile.TemporaryDirectory() as tmp:
+        dbs = {name: os.path.join(tmp, name, "mail.db") for name in clis}
         for name, cli in clis.items():
-            db = os.path.join(tmp, name, "mail.db")
-            subprocess.run([cli, "send", "--from", "a:x", "--to", "b:y", "--subject", "warm"], env=_env(db),
+            subprocess.run([cli, "send", "--from", "a:x", "--to", "b:y", "--subject", "warm"], env=_env(dbs[name]),
                            check=True, stdout=subprocess.DEVNULL)
-            medians[name] = {
-                "send": summary(_time([cli, "send", "--from", "a:x", "--to", "b:y", "--subject", "s", "--body", "b"],
-                                      db, rounds))[0],
-                "read": summary(_time([cli, "read", "b:y"], db, rounds))[0],
-            }
+        for _ in range(rounds * 2):
+            for name, cli in clis.items():
+                for cmd, argv in commands.items():
+                    samples[name][cmd] += _time([cli, *argv], dbs[name], 1)
+    medians = {name: {cmd: summary(v)[0] for cmd, v in per.items()} for name, per in samples.items()}
     return [_row(f"cold start: {cmd} (whole process, median)", medians["agent-mail"][cmd], medians["reference"][cmd])
-            for cmd in ("read", "send")]
+            for cmd in commands]
 
 
 def _busiest_agent(cli: str, db: str) -> str:

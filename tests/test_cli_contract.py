@@ -221,3 +221,11 @@ def test_cold_import_pulls_in_no_heavy_modules():
     # -S: measure our imports, not what site-packages .pth files load
     proc = subprocess.run([sys.executable, "-S", "-c", code], env=process_env(), capture_output=True, text=True)
     assert proc.stdout.strip() == "[]", proc.stdout + proc.stderr
+
+
+def test_arguments_that_are_not_utf8_are_echoed_as_valid_json(am):
+    error = am("ack", "-\udc80").error  # argv bytes that were not UTF-8 arrive as lone surrogates
+    assert "\udc80" in error["error"]
+    proc = am_process("read", os.fsdecode(b"\xff:x"))
+    assert proc.returncode == 2
+    assert json.loads(proc.stderr.decode("utf-8"))["problems"][0]["field"] == "agent"

@@ -17,11 +17,10 @@ become {"error": ...} and exit codes; the work happens in agent_mail.service.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
-from agent_mail import errors, spec
+from agent_mail import errors, jsonout, spec
 
 
 def parse(argv: list[str]) -> tuple[str, dict]:
@@ -225,7 +224,9 @@ def _num(value: float | None) -> str:
 
 
 def _dumps(document: object) -> bytes:
-    return (json.dumps(document, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+    # A lone surrogate (from argv bytes that are not UTF-8, echoed in an error) can only sit
+    # inside a JSON string, where backslashreplace writes it as the valid escape \udcXX.
+    return (jsonout.dumps(document) + "\n").encode("utf-8", "backslashreplace")
 
 
 def emit(document: object) -> None:

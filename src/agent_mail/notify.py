@@ -8,10 +8,9 @@ torn one.
 
 from __future__ import annotations
 
-import json
 import os
 
-from agent_mail import model
+from agent_mail import jsonout, model
 
 NOTIFICATION_DIR = ".notification"
 EMAIL_FILE = "email.json"
@@ -81,7 +80,7 @@ def write_document(directory: str, name: str, document: dict | None) -> dict:
                 return {"path": path, "status": "absent"}
             return {"path": path, "status": "removed"}
         os.makedirs(folder, mode=0o700, exist_ok=True)
-        data = (json.dumps(document, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+        data = (jsonout.dumps(document) + "\n").encode("utf-8")
         temporary = os.path.join(folder, f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
         try:

@@ -8,7 +8,6 @@ commit, so a result that could not be delivered changes nothing.
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import os
 from contextlib import contextmanager
 
@@ -132,6 +131,8 @@ def prepare_send(values: dict) -> tuple[dict, list[tuple[str, str]]]:
         else:
             refs.append(absolute)
     if values.get("refs") is not None:
+        import json  # decoding is needed only here: the output side uses jsonout
+
         try:
             listed = json.loads(values["refs"])
         except ValueError as exc:

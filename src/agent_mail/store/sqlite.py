@@ -8,7 +8,6 @@ add (tables, indexes, nullable columns); they never rewrite or drop data.
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import time
@@ -153,6 +152,8 @@ def _decode_refs(raw: object) -> list:
     """Refs are stored as JSON text; older mailboxes may hold anything, so never fail on them."""
     if raw is None or raw == "":
         return []
+    import json  # only for rows that carry refs: `import json` costs more than a whole query
+
     try:
         value = json.loads(raw)
     except (TypeError, ValueError):
@@ -160,6 +161,18 @@ def _decode_refs(raw: object) -> list:
     if isinstance(value, list):
         return value
     return [value]
+
+
+def _encode_json(value: object) -> str:
+    import json
+
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _decode_json(text: str) -> dict:
+    import json
+
+    return json.loads(text)
 
 
 def _ids_clause(ids: list[str], prefix: str = "id") -> tuple[str, dict]:
@@ -323,7 +336,7 @@ class SQLiteStore(Store):
             "batch_id) VALUES (:id, :sender, :recipient, :subject, :body, :refs, :reply_to, :type, :created, "
             ":deliver_at, :batch_id)",
             {"deliver_at": None, "batch_id": None, **message,
-             "refs": json.dumps(message["refs"], ensure_ascii=False) if message["refs"] else None},
+             "refs": _encode_json(message["refs"]) if message["refs"] else None},
         )
         if message.get("deliver_at"):
             self.db.execute("INSERT INTO scheduled (message_id, recipient, deliver_at) VALUES (?, ?, ?)",
@@ -510,12 +523,12 @@ class SQLiteStore(Store):
     def add_event(self, event_id: str, agent: str, source: str, payload: dict, at: str) -> None:
         self.db.execute(
             "INSERT INTO system_events (id, agent, source, payload, created) VALUES (?, ?, ?, ?, ?)",
-            (event_id, agent, source, json.dumps(payload, ensure_ascii=False), at),
+            (event_id, agent, source, _encode_json(payload), at),
         )
 
     def events(self, agent: str) -> list[dict]:
         return [
-            {"id": r[0], "source": r[1], **json.loads(r[2]), "created": r[3]}
+            {"id": r[0], "source": r[1], **_decode_json(r[2]), "created": r[3]}
             for r in self.db.execute(
                 "SELECT id, source, payload, created FROM system_events WHERE agent = ? AND dismissed_at IS NULL "
                 "ORDER BY rowid",
