@@ -21,7 +21,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import implementations, machine, summary, table  # noqa: E402
+from common import implementations, report, summary  # noqa: E402
 from seed import seed  # noqa: E402
 
 
@@ -111,8 +111,7 @@ def main() -> None:
     parser.add_argument("--agents", type=int, default=200)
     args = parser.parse_args()
     result = rows(implementations(), args.rounds, args.messages, args.agents)
-    print(f"# CLI benchmark ({args.rounds} rounds; {machine()})\n")
-    print(table(result, ("measure", "agent-mail", "reference 0.5.1", "ratio")))
+    report(f"CLI benchmark ({args.rounds} rounds)", result)
 
 
 if __name__ == "__main__":

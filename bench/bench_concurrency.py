@@ -23,7 +23,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import implementations, machine, table  # noqa: E402
+from common import implementations, report  # noqa: E402
 
 
 def _env(db: str) -> dict:
@@ -112,8 +112,7 @@ def main() -> None:
     parser.add_argument("--sends", type=int, default=25)
     args = parser.parse_args()
     result = rows(implementations(), args.senders, args.readers, args.sends)
-    print(f"# concurrency benchmark ({machine()})\n")
-    print(table(result, ("measure", "agent-mail", "reference 0.5.1", "ratio")))
+    report("concurrency benchmark", result)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import implementations, machine, summary, table  # noqa: E402
+from common import implementations, report, summary  # noqa: E402
 
 
 def _env(db: str) -> dict:
@@ -80,8 +80,7 @@ def main() -> None:
     parser.add_argument("--recipients", type=int, default=50)
     args = parser.parse_args()
     result = rows(implementations(), args.rounds, args.recipients)
-    print(f"# fan-out benchmark ({args.rounds} rounds; {machine()})\n")
-    print(table(result, ("measure", "agent-mail", "reference 0.5.1", "ratio")))
+    report(f"fan-out benchmark ({args.rounds} rounds)", result)
 
 
 if __name__ == "__main__":

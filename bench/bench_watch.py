@@ -27,7 +27,7 @@ import time
 import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import implementations, machine, summary, table  # noqa: E402
+from common import implementations, report, summary  # noqa: E402
 
 AGENT = "bench:watcher"
 
@@ -177,8 +177,7 @@ def main() -> None:
     parser.add_argument("--idle-seconds", type=float, default=30.0)
     args = parser.parse_args()
     result = rows(implementations(), args.rounds, args.idle_seconds)
-    print(f"# watch benchmark ({args.rounds} rounds; {machine()})\n")
-    print(table(result, ("measure", "agent-mail", "reference 0.5.1", "ratio")))
+    report(f"watch benchmark ({args.rounds} rounds)", result)
 
 
 if __name__ == "__main__":

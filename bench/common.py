@@ -58,5 +58,14 @@ def table(rows: list[tuple], headers: tuple) -> str:
     return "\n".join([line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])
 
 
+HEADERS = ("measure", "agent-mail", "reference 0.5.1", "ratio")
+
+
+def report(title: str, rows: list[tuple]) -> None:
+    """Print one benchmark's table under a heading naming the machine."""
+    print(f"# {title} ({machine()})\n")
+    print(table(rows, HEADERS))
+
+
 def machine() -> str:
     return f"{os.cpu_count()} cores, Python {sys.version.split()[0]}, {sys.platform}"

@@ -21,7 +21,7 @@ import bench_cli  # noqa: E402
 import bench_concurrency  # noqa: E402
 import bench_fanout  # noqa: E402
 import bench_watch  # noqa: E402
-from common import implementations, machine, table  # noqa: E402
+from common import implementations, report  # noqa: E402
 
 
 def main() -> None:
@@ -36,8 +36,7 @@ def main() -> None:
     rows += bench_concurrency.rows(clis, senders=8, readers=4, sends=5 if args.quick else 25)
     rows += bench_fanout.rows(clis, rounds=rounds, recipients=50)
     rows += bench_watch.rows(clis, rounds=5 if args.quick else 30, idle_seconds=5 if args.quick else 30)
-    print(f"# agent-mail benchmarks ({machine()}; {time.time() - started:.0f} s)\n")
-    print(table(rows, ("measure", "agent-mail", "reference 0.5.1", "ratio")))
+    report(f"agent-mail benchmarks, {time.time() - started:.0f} s", rows)
 
 
 if __name__ == "__main__":

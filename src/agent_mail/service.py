@@ -640,48 +640,34 @@ class Mailbox:
 
     def ack(self, *, agent: str, ids=(), all: bool = False, emit: Emit = _no_emit) -> dict:
         """Record that `agent` acted on these messages (all outstanding ones with all=True)."""
+        return self._handle(agent, ids, emit, "ack", "acked", "already_acked", "acked_at",
+                            outstanding=self.store.unacked if all else None, stamp="acked_at")
+
+    def _handle(self, agent: str, ids, emit: Emit, flag: str, done: str, already_key: str, state: str, *,
+                outstanding=None, stamp: str | None = None) -> dict:
+        """Stamp `flag` (and read) on messages addressed to `agent`: the given ids, all or nothing,
+        or every message `outstanding(agent, now)` lists."""
         wanted = list(dict.fromkeys(ids))
         now = model.now_iso()
         with self._changing():
-            if all:
-                fresh, already = self.store.unacked(agent, now), []
+            if outstanding is not None:
+                fresh, already = outstanding(agent, now), []
             else:
                 found = self._addressed_or_fail(agent, wanted, now)
-                fresh = [found[i] for i in wanted if found[i]["acked_at"] is None]
-                already = [i for i in wanted if found[i]["acked_at"] is not None]
-            self.store.set_flags(agent, fresh, now, ("read", "ack"))
-            reachable = self._presence(agent)["reachable"]
-            result = {
-                "agent": agent,
-                "acked_at": now if fresh else None,
-                "acked": [m["id"] for m in fresh],
-                "already_acked": already,
-                "count": len(fresh),
-                "reachable": reachable,
-                "next": next_steps(agent, unread=self.store.count_unread(agent, now), reachable=reachable),
-            }
-            if fresh:
-                self._render([agent])
-            emit(result)
-        return result
-
-    def _handle(self, agent: str, ids, emit: Emit, flag: str, done: str, already_key: str, state: str) -> dict:
-        wanted = list(dict.fromkeys(ids))
-        now = model.now_iso()
-        with self._changing():
-            found = self._addressed_or_fail(agent, wanted, now)
-            fresh = [found[i] for i in wanted if found[i][state] is None]
-            already = [i for i in wanted if found[i][state] is not None]
+                fresh = [found[i] for i in wanted if found[i][state] is None]
+                already = [i for i in wanted if found[i][state] is not None]
             self.store.set_flags(agent, fresh, now, tuple(dict.fromkeys(("read", flag))))
             reachable = self._presence(agent)["reachable"]
-            result = {
-                "agent": agent,
+            result = {"agent": agent}
+            if stamp:
+                result[stamp] = now if fresh else None
+            result.update({
                 done: [m["id"] for m in fresh],
                 already_key: already,
                 "count": len(fresh),
                 "reachable": reachable,
                 "next": next_steps(agent, unread=self.store.count_unread(agent, now), reachable=reachable),
-            }
+            })
             if fresh:
                 self._render([agent])
             emit(result)
