@@ -198,6 +198,7 @@ _register(Command(
         "exit_codes": "What each exit status means.",
         "limits": "Limits enforced on input.",
         "liveness": "The fixed timings behind watching, watch_state and reachable.",
+        "environment": "The environment variables agent-mail reads.",
         "storage": "The mailbox this invocation resolves: path, source, exists, messages, size_bytes, and "
         "permissions {directory, file, private, warning}: a mailbox other users can read is reported here; one "
         "they can write is refused by every other command.",
@@ -639,6 +640,11 @@ def describe_document(storage: dict, version: str, command: str | None = None) -
             "refresh_seconds": REFRESH_SECONDS,
             "watching_within_seconds": LIVENESS_SECONDS,
             "stale_after_seconds": STALE_SECONDS,
+        },
+        "environment": {
+            "AGENT_MAIL_DB": "Path of the mailbox file (default ~/.agent-mail/mail.db).",
+            "AGENT_MAIL_NO_INOTIFY": "Set to any value to make watch poll the mailbox (every 25 ms) instead of "
+            "relying on kernel file notifications, e.g. on a network file system that does not report writes.",
         },
         "storage": storage,
         "commands": {name: c.describe() for name, c in COMMANDS.items()},
