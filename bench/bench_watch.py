@@ -4,8 +4,9 @@
 
 For each implementation, with its own mailbox:
 - wake latency: a watch is armed (readiness = its own armed session row); after a random
-  pause of 0 to 1 s (so polling is caught at a random phase) the benchmark commits a message straight into the mailbox with sqlite3 and times from just after
-  COMMIT until the watch process has printed its result and exited.
+  pause of 0 to 1 s (so polling is caught at a random phase) the benchmark commits a
+  message straight into the mailbox with sqlite3 and times from just after COMMIT until
+  the watch process has printed its result and exited.
 - end to end: the same, but the message is sent by spawning the implementation's own
   `agent-mail send`, timed from the spawn.
 - idle CPU: a watch blocked for --idle-seconds, its user+system CPU time from /proc.

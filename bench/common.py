@@ -53,8 +53,8 @@ def summary(values: list[float]) -> tuple[float, float]:
 
 
 def table(rows: list[tuple], headers: tuple) -> str:
-    widths = [max(len(str(c)) for c in column) for column in zip(headers, *rows)]
-    line = lambda cells: "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
+    widths = [max(len(str(c)) for c in column) for column in zip(headers, *rows, strict=True)]
+    line = lambda cells: "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"  # noqa: E731
     return "\n".join([line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sqlite3
 
 import pytest
@@ -121,13 +120,15 @@ def test_reply_marks_the_answered_message_read_and_acked(am, send):
     question = send("a:x", "b:y", "question")["id"]
     receipt = send("b:y", "a:x", "answer", "--reply-to", question)
     assert receipt["acknowledged"] == question and receipt["reply_to"] == question
-    assert am("status", "--agent", "b:y", "--fields", "agent,unread,unacked").json["agents"][0] == {"agent": "b:y", "unread": 0, "unacked": 0}
+    row = am("status", "--agent", "b:y", "--fields", "agent,unread,unacked").json["agents"][0]
+    assert row == {"agent": "b:y", "unread": 0, "unacked": 0}
 
 
 def test_reply_with_no_ack_marks_read_only(am, send):
     question = send("a:x", "b:y", "question")["id"]
     assert send("b:y", "a:x", "answer", "--reply-to", question, "--no-ack")["acknowledged"] is None
-    assert am("status", "--agent", "b:y", "--fields", "agent,unread,unacked").json["agents"][0] == {"agent": "b:y", "unread": 0, "unacked": 1}
+    row = am("status", "--agent", "b:y", "--fields", "agent,unread,unacked").json["agents"][0]
+    assert row == {"agent": "b:y", "unread": 0, "unacked": 1}
 
 
 def test_reply_to_a_broadcast_acks_it_for_the_replier_only(am, send):

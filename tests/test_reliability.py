@@ -132,7 +132,7 @@ def test_killed_readers_and_ackers_never_mark_what_was_not_output(tmp_path, mail
     acked_by_acker = sent[:40]  # the acker works on these (acking implies read); the reader on any
     output = tmp_path / "reader-output.txt"
     rng = random.Random(11)
-    for round_ in range(6):
+    for _ in range(6):
         with open(output, "ab") as sink:
             reader = subprocess.Popen([sys.executable, "-c", READER_LOOP], env=process_env(), stdout=sink,
                                       stderr=subprocess.DEVNULL)

@@ -10,7 +10,6 @@ import stat
 import subprocess
 import sys
 
-import pytest
 
 from agent_mail.store import sqlite as sqlite_store
 from conftest import process_env

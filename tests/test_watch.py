@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import signal
 import sqlite3
 import subprocess
@@ -13,7 +12,7 @@ import time
 
 import pytest
 
-from agent_mail import service, spec
+from agent_mail import spec
 from agent_mail.service import describe_liveness, open_mailbox
 from conftest import process_env
 

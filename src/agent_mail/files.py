@@ -55,11 +55,13 @@ def save_attachments(directory: str, attachments: list[dict], contents: dict[str
         os.makedirs(target, mode=0o700, exist_ok=True)
         dir_fd = os.open(target, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     except OSError as exc:
-        raise errors.InvalidInput([("--save-to", f"cannot use {directory!r} as a directory: {exc.strerror or exc}.")])
+        raise errors.InvalidInput(
+            [("--save-to", f"cannot use {directory!r} as a directory: {exc.strerror or exc}.")]
+        ) from None
     try:
         names = _unique([safe_name(a["name"], i) for i, a in enumerate(attachments)])
         problems = []
-        for attachment, name in zip(attachments, names):
+        for attachment, name in zip(attachments, names, strict=True):
             content = contents.get(attachment["sha256"])
             if content is None or hashlib.sha256(content).hexdigest() != attachment["sha256"]:
                 raise errors.StorageError(f"the stored content of attachment {attachment['name']!r} is missing or "
@@ -80,7 +82,7 @@ def save_attachments(directory: str, attachments: list[dict], contents: dict[str
             raise errors.InvalidInput(problems)
         saved: list[dict] = []
         try:
-            for attachment, name in zip(attachments, names):
+            for attachment, name in zip(attachments, names, strict=True):
                 _write(dir_fd, name, contents[attachment["sha256"]], overwrite)
                 saved.append({"name": name, "path": os.path.join(target, name), "size": attachment["size"],
                               "sha256": attachment["sha256"]})

@@ -22,8 +22,13 @@ def _no_emit(document: dict) -> None:
     """Used when the caller wants the returned value only."""
 
 
-# Annotations below are never evaluated (see the __future__ import), so `Emit`
-# (a callable taking the result document) needs no runtime import of typing.
+# Annotations are never evaluated (see the __future__ import); the names they use are
+# imported for type checkers only, so the CLI does not pay for importing typing.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    Emit = Callable[[dict], None]  # receives the result document, inside the transaction
 
 
 # ---------------------------------------------------------------- locating the mailbox

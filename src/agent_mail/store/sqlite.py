@@ -223,7 +223,9 @@ class SQLiteStore(Store):
                 except FileExistsError:
                     pass
             elif os.path.isdir(self.path):
-                raise errors.StorageError(f"the mailbox path {self.path} is a directory; point AGENT_MAIL_DB at a file.")
+                raise errors.StorageError(
+                    f"the mailbox path {self.path} is a directory; point AGENT_MAIL_DB at a file."
+                )
             problem = permission_problem(self.path)
             if problem:
                 raise errors.StorageError(problem)
@@ -609,7 +611,9 @@ class SQLiteStore(Store):
             "SELECT agent, COUNT(*) FROM broadcast_acks b WHERE read_at IS NOT NULL GROUP BY agent"
         ):
             state[agent] = (read, 0)
-        for agent, done in self.db.execute(f"SELECT agent, COUNT(*) FROM broadcast_acks b WHERE {acted} GROUP BY agent"):
+        for agent, done in self.db.execute(
+            f"SELECT agent, COUNT(*) FROM broadcast_acks b WHERE {acted} GROUP BY agent"
+        ):
             state[agent] = (state.get(agent, (0, 0))[0], done)
         return state
 
