@@ -88,3 +88,18 @@ def send(am):
         return am("send", "--from", frm, "--to", to, "--subject", subject, *extra).json
 
     return _send
+
+
+# CI runs the property tests with a fixed seed, so a run is reproducible; locally each run
+# explores new examples. AGENT_MAIL_FUZZ_EXAMPLES raises the example counts for a long hunt.
+from hypothesis import settings as _settings  # noqa: E402
+
+_settings.register_profile("ci", derandomize=True, deadline=None)
+if os.environ.get("CI"):
+    _settings.load_profile("ci")
+FUZZ_EXAMPLES = int(os.environ.get("AGENT_MAIL_FUZZ_EXAMPLES", "0"))
+
+
+def examples(default: int) -> int:
+    """How many examples a property test runs: its default, or more when asked."""
+    return max(default, FUZZ_EXAMPLES)

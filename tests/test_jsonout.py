@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent_mail import jsonout
+from conftest import examples
 
 _SCALARS = st.one_of(
     st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False, allow_infinity=False),
@@ -24,7 +25,7 @@ _DOCUMENTS = st.recursive(
 )
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(_DOCUMENTS)
 def test_same_text_as_json_dumps(document):
     assert jsonout.dumps(document) == json.dumps(document, indent=2, ensure_ascii=False)

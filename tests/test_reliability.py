@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent_mail import model, service, spec
-from conftest import _run_inprocess, process_env
+from conftest import _run_inprocess, examples, process_env
 
 
 def integrity(path) -> str:
@@ -234,7 +234,7 @@ def fuzz_room(tmp_path, monkeypatch):
     return tmp_path
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(command=st.sampled_from(sorted(spec.COMMANDS) + ["bogus", "", "--version"]), tokens=_tokens())
 def test_fuzzed_argv_never_tracebacks(fuzz_room, command, tokens):
     result = _run_inprocess(command, *tokens, stdin=b"body from stdin")
@@ -250,7 +250,7 @@ def test_fuzzed_argv_never_tracebacks(fuzz_room, command, tokens):
         assert result.code in (1, 2, 129, 130, 143)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(subject=_TEXT, body=_TEXT)
 def test_fuzzed_text_is_stored_exactly_or_refused(fuzz_room, subject, body):
     result = _run_inprocess("send", "--from", "a:x", "--to", "b:y", "--subject", subject, "--body", body)
