@@ -359,10 +359,21 @@ class Mailbox:
 
     def _reachability(self, agents: list[str]) -> dict[str, bool]:
         """Whether each identity can be reached now: armed watch, fresh heartbeat, or a human."""
+        if not agents:
+            return {}
         at = model.now()
         facts = self.store.liveness(agents[0]) if len(agents) == 1 else self.store.liveness()
         humans = self.store.humans()
         return {a: a in humans or describe_liveness(facts.get(a), at)["reachable"] for a in agents}
+
+    def _anyone_reachable(self, besides: str) -> bool:
+        """Whether any identity but `besides` can be reached: only those with liveness or a human
+        profile can be, so there is no need to list every identity in the mailbox."""
+        at = model.now()
+        if self.store.humans() - {besides}:
+            return True
+        return any(describe_liveness(facts, at)["reachable"]
+                   for agent, facts in self.store.liveness().items() if agent != besides)
 
     # -- notification files ---------------------------------------------------------
     def _render(self, agents, *, email: bool = True, system: bool = False) -> list[dict]:
@@ -394,9 +405,12 @@ class Mailbox:
 
         limit = (profile or {}).get("max_entries") or notify.DEFAULT_MAX_ENTRIES
         now = model.now_iso()
-        unread = self.store.inbox(agent, unread_only=True, sender=None, limit=None, now=now)
-        newest = list(reversed(unread[-limit:]))
-        attachments = self.store.attachments_of([m["id"] for m in newest])
+        # A light pass counts everything unread; whole rows only for the entries listed.
+        unread = self.store.inbox(agent, unread_only=True, sender=None, limit=None, now=now, envelopes=True)
+        listed = [m["id"] for m in reversed(unread[-limit:])]
+        found = self.store.addressed(agent, listed, now)
+        newest = [found[i] for i in listed]
+        attachments = self.store.attachments_of(listed)
         return notify.unread_mirror(agent, newest, len(unread), attachments)
 
     def publish_due(self) -> list[dict]:
@@ -445,9 +459,7 @@ class Mailbox:
             acknowledged, touched = self._settle_reply(from_, reply_to, no_ack, created)
             reachable = self._reachability([r for r in recipients if r not in (from_, model.BROADCAST)])
             if model.BROADCAST in recipients:
-                others = [a for a in self.store.agent_counts(created) if a != from_]
-                anyone = self._reachability(others) if others else {}
-                reachable[model.BROADCAST] = any(anyone.values())
+                reachable[model.BROADCAST] = self._anyone_reachable(besides=from_)
             reachable[from_] = True  # a note to yourself needs no check
             deliveries, published = [], []
             for recipient in recipients:
