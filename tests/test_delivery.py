@@ -521,3 +521,14 @@ def test_a_read_that_could_not_be_printed_leaves_the_mirror_as_the_mailbox(am, m
     # the render inside the transaction removed the file; the rollback must have put it back
     assert _mirror(mirrored)["data"]["count"] == 1
     assert am("status", "--agent", "w:one", "--fields", "unread").json["agents"][0]["unread"] == 1
+
+
+def test_a_reply_refused_everywhere_settles_nothing(am, send):
+    question = send("a:x", "b:y", "question")["id"]
+    result = am("send", "--from", "b:y", "--to", "a:x", "--subject", "answer", "--reply-to", question,
+                "--require-reachable")
+    assert result.code == 3 and json.loads(result.out)["acknowledged"] is None
+    row = am("status", "--agent", "b:y", "--fields", "unread,unacked").json["agents"][0]
+    assert row == {"unread": 1, "unacked": 1}  # the question is still open: no answer went out
+    am("heartbeat", "a:x")
+    assert send("b:y", "a:x", "answer", "--reply-to", question, "--require-reachable")["acknowledged"] == question

@@ -456,7 +456,8 @@ class Mailbox:
         deliver_at = model.iso(moment + dt.timedelta(minutes=delay_minutes)) if delay_minutes else None
         batch = model.new_message_id()
         with self._changing():
-            acknowledged, touched = self._settle_reply(from_, reply_to, no_ack, created)
+            if reply_to is not None and self.store.get_message(reply_to) is None:
+                raise errors.NotFound([("--reply-to", f"no message has id {reply_to}. Use an id from read.")])
             reachable = self._reachability([r for r in recipients if r not in (from_, model.BROADCAST)])
             if model.BROADCAST in recipients:
                 reachable[model.BROADCAST] = self._anyone_reachable(besides=from_)
@@ -491,6 +492,9 @@ class Mailbox:
                     published.append(recipient)
                 deliveries.append(entry)
             refused = [d for d in deliveries if d["status"] == "refused"]
+            # The reply settles what it answers only if it went out to someone.
+            acknowledged, touched = (self._settle_reply(from_, reply_to, no_ack, created)
+                                     if len(refused) < len(deliveries) else (None, []))
             mirrors = []
             if model.BROADCAST in published:
                 mirrors += self._render_all_mirrors(except_agent=from_)
@@ -527,8 +531,6 @@ class Mailbox:
         """A reply marks the answered message read and acknowledged for the replier."""
         if reply_to is None:
             return None, []
-        if self.store.get_message(reply_to) is None:
-            raise errors.NotFound([("--reply-to", f"no message has id {reply_to}. Use an id from read.")])
         answered = self.store.addressed(replier, [reply_to], at).get(reply_to)
         if answered is None:
             return None, []
