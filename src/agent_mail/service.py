@@ -600,7 +600,10 @@ class Mailbox:
         marking = not no_mark_read
         with self._changing(write=marking or ack):
             if all:
-                messages = self.store.inbox(agent, unread_only=False, sender=from_, limit=None, now=now)[-limit:]
+                listed = self.store.inbox(agent, unread_only=False, sender=from_, limit=None, now=now,
+                                          envelopes=True)[-limit:]
+                found = self.store.addressed(agent, [m["id"] for m in listed], now)
+                messages = [found[m["id"]] for m in listed]
                 unread = None
             else:
                 # One light pass finds every unread message (and so what remains); whole rows are
