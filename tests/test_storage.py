@@ -9,6 +9,7 @@ import sqlite3
 import stat
 import subprocess
 import sys
+import time
 
 
 from agent_mail.store import sqlite as sqlite_store
@@ -222,3 +223,25 @@ def test_first_use_by_many_processes_at_once(mailbox_path):
     db = sqlite3.connect(mailbox_path)
     assert db.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == 6
     assert db.execute("SELECT COUNT(*) FROM schema_migrations").fetchone()[0] == len(sqlite_store.MIGRATIONS)
+
+
+def test_a_new_mailbox_opened_by_many_processes_in_the_same_instant(tmp_path):
+    """Switching a new file to WAL conflicts at once (no busy wait); nobody may fail for it."""
+    go = tmp_path / "go"
+    script = (
+        "import os, sys, time\n"
+        f"while not os.path.exists({str(go)!r}): time.sleep(0.001)\n"
+        "from agent_mail import cli\n"
+        "sys.exit(cli.main(['status']))\n"
+    )
+    for attempt in range(5):
+        box = tmp_path / f"box{attempt}" / "mail.db"
+        env = process_env(AGENT_MAIL_DB=str(box))
+        procs = [subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE) for _ in range(6)]
+        time.sleep(0.5)  # all of them imported and waiting
+        go.touch()
+        for proc in procs:
+            _, err = proc.communicate(timeout=60)
+            assert proc.returncode == 0, err
+        go.unlink()

@@ -196,8 +196,8 @@ class SQLiteStore(Store):
         text = str(exc)
         if "locked" in text or "busy" in text:
             return errors.StorageError(
-                f"the mailbox {self.path} stayed locked by another process for more than "
-                f"{BUSY_TIMEOUT_SECONDS:.0f} s while {doing}; nothing was changed. Retry in a moment."
+                f"the mailbox {self.path} was locked by another process while {doing} (waited up to "
+                f"{BUSY_TIMEOUT_SECONDS:.0f} s); nothing was changed. Retry in a moment."
             )
         if "not a database" in text or "malformed" in text or "corrupt" in text:
             return errors.StorageError(
@@ -218,10 +218,7 @@ class SQLiteStore(Store):
                 os.makedirs(directory, mode=0o700, exist_ok=True)
                 os.chmod(directory, 0o700)
             if not os.path.exists(self.path):
-                try:
-                    os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-                except FileExistsError:
-                    pass
+                self._create(directory)
             elif os.path.isdir(self.path):
                 raise errors.StorageError(
                     f"the mailbox path {self.path} is a directory; point AGENT_MAIL_DB at a file."
@@ -237,7 +234,7 @@ class SQLiteStore(Store):
             raise self._fail(exc, "opening it") from None
         db.row_factory = sqlite3.Row
         try:
-            self._prepare(db)
+            self._prepare_patiently(db)
         except sqlite3.Error as exc:
             db.close()
             raise self._fail(exc, "opening it") from None
@@ -245,6 +242,60 @@ class SQLiteStore(Store):
             db.close()
             raise
         return db
+
+    def _create(self, directory: str) -> None:
+        """Build a new mailbox aside and link it into place whole.
+
+        Nobody ever sees a half-made mailbox: the schema and WAL mode are set up in a private
+        file, which a hard link then publishes under the real name only if that name is still
+        free. When several processes start on a new mailbox at once, one link wins and the
+        others simply open the winner's file.
+        """
+        private = os.path.join(directory, f".{os.path.basename(self.path)}.{os.getpid()}.{os.urandom(4).hex()}.new")
+        os.close(os.open(private, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        try:
+            db = sqlite3.connect(private, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None)
+            try:
+                self._prepare(db)
+            finally:
+                db.close()
+            try:
+                os.link(private, self.path)
+            except FileExistsError:
+                pass  # another process published its mailbox first: that one is used
+            except OSError:
+                # no hard links on this file system: claim the name directly, as a last resort
+                try:
+                    os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+                except FileExistsError:
+                    pass
+        except sqlite3.Error as exc:
+            raise self._fail(exc, "creating it") from None
+        finally:
+            for leftover in (private, private + "-wal", private + "-shm"):
+                try:
+                    os.unlink(leftover)
+                except FileNotFoundError:
+                    pass
+
+    def _prepare_patiently(self, db: sqlite3.Connection) -> None:
+        """_prepare, retried while another process holds the lock it needs.
+
+        Switching a new file to WAL needs the file to itself, and SQLite reports a conflict
+        there at once instead of waiting; two agents touching a new mailbox together must
+        not make one of them fail.
+        """
+        deadline = time.monotonic() + BUSY_TIMEOUT_SECONDS
+        pause = 0.005
+        while True:
+            try:
+                return self._prepare(db)
+            except sqlite3.OperationalError as exc:
+                text = str(exc)
+                if ("locked" not in text and "busy" not in text) or time.monotonic() + pause > deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(pause * 2, 0.1)
 
     def _prepare(self, db: sqlite3.Connection) -> None:
         version = db.execute("PRAGMA user_version").fetchone()[0]
