@@ -386,6 +386,7 @@ _register(Command(
         "transaction and holds no lock. It wakes on the commit of another process, not on a poll interval.",
         "The loop: watch (blocks) -> read (take delivery) -> act -> ack -> watch again. Never end a turn "
         "without a watch armed.",
+        "A message sent with --delay-minutes wakes the watch when it falls due.",
     ),
     examples=("watch deploy:worker", "watch deploy:worker --timeout-minutes 120", "watch deploy:worker --once"),
 ))
@@ -534,8 +535,8 @@ _register(Command(
 
 _register(Command(
     name="status",
-    summary="One row per identity seen in traffic, watches or heartbeats: what is waiting for it and "
-    "whether it is listening.",
+    summary="One row per identity seen in traffic, watches, heartbeats or profiles: what is waiting for it "
+    "and whether it is listening.",
     args=(
         Arg("--agent", IDENTITY, "Only this identity (listed even if it has never been seen)."),
         Arg("--project", TEXT, "Only identities of this project (the part before ':')."),
