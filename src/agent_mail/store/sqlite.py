@@ -130,14 +130,20 @@ def _addressed_to(columns: str) -> tuple[str, str]:
 _DIRECT, _BROADCAST = _addressed_to(_COLUMNS)
 
 
+# Unread broadcasts for :agent: the broadcasts index filters, the agent's read set excludes, and
+# only the survivors are looked up (a LEFT JOIN probed once per broadcast costs ten times more).
+_UNREAD_BROADCASTS = (
+    "FROM messages m INDEXED BY idx_messages_broadcasts "
+    "LEFT JOIN broadcast_acks b ON b.message_id = m.id AND b.agent = :agent "
+    f"WHERE m.recipient = '*' AND m.sender != :agent AND {_VISIBLE} AND m.id NOT IN "
+    "(SELECT message_id FROM broadcast_acks WHERE agent = :agent AND read_at IS NOT NULL)"
+)
+
+
 def _unread_broadcasts(columns: str) -> str:
-    """Unread broadcasts for :agent: the broadcasts index filters, the agent's read set excludes,
-    and only the survivors are looked up (a LEFT JOIN probed once per broadcast costs ten times more)."""
-    return (f"SELECT {columns}, b.read_at, b.acked_at, b.archived_at, b.deleted_at "
-            "FROM messages m INDEXED BY idx_messages_broadcasts "
-            "LEFT JOIN broadcast_acks b ON b.message_id = m.id AND b.agent = :agent "
-            f"WHERE m.recipient = '*' AND m.sender != :agent AND {_VISIBLE} AND m.id NOT IN "
-            "(SELECT message_id FROM broadcast_acks WHERE agent = :agent AND read_at IS NOT NULL)")
+    return f"SELECT {columns}, b.read_at, b.acked_at, b.archived_at, b.deleted_at {_UNREAD_BROADCASTS}"
+
+
 _FLAG_COLUMNS = {"read": "read_at", "ack": "acked_at", "archive": "archived_at", "delete": "deleted_at"}
 
 
@@ -446,12 +452,7 @@ class SQLiteStore(Store):
         direct = self.db.execute(
             f"SELECT COUNT(*) FROM messages m WHERE m.recipient = :agent AND m.read_at IS NULL AND {_VISIBLE}", params
         ).fetchone()[0]
-        broadcast = self.db.execute(
-            "SELECT COUNT(*) FROM messages m INDEXED BY idx_messages_broadcasts "
-            f"WHERE m.recipient = '*' AND m.sender != :agent AND {_VISIBLE} AND m.id NOT IN "
-            "(SELECT message_id FROM broadcast_acks WHERE agent = :agent AND read_at IS NOT NULL)",
-            params,
-        ).fetchone()[0]
+        broadcast = self.db.execute(f"SELECT COUNT(*) {_UNREAD_BROADCASTS}", params).fetchone()[0]
         return direct + broadcast
 
     def set_flags(self, agent: str, messages: list[dict], at: str, flags: tuple[str, ...]) -> None:
