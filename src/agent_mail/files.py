@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 
 from agent_mail import errors
 
@@ -70,8 +71,6 @@ def save_attachments(directory: str, attachments: list[dict], contents: dict[str
                 existing = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
             except FileNotFoundError:
                 continue
-            import stat
-
             if not overwrite:
                 problems.append(("--save-to", f"{os.path.join(target, name)} already exists; nothing was saved. "
                                               "Choose another directory, or pass --overwrite."))

@@ -814,8 +814,8 @@ class Mailbox:
         with self.store.transaction(write=True):
             self.store.record_heartbeat(agent, at)
             unread = self.store.count_unread(agent, at)
-            reachable = self._presence(agent)["reachable"]
-            result = {"agent": agent, "last_seen": at, "unread": unread, "reachable": reachable,
+            # The heartbeat just recorded makes it reachable for the next LIVENESS_SECONDS.
+            result = {"agent": agent, "last_seen": at, "unread": unread, "reachable": True,
                       "next": next_steps(agent, unread=unread, reachable=True)}
             emit(result)
         return result

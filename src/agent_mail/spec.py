@@ -148,6 +148,7 @@ ATTACHMENTS_MAX_BYTES_PER_SEND = 25 * 1024 * 1024
 ATTACHMENTS_MAX_COUNT = 20
 RECIPIENTS_MAX = 500
 MAX_ENTRIES_LIMIT = 1000
+MAX_ENTRIES_DEFAULT = 10  # newest unread messages listed in the mirror
 
 ENVELOPE_FIELDS = {
     "id": "Message id.",
@@ -501,7 +502,7 @@ _register(Command(
         "agent": "The identity.",
         "human": "Whether it is a person (always reachable).",
         "mirror_dir": "Where its notification files go, or null.",
-        "max_entries": f"Entries in its unread mirror (null: the default, {10}).",
+        "max_entries": f"Entries in its unread mirror (null: the default, {MAX_ENTRIES_DEFAULT}).",
         "updated_at": "When the profile last changed, or null if it has none.",
         "mirrors": "Notification files this call rewrote or removed: [{agent, path, status}].",
     },
