@@ -147,7 +147,9 @@ def test_documented_output_fields_match_what_commands_print(am, send, tmp_path):
     assert set(am("profile", "b:y").json) == set(spec.COMMANDS["profile"].output)
     assert set(am("notifications", "b:y").json) == set(spec.COMMANDS["notifications"].output)
     assert set(spec.COMMANDS) == {"describe", "send", "read", "ack", "watch", "heartbeat", "dismiss", "archive",
-                                  "delete", "cancel", "attachments", "profile", "notifications", "status", "cleanup"}
+                                  "delete", "cancel", "attachments", "profile", "notifications", "status", "cleanup",
+                                  "doctor"}
+    assert set(am("doctor").json) == set(spec.COMMANDS["doctor"].output)
 
 
 # ---------------------------------------------------------------- real processes
@@ -223,9 +225,17 @@ def test_cold_import_pulls_in_no_heavy_modules():
     assert proc.stdout.strip() == "[]", proc.stdout + proc.stderr
 
 
+def _strict_json(raw: bytes):
+    """Parse as a strict parser would: valid UTF-8, and no lone surrogate, escaped or not."""
+    text = raw.decode("utf-8")  # raises on invalid UTF-8
+    document = json.loads(text)
+    assert not any(0xD800 <= ord(c) <= 0xDFFF for c in json.dumps(document, ensure_ascii=False)), document
+    return document
+
+
 def test_arguments_that_are_not_utf8_are_echoed_as_valid_json(am):
     error = am("ack", "-\udc80").error  # argv bytes that were not UTF-8 arrive as lone surrogates
-    assert "\udc80" in error["error"]
+    assert "-\\x80" in error["error"]  # shown as the text \x80, never as a lone surrogate
     proc = am_process("read", os.fsdecode(b"\xff:x"))
     assert proc.returncode == 2
-    assert json.loads(proc.stderr.decode("utf-8"))["problems"][0]["field"] == "agent"
+    assert _strict_json(proc.stderr)["problems"][0]["field"] == "agent"

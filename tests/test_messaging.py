@@ -251,8 +251,9 @@ def test_ack_all_covers_direct_and_broadcast_per_agent(am, send):
     send("c:z", "a:x", "hi")
     direct = send("a:x", "b:y", "direct")["id"]
     broadcast = send("a:x", "*", "broadcast")["id"]
+    am("read", "b:y").json  # --all settles what was delivered
     result = am("ack", "b:y", "--all").json
-    assert sorted(result["acked"]) == sorted([direct, broadcast])
+    assert sorted(result["acked"]) == sorted([direct, broadcast]) and result["unread_left"] == 0
     assert am("status", "--agent", "c:z").json["agents"][0]["unacked"] == 1
     assert am("ack", "b:y", "--all").json["count"] == 0
 
@@ -262,7 +263,7 @@ def test_ack_unknown_or_foreign_ids_change_nothing(am, send):
     theirs = send("a:x", "c:z", "theirs")["id"]
     error = am("ack", "b:y", mine, theirs, model.new_message_id()).error
     assert len(error["problems"]) == 2
-    assert "not addressed to b:y" in error["error"]
+    assert "is visible to b:y" in error["error"]
     assert am("status", "--agent", "b:y").json["agents"][0]["unacked"] == 1
 
 
@@ -329,7 +330,7 @@ def test_cleanup_dry_run_then_real(am, send, mailbox_path):
     assert dry["dry_run"] is True and dry["deleted_count"] == 1
     assert dry["oldest_deleted"] == dry["newest_deleted"] == "2000-01-01T10:00:00.000000-05:00"
     assert set(dry) == {"dry_run", "cutoff", "deleted_count", "oldest_deleted", "newest_deleted", "sessions_deleted",
-                        "events_deleted", "attachments_deleted"}
+                        "events_deleted", "attachments_deleted", "temporary_files_deleted"}
     assert am("read", "b:y", "--all", "--no-mark-read").json["count"] == 2
     real = am("cleanup", "--older-than", "30").json
     assert real["dry_run"] is False and real["deleted_count"] == 1

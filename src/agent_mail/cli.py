@@ -31,13 +31,15 @@ def parse(argv: list[str]) -> tuple[str, dict]:
     if name in ("-h", "--help", "help"):
         return "describe", {"command": None}
     if name == "--version":
+        if rest:
+            raise errors.InvalidInput([("--version", f"takes no arguments; drop {' '.join(rest)!r}.")])
         return "version", {}
     command = spec.COMMANDS.get(name)
     if command is None:
         raise errors.InvalidInput([(None, _unknown_command(name))])
-    if "-h" in rest or "--help" in rest:
-        return "describe", {"command": name}
     values, problems = _parse_args(command, rest)
+    if values is HELP:
+        return "describe", {"command": name}
     if problems:
         from agent_mail import service  # only on the error path: find the other problems too
 
@@ -63,7 +65,12 @@ def _closest(word: str, choices: list[str]) -> str | None:
     return found[0] if found else None
 
 
+HELP = object()  # what _parse_args returns for values when -h / --help stands where a flag may
+
+
 def _parse_args(command: spec.Command, tokens: list[str]) -> tuple[dict, list]:
+    """(values, problems); values is HELP when help was asked for. A flag's value is never a flag
+    of its own: `--subject --help` sends the subject "--help"."""
     flags = {a.name: a for a in command.args if not a.positional}
     positionals = [a for a in command.args if a.positional]
     problems: list[tuple[str | None, str]] = []
@@ -80,6 +87,8 @@ def _parse_args(command: spec.Command, tokens: list[str]) -> tuple[dict, list]:
         if token == "--":
             only_positional = True
             continue
+        if token in ("-h", "--help"):
+            return HELP, []
         name, has_value, value = token.partition("=")
         arg = flags.get(name)
         if arg is None:
@@ -147,6 +156,9 @@ def _parse_args(command: spec.Command, tokens: list[str]) -> tuple[dict, list]:
         used = [g for g in group if g in present]
         if len(used) > 1:
             problems.append((used[0], f"cannot be combined with {', '.join(used[1:])}; use one."))
+    for flag, needed in command.requires:
+        if flag in present and needed not in present:
+            problems.append((flag, f"only applies with {needed}; drop it or add {needed}."))
     for group in command.one_of:
         used = [g for g in group if g in present]
         if not used:
@@ -184,12 +196,11 @@ def _convert(command: spec.Command, arg: spec.Arg, text: str) -> tuple[object, s
     if kind == spec.MESSAGE_ID:
         return text.lower(), model.message_id_problem(text)
     if kind in (spec.INT, spec.NUMBER):
-        try:
-            number = int(text) if kind == spec.INT else float(text)
-        except ValueError:
-            return None, f"{text!r} is not {'a whole number' if kind == spec.INT else 'a number'}."
-        if number != number or number in (float("inf"), float("-inf")):
-            return None, f"{text!r} is not a finite number."
+        if not _plain_number(text, whole=kind == spec.INT):
+            example = "e.g. 30" if kind == spec.INT else "e.g. 30 or 2.5"
+            return None, (f"{text!r} is not {'a whole number' if kind == spec.INT else 'a number'}: use plain ASCII "
+                          f"digits ({example}), no spaces, underscores or exponents.")
+        number = int(text) if kind == spec.INT else float(text)
         low, high = arg.minimum, arg.maximum
         if (low is not None and number < low) or (high is not None and number > high):
             return None, f"{text} is out of range; use a value from {_num(low)} to {_num(high)}."
@@ -214,6 +225,20 @@ def _convert(command: spec.Command, arg: spec.Arg, text: str) -> tuple[object, s
     return text, None
 
 
+_DIGITS = frozenset("0123456789")
+
+
+def _plain_number(text: str, *, whole: bool) -> bool:
+    """Only the plain forms: ASCII digits, an optional leading minus and (for numbers) one decimal point.
+    int() and float() would also take ' 5', '1_0', '1e3' and other scripts' digits."""
+    body = text[1:] if text.startswith("-") else text
+    whole_part, point, fraction = body.partition(".")
+    if point and whole:
+        return False
+    digits = whole_part + fraction
+    return bool(digits) and len(digits) <= 30 and all(c in _DIGITS for c in digits)
+
+
 def _num(value: float | None) -> str:
     if value is None:
         return "any"
@@ -224,9 +249,30 @@ def _num(value: float | None) -> str:
 
 
 def _dumps(document: object) -> bytes:
-    # A lone surrogate (from argv bytes that are not UTF-8, echoed in an error) can only sit
-    # inside a JSON string, where backslashreplace writes it as the valid escape \udcXX.
-    return (jsonout.dumps(document) + "\n").encode("utf-8", "backslashreplace")
+    text = jsonout.dumps(document) + "\n"
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _without_surrogates(text).encode("utf-8")
+
+
+def _without_surrogates(text: str) -> str:
+    """Replace lone surrogates, which strict JSON parsers reject even as \\u escapes.
+
+    They come from bytes that were not UTF-8 (argv, file names, environment), decoded by Python
+    with surrogateescape; they can only sit inside JSON strings. Such a byte is shown as the text
+    \\xNN (escaped for JSON), anything else as U+FFFD.
+    """
+    out = []
+    for ch in text:
+        code = ord(ch)
+        if 0xDC80 <= code <= 0xDCFF:
+            out.append(f"\\\\x{code - 0xDC00:02x}")
+        elif 0xD800 <= code <= 0xDFFF:
+            out.append("\ufffd")
+        else:
+            out.append(ch)
+    return "".join(out)
 
 
 def emit(document: object) -> None:
@@ -270,8 +316,14 @@ def _silence_stdout() -> None:
         pass
 
 
-def _emit_error(error: errors.AgentMailError) -> None:
-    data = _dumps(error.payload())
+def _emit_error(error: errors.AgentMailError, printed: bool = False) -> None:
+    payload = error.payload()
+    if printed:
+        # The payload reached stdout, then the commit failed: the exit status decides.
+        payload["error"] += (" The result already printed on standard output was not committed: disregard it "
+                             "(a non-zero exit always means nothing changed).")
+        payload["output_discarded"] = True
+    data = _dumps(payload)
     try:
         stream = sys.stderr
         buffer = getattr(stream, "buffer", None)
@@ -290,6 +342,13 @@ def _emit_error(error: errors.AgentMailError) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run one command; return the exit code. Never raises for user-facing failures."""
     args = sys.argv[1:] if argv is None else list(argv)
+    printed = []
+
+    def emit_once(document: object) -> None:
+        emit(document)
+        printed.append(True)
+
+    previous = _stop_on_signals()
     try:
         name, values = parse(args)
         if name == "version":
@@ -304,26 +363,57 @@ def main(argv: list[str] | None = None) -> int:
             return errors.EXIT_OK
         from agent_mail import service
 
+        if name == "doctor":
+            service.doctor(**values, emit=emit_once)
+            return errors.EXIT_OK
         with service.open_mailbox() as mailbox:
-            result = getattr(mailbox, name)(**values, emit=emit)
+            result = getattr(mailbox, name)(**values, emit=emit_once)
         if name == "send" and result["refused"]:
             return errors.EXIT_PARTIAL  # the receipt is on stdout and says who was refused
         return errors.EXIT_OK
     except errors.AgentMailError as exc:
-        _emit_error(exc)
+        _emit_error(exc, printed=bool(printed))
         return exc.exit_code
     except KeyboardInterrupt:
-        _emit_error(errors.AgentMailError("interrupted; nothing was changed."))
+        _emit_error(errors.Interrupted("interrupted by SIGINT; nothing was changed.", 130), printed=bool(printed))
         return 130
     except Exception as exc:
-        if type(exc).__module__ == "sqlite3":  # a storage failure outside a transaction (e.g. while waiting)
-            _emit_error(errors.StorageError(f"the mailbox could not be used: {exc}. Nothing was changed."))
-            return errors.EXIT_FAILED
         # a bug: still JSON, still no traceback, with enough to report it
         _emit_error(errors.AgentMailError(
             f"internal error ({type(exc).__name__}: {exc}). Nothing was changed. Please report this."
-        ))
+        ), printed=bool(printed))
         return errors.EXIT_FAILED
+    finally:
+        _restore_signals(previous)
+
+
+_SIGNAL_NAMES = {1: "SIGHUP", 15: "SIGTERM"}
+
+
+def _stop_on_signals() -> dict:
+    """SIGTERM and SIGHUP end any command the way SIGINT does: the transaction under way rolls back,
+    a JSON error says so, and the exit status is 128 + the signal number. (`_signal`, not `signal`,
+    which imports enum: a cost every command would pay.)"""
+    import _signal
+
+    def stop(signum, frame):
+        name = _SIGNAL_NAMES.get(signum, f"signal {signum}")
+        raise errors.Interrupted(f"stopped by {name}; nothing was changed.", 128 + signum)
+
+    previous = {}
+    for number in _SIGNAL_NAMES:
+        try:
+            previous[number] = _signal.signal(number, stop)
+        except (ValueError, OSError):  # not the main thread
+            pass
+    return previous
+
+
+def _restore_signals(previous: dict) -> None:
+    import _signal
+
+    for number, handler in previous.items():
+        _signal.signal(number, handler)
 
 
 def run() -> None:

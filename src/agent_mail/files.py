@@ -1,15 +1,14 @@
-"""Saving attachments into a directory the caller chose: never outside it, never over a file unasked.
+"""Files agent-mail writes outside the mailbox: private directories, atomic documents, saved attachments.
 
-Names come from other agents, so they are treated as hostile: reduced to a single
-path component of printable characters, with `.` and `..` replaced. Files are
-opened relative to a descriptor of the directory with O_NOFOLLOW, so a link
-planted in the directory is never followed; without --overwrite they are created
-with O_EXCL, so nothing existing is ever replaced.
+Everything here is written under a temporary name and moved into place whole, so a reader (or
+a retry after a kill) never finds a half-written file under a final name. Names of saved
+attachments come from other agents, so they are treated as hostile: reduced to a single path
+component of printable characters, with `.` and `..` replaced. Files are opened relative to a
+descriptor of their directory with O_NOFOLLOW, so a link planted there is never followed.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import stat
 
@@ -17,6 +16,154 @@ from agent_mail import errors
 
 _FORBIDDEN = set('<>:"|?*')
 _MAX_NAME_BYTES = 200
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+# Temporary files carry the writer's process id, so leftovers of a killed writer can be told apart
+# from a live writer's files and swept: .NAME.am-PID-RANDOM.part
+TEMP_MARK = ".am-"
+TEMP_SUFFIX = ".part"
+
+
+# ---------------------------------------------------------------- directories
+
+
+def make_private_dirs(path: str) -> list[str]:
+    """Create `path` and any missing parents, each 0700 whatever the umask; return those created, outermost first."""
+    missing = []
+    current = os.path.abspath(path)
+    while not os.path.isdir(current):
+        missing.append(current)
+        parent = os.path.dirname(current)
+        if parent == current:
+            break
+        current = parent
+    created = []
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
+            if not os.path.isdir(directory):
+                raise
+            continue
+        os.chmod(directory, 0o700)  # mkdir's mode is filtered by the umask
+        created.append(directory)
+    return created
+
+
+def remove_created_dirs(created: list[str]) -> None:
+    """Undo make_private_dirs: remove the directories it created, innermost first, if still empty."""
+    for directory in reversed(created):
+        try:
+            os.rmdir(directory)
+        except OSError:
+            return
+
+
+def _temp_name(name: str) -> str:
+    return f".{name}{TEMP_MARK}{os.getpid()}-{os.urandom(4).hex()}{TEMP_SUFFIX}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's live process
+    return True
+
+
+def _writer_pid(name: str, mark: str, suffix: str) -> int | None:
+    """The process id in a temporary name of ours (`...{mark}PID-...{suffix}`), or None if it is not one."""
+    if not name.startswith(".") or mark not in name:
+        return None
+    tail = name.rsplit(mark, 1)[1]
+    for ending in (suffix, suffix + "-wal", suffix + "-shm", suffix + "-journal"):
+        if tail.endswith(ending):
+            tail = tail[: -len(ending)]
+            break
+    else:
+        return None
+    pid, _, rest = tail.partition("-" if "-" in tail else ".")
+    return int(pid) if pid.isdigit() and rest else None
+
+
+STALE_AFTER_SECONDS = 60.0  # and untouched this long: a process id alone could be another namespace's
+
+
+def stale_temporary_files(directory: str, *, mark: str = TEMP_MARK, suffix: str = TEMP_SUFFIX,
+                          prefix: str = ".") -> list[str]:
+    """Names in `directory` that are temporary files of ours whose writer process is gone."""
+    import time
+
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    stale, now = [], time.time()
+    for name in names:
+        if not name.startswith(prefix):
+            continue
+        pid = _writer_pid(name, mark, suffix)
+        if pid is None or pid == os.getpid() or _pid_alive(pid):
+            continue
+        try:
+            if now - os.lstat(os.path.join(directory, name)).st_mtime >= STALE_AFTER_SECONDS:
+                stale.append(name)
+        except OSError:
+            pass
+    return sorted(stale)
+
+
+def sweep(directory: str, names: list[str]) -> list[str]:
+    """Remove these regular files from `directory` (never following links); return the ones removed."""
+    removed = []
+    for name in names:
+        path = os.path.join(directory, name)
+        try:
+            if stat.S_ISREG(os.lstat(path).st_mode):
+                os.unlink(path)
+                removed.append(name)
+        except OSError:
+            pass
+    return removed
+
+
+# ---------------------------------------------------------------- atomic documents
+
+
+def write_atomic(dir_fd: int, name: str, data: bytes) -> None:
+    """Write `data` to `name` in the directory `dir_fd` whole: temporary file, then rename over it."""
+    temporary = _temp_name(name)
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600, dir_fd=dir_fd)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(temporary, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        try:
+            os.unlink(temporary, dir_fd=dir_fd)
+        except OSError:
+            pass
+        raise
+
+
+def open_dir(path: str) -> int:
+    """A descriptor of the directory `path` (the last component must not be a link)."""
+    return os.open(path, os.O_RDONLY | _DIRECTORY | _NOFOLLOW)
+
+
+def read_file(dir_fd: int, name: str) -> bytes | None:
+    """The content of the regular file `name`, or None if there is none (links are not followed)."""
+    try:
+        fd = os.open(name, os.O_RDONLY | _NOFOLLOW, dir_fd=dir_fd)
+    except (FileNotFoundError, OSError):
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        return handle.read()
+
+
+# ---------------------------------------------------------------- saved attachments
 
 
 def safe_name(name: str, index: int) -> str:
@@ -48,18 +195,101 @@ def _unique(names: list[str]) -> list[str]:
     return unique
 
 
-def save_attachments(directory: str, attachments: list[dict], contents: dict[str, bytes | None],
-                     overwrite: bool) -> tuple[str, list[dict]]:
-    """Write `attachments` into `directory`; all or nothing. Returns (directory, what was written)."""
+class StagedSave:
+    """Attachments written under temporary names in their directory, not yet under their own.
+
+    `publish()` moves them all into place (or none: a failure puts back what it had moved);
+    `discard()` removes the temporary files and any directory the save created. Until
+    publish, nothing under a final name exists or has changed.
+    """
+
+    def __init__(self, target: str, dir_fd: int, created_dirs: list[str], overwrite: bool):
+        self.target = target
+        self.dir_fd = dir_fd
+        self.created_dirs = created_dirs
+        self.overwrite = overwrite
+        self.staged: list[tuple[str, str]] = []  # (temporary name, final name)
+        self.saved: list[dict] = []
+
+    def publish(self) -> None:
+        done: list[tuple[str, str, str | None]] = []  # (temporary, final, backup of what it replaced)
+        try:
+            for temporary, final in self.staged:
+                backup = None
+                if self.overwrite:
+                    try:
+                        existing = os.stat(final, dir_fd=self.dir_fd, follow_symlinks=False)
+                    except FileNotFoundError:
+                        existing = None
+                    if existing is not None:
+                        if not stat.S_ISREG(existing.st_mode):
+                            raise FileExistsError(f"{final} exists and is not a regular file")
+                        backup = _temp_name(final)
+                        os.link(final, backup, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd,
+                                follow_symlinks=False)
+                    os.replace(temporary, final, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
+                else:
+                    os.link(temporary, final, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd, follow_symlinks=False)
+                    os.unlink(temporary, dir_fd=self.dir_fd)
+                done.append((temporary, final, backup))
+        except OSError as exc:
+            for _temporary, final, backup in reversed(done):
+                try:
+                    if backup is not None:
+                        os.replace(backup, final, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
+                    else:
+                        os.unlink(final, dir_fd=self.dir_fd)
+                except OSError:
+                    pass
+            self.discard()
+            raise errors.AgentMailError(f"could not save into {self.target}: {exc.strerror or exc}; nothing was "
+                                        "saved and nothing was replaced.") from None
+        for _temporary, _final, backup in done:
+            if backup is not None:
+                try:
+                    os.unlink(backup, dir_fd=self.dir_fd)
+                except OSError:
+                    pass
+        self.close()
+
+    def discard(self) -> None:
+        for temporary, _final in self.staged:
+            try:
+                os.unlink(temporary, dir_fd=self.dir_fd)
+            except OSError:
+                pass
+        self.staged = []
+        self.close()
+        remove_created_dirs(self.created_dirs)
+
+    def close(self) -> None:
+        if self.dir_fd >= 0:
+            os.close(self.dir_fd)
+            self.dir_fd = -1
+
+
+def stage_attachments(directory: str, attachments: list[dict], contents: dict[str, bytes | None],
+                      overwrite: bool) -> StagedSave:
+    """Check every name and write every attachment under a temporary name in `directory`; all or nothing."""
+    import hashlib
+
     target = os.path.realpath(os.path.expanduser(directory))
     try:
-        os.makedirs(target, mode=0o700, exist_ok=True)
-        dir_fd = os.open(target, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        created = make_private_dirs(target)
     except OSError as exc:
         raise errors.InvalidInput(
             [("--save-to", f"cannot use {directory!r} as a directory: {exc.strerror or exc}.")]
         ) from None
     try:
+        dir_fd = open_dir(target)
+    except OSError as exc:
+        remove_created_dirs(created)
+        raise errors.InvalidInput(
+            [("--save-to", f"cannot use {directory!r} as a directory: {exc.strerror or exc}.")]
+        ) from None
+    staged = StagedSave(target, dir_fd, created, overwrite)
+    try:
+        sweep(target, stale_temporary_files(target))  # what a killed save left behind
         names = _unique([safe_name(a["name"], i) for i, a in enumerate(attachments)])
         problems = []
         for attachment, name in zip(attachments, names, strict=True):
@@ -79,49 +309,19 @@ def save_attachments(directory: str, attachments: list[dict], contents: dict[str
                                               "it is never replaced."))
         if problems:
             raise errors.InvalidInput(problems)
-        saved: list[dict] = []
-        try:
-            for attachment, name in zip(attachments, names, strict=True):
-                _write(dir_fd, name, contents[attachment["sha256"]], overwrite)
-                saved.append({"name": name, "path": os.path.join(target, name), "size": attachment["size"],
-                              "sha256": attachment["sha256"]})
-        except OSError as exc:
-            remove_saved(saved)
-            raise errors.AgentMailError(f"could not save into {target}: {exc.strerror or exc}; nothing was "
-                                        "left behind.") from None
-        return target, saved
-    finally:
-        os.close(dir_fd)
-
-
-def _write(dir_fd: int, name: str, content: bytes, overwrite: bool) -> None:
-    nofollow = getattr(os, "O_NOFOLLOW", 0)
-    if overwrite:
-        temporary = f".{name}.{os.urandom(4).hex()}.part"
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | nofollow, 0o600, dir_fd=dir_fd)
-        try:
+        for attachment, name in zip(attachments, names, strict=True):
+            temporary = _temp_name(name)
+            staged.staged.append((temporary, name))
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600, dir_fd=dir_fd)
             with os.fdopen(fd, "wb") as handle:
-                handle.write(content)
-            os.replace(temporary, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        except BaseException:
-            try:
-                os.unlink(temporary, dir_fd=dir_fd)
-            except OSError:
-                pass
-            raise
-        return
-    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | nofollow, 0o600, dir_fd=dir_fd)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(content)
+                handle.write(contents[attachment["sha256"]])
+            staged.saved.append({"name": name, "path": os.path.join(target, name), "size": attachment["size"],
+                                 "sha256": attachment["sha256"]})
+    except OSError as exc:
+        staged.discard()
+        raise errors.AgentMailError(f"could not save into {target}: {exc.strerror or exc}; nothing was "
+                                    "left behind.") from None
     except BaseException:
-        os.unlink(name, dir_fd=dir_fd)
+        staged.discard()
         raise
-
-
-def remove_saved(saved: list[dict]) -> None:
-    for entry in saved:
-        try:
-            os.unlink(entry["path"])
-        except OSError:
-            pass
+    return staged

@@ -16,6 +16,7 @@ _NAME_START = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")
 _NAME_CHARS = _NAME_START | {"-"}
 _HEX = frozenset("0123456789abcdef")
 
+NAME_MAX_CHARS = 64  # each half of an identity: long enough for any real name, short enough to show
 SUBJECT_MAX_CHARS = 200
 BODY_MAX_CHARS = 50_000
 # Control characters other than tab, newline and carriage return; DEL and the C1 range too.
@@ -23,11 +24,14 @@ BODY_MAX_CHARS = 50_000
 _BODY_CONTROL = r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]"
 _LINE_CONTROL = r"[\x00-\x1f\x7f-\x9f]"
 _SURROGATE = r"[\ud800-\udfff]"
+# Bidirectional embedding, override and isolate controls: they make text display as something it is not.
+_BIDI = r"[\u202a-\u202e\u2066-\u2069]"
 
 
 def is_name(value: str) -> bool:
     """One half of an identity, or a project: [a-z0-9][a-z0-9-]*."""
-    return bool(value) and value[0] in _NAME_START and all(c in _NAME_CHARS for c in value)
+    return (bool(value) and len(value) <= NAME_MAX_CHARS and value[0] in _NAME_START
+            and all(c in _NAME_CHARS for c in value))
 
 
 def is_identity(value: str) -> bool:
@@ -42,6 +46,11 @@ def identity_problem(value: str, *, allow_broadcast: bool = False) -> str | None
     if is_identity(value):
         return None
     hint = " or '*' for every agent" if allow_broadcast else ""
+    project, _, name = value.partition(":")
+    if max(len(project), len(name)) > NAME_MAX_CHARS:
+        shown = value if len(value) <= 80 else value[:60] + "..."
+        return (f"{shown!r} ({len(value)} characters) is too long: each half of an identity is at most "
+                f"{NAME_MAX_CHARS} characters.")
     lowered = value.strip().lower()
     if lowered != value and is_identity(lowered):
         return f"{value!r} is not a valid identity; did you mean {lowered!r}? Identities are lowercase."
@@ -64,9 +73,23 @@ def message_id_problem(value: str) -> str | None:
     )
 
 
+def has_surrogates(value: str) -> bool:
+    """Whether `value` holds bytes that were not UTF-8 (Python decodes them to lone surrogates)."""
+    return re.search(_SURROGATE, value) is not None
+
+
 def _encoding_problem(value: str) -> str | None:
-    if re.search(_SURROGATE, value):
+    if has_surrogates(value):
         return "is not valid UTF-8 text. Pass UTF-8 (or use --body-file with a UTF-8 file)."
+    return bidi_problem(value)
+
+
+def bidi_problem(value: str) -> str | None:
+    """Why `value` must not be shown to a person or model as it is, or None."""
+    match = re.search(_BIDI, value)
+    if match:
+        return (f"contains the bidirectional control U+{ord(match.group()):04X} at position {match.start()}, which "
+                "makes text display as something it is not. Remove it (plain right-to-left text needs none).")
     return None
 
 

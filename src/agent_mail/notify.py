@@ -65,34 +65,112 @@ def system_channel(events: list[dict]) -> dict:
     return {"events": events}
 
 
-def write_document(directory: str, name: str, document: dict | None) -> dict:
-    """Write `document` to DIRECTORY/.notification/NAME atomically, or remove the file when None.
+def mirror_problem(directory: str) -> str | None:
+    """Why notification files cannot be written into `directory` now, or None."""
+    import stat
+
+    try:
+        info = os.stat(directory)
+    except FileNotFoundError:
+        return (f"the mirror directory {directory} no longer exists; it is not recreated. Create it again, or run "
+                "agent-mail profile AGENT --clear mirror-dir.")
+    except OSError as exc:
+        return f"the mirror directory {directory} cannot be used: {exc.strerror or exc}."
+    if not stat.S_ISDIR(info.st_mode):
+        return f"the mirror directory {directory} is not a directory."
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return f"the mirror directory {directory} is not writable by this user."
+    folder = os.path.join(directory, NOTIFICATION_DIR)
+    try:
+        inner = os.lstat(folder)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"{folder} cannot be used: {exc.strerror or exc}."
+    if stat.S_ISLNK(inner.st_mode):
+        return f"{folder} is a symbolic link; it is never followed. Remove it."
+    if not stat.S_ISDIR(inner.st_mode):
+        return f"{folder} is not a directory. Remove it."
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"{folder} is not writable by this user."
+    return None
+
+
+def _notification_dir(directory: str, create: bool) -> int | None:
+    """A descriptor of DIRECTORY/.notification, made inside DIRECTORY if asked; None if absent.
+
+    DIRECTORY itself is never created (a user who removed it meant it), and neither it nor
+    .notification is followed if it is a symbolic link.
+    """
+    from agent_mail import files
+
+    outer = files.open_dir(directory)
+    try:
+        if create:
+            try:
+                os.mkdir(NOTIFICATION_DIR, 0o700, dir_fd=outer)
+            except FileExistsError:
+                pass
+        try:
+            return os.open(NOTIFICATION_DIR, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) |
+                           getattr(os, "O_NOFOLLOW", 0), dir_fd=outer)
+        except FileNotFoundError:
+            return None
+    finally:
+        os.close(outer)
+
+
+def _failure(directory: str, exc: OSError) -> str:
+    problem = mirror_problem(directory)
+    return problem or f"{exc.strerror or exc}"
+
+
+def read_document(directory: str, name: str) -> bytes | None:
+    """The current bytes of DIRECTORY/.notification/NAME, or None if there is no such file."""
+    from agent_mail import files
+
+    try:
+        folder = _notification_dir(directory, create=False)
+    except OSError:
+        return None
+    if folder is None:
+        return None
+    try:
+        return files.read_file(folder, name)
+    finally:
+        os.close(folder)
+
+
+def write_bytes(directory: str, name: str, data: bytes | None) -> dict:
+    """Put `data` at DIRECTORY/.notification/NAME atomically, or remove the file when None.
 
     Returns what happened; never raises for file-system trouble (the caller reports it).
     """
-    folder = os.path.join(directory, NOTIFICATION_DIR)
-    path = os.path.join(folder, name)
+    from agent_mail import files
+
+    path = os.path.join(directory, NOTIFICATION_DIR, name)
     try:
-        if document is None:
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                return {"path": path, "status": "absent"}
-            return {"path": path, "status": "removed"}
-        os.makedirs(folder, mode=0o700, exist_ok=True)
-        data = (jsonout.dumps(document) + "\n").encode("utf-8")
-        temporary = os.path.join(folder, f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        folder = _notification_dir(directory, create=data is not None)
+        if folder is None:
+            return {"path": path, "status": "absent"}
         try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
-            os.replace(temporary, path)
-        except BaseException:
-            try:
-                os.unlink(temporary)
-            except OSError:
-                pass
-            raise
+            if data is None:
+                try:
+                    os.unlink(name, dir_fd=folder)
+                except FileNotFoundError:
+                    return {"path": path, "status": "absent"}
+                return {"path": path, "status": "removed"}
+            files.write_atomic(folder, name, data)
+        finally:
+            os.close(folder)
         return {"path": path, "status": "rendered"}
     except OSError as exc:
-        return {"path": path, "status": "failed", "error": f"{exc.strerror or exc}"}
+        if data is None and isinstance(exc, FileNotFoundError):
+            return {"path": path, "status": "absent"}
+        return {"path": path, "status": "failed", "error": _failure(directory, exc)}
+
+
+def write_document(directory: str, name: str, document: dict | None) -> dict:
+    """Write `document` to DIRECTORY/.notification/NAME atomically, or remove the file when None."""
+    data = None if document is None else (jsonout.dumps(document) + "\n").encode("utf-8")
+    return write_bytes(directory, name, data)

@@ -35,19 +35,38 @@ if TYPE_CHECKING:
 
 
 def resolve_path() -> tuple[str, str]:
-    """(path, how it was chosen) for this invocation."""
+    """(path, how it was chosen) for this invocation: the real file, symbolic links resolved, so the
+    permission check and the wake-up both look at the directory the mailbox really lives in."""
     override = os.environ.get(ENV_VAR, "")
-    if override.strip():
-        return os.path.abspath(os.path.expanduser(override)), ENV_VAR
-    return os.path.expanduser(DEFAULT_PATH), "default"
+    if override:  # set but empty counts as unset, as shells make it easy to write
+        if not override.strip():
+            raise errors.InvalidInput([(ENV_VAR, f"is set to {override!r}, which names no file. Unset it for the "
+                                                 f"default mailbox ({DEFAULT_PATH}), or give a path.")])
+        return os.path.realpath(os.path.expanduser(override)), ENV_VAR
+    return os.path.realpath(os.path.expanduser(DEFAULT_PATH)), "default"
 
 
 def storage_report() -> dict:
     """What `describe` says about the mailbox; never creates it."""
     from agent_mail.store import sqlite
 
-    path, source = resolve_path()
-    return {"backend": "sqlite", "path": path, "source": source, **sqlite.inspect(path)}
+    try:
+        path, source = resolve_path()
+    except errors.InvalidInput as exc:
+        return {"backend": "sqlite", "path": None, "source": ENV_VAR, "exists": False, "problem": exc.message}
+    report = {"backend": "sqlite", "path": path, "source": source}
+    given = os.environ.get(ENV_VAR) if source == ENV_VAR else DEFAULT_PATH
+    if given and os.path.abspath(os.path.expanduser(given)) != path:
+        report["link"] = os.path.abspath(os.path.expanduser(given))
+    return {**report, **sqlite.inspect(path)}
+
+
+def doctor(*, repair: bool = False, emit: Emit = _no_emit) -> dict:
+    """Check the mailbox this invocation resolves (never creating it); rebuild it with `repair` if damaged."""
+    from agent_mail import doctor as checkup
+
+    path, _ = resolve_path()
+    return checkup.doctor(path, repair, emit)
 
 
 @contextmanager
@@ -104,10 +123,22 @@ def _resolve_ref(path: str) -> tuple[str | None, str | None]:
         return None, f"{path!r} is not a path; refs are non-empty strings."
     if "\x00" in path:
         return None, "a ref contains a NUL character."
+    problem = _shown_path_problem(path)
+    if problem:
+        return None, problem
     absolute = os.path.abspath(os.path.expanduser(path))
     if not os.path.exists(absolute):
         return None, f"{path!r} does not exist (resolved to {absolute}). Refs must exist when you send."
     return absolute, None
+
+
+def _shown_path_problem(path: str) -> str | None:
+    """Why a path cannot be passed on as text for others to read and open, or None."""
+    if model.has_surrogates(path):
+        return (f"{path!r} is not valid UTF-8, so it cannot be passed on as text (another agent could not open "
+                "what it was shown). Rename the file to a UTF-8 name.")
+    problem = model.bidi_problem(path)
+    return f"{path!r} {problem}" if problem else None
 
 
 def prepare_send(values: dict) -> tuple[dict, list[tuple[str, str]]]:
@@ -143,6 +174,10 @@ def prepare_send(values: dict) -> tuple[dict, list[tuple[str, str]]]:
         except ValueError as exc:
             listed = None
             problems.append(("--refs", f"is not valid JSON ({exc}). Prefer --ref PATH, once per path."))
+        except RecursionError:
+            listed = None
+            problems.append(("--refs", "is nested too deeply; give a flat JSON array of paths, e.g. "
+                                       "[\"docs/plan.md\"] (or --ref PATH, once per path)."))
         if listed is not None and not isinstance(listed, list):
             problems.append(("--refs", "must be a JSON array of paths, e.g. [\"docs/plan.md\"]."))
             listed = None
@@ -191,9 +226,13 @@ def _read_attachments(paths: list[str]) -> tuple[list[dict], list[tuple[str, str
     if len(paths) > spec.ATTACHMENTS_MAX_COUNT:
         problems.append(("--attach", f"{len(paths)} files; the limit is {spec.ATTACHMENTS_MAX_COUNT} a send."))
         return [], problems
-    total = 0
+    total, seen = 0, set()
     for path in paths:
         absolute = os.path.abspath(os.path.expanduser(path))
+        real = os.path.realpath(absolute)
+        if real in seen:
+            continue  # the same file named twice is attached once, as refs are listed once
+        seen.add(real)
         try:
             info = os.stat(absolute)
         except FileNotFoundError:
@@ -219,7 +258,12 @@ def _read_attachments(paths: list[str]) -> tuple[list[dict], list[tuple[str, str
             problems.append(("--attach", f"{path!r} is over the {spec.ATTACHMENT_MAX_BYTES}-byte limit."))
             continue
         total += len(content)
-        name = os.path.basename(absolute) or "attachment"
+        # A name that is not UTF-8 keeps what it can, so the file still travels; the content is exact.
+        name = os.fsencode(os.path.basename(absolute)).decode("utf-8", "replace") or "attachment"
+        problem = model.bidi_problem(name)
+        if problem:
+            problems.append(("--attach", f"the file name {name!r} {problem}"))
+            continue
         attachments.append({"name": name, "content": content, "size": len(content),
                             "sha256": hashlib.sha256(content).hexdigest()})
     if total > spec.ATTACHMENTS_MAX_BYTES_PER_SEND:
@@ -250,8 +294,19 @@ def _profile_problems(values: dict) -> list[tuple[str, str]]:
         elif values.get(name.replace("-", "_")):
             problems.append(("--clear", f"cannot both set and clear {name}."))
     directory = values.get("mirror_dir")
-    if directory is not None and not os.path.isdir(os.path.expanduser(directory)):
-        problems.append(("--mirror-dir", f"{directory!r} is not an existing directory; create it first."))
+    if directory is not None:
+        from agent_mail import notify
+
+        expanded = os.path.expanduser(directory)
+        if not os.path.isdir(expanded):
+            problems.append(("--mirror-dir", f"{directory!r} is not an existing directory; create it first."))
+        elif model.has_surrogates(expanded):
+            problems.append(("--mirror-dir", f"{directory!r} is not a UTF-8 path; choose a directory with a UTF-8 "
+                                             "name."))
+        else:
+            problem = notify.mirror_problem(os.path.realpath(expanded))
+            if problem:
+                problems.append(("--mirror-dir", problem))
     return problems
 
 
@@ -312,6 +367,9 @@ def next_steps(agent: str, *, unread: int = 0, ack_ids: list[str] | tuple = (), 
     return steps
 
 
+RELEASE_PATIENCE_SECONDS = 0.3  # how long a stopped watch waits for the write lock to release its session
+
+
 class _Stopped(Exception):
     """A signal ended a blocked watch."""
 
@@ -329,29 +387,47 @@ class Mailbox:
     def __init__(self, store: Store):
         self.store = store
         self._rendered: set[str] = set()  # agents whose files the current transaction rewrote
+        # (directory, file name) -> its bytes before the current transaction first wrote it
+        self._journal: dict[tuple[str, str], bytes | None] | None = None
 
     @contextmanager
     def _changing(self, write: bool = True):
-        """A transaction whose notification files are rendered again if it rolls back.
+        """A transaction whose notification files are put back if it rolls back.
 
         Files are rendered inside the transaction (from the state about to be committed, and
-        serialised by the write lock); if the result then cannot be emitted, the rollback
-        leaves them ahead of the mailbox, so they are redrawn from the state that stands.
+        serialised by the write lock). If the result then cannot be emitted (or the commit
+        fails), every file the transaction wrote gets its earlier bytes back, and the files of
+        identities still mirrored are redrawn from the state that stands: a failed command
+        leaves no file behind, not even in a mirror directory it failed to record.
         """
-        self._rendered = set()
+        self._rendered, self._journal = set(), {}
         try:
             with self.store.transaction(write=write):
                 yield
         except BaseException:
-            if self._rendered:
+            journal, rendered = self._journal, self._rendered
+            self._journal = None
+            if journal:
+                from agent_mail import notify
+
                 try:
-                    with self.store.transaction():
-                        self._render(self._rendered, system=True)
+                    with self.store.transaction(write=True):
+                        for (directory, name), before in journal.items():
+                            notify.write_bytes(directory, name, before)
+                        self._render(rendered, system=True)
                 except errors.AgentMailError:
                     pass
             raise
         finally:
-            self._rendered = set()
+            self._rendered, self._journal = set(), None
+
+    def _write_mirror(self, directory: str, name: str, document: dict | None) -> dict:
+        """Write one notification file, remembering what it held in case the transaction rolls back."""
+        from agent_mail import notify
+
+        if self._journal is not None and (directory, name) not in self._journal:
+            self._journal[(directory, name)] = notify.read_document(directory, name)
+        return notify.write_document(directory, name, document)
 
     # -- presence --------------------------------------------------------------
     def _presence(self, agent: str) -> dict:
@@ -387,14 +463,14 @@ class Mailbox:
                 continue
             self._rendered.add(agent)
             if email:
-                outcome = notify.write_document(profile["mirror_dir"], notify.EMAIL_FILE,
-                                                self._unread_mirror(agent, profile))
+                outcome = self._write_mirror(profile["mirror_dir"], notify.EMAIL_FILE,
+                                             self._unread_mirror(agent, profile))
                 results.append({"agent": agent, **outcome})
             if system:
                 events = self.store.events(agent)
                 document = notify.system_channel(events) if events else None
-                results.append({"agent": agent, **notify.write_document(profile["mirror_dir"], notify.SYSTEM_FILE,
-                                                                         document)})
+                results.append({"agent": agent, **self._write_mirror(profile["mirror_dir"], notify.SYSTEM_FILE,
+                                                                      document)})
         return results
 
     def _render_all_mirrors(self, except_agent: str | None = None) -> list[dict]:
@@ -448,6 +524,9 @@ class Mailbox:
             problems.append(("--to", "give at least one recipient."))
         if delay_minutes is not None and not 0 <= delay_minutes <= spec.DELAY_MINUTES_MAX:
             problems.append(("--delay-minutes", f"use a value from 0 to {spec.DELAY_MINUTES_MAX:.0f}."))
+        if reply_to is not None and not model.message_id_problem(reply_to) and not model.identity_problem(from_):
+            with self.store.transaction():  # found with the other problems, so all are reported at once
+                problems += self._reply_to_problems(from_, reply_to)
         if problems:
             raise errors.InvalidInput(problems)
         recipients = prepared["recipients"]  # duplicates collapsed
@@ -456,8 +535,8 @@ class Mailbox:
         deliver_at = model.iso(moment + dt.timedelta(minutes=delay_minutes)) if delay_minutes else None
         batch = model.new_message_id()
         with self._changing():
-            if reply_to is not None and self.store.get_message(reply_to) is None:
-                raise errors.NotFound([("--reply-to", f"no message has id {reply_to}. Use an id from read.")])
+            if reply_to is not None and self._reply_to_problems(from_, reply_to):  # gone since the check above
+                raise errors.NotFound(self._reply_to_problems(from_, reply_to))
             reachable = self._reachability([r for r in recipients if r not in (from_, model.BROADCAST)])
             if model.BROADCAST in recipients:
                 reachable[model.BROADCAST] = self._anyone_reachable(besides=from_)
@@ -527,6 +606,11 @@ class Mailbox:
             emit(receipt)
         return receipt
 
+    def _reply_to_problems(self, replier: str, reply_to: str) -> list[tuple[str, str]]:
+        if self.store.visible_to(replier, [reply_to], model.now_iso()):
+            return []
+        return [("--reply-to", _invisible(reply_to, replier) + " Use an id from read.")]
+
     def _settle_reply(self, replier: str, reply_to: str | None, no_ack: bool, at: str) -> tuple[str | None, list]:
         """A reply marks the answered message read and acknowledged for the replier."""
         if reply_to is None:
@@ -587,9 +671,9 @@ class Mailbox:
         if thread is not None or archived:
             with self.store.transaction():
                 if thread is not None:
+                    if not self.store.visible_to(agent, [thread], now):
+                        raise errors.NotFound([("--thread", _invisible(thread, agent))])
                     messages = self.store.thread(thread, agent, now)
-                    if not messages:
-                        raise errors.NotFound([("--thread", f"no message has id {thread}.")])
                 else:
                     messages = self.store.inbox(agent, unread_only=False, sender=from_, limit=None, now=now,
                                                 archived=True)[-limit:]
@@ -640,7 +724,10 @@ class Mailbox:
             message["attachments"] = attachments.get(message["id"], [])
         listed = [_project(m, fields) for m in messages]
         reachable = self._presence(agent)["reachable"]
-        to_ack = [m["id"] for m in messages if m["acked_at"] is None and m["sender"] != agent] if suggest_ack else []
+        # Only what has been delivered to the agent (read) is offered for acknowledging: `ack --all`
+        # settles read mail only, so the hint can never settle mail the agent was not shown.
+        to_ack = [m["id"] for m in messages if m["acked_at"] is None and m["read_at"] is not None
+                  and m["sender"] != agent] if suggest_ack else []
         return {"agent": agent, "messages": listed, "count": len(listed), "remaining": remaining,
                 "reachable": reachable,
                 "next": next_steps(agent, unread=remaining, ack_ids=to_ack, reachable=reachable)}
@@ -652,10 +739,11 @@ class Mailbox:
         for message_id in wanted:
             if message_id in found:
                 continue
-            if self.store.get_message(message_id) is None:
-                problems.append(("ids", f"no message has id {message_id}; nothing was changed."))
+            if self.store.visible_to(agent, [message_id], now):
+                problems.append(("ids", f"message {message_id} was sent by {agent}, not addressed to it; nothing was "
+                                        "changed."))
             else:
-                problems.append(("ids", f"message {message_id} is not addressed to {agent}; nothing was changed."))
+                problems.append(("ids", _invisible(message_id, agent) + " Nothing was changed."))
         if problems:
             raise errors.NotFound(problems)
         return found
@@ -663,17 +751,21 @@ class Mailbox:
     def ack(self, *, agent: str, ids=(), all: bool = False, emit: Emit = _no_emit) -> dict:
         """Record that `agent` acted on these messages (all outstanding ones with all=True)."""
         return self._handle(agent, ids, emit, "ack", "acked", "already_acked", "acked_at",
-                            outstanding=self.store.unacked if all else None, stamp="acked_at")
+                            outstanding=self.store.unacked if all else None, stamp="acked_at", count_unread_left=True)
 
     def _handle(self, agent: str, ids, emit: Emit, flag: str, done: str, already_key: str, state: str, *,
-                outstanding=None, stamp: str | None = None) -> dict:
+                outstanding=None, stamp: str | None = None, count_unread_left: bool = False) -> dict:
         """Stamp `flag` (and read) on messages addressed to `agent`: the given ids, all or nothing,
-        or every message `outstanding(agent, now)` lists."""
+        or every message `outstanding(agent, now)` lists that was delivered (read) already: mail
+        nobody was shown is never settled in bulk."""
         wanted = list(dict.fromkeys(ids))
         now = model.now_iso()
+        unread_left = 0
         with self._changing():
             if outstanding is not None:
-                fresh, already = outstanding(agent, now), []
+                listed = outstanding(agent, now)
+                fresh, already = [m for m in listed if m["read_at"] is not None], []
+                unread_left = len(listed) - len(fresh)
             else:
                 found = self._addressed_or_fail(agent, wanted, now)
                 fresh = [found[i] for i in wanted if found[i][state] is None]
@@ -687,6 +779,10 @@ class Mailbox:
                 done: [m["id"] for m in fresh],
                 already_key: already,
                 "count": len(fresh),
+            })
+            if count_unread_left:
+                result["unread_left"] = unread_left
+            result.update({
                 "reachable": reachable,
                 "next": next_steps(agent, unread=self.store.count_unread(agent, now), reachable=reachable),
             })
@@ -710,35 +806,37 @@ class Mailbox:
     # -- attachments -------------------------------------------------------------
     def attachments(self, *, agent: str, id: str, save_to: str | None = None, overwrite: bool = False,
                     emit: Emit = _no_emit) -> dict:
-        """List a message's attachments, or write them into `save_to`."""
+        """List a message's attachments, or write them into `save_to`.
+
+        Saving writes every file under a temporary name first and moves them into place only after
+        the result has been emitted: a save that cannot print, fails or is killed leaves nothing
+        under a final name and replaces nothing.
+        """
         now = model.now_iso()
         with self.store.transaction():
-            message = self.store.get_message(id)
-            visible = self.store.addressed(agent, [id], now).get(id)
-            if message is None:
-                raise errors.NotFound([("id", f"no message has id {id}.")])
-            if message["sender"] != agent and (visible is None or visible["deleted_at"] is not None):
-                raise errors.NotFound([("id", f"message {id} is neither addressed to nor sent by {agent}.")])
+            if not self.store.visible_to(agent, [id], now):
+                raise errors.NotFound([("id", _invisible(id, agent))])
             listed = self.store.attachments_of([id]).get(id, [])
             contents = {}
             if save_to is not None:
                 for attachment in listed:
                     contents[attachment["sha256"]] = self.store.attachment_content(attachment["sha256"])
-        saved, directory = [], None
+        staged = None
         if save_to is not None:
             from agent_mail import files
 
-            directory, saved = files.save_attachments(save_to, listed, contents, overwrite)
-        result = {"agent": agent, "id": id, "attachments": listed, "count": len(listed), "directory": directory,
-                  "saved": saved}
+            staged = files.stage_attachments(save_to, listed, contents, overwrite)
+        result = {"agent": agent, "id": id, "attachments": listed, "count": len(listed),
+                  "directory": staged.target if staged else None, "saved": staged.saved if staged else []}
+        if staged is None:
+            emit(result)
+            return result
         try:
             emit(result)
-        except errors.OutputError:
-            if saved and not overwrite:
-                from agent_mail import files
-
-                files.remove_saved(saved)  # nothing changed: the caller never learnt of these files
+        except BaseException:
+            staged.discard()
             raise
+        staged.publish()
         return result
 
     # -- profiles and notifications ------------------------------------------------
@@ -771,11 +869,14 @@ class Mailbox:
                     from agent_mail import notify
 
                     for name in (notify.EMAIL_FILE, notify.SYSTEM_FILE):
-                        mirrors.append({"agent": agent, **notify.write_document(old_dir, name, None)})
+                        mirrors.append({"agent": agent, **self._write_mirror(old_dir, name, None)})
                 mirrors += self._render([agent], system=True)
                 current = updated
+            from agent_mail import notify
+
             result = {**{k: current[k] for k in ("agent", "human", "mirror_dir", "max_entries", "updated_at")},
-                      "mirrors": mirrors}
+                      "mirrors": mirrors,
+                      "mirror_problem": notify.mirror_problem(current["mirror_dir"]) if current["mirror_dir"] else None}
             emit(result)
         return result
 
@@ -796,7 +897,7 @@ class Mailbox:
             profile = self.store.profile(agent)
             cleared = False
             if clear_email and profile and profile["mirror_dir"]:
-                cleared = notify.write_document(profile["mirror_dir"], notify.EMAIL_FILE, None)["status"] == "removed"
+                cleared = self._write_mirror(profile["mirror_dir"], notify.EMAIL_FILE, None)["status"] == "removed"
             result = {
                 "agent": agent,
                 "email": self._unread_mirror(agent, profile),
@@ -850,9 +951,13 @@ class Mailbox:
         return self._watch_result(agent, messages, emit=emit)
 
     def _release(self, session: str, reason: str, quietly: bool = False) -> None:
-        """Mark the session released (a no-op if it never got stored or is released already)."""
+        """Mark the session released (a no-op if it never got stored or is released already).
+
+        On the way out of a failure or a signal (quietly) the lock is waited for briefly only: a
+        signal must end the process promptly, and a session left armed turns stale by itself.
+        """
         try:
-            with self.store.transaction(write=True):
+            with self.store.transaction(write=True, patience=RELEASE_PATIENCE_SECONDS if quietly else None):
                 self.store.release_session(session, model.now_iso(), reason)
         except errors.StorageError:
             if not quietly:  # on the way out of another failure, that failure is the one to report
@@ -906,23 +1011,24 @@ class Mailbox:
             token = self.store.wait_for_change(token, max(0.0, wake - now))
 
     def _watch_result(self, agent: str, messages: list[dict], *, emit: Emit, heartbeat: bool = False) -> dict:
-        if heartbeat:
-            with self.store.transaction(write=True):
+        # A --once check records its heartbeat in the same transaction as its result: if the result
+        # cannot be printed, the agent was not seen.
+        with self.store.transaction(write=heartbeat):
+            if heartbeat:
                 self.store.record_heartbeat(agent, model.now_iso())
-        with self.store.transaction():
             facts = self.store.liveness(agent).get(agent)
-        # Reachable after this call: another watch is armed (a --once check counts as presence).
-        presence = describe_liveness(facts, model.now())
-        reachable = presence["reachable"] if heartbeat else presence["watch_state"] == "armed"
-        result = {
-            "agent": agent,
-            "messages": messages,
-            "count": len(messages),
-            "timeout": not messages,
-            "reachable": reachable,
-            "next": next_steps(agent, unread=len(messages), reachable=reachable),
-        }
-        emit(result)
+            # Reachable after this call: another watch is armed (a --once check counts as presence).
+            presence = describe_liveness(facts, model.now())
+            reachable = presence["reachable"] if heartbeat else presence["watch_state"] == "armed"
+            result = {
+                "agent": agent,
+                "messages": messages,
+                "count": len(messages),
+                "timeout": not messages,
+                "reachable": reachable,
+                "next": next_steps(agent, unread=len(messages), reachable=reachable),
+            }
+            emit(result)
         return result
 
     # -- overview -----------------------------------------------------------------
@@ -955,10 +1061,13 @@ class Mailbox:
     def cleanup(self, *, older_than: int, dry_run: bool = False, emit: Emit = _no_emit) -> dict:
         """Delete messages (and what hangs off them, and old liveness rows and events) older than `older_than` days."""
         cutoff = model.iso(model.now() - _dt.timedelta(days=older_than))
+        leftovers = self.store.leftovers()
         with self.store.transaction(write=not dry_run):
             counts = self.store.cleanup(cutoff, dry_run)
-            result = {"dry_run": dry_run, "cutoff": cutoff, **counts}
+            result = {"dry_run": dry_run, "cutoff": cutoff, **counts, "temporary_files_deleted": len(leftovers)}
             emit(result)
+        if not dry_run:
+            self.store.remove_leftovers(leftovers)  # files of killed processes: nothing to roll back
         if not dry_run and counts["deleted_count"]:
             with self.store.transaction():
                 self._render(self.store.mirrored_agents())
@@ -989,6 +1098,12 @@ def _restore_handlers(previous: dict) -> None:
 
     for number, handler in previous.items():
         signal.signal(number, handler)
+
+
+def _invisible(message_id: str, agent: str) -> str:
+    """The one answer for a message an identity may not see, whether or not it exists."""
+    return (f"no message {message_id} is visible to {agent} (it does not exist, or {agent} neither sent nor "
+            "received it).")
 
 
 def _identity_problems(identities: list[tuple[str, str]]) -> list[tuple[str, str]]:

@@ -74,8 +74,8 @@ class Command:
 
     def __init__(self, name: str, summary: str, args: tuple, output: dict, examples: tuple, *,
                  mutating: bool = False, item_fields: dict | None = None, items_key: str = "",
-                 exclusive: tuple = (), one_of: tuple = (), modes: dict | None = None, notes: tuple = (),
-                 needs_mailbox: bool = True):
+                 exclusive: tuple = (), one_of: tuple = (), requires: tuple = (), modes: dict | None = None,
+                 notes: tuple = (), needs_mailbox: bool = True, documents: dict | None = None):
         self.name = name
         self.summary = summary
         self.args: tuple[Arg, ...] = args
@@ -86,9 +86,11 @@ class Command:
         self.items_key = items_key  # which output field holds the list of items
         self.exclusive = exclusive  # at most one of each group
         self.one_of = one_of  # exactly one of each group
+        self.requires = requires  # (flag, flag it only applies with)
         self.modes = modes or {}  # how output differs per mode
         self.notes = notes
         self.needs_mailbox = needs_mailbox
+        self.documents = documents or {}  # fields of nested documents the output carries
 
     def arg(self, name: str) -> Arg:
         for candidate in self.args:
@@ -109,10 +111,14 @@ class Command:
             doc["mutually_exclusive"] = [list(g) for g in self.exclusive]
         if self.one_of:
             doc["exactly_one_of"] = [list(g) for g in self.one_of]
+        if self.requires:
+            doc["requires"] = {flag: needed for flag, needed in self.requires}
         if self.modes:
             doc["modes"] = dict(self.modes)
         if self.notes:
             doc["notes"] = list(self.notes)
+        if self.documents:
+            doc["documents"] = {k: dict(v) for k, v in self.documents.items()}
         doc["examples"] = [f"agent-mail {e}" for e in self.examples]
         return doc
 
@@ -128,9 +134,10 @@ MESSAGE_FIELDS = {
     "type": "'direct' or 'broadcast'.",
     "created": "When it was sent (ISO 8601).",
     "deliver_at": "For a message sent with --delay-minutes: when it fell (or falls) due. Otherwise null.",
-    "read_at": "When this agent took delivery, or null.",
-    "acked_at": "When this agent acknowledged it, or null.",
-    "archived_at": "When this agent archived it, or null.",
+    "read_at": "When this agent took delivery, or null. Always this agent's own state: null on a message it "
+    "sent to someone else (its recipients' state is theirs).",
+    "acked_at": "When this agent acknowledged it, or null (this agent's own state, as read_at).",
+    "archived_at": "When this agent archived it, or null (this agent's own state, as read_at).",
     "attachments": "Attached files: [{name, size, sha256}]. Save them with `agent-mail attachments`.",
 }
 
@@ -156,6 +163,20 @@ ENVELOPE_FIELDS = {
     "subject": "Its subject.",
     "type": "'direct' or 'broadcast'.",
     "created": "When it was sent.",
+}
+
+# The unread mirror's entries keep the contract's names (from, message); what each is in `read`'s terms:
+MIRROR_ENTRY_FIELDS = {
+    "id": "Message id (read's id).",
+    "from": "Who sent it (read's sender).",
+    "subject": "Its subject.",
+    "message": "The whole body (read's body).",
+    "message_chars": "Length of the body in characters.",
+    "message_truncated": "true only for a body longer than the send cap, written by an older tool.",
+    "received_at": "When it arrived in the inbox: read's deliver_at for a delayed message, else created.",
+    "type": "'direct' or 'broadcast'.",
+    "refs": "Paths the sender pointed at (read's refs).",
+    "attachments": "Names of the attached files; save them with `agent-mail attachments`.",
 }
 
 STATUS_FIELDS = {
@@ -200,6 +221,7 @@ _register(Command(
         "limits": "Limits enforced on input.",
         "liveness": "The fixed timings behind watching, watch_state and reachable.",
         "environment": "The environment variables agent-mail reads.",
+        "global_flags": "Flags that stand instead of a command: --version, --help.",
         "storage": "The mailbox this invocation resolves: path, source, exists, messages, size_bytes, and "
         "permissions {directory, file, private, warning}: a mailbox other users can read is reported here; one "
         "they can write is refused by every other command.",
@@ -242,6 +264,7 @@ _register(Command(
             "each refusal is recorded in your system channel."),
     ),
     exclusive=(("--body", "--body-file"),),
+    requires=(("--no-ack", "--reply-to"),),
     output={
         "id": "With exactly one recipient: the new message's id (else null; see deliveries).",
         "recipient": "With exactly one recipient: who it was addressed to (else null; see deliveries).",
@@ -287,8 +310,8 @@ _register(Command(
         Arg("--all", FLAG, "Include messages already read: the newest --limit messages, oldest first."),
         Arg("--from", IDENTITY, "Only messages from this sender."),
         Arg("--limit", INT, "At most this many messages.", default=50, minimum=1, maximum=10_000),
-        Arg("--thread", MESSAGE_ID, "Return the whole thread containing this message, oldest first. "
-            "Marks nothing."),
+        Arg("--thread", MESSAGE_ID, "Return the thread containing this message, oldest first: the messages of it "
+            "this agent sent or received. Marks nothing."),
         Arg("--archived", FLAG, "List the messages you archived, oldest first. Marks nothing."),
         Arg("--no-mark-read", FLAG, "Return unread messages without marking them read."),
         Arg("--ack", FLAG, "Also acknowledge what this returns. Only when reading IS acting on it."),
@@ -310,7 +333,8 @@ _register(Command(
         "default": "Unread messages: direct ones to you (including notes to yourself) and broadcasts from "
         "others. Marks them read once printed.",
         "--all": "The newest --limit messages, read and unread, oldest first. Marks the unread ones read.",
-        "--thread ID": "Every message of that thread from its root, oldest first. Marks nothing.",
+        "--thread ID": "The messages of that thread this agent sent or received, from its root, oldest first. "
+        "Marks nothing. A thread this agent is party to none of is refused like an unknown id.",
         "--archived": "Archived messages only, oldest first. Marks nothing.",
     },
     notes=("Deleted messages never appear; archived ones only with --archived; a scheduled message only once "
@@ -331,7 +355,8 @@ _register(Command(
     args=(
         Arg("agent", IDENTITY, "Who is acknowledging (project:name).", required=True),
         Arg("ids", MESSAGE_ID, "One or more message ids addressed to this agent.", repeat=True),
-        Arg("--all", FLAG, "Acknowledge everything this agent has not acknowledged yet."),
+        Arg("--all", FLAG, "Acknowledge every message this agent has read and not yet acknowledged. Never "
+            "touches unread mail (nobody was shown it): read it first, or name its ids."),
     ),
     one_of=(("ids", "--all"),),
     output={
@@ -340,6 +365,7 @@ _register(Command(
         "acked": "Ids acknowledged by this call.",
         "already_acked": "Ids that were acknowledged before (left unchanged).",
         "count": "How many this call acknowledged.",
+        "unread_left": "With --all: unread messages left alone because they were never shown (0 otherwise).",
         "reachable": REACHABLE_HELP,
         "next": NEXT_HELP,
     },
@@ -369,7 +395,8 @@ _register(Command(
     exclusive=(("--once", "--timeout-minutes"),),
     output={
         "agent": "The identity watched.",
-        "messages": "Envelopes of every unread message, oldest first: exactly what `read` would deliver.",
+        "messages": "Envelopes of every unread message, oldest first: the set `read` delivers, page by page "
+        "(read returns up to --limit, 50 by default, and says how many remain).",
         "count": "How many envelopes.",
         "timeout": "true when the wait ended with nothing to deliver (an ordinary result, exit 0).",
         "reachable": "Whether another watch of this identity is still armed now that this one has returned "
@@ -472,6 +499,9 @@ _register(Command(
             "safe: no directories, no traversal, links are never followed."),
         Arg("--overwrite", FLAG, "With --save-to: replace files of the same name (regular files only)."),
     ),
+    requires=(("--overwrite", "--save-to"),),
+    notes=("Files are written under temporary names and moved into place only once the result has been "
+           "printed: a save that fails or is killed leaves no file under a final name and replaces nothing.",),
     output={
         "agent": "The identity.",
         "id": "The message.",
@@ -505,6 +535,8 @@ _register(Command(
         "max_entries": f"Entries in its unread mirror (null: the default, {MAX_ENTRIES_DEFAULT}).",
         "updated_at": "When the profile last changed, or null if it has none.",
         "mirrors": "Notification files this call rewrote or removed: [{agent, path, status}].",
+        "mirror_problem": "Why the mirror cannot be written now (its directory was removed, or is not writable), "
+        "or null. The directory is never recreated: create it again, or clear mirror-dir.",
     },
     examples=("profile deploy:worker", "profile jj:human --human",
               "profile deploy:worker --mirror-dir /path/to/worktree --max-entries 20",
@@ -530,6 +562,7 @@ _register(Command(
         "dismissed": "Event ids this call dismissed.",
         "cleared": "Whether this call removed the email mirror file.",
     },
+    documents={"email.data.emails[]": MIRROR_ENTRY_FIELDS},
     examples=("notifications deploy:worker", "notifications lead:main --dismiss 9f1c2e34-5678-4abc-9def-0123456789ab",
               "notifications deploy:worker --clear-email"),
 ))
@@ -565,17 +598,49 @@ _register(Command(
     ),
     output={
         "dry_run": "true when nothing was deleted because --dry-run was given.",
-        "cutoff": "Messages created before this time are (or would be) deleted.",
+        "cutoff": "Messages that arrived before this time are (or would be) deleted. A delayed message arrives "
+        "at its delivery time, so one not yet delivered is never deleted.",
         "deleted_count": "Messages deleted (or that would be).",
-        "oldest_deleted": "Creation time of the oldest of them, or null.",
-        "newest_deleted": "Creation time of the newest of them, or null.",
+        "oldest_deleted": "Arrival time of the oldest of them, or null.",
+        "newest_deleted": "Arrival time of the newest of them, or null.",
         "sessions_deleted": "Liveness records older than the cutoff deleted (or that would be).",
         "events_deleted": "System-channel events older than the cutoff deleted (or that would be).",
         "attachments_deleted": "Stored attachment contents no remaining message refers to, deleted (or that "
         "would be).",
+        "temporary_files_deleted": "Files left beside the mailbox by a mailbox creation that was killed, "
+        "removed (or that would be).",
     },
     modes={"--dry-run": "Same fields, counting what would be deleted; dry_run is true."},
     examples=("cleanup --older-than 30 --dry-run", "cleanup --older-than 30"),
+))
+
+_register(Command(
+    name="doctor",
+    summary="Check the mailbox: integrity of the file, schema, counts. With --repair, save every readable "
+    "record of a damaged mailbox into a fresh one, keep the damaged file aside, and report what could not be "
+    "saved.",
+    mutating=True,
+    args=(
+        Arg("--repair", FLAG, "Rebuild the mailbox from what can still be read. Stop other agent-mail processes "
+            "first; their open handles keep the damaged file."),
+    ),
+    output={
+        "path": "The mailbox checked.",
+        "ok": "true when the file passed SQLite's integrity check and the schema is complete.",
+        "integrity": "SQLite's integrity_check findings: [] when clean (at most 100 listed).",
+        "schema": "{migrations_applied, migrations_expected, application_id_ok, missing_tables}.",
+        "counts": "Rows per table, as far as they could be counted ({table: n or null}).",
+        "damage_marker": "The record left when a command met damage ({path, found_at, command, error}), or null.",
+        "temporary_files": "Leftover files of killed mailbox creations beside the mailbox.",
+        "repair": "With --repair: {saved: {table: n}, unsaved: [{table, rowid, id, reason}], unsaved_count, "
+        "damaged_copy, mailbox}. Without: null.",
+        "next": "What to do about what was found, as literal commands.",
+    },
+    modes={"--repair": "Only when the mailbox is damaged; a healthy mailbox is left as it is (repair is null)."},
+    notes=("A command that meets damage refuses to write anything more into the mailbox and leaves a marker beside "
+           "it (NAME.damaged); every command but describe and doctor then refuses until doctor finds the file "
+           "healthy or --repair has rebuilt it.",),
+    examples=("doctor", "doctor --repair"),
 ))
 
 
@@ -592,9 +657,18 @@ INVARIANTS = (
     "A direct message to yourself reaches you; your own broadcasts do not.",
     "Replying with --reply-to marks the answered message read and acknowledged for you (--no-ack keeps it "
     "unacknowledged).",
-    "All problems of one call are reported together, each naming its field.",
+    "All problems of one call are reported together, each naming its field, including those only the mailbox "
+    "can tell (an unknown --reply-to beside an empty subject).",
+    "The exit status decides. If the result reached stdout but the commit then failed (a full disk), the command "
+    "exits non-zero with output_discarded in its error: what was printed did not happen.",
+    "A message is visible to its sender and its recipients (everyone but the sender, for a broadcast) and to "
+    "nobody else: read --thread, attachments and --reply-to apply the same rule.",
+    "Messages are ordered by when they arrived in the inbox: a delayed message sorts at its delivery time.",
+    "Text a person or model is shown (subjects, bodies, refs, attachment names) never carries bidirectional "
+    "override or isolate characters (U+202A-U+202E, U+2066-U+2069): they are refused.",
     "watch never marks anything read, never returns bodies, never deletes anything; the set it reports is "
-    "the set a following `read` delivers. Follow every wake with `read`, and re-arm with `watch`.",
+    "the set that following `read`s deliver (a page of --limit at a time). Follow every wake with `read`, and "
+    "re-arm with `watch`.",
     "Results that leave you something to do carry `reachable` and `next`: literal commands computed from the "
     "current state. Run them.",
 )
@@ -607,7 +681,8 @@ EXIT_CODES = {
     "error says.",
     "3": "send: some recipients were refused (--require-reachable); the receipt on stdout says which. "
     "The others got the message.",
-    "130": "watch was interrupted by SIGINT (143: SIGTERM, 129: SIGHUP); its session was released.",
+    "130": "Interrupted by SIGINT (any command); 143: SIGTERM, 129: SIGHUP. Nothing was changed; a stopped watch "
+    "released its session.",
 }
 
 DESCRIPTION = (
@@ -624,7 +699,8 @@ def describe_document(storage: dict, version: str, command: str | None = None) -
         "name": "agent-mail",
         "version": version,
         "description": DESCRIPTION,
-        "identity": "project:name, each half [a-z0-9][a-z0-9-]*; '*' as a recipient means everyone.",
+        "identity": f"project:name, each half [a-z0-9][a-z0-9-]* of at most {model.NAME_MAX_CHARS} characters; "
+        "'*' as a recipient means everyone.",
         "invariants": list(INVARIANTS),
         "exit_codes": dict(EXIT_CODES),
         "limits": {
@@ -635,6 +711,7 @@ def describe_document(storage: dict, version: str, command: str | None = None) -
             "attachment_max_bytes": ATTACHMENT_MAX_BYTES,
             "attachments_max_bytes_per_send": ATTACHMENTS_MAX_BYTES_PER_SEND,
             "attachments_max_count": ATTACHMENTS_MAX_COUNT,
+            "identity_part_max_chars": model.NAME_MAX_CHARS,
             "watch_minutes": [WATCH_MINUTES_MIN, WATCH_MINUTES_MAX],
             "watch_minutes_default": WATCH_MINUTES_DEFAULT,
         },
@@ -643,8 +720,13 @@ def describe_document(storage: dict, version: str, command: str | None = None) -
             "watching_within_seconds": LIVENESS_SECONDS,
             "stale_after_seconds": STALE_SECONDS,
         },
+        "global_flags": {
+            "--version": "Print {name, version} and exit. Takes no arguments.",
+            "--help": "Print this manual (also -h, or no arguments at all). After a command: that command's manual.",
+        },
         "environment": {
-            "AGENT_MAIL_DB": "Path of the mailbox file (default ~/.agent-mail/mail.db).",
+            "AGENT_MAIL_DB": "Path of the mailbox file (default ~/.agent-mail/mail.db). A symbolic link is followed "
+            "to the real file. Empty means unset; a value of only spaces is refused.",
             "AGENT_MAIL_NO_INOTIFY": "Set to any value to make watch poll the mailbox (every 25 ms) instead of "
             "relying on kernel file notifications, e.g. on a network file system that does not report writes.",
         },

@@ -23,8 +23,10 @@ class Store:
     def close(self) -> None:
         """Release the connection."""
 
-    def transaction(self, write: bool = False) -> AbstractContextManager:
-        """A transaction; `write=True` takes the write lock up front. Rolls back on error."""
+    def transaction(self, write: bool = False, patience: float | None = None) -> AbstractContextManager:
+        """A transaction; `write=True` takes the write lock up front, waiting for it up to `patience`
+        seconds (the backend's busy timeout by default) in a way a signal can interrupt at once.
+        Rolls back on error. Raises only errors.AgentMailError subclasses, never driver exceptions."""
         raise NotImplementedError
 
     def relax_durability(self) -> None:
@@ -48,7 +50,8 @@ class Store:
 
     def inbox(self, agent: str, *, unread_only: bool, sender: str | None, limit: int | None, now: str,
               archived: bool = False, envelopes: bool = False) -> list[dict]:
-        """Visible messages for `agent` (direct, or broadcasts from others), oldest first.
+        """Visible messages for `agent` (direct, or broadcasts from others), in arrival order: by when each
+        arrived in the inbox (deliver_at for a delayed message, else created), insertion order breaking ties.
 
         Deleted ones never; archived ones only (and only) with archived=True. envelopes=True
         leaves out body, refs and reply_to, for callers that only list or count.
@@ -71,7 +74,16 @@ class Store:
         raise NotImplementedError
 
     def thread(self, message_id: str, agent: str, now: str) -> list[dict]:
-        """The thread holding `message_id`, from its root, oldest first, as `agent` may see it."""
+        """The messages of the thread holding `message_id` that `agent` may see (see visible_to), from its
+        root, in arrival order; read_at/acked_at/archived_at are `agent`'s own (null on what it sent)."""
+        raise NotImplementedError
+
+    def visible_to(self, agent: str, message_ids: list[str], now: str) -> set[str]:
+        """Those of `message_ids` that `agent` may see: the one visibility rule.
+
+        Its sender always; a recipient (the addressee, or anyone but the sender of a broadcast)
+        once the message is due and not withdrawn, unless that recipient deleted it.
+        """
         raise NotImplementedError
 
     # -- scheduled delivery -------------------------------------------------------
@@ -135,9 +147,17 @@ class Store:
         raise NotImplementedError
 
     def cleanup(self, cutoff: str, dry_run: bool) -> dict:
-        """Delete (or count) messages created before `cutoff`, with everything that hangs off them, and
-        liveness rows, system events and unreferenced attachment content older than it."""
+        """Delete (or count) messages that arrived before `cutoff` (a delayed one arrives at deliver_at), with
+        everything that hangs off them, and liveness rows, system events and unreferenced attachment content
+        older than it."""
         raise NotImplementedError
+
+    def leftovers(self) -> list[str]:
+        """Files that killed processes of this backend left behind (none by default)."""
+        return []
+
+    def remove_leftovers(self, names: list[str]) -> None:
+        """Remove what leftovers() listed."""
 
     # -- liveness -------------------------------------------------------------
     def open_session(self, session_id: str, agent: str, at: str) -> None:
@@ -176,7 +196,8 @@ class Store:
     def wait_for_change(self, token: object, timeout: float) -> object:
         """Block up to `timeout` seconds for a commit by someone else; return the new token.
 
-        The default polls `change_token`; backends with push notification override it.
+        The default polls `change_token`; backends with push notification override it. Raises
+        StorageError if the mailbox it waits on went away (deleted or replaced).
         """
         deadline = time.monotonic() + timeout
         while True:

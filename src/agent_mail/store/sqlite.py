@@ -19,6 +19,11 @@ from agent_mail.store.base import Store
 # Marks a file as an agent-mail mailbox ("AGML"). Older mailboxes carry 0.
 APPLICATION_ID = 0x41474D4C
 BUSY_TIMEOUT_SECONDS = 10.0
+# SQLite's own busy handler sleeps in C, where a signal cannot act; it waits this long at most before
+# control comes back to Python, which keeps waiting up to BUSY_TIMEOUT_SECONDS, signals acted on at once.
+BUSY_SLICE_SECONDS = 0.02
+# Beside the mailbox: written when a command meets damage, so that nothing more is written into it.
+DAMAGE_MARKER_SUFFIX = ".damaged"
 # With file notifications, still look at the database this often in case one was missed.
 SAFETY_POLL_SECONDS = 1.0
 # How long after a write event to keep looking for the commit it belongs to (longer than a sync).
@@ -110,7 +115,11 @@ def m005_count_indexes(db: sqlite3.Connection) -> None:
 
 MIGRATIONS = (m001_seed_schema, m002_inbox_indexes, m003_liveness, m004_delivery, m005_count_indexes)
 
-_ENVELOPE = "m.rowid AS seq, m.id, m.sender, m.recipient, m.subject, m.type, m.created, m.deliver_at"
+_ENVELOPE = ("m.rowid AS seq, m.id, m.sender, m.recipient, m.subject, m.type, m.created, m.deliver_at, "
+             "julianday(COALESCE(m.deliver_at, m.created)) AS arrival")
+# Mail is ordered by when it arrived in the inbox (a delayed message at its delivery time), through
+# julianday() because older mailboxes stored local-offset timestamps; insertion order breaks ties.
+_BY_ARRIVAL = "ORDER BY arrival, seq"
 _COLUMNS = f"{_ENVELOPE}, m.body, m.refs, m.reply_to"
 # Visible to recipients: not withdrawn, and due (a scheduled message is invisible until then).
 _VISIBLE = "m.cancelled_at IS NULL AND (m.deliver_at IS NULL OR m.deliver_at <= :now)"
@@ -143,6 +152,16 @@ _UNREAD_BROADCASTS = (
 def _unread_broadcasts(columns: str) -> str:
     return f"SELECT {columns}, b.read_at, b.acked_at, b.archived_at, b.deleted_at {_UNREAD_BROADCASTS}"
 
+
+# "`:agent` may see this message": its sender always; a recipient (the addressee, or anyone but the
+# sender for a broadcast) once it is due and not withdrawn, unless that recipient deleted it.
+_PARTY = (
+    "(m.sender = :agent OR ((m.recipient = :agent OR m.recipient = '*') AND "
+    "m.cancelled_at IS NULL AND (m.deliver_at IS NULL OR m.deliver_at <= :now))) "
+    "AND NOT (m.recipient = :agent AND m.deleted_at IS NOT NULL) "
+    "AND NOT (m.recipient = '*' AND EXISTS (SELECT 1 FROM broadcast_acks d WHERE d.message_id = m.id "
+    "AND d.agent = :agent AND d.deleted_at IS NOT NULL))"
+)
 
 _FLAG_COLUMNS = {"read": "read_at", "ack": "acked_at", "archive": "archived_at", "delete": "deleted_at"}
 
@@ -195,11 +214,15 @@ class SQLiteStore(Store):
         self.path = path
         self._directory_watch = None  # opened on the first wait
         self._wrote = False  # committed since the last wait: our own file events are pending
+        self._identity = None  # (st_dev, st_ino) of the file opened, to notice it being replaced
+        self.doing = "using it"  # what the current command is doing, for the damage record
         self.db = self._connect()
 
     # -- opening ----------------------------------------------------------
     def _fail(self, exc: Exception, doing: str) -> errors.StorageError:
         text = str(exc)
+        if _is_damage(exc) and self._identity is not None:
+            return self._damaged(text, doing)
         if "locked" in text or "busy" in text:
             return errors.StorageError(
                 f"the mailbox {self.path} was locked by another process while {doing} (waited up to "
@@ -210,32 +233,47 @@ class SQLiteStore(Store):
                 f"{self.path} is not a readable agent-mail mailbox ({text}); it was left untouched. "
                 "Point AGENT_MAIL_DB at another file or restore it from a backup."
             )
-        if "disk I/O" in text or "full" in text:
+        if "disk I/O" in text or "full" in text or "no space" in text.lower():
             return errors.StorageError(
-                f"the mailbox {self.path} could not be written while {doing} ({text}: is the disk full, or a "
-                "file-size limit in force?); nothing was changed."
+                f"the mailbox {self.path} could not be written while {doing}: no space left ({text}: is the disk "
+                "full, or a file-size limit in force?); nothing was changed. Free some space and retry."
             )
         return errors.StorageError(f"cannot use the mailbox {self.path} while {doing}: {text}.")
 
+    def _damaged(self, text: str, doing: str) -> errors.StorageError:
+        """Record that this mailbox met damage (so nothing more is written into it) and say what to do."""
+        record_damage(self.path, text, doing)
+        return damaged_error(self.path, text)
+
     def _connect(self) -> sqlite3.Connection:
+        import stat
+
+        from agent_mail import files
+
         directory = os.path.dirname(os.path.abspath(self.path))
         try:
             if not os.path.isdir(directory):
-                os.makedirs(directory, mode=0o700, exist_ok=True)
-                os.chmod(directory, 0o700)
-            if not os.path.exists(self.path):
+                files.make_private_dirs(directory)
+            try:
+                info = os.stat(self.path)
+            except FileNotFoundError:
+                info = None
+            if info is not None and not stat.S_ISREG(info.st_mode):
+                raise errors.StorageError(not_a_file(self.path, info.st_mode))
+            problem = damage_problem(self.path)
+            if problem:
+                raise errors.StorageError(problem)
+            if info is None:
                 self._create(directory)
-            elif os.path.isdir(self.path):
-                raise errors.StorageError(
-                    f"the mailbox path {self.path} is a directory; point AGENT_MAIL_DB at a file."
-                )
             problem = permission_problem(self.path)
             if problem:
                 raise errors.StorageError(problem)
+            info = os.stat(self.path)
         except OSError as exc:
-            raise errors.StorageError(f"cannot create the mailbox {self.path}: {exc.strerror or exc}.") from None
+            raise self._fail(exc, "creating it") if _no_space(exc) else errors.StorageError(
+                f"cannot create the mailbox {self.path}: {exc.strerror or exc}.") from None
         try:
-            db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None)
+            db = sqlite3.connect(os.fsencode(self.path), timeout=BUSY_SLICE_SECONDS, isolation_level=None)
         except sqlite3.Error as exc:
             raise self._fail(exc, "opening it") from None
         db.row_factory = sqlite3.Row
@@ -247,6 +285,8 @@ class SQLiteStore(Store):
         except errors.AgentMailError:
             db.close()
             raise
+        db.execute("PRAGMA cell_size_check = ON")  # notice more kinds of damage as pages are read
+        self._identity = (info.st_dev, info.st_ino)
         return db
 
     def _create(self, directory: str) -> None:
@@ -257,10 +297,12 @@ class SQLiteStore(Store):
         free. When several processes start on a new mailbox at once, one link wins and the
         others simply open the winner's file.
         """
-        private = os.path.join(directory, f".{os.path.basename(self.path)}.{os.getpid()}.{os.urandom(4).hex()}.new")
+        sweep_creation_leftovers(self.path)
+        private = os.path.join(directory, f".{os.path.basename(self.path)}{_CREATION_MARK}{os.getpid()}-"
+                                          f"{os.urandom(4).hex()}{_CREATION_SUFFIX}")
         os.close(os.open(private, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         try:
-            db = sqlite3.connect(private, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None)
+            db = sqlite3.connect(os.fsencode(private), timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None)
             try:
                 self._prepare(db)
             finally:
@@ -327,7 +369,13 @@ class SQLiteStore(Store):
             db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
             db.execute("COMMIT")
         except BaseException:
-            db.execute("ROLLBACK")
+            # SQLite may have rolled back by itself (a full disk does that); then the original error
+            # is the one to report, not "cannot rollback - no transaction is active".
+            if db.in_transaction:
+                try:
+                    db.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
             raise
 
     def _check_is_mailbox(self, db: sqlite3.Connection, app_id: int) -> None:
@@ -357,10 +405,10 @@ class SQLiteStore(Store):
         self.db.execute("PRAGMA synchronous = NORMAL")
 
     @contextmanager
-    def transaction(self, write: bool = False):
+    def transaction(self, write: bool = False, patience: float | None = None):
         doing = "writing" if write else "reading"
         try:
-            self.db.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            self._begin("BEGIN IMMEDIATE" if write else "BEGIN", BUSY_TIMEOUT_SECONDS if patience is None else patience)
         except sqlite3.Error as exc:
             raise self._fail(exc, doing) from None
         try:
@@ -377,6 +425,20 @@ class SQLiteStore(Store):
         except sqlite3.Error as exc:
             self._rollback()
             raise self._fail(exc, doing) from None
+
+    def _begin(self, statement: str, patience: float) -> None:
+        """Begin, waiting for the write lock up to `patience` seconds in slices short enough that a
+        signal (SIGINT, SIGTERM) acts at once instead of after SQLite's own wait."""
+        deadline = time.monotonic() + patience
+        while True:
+            try:
+                self.db.execute(statement)
+                return
+            except sqlite3.OperationalError as exc:
+                text = str(exc)
+                if ("locked" not in text and "busy" not in text) or time.monotonic() >= deadline:
+                    raise
+            time.sleep(0.001)  # a signal's handler runs here
 
     def _rollback(self) -> None:
         try:
@@ -425,7 +487,7 @@ class SQLiteStore(Store):
         if sender is not None:
             direct += " AND m.sender = :sender"
             broadcast += " AND m.sender = :sender"
-        sql = f"SELECT * FROM ({direct} UNION ALL {broadcast}) ORDER BY seq"
+        sql = f"SELECT * FROM ({direct} UNION ALL {broadcast}) {_BY_ARRIVAL}"
         if limit is not None:
             sql += " LIMIT :limit"
         return self._query(sql, {"agent": agent, "sender": sender, "limit": limit, "now": now})
@@ -443,7 +505,7 @@ class SQLiteStore(Store):
         open_ = "acked_at IS NULL AND {0}.archived_at IS NULL AND {0}.deleted_at IS NULL"
         return self._query(
             f"SELECT * FROM ({_DIRECT} AND m.{open_.format('m')} UNION ALL {_BROADCAST} AND b.{open_.format('b')}) "
-            "ORDER BY seq",
+            f"{_BY_ARRIVAL}",
             {"agent": agent, "now": now},
         )
 
@@ -481,21 +543,24 @@ class SQLiteStore(Store):
             if parent is None:  # the parent was cleaned up: this is as far back as the thread goes
                 break
             root = row[0]
-        # The whole thread, less what this agent deleted, and less what is withdrawn or not yet due
-        # (a sender still sees its own scheduled messages).
+        # The messages of the thread this agent may see (the one visibility rule), withdrawn ones
+        # left out; the state columns are this agent's own (null on what it sent to others).
+        own = "CASE WHEN m.recipient = '*' AND m.sender != :agent THEN b.{0} WHEN m.recipient = :agent THEN m.{0} END"
         return self._query(
             "WITH RECURSIVE thread(id) AS (SELECT :root UNION SELECT m.id FROM messages m JOIN thread t "
-            f"ON m.reply_to = t.id) SELECT {_COLUMNS}, "
-            "CASE WHEN m.recipient = '*' THEN b.read_at ELSE m.read_at END AS read_at, "
-            "CASE WHEN m.recipient = '*' THEN b.acked_at ELSE m.acked_at END AS acked_at, "
-            "CASE WHEN m.recipient = '*' THEN b.archived_at ELSE m.archived_at END AS archived_at "
+            f"ON m.reply_to = t.id) SELECT {_COLUMNS}, {own.format('read_at')} AS read_at, "
+            f"{own.format('acked_at')} AS acked_at, {own.format('archived_at')} AS archived_at "
             "FROM messages m JOIN thread t ON m.id = t.id "
             "LEFT JOIN broadcast_acks b ON b.message_id = m.id AND b.agent = :agent "
-            "WHERE m.cancelled_at IS NULL AND (m.deliver_at IS NULL OR m.deliver_at <= :now OR m.sender = :agent) "
-            "AND NOT (m.recipient = :agent AND m.deleted_at IS NOT NULL) "
-            "AND NOT (m.recipient = '*' AND b.deleted_at IS NOT NULL) ORDER BY seq",
+            f"WHERE m.cancelled_at IS NULL AND {_PARTY} {_BY_ARRIVAL}",
             {"root": root, "agent": agent, "now": now},
         )
+
+    def visible_to(self, agent: str, message_ids: list[str], now: str) -> set[str]:
+        marks, params = _ids_clause(message_ids)
+        return {r[0] for r in self.db.execute(
+            f"SELECT m.id FROM messages m WHERE m.id IN ({marks}) AND {_PARTY}", {"agent": agent, "now": now, **params}
+        )}
 
     # -- scheduled delivery -------------------------------------------------------
     def due_unpublished(self, now: str) -> list[dict]:
@@ -670,12 +735,14 @@ class SQLiteStore(Store):
         return state
 
     def cleanup(self, cutoff: str, dry_run: bool) -> dict:
-        old = "julianday(created) < julianday(:cutoff)"
+        # Age counts from arrival: a delayed message not yet delivered has not arrived, whatever its creation.
+        arrived = "julianday(COALESCE(deliver_at, created))"
+        old = f"{arrived} < julianday(:cutoff)"
         params = {"cutoff": cutoff}
         count, oldest, newest = self.db.execute(
-            f"SELECT COUNT(*), (SELECT created FROM messages WHERE {old} ORDER BY julianday(created) LIMIT 1), "
-            f"(SELECT created FROM messages WHERE {old} ORDER BY julianday(created) DESC LIMIT 1) "
-            f"FROM messages WHERE {old}",
+            f"SELECT COUNT(*), (SELECT COALESCE(deliver_at, created) FROM messages WHERE {old} ORDER BY {arrived} "
+            f"LIMIT 1), (SELECT COALESCE(deliver_at, created) FROM messages WHERE {old} ORDER BY {arrived} DESC "
+            f"LIMIT 1) FROM messages WHERE {old}",
             params,
         ).fetchone()
         stale = "julianday(last_seen) < julianday(:cutoff)"
@@ -683,8 +750,9 @@ class SQLiteStore(Store):
             self.db.execute(f"SELECT COUNT(*) FROM {table} WHERE {stale}", params).fetchone()[0]
             for table in ("watch_sessions", "watchers", "heartbeats")
         )
+        old_event = "julianday(created) < julianday(:cutoff)"
         events = self.db.execute(
-            f"SELECT COUNT(*) FROM system_events WHERE {old}", params
+            f"SELECT COUNT(*) FROM system_events WHERE {old_event}", params
         ).fetchone()[0]
         doomed = f"SELECT id FROM messages WHERE {old}"
         # Content no message will refer to once these are gone.
@@ -701,7 +769,7 @@ class SQLiteStore(Store):
             self.db.execute(f"DELETE FROM messages WHERE {old}", params)
             for table in ("watch_sessions", "watchers", "heartbeats"):
                 self.db.execute(f"DELETE FROM {table} WHERE {stale}", params)
-            self.db.execute(f"DELETE FROM system_events WHERE {old}", params)
+            self.db.execute(f"DELETE FROM system_events WHERE {old_event}", params)
         return {"deleted_count": count, "oldest_deleted": oldest, "newest_deleted": newest,
                 "sessions_deleted": sessions, "events_deleted": events, "attachments_deleted": blobs}
 
@@ -761,10 +829,39 @@ class SQLiteStore(Store):
     # -- waiting -------------------------------------------------------------
     def change_token(self) -> object:
         # data_version changes when another connection commits; reading it touches no table.
-        return self.db.execute("PRAGMA data_version").fetchone()[0]
+        try:
+            return self.db.execute("PRAGMA data_version").fetchone()[0]
+        except sqlite3.Error as exc:
+            raise self._fail(exc, "waiting") from None
 
     def mail_marker(self) -> object:
-        return self.db.execute("SELECT MAX(rowid) FROM messages").fetchone()[0]
+        try:
+            return self.db.execute("SELECT MAX(rowid) FROM messages").fetchone()[0]
+        except sqlite3.Error as exc:
+            raise self._fail(exc, "waiting") from None
+
+    def leftovers(self) -> list[str]:
+        return creation_leftovers(self.path)
+
+    def remove_leftovers(self, names: list[str]) -> None:
+        from agent_mail import files
+
+        files.sweep(os.path.dirname(os.path.abspath(self.path)), names)
+
+    def check_still_there(self) -> None:
+        """Raise if the mailbox file was deleted or replaced since it was opened: a watch on the old
+        file would wait forever for mail that goes to the new one."""
+        try:
+            info = os.stat(self.path)
+            same = (info.st_dev, info.st_ino) == self._identity
+        except OSError:
+            same = False
+        if not same:
+            raise errors.StorageError(
+                f"the mailbox {self.path} was deleted or replaced while this command was waiting; it stopped "
+                "rather than wait on a file nobody writes to. Run the command again (it opens the mailbox now at "
+                "that path)."
+            )
 
     def wait_for_change(self, token: object, timeout: float) -> object:
         """Sleep until another process commits (or `timeout` passes), without polling the database.
@@ -778,7 +875,13 @@ class SQLiteStore(Store):
 
             self._directory_watch = filewatch.open_watch(os.path.dirname(os.path.abspath(self.path))) or False
         if self._directory_watch is False:
-            return super().wait_for_change(token, timeout)
+            deadline = time.monotonic() + timeout
+            while True:  # poll, and look at the file itself once a second
+                left = max(0.0, deadline - time.monotonic())
+                current = super().wait_for_change(token, min(SAFETY_POLL_SECONDS, left))
+                self.check_still_there()
+                if current != token or time.monotonic() >= deadline:
+                    return current
         if self._wrote:
             # Our own commits (the session refresh) raise events too; they are not news to us.
             self._directory_watch.wait(0)
@@ -790,7 +893,9 @@ class SQLiteStore(Store):
             if current != token or remaining <= 0:
                 return current
             # A safety net for file systems that do not report every write (network shares).
-            if self._directory_watch.wait(min(remaining, SAFETY_POLL_SECONDS)):
+            woken = self._directory_watch.wait(min(remaining, SAFETY_POLL_SECONDS))
+            self.check_still_there()  # a deletion or rename in the directory wakes us too
+            if woken:
                 current = self._settle(token, min(remaining, SETTLE_SECONDS))
                 if current != token:
                     return current
@@ -808,6 +913,102 @@ class SQLiteStore(Store):
             if current != token or time.monotonic() >= deadline:
                 return current
             time.sleep(0.001)
+
+
+# ---------------------------------------------------------------- damage and odd files
+
+_CREATION_MARK = ".am-"  # .NAME.am-PID-RANDOM.new: a new mailbox being built aside
+_CREATION_SUFFIX = ".new"
+
+
+def _is_damage(exc: Exception) -> bool:
+    """Whether SQLite (or the decoding of what it returned) says the file's content is damaged."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code in (11, 26):  # SQLITE_CORRUPT, SQLITE_NOTADB
+        return True
+    text = str(exc)
+    return "malformed" in text or "Could not decode" in text or "not a database" in text
+
+
+def _no_space(exc: OSError) -> bool:
+    import errno
+
+    return exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+
+
+def not_a_file(path: str, mode: int) -> str:
+    import stat
+
+    kinds = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a named pipe"),
+             (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"))
+    kind = next((name for test, name in kinds if test(mode)), "not a regular file")
+    return (f"the mailbox path {path} is {kind}, not a mailbox file; nothing was done. Point AGENT_MAIL_DB at a "
+            "regular file, or at a path where one can be created.")
+
+
+def damage_marker(path: str) -> str:
+    return path + DAMAGE_MARKER_SUFFIX
+
+
+def record_damage(path: str, error: str, doing: str) -> None:
+    """Leave the marker that stops every later command from writing into a damaged mailbox."""
+    from agent_mail import jsonout, model
+
+    record = {"path": path, "found_at": model.now_iso(), "command": doing, "error": error}
+    try:
+        fd = os.open(damage_marker(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    except OSError:
+        return  # already marked (the first finding is kept), or the directory refuses: the error still says it
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(jsonout.dumps(record) + "\n")
+
+
+def read_damage_record(path: str) -> dict | None:
+    import json
+
+    try:
+        with open(damage_marker(path), encoding="utf-8") as handle:
+            return json.load(handle)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return {"path": path, "found_at": None, "command": None, "error": "unreadable damage record"}
+
+
+def damaged_error(path: str, text: str) -> errors.StorageError:
+    return errors.StorageError(
+        f"the mailbox {path} is damaged ({text}); nothing more will be written into it. Run `agent-mail doctor` to "
+        "see what is wrong, then `agent-mail doctor --repair` to save every readable message into a fresh mailbox "
+        "(the damaged file is kept aside)."
+    )
+
+
+def damage_problem(path: str) -> str | None:
+    """Why the mailbox must not be used: a command met damage in it earlier. One stat when it is fine."""
+    if not os.path.lexists(damage_marker(path)):
+        return None
+    record = read_damage_record(path) or {}
+    when = f" at {record['found_at']}" if record.get("found_at") else ""
+    return damaged_error(path, f"found{when}: {record.get('error')}").message
+
+
+def creation_leftovers(path: str) -> list[str]:
+    """Files of mailbox creations that were killed before they finished (their process is gone)."""
+    from agent_mail import files
+
+    directory = os.path.dirname(os.path.abspath(path))
+    base = f".{os.path.basename(path)}"
+    return files.stale_temporary_files(directory, mark=_CREATION_MARK, suffix=_CREATION_SUFFIX, prefix=base) + \
+        files.stale_temporary_files(directory, mark=base + ".", suffix=_CREATION_SUFFIX, prefix=base)  # older naming
+
+
+def sweep_creation_leftovers(path: str, dry_run: bool = False) -> list[str]:
+    from agent_mail import files
+
+    found = creation_leftovers(path)
+    if dry_run:
+        return found
+    return files.sweep(os.path.dirname(os.path.abspath(path)), found)
 
 
 def permission_problem(path: str) -> str | None:
@@ -851,30 +1052,51 @@ def permissions(path: str) -> dict:
     return report
 
 
+INSPECT_CHECK_MAX_BYTES = 32 * 1024 * 1024  # describe checks the file's integrity up to this size
+
+
 def inspect(path: str) -> dict:
     """Facts about a mailbox file for `describe`, without creating or changing it."""
+    import stat
+
     report: dict = {"exists": os.path.isfile(path), "messages": None, "size_bytes": None}
     if os.path.isdir(os.path.dirname(os.path.abspath(path))):
         report["permissions"] = permissions(path)
+    try:
+        info = os.stat(path)
+    except OSError:
+        info = None
+    if info is not None and not stat.S_ISREG(info.st_mode):
+        report["problem"] = not_a_file(path, info.st_mode)
+        return report
+    damage = read_damage_record(path)
+    if damage:
+        report["damaged"] = damage
     if not report["exists"]:
         return report
-    try:
-        report["size_bytes"] = os.path.getsize(path)
-    except OSError:
-        pass
+    report["size_bytes"] = info.st_size
     try:
         db = sqlite3.connect(f"file:{_uri_path(path)}?mode=ro", uri=True, timeout=2.0)
         try:
             report["messages"] = db.execute("SELECT COUNT(*) FROM messages").fetchone()[0]
+            if info.st_size <= INSPECT_CHECK_MAX_BYTES:
+                found = [r[0] for r in db.execute("PRAGMA quick_check(5)")]
+                report["integrity"] = "ok" if found == ["ok"] else "damaged: " + "; ".join(found)
+            else:
+                report["integrity"] = "not checked (large mailbox): run agent-mail doctor"
         finally:
             db.close()
     except sqlite3.Error as exc:
         report["problem"] = f"cannot read it as a mailbox: {exc}"
+        if _is_damage(exc):
+            report["integrity"] = f"damaged: {exc}"
+    if report.get("integrity", "ok").startswith("damaged"):
+        report["problem"] = damaged_error(path, report["integrity"]).message
     return report
 
 
 def _uri_path(path: str) -> str:
     from urllib.parse import quote
 
-    return quote(os.path.abspath(path))
+    return quote(os.fsencode(os.path.abspath(path)))
 

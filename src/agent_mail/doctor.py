@@ -1,0 +1,308 @@
+"""`agent-mail doctor`: check a SQLite mailbox thoroughly, and rebuild a damaged one from what can be read.
+
+The check is SQLite's integrity_check (the file's structure) plus a read of every row (its
+content: text that no longer decodes is damage integrity_check does not see), the schema's
+migrations, and row counts. The repair copies every row that can still be read, table by
+table in rowid order, into a fresh mailbox; where a damaged page stops a scan, it finds the
+first rowid past the damage and carries on, and reports the rowids (and, from the id index
+where it survived, the message ids) it could not save. The damaged file is kept aside.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+
+from agent_mail import errors, model
+from agent_mail.store import sqlite as sqlite_store
+
+INTEGRITY_LIST_MAX = 100
+_ROWID_MIN, _ROWID_MAX = -(2 ** 63), 2 ** 63 - 1
+
+
+def doctor(path: str, repair: bool, emit) -> dict:
+    """Check the mailbox at `path` (and with `repair`, rebuild it if damaged); emit and return the report."""
+    import stat
+
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        info = None
+    if info is not None and not stat.S_ISREG(info.st_mode):
+        raise errors.StorageError(sqlite_store.not_a_file(path, info.st_mode))
+    marker = sqlite_store.read_damage_record(path)
+    leftovers = sqlite_store.creation_leftovers(path)
+    if info is None:
+        report = _report(path, ok=marker is None, integrity=[], schema=None, counts={}, marker=marker,
+                         leftovers=leftovers)
+        report["next"] = [] if marker is None else ["agent-mail doctor --repair"]
+        emit(report)
+        return report
+    findings, schema, counts = _check(path)
+    healthy = not findings
+    ok = healthy and schema is not None and schema["complete"]
+    report = _report(path, ok=ok, integrity=findings, schema=schema, counts=counts, marker=marker,
+                     leftovers=leftovers)
+    if repair and not healthy:
+        report["repair"] = _repair(path)
+        report["next"] = ["agent-mail doctor"]
+    elif healthy:
+        report["next"] = [] if ok or schema is None else ["agent-mail status"]  # any command applies migrations
+    else:
+        report["next"] = ["agent-mail doctor --repair"]
+    emit(report)
+    # A clean bill of health lifts an earlier refusal; a repaired mailbox is a new file with no marker.
+    if (healthy or report["repair"]) and marker is not None:
+        try:
+            os.unlink(sqlite_store.damage_marker(path))
+        except FileNotFoundError:
+            pass
+    return report
+
+
+def _report(path: str, *, ok: bool, integrity: list, schema: dict | None, counts: dict, marker: dict | None,
+            leftovers: list[str]) -> dict:
+    return {"path": path, "ok": ok, "integrity": integrity, "schema": schema, "counts": counts,
+            "damage_marker": marker, "temporary_files": leftovers, "repair": None, "next": []}
+
+
+def _connect(path: str) -> sqlite3.Connection:
+    db = sqlite3.connect(os.fsencode(path), timeout=sqlite_store.BUSY_TIMEOUT_SECONDS, isolation_level=None)
+    db.text_factory = bytes  # decode ourselves, so text that no longer decodes is found, not fatal
+    return db
+
+
+def _tables(db: sqlite3.Connection) -> list[str]:
+    return [r[0].decode() for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table' "
+                                              "AND name NOT LIKE 'sqlite_%' ORDER BY name")]
+
+
+def _text_columns(db: sqlite3.Connection, table: str) -> list[tuple[str, bool]]:
+    """(column, declared as text) for each column of `table`."""
+    return [(r[1].decode(), b"BLOB" not in (r[2] or b"").upper())
+            for r in db.execute(f'PRAGMA table_info("{table}")')]
+
+
+def _check(path: str) -> tuple[list[str], dict | None, dict]:
+    findings: list[str] = []
+    try:
+        db = _connect(path)
+    except sqlite3.Error as exc:
+        return [f"cannot open: {exc}"], None, {}
+    try:
+        try:
+            check = db.execute(f"PRAGMA integrity_check({INTEGRITY_LIST_MAX})")
+            found = [r[0].decode("utf-8", "replace") for r in check]
+            if found != ["ok"]:
+                findings += found
+        except sqlite3.Error as exc:
+            return [f"integrity_check failed: {exc}"], None, {}
+        counts: dict = {}
+        try:
+            tables = _tables(db)
+        except sqlite3.Error as exc:
+            return findings + [f"cannot read the schema: {exc}"], None, {}
+        for table in tables:
+            columns = _text_columns(db, table)
+            rows, bad = 0, 0
+            try:
+                for row in db.execute(f'SELECT rowid, * FROM "{table}"'):
+                    rows += 1
+                    if any(isinstance(v, bytes) and is_text and not _decodes(v)
+                           for v, (_, is_text) in zip(row[1:], columns, strict=True)):
+                        bad += 1
+                        if len(findings) < INTEGRITY_LIST_MAX:
+                            findings.append(f"{table} rowid {row[0]}: text that is not UTF-8 (damaged content)")
+                counts[table] = rows
+            except sqlite3.Error as exc:
+                counts[table] = None
+                findings.append(f"{table}: cannot be read whole ({exc})")
+        schema = _schema(db, tables)
+        return findings, schema, counts
+    finally:
+        db.close()
+
+
+def _decodes(value: bytes) -> bool:
+    try:
+        value.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _schema(db: sqlite3.Connection, tables: list[str]) -> dict:
+    expected = [m.__name__ for m in sqlite_store.MIGRATIONS]
+    try:
+        applied = {r[0].decode() for r in db.execute("SELECT name FROM schema_migrations")}
+    except sqlite3.Error:
+        applied = set()
+    app_id = db.execute("PRAGMA application_id").fetchone()[0]
+    wanted = {"messages", "broadcast_acks", "watch_sessions", "heartbeats", "scheduled", "attachments",
+              "attachment_blobs", "profiles", "system_events", "schema_migrations"}
+    missing = sorted(wanted - set(tables))
+    return {"migrations_applied": sorted(applied & set(expected)), "migrations_expected": expected,
+            "application_id_ok": app_id == sqlite_store.APPLICATION_ID, "missing_tables": missing,
+            "complete": set(expected) <= applied and app_id == sqlite_store.APPLICATION_ID and not missing}
+
+
+# ---------------------------------------------------------------- repair
+
+
+def _repair(path: str) -> dict:
+    directory = os.path.dirname(path)
+    stamp = model.now_iso().replace(":", "").replace("-", "").split(".")[0] + "Z"
+    fresh_path = os.path.join(directory, f".{os.path.basename(path)}.am-{os.getpid()}-{os.urandom(4).hex()}.repair")
+    damaged = _connect(path)
+    try:
+        try:  # keep writers out while the rows are copied (readers carry on)
+            damaged.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            if "locked" in str(exc) or "busy" in str(exc):
+                raise errors.StorageError(
+                    f"another process is writing to {path}; stop every agent-mail process on this mailbox, then run "
+                    "doctor --repair again. Nothing was changed.") from None
+        fresh_store = sqlite_store.SQLiteStore(fresh_path)  # the whole current schema
+        fresh_store.close()
+        fresh = sqlite3.connect(os.fsencode(fresh_path), isolation_level=None)
+        try:
+            fresh.execute("BEGIN IMMEDIATE")
+            saved, unsaved, altered = {}, [], []
+            try:
+                source_tables = set(_tables(damaged))
+            except sqlite3.Error:
+                source_tables = set()
+            for table in _tables_of(fresh):
+                if table == "schema_migrations" or table not in source_tables:
+                    continue
+                saved[table] = _copy_table(damaged, fresh, table, unsaved, altered)
+            fresh.execute("COMMIT")
+            check = [r[0] for r in fresh.execute("PRAGMA integrity_check")]
+        finally:
+            fresh.close()
+        if check != ["ok"]:
+            raise errors.StorageError(f"the rebuilt mailbox did not pass its own check ({check[:3]}); the damaged "
+                                      f"mailbox {path} was left in place.")
+    except BaseException:
+        for leftover in (fresh_path, fresh_path + "-wal", fresh_path + "-shm"):
+            try:
+                os.unlink(leftover)
+            except OSError:
+                pass
+        raise
+    finally:
+        damaged.close()
+    aside = f"{path}.damaged-{stamp}"
+    for suffix in ("-wal", ""):  # the damaged file and its journal go aside together
+        if os.path.exists(path + suffix):
+            os.replace(path + suffix, aside + suffix)
+    try:
+        os.unlink(path + "-shm")
+    except OSError:
+        pass
+    os.replace(fresh_path, path)
+    return {"saved": saved, "unsaved": unsaved[:INTEGRITY_LIST_MAX], "unsaved_count": len(unsaved),
+            "altered": altered[:INTEGRITY_LIST_MAX], "altered_count": len(altered), "damaged_copy": aside,
+            "mailbox": path}
+
+
+def _tables_of(db: sqlite3.Connection) -> list[str]:
+    return [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table' "
+                                     "AND name NOT LIKE 'sqlite_%' ORDER BY name")]
+
+
+def _copy_table(damaged: sqlite3.Connection, fresh: sqlite3.Connection, table: str, unsaved: list,
+                altered: list) -> int:
+    """Copy every readable row of `table`; note what could not be read or stored. Returns how many were saved."""
+    wanted = [c for c, _ in _text_columns(damaged, table)]
+    have = {r[1] for r in fresh.execute(f'PRAGMA table_info("{table}")')}
+    columns = [c for c in wanted if c in have]
+    is_text = dict(_text_columns(damaged, table))
+    select = f'SELECT rowid, {", ".join(f"{chr(34)}{c}{chr(34)}" for c in columns)} FROM "{table}" ' \
+             "WHERE rowid > ? ORDER BY rowid"
+    marks = ", ".join("?" * (len(columns) + 1))
+    insert = f'INSERT OR IGNORE INTO "{table}" (rowid, {", ".join(columns)}) VALUES ({marks})'
+    saved, last = 0, _ROWID_MIN
+    while True:
+        try:
+            for row in damaged.execute(select, (last,)):
+                last = row[0]
+                values, changed = [row[0]], []
+                for column, value in zip(columns, row[1:], strict=True):
+                    if isinstance(value, bytes) and is_text[column]:
+                        try:
+                            value = value.decode("utf-8")
+                        except UnicodeDecodeError:
+                            value = value.decode("utf-8", "replace")
+                            changed.append(column)
+                    values.append(value)
+                try:
+                    fresh.execute(insert, values)
+                except sqlite3.Error as exc:
+                    unsaved.append({"table": table, "rowid": row[0], "id": _id_of(columns, values), "reason": str(exc)})
+                    continue
+                saved += 1
+                if changed:
+                    altered.append({"table": table, "rowid": row[0], "id": _id_of(columns, values), "columns": changed,
+                                    "reason": "text was not UTF-8; damaged bytes replaced by U+FFFD"})
+            return saved
+        except sqlite3.Error as exc:
+            resume = _next_readable(damaged, table, last)
+            lost = {"table": table, "after_rowid": last if last != _ROWID_MIN else None,
+                    "up_to_rowid": resume, "reason": f"unreadable ({exc})"}
+            ids = _ids_in_range(damaged, table, last, resume)
+            if ids:
+                lost["ids"] = ids
+            unsaved.append(lost)
+            if resume is None:
+                return saved
+            last = resume
+
+
+def _id_of(columns: list[str], values: list) -> object:
+    return values[columns.index("id") + 1] if "id" in columns else None
+
+
+def _readable_after(db: sqlite3.Connection, table: str, start: int) -> bool:
+    try:
+        db.execute(f'SELECT rowid FROM "{table}" WHERE rowid > ? ORDER BY rowid LIMIT 1', (start,)).fetchall()
+        return True
+    except sqlite3.Error:
+        return False
+
+
+def _next_readable(db: sqlite3.Connection, table: str, failed_after: int) -> int | None:
+    """The smallest start past `failed_after` from which a scan of `table` reads again, or None.
+
+    Probes forward with doubling steps until a scan works, then narrows the boundary, so the rows
+    given up are (about) those of the damaged pages only.
+    """
+    low, step = failed_after, 1
+    high = None
+    while True:
+        candidate = min(_ROWID_MAX, low + step)
+        if _readable_after(db, table, candidate):
+            high = candidate
+            break
+        if candidate >= _ROWID_MAX:
+            return None
+        low, step = candidate, step * 2
+    while high - low > 1:
+        middle = (low + high) // 2
+        if _readable_after(db, table, middle):
+            high = middle
+        else:
+            low = middle
+    return high
+
+
+def _ids_in_range(db: sqlite3.Connection, table: str, after: int, up_to: int | None) -> list[str]:
+    """Message ids of lost rows, from the id index where it survived the damage."""
+    if table != "messages":
+        return []
+    try:
+        rows = db.execute("SELECT id FROM messages INDEXED BY sqlite_autoindex_messages_1 WHERE id IS NOT NULL "
+                          "AND rowid > ? AND rowid <= ?", (after, _ROWID_MAX if up_to is None else up_to)).fetchall()
+    except sqlite3.Error:
+        return []
+    return [r[0].decode("utf-8", "replace") if isinstance(r[0], bytes) else r[0] for r in rows][:INTEGRITY_LIST_MAX]
