@@ -229,14 +229,14 @@ _DIGITS = frozenset("0123456789")
 
 
 def _plain_number(text: str, *, whole: bool) -> bool:
-    """Only the plain forms: ASCII digits, an optional leading minus and (for numbers) one decimal point.
-    int() and float() would also take ' 5', '1_0', '1e3' and other scripts' digits."""
+    """Only the plain forms -?D+ and (for numbers) -?D+.D+ with ASCII digits D. int() and float()
+    would also take ' 5', '1_0', '1e3', '5.' and other scripts' digits."""
     body = text[1:] if text.startswith("-") else text
     whole_part, point, fraction = body.partition(".")
-    if point and whole:
+    if point and (whole or not fraction):
         return False
     digits = whole_part + fraction
-    return bool(digits) and len(digits) <= 30 and all(c in _DIGITS for c in digits)
+    return bool(whole_part) and len(digits) <= 30 and all(c in _DIGITS for c in digits)
 
 
 def _num(value: float | None) -> str:
