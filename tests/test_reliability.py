@@ -262,6 +262,83 @@ def test_fuzzed_text_is_stored_exactly_or_refused(fuzz_room, subject, body):
         assert result.code == 2 and json.loads(result.err)["problems"]
 
 
+def _strict(raw: str) -> dict:
+    """What a strict JSON parser accepts: no lone surrogate anywhere, escaped or raw."""
+    document = json.loads(raw)
+    assert not any(0xD800 <= ord(c) <= 0xDFFF for c in json.dumps(document, ensure_ascii=False)), raw
+    return document
+
+
+def _judge(result) -> dict:
+    """Every outcome is a result (0/3) or bad input/failure (1/2) as strict JSON; never an internal error."""
+    assert "Traceback" not in result.out + result.err
+    if result.code in (0, 3):
+        return _strict(result.out)
+    error = _strict(result.err)
+    assert "internal error" not in error["error"], error
+    assert result.code in (1, 2), result
+    return error
+
+
+# File names: any bytes but '/' and NUL, including ones that are not UTF-8 and bidi controls.
+_NAMES = st.one_of(
+    st.binary(min_size=1, max_size=24).filter(lambda b: b"/" not in b and b"\x00" not in b and b not in (b".", b"..")),
+    st.sampled_from([b"\xff.txt", b"caf\xe9", "\u202eexe.txt".encode(), b"-h", b"--help", b" ", b"a" * 255]),
+)
+
+
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=_NAMES, flag=st.sampled_from(["--ref", "--refs", "--attach", "--body-file"]))
+def test_fuzzed_file_names_are_sent_or_refused_never_internal_errors(fuzz_room, name, flag):
+    path = os.path.join(os.fsencode(str(fuzz_room)), b"names", name)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    try:
+        with open(path, "wb") as handle:
+            handle.write("body text".encode())
+    except OSError:  # a name the file system itself refuses
+        return
+    shown = os.fsdecode(path)
+    value = json.dumps([shown]) if flag == "--refs" else shown
+    result = _run_inprocess("send", "--from", "a:x", "--to", "b:y", "--subject", "s", flag, value)
+    _judge(result)
+    if result.code == 0 and flag == "--attach":
+        message = json.loads(result.out)["id"]
+        target = os.path.join(str(fuzz_room), "saved")
+        _judge(_run_inprocess("attachments", "b:y", message, "--save-to", target, "--overwrite"))
+    os.unlink(path)
+
+
+@settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(depth=st.integers(min_value=0, max_value=60_000), inner=st.sampled_from(['"files/a.txt"', "", "1", "{}"]),
+       wrap=st.sampled_from(["[]", "{}", "[{"]))
+def test_fuzzed_json_depth_is_bad_input_never_an_internal_error(fuzz_room, depth, inner, wrap):
+    opening, closing = (wrap, "") if wrap == "[{" else (wrap[0], wrap[1])
+    refs = opening * depth + inner + closing * depth
+    _judge(_run_inprocess("send", "--from", "a:x", "--to", "b:y", "--subject", "s", "--refs", refs))
+
+
+@settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(subject=st.integers(min_value=0, max_value=model.SUBJECT_MAX_CHARS + 2),
+       body=st.integers(min_value=0, max_value=model.BODY_MAX_CHARS + 2),
+       half=st.integers(min_value=1, max_value=model.NAME_MAX_CHARS + 2), char=st.sampled_from(["a", "é", "日", "😀"]))
+def test_fuzzed_sizes_around_every_limit(fuzz_room, subject, body, half, char):
+    recipient = "p:" + "n" * half
+    result = _run_inprocess("send", "--from", "a:x", "--to", recipient, "--subject", (char * subject) or " ",
+                            "--body", char * body)
+    _judge(result)
+    fits = 0 < subject <= model.SUBJECT_MAX_CHARS and body <= model.BODY_MAX_CHARS and half <= model.NAME_MAX_CHARS
+    assert (result.code == 0) == fits, (subject, body, half, result.err[:300])
+
+
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=_NAMES)
+def test_fuzzed_mailbox_paths_describe_and_work_or_refuse(fuzz_room, monkeypatch, name):
+    path = os.path.join(os.fsencode(str(fuzz_room)), b"boxes", name, b"mail.db")
+    monkeypatch.setenv("AGENT_MAIL_DB", os.fsdecode(path))
+    _judge(_run_inprocess("describe"))
+    _judge(_run_inprocess("status"))
+
+
 # ---------------------------------------------------------------- privacy and permissions
 
 

@@ -402,7 +402,10 @@ class SQLiteStore(Store):
 
     def relax_durability(self) -> None:
         # In WAL mode, NORMAL syncs at checkpoints only: a crash keeps the database intact.
-        self.db.execute("PRAGMA synchronous = NORMAL")
+        try:
+            self.db.execute("PRAGMA synchronous = NORMAL")
+        except sqlite3.Error as exc:
+            raise self._fail(exc, "starting to watch") from None
 
     @contextmanager
     def transaction(self, write: bool = False, patience: float | None = None):
