@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from agent_mail import spec
+from agent_mail import model, service, spec
 from agent_mail.service import describe_liveness, open_mailbox
 from conftest import process_env
 
@@ -278,7 +278,7 @@ def test_a_blocked_watch_is_woken_by_a_send_from_another_process(mailbox_path, r
 
 
 def test_wake_without_file_notifications_falls_back_to_polling(mailbox_path, reap):
-    watch = _start_watch("--timeout-minutes", "5", env=process_env(AGENT_MAIL_NO_INOTIFY="1"))
+    watch = _start_watch("--timeout-minutes", "5", env=process_env(AGENT_MAIL_POLL="1"))
     reap(watch)
     _wait_until_armed(mailbox_path, watch)
     assert _send_process().returncode == 0
@@ -346,56 +346,125 @@ def test_two_watches_one_exits_the_other_keeps_the_identity_armed(mailbox_path, 
     assert am("status", "--agent", "b:y").json["agents"][0]["watch_state"] == "armed"
 
 
-def test_a_commit_from_a_connection_that_stays_open_wakes_the_wait(am, mailbox_path, monkeypatch):
-    """The write event comes before the commit is published; the wait must not miss it.
+@pytest.fixture(params=["pipe", "polling"])
+def wake_mode(request, monkeypatch):
+    if request.param == "polling":
+        monkeypatch.setenv("AGENT_MAIL_POLL", "1")
+    return request.param
 
-    A long-lived sender (a server holding its connection) never closes or checkpoints, so
-    the only file event is the WAL write. With the safety poll pushed out to 60 s, a wait
-    that returns in seconds proves the event itself was followed up.
-    """
+
+def _listener(mailbox_path, agent):
     from agent_mail.store import sqlite as sqlite_store
 
-    monkeypatch.setattr(sqlite_store, "SAFETY_POLL_SECONDS", 60.0)
-    am("status").json
     store = sqlite_store.SQLiteStore(str(mailbox_path))
-    sender = sqlite3.connect(mailbox_path, isolation_level=None, check_same_thread=False)
+    store.listen(agent)
+    return store
+
+
+def test_only_mail_for_the_listener_wakes_it_and_only_once_committed(am, send, mailbox_path, wake_mode):
+    """What a watch waits for: a committed message for it. Liveness, heartbeats, reads, acks, status,
+    mail for others and a send that rolled back wake nothing (each wait runs out its bound)."""
+    first = send("a:x", "b:y", "already here")["id"]
+    listener = _listener(mailbox_path, "b:y")
     try:
-        token = store.change_token()
-        store.wait_for_change(token, 0.01)  # opens the directory watch
-
-        def commit_soon():
-            time.sleep(0.3)
-            sender.execute("BEGIN IMMEDIATE")
-            sender.execute("INSERT INTO messages (id, sender, recipient, subject, created) "
-                           "VALUES ('x', 'a:x', 'b:y', 's', '2026-01-01T00:00:00+00:00')")
-            sender.execute("COMMIT")
-
-        import threading
-
-        thread = threading.Thread(target=commit_soon)
-        thread.start()
-        started = time.monotonic()
-        new_token = store.wait_for_change(token, 30.0)
-        thread.join()
-        assert new_token != token
-        assert time.monotonic() - started < 20  # not the 60 s safety poll
+        with open_mailbox() as other:
+            session = "s-" + first
+            with other.store.transaction(write=True):
+                other.store.open_session(session, "c:z", "2026-01-01T00:00:00+00:00")
+            with other.store.transaction(write=True):
+                other.store.touch_session(session, "2026-01-01T00:00:05+00:00")
+            other.heartbeat(agent="c:z")
+            other.read(agent="b:y")
+            other.ack(agent="b:y", ids=[first])
+            other.status()
+            if wake_mode == "pipe":  # polling can only see that some message was added
+                other.send(from_="a:x", to=["c:z"], subject="for someone else")
+            with pytest.raises(RuntimeError):
+                with other.store.transaction(write=True):
+                    other.store.insert_message({"id": "rolled-back", "sender": "a:x", "recipient": "b:y",
+                                                "subject": "never", "body": "", "refs": [], "reply_to": None,
+                                                "type": "direct", "created": "2026-01-01T00:00:00+00:00"})
+                    raise RuntimeError("the send failed before its commit")
+        assert listener.wait_for_wake(0.5) is False
+        send("a:x", "b:y", "for b:y")
+        assert listener.wait_for_wake(10) is True
+        assert listener.wait_for_wake(0.2) is False  # one wake-up per ring
     finally:
-        sender.close()
-        store.close()
+        listener.close()
 
 
-def test_own_commits_do_not_count_as_changes(am, mailbox_path):
-    from agent_mail.store import sqlite as sqlite_store
+def test_a_broadcast_wakes_every_listener_and_a_scheduled_send_wakes_its_recipient(send, mailbox_path, wake_mode):
+    listeners = [_listener(mailbox_path, f"team:w{i}") for i in range(3)]
+    try:
+        send("boss:main", "*", "everyone")
+        assert all(listener.wait_for_wake(10) for listener in listeners)
+        send("boss:main", "team:w1", "later", "--delay-minutes", "30")
+        assert listeners[1].wait_for_wake(10) is True  # to learn when it falls due
+        if wake_mode == "pipe":
+            assert listeners[0].wait_for_wake(0.2) is False
+    finally:
+        for listener in listeners:
+            listener.close()
 
+
+def test_a_direct_message_leaves_the_other_watches_blocked(mailbox_path, reap, am):
     am("status").json
-    store = sqlite_store.SQLiteStore(str(mailbox_path))
-    try:
-        token = store.change_token()
-        store.wait_for_change(token, 0.01)
-        with store.transaction(write=True):
-            store.record_heartbeat("a:x", "2026-01-01T00:00:00+00:00")
-        started = time.monotonic()
-        assert store.wait_for_change(token, 0.3) == token
-        assert time.monotonic() - started >= 0.29
-    finally:
-        store.close()
+    watches = {agent: subprocess.Popen([sys.executable, "-m", "agent_mail", "watch", agent], env=process_env(),
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+               for agent in ("team:a", "team:b")}
+    for agent, proc in watches.items():
+        reap(proc)
+        _wait_until_armed(mailbox_path, proc, agent=agent)
+    assert subprocess.run([sys.executable, "-m", "agent_mail", "send", "--from", "x:y", "--to", "team:a", "--subject",
+                           "only a"], env=process_env(), capture_output=True).returncode == 0
+    out, _ = watches["team:a"].communicate(timeout=30)
+    assert json.loads(out)["count"] == 1
+    time.sleep(0.3)
+    assert watches["team:b"].poll() is None  # still blocked after team:a returned
+    assert am("status", "--agent", "team:b").json["agents"][0]["watch_state"] == "armed"
+
+
+def test_fifty_watches_all_wake_for_one_broadcast(mailbox_path, reap, am):
+    am("status").json
+    agents = [f"herd:w{i:02d}" for i in range(50)]
+    watches = {}
+    for agent in agents:
+        watches[agent] = subprocess.Popen([sys.executable, "-m", "agent_mail", "watch", agent], env=process_env(),
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        reap(watches[agent])
+    deadline = time.monotonic() + 120
+    while True:
+        armed = {r["agent"] for r in am("status", "--project", "herd").json["agents"] if r["watch_state"] == "armed"}
+        if armed == set(agents):
+            break
+        assert time.monotonic() < deadline, f"only {len(armed)} of 50 armed"
+        time.sleep(0.2)
+    assert am("send", "--from", "boss:main", "--to", "*", "--subject", "all hands").json["delivered"] == 1
+    for agent, proc in watches.items():
+        out, err = proc.communicate(timeout=60)  # well before their 55-minute timeout
+        assert proc.returncode == 0, err
+        assert [m["subject"] for m in json.loads(out)["messages"]] == ["all hands"], agent
+
+
+def test_mail_whose_wake_up_was_lost_is_found_at_the_next_refresh(am, send, mailbox_path, monkeypatch):
+    """A sender killed between its commit and its wake-up, or another tool writing the mailbox: the
+    watch's periodic look at the mailbox finds the mail anyway."""
+    monkeypatch.setattr(service, "SAFETY_CHECK_SECONDS", 0.2)
+    am("status").json
+    import threading
+
+    def write_behind_its_back():
+        time.sleep(0.5)
+        db = sqlite3.connect(mailbox_path)
+        with db:
+            db.execute("INSERT INTO messages (id, sender, recipient, subject, created) "
+                       "VALUES ('99999999-9999-4999-8999-999999999999', 'old:tool', 'b:y', 'no bell', ?)",
+                       (model.now_iso(),))
+        db.close()
+
+    thread = threading.Thread(target=write_behind_its_back)
+    thread.start()
+    with open_mailbox() as mailbox:
+        result = mailbox.watch(agent="b:y", timeout_minutes=1)
+    thread.join()
+    assert [m["subject"] for m in result["messages"]] == ["no bell"]

@@ -63,7 +63,7 @@ def _temp_name(name: str) -> str:
     return f".{name}{TEMP_MARK}{os.getpid()}-{os.urandom(4).hex()}{TEMP_SUFFIX}"
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -105,7 +105,7 @@ def stale_temporary_files(directory: str, *, mark: str = TEMP_MARK, suffix: str 
         if not name.startswith(prefix):
             continue
         pid = _writer_pid(name, mark, suffix)
-        if pid is None or pid == os.getpid() or _pid_alive(pid):
+        if pid is None or pid == os.getpid() or pid_alive(pid):
             continue
         try:
             if now - os.lstat(os.path.join(directory, name)).st_mtime >= STALE_AFTER_SECONDS:

@@ -367,6 +367,8 @@ def next_steps(agent: str, *, unread: int = 0, ack_ids: list[str] | tuple = (), 
     return steps
 
 
+# A blocked watch looks at the mailbox itself this often, whatever woke it or not (see _wait_for_mail).
+SAFETY_CHECK_SECONDS = 15.0
 RELEASE_PATIENCE_SECONDS = 0.3  # how long a stopped watch waits for the write lock to release its session
 
 
@@ -978,37 +980,48 @@ class Mailbox:
         return None if moment is None else max(0.0, (moment - now).total_seconds())
 
     def _wait_for_mail(self, agent: str, session: str, seconds: float) -> list[dict]:
-        """The blocking loop: sleep until a commit elsewhere adds mail for `agent` (or a scheduled one
-        falls due), refreshing liveness; return the envelopes, or [] at the deadline."""
+        """The blocking loop: sleep until `agent` is woken (mail for it, or a broadcast, was committed) or a
+        scheduled message for it falls due, refreshing liveness; return the envelopes, or [] at the deadline.
+
+        Nothing else wakes it: not other watches' refreshes, heartbeats, reads or mail for others. Every
+        SAFETY_CHECK_SECONDS it also checks that its mailbox is still there and whether any message was
+        added at all, and looks if so: the safety net for mail whose wake-up was lost (a sender killed
+        between its commit and its wake-up, another tool writing the mailbox).
+        """
         import time
 
         now = time.monotonic()
-        deadline, refresh_at = now + seconds, now + spec.REFRESH_SECONDS
-        token = self.store.change_token()
-        marker, due_at = object(), None  # a fresh marker forces the first full check
+        deadline, refresh_at, check_at = now + seconds, now + spec.REFRESH_SECONDS, now + SAFETY_CHECK_SECONDS
+        self.store.listen(agent, session)  # before the first look: mail committed after it always wakes us
+        marker = self.store.mail_marker()
+        look, due_at = True, None
         while True:
-            current = self.store.mail_marker()
-            now = time.monotonic()
-            falling_due = due_at is not None and now >= due_at
-            if current != marker or falling_due or now >= refresh_at:
-                # Full check only when a message was added, one fell due, or at each refresh (safety net).
-                marker = current
-                if falling_due:
-                    self.publish_due()
+            if due_at is not None and time.monotonic() >= due_at:
+                self.publish_due()
+                look = True
+            if look:
                 messages = self._envelopes(agent)
                 if messages:
                     return messages
                 until_due = self._next_due(agent)
                 due_at = None if until_due is None else time.monotonic() + until_due
+                look = False
             now = time.monotonic()
             if now >= deadline:
                 return []
             if now >= refresh_at:
-                with self.store.transaction(write=True):
-                    self.store.touch_session(session, model.now_iso())
+                self.store.refresh_session(session, model.now_iso())
                 refresh_at = now + spec.REFRESH_SECONDS
-            wake = min(deadline, refresh_at, due_at if due_at is not None else deadline)
-            token = self.store.wait_for_change(token, max(0.0, wake - now))
+            if now >= check_at:
+                self.store.check_still_there()
+                check_at = now + SAFETY_CHECK_SECONDS
+                current = self.store.mail_marker()
+                if current != marker:
+                    marker, look = current, True
+                    continue
+            wake = min(deadline, refresh_at, check_at, due_at if due_at is not None else deadline)
+            if self.store.wait_for_wake(max(0.0, wake - now)):
+                look = True
 
     def _watch_result(self, agent: str, messages: list[dict], *, emit: Emit, heartbeat: bool = False) -> dict:
         # A --once check records its heartbeat in the same transaction as its result: if the result

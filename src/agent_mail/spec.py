@@ -727,7 +727,7 @@ def describe_document(storage: dict, version: str, command: str | None = None) -
         "environment": {
             "AGENT_MAIL_DB": "Path of the mailbox file (default ~/.agent-mail/mail.db). A symbolic link is followed "
             "to the real file. Empty means unset; a value of only spaces is refused.",
-            "AGENT_MAIL_NO_INOTIFY": "Set to any value to make watch poll the mailbox (every 25 ms) instead of "
+            "AGENT_MAIL_POLL": "Set to any value to make watch poll the mailbox (every 25 ms) instead of "
             "relying on kernel file notifications, e.g. on a network file system that does not report writes.",
         },
         "storage": storage,

@@ -168,6 +168,13 @@ class Store:
         """Refresh an armed session's last_seen."""
         raise NotImplementedError
 
+    def refresh_session(self, session_id: str, at: str) -> None:
+        """Refresh an armed session's last_seen in a transaction of its own.
+
+        Every blocked watch calls this every few seconds, so backends make it as cheap as they can."""
+        with self.transaction(write=True):
+            self.touch_session(session_id, at)
+
     def release_session(self, session_id: str, at: str, reason: str) -> None:
         """Mark a session released (its watch exited), with why."""
         raise NotImplementedError
@@ -185,26 +192,39 @@ class Store:
         raise NotImplementedError
 
     # -- waiting ------------------------------------------------------------
-    def change_token(self) -> object:
-        """A value that differs once another process has committed a change."""
-        raise NotImplementedError
-
+    # A watch waits for a wake-up meant for it, never for "the mailbox changed": a write that cannot
+    # change what it waits for (another watch's liveness, a heartbeat, a read or an ack, mail for
+    # someone else) must not wake it. Every message stored in a transaction queues a wake-up for its
+    # recipient ('*': everyone), delivered only if and when that transaction commits.
     def mail_marker(self) -> object:
-        """A cheap value that changes whenever a message is added."""
+        """A cheap value that changes whenever a message is added (the safety net for mail whose
+        wake-up was lost: its sender killed between commit and wake-up, or another tool's write)."""
         raise NotImplementedError
 
-    def wait_for_change(self, token: object, timeout: float) -> object:
-        """Block up to `timeout` seconds for a commit by someone else; return the new token.
+    def check_still_there(self) -> None:
+        """Raise StorageError if the mailbox this store opened is gone (deleted or replaced); a waiter
+        calls it at each refresh, so it never waits on a mailbox nobody writes to any more."""
 
-        The default polls `change_token`; backends with push notification override it. Raises
+    def listen(self, agent: str, session: str | None = None) -> None:
+        """Start receiving the wake-ups for `agent`'s mail and for broadcasts. Call it before looking at
+        the inbox, so that mail committed after the look always wakes the next wait. `session` is the
+        watch session waiting, if any (a backend may keep its liveness with the wake-up)."""
+        self._marker = self.mail_marker()
+
+    def wait_for_wake(self, timeout: float) -> bool:
+        """Block until a wake-up `listen` asked for arrives (True) or `timeout` passes (False).
+
+        A wake-up is a reason to look, not a promise of mail. The default polls mail_marker (any
+        new message wakes every waiter); backends with notification override it. Raises
         StorageError if the mailbox it waits on went away (deleted or replaced).
         """
         deadline = time.monotonic() + timeout
         while True:
-            current = self.change_token()
-            if current != token:
-                return current
+            current = self.mail_marker()
+            if current != self._marker:
+                self._marker = current
+                return True
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                return current
+                return False
             time.sleep(min(self.poll_seconds, remaining))

@@ -24,10 +24,6 @@ BUSY_TIMEOUT_SECONDS = 10.0
 BUSY_SLICE_SECONDS = 0.02
 # Beside the mailbox: written when a command meets damage, so that nothing more is written into it.
 DAMAGE_MARKER_SUFFIX = ".damaged"
-# With file notifications, still look at the database this often in case one was missed.
-SAFETY_POLL_SECONDS = 1.0
-# How long after a write event to keep looking for the commit it belongs to (longer than a sync).
-SETTLE_SECONDS = 0.25
 
 # Columns the seed lineage's `messages` table has; anything without them is not a mailbox.
 _REQUIRED_MESSAGE_COLUMNS = {
@@ -212,8 +208,9 @@ class SQLiteStore(Store):
 
     def __init__(self, path: str):
         self.path = path
-        self._directory_watch = None  # opened on the first wait
-        self._wrote = False  # committed since the last wait: our own file events are pending
+        self._pipe: tuple[str, int, int] | None = None  # (path, read end, write end) of our wake-up, if waiting
+        self._pipe_session: str | None = None  # the watch session that pipe belongs to
+        self._wakes: set[str] = set()  # identities to wake once the current transaction commits
         self._identity = None  # (st_dev, st_ino) of the file opened, to notice it being replaced
         self.doing = "using it"  # what the current command is doing, for the damage record
         self.db = self._connect()
@@ -395,11 +392,6 @@ class SQLiteStore(Store):
                 "messages table); it was left untouched. Point AGENT_MAIL_DB at a mailbox or a new file."
             )
 
-    def close(self) -> None:
-        if self._directory_watch:
-            self._directory_watch.close()
-        self.db.close()
-
     def relax_durability(self) -> None:
         # In WAL mode, NORMAL syncs at checkpoints only: a crash keeps the database intact.
         try:
@@ -414,6 +406,7 @@ class SQLiteStore(Store):
             self._begin("BEGIN IMMEDIATE" if write else "BEGIN", BUSY_TIMEOUT_SECONDS if patience is None else patience)
         except sqlite3.Error as exc:
             raise self._fail(exc, doing) from None
+        self._wakes = set()
         try:
             yield self
         except sqlite3.Error as exc:
@@ -424,10 +417,12 @@ class SQLiteStore(Store):
             raise
         try:
             self.db.execute("COMMIT")
-            self._wrote = self._wrote or write
         except sqlite3.Error as exc:
             self._rollback()
             raise self._fail(exc, doing) from None
+        if self._wakes:
+            wakes, self._wakes = self._wakes, set()
+            ring_bells(self.path, wakes)  # after the commit: a woken watch finds the mail there
 
     def _begin(self, statement: str, patience: float) -> None:
         """Begin, waiting for the write lock up to `patience` seconds in slices short enough that a
@@ -465,6 +460,7 @@ class SQLiteStore(Store):
         if message.get("deliver_at"):
             self.db.execute("INSERT INTO scheduled (message_id, recipient, deliver_at) VALUES (?, ?, ?)",
                             (message["id"], message["recipient"], message["deliver_at"]))
+        self._wakes.add(message["recipient"])  # a scheduled one too: its watch learns when it falls due
 
     def get_message(self, message_id: str) -> dict | None:
         rows = self._query(
@@ -786,6 +782,32 @@ class SQLiteStore(Store):
     def touch_session(self, session_id: str, at: str) -> None:
         self.db.execute("UPDATE watch_sessions SET last_seen = ? WHERE id = ? AND state = 'armed'", (at, session_id))
 
+    def refresh_session(self, session_id: str, at: str) -> None:
+        if self._pipe is not None and self._pipe_session == session_id:
+            # The session's pipe carries its refreshes: touching it writes nothing into the mailbox, so
+            # no other process's cache is invalidated, and liveness() reads it back (a killed watch's
+            # pipe no longer counts, so the session still turns stale).
+            try:
+                os.utime(self._pipe[1] if os.utime in os.supports_fd else self._pipe[0])
+                return
+            except OSError:
+                pass  # fall back to the row
+        # One autocommit statement instead of BEGIN, UPDATE and COMMIT: a blocked watch runs this every
+        # few seconds with cold caches, where every statement costs tens of microseconds.
+        sql = "UPDATE watch_sessions SET last_seen = ? WHERE id = ? AND state = 'armed'"
+        deadline = time.monotonic() + BUSY_TIMEOUT_SECONDS
+        while True:
+            try:
+                self.db.execute(sql, (at, session_id))
+                return
+            except sqlite3.OperationalError as exc:
+                text = str(exc)
+                if ("locked" not in text and "busy" not in text) or time.monotonic() >= deadline:
+                    raise self._fail(exc, "refreshing a watch") from None
+                time.sleep(0.001)  # a signal's handler runs here
+            except sqlite3.Error as exc:
+                raise self._fail(exc, "refreshing a watch") from None
+
     def release_session(self, session_id: str, at: str, reason: str) -> None:
         self.db.execute(
             "UPDATE watch_sessions SET state = 'released', released_at = ?1, released_reason = ?2, last_seen = ?1 "
@@ -827,16 +849,22 @@ class SQLiteStore(Store):
         for name, count in self.db.execute(f"SELECT agent, COUNT(*) FROM watch_sessions WHERE {where} GROUP BY agent",
                                            params):
             fact(name)["sessions"] = count
+        # Armed sessions whose refreshes their wake-up pipe carries (see refresh_session).
+        touched = _pipe_refreshes(self.path, agent)
+        sessions = list(touched)
+        for start in range(0, len(sessions), 500):
+            marks, ids = _ids_clause(sessions[start:start + 500])
+            for (session,) in self.db.execute(
+                f"SELECT id FROM watch_sessions WHERE state = 'armed' AND id IN ({marks})", ids
+            ):
+                name, seen = touched[session]
+                entry = fact(name)
+                for key in ("armed_seen", "session_seen"):
+                    if entry[key] is None or seen > entry[key]:
+                        entry[key] = seen
         return facts
 
     # -- waiting -------------------------------------------------------------
-    def change_token(self) -> object:
-        # data_version changes when another connection commits; reading it touches no table.
-        try:
-            return self.db.execute("PRAGMA data_version").fetchone()[0]
-        except sqlite3.Error as exc:
-            raise self._fail(exc, "waiting") from None
-
     def mail_marker(self) -> object:
         try:
             return self.db.execute("SELECT MAX(rowid) FROM messages").fetchone()[0]
@@ -866,56 +894,150 @@ class SQLiteStore(Store):
                 "that path)."
             )
 
-    def wait_for_change(self, token: object, timeout: float) -> object:
-        """Sleep until another process commits (or `timeout` passes), without polling the database.
+    def listen(self, agent: str, session: str | None = None) -> None:
+        """Open this process's own wake-up: a named pipe in the private directory beside the mailbox,
+        called IDENTITY@PID-RANDOM. A sender that commits mail for IDENTITY (or a broadcast) writes a byte
+        into every such pipe of its recipients; nothing else does. So a blocked watch is woken by its own
+        mail only, and sleeps in the kernel otherwise. Where a pipe cannot be made (AGENT_MAIL_POLL set,
+        or a file system without them), the polling default of the base class stands in."""
+        from agent_mail import files
 
-        The mailbox directory is watched with inotify: every commit writes the WAL file, so the
-        kernel wakes us; `data_version` then says whether a commit really happened. Where inotify
-        is unavailable, the polling default of the base class stands in.
-        """
-        if self._directory_watch is None:
-            from agent_mail.store import filewatch
+        self._stop_listening()
+        if os.environ.get("AGENT_MAIL_POLL"):
+            return super().listen(agent)
+        bells = bell_dir(self.path)
+        pipe = os.path.join(bells, f"{agent}@{os.getpid()}-{session or os.urandom(4).hex()}")
+        try:
+            files.make_private_dirs(bells)
+            os.mkfifo(pipe, 0o600)
+        except OSError:
+            return super().listen(agent)
+        try:
+            reader = os.open(pipe, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            # Our own writer end keeps the pipe from reading as closed (EOF) between senders.
+            writer = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            os.unlink(pipe)
+            return super().listen(agent)
+        self._pipe = (pipe, reader, writer)
+        self._pipe_session = session
 
-            self._directory_watch = filewatch.open_watch(os.path.dirname(os.path.abspath(self.path))) or False
-        if self._directory_watch is False:
-            deadline = time.monotonic() + timeout
-            while True:  # poll, and look at the file itself once a second
-                left = max(0.0, deadline - time.monotonic())
-                current = super().wait_for_change(token, min(SAFETY_POLL_SECONDS, left))
-                self.check_still_there()
-                if current != token or time.monotonic() >= deadline:
-                    return current
-        if self._wrote:
-            # Our own commits (the session refresh) raise events too; they are not news to us.
-            self._directory_watch.wait(0)
-            self._wrote = False
-        deadline = time.monotonic() + timeout
-        while True:
-            current = self.change_token()
-            remaining = deadline - time.monotonic()
-            if current != token or remaining <= 0:
-                return current
-            # A safety net for file systems that do not report every write (network shares).
-            woken = self._directory_watch.wait(min(remaining, SAFETY_POLL_SECONDS))
-            self.check_still_there()  # a deletion or rename in the directory wakes us too
-            if woken:
-                current = self._settle(token, min(remaining, SETTLE_SECONDS))
-                if current != token:
-                    return current
+    def wait_for_wake(self, timeout: float) -> bool:
+        """Sleep until our pipe is written to (True) or `timeout` passes (False)."""
+        if self._pipe is None:
+            return super().wait_for_wake(timeout)
+        import select
 
-    def _settle(self, token: object, seconds: float) -> object:
-        """After a write event, watch data_version closely until the commit becomes visible.
+        reader = self._pipe[1]
+        try:
+            ready, _, _ = select.select([reader], [], [], max(0.0, timeout))
+        except InterruptedError:
+            return False
+        if not ready:
+            return False
+        try:
+            while os.read(reader, 4096):
+                pass
+        except (BlockingIOError, InterruptedError):
+            pass
+        return True
 
-        A commit writes the WAL (the event), syncs it, and only then publishes itself in the
-        shared-memory index, which the kernel does not report. So the event usually arrives a
-        sync too early; looking again every millisecond for a moment catches the publication.
-        """
-        deadline = time.monotonic() + seconds
-        while True:
-            current = self.change_token()
-            if current != token or time.monotonic() >= deadline:
-                return current
-            time.sleep(0.001)
+    def _stop_listening(self) -> None:
+        if self._pipe is None:
+            return
+        pipe, reader, writer = self._pipe
+        self._pipe = None
+        for fd in (reader, writer):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        try:
+            os.unlink(pipe)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self._stop_listening()
+        self.db.close()
+
+
+def bell_dir(path: str) -> str:
+    """Where the wake-ups of the mailbox at `path` live: a private directory beside it."""
+    return os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.wake")
+
+
+def ring_bells(path: str, recipients) -> None:
+    """Wake the watches waiting for mail for `recipients` ('*': every watch): one byte into each of their
+    pipes. Never blocks and never fails a send: a pipe whose reader is gone (its watch was killed) is
+    removed once its process is gone, and mail whose wake-up is lost is still found by every watch's
+    periodic look at the mailbox."""
+    import errno
+    import stat
+
+    bells = bell_dir(path)
+    try:
+        names = os.listdir(bells)
+    except OSError:
+        return
+    everyone = "*" in recipients
+    for name in names:
+        agent, at, owner = name.partition("@")
+        if not at or not (everyone or agent in recipients):
+            continue
+        pipe = os.path.join(bells, name)
+        try:
+            fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # nobody reads it: a watch that was killed
+                _sweep_pipe(pipe, owner)
+            continue
+        try:
+            if stat.S_ISFIFO(os.fstat(fd).st_mode):
+                os.write(fd, b"\0")
+        except OSError:
+            pass  # full: a wake-up is pending already
+        finally:
+            os.close(fd)
+
+
+def _pipe_refreshes(path: str, agent: str | None) -> dict[str, tuple]:
+    """{watch session: (identity, when its pipe was last touched)} for the live waiting watches of `agent`
+    (or all)."""
+    import datetime as dt
+
+    from agent_mail import files
+
+    bells = bell_dir(path)
+    try:
+        names = os.listdir(bells)
+    except OSError:
+        return {}
+    found = {}
+    for name in names:
+        identity, at, owner = name.partition("@")
+        pid, _, session = owner.partition("-")
+        if not at or not session or (agent is not None and identity != agent):
+            continue
+        if not pid.isdigit() or not files.pid_alive(int(pid)):
+            continue  # a killed watch: its refreshes stopped when it died
+        try:
+            mtime = os.stat(os.path.join(bells, name)).st_mtime
+        except OSError:
+            continue
+        found[session] = (identity, dt.datetime.fromtimestamp(mtime, dt.timezone.utc))
+    return found
+
+
+def _sweep_pipe(pipe: str, owner: str) -> None:
+    from agent_mail import files
+
+    pid = owner.partition("-")[0]
+    if pid.isdigit() and not files.pid_alive(int(pid)):
+        try:
+            os.unlink(pipe)
+        except OSError:
+            pass
 
 
 # ---------------------------------------------------------------- damage and odd files
