@@ -291,7 +291,9 @@ def test_status_rows_filters_and_fields(am, send):
     deploy = am("status", "--project", "deploy").json
     assert [r["agent"] for r in deploy["agents"]] == ["deploy:lead", "deploy:worker"]
     unseen = am("status", "--agent", "new:one", "--fields", "agent,unread").json
-    assert unseen["agents"] == [{"agent": "new:one", "unread": 0}]
+    # never seen, but the broadcast is waiting for it: the count is what `read new:one` would deliver
+    assert unseen["agents"] == [{"agent": "new:one", "unread": 1}]
+    assert am("read", "new:one", "--no-mark-read").json["count"] == 1
 
 
 @pytest.mark.parametrize("argv", [

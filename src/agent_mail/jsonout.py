@@ -25,43 +25,68 @@ def dumps(value: object) -> str:
 
 
 def _encode(value: object, level: int, out) -> None:
-    if isinstance(value, str):
-        out(_quote(value))
-    elif value is None:
-        out("null")
-    elif value is True:
-        out("true")
-    elif value is False:
-        out("false")
-    elif isinstance(value, int):
-        out(int.__repr__(value))
-    elif isinstance(value, float):
-        if value != value or value in (_INFINITY, -_INFINITY):
-            raise ValueError(f"{value!r} has no JSON form")
-        out(float.__repr__(value))
+    text = _scalar(value)
+    if text is not None:
+        out(text)
     elif isinstance(value, dict):
         if not value:
             out("{}")
             return
-        inner = "\n" + "  " * (level + 1)
-        separator = "{"
+        inner = ",\n" + "  " * (level + 1)
+        close = "\n" + "  " * level + "}"
+        try:  # a flat object of strings (an envelope): one join, no call per member
+            out("{" + inner[1:] + inner.join([_quote(k) + ": " + _quote(v) for k, v in value.items()]) + close)
+            return
+        except TypeError:
+            pass  # some key or value is not a string: lay it out member by member
+        first = True
         for key, item in value.items():
-            if not isinstance(key, str):
+            if type(key) is not str:
                 raise TypeError(f"JSON object keys must be strings, not {type(key).__name__}")
-            out(separator + inner + _quote(key) + ": ")
+            # Strings (most values) are laid out here, without a call per value: large results (a watch
+            # over thousands of envelopes) spend their time in this loop.
+            lead = ("{" + inner[1:]) if first else inner
+            first = False
+            if type(item) is str:
+                out(lead + _quote(key) + ": " + _quote(item))
+                continue
+            out(lead + _quote(key) + ": ")
             _encode(item, level + 1, out)
-            separator = ","
-        out("\n" + "  " * level + "}")
+        out(close)
     elif isinstance(value, (list, tuple)):
         if not value:
             out("[]")
             return
-        inner = "\n" + "  " * (level + 1)
-        separator = "["
+        inner = ",\n" + "  " * (level + 1)
+        out("[" + inner[1:])
+        first = True
         for item in value:
-            out(separator + inner)
+            if not first:
+                out(inner)
+            first = False
             _encode(item, level + 1, out)
-            separator = ","
         out("\n" + "  " * level + "]")
     else:
         raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def _scalar(value: object) -> str | None:
+    """The JSON text of a string, number, boolean or null; None for containers."""
+    kind = type(value)
+    if kind is str:
+        return _quote(value)
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, str):
+        return _quote(value)
+    if isinstance(value, int):
+        return int.__repr__(value)
+    if isinstance(value, float):
+        if value != value or value in (_INFINITY, -_INFINITY):
+            raise ValueError(f"{value!r} has no JSON form")
+        return float.__repr__(value)
+    return None

@@ -483,13 +483,14 @@ class Mailbox:
 
         limit = (profile or {}).get("max_entries") or notify.DEFAULT_MAX_ENTRIES
         now = model.now_iso()
-        # A light pass counts everything unread; whole rows only for the entries listed.
-        unread = self.store.inbox(agent, unread_only=True, sender=None, limit=None, now=now, envelopes=True)
-        listed = [m["id"] for m in reversed(unread[-limit:])]
+        # The newest entries through the index, an exact count beside them; whole rows only for those listed.
+        listed = [m["id"] for m in reversed(self.store.unread(agent, now, limit=limit, newest=True))]
+        if not listed:
+            return None
         found = self.store.addressed(agent, listed, now)
         newest = [found[i] for i in listed]
         attachments = self.store.attachments_of(listed)
-        return notify.unread_mirror(agent, newest, len(unread), attachments)
+        return notify.unread_mirror(agent, newest, self.store.count_unread(agent, now), attachments)
 
     def publish_due(self) -> list[dict]:
         """Announce scheduled messages that fell due: render their recipients' mirrors. Needs no daemon:
@@ -677,27 +678,23 @@ class Mailbox:
                         raise errors.NotFound([("--thread", _invisible(thread, agent))])
                     messages = self.store.thread(thread, agent, now)
                 else:
-                    messages = self.store.inbox(agent, unread_only=False, sender=from_, limit=None, now=now,
-                                                archived=True)[-limit:]
+                    messages = self.store.archived(agent, now, sender=from_)[-limit:]
                 result = self._read_result(agent, messages, fields, remaining=self.store.count_unread(agent, now),
                                            suggest_ack=False)
                 emit(result)
             return result
         marking = not no_mark_read
         with self._changing(write=marking or ack):
+            # The page comes from arrival-ordered indexes, and whole rows only for it: the cost is the
+            # page's, not the backlog's. The unread total is counted, not listed.
             if all:
-                listed = self.store.inbox(agent, unread_only=False, sender=from_, limit=None, now=now,
-                                          envelopes=True)[-limit:]
-                found = self.store.addressed(agent, [m["id"] for m in listed], now)
-                messages = [found[m["id"]] for m in listed]
-                unread = None
+                listed = self.store.latest(agent, now, limit=limit, sender=from_)
             else:
-                # One light pass finds every unread message (and so what remains); whole rows are
-                # fetched only for the page returned.
-                unread = self.store.inbox(agent, unread_only=True, sender=None, limit=None, now=now, envelopes=True)
-                page = [m["id"] for m in unread if from_ is None or m["sender"] == from_][:limit]
-                found = self.store.addressed(agent, page, now)
-                messages = [found[i] for i in page]
+                listed = self.store.unread(agent, now, limit=limit, sender=from_)
+            found = self.store.addressed(agent, [m["id"] for m in listed], now)
+            messages = [found[m["id"]] for m in listed]
+            unread = self.store.count_unread(agent, now)
+            was_unread = {m["id"] for m in messages if m["read_at"] is None}
             fresh = [m for m in messages if m["read_at"] is None] if marking else []
             unacked = [m for m in messages if m["acked_at"] is None] if ack else []
             if fresh:
@@ -708,10 +705,7 @@ class Mailbox:
                 m["read_at"] = m["read_at"] or now
             for m in unacked:
                 m["acked_at"] = now
-            if unread is None:
-                remaining = self.store.count_unread(agent, now)
-            else:
-                remaining = len(unread) - len({m["id"] for m in fresh + unacked})
+            remaining = unread - len(was_unread & {m["id"] for m in fresh + unacked})
             result = self._read_result(agent, messages, fields, remaining=remaining)
             changed = bool(fresh or unacked)
             if changed:
@@ -753,7 +747,8 @@ class Mailbox:
     def ack(self, *, agent: str, ids=(), all: bool = False, emit: Emit = _no_emit) -> dict:
         """Record that `agent` acted on these messages (all outstanding ones with all=True)."""
         return self._handle(agent, ids, emit, "ack", "acked", "already_acked", "acked_at",
-                            outstanding=self.store.unacked if all else None, stamp="acked_at", count_unread_left=True)
+                            outstanding=self.store.read_unacked if all else None, stamp="acked_at",
+                            count_unread_left=True)
 
     def _handle(self, agent: str, ids, emit: Emit, flag: str, done: str, already_key: str, state: str, *,
                 outstanding=None, stamp: str | None = None, count_unread_left: bool = False) -> dict:
@@ -765,9 +760,8 @@ class Mailbox:
         unread_left = 0
         with self._changing():
             if outstanding is not None:
-                listed = outstanding(agent, now)
-                fresh, already = [m for m in listed if m["read_at"] is not None], []
-                unread_left = len(listed) - len(fresh)
+                fresh, already = outstanding(agent, now), []
+                unread_left = self.store.count_unread(agent, now)  # unread mail is never settled in bulk
             else:
                 found = self._addressed_or_fail(agent, wanted, now)
                 fresh = [found[i] for i in wanted if found[i][state] is None]
@@ -967,8 +961,7 @@ class Mailbox:
 
     def _envelopes(self, agent: str) -> list[dict]:
         with self.store.transaction():
-            messages = self.store.inbox(agent, unread_only=True, sender=None, limit=None, now=model.now_iso(),
-                                        envelopes=True)
+            messages = self.store.unread(agent, model.now_iso(), lean=True)
         return [{f: m[f] for f in spec.ENVELOPE_FIELDS} for m in messages]
 
     def _next_due(self, agent: str) -> float | None:
@@ -1052,7 +1045,11 @@ class Mailbox:
             raise errors.InvalidInput(_project_problems(project))
         now = model.now_iso()
         with self.store.transaction():
-            counts = self.store.agent_counts(now)
+            if agent is not None:  # one identity: its own counts, not everyone's
+                counts = {agent: {"unread": self.store.count_unread(agent, now),
+                                  "unacked": self.store.count_unacked(agent, now)}}
+            else:
+                counts = self.store.agent_counts(now)
             liveness = self.store.liveness(agent)
         at = model.now()
         if agent is not None:

@@ -48,25 +48,38 @@ class Store:
         """The stored row whoever it is for, or None."""
         raise NotImplementedError
 
-    def inbox(self, agent: str, *, unread_only: bool, sender: str | None, limit: int | None, now: str,
-              archived: bool = False, envelopes: bool = False) -> list[dict]:
-        """Visible messages for `agent` (direct, or broadcasts from others), in arrival order: by when each
-        arrived in the inbox (deliver_at for a delayed message, else created), insertion order breaking ties.
-
-        Deleted ones never; archived ones only (and only) with archived=True. envelopes=True
-        leaves out body, refs and reply_to, for callers that only list or count.
-        """
+    def archived(self, agent: str, now: str, *, sender: str | None = None) -> list[dict]:
+        """`agent`'s archived (and not deleted) visible messages, in arrival order, whole rows."""
         raise NotImplementedError
 
     def addressed(self, agent: str, message_ids: list[str], now: str) -> dict[str, dict]:
         """Those of `message_ids` visible to `agent` as a recipient, keyed by id, with its state."""
         raise NotImplementedError
 
-    def unacked(self, agent: str, now: str) -> list[dict]:
-        """Visible messages for `agent` neither acknowledged, archived nor deleted, oldest first."""
+    def unread(self, agent: str, now: str, *, limit: int | None = None, newest: bool = False,
+               sender: str | None = None, lean: bool = False) -> list[dict]:
+        """`agent`'s unread visible mail (from `sender` only, if given), in arrival order: all of it, or the
+        oldest `limit` (the newest `limit` with newest=True, still returned oldest first). Envelope columns
+        and the agent's state; lean=True: only seq, id, sender, subject, type, created and arrival.
+        Costs the page, not the backlog: backends walk an arrival-ordered index and stop at the limit."""
+        raise NotImplementedError
+
+    def latest(self, agent: str, now: str, *, limit: int, sender: str | None = None) -> list[dict]:
+        """The newest `limit` visible messages for `agent`, read or not, neither archived nor deleted,
+        returned oldest first (envelope columns and state)."""
+        raise NotImplementedError
+
+    def read_unacked(self, agent: str, now: str) -> list[dict]:
+        """Visible messages for `agent` that it has read but not acknowledged, archived or deleted: what
+        `ack --all` settles (unread mail is never settled in bulk)."""
         raise NotImplementedError
 
     def count_unread(self, agent: str, now: str) -> int:
+        """How many visible messages `agent` has not read; exact, whatever the backlog."""
+        raise NotImplementedError
+
+    def count_unacked(self, agent: str, now: str) -> int:
+        """How many visible messages `agent` has neither acknowledged, archived nor deleted."""
         raise NotImplementedError
 
     def set_flags(self, agent: str, messages: list[dict], at: str, flags: tuple[str, ...]) -> None:

@@ -109,10 +109,35 @@ def m005_count_indexes(db: sqlite3.Connection) -> None:
     db.execute("DROP INDEX IF EXISTS idx_broadcast_acks_agent")
 
 
-MIGRATIONS = (m001_seed_schema, m002_inbox_indexes, m003_liveness, m004_delivery, m005_count_indexes)
+# When a message arrived in its recipients' inbox: a delayed one when it fell due. julianday(), because
+# older mailboxes stored local-offset timestamps. Index expressions and queries must spell it alike.
+_ARRIVED = "julianday(COALESCE(deliver_at, created))"
+
+
+def m006_arrival_indexes(db: sqlite3.Connection) -> None:
+    """Indexes in arrival order, so per-agent work reads a page, not the backlog: a page of unread mail,
+    the newest messages, unread broadcasts (covering the columns that decide visibility, so the walk never
+    reads a row it skips), read broadcasts not yet acted on, and arrival ranges for cleanup."""
+    db.execute(f"CREATE INDEX IF NOT EXISTS idx_messages_arrival ON messages({_ARRIVED})")
+    db.execute(f"CREATE INDEX IF NOT EXISTS idx_messages_recipient_arrival ON messages(recipient, {_ARRIVED})")
+    db.execute(f"CREATE INDEX IF NOT EXISTS idx_messages_unread_arrival ON messages(recipient, {_ARRIVED}) "
+               "WHERE read_at IS NULL")
+    db.execute(f"CREATE INDEX IF NOT EXISTS idx_messages_broadcast_arrival ON messages({_ARRIVED}, recipient, "
+               "sender, cancelled_at, deliver_at, id) WHERE recipient = '*'")
+    db.execute("CREATE INDEX IF NOT EXISTS idx_broadcast_acks_open ON broadcast_acks(agent, message_id) "
+               "WHERE read_at IS NOT NULL AND acked_at IS NULL AND archived_at IS NULL AND deleted_at IS NULL")
+
+
+MIGRATIONS = (m001_seed_schema, m002_inbox_indexes, m003_liveness, m004_delivery, m005_count_indexes,
+              m006_arrival_indexes)
 
 _ENVELOPE = ("m.rowid AS seq, m.id, m.sender, m.recipient, m.subject, m.type, m.created, m.deliver_at, "
              "julianday(COALESCE(m.deliver_at, m.created)) AS arrival")
+# What a watch lists: the envelope, and the arrival order.
+_LEAN = ("m.rowid AS seq, m.id, m.sender, m.subject, m.type, m.created, "
+         "julianday(COALESCE(m.deliver_at, m.created)) AS arrival")
+# The arrival expression over the `m` alias; SQLite matches it to the index expressions above.
+_M_ARRIVED = "julianday(COALESCE(m.deliver_at, m.created))"
 # Mail is ordered by when it arrived in the inbox (a delayed message at its delivery time), through
 # julianday() because older mailboxes stored local-offset timestamps; insertion order breaks ties.
 _BY_ARRIVAL = "ORDER BY arrival, seq"
@@ -135,18 +160,23 @@ def _addressed_to(columns: str) -> tuple[str, str]:
 _DIRECT, _BROADCAST = _addressed_to(_COLUMNS)
 
 
-# Unread broadcasts for :agent: the broadcasts index filters, the agent's read set excludes, and
-# only the survivors are looked up (a LEFT JOIN probed once per broadcast costs ten times more).
-_UNREAD_BROADCASTS = (
-    "FROM messages m INDEXED BY idx_messages_broadcasts "
-    "LEFT JOIN broadcast_acks b ON b.message_id = m.id AND b.agent = :agent "
-    f"WHERE m.recipient = '*' AND m.sender != :agent AND {_VISIBLE} AND m.id NOT IN "
-    "(SELECT message_id FROM broadcast_acks WHERE agent = :agent AND read_at IS NOT NULL)"
-)
+# A broadcast `m` that :agent has not read, or not acted on (ack, archive, delete). NOT IN builds the
+# agent's set once from its partial index and probes it in memory: several times cheaper than a
+# correlated lookup per broadcast into a table that holds every agent's state.
+_NOT_READ_BY = ("m.id NOT IN (SELECT message_id FROM broadcast_acks INDEXED BY idx_broadcast_acks_read "
+                "WHERE agent = :agent AND read_at IS NOT NULL)")
+_NOT_DONE_BY = ("m.id NOT IN (SELECT message_id FROM broadcast_acks INDEXED BY idx_broadcast_acks_done "
+                "WHERE agent = :agent AND (acked_at IS NOT NULL OR archived_at IS NOT NULL "
+                "OR deleted_at IS NOT NULL))")
 
 
-def _unread_broadcasts(columns: str) -> str:
-    return f"SELECT {columns}, b.read_at, b.acked_at, b.archived_at, b.deleted_at {_UNREAD_BROADCASTS}"
+def _page(rows: list[dict], limit: int | None, newest: bool) -> list[dict]:
+    """Merge the direct and broadcast halves into arrival order and keep the oldest (or newest) `limit`,
+    returned oldest first."""
+    rows.sort(key=lambda r: (r["arrival"], r["seq"]))
+    if limit is not None:
+        rows = rows[-limit:] if newest else rows[:limit]
+    return rows
 
 
 # "`:agent` may see this message": its sender always; a recipient (the addressee, or anyone but the
@@ -160,13 +190,6 @@ _PARTY = (
 )
 
 _FLAG_COLUMNS = {"read": "read_at", "ack": "acked_at", "archive": "archived_at", "delete": "deleted_at"}
-
-
-def _row(row: sqlite3.Row) -> dict:
-    message = dict(row)
-    if "refs" in message:
-        message["refs"] = _decode_refs(message["refs"])
-    return message
 
 
 def _decode_refs(raw: object) -> list:
@@ -446,7 +469,17 @@ class SQLiteStore(Store):
             pass  # SQLite has rolled back by itself (a failed write aborts the transaction)
 
     def _query(self, sql: str, params: object = ()) -> list[dict]:
-        return [_row(r) for r in self.db.execute(sql, params)]
+        # Plain tuples zipped with the column names: a third of the cost of sqlite3.Row -> dict, which
+        # counts when a watch lists thousands of envelopes.
+        cursor = self.db.cursor()
+        cursor.row_factory = None
+        cursor.execute(sql, params)
+        names = [column[0] for column in cursor.description]
+        rows = [dict(zip(names, row, strict=True)) for row in cursor]
+        if "refs" in names:
+            for message in rows:
+                message["refs"] = _decode_refs(message["refs"])
+        return rows
 
     # -- messages ---------------------------------------------------------
     def insert_message(self, message: dict) -> None:
@@ -470,26 +503,15 @@ class SQLiteStore(Store):
         )
         return rows[0] if rows else None
 
-    def inbox(self, agent: str, *, unread_only: bool, sender: str | None, limit: int | None, now: str,
-              archived: bool = False, envelopes: bool = False) -> list[dict]:
-        columns = _ENVELOPE if envelopes else _COLUMNS
-        direct, broadcast = _addressed_to(columns)
-        direct += " AND m.deleted_at IS NULL"
-        broadcast += " AND b.deleted_at IS NULL"
-        shelf = "IS NOT NULL" if archived else "IS NULL"
-        direct += f" AND m.archived_at {shelf}"
-        broadcast += f" AND b.archived_at {shelf}"
-        if unread_only:
-            direct += " AND m.read_at IS NULL"
-            # Archived and deleted imply read, so the unread ones need no other condition.
-            broadcast = broadcast if archived else _unread_broadcasts(columns)
+    def archived(self, agent: str, now: str, *, sender: str | None = None) -> list[dict]:
+        direct, broadcast = _addressed_to(_COLUMNS)
+        direct += " AND m.deleted_at IS NULL AND m.archived_at IS NOT NULL"
+        broadcast += " AND b.deleted_at IS NULL AND b.archived_at IS NOT NULL"
         if sender is not None:
             direct += " AND m.sender = :sender"
             broadcast += " AND m.sender = :sender"
-        sql = f"SELECT * FROM ({direct} UNION ALL {broadcast}) {_BY_ARRIVAL}"
-        if limit is not None:
-            sql += " LIMIT :limit"
-        return self._query(sql, {"agent": agent, "sender": sender, "limit": limit, "now": now})
+        return self._query(f"SELECT * FROM ({direct} UNION ALL {broadcast}) {_BY_ARRIVAL}",
+                           {"agent": agent, "sender": sender, "now": now})
 
     def addressed(self, agent: str, message_ids: list[str], now: str) -> dict[str, dict]:
         found: dict[str, dict] = {}
@@ -500,21 +522,74 @@ class SQLiteStore(Store):
                 found[message["id"]] = message
         return found
 
-    def unacked(self, agent: str, now: str) -> list[dict]:
-        open_ = "acked_at IS NULL AND {0}.archived_at IS NULL AND {0}.deleted_at IS NULL"
-        return self._query(
-            f"SELECT * FROM ({_DIRECT} AND m.{open_.format('m')} UNION ALL {_BROADCAST} AND b.{open_.format('b')}) "
-            f"{_BY_ARRIVAL}",
-            {"agent": agent, "now": now},
-        )
-
     def count_unread(self, agent: str, now: str) -> int:
         params = {"agent": agent, "now": now}
         direct = self.db.execute(
             f"SELECT COUNT(*) FROM messages m WHERE m.recipient = :agent AND m.read_at IS NULL AND {_VISIBLE}", params
         ).fetchone()[0]
-        broadcast = self.db.execute(f"SELECT COUNT(*) {_UNREAD_BROADCASTS}", params).fetchone()[0]
-        return direct + broadcast
+        return direct + self._count_broadcasts(agent, now, _NOT_READ_BY)
+
+    def count_unacked(self, agent: str, now: str) -> int:
+        direct = self.db.execute(
+            "SELECT COUNT(*) FROM messages m WHERE m.recipient = :agent AND m.acked_at IS NULL "
+            f"AND m.archived_at IS NULL AND m.deleted_at IS NULL AND {_VISIBLE}", {"agent": agent, "now": now}
+        ).fetchone()[0]
+        return direct + self._count_broadcasts(agent, now, _NOT_DONE_BY)
+
+    def _count_broadcasts(self, agent: str, now: str, unsettled: str) -> int:
+        """Visible broadcasts from others that `agent` has not settled (read, or acted on): one walk of the
+        covering broadcast index with one probe each, in SQLite; exact whatever other writers did."""
+        return self.db.execute(
+            f"SELECT COUNT(*) FROM messages m INDEXED BY idx_messages_broadcasts WHERE m.recipient = '*' "
+            f"AND m.sender != :agent AND {_VISIBLE} AND {unsettled}", {"agent": agent, "now": now}
+        ).fetchone()[0]
+
+    def unread(self, agent: str, now: str, *, limit: int | None = None, newest: bool = False,
+               sender: str | None = None, lean: bool = False) -> list[dict]:
+        # Each half walks its arrival-ordered index and stops at the page: unread direct mail through the
+        # partial index of unread rows, unread broadcasts through the covering broadcast index (skipping
+        # those the agent read, found in its read set). Without a limit every row is fetched anyway, and
+        # the merge below orders them, so SQLite is spared the tie-break sort.
+        params = {"agent": agent, "now": now, "sender": sender, "limit": -1 if limit is None else limit}
+        order = "DESC" if newest else "ASC"
+        by_sender = " AND m.sender = :sender" if sender is not None else ""
+        ordered = f"ORDER BY {_M_ARRIVED} {order}" + (f", m.rowid {order} LIMIT :limit" if limit is not None else "")
+        direct_columns = _LEAN if lean else f"{_ENVELOPE}, m.read_at, m.acked_at, m.archived_at, m.deleted_at"
+        broadcast_columns = _LEAN if lean else (f"{_ENVELOPE}, NULL AS read_at, NULL AS acked_at, "
+                                                "NULL AS archived_at, NULL AS deleted_at")
+        direct = (f"SELECT {direct_columns} FROM messages m INDEXED BY idx_messages_unread_arrival "
+                  f"WHERE m.recipient = :agent AND m.read_at IS NULL AND {_VISIBLE}{by_sender} {ordered}")
+        broadcast = (f"SELECT {broadcast_columns} "
+                     "FROM messages m INDEXED BY idx_messages_broadcast_arrival WHERE m.recipient = '*' "
+                     f"AND m.sender != :agent AND {_VISIBLE}{by_sender} AND {_NOT_READ_BY} {ordered}")
+        rows = self._query(direct, params) + self._query(broadcast, params)
+        return _page(rows, limit, newest)
+
+    def latest(self, agent: str, now: str, *, limit: int, sender: str | None = None) -> list[dict]:
+        params = {"agent": agent, "now": now, "sender": sender, "limit": limit}
+        by_sender = " AND m.sender = :sender" if sender is not None else ""
+        direct = (f"SELECT {_ENVELOPE}, m.read_at, m.acked_at, m.archived_at, m.deleted_at FROM messages m "
+                  "INDEXED BY idx_messages_recipient_arrival WHERE m.recipient = :agent AND m.archived_at IS NULL "
+                  f"AND m.deleted_at IS NULL AND {_VISIBLE}{by_sender} "
+                  f"ORDER BY {_M_ARRIVED} DESC, m.rowid DESC LIMIT :limit")
+        broadcast = (f"SELECT {_ENVELOPE}, b.read_at, b.acked_at, b.archived_at, b.deleted_at FROM messages m "
+                     "INDEXED BY idx_messages_broadcast_arrival LEFT JOIN broadcast_acks b ON b.message_id = m.id "
+                     f"AND b.agent = :agent WHERE m.recipient = '*' AND m.sender != :agent AND {_VISIBLE}{by_sender} "
+                     "AND b.archived_at IS NULL AND b.deleted_at IS NULL "
+                     f"ORDER BY {_M_ARRIVED} DESC, m.rowid DESC LIMIT :limit")
+        return _page(self._query(direct, params) + self._query(broadcast, params), limit, newest=True)
+
+    def read_unacked(self, agent: str, now: str) -> list[dict]:
+        params = {"agent": agent, "now": now}
+        direct = (f"SELECT {_COLUMNS}, m.read_at, m.acked_at, m.archived_at, m.deleted_at FROM messages m "
+                  "WHERE m.recipient = :agent AND m.read_at IS NOT NULL AND m.acked_at IS NULL "
+                  f"AND m.archived_at IS NULL AND m.deleted_at IS NULL AND {_VISIBLE}")
+        broadcast = (f"SELECT {_COLUMNS}, b.read_at, b.acked_at, b.archived_at, b.deleted_at "
+                     "FROM broadcast_acks b INDEXED BY idx_broadcast_acks_open JOIN messages m ON m.id = b.message_id "
+                     "WHERE b.agent = :agent AND b.read_at IS NOT NULL AND b.acked_at IS NULL "
+                     "AND b.archived_at IS NULL AND b.deleted_at IS NULL AND m.recipient = '*' AND m.sender != :agent "
+                     f"AND {_VISIBLE}")
+        return _page(self._query(direct, params) + self._query(broadcast, params), None, newest=False)
 
     def set_flags(self, agent: str, messages: list[dict], at: str, flags: tuple[str, ...]) -> None:
         """Stamp this agent's read / ack / archive / delete times (earlier stamps are kept)."""
@@ -672,16 +747,21 @@ class SQLiteStore(Store):
         def entry(agent: str) -> dict:
             return counts.setdefault(agent, {"unread": 0, "unacked": 0})
 
-        for key, condition in (("unread", "read_at IS NULL"),
-                               ("unacked", "acked_at IS NULL AND archived_at IS NULL AND deleted_at IS NULL")):
+        # INDEXED BY: the partial indexes of open mail cover these counts; the planner would otherwise take
+        # an arrival-ordered index and read every row.
+        for key, index, condition in (
+            ("unread", "idx_messages_unread", "read_at IS NULL"),
+            ("unacked", "idx_messages_unacked", "acked_at IS NULL AND archived_at IS NULL AND deleted_at IS NULL"),
+        ):
             for agent, n in self.db.execute(
-                f"SELECT recipient, COUNT(*) FROM messages m WHERE {condition} AND recipient != '*' AND {_VISIBLE} "
-                "GROUP BY recipient",
+                f"SELECT recipient, COUNT(*) FROM messages m INDEXED BY {index} WHERE {condition} AND recipient != '*' "
+                f"AND {_VISIBLE} GROUP BY recipient",
                 params,
             ):
                 entry(agent)[key] = n
         # Separate DISTINCTs: each walks its index skipping duplicates; a UNION would sort every row.
-        for sql in ("SELECT DISTINCT sender FROM messages", "SELECT DISTINCT recipient FROM messages",
+        for sql in ("SELECT DISTINCT sender FROM messages",
+                    "SELECT DISTINCT recipient FROM messages INDEXED BY idx_messages_recipient",
                     "SELECT DISTINCT agent FROM watch_sessions", "SELECT agent FROM heartbeats",
                     "SELECT agent FROM profiles"):
             for (agent,) in self.db.execute(sql):
@@ -712,7 +792,8 @@ class SQLiteStore(Store):
         """
         total = self.db.execute("SELECT COUNT(*) FROM broadcast_acks").fetchone()[0]
         belonging = self.db.execute(
-            "SELECT COUNT(*) FROM messages m CROSS JOIN broadcast_acks b ON b.message_id = m.id "
+            "SELECT COUNT(*) FROM messages m INDEXED BY idx_messages_broadcasts CROSS JOIN broadcast_acks b "
+            "ON b.message_id = m.id "
             f"WHERE m.recipient = '*' AND {_VISIBLE}",
             params,
         ).fetchone()[0]
