@@ -12,9 +12,10 @@ For each implementation, with its own mailbox, N `watch` processes block on N id
 - wake-all: one broadcast; time from its commit until each watch has printed its result and
   exited; the last and the median.
 The commit is timed where it happens: the reference's send is a plain INSERT, so the
-benchmark commits that INSERT itself; this project's send also rings the recipients'
-wake-ups after committing, so a helper process sends through this project's own code and
-reports the moment send returned (CLOCK_MONOTONIC, comparable across processes). --also
+benchmark commits that INSERT itself; this project's send also wakes the recipients' watches
+after committing, so a helper process sends through this project's own code and reports the
+moment send returned (CLOCK_MONOTONIC, comparable across processes), while the benchmark
+is already watching for the results. --also
 runs this project alone with a bigger herd for the per-watch idle cost.
 """
 
@@ -116,13 +117,20 @@ class Herd:
             proc.communicate()
 
 
-def commit(implementation: str, cli: str, db: str, recipient: str) -> float:
-    """Commit a message to `recipient` as the implementation's send does; return when it committed."""
+def start_commit(implementation: str, cli: str, db: str, recipient: str):
+    """Commit a message to `recipient` as the implementation's send does, without waiting on anything but
+    the commit itself; returns a function that gives the moment it committed (call it after observing)."""
     if implementation == "agent-mail":
         python = os.path.join(os.path.dirname(cli), "python")
-        out = subprocess.run([python, "-c", OURS_SEND, SENDER, recipient], env=_env(db), check=True,
-                             capture_output=True, text=True).stdout
-        return float(out.strip().splitlines()[-1])
+        helper = subprocess.Popen([python, "-c", OURS_SEND, SENDER, recipient], env=_env(db),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+        def committed() -> float:
+            out, err = helper.communicate(timeout=60)
+            if helper.returncode:
+                raise RuntimeError(f"send failed: {err}")
+            return float(out.strip().splitlines()[-1])
+        return committed
     con = sqlite3.connect(db, timeout=10, isolation_level=None)
     try:
         con.execute("BEGIN IMMEDIATE")
@@ -131,9 +139,10 @@ def commit(implementation: str, cli: str, db: str, recipient: str) -> float:
                     (str(uuid.uuid4()), SENDER, recipient, "broadcast" if recipient == "*" else "direct",
                      dt.datetime.now(dt.timezone.utc).isoformat()))
         con.execute("COMMIT")
-        return time.perf_counter()
+        moment = time.perf_counter()
     finally:
         con.close()
+    return lambda: moment
 
 
 def idle_cpu(herd: Herd, seconds: float) -> tuple[float, float]:
@@ -153,8 +162,9 @@ def woken_by_direct(implementation: str, herd: Herd) -> tuple[int, int]:
     target, others = herd.names[0], herd.names[1:]
     before = herd.stats()
     started = time.monotonic()
-    commit(implementation, herd.cli, herd.db, target)
+    committed = start_commit(implementation, herd.cli, herd.db, target)
     herd.procs[target].communicate(timeout=60)
+    committed()
     time.sleep(0.1)
     window = time.monotonic() - started
     after = herd.stats()
@@ -173,7 +183,7 @@ def wake_all(implementation: str, herd: Herd) -> tuple[float, float]:
     for name, proc in waiting.items():
         os.set_blocking(proc.stdout.fileno(), False)
         selector.register(proc.stdout, selectors.EVENT_READ, name)
-    committed = commit(implementation, herd.cli, herd.db, "*")
+    committed_at = start_commit(implementation, herd.cli, herd.db, "*")
     finished: dict[str, float] = {}
     deadline = time.monotonic() + 60
     while len(finished) < len(waiting) and time.monotonic() < deadline:
@@ -184,6 +194,7 @@ def wake_all(implementation: str, herd: Herd) -> tuple[float, float]:
     selector.close()
     if len(finished) < len(waiting):
         raise RuntimeError(f"{len(waiting) - len(finished)} watches never woke for the broadcast")
+    committed = committed_at()
     latencies = sorted((t - committed) * 1000 for t in finished.values())
     return latencies[-1], latencies[len(latencies) // 2]
 

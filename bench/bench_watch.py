@@ -4,14 +4,14 @@
 
 For each implementation, with its own mailbox:
 - wake latency: a watch is armed (readiness = its own armed session row); after a random
-  pause of 0 to 1 s (so polling is caught at a random phase) the benchmark commits a
-  message straight into the mailbox with sqlite3 and times from just after COMMIT until
-  the watch process has printed its result and exited.
+  pause of 0 to 1 s (so polling is caught at a random phase) a message is committed the
+  way each implementation's send commits it (bench_herd.start_commit: the reference's
+  INSERT done here, this project's send run by a helper that reports when it returned),
+  and the time runs from that commit until the watch process has printed its result and
+  exited.
 - end to end: the same, but the message is sent by spawning the implementation's own
   `agent-mail send`, timed from the spawn.
-- idle CPU: a watch blocked for --idle-seconds, its user+system CPU time from /proc.
-Both implementations share the seed lineage's `messages` schema, so the same INSERT
-wakes either.
+- idle CPU: a watch blocked for --idle-seconds, its on-CPU time from /proc/PID/schedstat.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_herd import _stat, start_commit  # noqa: E402
 from common import implementations, report, summary  # noqa: E402
 
 AGENT = "bench:watcher"
@@ -75,21 +75,6 @@ def _sessions(db: str) -> int:
         return 0
 
 
-def _commit_message(db: str) -> float:
-    con = sqlite3.connect(db, timeout=10, isolation_level=None)
-    try:
-        con.execute("BEGIN IMMEDIATE")
-        con.execute(
-            "INSERT INTO messages (id, sender, recipient, subject, body, type, created) "
-            "VALUES (?, 'bench:sender', ?, 'wake', '', 'direct', ?)",
-            (str(uuid.uuid4()), AGENT, dt.datetime.now(dt.timezone.utc).isoformat()),
-        )
-        con.execute("COMMIT")
-        return time.perf_counter()
-    finally:
-        con.close()
-
-
 def _mark_all_read(db: str) -> None:
     con = sqlite3.connect(db, timeout=10)
     con.execute("UPDATE messages SET read_at = ? WHERE read_at IS NULL", (dt.datetime.now().isoformat(),))
@@ -97,7 +82,7 @@ def _mark_all_read(db: str) -> None:
     con.close()
 
 
-def measure_wake(cli: str, db: str, rounds: int, via_cli: bool) -> list[float]:
+def measure_wake(implementation: str, cli: str, db: str, rounds: int, via_cli: bool) -> list[float]:
     latencies = []
     for _ in range(rounds):
         before = _sessions(db)
@@ -110,11 +95,15 @@ def measure_wake(cli: str, db: str, rounds: int, via_cli: bool) -> list[float]:
                 started = time.perf_counter()
                 subprocess.run([cli, "send", "--from", "bench:sender", "--to", AGENT, "--subject", "wake"],
                                env=_env(db), check=True, stdout=subprocess.DEVNULL)
+                proc.stdout.read()  # EOF: the watch printed its result and exited
+                returned = time.perf_counter()
             else:
-                started = _commit_message(db)
-            proc.stdout.read()  # EOF: the watch printed its result and exited
+                committed = start_commit(implementation, cli, db, AGENT)
+                proc.stdout.read()
+                returned = time.perf_counter()
+                started = committed()
             proc.wait(timeout=60)
-            latencies.append((time.perf_counter() - started) * 1000)
+            latencies.append((returned - started) * 1000)
         finally:
             if proc.poll() is None:
                 proc.kill()
@@ -124,9 +113,7 @@ def measure_wake(cli: str, db: str, rounds: int, via_cli: bool) -> list[float]:
 
 
 def _cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as handle:
-        fields = handle.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return _stat(pid)[0]  # schedstat nanoseconds: ticks are too coarse for a sleeping process
 
 
 def measure_idle(clis: dict[str, str], dbs: dict[str, str], seconds: float) -> dict[str, float]:
@@ -155,8 +142,8 @@ def rows(clis: dict[str, str], rounds: int = 30, idle_seconds: float = 30.0) -> 
             subprocess.run([cli, "status"], env=_env(dbs[name]), check=True, stdout=subprocess.DEVNULL)
         results = {}
         for name, cli in clis.items():
-            wake = measure_wake(cli, dbs[name], rounds, via_cli=False)
-            e2e = measure_wake(cli, dbs[name], rounds, via_cli=True)
+            wake = measure_wake(name, cli, dbs[name], rounds, via_cli=False)
+            e2e = measure_wake(name, cli, dbs[name], rounds, via_cli=True)
             results[name] = (summary(wake), summary(e2e))
         idle = measure_idle(clis, dbs, idle_seconds)
     table_rows = []

@@ -3,10 +3,12 @@
     python bench/run_all.py [--quick]
 
 Builds (or reuses) the two throwaway virtual environments under bench/.cache, then runs
-bench_cli (cold start, 200,000-message mailbox, growth), bench_concurrency, bench_fanout
-and bench_watch, and prints one table of both figures and their ratio. --quick uses
-fewer rounds and a 20,000-message mailbox, for a smoke run; the recorded numbers in
-docs/benchmarks.md come from the full run.
+bench_cli (cold start), bench_scale (per-agent commands, status, cleanup and growth at
+200,000 messages spread or with a broadcast backlog, and at 1,000,000), bench_concurrency,
+bench_fanout, bench_watch and bench_herd (100 and 300 blocked watches), and prints one
+table of both figures and their ratio. --quick uses fewer rounds, no million-message
+mailbox and a herd of 20, for a smoke run; the recorded numbers in docs/benchmarks.md come
+from the full run.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_cli  # noqa: E402
 import bench_concurrency  # noqa: E402
 import bench_fanout  # noqa: E402
+import bench_herd  # noqa: E402
+import bench_scale  # noqa: E402
 import bench_watch  # noqa: E402
 from common import implementations, report  # noqa: E402
 
@@ -32,10 +36,13 @@ def main() -> None:
     started = time.time()
     rounds = 5 if args.quick else 15
     rows = []
-    rows += bench_cli.rows(clis, rounds=rounds, messages=20_000 if args.quick else 200_000, agents=200)
+    rows += bench_cli.cold_start_rows(clis, rounds)
+    rows += bench_scale.rows(clis, rounds=3 if args.quick else 7, million=not args.quick)
     rows += bench_concurrency.rows(clis, senders=8, readers=4, sends=5 if args.quick else 25)
     rows += bench_fanout.rows(clis, rounds=rounds, recipients=50)
     rows += bench_watch.rows(clis, rounds=5 if args.quick else 30, idle_seconds=5 if args.quick else 30)
+    rows += bench_herd.rows(clis, watches=20 if args.quick else 100, idle_seconds=5 if args.quick else 10,
+                            also=0 if args.quick else 300)
     report(f"agent-mail benchmarks, {time.time() - started:.0f} s", rows)
 
 
