@@ -15,6 +15,7 @@ except ImportError:  # an interpreter without the C accelerator
     from json.encoder import py_encode_basestring as _quote
 
 _INFINITY = float("inf")
+_TEMPLATES: dict[tuple, str] = {}  # (level, keys...) -> layout of a flat object of strings
 
 
 def dumps(value: object) -> str:
@@ -34,11 +35,19 @@ def _encode(value: object, level: int, out) -> None:
             return
         inner = ",\n" + "  " * (level + 1)
         close = "\n" + "  " * level + "}"
-        try:  # a flat object of strings (an envelope): one join, no call per member
-            out("{" + inner[1:] + inner.join([_quote(k) + ": " + _quote(v) for k, v in value.items()]) + close)
-            return
-        except TypeError:
-            pass  # some key or value is not a string: lay it out member by member
+        # A flat object of strings (an envelope, thousands of them in one watch result): laid out from a
+        # template made once per shape, one substitution per object.
+        shape = (level, *value)
+        template = _TEMPLATES.get(shape)
+        if template is None and all(type(k) is str for k in value):
+            template = _TEMPLATES[shape] = ("{" + inner[1:] + inner.join(
+                _quote(k).replace("%", "%%") + ": %s" for k in value) + close)
+        if template is not None:
+            try:
+                out(template % tuple(map(_quote, value.values())))
+                return
+            except TypeError:
+                pass  # some value is not a string: lay it out member by member
         first = True
         for key, item in value.items():
             if type(key) is not str:
@@ -64,6 +73,14 @@ def _encode(value: object, level: int, out) -> None:
             if not first:
                 out(inner)
             first = False
+            if type(item) is dict and item:  # the flat-object fast path, without a call per item
+                template = _TEMPLATES.get((level + 1, *item))
+                if template is not None:
+                    try:
+                        out(template % tuple(map(_quote, item.values())))
+                        continue
+                    except TypeError:
+                        pass
             _encode(item, level + 1, out)
         out("\n" + "  " * level + "]")
     else:

@@ -961,8 +961,7 @@ class Mailbox:
 
     def _envelopes(self, agent: str) -> list[dict]:
         with self.store.transaction():
-            messages = self.store.unread(agent, model.now_iso(), lean=True)
-        return [{f: m[f] for f in spec.ENVELOPE_FIELDS} for m in messages]
+            return self.store.unread(agent, model.now_iso(), lean=True)
 
     def _next_due(self, agent: str) -> float | None:
         """Seconds until the next scheduled message for `agent` falls due, or None."""

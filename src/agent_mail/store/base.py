@@ -60,7 +60,7 @@ class Store:
                sender: str | None = None, lean: bool = False) -> list[dict]:
         """`agent`'s unread visible mail (from `sender` only, if given), in arrival order: all of it, or the
         oldest `limit` (the newest `limit` with newest=True, still returned oldest first). Envelope columns
-        and the agent's state; lean=True: only seq, id, sender, subject, type, created and arrival.
+        and the agent's state; lean=True: envelopes only (id, sender, subject, type, created).
         Costs the page, not the backlog: backends walk an arrival-ordered index and stop at the limit."""
         raise NotImplementedError
 

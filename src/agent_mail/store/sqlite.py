@@ -122,8 +122,9 @@ def m006_arrival_indexes(db: sqlite3.Connection) -> None:
     db.execute(f"CREATE INDEX IF NOT EXISTS idx_messages_recipient_arrival ON messages(recipient, {_ARRIVED})")
     db.execute(f"CREATE INDEX IF NOT EXISTS idx_messages_unread_arrival ON messages(recipient, {_ARRIVED}) "
                "WHERE read_at IS NULL")
+    # Broadcasts also carry their envelope, so listing a backlog of them never reads the table.
     db.execute(f"CREATE INDEX IF NOT EXISTS idx_messages_broadcast_arrival ON messages({_ARRIVED}, recipient, "
-               "sender, cancelled_at, deliver_at, id) WHERE recipient = '*'")
+               "sender, cancelled_at, deliver_at, id, subject, type, created) WHERE recipient = '*'")
     db.execute("CREATE INDEX IF NOT EXISTS idx_broadcast_acks_open ON broadcast_acks(agent, message_id) "
                "WHERE read_at IS NOT NULL AND acked_at IS NULL AND archived_at IS NULL AND deleted_at IS NULL")
 
@@ -133,9 +134,13 @@ MIGRATIONS = (m001_seed_schema, m002_inbox_indexes, m003_liveness, m004_delivery
 
 _ENVELOPE = ("m.rowid AS seq, m.id, m.sender, m.recipient, m.subject, m.type, m.created, m.deliver_at, "
              "julianday(COALESCE(m.deliver_at, m.created)) AS arrival")
-# What a watch lists: the envelope, and the arrival order.
+# What a watch lists: the envelope, and the arrival order (sorted by _lean_order: arrival, then seq).
 _LEAN = ("m.rowid AS seq, m.id, m.sender, m.subject, m.type, m.created, "
          "julianday(COALESCE(m.deliver_at, m.created)) AS arrival")
+
+
+def _lean_order(row: tuple) -> tuple:
+    return (row[6], row[0])
 # The arrival expression over the `m` alias; SQLite matches it to the index expressions above.
 _M_ARRIVED = "julianday(COALESCE(m.deliver_at, m.created))"
 # Mail is ordered by when it arrived in the inbox (a delayed message at its delivery time), through
@@ -562,6 +567,12 @@ class SQLiteStore(Store):
         broadcast = (f"SELECT {broadcast_columns} "
                      "FROM messages m INDEXED BY idx_messages_broadcast_arrival WHERE m.recipient = '*' "
                      f"AND m.sender != :agent AND {_VISIBLE}{by_sender} AND {_NOT_READ_BY} {ordered}")
+        if lean:  # only envelopes: sort the tuples, then make one dict per envelope
+            found = self.db.execute(direct, params).fetchall() + self.db.execute(broadcast, params).fetchall()
+            found.sort(key=_lean_order)
+            if limit is not None:
+                found = found[-limit:] if newest else found[:limit]
+            return [{"id": r[1], "sender": r[2], "subject": r[3], "type": r[4], "created": r[5]} for r in found]
         rows = self._query(direct, params) + self._query(broadcast, params)
         return _page(rows, limit, newest)
 
