@@ -149,7 +149,8 @@ def test_counts_stay_exact_across_the_migration_that_added_the_indexes(mailbox_p
                 db.execute("INSERT INTO broadcast_acks (message_id, agent, read_at, acked_at) VALUES (?, 't:a', ?, ?)",
                            (message, at, at if i % 2 else None))
             for message in broadcasts[:3]:
-                db.execute("INSERT INTO broadcast_acks (message_id, agent, read_at) VALUES (?, 't:b', ?)", (message, at))
+                db.execute("INSERT INTO broadcast_acks (message_id, agent, read_at) VALUES (?, 't:b', ?)",
+                           (message, at))
             db.execute("INSERT INTO broadcast_acks (message_id, agent, read_at, archived_at) VALUES (?, 't:c', ?, ?)",
                        (broadcasts[0], at, at))
             db.execute("INSERT INTO broadcast_acks (message_id, agent, read_at, deleted_at) VALUES (?, 't:c', ?, ?)",
