@@ -757,16 +757,15 @@ class Mailbox:
         nobody was shown is never settled in bulk."""
         wanted = list(dict.fromkeys(ids))
         now = model.now_iso()
-        unread_left = 0
         with self._changing():
             if outstanding is not None:
                 fresh, already = outstanding(agent, now), []
-                unread_left = self.store.count_unread(agent, now)  # unread mail is never settled in bulk
             else:
                 found = self._addressed_or_fail(agent, wanted, now)
                 fresh = [found[i] for i in wanted if found[i][state] is None]
                 already = [i for i in wanted if found[i][state] is not None]
             self.store.set_flags(agent, fresh, now, tuple(dict.fromkeys(("read", flag))))
+            unread = self.store.count_unread(agent, now)  # after: what is left unread
             reachable = self._presence(agent)["reachable"]
             result = {"agent": agent}
             if stamp:
@@ -777,10 +776,11 @@ class Mailbox:
                 "count": len(fresh),
             })
             if count_unread_left:
-                result["unread_left"] = unread_left
+                # with --all: unread mail is never settled in bulk, so all of it was left alone
+                result["unread_left"] = unread if outstanding is not None else 0
             result.update({
                 "reachable": reachable,
-                "next": next_steps(agent, unread=self.store.count_unread(agent, now), reachable=reachable),
+                "next": next_steps(agent, unread=unread, reachable=reachable),
             })
             if fresh:
                 self._render([agent])

@@ -410,8 +410,10 @@ _register(Command(
         "signals": "SIGINT, SIGTERM or SIGHUP end the wait: the session is released and a JSON error says so.",
     },
     notes=(
-        f"While blocked, the watch refreshes its liveness session every {REFRESH_SECONDS:.0f} s in its own short "
-        "transaction and holds no lock. It wakes on the commit of another process, not on a poll interval.",
+        f"While blocked, the watch refreshes its liveness session every {REFRESH_SECONDS:.0f} s and holds no lock. "
+        "It wakes when mail for it, or a broadcast, is committed, within milliseconds; nothing else wakes it (other "
+        "watches, heartbeats, reads, mail for others). Every 15 s it also looks at the mailbox itself, in case a "
+        "wake-up was lost.",
         "The loop: watch (blocks) -> read (take delivery) -> act -> ack -> watch again. Never end a turn "
         "without a watch armed.",
         "A message sent with --delay-minutes wakes the watch when it falls due.",
@@ -727,8 +729,8 @@ def describe_document(storage: dict, version: str, command: str | None = None) -
         "environment": {
             "AGENT_MAIL_DB": "Path of the mailbox file (default ~/.agent-mail/mail.db). A symbolic link is followed "
             "to the real file. Empty means unset; a value of only spaces is refused.",
-            "AGENT_MAIL_POLL": "Set to any value to make watch poll the mailbox (every 25 ms) instead of "
-            "relying on kernel file notifications, e.g. on a network file system that does not report writes.",
+            "AGENT_MAIL_POLL": "Set to any value to make watch poll the mailbox (every 25 ms) instead of sleeping on "
+            "its wake-up pipe, for a file system that cannot hold named pipes. Any new message then wakes every watch.",
         },
         "storage": storage,
         "commands": {name: c.describe() for name, c in COMMANDS.items()},
