@@ -16,7 +16,7 @@ class Store:
 
     #: What `describe` calls this backend.
     kind = "abstract"
-    #: How often the default `wait_for_change` looks for a change, in seconds.
+    #: How often the default `wait_for_wake` looks for a new message, in seconds.
     poll_seconds = 0.025
 
     # -- lifecycle -------------------------------------------------------
