@@ -215,10 +215,23 @@ def test_closed_pipe_reader_changes_nothing(send, am):
     assert am("read", "b:y", "--no-mark-read").json["count"] == 1
 
 
+@pytest.mark.parametrize("argv", [["read", "a:b"], ["status"], ["watch", "a:b", "--once"], ["ack", "a:b", "--all"],
+                                  ["heartbeat", "a:b"]])
+def test_everyday_commands_import_nothing_they_do_not_need(argv, mailbox_path):
+    """What a command imports is start-up time on every call: the ones an agent runs all day need no
+    regular expressions, enum, json, signal, hashlib or ctypes (send needs re for its text checks)."""
+    code = ("import sys; from agent_mail import cli; code = cli.main(sys.argv[1:]); "
+            "heavy = {'re', 'enum', 'json', 'signal', 'hashlib', 'ctypes', 'select', 'typing', 'dataclasses', "
+            "'uuid', 'urllib.parse', 'importlib.metadata'}; "
+            "print(code, sorted(heavy & set(sys.modules)), file=sys.stderr)")
+    proc = subprocess.run([sys.executable, "-S", "-c", code, *argv], env=process_env(), capture_output=True, text=True)
+    assert proc.stderr.strip().splitlines()[-1] == "0 []", proc.stderr
+
+
 def test_cold_import_pulls_in_no_heavy_modules():
     code = ("import sys, agent_mail.cli; heavy = {'importlib.metadata', 'argparse', 'difflib', 'asyncio', "
             "'email', 'http', 'urllib.parse', 'agent_mail.service', 'sqlite3', 'hashlib', 'uuid', 'typing', "
-            "'dataclasses', 'ctypes'}; "
+            "'dataclasses', 'ctypes', 're', 'enum', 'json', 'signal'}; "
             "print(sorted(heavy & set(sys.modules)))")
     # -S: measure our imports, not what site-packages .pth files load
     proc = subprocess.run([sys.executable, "-S", "-c", code], env=process_env(), capture_output=True, text=True)
