@@ -73,8 +73,9 @@ def _connect(path: str) -> sqlite3.Connection:
 
 
 def _tables(db: sqlite3.Connection) -> list[str]:
-    return [r[0].decode() for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table' "
-                                              "AND name NOT LIKE 'sqlite_%' ORDER BY name")]
+    """The mailbox's own tables (names come back as bytes on the damaged file's connection)."""
+    rows = db.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name")
+    return [r[0].decode() if isinstance(r[0], bytes) else r[0] for r in rows]
 
 
 def _text_columns(db: sqlite3.Connection, table: str) -> list[tuple[str, bool]]:
@@ -172,7 +173,7 @@ def _repair(path: str) -> dict:
                 source_tables = set(_tables(damaged))
             except sqlite3.Error:
                 source_tables = set()
-            for table in _tables_of(fresh):
+            for table in _tables(fresh):
                 if table == "schema_migrations" or table not in source_tables:
                     continue
                 saved[table] = _copy_table(damaged, fresh, table, unsaved, altered)
@@ -206,18 +207,12 @@ def _repair(path: str) -> dict:
             "mailbox": path}
 
 
-def _tables_of(db: sqlite3.Connection) -> list[str]:
-    return [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table' "
-                                     "AND name NOT LIKE 'sqlite_%' ORDER BY name")]
-
-
 def _copy_table(damaged: sqlite3.Connection, fresh: sqlite3.Connection, table: str, unsaved: list,
                 altered: list) -> int:
     """Copy every readable row of `table`; note what could not be read or stored. Returns how many were saved."""
-    wanted = [c for c, _ in _text_columns(damaged, table)]
-    have = {r[1] for r in fresh.execute(f'PRAGMA table_info("{table}")')}
-    columns = [c for c in wanted if c in have]
     is_text = dict(_text_columns(damaged, table))
+    have = {r[1] for r in fresh.execute(f'PRAGMA table_info("{table}")')}
+    columns = [c for c in is_text if c in have]
     select = f'SELECT rowid, {", ".join(f"{chr(34)}{c}{chr(34)}" for c in columns)} FROM "{table}" ' \
              "WHERE rowid > ? ORDER BY rowid"
     marks = ", ".join("?" * (len(columns) + 1))

@@ -538,8 +538,9 @@ class Mailbox:
         deliver_at = model.iso(moment + dt.timedelta(minutes=delay_minutes)) if delay_minutes else None
         batch = model.new_message_id()
         with self._changing():
-            if reply_to is not None and self._reply_to_problems(from_, reply_to):  # gone since the check above
-                raise errors.NotFound(self._reply_to_problems(from_, reply_to))
+            gone = self._reply_to_problems(from_, reply_to) if reply_to is not None else []
+            if gone:  # deleted (cleanup) since the check above
+                raise errors.NotFound(gone)
             reachable = self._reachability([r for r in recipients if r not in (from_, model.BROADCAST)])
             if model.BROADCAST in recipients:
                 reachable[model.BROADCAST] = self._anyone_reachable(besides=from_)
@@ -694,7 +695,7 @@ class Mailbox:
             found = self.store.addressed(agent, [m["id"] for m in listed], now)
             messages = [found[m["id"]] for m in listed]
             unread = self.store.count_unread(agent, now)
-            was_unread = {m["id"] for m in messages if m["read_at"] is None}
+            page_unread = sum(m["read_at"] is None for m in messages)
             fresh = [m for m in messages if m["read_at"] is None] if marking else []
             unacked = [m for m in messages if m["acked_at"] is None] if ack else []
             if fresh:
@@ -705,7 +706,8 @@ class Mailbox:
                 m["read_at"] = m["read_at"] or now
             for m in unacked:
                 m["acked_at"] = now
-            remaining = unread - len(was_unread & {m["id"] for m in fresh + unacked})
+            # Marking (or --ack) takes delivery of every unread message on the page; --no-mark-read of none.
+            remaining = unread - (page_unread if marking or ack else 0)
             result = self._read_result(agent, messages, fields, remaining=remaining)
             changed = bool(fresh or unacked)
             if changed:

@@ -988,7 +988,7 @@ class SQLiteStore(Store):
 
     def listen(self, agent: str, session: str | None = None) -> None:
         """Open this process's own wake-up: a named pipe in the private directory beside the mailbox,
-        called IDENTITY@PID-RANDOM. A sender that commits mail for IDENTITY (or a broadcast) writes a byte
+        called IDENTITY@PID-SESSION. A sender that commits mail for IDENTITY (or a broadcast) writes a byte
         into every such pipe of its recipients; nothing else does. So a blocked watch is woken by its own
         mail only, and sleeps in the kernel otherwise. Where a pipe cannot be made (AGENT_MAIL_POLL set,
         or a file system without them), the polling default of the base class stands in."""
