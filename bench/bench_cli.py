@@ -21,21 +21,15 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import implementations, report, summary  # noqa: E402
+from common import cli_env, implementations, report, summary  # noqa: E402
 from seed import seed  # noqa: E402
-
-
-def _env(db: str) -> dict:
-    env = dict(os.environ)
-    env["AGENT_MAIL_DB"] = db
-    return env
 
 
 def _time(argv: list[str], db: str, rounds: int) -> list[float]:
     samples = []
     for _ in range(rounds):
         started = time.perf_counter()
-        done = subprocess.run(argv, env=_env(db), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        done = subprocess.run(argv, env=cli_env(db), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         samples.append((time.perf_counter() - started) * 1000)
         if done.returncode != 0:
             raise RuntimeError(f"{argv} failed: {done.stderr.decode()}")
@@ -55,7 +49,7 @@ def cold_start_rows(clis: dict[str, str], rounds: int) -> list[tuple]:
     with tempfile.TemporaryDirectory() as tmp:
         dbs = {name: os.path.join(tmp, name, "mail.db") for name in clis}
         for name, cli in clis.items():
-            subprocess.run([cli, "send", "--from", "a:x", "--to", "b:y", "--subject", "warm"], env=_env(dbs[name]),
+            subprocess.run([cli, "send", "--from", "a:x", "--to", "b:y", "--subject", "warm"], env=cli_env(dbs[name]),
                            check=True, stdout=subprocess.DEVNULL)
         for _ in range(rounds * 2):
             for name, cli in clis.items():
@@ -67,7 +61,7 @@ def cold_start_rows(clis: dict[str, str], rounds: int) -> list[tuple]:
 
 
 def _busiest_agent(cli: str, db: str) -> str:
-    out = subprocess.run([cli, "status"], env=_env(db), check=True, capture_output=True).stdout
+    out = subprocess.run([cli, "status"], env=cli_env(db), check=True, capture_output=True).stdout
     rows = json.loads(out)
     rows = rows["agents"] if isinstance(rows, dict) else rows
     return max(rows, key=lambda r: r["unread"])["agent"]
@@ -78,9 +72,9 @@ def scale_rows(clis: dict[str, str], rounds: int, messages: int, agents: int) ->
     with tempfile.TemporaryDirectory() as tmp:
         for name, cli in clis.items():
             db = os.path.join(tmp, name, "mail.db")
-            subprocess.run([cli, "status"], env=_env(db), check=True, stdout=subprocess.DEVNULL)
+            subprocess.run([cli, "status"], env=cli_env(db), check=True, stdout=subprocess.DEVNULL)
             seed(db, messages, agents)
-            subprocess.run([cli, "status"], env=_env(db), check=True, stdout=subprocess.DEVNULL)  # settle
+            subprocess.run([cli, "status"], env=cli_env(db), check=True, stdout=subprocess.DEVNULL)  # settle
             agent = _busiest_agent(cli, db)
             status_rounds = rounds if name == "agent-mail" else max(3, rounds // 5)
             results[name] = {

@@ -23,17 +23,11 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import implementations, report  # noqa: E402
-
-
-def _env(db: str) -> dict:
-    env = dict(os.environ)
-    env["AGENT_MAIL_DB"] = db
-    return env
+from common import cli_env, implementations, report  # noqa: E402
 
 
 def run(cli: str, db: str, senders: int, readers: int, sends: int) -> dict:
-    env = _env(db)
+    env = cli_env(db)
     subprocess.run([cli, "status"], env=env, check=True, stdout=subprocess.DEVNULL)
     inboxes = [f"sink:r{i}" for i in range(readers)]
     sent, failures, delivered = [], [], []

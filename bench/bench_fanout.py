@@ -19,13 +19,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import implementations, report, summary  # noqa: E402
-
-
-def _env(db: str) -> dict:
-    env = dict(os.environ)
-    env["AGENT_MAIL_DB"] = db
-    return env
+from common import cli_env, implementations, report, summary  # noqa: E402
 
 
 def time_ours(cli: str, db: str, recipients: list[str], rounds: int) -> list[float]:
@@ -35,7 +29,7 @@ def time_ours(cli: str, db: str, recipients: list[str], rounds: int) -> list[flo
     samples = []
     for _ in range(rounds):
         started = time.perf_counter()
-        subprocess.run(argv, env=_env(db), check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(argv, env=cli_env(db), check=True, stdout=subprocess.DEVNULL)
         samples.append((time.perf_counter() - started) * 1000)
     return samples
 
@@ -46,7 +40,7 @@ def time_reference(cli: str, db: str, recipients: list[str], rounds: int) -> lis
         started = time.perf_counter()
         for recipient in recipients:
             subprocess.run([cli, "send", "--from", "bench:lead", "--to", recipient, "--subject", "fan-out",
-                            "--body", "Please review."], env=_env(db), check=True, stdout=subprocess.DEVNULL)
+                            "--body", "Please review."], env=cli_env(db), check=True, stdout=subprocess.DEVNULL)
         samples.append((time.perf_counter() - started) * 1000)
     return samples
 
@@ -58,7 +52,7 @@ def rows(clis: dict[str, str], rounds: int = 15, recipients: int = 50) -> list[t
         results, counts = {}, {}
         for name, cli in clis.items():
             db = os.path.join(tmp, name, "mail.db")
-            subprocess.run([cli, "status"], env=_env(db), check=True, stdout=subprocess.DEVNULL)
+            subprocess.run([cli, "status"], env=cli_env(db), check=True, stdout=subprocess.DEVNULL)
             timer = time_ours if name == "agent-mail" else time_reference
             results[name] = summary(timer(cli, db, names, rounds))
             con = sqlite3.connect(db)

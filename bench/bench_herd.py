@@ -33,7 +33,7 @@ import time
 import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import implementations, report  # noqa: E402
+from common import cli_env, implementations, report  # noqa: E402
 
 SENDER = "herd:boss"
 OURS_SEND = r"""
@@ -47,12 +47,6 @@ print(time.perf_counter())
 
 def agents(n: int) -> list[str]:
     return [f"herd:w{i:03d}" for i in range(n)]
-
-
-def _env(db: str) -> dict:
-    env = dict(os.environ)
-    env["AGENT_MAIL_DB"] = db
-    return env
 
 
 def _stat(pid: int) -> tuple[float, int]:
@@ -94,7 +88,7 @@ class Herd:
     def start(self) -> None:
         for name in self.names:
             self.procs[name] = subprocess.Popen([self.cli, "watch", name, "--timeout-minutes", "60"],
-                                                env=_env(self.db), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                                env=cli_env(self.db), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         deadline = time.monotonic() + 60 + len(self.names) * 0.5
         while time.monotonic() < deadline:
             exited = [n for n, p in self.procs.items() if p.poll() is not None]
@@ -122,7 +116,7 @@ def start_commit(implementation: str, cli: str, db: str, recipient: str):
     the commit itself; returns a function that gives the moment it committed (call it after observing)."""
     if implementation == "agent-mail":
         python = os.path.join(os.path.dirname(cli), "python")
-        helper = subprocess.Popen([python, "-c", OURS_SEND, SENDER, recipient], env=_env(db),
+        helper = subprocess.Popen([python, "-c", OURS_SEND, SENDER, recipient], env=cli_env(db),
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
         def committed() -> float:
@@ -201,7 +195,7 @@ def wake_all(implementation: str, herd: Herd) -> tuple[float, float]:
 
 def run_one(implementation: str, cli: str, tmp: str, n: int, idle_seconds: float, wake: bool = True) -> dict:
     db = os.path.join(tmp, f"{implementation}-{n}", "mail.db")
-    subprocess.run([cli, "status"], env=_env(db), check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([cli, "status"], env=cli_env(db), check=True, stdout=subprocess.DEVNULL)
     herd = Herd(cli, db, n)
     try:
         herd.start()

@@ -26,7 +26,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import implementations, report, summary  # noqa: E402
+from common import cli_env, implementations, report, summary  # noqa: E402
 from seed import seed  # noqa: E402
 
 AGENT = "proj5:agent25"
@@ -44,17 +44,11 @@ PER_AGENT = (
 )
 
 
-def _env(db: str) -> dict:
-    env = dict(os.environ)
-    env["AGENT_MAIL_DB"] = db
-    return env
-
-
 def _median_ms(cli: str, argv: list[str], db: str, rounds: int) -> float:
     samples = []
     for _ in range(rounds):
         started = time.perf_counter()
-        done = subprocess.run([cli, *argv], env=_env(db), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        done = subprocess.run([cli, *argv], env=cli_env(db), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         samples.append((time.perf_counter() - started) * 1000)
         if done.returncode != 0:
             raise RuntimeError(f"{argv} failed: {done.stderr.decode()}")
@@ -62,10 +56,10 @@ def _median_ms(cli: str, argv: list[str], db: str, rounds: int) -> float:
 
 
 def measure(cli: str, db: str, shape: dict, rounds: int, slow_rounds: int, cleanup: bool) -> dict:
-    subprocess.run([cli, "status"], env=_env(db), check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([cli, "status"], env=cli_env(db), check=True, stdout=subprocess.DEVNULL)
     seed(db, shape["messages"], shape["agents"], broadcasts=shape["broadcasts"],
          broadcast_readers=shape["broadcast_readers"])
-    subprocess.run([cli, "status"], env=_env(db), check=True, stdout=subprocess.DEVNULL)  # settle
+    subprocess.run([cli, "status"], env=cli_env(db), check=True, stdout=subprocess.DEVNULL)  # settle
     result = {label: _median_ms(cli, argv, db, rounds) for label, argv in PER_AGENT}
     result["status"] = _median_ms(cli, ["status"], db, slow_rounds)
     if cleanup:

@@ -28,19 +28,13 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_herd import _stat, start_commit  # noqa: E402
-from common import implementations, report, summary  # noqa: E402
+from common import cli_env, implementations, report, summary  # noqa: E402
 
 AGENT = "bench:watcher"
 
 
-def _env(db: str) -> dict:
-    env = dict(os.environ)
-    env["AGENT_MAIL_DB"] = db
-    return env
-
-
 def _start_watch(cli: str, db: str) -> subprocess.Popen:
-    return subprocess.Popen([cli, "watch", AGENT, "--timeout-minutes", "5"], env=_env(db),
+    return subprocess.Popen([cli, "watch", AGENT, "--timeout-minutes", "5"], env=cli_env(db),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
@@ -94,7 +88,7 @@ def measure_wake(implementation: str, cli: str, db: str, rounds: int, via_cli: b
             if via_cli:
                 started = time.perf_counter()
                 subprocess.run([cli, "send", "--from", "bench:sender", "--to", AGENT, "--subject", "wake"],
-                               env=_env(db), check=True, stdout=subprocess.DEVNULL)
+                               env=cli_env(db), check=True, stdout=subprocess.DEVNULL)
                 proc.stdout.read()  # EOF: the watch printed its result and exited
                 returned = time.perf_counter()
             else:
@@ -139,7 +133,7 @@ def rows(clis: dict[str, str], rounds: int = 30, idle_seconds: float = 30.0) -> 
         dbs = {}
         for name, cli in clis.items():
             dbs[name] = os.path.join(tmp, name, "mail.db")
-            subprocess.run([cli, "status"], env=_env(dbs[name]), check=True, stdout=subprocess.DEVNULL)
+            subprocess.run([cli, "status"], env=cli_env(dbs[name]), check=True, stdout=subprocess.DEVNULL)
         results = {}
         for name, cli in clis.items():
             wake = measure_wake(name, cli, dbs[name], rounds, via_cli=False)

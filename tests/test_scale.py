@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent_mail import model
+from agent_mail import jsonout, model
 from agent_mail.store import sqlite as sqlite_store
 from conftest import _run_inprocess, examples
 
@@ -177,3 +177,39 @@ def test_status_of_one_identity_is_what_read_would_deliver(am, agent):
     am("send", "--from", "boss:main", "--to", "t:a", "--subject", "one").json
     row = am("status", "--agent", agent).json["agents"][0]
     assert row["unread"] == am("read", agent, "--no-mark-read").json["count"]
+
+
+_TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
+
+
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.lists(st.tuples(st.booleans(), _TEXT, _TEXT, _TEXT, st.integers(0, 2)), min_size=1, max_size=12))
+def test_envelopes_laid_out_by_sqlite_are_what_the_json_module_writes(mailbox_path, rows):
+    """A watch's envelopes are laid out by SQLite (json_quote): byte for byte json.dumps of the same rows,
+    whatever the stored text holds (quotes, backslashes, control characters, any Unicode), merged in
+    arrival order with insertion order breaking ties (arrival times are given a few distinct values)."""
+    if not mailbox_path.exists():
+        ok("status")
+    store = sqlite_store.SQLiteStore(str(mailbox_path))
+    try:
+        with store.transaction(write=True):
+            store.db.execute("DELETE FROM messages")
+            for i, (broadcast, sender, subject, kind, tick) in enumerate(rows):
+                created = f"2026-03-01T10:00:0{tick}.000000+00:00"
+                store.db.execute(
+                    "INSERT INTO messages (id, sender, recipient, subject, body, type, created) "
+                    "VALUES (?, ?, ?, ?, '', ?, ?)",
+                    (f"id-{i}\"\\\x01", f"s{sender}", "*" if broadcast else "t:a", subject, kind, created))
+        now = model.now_iso()
+        with store.transaction():
+            rendered = store.unread("t:a", now, lean=True, layout_level=2)
+            plain = store.unread("t:a", now, lean=True)
+    finally:
+        store.close()
+    assert type(rendered) is jsonout.Rendered and len(rendered) == len(plain) == len(rows)
+    document = {"agent": "t:a", "messages": rendered, "count": len(rendered)}
+    expected = json.dumps({"agent": "t:a", "messages": plain, "count": len(plain)}, indent=2, ensure_ascii=False)
+    assert jsonout.dumps(document) == expected
+    assert rendered == plain  # and to Python code it is the same list
+    # At any other depth it is laid out from the decoded list, still the same text.
+    assert jsonout.dumps([document]) == json.dumps([document], indent=2, ensure_ascii=False, default=list)

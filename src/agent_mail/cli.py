@@ -249,7 +249,7 @@ def _num(value: float | None) -> str:
 
 
 def _dumps(document: object) -> bytes:
-    text = jsonout.dumps(document) + "\n"
+    text = jsonout.dumps(document, end="\n")
     try:
         return text.encode("utf-8")
     except UnicodeEncodeError:

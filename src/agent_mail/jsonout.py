@@ -15,13 +15,62 @@ except ImportError:  # an interpreter without the C accelerator
     from json.encoder import py_encode_basestring as _quote
 
 _INFINITY = float("inf")
+_LEAN_KEYS = ("id", "sender", "subject", "type", "created")
 _TEMPLATES: dict[tuple, str] = {}  # (level, keys...) -> layout of a flat object of strings
 
 
-def dumps(value: object) -> str:
-    """`value` as indented JSON text (2 spaces), non-ASCII kept as is."""
+class Rendered:
+    """A JSON array of objects already laid out as text, each for nesting depth `level` (the depth
+    of the array's members): `dumps` inserts them as they are when the array sits at that depth.
+
+    A watch over a backlog lists tens of thousands of envelopes; SQLite lays each out while it
+    reads the index (`store.sqlite.render_lean`), which spares a Python object per value. To Python
+    code it is the list of objects, decoded when first used.
+    """
+
+    __slots__ = ("members", "level", "_decoded")
+
+    def __init__(self, members: list[str], level: int) -> None:
+        self.members, self.level, self._decoded = members, level, None
+
+    def decoded(self) -> list:
+        if self._decoded is None:
+            import json
+
+            self._decoded = [json.loads(member) for member in self.members]
+        return self._decoded
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    def __iter__(self):
+        return iter(self.decoded())
+
+    def __getitem__(self, index):
+        return self.decoded()[index]
+
+    def __eq__(self, other: object) -> bool:
+        return self.decoded() == (other.decoded() if isinstance(other, Rendered) else other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Rendered({self.decoded()!r})"
+
+
+def lean_layout(level: int) -> tuple[str, ...]:
+    """The fixed text around the five envelope values (id, sender, subject, type, created) of an object
+    at nesting depth `level`, as `dumps` lays it out: six pieces for five values."""
+    inner = ",\n" + "  " * (level + 1)
+    keys = [_quote(key) + ": " for key in _LEAN_KEYS]
+    return ("{" + inner[1:] + keys[0], *(inner + key for key in keys[1:]), "\n" + "  " * level + "}")
+
+
+def dumps(value: object, end: str = "") -> str:
+    """`value` as indented JSON text (2 spaces), non-ASCII kept as is, followed by `end`."""
     parts: list[str] = []
     _encode(value, 0, parts.append)
+    parts.append(end)
     return "".join(parts)
 
 
@@ -29,6 +78,16 @@ def _encode(value: object, level: int, out) -> None:
     text = _scalar(value)
     if text is not None:
         out(text)
+    elif type(value) is Rendered:
+        if not value.members:
+            out("[]")
+        elif value.level == level + 1:
+            inner = ",\n" + "  " * (level + 1)
+            out("[" + inner[1:])
+            out(inner.join(value.members))  # megabytes for a large backlog: copied once here, not again
+            out("\n" + "  " * level + "]")
+        else:
+            _encode(value.decoded(), level, out)
     elif isinstance(value, dict):
         if not value:
             out("{}")

@@ -963,7 +963,7 @@ class Mailbox:
 
     def _envelopes(self, agent: str) -> list[dict]:
         with self.store.transaction():
-            return self.store.unread(agent, model.now_iso(), lean=True)
+            return self.store.unread(agent, model.now_iso(), lean=True, layout_level=2)  # result.messages[i]
 
     def _next_due(self, agent: str) -> float | None:
         """Seconds until the next scheduled message for `agent` falls due, or None."""

@@ -13,7 +13,7 @@ import sqlite3
 import time
 from contextlib import contextmanager
 
-from agent_mail import errors
+from agent_mail import errors, jsonout
 from agent_mail.store.base import Store
 
 # Marks a file as an agent-mail mailbox ("AGML"). Older mailboxes carry 0.
@@ -141,6 +141,17 @@ _LEAN = ("m.rowid AS seq, m.id, m.sender, m.subject, m.type, m.created, "
 
 def _lean_order(row: tuple) -> tuple:
     return (row[6], row[0])
+
+
+def _laid_out(level: int) -> str:
+    """SQL laying out the envelope of `m` as jsonout.dumps does at nesting depth `level`: json_quote
+    escapes exactly what the json module does (quote, backslash, control characters; \\b \\f \\n \\r
+    \\t short), and keeps other characters as they are (tests compare the two)."""
+    pieces = [f"'{piece}'" for piece in jsonout.lean_layout(level)]
+    values = [f"json_quote(m.{column})" for column in ("id", "sender", "subject", "type", "created")]
+    return " || ".join(p for pair in zip(pieces[:-1], values, strict=True) for p in pair) + " || " + pieces[-1]
+
+
 # The arrival expression over the `m` alias; SQLite matches it to the index expressions above.
 _M_ARRIVED = "julianday(COALESCE(m.deliver_at, m.created))"
 # Mail is ordered by when it arrived in the inbox (a delayed message at its delivery time), through
@@ -473,6 +484,22 @@ class SQLiteStore(Store):
         except sqlite3.Error:
             pass  # SQLite has rolled back by itself (a failed write aborts the transaction)
 
+    _json_functions: bool | None = None  # whether this SQLite has json_quote (built in since 3.38)
+
+    def _lays_out_json(self) -> bool:
+        if SQLiteStore._json_functions is None:
+            try:
+                self.db.execute("SELECT json_quote('')").fetchone()
+                SQLiteStore._json_functions = True
+            except sqlite3.OperationalError:
+                SQLiteStore._json_functions = False
+        return SQLiteStore._json_functions
+
+    def _tuples(self, sql: str, params: object = ()) -> list[tuple]:
+        cursor = self.db.cursor()
+        cursor.row_factory = None
+        return cursor.execute(sql, params).fetchall()
+
     def _query(self, sql: str, params: object = ()) -> list[dict]:
         # Plain tuples zipped with the column names: a third of the cost of sqlite3.Row -> dict, which
         # counts when a watch lists thousands of envelopes.
@@ -550,7 +577,7 @@ class SQLiteStore(Store):
         ).fetchone()[0]
 
     def unread(self, agent: str, now: str, *, limit: int | None = None, newest: bool = False,
-               sender: str | None = None, lean: bool = False) -> list[dict]:
+               sender: str | None = None, lean: bool = False, layout_level: int | None = None) -> list[dict]:
         # Each half walks its arrival-ordered index and stops at the page: unread direct mail through the
         # partial index of unread rows, unread broadcasts through the covering broadcast index (skipping
         # those the agent read, found in its read set). Without a limit every row is fetched anyway, and
@@ -567,6 +594,15 @@ class SQLiteStore(Store):
         broadcast = (f"SELECT {broadcast_columns} "
                      "FROM messages m INDEXED BY idx_messages_broadcast_arrival WHERE m.recipient = '*' "
                      f"AND m.sender != :agent AND {_VISIBLE}{by_sender} AND {_NOT_READ_BY} {ordered}")
+        if lean and layout_level is not None and limit is None and self._lays_out_json():
+            # Every unread envelope, laid out by SQLite as it walks the indexes: (arrival, seq, text) in
+            # index order, merged here (the halves are sorted runs, so the sort is a merge).
+            laid_out = _laid_out(layout_level)
+            found = (self._tuples(direct.replace(direct_columns, f"{_M_ARRIVED}, m.rowid, {laid_out}", 1), params)
+                     + self._tuples(broadcast.replace(broadcast_columns, f"{_M_ARRIVED}, m.rowid, {laid_out}", 1),
+                                    params))
+            found.sort()
+            return jsonout.Rendered([row[2] for row in found], layout_level)
         if lean:  # only envelopes: sort the tuples, then make one dict per envelope
             found = self.db.execute(direct, params).fetchall() + self.db.execute(broadcast, params).fetchall()
             found.sort(key=_lean_order)
