@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import sqlite3
 
-from agent_mail import errors, model
+from agent_mail import errors, model, spec
 from agent_mail.store import sqlite as sqlite_store
 
 INTEGRITY_LIST_MAX = 100
@@ -35,7 +35,7 @@ def doctor(path: str, repair: bool, emit) -> dict:
     if info is None:
         report = _report(path, ok=marker is None, integrity=[], schema=None, counts={}, marker=marker,
                          leftovers=leftovers)
-        report["next"] = [] if marker is None else ["agent-mail doctor --repair"]
+        report["next"] = [] if marker is None else [spec.Step("doctor", repair=True)]
         emit(report)
         return report
     findings, schema, counts = _check(path)
@@ -45,11 +45,11 @@ def doctor(path: str, repair: bool, emit) -> dict:
                      leftovers=leftovers)
     if repair and not healthy:
         report["repair"] = _repair(path)
-        report["next"] = ["agent-mail doctor"]
+        report["next"] = [spec.Step("doctor")]
     elif healthy:
-        report["next"] = [] if ok or schema is None else ["agent-mail status"]  # any command applies migrations
+        report["next"] = [] if ok or schema is None else [spec.Step("status")]  # any command applies migrations
     else:
-        report["next"] = ["agent-mail doctor --repair"]
+        report["next"] = [spec.Step("doctor", repair=True)]
     emit(report)
     # A clean bill of health lifts an earlier refusal; a repaired mailbox is a new file with no marker.
     if (healthy or report["repair"]) and marker is not None:

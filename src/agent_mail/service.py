@@ -353,17 +353,18 @@ def describe_liveness(facts: dict | None, at: _dt.datetime) -> dict:
 
 
 def next_steps(agent: str, *, unread: int = 0, ack_ids: list[str] | tuple = (), reachable: bool) -> list[str]:
-    """Literal commands, in order: take delivery, settle what was acted on, re-arm."""
+    """The steps, in order: take delivery, settle what was acted on, re-arm (spec.Step: literal commands
+    to the CLI, tool calls to the MCP server)."""
     steps = []
     if unread:
-        steps.append(f"agent-mail read {agent}")
+        steps.append(spec.Step("read", agent=agent))
     if ack_ids:
         if len(ack_ids) <= 10:
-            steps.append(f"agent-mail ack {agent} " + " ".join(ack_ids))
+            steps.append(spec.Step("ack", agent=agent, ids=list(ack_ids)))
         else:
-            steps.append(f"agent-mail ack {agent} --all")
+            steps.append(spec.Step("ack", agent=agent, all=True))
     if not reachable:
-        steps.append(f"agent-mail watch {agent}")
+        steps.append(spec.Step("watch", agent=agent))
     return steps
 
 
@@ -605,7 +606,7 @@ class Mailbox:
                 "refused": len(refused),
                 "mirrors": mirrors,
                 "sender_reachable": presence["reachable"],
-                "next": [f"agent-mail watch {from_}"] if lapsed else [],
+                "next": [spec.Step("watch", agent=from_)] if lapsed else [],
             }
             emit(receipt)
         return receipt

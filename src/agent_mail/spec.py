@@ -200,6 +200,29 @@ FIELDS_HELP = "Comma-separated subset of the item fields to return (e.g. id,send
 COMMANDS: dict[str, Command] = {}
 
 
+class Step(str):
+    """One `next` step: a command to run, as data (`command`, `arguments` by argument name) that each
+    front end renders its own way. As a string it is the CLI's rendering, `agent-mail read p:me`,
+    which is what the CLI prints; the MCP server turns it into the tool call instead."""
+
+    __slots__ = ("command", "arguments")
+
+    def __new__(cls, command: str, **arguments: object) -> Step:
+        words = ["agent-mail", command]
+        for arg in COMMANDS[command].args:
+            value = arguments.get(arg.dest)
+            if value is None or value is False or value == []:
+                continue
+            if not arg.positional:
+                words.append(arg.name)
+                if value is True:
+                    continue
+            words.extend(str(v) for v in value) if isinstance(value, (list, tuple)) else words.append(str(value))
+        step = super().__new__(cls, " ".join(words))
+        step.command, step.arguments = command, arguments
+        return step
+
+
 def _register(command: Command) -> None:
     COMMANDS[command.name] = command
 
