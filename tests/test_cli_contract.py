@@ -148,6 +148,7 @@ def test_documented_output_fields_match_what_commands_print(am, send, tmp_path):
     assert set(am("notifications", "b:y").json) == set(spec.COMMANDS["notifications"].output)
     assert set(spec.COMMANDS) == {"describe", "send", "read", "ack", "watch", "heartbeat", "dismiss", "archive",
                                   "delete", "cancel", "attachments", "profile", "notifications", "status", "cleanup",
+                                  "mcp",  # prints only the protocol: its tools are checked in test_mcp.py
                                   "doctor"}
     assert set(am("doctor").json) == set(spec.COMMANDS["doctor"].output)
 
@@ -222,7 +223,7 @@ def test_everyday_commands_import_nothing_they_do_not_need(argv, mailbox_path):
     regular expressions, enum, json, signal, hashlib or ctypes (send needs re for its text checks)."""
     code = ("import sys; from agent_mail import cli; code = cli.main(sys.argv[1:]); "
             "heavy = {'re', 'enum', 'json', 'signal', 'hashlib', 'ctypes', 'select', 'typing', 'dataclasses', "
-            "'uuid', 'urllib.parse', 'importlib.metadata'}; "
+            "'uuid', 'urllib.parse', 'importlib.metadata', 'mcp', 'anyio', 'pydantic'}; "
             "print(code, sorted(heavy & set(sys.modules)), file=sys.stderr)")
     proc = subprocess.run([sys.executable, "-S", "-c", code, *argv], env=process_env(), capture_output=True, text=True)
     assert proc.stderr.strip().splitlines()[-1] == "0 []", proc.stderr
@@ -231,7 +232,7 @@ def test_everyday_commands_import_nothing_they_do_not_need(argv, mailbox_path):
 def test_cold_import_pulls_in_no_heavy_modules():
     code = ("import sys, agent_mail.cli; heavy = {'importlib.metadata', 'argparse', 'difflib', 'asyncio', "
             "'email', 'http', 'urllib.parse', 'agent_mail.service', 'sqlite3', 'hashlib', 'uuid', 'typing', "
-            "'dataclasses', 'ctypes', 're', 'enum', 'json', 'signal'}; "
+            "'dataclasses', 'ctypes', 're', 'enum', 'json', 'signal', 'mcp', 'anyio', 'pydantic'}; "
             "print(sorted(heavy & set(sys.modules)))")
     # -S: measure our imports, not what site-packages .pth files load
     proc = subprocess.run([sys.executable, "-S", "-c", code], env=process_env(), capture_output=True, text=True)

@@ -49,6 +49,71 @@ def parse(argv: list[str]) -> tuple[str, dict]:
     return name, values
 
 
+def argument_name(arg: spec.Arg) -> str:
+    """An argument's name where arguments are named (MCP tools): the flag without dashes, `reply_to`."""
+    return arg.name.lstrip("-").replace("-", "_")
+
+
+def parse_arguments(name: str, arguments: dict, skip: tuple[str, ...] = ()) -> dict:
+    """Named arguments (a JSON object, as an MCP tool call gives them) -> the command's values, checked by
+    exactly the rules the command line is: they are laid out as the words a shell would pass (`--flag=value`,
+    positionals after `--`, so no value is ever taken for a flag) and parsed by `_parse_args`. Problems name
+    the argument as given (`reply_to`, not `--reply-to`). `skip`: arguments this caller may not pass."""
+    command = spec.COMMANDS[name]
+    by_name = {argument_name(a): a for a in command.args if a.kind != spec.REMOVED and argument_name(a) not in skip}
+    flags: list[str] = []
+    positionals: dict[str, list[str]] = {}  # laid out in the command's order, whatever the order given
+    problems: list[tuple[str | None, str]] = []
+    for key, value in arguments.items():
+        arg = by_name.get(key)
+        if arg is None:
+            problems.append((key, f"is not an argument of {name}; its arguments: {', '.join(by_name) or 'none'}."))
+            continue
+        if value is None:
+            continue
+        if arg.kind == spec.FLAG:
+            if type(value) is not bool:
+                problems.append((key, "must be true or false."))
+            elif value:
+                flags.append(arg.name)
+            continue
+        items = value if isinstance(value, list) else [value]
+        if isinstance(value, list) and not arg.repeat:
+            problems.append((key, "takes one value, not a list."))
+            continue
+        words = []
+        for item in items:
+            if type(item) is bool or not isinstance(item, (str, int, float)):
+                problems.append((key, f"must be {'a number' if arg.kind in (spec.INT, spec.NUMBER) else 'a string'}"
+                                      f"{' or a list of them' if arg.repeat else ''}."))
+                break
+            words.append(item if isinstance(item, str) else repr(item))
+        else:
+            if arg.positional:
+                positionals[arg.name] = words
+            else:
+                flags.extend(f"{arg.name}={word}" for word in words)
+    ordered = [word for arg in command.args if arg.positional for word in positionals.get(arg.name, [])]
+    values, found = _parse_args(command, flags + ["--"] + ordered)
+    problems += [problem for problem in named_problems(name, found) if problem[0] not in skip]
+    if problems:
+        raise errors.InvalidInput(problems)
+    return values
+
+
+def named_problems(name: str, problems: list[tuple[str | None, str]]) -> list[tuple[str | None, str]]:
+    """Problems as found by the command-line checks (fields and texts naming `--reply-to`), spelt with the
+    argument names of named calls (`reply_to`)."""
+    names = {a.name: argument_name(a) for a in spec.COMMANDS[name].args}
+    flags = sorted((flag for flag in names if flag.startswith("-")), key=len, reverse=True)
+    renamed = []
+    for field, message in problems:
+        for flag in flags:
+            message = message.replace(flag, names[flag])
+        renamed.append((names.get(field, field) if field is not None else None, message))
+    return renamed
+
+
 def _unknown_command(name: str) -> str:
     known = ", ".join(spec.COMMANDS)
     hint = _closest(name, list(spec.COMMANDS))
@@ -363,6 +428,15 @@ def main(argv: list[str] | None = None) -> int:
             return errors.EXIT_OK
         from agent_mail import service
 
+        if name == "mcp":
+            try:
+                from agent_mail import mcp_server
+            except ImportError as exc:
+                raise errors.AgentMailError(
+                    f"agent-mail mcp needs the MCP SDK, which is not installed ({exc}). Install the extra: "
+                    "pip install 'agent-mail[mcp]'.") from None
+            mcp_server.serve(**values)
+            return errors.EXIT_OK
         if name == "doctor":
             service.doctor(**values, emit=emit_once)
             return errors.EXIT_OK

@@ -921,11 +921,14 @@ class Mailbox:
         return result
 
     def watch(self, *, agent: str, timeout_minutes: float | None = None, once: bool = False,
-              emit: Emit = _no_emit) -> dict:
-        """Block until `agent` has unread mail (or the timeout passes); return envelopes, consume nothing."""
+              timeout_seconds: float | None = None, emit: Emit = _no_emit) -> dict:
+        """Block until `agent` has unread mail (or the timeout passes); return envelopes, consume nothing.
+        timeout_seconds: a shorter wait than the command line allows (the MCP tool's bounded wait)."""
         if once:
             return self._watch_result(agent, self._envelopes(agent), emit=emit, heartbeat=True)
         minutes = spec.WATCH_MINUTES_DEFAULT if timeout_minutes is None else timeout_minutes
+        if timeout_seconds is not None:
+            minutes = timeout_seconds / 60.0
         self.store.relax_durability()  # this connection writes liveness only; skip its syncs
         session = model.new_message_id()
         # Handlers first: a signal that arrives once the session exists must still release it.

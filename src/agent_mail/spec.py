@@ -669,6 +669,26 @@ _register(Command(
 ))
 
 
+_register(Command(
+    name="mcp",
+    summary="Serve this mailbox to a model as MCP tools over stdio (for a harness: Claude Code, Codex, Gemini CLI). "
+    "One tool per command a model needs (send, read, ack, watch with a bounded wait, status, heartbeat, dismiss, "
+    "archive, delete, cancel, notifications, attachments), the same arguments without dashes, the same checks and "
+    "the same JSON results, with `next` steps given as tool calls. Needs the mcp extra: pip install "
+    "'agent-mail[mcp]'.",
+    args=(
+        Arg("--agent", IDENTITY, "This session's identity (project:name): the tools' agent / from default to it, "
+            "so the model need not repeat it."),
+        Arg("--save-root", PATH, "The directory under which the attachments tool may save files (default: the "
+            "directory the server starts in); save_to is taken relative to it and may not leave it."),
+    ),
+    output={},
+    notes=("Speaks JSON-RPC on stdin/stdout until the client closes them; prints nothing else on stdout. A setup "
+           "that cannot start (the extra missing) is a JSON error on stderr, exit 1.",),
+    examples=("mcp --agent deploy:worker",),
+))
+
+
 INVARIANTS = (
     "Every command prints exactly one JSON document on stdout on success, and {\"error\": ...} on stderr "
     "with a non-zero exit on failure. A failed command changed nothing.",

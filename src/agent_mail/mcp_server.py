@@ -1,0 +1,202 @@
+"""`agent-mail mcp`: the mailbox as MCP tools over stdio, on the official MCP SDK (`MCPServer`).
+
+Imported only by that command (the `mcp` extra). The tools are made from spec.py: one per command a
+model should call, the same names, arguments named without dashes, JSON Schema types, ranges and
+descriptions from the spec. A call's arguments go through the very parser the command line uses
+(cli.parse_arguments), then the same Mailbox operation; the result is the JSON document the CLI
+prints, with its `next` steps rendered as tool calls. A refused call is a tool error carrying the
+same `problems`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import anyio
+from mcp.server.mcpserver import MCPServer
+from mcp.types import CallToolResult, TextContent, Tool, ToolAnnotations
+
+from agent_mail import __version__, cli, errors, jsonout, spec
+
+# The commands a model may call, in the order listed. Left out: describe (the tool list is the manual),
+# profile and cleanup (a human's settings and deliberate deletion), doctor (repair), version.
+TOOLS = ("send", "read", "ack", "watch", "status", "heartbeat", "dismiss", "archive", "delete", "cancel",
+         "notifications", "attachments")
+WAIT_DEFAULT_SECONDS = 120
+WAIT_MAX_SECONDS = 600
+_KINDS = {spec.INT: "integer", spec.NUMBER: "number", spec.FLAG: "boolean"}
+_READ_ONLY = {"status", "watch"}
+_DESTRUCTIVE = {"delete", "cancel", "archive", "dismiss"}
+_INSTRUCTIONS = (
+    "agent-mail is the mailbox you share with other agents and the humans who supervise them. Take delivery "
+    "with read, say you acted with ack, wait for mail with watch (it consumes nothing). Every result lists "
+    "its `next` steps as tool calls: make them. Identities are project:name."
+)
+
+
+def tool_name(command: str) -> str:
+    return command
+
+
+def _identity_arg(command: spec.Command) -> spec.Arg | None:
+    """The argument that names the caller: the positional identity (`agent`, cancel's `sender`) or send's
+    `--from`. (status's `--agent` is a filter, not the caller.)"""
+    for arg in command.args:
+        if arg.kind == spec.IDENTITY and (arg.positional or arg.name == "--from"):
+            return arg
+    return None
+
+
+def _property(arg: spec.Arg) -> dict:
+    kind = _KINDS.get(arg.kind, "string")
+    schema: dict[str, Any] = {"type": kind}
+    if arg.minimum is not None:
+        schema["minimum"] = arg.minimum if kind == "number" else int(arg.minimum)
+    if arg.maximum is not None:
+        schema["maximum"] = arg.maximum if kind == "number" else int(arg.maximum)
+    if arg.repeat:
+        schema = {"type": "array", "items": schema}
+    schema["description"] = arg.help
+    return schema
+
+
+def _wait_property() -> dict:
+    return {"type": "integer", "minimum": 0, "maximum": WAIT_MAX_SECONDS, "default": WAIT_DEFAULT_SECONDS,
+            "description": "Seconds to wait for mail before returning an empty result; 0 checks once. The wait "
+            "costs nothing and returns the moment mail arrives."}
+
+
+def tool_definitions(agent: str | None) -> list[Tool]:
+    tools = []
+    for name in TOOLS:
+        command = spec.COMMANDS[name]
+        identity = _identity_arg(command)
+        properties: dict[str, dict] = {}
+        required = []
+        for arg in command.args:
+            if arg.kind in (spec.REMOVED, spec.COMMAND) or (name == "watch" and arg.name in ("--timeout-minutes",
+                                                                                              "--once")):
+                continue
+            key = cli.argument_name(arg)
+            properties[key] = _property(arg)
+            if arg is identity and agent is not None:
+                properties[key]["description"] += f" Default: {agent}."
+            elif arg.required:
+                required.append(key)
+        if name == "watch":
+            properties["wait_seconds"] = _wait_property()
+        schema: dict[str, Any] = {"type": "object", "properties": properties, "additionalProperties": False}
+        if required:
+            schema["required"] = required
+        output = {"type": "object", "properties": {field: {} for field in command.output}}
+        tools.append(Tool(
+            name=tool_name(name), description=command.summary, input_schema=schema, output_schema=output,
+            # Only the hints that hold (absent means "no"): the whole list stays small.
+            annotations=ToolAnnotations(read_only_hint=(name in _READ_ONLY) or None,
+                                        destructive_hint=(name in _DESTRUCTIVE) or None),
+        ))
+    return tools
+
+
+def render_steps(document: object, agent: str | None) -> object:
+    """The result with each `next` step as the tool call to make ({"tool", "arguments"}), the identity left
+    out where it is the session's default."""
+    if isinstance(document, spec.Step):
+        arguments = {}
+        command = spec.COMMANDS[document.command]
+        for arg in command.args:
+            value = document.arguments.get(arg.dest)
+            if value is None or value is False or value == []:
+                continue
+            if arg is _identity_arg(command) and value == agent:
+                continue
+            arguments[cli.argument_name(arg)] = value
+        return {"tool": tool_name(document.command), "arguments": arguments}
+    if isinstance(document, dict):
+        return {key: render_steps(value, agent) for key, value in document.items()}
+    if isinstance(document, (list, tuple, jsonout.Rendered)):
+        return [render_steps(value, agent) for value in document]
+    return document
+
+
+class AgentMailServer(MCPServer):
+    """MCPServer whose tools are declared by spec.py rather than by Python signatures."""
+
+    def __init__(self, agent: str | None, save_root: str):
+        super().__init__(name="agent-mail", version=__version__, instructions=_INSTRUCTIONS)
+        self.agent = agent
+        self.save_root = save_root
+        self._tools = tool_definitions(agent)
+
+    async def list_tools(self) -> list[Tool]:
+        return self._tools
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> CallToolResult:
+        try:
+            if name not in TOOLS:
+                raise errors.InvalidInput([(None, f"unknown tool {name!r}; tools: {', '.join(TOOLS)}.")])
+            call = self._prepare(name, dict(arguments or {}))
+            result = await anyio.to_thread.run_sync(call, abandon_on_cancel=True)
+        except errors.InvalidInput as exc:  # problems found past the parser (the mailbox's checks): same names
+            found = [(p["field"], p["message"]) for p in exc.problems()]
+            return _error(errors.InvalidInput(cli.named_problems(name, found) if name in TOOLS else found).payload())
+        except errors.AgentMailError as exc:
+            return _error(exc.payload())
+        except Exception as exc:  # a bug: still a tool error a model can read, never a traceback
+            return _error({"error": f"internal error ({type(exc).__name__}: {exc}). Nothing was changed. "
+                                    "Please report this."})
+        document = render_steps(result, self.agent)
+        return CallToolResult(content=[TextContent(type="text", text=jsonout.dumps(document))],
+                              structured_content=document)
+
+    def _prepare(self, name: str, arguments: dict):
+        command = spec.COMMANDS[name]
+        identity = _identity_arg(command)
+        if identity is not None and self.agent is not None:
+            arguments.setdefault(cli.argument_name(identity), self.agent)
+        problems: list[tuple[str | None, str]] = []
+        skip = ("timeout_minutes", "once") if name == "watch" else ()
+        wait = arguments.pop("wait_seconds", WAIT_DEFAULT_SECONDS) if name == "watch" else None
+        if name == "watch" and (type(wait) is not int or not 0 <= wait <= WAIT_MAX_SECONDS):
+            problems.append(("wait_seconds", f"must be a whole number of seconds from 0 to {WAIT_MAX_SECONDS}."))
+        try:
+            values = cli.parse_arguments(name, arguments, skip=skip)
+        except errors.InvalidInput as exc:
+            problems += [(p["field"], p["message"]) for p in exc.problems()]
+        if problems:
+            raise errors.InvalidInput(problems)
+        if name == "attachments" and values.get("save_to") is not None:
+            values["save_to"] = self._inside_save_root(values["save_to"])
+        if name == "watch":
+            values.pop("timeout_minutes", None)
+            if wait == 0:
+                values["once"] = True
+            else:
+                values["timeout_seconds"] = float(wait)
+
+        def call() -> dict:
+            from agent_mail import service
+
+            with service.open_mailbox() as mailbox:
+                return getattr(mailbox, name)(**values)
+
+        return call
+
+    def _inside_save_root(self, path: str) -> str:
+        root = os.path.realpath(self.save_root)
+        target = os.path.realpath(os.path.join(root, path))
+        if os.path.commonpath([root, target]) != root:
+            raise errors.InvalidInput([("save_to", f"must be a directory under {root}, where this server may save "
+                                                   "files (agent-mail mcp --save-root); give a relative path.")])
+        return target
+
+
+def _error(payload: dict) -> CallToolResult:
+    return CallToolResult(content=[TextContent(type="text", text=jsonout.dumps(payload))], is_error=True)
+
+
+def serve(agent: str | None = None, save_root: str | None = None, emit=None) -> dict:
+    """Run the server on stdin/stdout until the client closes it."""
+    AgentMailServer(agent, save_root or os.getcwd()).run("stdio")
+    return {}

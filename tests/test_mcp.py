@@ -1,0 +1,194 @@
+"""`agent-mail mcp` through the MCP SDK's own client, the server a real subprocess over stdio."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from agent_mail import spec
+from conftest import am_process, process_env
+
+mcp = pytest.importorskip("mcp", reason="the mcp extra is not installed (pip install -e '.[test]')")
+import anyio  # noqa: E402
+from mcp import ClientSession  # noqa: E402
+from mcp.client.stdio import StdioServerParameters, stdio_client  # noqa: E402
+
+ME = "deploy:worker"
+TOOLS = {"send", "read", "ack", "watch", "status", "heartbeat", "dismiss", "archive", "delete", "cancel",
+         "notifications", "attachments"}
+
+
+def session(body, *server_args: str, cwd=None):
+    """Run `body(client)` against a fresh server process; return what it returns."""
+
+    async def main():
+        params = StdioServerParameters(command=sys.executable, args=["-m", "agent_mail", "mcp", *server_args],
+                                       env=process_env(), cwd=cwd)
+        async with stdio_client(params) as (read, write):
+            async with ClientSession(read, write) as client:
+                await client.initialize()
+                return await body(client)
+
+    return anyio.run(main)
+
+
+async def call(client, name: str, **arguments):
+    result = await client.call_tool(name, arguments)
+    text = json.loads(result.content[0].text)
+    if result.is_error:
+        return "error", text
+    assert result.structured_content == text  # the text and the structured result are one document
+    return "ok", text
+
+
+def test_tools_are_the_spec_commands_with_schemas_and_stay_small():
+    async def body(client):
+        return (await client.list_tools()).tools
+
+    tools = session(body, "--agent", ME)
+    assert {t.name for t in tools} == TOOLS
+    listing = json.dumps([t.model_dump(by_alias=True, exclude_none=True, mode="json") for t in tools])
+    assert len(listing) < 12_000, len(listing)
+    send = next(t for t in tools if t.name == "send")
+    props = send.input_schema["properties"]
+    assert props["to"] == {"type": "array", "items": {"type": "string"}, "description": props["to"]["description"]}
+    delay = spec.COMMANDS["send"].arg("--delay-minutes")
+    assert props["delay_minutes"]["type"] == "number" and props["delay_minutes"]["maximum"] == delay.maximum
+    assert props["require_reachable"]["type"] == "boolean" and "reply_to" in props and "no_ack" in props
+    assert "from" not in send.input_schema.get("required", []) and ME in props["from"]["description"]
+    assert send.input_schema["additionalProperties"] is False
+    read = next(t for t in tools if t.name == "read")
+    assert read.input_schema["properties"]["limit"]["minimum"] == 1
+    assert set(read.output_schema["properties"]) == set(spec.COMMANDS["read"].output)
+    watch = next(t for t in tools if t.name == "watch")
+    assert "timeout_minutes" not in watch.input_schema["properties"]
+    assert watch.input_schema["properties"]["wait_seconds"]["maximum"] == 600
+
+    # Without --agent, the identity is a required argument.
+    tools = session(body)
+    assert "from" in next(t for t in tools if t.name == "send").input_schema["required"]
+    assert "agent" in next(t for t in tools if t.name == "read").input_schema["required"]
+
+
+def test_every_tool_answers_with_the_cli_document_and_next_steps_as_tool_calls(tmp_path):
+    attachment = tmp_path / "notes.txt"
+    attachment.write_text("the notes")
+
+    async def body(client):
+        seen = {}
+        seen["send"] = await call(client, "send", **{"from": "boss:lead"}, to=[ME], subject="do it", body="now",
+                                  attach=[str(attachment)])
+        first = seen["send"][1]["id"]
+        seen["heartbeat"] = await call(client, "heartbeat")
+        seen["watch"] = await call(client, "watch", wait_seconds=0)
+        seen["read"] = await call(client, "read")
+        seen["ack"] = await call(client, "ack", ids=[first])
+        seen["attachments"] = await call(client, "attachments", id=first, save_to="saved")
+        second = (await call(client, "send", **{"from": "boss:lead"}, to=[ME], subject="two"))[1]["id"]
+        seen["dismiss"] = await call(client, "dismiss", ids=[second])
+        seen["archive"] = await call(client, "archive", ids=[first])
+        seen["delete"] = await call(client, "delete", ids=[first])
+        later = (await call(client, "send", to=["boss:lead"], subject="later", delay_minutes=5))[1]["id"]
+        seen["cancel"] = await call(client, "cancel", ids=[later])
+        seen["notifications"] = await call(client, "notifications")
+        seen["status"] = await call(client, "status")
+        return seen
+
+    seen = session(body, "--agent", ME, cwd=str(tmp_path))
+    assert set(seen) == TOOLS
+    for name, (outcome, document) in seen.items():
+        assert outcome == "ok", (name, document)
+        assert set(document) == set(spec.COMMANDS[name].output), name
+    assert seen["send"][1]["deliveries"][0]["status"] == "delivered"
+    assert seen["watch"][1]["count"] == 1 and seen["watch"][1]["next"] == [{"tool": "read", "arguments": {}}]
+    read = seen["read"][1]
+    assert read["messages"][0]["body"] == "now"
+    # The step to take, as a tool call: the identity left out (it is the session's), the ids as a list.
+    assert read["next"][0] == {"tool": "ack", "arguments": {"ids": [seen["send"][1]["id"]]}}
+    assert seen["ack"][1]["count"] == 1
+    assert (tmp_path / "saved" / "notes.txt").read_text() == "the notes"
+    assert seen["cancel"][1]["count"] == 1
+    assert any(a["agent"] == ME for a in seen["status"][1]["agents"])
+    # The same mailbox, seen from the command line.
+    state = json.loads(am_process("read", ME, "--all", "--no-mark-read").stdout)
+    assert [m["subject"] for m in state["messages"]] == ["two"]
+
+
+def test_bad_arguments_are_tool_errors_naming_the_argument_and_change_nothing(tmp_path):
+    async def body(client):
+        results = [
+            await call(client, "send", to=[ME], subject="", body="x"),
+            await call(client, "send", to="not an identity", subject="s"),
+            await call(client, "send", to=[ME], subject="s", no_ack=True),
+            await call(client, "send", to=[ME], subject="s", delay_minutes="soon"),
+            await call(client, "send", to=[ME], subject="s", bogus=1),
+            await call(client, "read", limit=0),
+            await call(client, "read", agent="Bad Name"),
+            await call(client, "watch", wait_seconds=601),
+            await call(client, "ack", ids=["not-a-uuid"]),
+            await call(client, "attachments", id="9f1c2e34-5678-4abc-9def-0123456789ab", save_to="../outside"),
+            await call(client, "describe"),
+        ]
+        return results
+
+    results = session(body, "--agent", ME, cwd=str(tmp_path))
+    fields = []
+    for outcome, document in results:
+        assert outcome == "error", document
+        assert document["error"] and "Traceback" not in document["error"]
+        fields.append({p["field"] for p in document.get("problems", [])})
+    assert fields[0] == {"subject"} and "to" in fields[1] and fields[2] == {"no_ack"}
+    assert fields[3] == {"delay_minutes"} and fields[4] == {"bogus"} and fields[5] == {"limit"}
+    assert fields[6] == {"agent"} and fields[7] == {"wait_seconds"} and fields[8] == {"ids"}
+    assert fields[9] == {"save_to"} and "describe" in results[10][1]["error"]
+    assert "only applies with reply_to" in results[2][1]["problems"][0]["message"]  # named as the tool names it
+    assert not (tmp_path.parent / "outside").exists()
+    assert json.loads(am_process("status").stdout)["count"] == 0  # nothing was stored
+
+
+def test_a_blocked_watch_is_woken_by_a_send_from_another_process():
+    sent = {}
+
+    async def body(client):
+        async def send_later():
+            await anyio.sleep(1.0)
+            sent["at"] = time.monotonic()
+            done = await anyio.to_thread.run_sync(lambda: am_process(
+                "send", "--from", "boss:lead", "--to", ME, "--subject", "wake up"))
+            assert done.returncode == 0, done.stderr
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(send_later)
+            started = time.monotonic()
+            outcome = await call(client, "watch", wait_seconds=120)
+            return outcome, time.monotonic() - started
+
+    (outcome, document), waited = session(body, "--agent", ME)
+    assert outcome == "ok" and [m["subject"] for m in document["messages"]] == ["wake up"]
+    assert document["timeout"] is False and waited < 60  # woken, well before its 120 s wait
+
+
+def test_the_server_says_what_to_install_when_the_sdk_is_missing():
+    code = "import sys; sys.modules['mcp'] = None; from agent_mail import cli; sys.exit(cli.main(['mcp']))"
+    proc = subprocess.run([sys.executable, "-c", code], env=process_env(), capture_output=True, text=True,
+                          timeout=30)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert "pip install 'agent-mail[mcp]'" in json.loads(proc.stderr)["error"]
+
+
+def test_the_server_ends_when_its_client_goes_away():
+    proc = subprocess.Popen([sys.executable, "-m", "agent_mail", "mcp"], env=process_env(), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        proc.stdin.close()
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert os.environ.get("AGENT_MAIL_DB")  # the fixture's mailbox, never the user's
