@@ -428,6 +428,10 @@ def main(argv: list[str] | None = None) -> int:
             return errors.EXIT_OK
         from agent_mail import service
 
+        if name == "hook":
+            from agent_mail import hooks
+
+            return hooks.run(values["harness"], values["event"], values["agent"], emit_once)
         if name == "mcp":
             try:
                 from agent_mail import mcp_server

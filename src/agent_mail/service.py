@@ -352,6 +352,38 @@ def describe_liveness(facts: dict | None, at: _dt.datetime) -> dict:
     }
 
 
+def _pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return True  # unknown: assume so
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def host_name() -> str:
+    return os.uname().nodename
+
+
+def live_sessions(sessions: list[dict], now: _dt.datetime) -> list[dict]:
+    """Of harness sessions not ended, those still live: on this machine, while their harness process runs;
+    elsewhere (or of unknown process), seen within the last day."""
+    host = host_name()
+    live = []
+    for session in sessions:
+        if session.get("host") == host and session.get("pid"):
+            if _pid_alive(session["pid"]):
+                live.append(session)
+        else:
+            seen = model.parse_iso(session.get("last_seen"))
+            if seen is not None and (now - seen).total_seconds() < 86400:
+                live.append(session)
+    return live
+
+
 def next_steps(agent: str, *, unread: int = 0, ack_ids: list[str] | tuple = (), reachable: bool) -> list[str]:
     """The steps, in order: take delivery, settle what was acted on, re-arm (spec.Step: literal commands
     to the CLI, tool calls to the MCP server)."""
@@ -920,6 +952,31 @@ class Mailbox:
             emit(result)
         return result
 
+    def wait_armed(self, agent: str, seconds: float, look_for=None, wanted=None) -> list[dict]:
+        """Block as a watch does (an armed liveness session, released on the way out, signals included) until
+        look_for() finds something, wanted() turns False, or `seconds` pass; what was found, or []."""
+        self.store.relax_durability()  # this connection writes liveness only; skip its syncs
+        session = model.new_message_id()
+        previous = _install_stop_handlers()
+        try:
+            with self.store.transaction(write=True):
+                self.store.open_session(session, agent, model.now_iso())
+            found = self._wait_for_mail(agent, session, seconds, look_for, wanted)
+            self._release(session, "mail" if found else "timeout")
+            return found
+        except _Stopped as stop:
+            self._release(session, f"signal {stop.signum}", quietly=True)
+            import signal
+
+            name = signal.Signals(stop.signum).name
+            raise errors.Interrupted(f"the wait for {agent} was stopped by {name}; its session was released, "
+                                     "so status shows it as released, not armed.", 128 + stop.signum) from None
+        except BaseException:
+            self._release(session, "error", quietly=True)
+            raise
+        finally:
+            _restore_handlers(previous)
+
     def watch(self, *, agent: str, timeout_minutes: float | None = None, once: bool = False,
               timeout_seconds: float | None = None, emit: Emit = _no_emit) -> dict:
         """Block until `agent` has unread mail (or the timeout passes); return envelopes, consume nothing.
@@ -929,27 +986,8 @@ class Mailbox:
         minutes = spec.WATCH_MINUTES_DEFAULT if timeout_minutes is None else timeout_minutes
         if timeout_seconds is not None:
             minutes = timeout_seconds / 60.0
-        self.store.relax_durability()  # this connection writes liveness only; skip its syncs
-        session = model.new_message_id()
-        # Handlers first: a signal that arrives once the session exists must still release it.
-        previous = _install_stop_handlers()
-        try:
-            with self.store.transaction(write=True):
-                self.store.open_session(session, agent, model.now_iso())
-            messages = self._wait_for_mail(agent, session, minutes * 60.0)
-            self._release(session, "mail" if messages else "timeout")
-        except _Stopped as stop:
-            self._release(session, f"signal {stop.signum}", quietly=True)
-            import signal
-
-            name = signal.Signals(stop.signum).name
-            raise errors.Interrupted(f"watch for {agent} was stopped by {name}; its session was released, "
-                                     "so status shows it as released, not armed.", 128 + stop.signum) from None
-        except BaseException:
-            self._release(session, "error", quietly=True)
-            raise
-        finally:
-            _restore_handlers(previous)
+        # Handlers first (in wait_armed): a signal that arrives once the session exists must still release it.
+        messages = self.wait_armed(agent, minutes * 60.0)
         return self._watch_result(agent, messages, emit=emit)
 
     def _release(self, session: str, reason: str, quietly: bool = False) -> None:
@@ -977,9 +1015,12 @@ class Mailbox:
         moment = model.parse_iso(due)
         return None if moment is None else max(0.0, (moment - now).total_seconds())
 
-    def _wait_for_mail(self, agent: str, session: str, seconds: float) -> list[dict]:
+    def _wait_for_mail(self, agent: str, session: str, seconds: float, look_for=None, wanted=None) -> list[dict]:
         """The blocking loop: sleep until `agent` is woken (mail for it, or a broadcast, was committed) or a
         scheduled message for it falls due, refreshing liveness; return the envelopes, or [] at the deadline.
+
+        look_for(): what to look for instead of every unread envelope (a hook's waiter: mail its session was
+        not told of); wanted(): checked at each refresh, False ends the wait as a timeout (its harness is gone).
 
         Nothing else wakes it: not other watches' refreshes, heartbeats, reads or mail for others. Every
         SAFETY_CHECK_SECONDS it also checks that its mailbox is still there and whether any message was
@@ -998,7 +1039,7 @@ class Mailbox:
                 self.publish_due()
                 look = True
             if look:
-                messages = self._envelopes(agent)
+                messages = self._envelopes(agent) if look_for is None else look_for()
                 if messages:
                     return messages
                 until_due = self._next_due(agent)
@@ -1008,6 +1049,8 @@ class Mailbox:
             if now >= deadline:
                 return []
             if now >= refresh_at:
+                if wanted is not None and not wanted():
+                    return []
                 self.store.refresh_session(session, model.now_iso())
                 refresh_at = now + spec.REFRESH_SECONDS
             if now >= check_at:
@@ -1056,11 +1099,15 @@ class Mailbox:
             else:
                 counts = self.store.agent_counts(now)
             liveness = self.store.liveness(agent)
+            harness = live_sessions(self.store.harness_sessions_of(agent), model.now())
         at = model.now()
+        sessions: dict[str, int] = {}
+        for session in harness:
+            sessions[session["agent"]] = sessions.get(session["agent"], 0) + 1
         if agent is not None:
             names = [agent]
         else:
-            names = sorted(counts)
+            names = sorted(set(counts) | set(sessions))
             if project is not None:
                 names = [n for n in names if n.split(":", 1)[0] == project]
         rows = []
@@ -1068,6 +1115,7 @@ class Mailbox:
             row = {"agent": name, **counts.get(name, {"unread": 0, "unacked": 0})}
             row.update(describe_liveness(liveness.get(name), at))
             del row["reachable"]
+            row["sessions"] = sessions.get(name, 0)
             rows.append({f: row[f] for f in fields} if fields else row)
         result = {"agents": rows, "count": len(rows)}
         emit(result)

@@ -189,6 +189,8 @@ STATUS_FIELDS = {
     f"(the agent is deaf until it re-arms). stale: a watch stopped refreshing for {STALE_SECONDS:.0f} s without "
     "exiting (killed). never: it has never watched.",
     "released_at": "When the last watch exited cleanly, or null.",
+    "sessions": "Live harness sessions (Claude Code, Codex, Gemini CLI, through agent-mail's hooks) holding this "
+    "identity. More than 1: they share one inbox and take each other's unread mail.",
 }
 
 REACHABLE_HELP = ("Whether this identity can be reached right now: a watch is armed, or a heartbeat was seen "
@@ -686,6 +688,29 @@ _register(Command(
     notes=("Speaks JSON-RPC on stdin/stdout until the client closes them; prints nothing else on stdout. A setup "
            "that cannot start (the extra missing) is a JSON error on stderr, exit 1.",),
     examples=("mcp --agent deploy:worker",),
+))
+
+
+_register(Command(
+    name="hook",
+    summary="Run by a harness's hooks (set up by `agent-mail setup`), never by hand: reads the hook's JSON input "
+    "on stdin. context (SessionStart, UserPromptSubmit, PostToolUse): adds the envelopes of mail new to this "
+    "session, the unread count, bounces and the next steps to the model's context, quiet when nothing is new, "
+    "marking nothing read. stop: holds the stop once when mail the session was not told of arrived. wait: the "
+    "asyncRewake waiter, blocking like watch until such mail arrives, then exit 2 with the envelopes on stderr "
+    "(wakes an idle session). end: the session ended.",
+    args=(
+        Arg("harness", TEXT, "claude-code, codex or gemini.", required=True),
+        Arg("event", TEXT, "context, stop, wait or end.", required=True),
+        Arg("--agent", IDENTITY, "This session's identity (project:name); default AGENT_MAIL_AGENT."),
+    ),
+    output={"hookSpecificOutput": "context: {hookEventName, additionalContext} for the harness (printed only when "
+            "there is something new).",
+            "decision": "stop: \"block\" when the stop is held (printed only then).",
+            "reason": "stop: the envelopes and what to do, shown to the model as its next turn."},
+    modes={"wait": "Prints nothing on stdout; exit 2 with the note on stderr when mail arrives, 0 when the wait ends "
+                   "(55 minutes, a newer waiter, the harness gone, or a run nobody waits on: claude -p, the SDK)."},
+    examples=("hook claude-code context --agent deploy:worker",),
 ))
 
 

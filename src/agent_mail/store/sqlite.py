@@ -129,8 +129,20 @@ def m006_arrival_indexes(db: sqlite3.Connection) -> None:
                "WHERE read_at IS NOT NULL AND acked_at IS NULL AND archived_at IS NULL AND deleted_at IS NULL")
 
 
+def m007_harness_sessions(db: sqlite3.Connection) -> None:
+    """Harness sessions (a Claude Code, Codex or Gemini CLI session reached through hooks): which identity
+    each holds, and how far its context has been told about mail (told_seq: the newest message row it was
+    told of; told_at: when, for delayed mail falling due since; told_event: the newest system event)."""
+    db.execute("""CREATE TABLE IF NOT EXISTS harness_sessions (
+        id TEXT PRIMARY KEY, harness TEXT NOT NULL, agent TEXT NOT NULL, pid INTEGER, host TEXT,
+        started_at TEXT NOT NULL, last_seen TEXT NOT NULL, told_seq INTEGER NOT NULL DEFAULT 0, told_at TEXT,
+        told_event INTEGER NOT NULL DEFAULT 0, waiter TEXT, ended_at TEXT)""")
+    db.execute("CREATE INDEX IF NOT EXISTS idx_harness_sessions_agent ON harness_sessions(agent) "
+               "WHERE ended_at IS NULL")
+
+
 MIGRATIONS = (m001_seed_schema, m002_inbox_indexes, m003_liveness, m004_delivery, m005_count_indexes,
-              m006_arrival_indexes)
+              m006_arrival_indexes, m007_harness_sessions)
 
 _ENVELOPE = ("m.rowid AS seq, m.id, m.sender, m.recipient, m.subject, m.type, m.created, m.deliver_at, "
              "julianday(COALESCE(m.deliver_at, m.created)) AS arrival")
@@ -991,6 +1003,52 @@ class SQLiteStore(Store):
                     if entry[key] is None or seen > entry[key]:
                         entry[key] = seen
         return facts
+
+    # -- harness sessions (hooks) -------------------------------------------
+    def harness_session(self, session_id: str) -> dict | None:
+        row = self.db.execute("SELECT id, harness, agent, pid, host, started_at, last_seen, told_seq, told_at, "
+                              "told_event, waiter, ended_at FROM harness_sessions WHERE id = ?",
+                              (session_id,)).fetchone()
+        return None if row is None else dict(row)
+
+    def save_harness_session(self, session: dict) -> None:
+        columns = ("id", "harness", "agent", "pid", "host", "started_at", "last_seen", "told_seq", "told_at",
+                   "told_event", "waiter", "ended_at")
+        self.db.execute(
+            f"INSERT INTO harness_sessions ({', '.join(columns)}) VALUES ({', '.join(':' + c for c in columns)}) "
+            f"ON CONFLICT (id) DO UPDATE SET {', '.join(f'{c} = excluded.{c}' for c in columns[1:])}",
+            {c: session.get(c) for c in columns})
+
+    def harness_sessions_of(self, agent: str | None = None) -> list[dict]:
+        """Sessions not ended, of one identity or all."""
+        where = "ended_at IS NULL" + (" AND agent = :agent" if agent is not None else "")
+        return [dict(r) for r in self.db.execute(
+            f"SELECT id, harness, agent, pid, host, started_at, last_seen FROM harness_sessions WHERE {where}",
+            {"agent": agent})]
+
+    def untold(self, agent: str, now: str, told_seq: int, told_at: str | None, limit: int) -> tuple[list[dict], int]:
+        """(the oldest `limit` unread envelopes for `agent` it has not been told of, how many there are): mail
+        committed after message row `told_seq`, and delayed mail that fell due after `told_at`. Reads only the
+        rows since (the table's rowid order), and the delayed mail that arrived since (the arrival index)."""
+        params = {"agent": agent, "now": now, "seq": told_seq, "since": told_at or now}
+        unread = (f"((m.recipient = :agent AND m.read_at IS NULL) OR (m.recipient = '*' AND m.sender != :agent "
+                  f"AND {_NOT_READ_BY})) AND {_VISIBLE}")
+        rows = self._query(
+            f"SELECT {_ENVELOPE} FROM messages m WHERE m.rowid > :seq AND {unread} "
+            f"UNION SELECT {_ENVELOPE} FROM messages m INDEXED BY idx_messages_arrival WHERE {_M_ARRIVED} > "
+            f"julianday(:since) AND {_M_ARRIVED} <= julianday(:now) AND m.deliver_at IS NOT NULL AND {unread}",
+            params)
+        return _page(rows, limit, newest=False), len(rows)
+
+    def newest_seq(self) -> int:
+        return self.db.execute("SELECT COALESCE(MAX(rowid), 0) FROM messages").fetchone()[0]
+
+    def events_since(self, agent: str, after: int) -> tuple[list[dict], int]:
+        """(undismissed system events of `agent` after event row `after`, the newest event row)."""
+        rows = self.db.execute("SELECT rowid, id, source, payload, created FROM system_events WHERE agent = ? "
+                               "AND dismissed_at IS NULL AND rowid > ? ORDER BY rowid", (agent, after)).fetchall()
+        newest = self.db.execute("SELECT COALESCE(MAX(rowid), 0) FROM system_events").fetchone()[0]
+        return [{"id": r[1], "source": r[2], **_decode_json(r[3]), "created": r[4]} for r in rows], newest
 
     # -- waiting -------------------------------------------------------------
     def mail_marker(self) -> object:

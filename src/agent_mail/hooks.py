@@ -1,0 +1,345 @@
+"""`agent-mail hook HARNESS EVENT`: mail put in the model's context from inside its harness.
+
+A harness (Claude Code; Codex and Gemini CLI to follow) runs a hook command at points of a session and
+passes it a JSON document on stdin (session_id, hook_event_name, ...). The events:
+
+- context: SessionStart, UserPromptSubmit, PostToolUse. Adds to the model's context what is new since
+  this session was last told: envelopes (never bodies), the unread count, bounces, and the next steps.
+  Quiet when there is nothing new; never marks anything read. At session start: the inbox as it stands,
+  and a warning when another live session holds the same identity.
+- stop: holds the session's stop once when mail it was not told of arrived during the turn (the
+  envelopes become the reason for one more turn); a second stop (stop_hook_active) always passes.
+- wait: the asyncRewake waiter, armed when a turn ends. Blocks like `watch` (it counts as one for
+  liveness) until mail the session was not told of arrives, then exits 2 with the envelopes on stderr,
+  which wakes the idle session. One per session: a newer waiter ends the older. Never blocks a
+  non-interactive run (claude -p, the SDK), and ends when the harness process does.
+- end: SessionEnd. The session stops counting as live; its waiter is ended.
+
+What a session was told is kept in the mailbox (harness_sessions): the newest message row it was told
+of and when, so each message is told once per session, and a new check reads only what came since.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from agent_mail import errors, model, spec
+from agent_mail.service import _pid_alive, live_sessions
+from agent_mail.service import host_name as _host
+
+HARNESSES = ("claude-code", "codex", "gemini")
+EVENTS = ("context", "stop", "wait", "end")
+SHOWN = 10  # envelopes listed in one context note; the rest are counted
+INPUT_MAX_BYTES = 4 * 1024 * 1024
+LAST_SEEN_EVERY_SECONDS = 60.0  # a quiet check refreshes the session's last_seen at most this often
+_NON_INTERACTIVE = ("sdk-cli", "sdk-ts", "sdk-py", "mcp")  # CLAUDE_CODE_ENTRYPOINT values of headless runs
+EXIT_WAKE = 2  # what an asyncRewake hook exits with to wake its session
+
+
+def read_input(stream=None) -> dict:
+    """The hook's JSON input from stdin; InvalidInput naming stdin if it is not a JSON object with a
+    session_id."""
+    stream = stream if stream is not None else sys.stdin.buffer
+    raw = stream.read(INPUT_MAX_BYTES + 1)
+    if len(raw) > INPUT_MAX_BYTES:
+        raise errors.InvalidInput([("stdin", f"the hook input is over {INPUT_MAX_BYTES} bytes; the harness "
+                                             "sends a small JSON object.")])
+    try:
+        document = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise errors.InvalidInput([("stdin", f"is not the harness's hook input (a JSON object): {exc}. This "
+                                             "command is run by the harness; see agent-mail setup.")]) from None
+    if not isinstance(document, dict):
+        raise errors.InvalidInput([("stdin", "must be a JSON object (the harness's hook input).")])
+    session = document.get("session_id")
+    if not isinstance(session, str) or not session.strip() or len(session) > 200:
+        raise errors.InvalidInput([("stdin", "has no usable session_id: the harness passes one to every hook.")])
+    return document
+
+
+def _agent(agent: str | None) -> str:
+    agent = agent or os.environ.get("AGENT_MAIL_AGENT") or None
+    if agent is None:
+        raise errors.InvalidInput([("--agent", "is required: this session's identity (project:name), given by "
+                                               "agent-mail setup in the hook command, or AGENT_MAIL_AGENT.")])
+    problem = model.identity_problem(agent)
+    if problem:
+        raise errors.InvalidInput([("--agent", problem)])
+    return agent
+
+
+def _age(created: str, now) -> str:
+    moment = model.parse_iso(created)
+    if moment is None:
+        return "at an unknown time"
+    seconds = max(0, int((now - moment).total_seconds()))
+    if seconds < 60:
+        return "just now"
+    if seconds < 3600:
+        return f"{seconds // 60} min ago"
+    if seconds < 172800:
+        return f"{seconds // 3600} h ago"
+    return f"{seconds // 86400} days ago"
+
+
+def _tool(harness: str, name: str) -> str:
+    return f"mcp__agent-mail__{name}" if harness == "claude-code" else f"the agent-mail MCP tool {name}"
+
+
+def render(harness: str, agent: str, envelopes: list[dict], new: int, unread: int, events: list[dict],
+           others: int = 0, start: bool = False) -> str:
+    """The note for the model: what is new, how much is waiting, and the literal next steps."""
+    now = model.now()
+    lines = []
+    if start:
+        lines.append(f"agent-mail: you are {agent} on the team mailbox; {unread} unread message"
+                     f"{'' if unread == 1 else 's'} waiting.")
+    else:
+        lines.append(f"agent-mail: {new} new message{'' if new == 1 else 's'} for {agent} "
+                     f"({unread} unread in all).")
+    for envelope in envelopes:
+        lines.append(f"- {envelope['id']} from {envelope['sender']}, {_age(envelope['created'], now)}: "
+                     f"{json.dumps(envelope['subject'], ensure_ascii=False)}"
+                     + (" (broadcast)" if envelope.get("recipient") == "*" else ""))
+    if new > len(envelopes):
+        lines.append(f"- ... and {new - len(envelopes)} more.")
+    for event in events:
+        if event.get("source") == "email.bounce" or "bounce" in str(event.get("source", "")):
+            lines.append(f"- bounce {event['id']}: a message you sent was refused: "
+                         f"{json.dumps(event.get('reason') or event.get('message') or event, ensure_ascii=False)}")
+    if others:
+        sessions = "1 other live session uses" if others == 1 else f"{others} other live sessions use"
+        lines.append(f"Warning: {sessions} the identity {agent}; you will take each other's unread mail. Use a "
+                     "distinct identity (agent-mail setup --agent) unless this is intended.")
+    if unread:
+        lines.append(f"Next: take delivery with {_tool(harness, 'read')} (or `agent-mail read {agent}`); after "
+                     f"acting on a message, {_tool(harness, 'ack')} with its id (`agent-mail ack {agent} ID`); "
+                     f"reply with {_tool(harness, 'send')} and reply_to=ID.")
+    return "\n".join(lines)
+
+
+def _output(harness: str, event_name: str, note: str) -> dict:
+    """The context note in the harness's hook output (Claude Code: hookSpecificOutput.additionalContext)."""
+    return {"hookSpecificOutput": {"hookEventName": event_name, "additionalContext": note}}
+
+
+def _harness_pid() -> int | None:
+    text = os.environ.get("CLAUDE_PID", "")
+    return int(text) if text.isdigit() else None
+
+
+class Hook:
+    def __init__(self, mailbox, harness: str, agent: str, document: dict):
+        self.mailbox, self.store = mailbox, mailbox.store
+        self.harness, self.agent, self.document = harness, agent, document
+        self.key = f"{harness}:{document['session_id']}"
+        self.event_name = str(document.get("hook_event_name") or "")
+
+    def _new_session(self, now: str) -> dict:
+        return {"id": self.key, "harness": self.harness, "agent": self.agent, "pid": _harness_pid(),
+                "host": _host(), "started_at": now, "last_seen": now, "told_seq": 0, "told_at": now,
+                "told_event": 0, "waiter": None, "ended_at": None}
+
+    def _untold(self, session: dict, now: str) -> tuple[list[dict], int, list[dict], int]:
+        envelopes, new = self.store.untold(self.agent, now, session["told_seq"], session["told_at"], SHOWN)
+        events, newest_event = self.store.events_since(self.agent, session["told_event"])
+        return envelopes, new, events, newest_event
+
+    def context(self, emit) -> dict | None:
+        """Emit the context note to add, if there is anything new (inside the transaction that marks it told:
+        if it cannot be printed, it was not told)."""
+        now = model.now_iso()
+        start = self.event_name == "SessionStart"
+        if not start:
+            with self.store.transaction():
+                session = self.store.harness_session(self.key)
+                if session is not None and session["agent"] == self.agent and not session["ended_at"]:
+                    envelopes, new, events, _ = self._untold(session, now)
+                    seen = model.parse_iso(session["last_seen"])
+                    fresh = seen is not None and (model.now() - seen).total_seconds() < LAST_SEEN_EVERY_SECONDS
+                    if not new and not events and fresh:
+                        return None  # the common case: one read transaction, nothing written
+        with self.store.transaction(write=True):
+            session = self.store.harness_session(self.key)
+            if session is None or start or session["agent"] != self.agent or session["ended_at"]:
+                note = self._start_note(session, now)
+            else:
+                note = self._tell(session, now)
+            output = None if note is None else _output(self.harness, self.event_name or "PostToolUse", note)
+            if output is not None:
+                emit(output)
+        return output
+
+    def _start_note(self, previous: dict | None, now: str) -> str:
+        session = self._new_session(now)
+        if previous is not None and previous["agent"] == self.agent:
+            session["started_at"], session["waiter"] = previous["started_at"], previous["waiter"]
+        session["told_seq"] = self.store.newest_seq()
+        events, session["told_event"] = self.store.events_since(self.agent, 0)
+        unread = self.store.count_unread(self.agent, now)
+        envelopes = self.store.unread(self.agent, now, limit=SHOWN)
+        others = [s for s in live_sessions(self.store.harness_sessions_of(self.agent), model.now())
+                  if s["id"] != self.key]
+        self.store.save_harness_session(session)
+        return render(self.harness, self.agent, envelopes, unread, unread, events, len(others), start=True)
+
+    def _tell(self, session: dict, now: str) -> str | None:
+        """Mark what is new as told (in the caller's write transaction); the note, or None."""
+        envelopes, new, events, newest_event = self._untold(session, now)
+        session["told_seq"] = max(session["told_seq"], self.store.newest_seq())
+        session["told_at"], session["told_event"], session["last_seen"] = now, newest_event, now
+        self.store.save_harness_session(session)
+        if not new and not events:
+            return None
+        unread = self.store.count_unread(self.agent, now)
+        return render(self.harness, self.agent, envelopes, new, unread, events)
+
+    def stop(self, emit) -> dict | None:
+        if self.document.get("stop_hook_active"):
+            return None  # held once already: let it stop
+        now = model.now_iso()
+        with self.store.transaction(write=True):
+            session = self.store.harness_session(self.key)
+            if session is None or session["agent"] != self.agent or session["ended_at"]:
+                self._start_note(session, now)  # first contact: the baseline; nothing arrived "during" a turn
+                return None
+            note = self._tell(session, now)
+            if note is None:
+                return None
+            output = {"decision": "block", "reason": note + "\nThis arrived while you worked: deal with it (or say "
+                      "why not) before you stop."}
+            emit(output)
+        return output
+
+    def end(self) -> None:
+        now = model.now_iso()
+        with self.store.transaction(write=True):
+            session = self.store.harness_session(self.key)
+            if session is None:
+                return
+            waiter = session["waiter"]
+            session["ended_at"], session["last_seen"], session["waiter"] = now, now, None
+            self.store.save_harness_session(session)
+        _end_waiter(waiter)
+
+    def wait(self, minutes: float) -> str | None:
+        """Block until mail this session was not told of arrives (the note to wake it with) or until the
+        wait ends (None): timeout, a newer waiter, the harness gone, or a non-interactive run."""
+        if not _waits_here():
+            return None
+        me = _process_token(os.getpid())
+        now = model.now_iso()
+        with self.store.transaction(write=True):
+            session = self.store.harness_session(self.key)
+            if session is None or session["agent"] != self.agent or session["ended_at"]:
+                self._start_note(session, now)
+                session = self.store.harness_session(self.key)
+            older = session["waiter"]
+            session["waiter"] = me
+            session["pid"] = _harness_pid() or session["pid"]
+            self.store.save_harness_session(session)
+        _end_waiter(older)
+        harness_pid = _harness_pid()
+        note: list[str] = []
+
+        def look_for() -> list[dict]:
+            with self.store.transaction(write=True):
+                current = self.store.harness_session(self.key)
+                if current is None or current["waiter"] != me or current["ended_at"]:
+                    raise _Superseded()
+                told = self._tell(current, model.now_iso())
+                if told is not None:  # on stderr before the commit: if it cannot be written, it was not told
+                    sys.stderr.write(told + "\n")
+                    sys.stderr.flush()
+                    note.append(told)
+            return [{"told": True}] if note else []
+
+        def wanted() -> bool:
+            return _pid_alive(harness_pid)
+
+        try:
+            found = self.mailbox.wait_armed(self.agent, minutes * 60.0, look_for, wanted)
+        except _Superseded:
+            return None
+        finally:
+            self._forget_waiter(me)
+        return note[0] if found and note else None
+
+    def _forget_waiter(self, me: str) -> None:
+        try:
+            with self.store.transaction(write=True, patience=1.0):
+                session = self.store.harness_session(self.key)
+                if session is not None and session["waiter"] == me:
+                    session["waiter"] = None
+                    self.store.save_harness_session(session)
+        except errors.AgentMailError:
+            pass
+
+
+class _Superseded(Exception):
+    """A newer waiter took over this session."""
+
+
+def _waits_here() -> bool:
+    """False for runs nobody waits on: claude -p and SDK runs wait for background hooks before exiting."""
+    if os.environ.get("CLAUDE_CODE_ENTRYPOINT", "") in _NON_INTERACTIVE:
+        return False
+    return os.environ.get("CLAUDE_CODE_SESSION_ATTENDED", "") != "0"
+
+
+def _start_time(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            fields = handle.read().rsplit(b")", 1)[1].split()
+        return fields[19].decode()
+    except (OSError, IndexError):
+        return None
+
+
+def _process_token(pid: int) -> str:
+    return f"{pid}:{_start_time(pid) or ''}@{_host()}"
+
+
+def _end_waiter(token: str | None) -> None:
+    """SIGTERM the waiter `token` names, if it is still that process on this machine."""
+    if not token:
+        return
+    pid_text, _, rest = token.partition(":")
+    started, _, host = rest.partition("@")
+    if host != _host() or not pid_text.isdigit() or int(pid_text) == os.getpid():
+        return
+    pid = int(pid_text)
+    if started and _start_time(pid) != started:
+        return  # that process is gone; the number was reused
+    try:
+        import signal
+
+        os.kill(pid, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+def run(harness: str, event: str, agent: str | None, emit) -> int:
+    """Run one hook; the exit status (0, or EXIT_WAKE for a waiter that found mail)."""
+    from agent_mail import service
+
+    if harness not in HARNESSES:
+        raise errors.InvalidInput([("harness", f"{harness!r} is not a harness agent-mail knows; use one of "
+                                               f"{', '.join(HARNESSES)}.")])
+    if event not in EVENTS:
+        raise errors.InvalidInput([("event", f"{event!r} is not a hook event; use one of {', '.join(EVENTS)}.")])
+    agent = _agent(agent)
+    document = read_input()
+    with service.open_mailbox() as mailbox:
+        hook = Hook(mailbox, harness, agent, document)
+        if event == "context":
+            hook.context(emit)
+        elif event == "stop":
+            hook.stop(emit)
+        elif event == "end":
+            hook.end()
+        elif hook.wait(spec.WATCH_MINUTES_DEFAULT) is not None:
+            return EXIT_WAKE
+    return errors.EXIT_OK

@@ -1,0 +1,158 @@
+"""A scripted stand-in for the model behind a harness: an HTTP server on 127.0.0.1 that answers the
+Anthropic Messages API (`POST /v1/messages`, streamed as server-sent events, or whole) and records
+every request it was sent. The harness under test (the real Claude Code CLI) is real; only the model
+is ours, so what it records is exactly what a model would be shown.
+
+    with FakeModel(script) as model:   # script(request) -> list of blocks, or None for "ok"
+        env["ANTHROPIC_BASE_URL"] = model.url
+    model.requests                     # every /v1/messages body, in order
+
+A block is {"type": "text", "text": ...} or {"type": "tool_use", "name": ..., "input": {...}}.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+_ids = itertools.count(1)
+
+
+def text(request: dict) -> str:
+    """Everything the model was shown in a request (system, messages, tool results) as one string."""
+    return json.dumps(request, ensure_ascii=False)
+
+
+def last_user_text(request: dict) -> str:
+    """The text of the newest user turn (its text blocks and tool results)."""
+    for message in reversed(request.get("messages", [])):
+        if message.get("role") == "user":
+            return json.dumps(message.get("content"), ensure_ascii=False)
+    return ""
+
+
+class FakeModel:
+    def __init__(self, script=None):
+        self.script = script or (lambda request: None)
+        self.requests: list[dict] = []
+        self.lock = threading.Lock()
+        self.seen = threading.Condition(self.lock)
+        model = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):  # quiet
+                pass
+
+            def do_HEAD(self):
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def do_GET(self):
+                self._json({})
+
+            def do_POST(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length) or b"{}")
+                path = self.path.split("?")[0]
+                if path.endswith("/count_tokens"):
+                    return self._json({"input_tokens": 10})
+                if not path.endswith("/v1/messages"):
+                    return self._json({})
+                with model.lock:
+                    model.requests.append(body)
+                    model.seen.notify_all()
+                blocks = model.script(body) or [{"type": "text", "text": "ok"}]
+                if body.get("stream"):
+                    self._stream(body, blocks)
+                else:
+                    self._json(_message(body, blocks))
+
+            def _json(self, document):
+                data = json.dumps(document).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _stream(self, body, blocks):
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Cache-Control", "no-cache")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                message = _message(body, [])
+                message["stop_reason"] = None
+                events = [("message_start", {"type": "message_start", "message": message})]
+                stop = "end_turn"
+                for index, block in enumerate(blocks):
+                    if block["type"] == "tool_use":
+                        stop = "tool_use"
+                        start = {"type": "tool_use", "id": f"toolu_{next(_ids):06d}", "name": block["name"],
+                                 "input": {}}
+                        delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
+                    else:
+                        start = {"type": "text", "text": ""}
+                        delta = {"type": "text_delta", "text": block["text"]}
+                    events += [
+                        ("content_block_start", {"type": "content_block_start", "index": index,
+                                                 "content_block": start}),
+                        ("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}),
+                        ("content_block_stop", {"type": "content_block_stop", "index": index}),
+                    ]
+                events += [("message_delta", {"type": "message_delta", "delta": {"stop_reason": stop,
+                                                                                 "stop_sequence": None},
+                                              "usage": {"output_tokens": 5}}),
+                           ("message_stop", {"type": "message_stop"})]
+                for name, data in events:
+                    self.wfile.write(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode())
+                self.wfile.flush()
+                self.close_connection = True
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> FakeModel:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=5)
+
+    def wait_for(self, predicate, timeout: float) -> dict | None:
+        """The first recorded request for which predicate(request) holds, waiting up to timeout seconds."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        with self.seen:
+            while True:
+                for request in self.requests:
+                    if predicate(request):
+                        return request
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self.seen.wait(left)
+
+
+def _message(body: dict, blocks: list[dict]) -> dict:
+    content = []
+    for block in blocks:
+        if block["type"] == "tool_use":
+            content.append({"type": "tool_use", "id": f"toolu_{next(_ids):06d}", "name": block["name"],
+                            "input": block["input"]})
+        else:
+            content.append({"type": "text", "text": block["text"]})
+    stop = "tool_use" if any(b["type"] == "tool_use" for b in blocks) else "end_turn"
+    return {"id": f"msg_{next(_ids):06d}", "type": "message", "role": "assistant",
+            "model": body.get("model", "claude-sonnet-4-5"), "content": content, "stop_reason": stop,
+            "stop_sequence": None, "usage": {"input_tokens": 10, "output_tokens": 5}}
