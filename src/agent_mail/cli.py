@@ -428,6 +428,12 @@ def main(argv: list[str] | None = None) -> int:
             return errors.EXIT_OK
         from agent_mail import service
 
+        if name == "setup":
+            from agent_mail import harness_setup
+
+            harness_setup.setup(values["harness"], values["agent"], values["dir"], values["dry_run"], values["remove"],
+                                emit=emit_once)
+            return errors.EXIT_OK
         if name == "hook":
             from agent_mail import hooks
 

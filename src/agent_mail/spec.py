@@ -714,6 +714,37 @@ _register(Command(
 ))
 
 
+_register(Command(
+    name="setup",
+    summary="Connect a harness to this mailbox in one step: its hooks (mail in the model's context, a stop held "
+    "once for mail that arrived, an idle session woken when mail arrives) and the agent-mail MCP server, "
+    "already allowed. Merges into existing settings (nothing else touched), idempotent, atomic; --dry-run "
+    "shows the diff, --remove takes out only what it added. Records the identity and the mailbox resolved now.",
+    args=(
+        Arg("harness", TEXT, "The harness: claude-code.", required=True),
+        Arg("--agent", IDENTITY, "The identity the harness's sessions use (project:name).", required=True),
+        Arg("--dir", PATH, "The project directory the harness starts in (default: the current directory)."),
+        Arg("--dry-run", FLAG, "Show what would change (a diff per file); write nothing."),
+        Arg("--remove", FLAG, "Take out what setup added; leave everything else."),
+    ),
+    output={
+        "harness": "The harness set up.",
+        "agent": "The identity recorded.",
+        "mailbox": "The mailbox file recorded (where AGENT_MAIL_DB points now, or the default).",
+        "dir": "The project directory.",
+        "removed": "true with --remove.",
+        "dry_run": "true when nothing was written.",
+        "files": "Per file: path, action (create, update, remove, unchanged) and diff (unified).",
+        "wakes_idle_session": "Whether this harness's idle session is woken when mail arrives.",
+        "notes": "What the harness now does, and what it does not.",
+    },
+    examples=("setup claude-code --agent deploy:worker", "setup claude-code --agent deploy:worker --dry-run",
+              "setup claude-code --agent deploy:worker --remove"),
+    mutating=True,
+    needs_mailbox=False,
+))
+
+
 INVARIANTS = (
     "Every command prints exactly one JSON document on stdout on success, and {\"error\": ...} on stderr "
     "with a non-zero exit on failure. A failed command changed nothing.",

@@ -1,0 +1,228 @@
+"""The real Claude Code CLI, set up by `agent-mail setup claude-code`, against a scripted model.
+
+Claude Code is the npm package @anthropic-ai/claude-code (`.ci/run` installs the pinned version under
+.cache/node); the model is tests/fake_model.py on 127.0.0.1, which records what Claude Code sends it: the
+context the hooks added, the tools it lists, the tool results. Skipped with the reason where Claude Code
+is not installed; required in CI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from conftest import am_process, process_env
+from fake_model import FakeModel
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+AGENT = "proj:coder"
+
+
+def _claude() -> str | None:
+    for candidate in (os.environ.get("AGENT_MAIL_CLAUDE"), os.path.join(ROOT, ".cache", "node", "node_modules",
+                                                                         ".bin", "claude"), shutil.which("claude")):
+        if candidate and os.path.exists(candidate):
+            return candidate
+    return None
+
+
+CLAUDE = _claude()
+if CLAUDE is None and os.environ.get("CI"):
+    raise RuntimeError("CI must run the Claude Code tests: .ci/run installs @anthropic-ai/claude-code under "
+                       ".cache/node")
+pytestmark = pytest.mark.skipif(CLAUDE is None, reason="Claude Code is not installed (npm install "
+                                                       "@anthropic-ai/claude-code, or set AGENT_MAIL_CLAUDE)")
+pytest.importorskip("mcp", reason="the mcp extra is not installed")
+
+
+@pytest.fixture
+def project(tmp_path, mailbox_path):
+    directory = tmp_path / "project"
+    directory.mkdir()
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    done = am_process("setup", "claude-code", "--agent", AGENT, "--dir", str(directory))
+    assert done.returncode == 0, done.stderr
+    return directory
+
+
+def _env(model: FakeModel, home) -> dict:
+    env = process_env(HOME=str(home), ANTHROPIC_BASE_URL=model.url, ANTHROPIC_API_KEY="sk-ant-test",
+                      DISABLE_TELEMETRY="1", CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
+                      ENABLE_TOOL_SEARCH="false", DISABLE_AUTOUPDATER="1")
+    env.pop("AGENT_MAIL_DB")  # the session finds its mailbox through what setup recorded
+    return env
+
+
+def _run(project, model, prompt: str, timeout: float = 120) -> dict:
+    proc = subprocess.run([CLAUDE, "-p", prompt, "--output-format", "json"], cwd=str(project),
+                          env=_env(model, project.parent / "home"), capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout)
+
+
+def _has_tool_result(request: dict) -> bool:
+    last = request["messages"][-1]
+    return isinstance(last.get("content"), list) and any(b.get("type") == "tool_result" for b in last["content"])
+
+
+def _main_loop(request: dict) -> bool:
+    """A request of the session's own turn (Claude Code also makes small side requests, without tools)."""
+    return bool(request.get("tools"))
+
+
+def test_mail_reaches_the_context_and_the_mcp_tools_answer_without_a_prompt(project):
+    am_process("send", "--from", "boss:lead", "--to", AGENT, "--subject", "Fix the flaky test",
+               "--body", "It is test_login; the clock is mocked wrong.", env=process_env())
+
+    def script(request):
+        if not _main_loop(request):
+            return None
+        if _has_tool_result(request):
+            return [{"type": "text", "text": "done"}]
+        return [{"type": "tool_use", "name": "mcp__agent-mail__read", "input": {}}]
+
+    with FakeModel(script) as model:
+        result = _run(project, model, "Check your mail.")
+    loop = [r for r in model.requests if _main_loop(r)]
+    first = json.dumps(loop[0])
+    # SessionStart's context: the envelope, never the body.
+    assert "you are proj:coder" in first and "Fix the flaky test" in first and "clock is mocked" not in first
+    tools = {t["name"] for t in loop[0]["tools"]}
+    assert {"mcp__agent-mail__read", "mcp__agent-mail__send", "mcp__agent-mail__watch"} <= tools
+    # The tool ran (no permission prompt, no denial) and its result, the message, went to the model.
+    assert result["permission_denials"] == []
+    answered = next(r for r in loop if _has_tool_result(r))
+    assert "clock is mocked wrong" in json.dumps(answered["messages"][-1])
+    state = json.loads(am_process("read", AGENT, "--no-mark-read").stdout)
+    assert state["count"] == 0  # read through MCP: delivered, marked read
+
+
+def test_mail_during_a_turn_holds_the_stop_once(project):
+    sent = threading.Event()
+
+    def script(request):
+        if not _main_loop(request):
+            return None
+        text = json.dumps(request["messages"])
+        if "This arrived while you worked" in text:
+            return [{"type": "text", "text": "I will handle it next."}]
+        if _has_tool_result(request):
+            if not sent.is_set():  # mail lands while the model writes its last answer
+                done = am_process("send", "--from", "boss:lead", "--to", AGENT, "--subject", "Stop the deploy",
+                                  env=process_env())
+                assert done.returncode == 0, done.stderr
+                sent.set()
+            return [{"type": "text", "text": "All done."}]
+        return [{"type": "tool_use", "name": "Bash", "input": {"command": "true", "description": "nothing"}}]
+
+    with FakeModel(script) as model:
+        result = _run(project, model, "Do the task.", timeout=180)
+    loop = [r for r in model.requests if _main_loop(r)]
+    held = [r for r in loop if "This arrived while you worked" in json.dumps(r["messages"])]
+    assert held, "the stop was not held"
+    assert "Stop the deploy" in json.dumps(held[0]["messages"])
+    # Held once: the next stop (stop_hook_active) went through, and the run ended.
+    assert result["result"] == "I will handle it next."
+    assert len([r for r in loop if json.dumps(r["messages"]).count("This arrived while you worked") > 0]) == 1
+    # Nothing was marked read by telling.
+    assert json.loads(am_process("read", AGENT, "--no-mark-read").stdout)["count"] == 1
+
+
+def test_claude_p_is_not_kept_waiting_by_the_waiter(project):
+    """The asyncRewake waiter arms on Stop; under claude -p it must return at once, or the run would wait
+    for it (up to its 55 minutes)."""
+    with FakeModel() as model:
+        result = _run(project, model, "Say ok.", timeout=90)
+    assert result["result"] == "ok"
+    status = json.loads(am_process("status", "--agent", AGENT).stdout)["agents"][0]
+    assert status["watch_state"] != "armed"
+
+
+def test_setup_is_idempotent_and_removable(project):
+    settings = project / ".claude" / "settings.local.json"
+    servers = project / ".mcp.json"
+    before = settings.read_bytes(), servers.read_bytes()
+    again = json.loads(am_process("setup", "claude-code", "--agent", AGENT, "--dir", str(project)).stdout)
+    assert [f["action"] for f in again["files"]] == ["unchanged", "unchanged"]
+    assert (settings.read_bytes(), servers.read_bytes()) == before
+    removed = json.loads(am_process("setup", "claude-code", "--agent", AGENT, "--dir", str(project),
+                                    "--remove").stdout)
+    assert [f["action"] for f in removed["files"]] == ["remove", "remove"]
+    assert not servers.exists() and not settings.exists()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__, "-v"]))
+
+
+def _interactive_home(home, project) -> None:
+    """A HOME in which an interactive `claude` opens straight to its prompt: onboarding done, the project
+    trusted, the test key approved."""
+    (home / ".claude.json").write_text(json.dumps({
+        "hasCompletedOnboarding": True, "theme": "dark",
+        "customApiKeyResponses": {"approved": ["sk-ant-test"], "rejected": []},
+        "projects": {str(project): {"hasTrustDialogAccepted": True, "hasCompletedProjectOnboarding": True}},
+    }))
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+def test_an_idle_interactive_session_is_woken_by_a_send(project):
+    import time
+
+    home = project.parent / "home"
+    _interactive_home(home, project)
+    name = f"agent-mail-test-{os.getpid()}"
+    with FakeModel() as model:
+        env = _env(model, home)
+        command = " ".join(["env", "-u", "AGENT_MAIL_DB"] + [f"{k}={v}" for k, v in env.items()
+                                                             if k in ("HOME", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY",
+                                                                      "DISABLE_TELEMETRY", "ENABLE_TOOL_SEARCH",
+                                                                      "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC",
+                                                                      "DISABLE_AUTOUPDATER", "PYTHONPATH")]
+                           + [CLAUDE])
+        subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "200", "-y", "50", "-c", str(project), command],
+                       check=True)
+        try:
+            def status():
+                return json.loads(am_process("status", "--agent", AGENT).stdout)["agents"][0]
+
+            deadline = time.monotonic() + 60
+            while "❯" not in subprocess.run(["tmux", "capture-pane", "-p", "-t", name], capture_output=True,
+                                            text=True).stdout:
+                assert time.monotonic() < deadline, "claude did not reach its prompt"
+                time.sleep(0.2)
+            subprocess.run(["tmux", "send-keys", "-t", name, "hello"], check=True)
+            time.sleep(0.3)
+            subprocess.run(["tmux", "send-keys", "-t", name, "Enter"], check=True)
+            # The turn ends; the waiter arms: the identity shows as armed, a live session holds it.
+            deadline = time.monotonic() + 60
+            while status()["watch_state"] != "armed":
+                assert time.monotonic() < deadline, "the waiter never armed"
+                time.sleep(0.2)
+            assert status()["sessions"] == 1
+            turns = len([r for r in model.requests if _main_loop(r)])
+            am_process("send", "--from", "boss:lead", "--to", AGENT, "--subject", "Wake up, review PR 7",
+                       env=process_env())
+            woken = model.wait_for(lambda r: _main_loop(r) and "Wake up, review PR 7" in json.dumps(r["messages"]),
+                                   timeout=30)
+            assert woken is not None, "the idle session was not woken"
+            assert len([r for r in model.requests if _main_loop(r)]) == turns + 1
+            # Woken once, then it re-arms for the next mail.
+            deadline = time.monotonic() + 60
+            while status()["watch_state"] != "armed":
+                assert time.monotonic() < deadline, "the waiter did not re-arm"
+                time.sleep(0.2)
+        finally:
+            subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)
+    # The waiter ends with its session (it checks the harness process every 5 s).
+    deadline = time.monotonic() + 30
+    while status()["watch_state"] == "armed":
+        assert time.monotonic() < deadline, "the waiter outlived its session"
+        time.sleep(0.5)
