@@ -150,8 +150,11 @@ def test_documented_output_fields_match_what_commands_print(am, send, tmp_path):
                                   "delete", "cancel", "attachments", "profile", "notifications", "status", "cleanup",
                                   "mcp",  # prints only the protocol: its tools are checked in test_mcp.py
                                   "hook",  # output per harness event: checked in test_hooks.py
+                                  "setup",
                                   "doctor"}
     assert set(am("doctor").json) == set(spec.COMMANDS["doctor"].output)
+    assert set(am("setup", "claude-code", "--agent", "a:x", "--dir", str(tmp_path), "--dry-run").json) == set(
+        spec.COMMANDS["setup"].output)
 
 
 # ---------------------------------------------------------------- real processes

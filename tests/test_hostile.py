@@ -652,9 +652,11 @@ def test_a_signal_ends_a_send_blocked_on_the_lock_at_once(am, send, mailbox_path
     send("a:x", "b:y", "first")
     holder = _hold_write_lock(mailbox_path)
     try:
+        # SIGINT as a terminal delivers it, even when this suite runs as a background job (which starts
+        # its children with SIGINT ignored).
         proc = subprocess.Popen([sys.executable, "-m", "agent_mail", "send", "--from", "a:x", "--to", "b:y",
                                  "--subject", "blocked"], env=process_env(), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE)
+                                stderr=subprocess.PIPE, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         time.sleep(1.0)  # well into its wait for the lock (the busy timeout is 10 s)
         assert proc.poll() is None
         sent_at = time.monotonic()
