@@ -6,9 +6,10 @@ Builds (or reuses) the two throwaway virtual environments under bench/.cache, th
 bench_cli (cold start), bench_scale (per-agent commands, status, cleanup and growth at
 200,000 messages spread or with a broadcast backlog, and at 1,000,000), bench_concurrency,
 bench_fanout, bench_watch and bench_herd (100 and 300 blocked watches), and prints one
-table of both figures and their ratio. --quick uses fewer rounds, no million-message
-mailbox and a herd of 20, for a smoke run; the recorded numbers in docs/benchmarks.md come
-from the full run.
+table of both figures and their ratio; then bench_hooks (the harness hooks' cost beside our
+own `read`, and idle-wake latency, through the real Claude Code when it is installed).
+--quick uses fewer rounds, no million-message mailbox and a herd of 20, for a smoke run;
+the recorded numbers in docs/benchmarks.md come from the full run.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ import bench_cli  # noqa: E402
 import bench_concurrency  # noqa: E402
 import bench_fanout  # noqa: E402
 import bench_herd  # noqa: E402
+import bench_hooks  # noqa: E402
 import bench_scale  # noqa: E402
 import bench_watch  # noqa: E402
-from common import implementations, report  # noqa: E402
+from common import implementations, report, table  # noqa: E402
 
 
 def main() -> None:
@@ -44,6 +46,10 @@ def main() -> None:
     rows += bench_herd.rows(clis, watches=20 if args.quick else 100, idle_seconds=5 if args.quick else 10,
                             also=0 if args.quick else 300)
     report(f"agent-mail benchmarks, {time.time() - started:.0f} s", rows)
+    # The harness hooks have no peer to run beside: their table compares with our own CLI.
+    print("\n# harness hooks (bench_hooks: beside our own read, same run)\n")
+    print(table(bench_hooks.rows(clis, rounds=11 if args.quick else 31, wakes=3 if args.quick else 10),
+                bench_hooks.HEADERS))
 
 
 if __name__ == "__main__":
