@@ -348,3 +348,91 @@ def test_setup_quotes_paths_with_spaces_and_quotes_in_hook_commands(tmp_path, mo
                           capture_output=True, env=bare, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "through the shell" in json.loads(done.stdout)["hookSpecificOutput"]["additionalContext"]
+
+
+# ---------------------------------------------------------------- Codex and Gemini CLI
+
+
+def test_codex_hooks_answer_in_its_schema():
+    """Codex's hook input and output mirror Claude Code's (SessionStart / UserPromptSubmit / PostToolUse
+    context, Stop with decision block); it has no asyncRewake, so its waiter never waits."""
+    run = lambda event, doc: am_process("hook", "codex", event, "--agent", AGENT,  # noqa: E731
+                                        input=json.dumps(doc).encode())
+    assert run("context", claude_input("SessionStart", "cx")).returncode == 0
+    send("for codex")
+    note = json.loads(run("context", claude_input("PostToolUse", "cx")).stdout)["hookSpecificOutput"]
+    assert note["hookEventName"] == "PostToolUse" and "for codex" in note["additionalContext"]
+    assert "the agent-mail MCP tool read" in note["additionalContext"]
+    send("late")
+    held = json.loads(run("stop", claude_input("Stop", "cx")).stdout)
+    assert held["decision"] == "block" and "late" in held["reason"]
+    started = time.monotonic()
+    assert run("wait", claude_input("Stop", "cx")).returncode == 0 and time.monotonic() - started < 15
+
+
+def test_gemini_hooks_answer_in_its_schema():
+    """Gemini CLI: BeforeAgent / AfterTool carry the context, AfterAgent is the stop (decision deny sends the
+    reason back as a prompt), stdout is always JSON ({} when quiet)."""
+    def run(event, name, **extra):
+        document = {"session_id": "gm", "transcript_path": "/tmp/t.json", "cwd": "/tmp", "hook_event_name": name,
+                    "timestamp": "2026-12-02T10:00:00Z", **extra}
+        done = am_process("hook", "gemini", event, "--agent", AGENT, input=json.dumps(document).encode())
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    assert "you are proj:coder" in run("context", "SessionStart", source="startup")["hookSpecificOutput"][
+        "additionalContext"]
+    assert run("context", "AfterTool", tool_name="read_file", tool_input={}, tool_response={}) == {}
+    send("for gemini")
+    note = run("context", "BeforeAgent", prompt="go")["hookSpecificOutput"]
+    assert note["hookEventName"] == "BeforeAgent" and "for gemini" in note["additionalContext"]
+    send("late one")
+    held = run("stop", "AfterAgent", prompt="go", prompt_response="done", stop_hook_active=False)
+    assert held["decision"] == "deny" and "late one" in held["reason"]
+    assert run("stop", "AfterAgent", prompt="go", prompt_response="ok", stop_hook_active=True) == {}
+
+
+def test_setup_codex_writes_its_toml_and_hooks_and_takes_out_only_its_own(tmp_path):
+    import tomllib
+
+    config = tmp_path / ".codex" / "config.toml"
+    config.parent.mkdir()
+    original = 'model = "o3"\n\n[mcp_servers.other]\ncommand = "x"\n'
+    config.write_text(original)
+    done = am_process("setup", "codex", "--agent", AGENT, "--dir", str(tmp_path))
+    result = json.loads(done.stdout)
+    assert [f["action"] for f in result["files"]] == ["update", "create"] and result["wakes_idle_session"] is False
+    assert any("cannot wake an idle session" in note for note in result["notes"])
+    parsed = tomllib.loads(config.read_text())
+    assert parsed["model"] == "o3" and parsed["mcp_servers"]["other"] == {"command": "x"}
+    assert parsed["mcp_servers"]["agent-mail"]["args"][-3:] == ["mcp", "--agent", AGENT]
+    hooks = json.loads((tmp_path / ".codex" / "hooks.json").read_text())["hooks"]
+    assert set(hooks) == {"SessionStart", "UserPromptSubmit", "PostToolUse", "Stop"}
+    assert " hook codex stop " in hooks["Stop"][0]["hooks"][0]["command"] + " "
+    again = json.loads(am_process("setup", "codex", "--agent", AGENT, "--dir", str(tmp_path)).stdout)
+    assert [f["action"] for f in again["files"]] == ["unchanged", "unchanged"]
+    am_process("setup", "codex", "--agent", AGENT, "--dir", str(tmp_path), "--remove")
+    assert config.read_text() == original and not (tmp_path / ".codex" / "hooks.json").exists()
+    # A table of that name the user wrote is not overwritten; malformed TOML is refused. Nothing written.
+    config.write_text(original + '\n[mcp_servers.agent-mail]\ncommand = "mine"\n')
+    refused = am_process("setup", "codex", "--agent", AGENT, "--dir", str(tmp_path))
+    assert refused.returncode == 2 and "already defines mcp_servers.agent-mail" in json.loads(refused.stderr)["error"]
+    config.write_text("model = \n")
+    refused = am_process("setup", "codex", "--agent", AGENT, "--dir", str(tmp_path))
+    assert refused.returncode == 2 and "not valid TOML" in json.loads(refused.stderr)["error"]
+    assert config.read_text() == "model = \n" and not (tmp_path / ".codex" / "hooks.json").exists()
+
+
+def test_setup_gemini_writes_one_settings_file(tmp_path):
+    settings = tmp_path / ".gemini" / "settings.json"
+    settings.parent.mkdir()
+    settings.write_text(json.dumps({"theme": "Dracula", "mcpServers": {"other": {"command": "x"}}}))
+    done = am_process("setup", "gemini", "--agent", AGENT, "--dir", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    merged = json.loads(settings.read_text())
+    assert merged["theme"] == "Dracula" and list(merged["mcpServers"]) == ["other", "agent-mail"]
+    assert merged["mcpServers"]["agent-mail"]["trust"] is True
+    assert set(merged["hooks"]) == {"SessionStart", "BeforeAgent", "AfterTool", "AfterAgent", "SessionEnd"}
+    assert merged["hooks"]["AfterAgent"][0]["hooks"][0]["name"] == "agent-mail-stop"
+    am_process("setup", "gemini", "--agent", AGENT, "--dir", str(tmp_path), "--remove")
+    assert json.loads(settings.read_text()) == {"theme": "Dracula", "mcpServers": {"other": {"command": "x"}}}

@@ -23,7 +23,9 @@ import sys
 
 from agent_mail import errors, model
 
-HARNESSES = ("claude-code",)
+HARNESSES = ("claude-code", "codex", "gemini")
+_BEGIN = "# agent-mail setup: begin (written by `agent-mail setup codex`; `--remove` takes it out)"
+_END = "# agent-mail setup: end"
 SERVER = "agent-mail"
 WAITER_TIMEOUT_SECONDS = 3600  # above the waiter's 55-minute wait
 _MARK = " -m agent_mail "  # in every command we write: how our entries are told from the user's
@@ -77,22 +79,36 @@ def _dump(document: dict) -> str:
     return json.dumps(document, indent=2, ensure_ascii=False) + "\n"
 
 
-def _hook_entries(agent: str, mailbox: str) -> dict[str, list[dict]]:
-    # The mailbox rides in the command (the harness runs it with a POSIX shell): a session started without
+def _hook_entries(harness: str, agent: str, mailbox: str) -> dict[str, list[dict]]:
+    """Our hooks for `harness`, by its event names, in its settings' shape."""
+    # The mailbox rides in the command (harnesses run it with a POSIX shell): a session started without
     # AGENT_MAIL_DB in its environment still reaches the mailbox set up here.
     base = f"AGENT_MAIL_DB={shlex.quote(mailbox)} " + _shell(_base_command())
 
     def hook(event: str, **extra) -> dict:
-        return {"type": "command", "command": base + " " + _shell(["hook", "claude-code", event, "--agent", agent]),
-                **extra}
+        command = base + " " + _shell(["hook", harness, event, "--agent", agent])
+        if harness == "gemini":  # named, for its /hooks panel; timeouts in milliseconds
+            return {"type": "command", "name": f"agent-mail-{event}", "command": command, "timeout": 30_000, **extra}
+        return {"type": "command", "command": command, **extra}
 
-    return {
+    if harness == "gemini":
+        return {
+            "SessionStart": [{"hooks": [hook("context")]}],
+            "BeforeAgent": [{"hooks": [hook("context")]}],
+            "AfterTool": [{"matcher": ".*", "hooks": [hook("context")]}],
+            "AfterAgent": [{"hooks": [hook("stop")]}],
+            "SessionEnd": [{"hooks": [hook("end")]}],
+        }
+    entries = {
         "SessionStart": [{"hooks": [hook("context")]}],
         "UserPromptSubmit": [{"hooks": [hook("context")]}],
-        "PostToolUse": [{"matcher": "*", "hooks": [hook("context")]}],
-        "Stop": [{"hooks": [hook("stop"), hook("wait", asyncRewake=True, timeout=WAITER_TIMEOUT_SECONDS)]}],
-        "SessionEnd": [{"hooks": [hook("end")]}],
+        "PostToolUse": [{"matcher": "*" if harness == "claude-code" else ".*", "hooks": [hook("context")]}],
+        "Stop": [{"hooks": [hook("stop")]}],
     }
+    if harness == "claude-code":
+        entries["Stop"][0]["hooks"].append(hook("wait", asyncRewake=True, timeout=WAITER_TIMEOUT_SECONDS))
+        entries["SessionEnd"] = [{"hooks": [hook("end")]}]
+    return entries
 
 
 def _without_ours(groups: object) -> object:
@@ -111,7 +127,8 @@ def _without_ours(groups: object) -> object:
     return kept
 
 
-def _settings(document: dict, agent: str, mailbox: str, remove: bool) -> dict:
+def _hooks_merged(document: dict, harness: str, agent: str, mailbox: str, remove: bool) -> dict:
+    """`document` (a settings object with a "hooks" key) with our hooks replaced, or taken out."""
     document = dict(document)
     hooks = document.get("hooks", {})
     if not isinstance(hooks, dict):
@@ -119,12 +136,17 @@ def _settings(document: dict, agent: str, mailbox: str, remove: bool) -> dict:
     hooks = {event: _without_ours(groups) for event, groups in hooks.items()}
     hooks = {event: groups for event, groups in hooks.items() if groups != []}
     if not remove:
-        for event, groups in _hook_entries(agent, mailbox).items():
+        for event, groups in _hook_entries(harness, agent, mailbox).items():
             hooks[event] = (hooks.get(event) or []) + groups
     if hooks:
         document["hooks"] = hooks
     else:
         document.pop("hooks", None)
+    return document
+
+
+def _claude_settings(document: dict, agent: str, mailbox: str, remove: bool) -> dict:
+    document = _hooks_merged(document, "claude-code", agent, mailbox, remove)
     permissions = dict(document.get("permissions") or {})
     allow = [rule for rule in permissions.get("allow", []) if rule != f"mcp__{SERVER}"]
     if not remove:
@@ -147,21 +169,87 @@ def _settings(document: dict, agent: str, mailbox: str, remove: bool) -> dict:
     return document
 
 
-def _servers(document: dict, agent: str, mailbox: str, remove: bool) -> dict:
+def _server_entry(agent: str, mailbox: str) -> dict:
+    base = _base_command()
+    return {"command": base[0], "args": base[1:] + ["mcp", "--agent", agent], "env": {"AGENT_MAIL_DB": mailbox}}
+
+
+def _servers(document: dict, agent: str, mailbox: str, remove: bool, **extra) -> dict:
     document = dict(document)
     servers = document.get("mcpServers", {})
     if not isinstance(servers, dict):
-        raise errors.InvalidInput([("mcpServers", "in .mcp.json is not an object; fix it, then run setup again.")])
+        raise errors.InvalidInput([("mcpServers", "is not an object; fix it, then run setup again.")])
     servers = {name: spec for name, spec in servers.items() if name != SERVER}
     if not remove:
-        base = _base_command()
-        servers[SERVER] = {"type": "stdio", "command": base[0], "args": base[1:] + ["mcp", "--agent", agent],
-                           "env": {"AGENT_MAIL_DB": mailbox}}
+        servers[SERVER] = {**extra, **_server_entry(agent, mailbox)} if "type" in extra else {
+            **_server_entry(agent, mailbox), **extra}
     if servers:
         document["mcpServers"] = servers
     else:
         document.pop("mcpServers", None)
     return document
+
+
+def _toml_string(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)  # a JSON string is a TOML basic string
+
+
+def _codex_config(path: str, agent: str, mailbox: str, remove: bool) -> dict:
+    """The plan for .codex/config.toml: our [mcp_servers.agent-mail] table between two marker comments,
+    replaced or taken out; the rest of the file kept byte for byte. Checked with tomllib before and after."""
+    import tomllib
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            before = handle.read()
+    except FileNotFoundError:
+        before = None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise errors.AgentMailError(f"cannot read {path}: {exc}. Nothing was written.") from None
+    text = before or ""
+    try:
+        tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise errors.InvalidInput([(path, f"is not valid TOML ({exc}); fix it, then run setup again. Nothing was "
+                                          "written.")]) from None
+    lines = text.splitlines(keepends=True)
+    if _BEGIN in text and _END in text:
+        start = next(i for i, line in enumerate(lines) if line.rstrip("\n") == _BEGIN)
+        end = next(i for i, line in enumerate(lines) if line.rstrip("\n") == _END and i > start)
+        lines = lines[:start] + lines[end + 1:]
+        while lines and lines[-1].strip() == "" and start >= len(lines):
+            lines.pop()
+    kept = "".join(lines)
+    if not remove:
+        if SERVER in tomllib.loads(kept).get("mcp_servers", {}):
+            raise errors.InvalidInput([(path, f"already defines mcp_servers.{SERVER} (not written by setup); remove "
+                                              "it, then run setup again. Nothing was written.")])
+        entry = _server_entry(agent, mailbox)
+        block = [_BEGIN, f"[mcp_servers.{SERVER}]", f"command = {_toml_string(entry['command'])}",
+                 "args = [" + ", ".join(_toml_string(a) for a in entry["args"]) + "]",
+                 f"env = {{ AGENT_MAIL_DB = {_toml_string(mailbox)} }}", _END]
+        kept = kept + ("\n" if kept and not kept.endswith("\n") else "") + ("\n" if kept.strip() else "")
+        kept += "\n".join(block) + "\n"
+        try:
+            tomllib.loads(kept)
+        except tomllib.TOMLDecodeError as exc:
+            raise errors.InvalidInput([(path, f"cannot take the [mcp_servers.{SERVER}] table ({exc}); add it by "
+                                              "hand. Nothing was written.")]) from None
+    after = kept if kept.strip() else (None if before is None or not before.strip() else kept)
+    if after == before or (after is None and before is None):
+        action, after = "unchanged", before
+    elif after is None:
+        action = "remove"
+    else:
+        action = "create" if before is None else "update"
+    return _planned(path, action, before, after)
+
+
+def _planned(path: str, action: str, before: str | None, after: str | None) -> dict:
+    diff = "".join(difflib.unified_diff((before or "").splitlines(True), (after or "").splitlines(True),
+                                        fromfile=path if before is not None else "/dev/null",
+                                        tofile=path if after is not None else "/dev/null"))
+    return {"path": path, "action": action, "diff": diff, "_text": after, "_before": before}
 
 
 def _plan(path: str, change) -> dict:
@@ -176,10 +264,7 @@ def _plan(path: str, change) -> dict:
         action = "remove"
     else:
         action = "create" if document is None else "update"
-    diff = "".join(difflib.unified_diff((before or "").splitlines(True), (after or "").splitlines(True),
-                                        fromfile=path if before is not None else "/dev/null",
-                                        tofile=path if after is not None else "/dev/null"))
-    return {"path": path, "action": action, "diff": diff, "_text": after, "_before": before}
+    return _planned(path, action, before, after)
 
 
 def _write(path: str, text: str | None) -> None:
@@ -209,6 +294,32 @@ def _write(path: str, text: str | None) -> None:
         raise
 
 
+NOTES = {
+    "claude-code": [
+        "Start `claude` in this directory: the agent-mail MCP tools (mcp__agent-mail__*) are allowed, mail reaches "
+        "the model's context on session start, each prompt and after tool calls, a stop is held once for mail that "
+        "arrived during the turn, and an idle session is woken when mail arrives (an asyncRewake hook).",
+        "claude -p and SDK runs are not kept waiting: the waiter only arms in interactive sessions.",
+    ],
+    "codex": [
+        "Start `codex` in this directory: the agent-mail MCP server and hooks load from .codex/ (Codex reads a "
+        "project's .codex/ once the project is trusted, and asks you to review new hooks before they run).",
+        "Mail reaches the model's context on session start, each prompt and after tool calls; a stop is held once "
+        "for mail that arrived during the turn.",
+        "Codex cannot wake an idle session (its hooks have no asyncRewake): an idle Codex hears of mail at its "
+        "next prompt. For an agent that must wait, have it call the watch tool.",
+    ],
+    "gemini": [
+        "Start `gemini` in this directory: the agent-mail MCP server (trusted: no confirmation per call) and hooks "
+        "load from .gemini/settings.json (Gemini CLI asks you to trust project hooks before they run).",
+        "Mail reaches the model's context on session start, each prompt (BeforeAgent) and after tool calls "
+        "(AfterTool); a finished turn (AfterAgent) is sent back once for mail that arrived during it.",
+        "Gemini CLI cannot wake an idle session (its hooks have no asyncRewake): an idle Gemini hears of mail at "
+        "its next prompt. For an agent that must wait, have it call the watch tool.",
+    ],
+}
+
+
 def setup(harness: str, agent: str, directory: str | None = None, dry_run: bool = False, remove: bool = False,
           emit=None) -> dict:
     if harness not in HARNESSES:
@@ -221,21 +332,28 @@ def setup(harness: str, agent: str, directory: str | None = None, dry_run: bool 
         raise errors.InvalidInput([("--dir", f"{root} is not a directory; give the project directory the harness "
                                               "starts in.")])
     mailbox = _mailbox()
-    plans = [
-        _plan(os.path.join(root, ".mcp.json"), lambda d: _servers(d, agent, mailbox, remove)),
-        _plan(os.path.join(root, ".claude", "settings.local.json"), lambda d: _settings(d, agent, mailbox, remove)),
-    ]
+    if harness == "claude-code":
+        plans = [
+            _plan(os.path.join(root, ".mcp.json"), lambda d: _servers(d, agent, mailbox, remove, type="stdio")),
+            _plan(os.path.join(root, ".claude", "settings.local.json"),
+                  lambda d: _claude_settings(d, agent, mailbox, remove)),
+        ]
+    elif harness == "codex":
+        plans = [
+            _codex_config(os.path.join(root, ".codex", "config.toml"), agent, mailbox, remove),
+            _plan(os.path.join(root, ".codex", "hooks.json"),
+                  lambda d: _hooks_merged(d, "codex", agent, mailbox, remove)),
+        ]
+    else:
+        plans = [_plan(os.path.join(root, ".gemini", "settings.json"),
+                       lambda d: _hooks_merged(_servers(d, agent, mailbox, remove, trust=True), "gemini", agent,
+                                               mailbox, remove))]
     files = [{k: v for k, v in plan.items() if not k.startswith("_")} for plan in plans]
     result = {
         "harness": harness, "agent": agent, "mailbox": mailbox, "dir": root, "removed": remove,
         "dry_run": dry_run, "files": files,
-        "wakes_idle_session": not remove,
-        "notes": [] if remove else [
-            "Start `claude` in this directory: the agent-mail MCP tools (mcp__agent-mail__*) are allowed, mail "
-            "reaches the model's context on session start, each prompt and after tool calls, a stop is held once "
-            "for mail that arrived during the turn, and an idle session is woken when mail arrives.",
-            "claude -p and SDK runs are not kept waiting: the waiter only arms in interactive sessions.",
-        ],
+        "wakes_idle_session": harness == "claude-code" and not remove,
+        "notes": [] if remove else NOTES[harness],
     }
     if emit is not None:
         emit(result)  # printed first, then written: a result that could not be printed changed nothing

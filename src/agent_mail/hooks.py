@@ -85,7 +85,10 @@ def _age(created: str, now) -> str:
 
 
 def _tool(harness: str, name: str) -> str:
-    return f"mcp__agent-mail__{name}" if harness == "claude-code" else f"the agent-mail MCP tool {name}"
+    """How the harness names our MCP tool `name` to its model."""
+    if harness == "claude-code":
+        return f"mcp__agent-mail__{name}"
+    return f"the agent-mail MCP tool {name}"
 
 
 def render(harness: str, agent: str, envelopes: list[dict], new: int, unread: int, events: list[dict],
@@ -120,8 +123,18 @@ def render(harness: str, agent: str, envelopes: list[dict], new: int, unread: in
     return "\n".join(lines)
 
 
+# Where each harness takes the hooks' output. All three read hookSpecificOutput.additionalContext on their
+# context events (Claude Code and Codex: SessionStart, UserPromptSubmit, PostToolUse; Gemini CLI:
+# SessionStart, BeforeAgent, AfterTool); a held stop is {"decision": "block"} on Stop (Claude Code, Codex)
+# and {"decision": "deny"} on AfterAgent (Gemini CLI), the reason becoming the next prompt either way.
+STOP_DECISION = {"claude-code": "block", "codex": "block", "gemini": "deny"}
+DEFAULT_EVENT = {"claude-code": "PostToolUse", "codex": "PostToolUse", "gemini": "AfterTool"}
+WAKES_IDLE = ("claude-code",)  # asyncRewake: the only harness whose hooks can wake an idle session
+QUIET = {"gemini": {}}  # Gemini CLI parses a hook's stdout as JSON: an empty object, not nothing
+
+
 def _output(harness: str, event_name: str, note: str) -> dict:
-    """The context note in the harness's hook output (Claude Code: hookSpecificOutput.additionalContext)."""
+    """The context note in the harness's hook output."""
     return {"hookSpecificOutput": {"hookEventName": event_name, "additionalContext": note}}
 
 
@@ -167,7 +180,8 @@ class Hook:
                 note = self._start_note(session, now)
             else:
                 note = self._tell(session, now)
-            output = None if note is None else _output(self.harness, self.event_name or "PostToolUse", note)
+            output = None if note is None else _output(self.harness, self.event_name or DEFAULT_EVENT[self.harness],
+                                                       note)
             if output is not None:
                 emit(output)
         return output
@@ -208,8 +222,8 @@ class Hook:
             note = self._tell(session, now)
             if note is None:
                 return None
-            output = {"decision": "block", "reason": note + "\nThis arrived while you worked: deal with it (or say "
-                      "why not) before you stop."}
+            output = {"decision": STOP_DECISION[self.harness], "reason": note + "\nThis arrived while you worked: "
+                      "deal with it (or say why not) before you stop."}
             emit(output)
         return output
 
@@ -227,7 +241,7 @@ class Hook:
     def wait(self, minutes: float) -> str | None:
         """Block until mail this session was not told of arrives (the note to wake it with) or until the
         wait ends (None): timeout, a newer waiter, the harness gone, or a non-interactive run."""
-        if not _waits_here():
+        if self.harness not in WAKES_IDLE or not _waits_here():
             return None
         me = _process_token(os.getpid())
         now = model.now_iso()
@@ -332,14 +346,22 @@ def run(harness: str, event: str, agent: str | None, emit) -> int:
         raise errors.InvalidInput([("event", f"{event!r} is not a hook event; use one of {', '.join(EVENTS)}.")])
     agent = _agent(agent)
     document = read_input()
+    printed = []
+
+    def emit_once(document: dict) -> None:
+        emit(document)
+        printed.append(True)
+
     with service.open_mailbox() as mailbox:
         hook = Hook(mailbox, harness, agent, document)
         if event == "context":
-            hook.context(emit)
+            hook.context(emit_once)
         elif event == "stop":
-            hook.stop(emit)
+            hook.stop(emit_once)
         elif event == "end":
             hook.end()
         elif hook.wait(spec.WATCH_MINUTES_DEFAULT) is not None:
             return EXIT_WAKE
+    if not printed and harness in QUIET and event != "wait":
+        emit(QUIET[harness])
     return errors.EXIT_OK

@@ -694,11 +694,12 @@ _register(Command(
 _register(Command(
     name="hook",
     summary="Run by a harness's hooks (set up by `agent-mail setup`), never by hand: reads the hook's JSON input "
-    "on stdin. context (SessionStart, UserPromptSubmit, PostToolUse): adds the envelopes of mail new to this "
-    "session, the unread count, bounces and the next steps to the model's context, quiet when nothing is new, "
-    "marking nothing read. stop: holds the stop once when mail the session was not told of arrived. wait: the "
-    "asyncRewake waiter, blocking like watch until such mail arrives, then exit 2 with the envelopes on stderr "
-    "(wakes an idle session). end: the session ended.",
+    "on stdin. context (SessionStart, UserPromptSubmit / BeforeAgent, PostToolUse / AfterTool): adds the "
+    "envelopes of mail new to this session, the unread count, bounces and the next steps to the model's "
+    "context, quiet when nothing is new, marking nothing read. stop: holds the stop once when mail the "
+    "session was not told of arrived. wait: the asyncRewake waiter (Claude Code only), blocking like watch "
+    "until such mail arrives, then exit 2 with the envelopes on stderr (wakes an idle session). end: the "
+    "session ended.",
     args=(
         Arg("harness", TEXT, "claude-code, codex or gemini.", required=True),
         Arg("event", TEXT, "context, stop, wait or end.", required=True),
@@ -706,7 +707,8 @@ _register(Command(
     ),
     output={"hookSpecificOutput": "context: {hookEventName, additionalContext} for the harness (printed only when "
             "there is something new).",
-            "decision": "stop: \"block\" when the stop is held (printed only then).",
+            "decision": "stop: \"block\" (Claude Code, Codex) or \"deny\" (Gemini CLI's AfterAgent) when the stop "
+            "is held (printed only then; Gemini CLI gets {} when there is nothing to say).",
             "reason": "stop: the envelopes and what to do, shown to the model as its next turn."},
     modes={"wait": "Prints nothing on stdout; exit 2 with the note on stderr when mail arrives, 0 when the wait ends "
                    "(55 minutes, a newer waiter, the harness gone, or a run nobody waits on: claude -p, the SDK)."},
@@ -717,11 +719,12 @@ _register(Command(
 _register(Command(
     name="setup",
     summary="Connect a harness to this mailbox in one step: its hooks (mail in the model's context, a stop held "
-    "once for mail that arrived, an idle session woken when mail arrives) and the agent-mail MCP server, "
-    "already allowed. Merges into existing settings (nothing else touched), idempotent, atomic; --dry-run "
+    "once for mail that arrived, and for Claude Code an idle session woken when mail arrives) and the agent-mail "
+    "MCP server, already allowed. Merges into existing settings (nothing else touched), idempotent, atomic; --dry-run "
     "shows the diff, --remove takes out only what it added. Records the identity and the mailbox resolved now.",
     args=(
-        Arg("harness", TEXT, "The harness: claude-code.", required=True),
+        Arg("harness", TEXT, "The harness: claude-code (.mcp.json, .claude/settings.local.json), codex "
+            "(.codex/config.toml, .codex/hooks.json) or gemini (.gemini/settings.json).", required=True),
         Arg("--agent", IDENTITY, "The identity the harness's sessions use (project:name).", required=True),
         Arg("--dir", PATH, "The project directory the harness starts in (default: the current directory)."),
         Arg("--dry-run", FLAG, "Show what would change (a diff per file); write nothing."),
