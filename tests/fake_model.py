@@ -61,6 +61,11 @@ class FakeModel:
                 path = self.path.split("?")[0]
                 if path.endswith("/count_tokens"):
                     return self._json({"input_tokens": 10})
+                if path.endswith("/responses"):  # the OpenAI Responses API, as Codex speaks it
+                    with model.lock:
+                        model.requests.append(body)
+                        model.seen.notify_all()
+                    return self._responses(body, model.script(body) or [{"type": "text", "text": "ok"}])
                 if not path.endswith("/v1/messages"):
                     return self._json({})
                 with model.lock:
@@ -79,6 +84,43 @@ class FakeModel:
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
+
+            def _responses(self, body, blocks):
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Cache-Control", "no-cache")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                response_id = f"resp_{next(_ids):06d}"
+                events = [("response.created", {"type": "response.created",
+                                                 "response": {"id": response_id, "status": "in_progress"}})]
+                for index, block in enumerate(blocks):
+                    if block["type"] == "tool_use":
+                        item = {"type": "function_call", "id": f"fc_{next(_ids):06d}", "status": "completed",
+                                "call_id": f"call_{next(_ids):06d}", "name": block["name"],
+                                "arguments": json.dumps(block["input"])}
+                        if block.get("namespace"):  # a tool inside a namespace (Codex lists MCP servers so)
+                            item["namespace"] = block["namespace"]
+                    else:
+                        item = {"type": "message", "id": f"msg_{next(_ids):06d}", "role": "assistant",
+                                "status": "completed",
+                                "content": [{"type": "output_text", "text": block["text"], "annotations": []}]}
+                        events.append(("response.output_item.added", {
+                            "type": "response.output_item.added", "output_index": index,
+                            "item": {**item, "status": "in_progress", "content": []}}))
+                        events.append(("response.output_text.delta", {"type": "response.output_text.delta",
+                                                                      "item_id": item["id"], "output_index": index,
+                                                                      "content_index": 0, "delta": block["text"]}))
+                    events.append(("response.output_item.done", {"type": "response.output_item.done",
+                                                                 "output_index": index, "item": item}))
+                events.append(("response.completed", {"type": "response.completed", "response": {
+                    "id": response_id, "status": "completed",
+                    "usage": {"input_tokens": 10, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 5,
+                              "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 15}}}))
+                for name, data in events:
+                    self.wfile.write(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode())
+                self.wfile.flush()
+                self.close_connection = True
 
             def _stream(self, body, blocks):
                 self.send_response(200)

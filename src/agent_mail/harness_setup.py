@@ -227,6 +227,7 @@ def _codex_config(path: str, agent: str, mailbox: str, remove: bool) -> dict:
         entry = _server_entry(agent, mailbox)
         block = [_BEGIN, f"[mcp_servers.{SERVER}]", f"command = {_toml_string(entry['command'])}",
                  "args = [" + ", ".join(_toml_string(a) for a in entry["args"]) + "]",
+                 'default_tools_approval_mode = "approve"',  # no approval prompt per call (as Claude's allow)
                  f"env = {{ AGENT_MAIL_DB = {_toml_string(mailbox)} }}", _END]
         kept = kept + ("\n" if kept and not kept.endswith("\n") else "") + ("\n" if kept.strip() else "")
         kept += "\n".join(block) + "\n"

@@ -138,9 +138,25 @@ def _output(harness: str, event_name: str, note: str) -> dict:
     return {"hookSpecificOutput": {"hookEventName": event_name, "additionalContext": note}}
 
 
+_SHELLS = {"sh", "bash", "dash", "zsh", "ksh", "fish"}
+
+
 def _harness_pid() -> int | None:
+    """The harness process this hook runs for: CLAUDE_PID where Claude Code gives it; otherwise the parent,
+    or the parent's parent when the parent is the shell the harness ran the hook command with."""
     text = os.environ.get("CLAUDE_PID", "")
-    return int(text) if text.isdigit() else None
+    if text.isdigit():
+        return int(text)
+    parent = os.getppid()
+    try:
+        with open(f"/proc/{parent}/comm") as handle:
+            name = handle.read().strip()
+        if name in _SHELLS:
+            with open(f"/proc/{parent}/stat", "rb") as handle:
+                return int(handle.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return parent
 
 
 class Hook:

@@ -1,0 +1,122 @@
+"""The real Codex CLI, set up by `agent-mail setup codex`, against a scripted model.
+
+Codex is the npm package @openai/codex (`.ci/run` installs the pinned version under .cache/node); the
+model is tests/fake_model.py speaking the OpenAI Responses API on 127.0.0.1, configured as a custom
+provider in a throwaway CODEX_HOME. `codex exec --trust --dangerously-bypass-hook-trust` stands for a
+user who trusted the project and reviewed its hooks once. Skipped with the reason where Codex is not
+installed; required in CI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import am_process, process_env
+from fake_model import FakeModel
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+AGENT = "proj:coder"
+
+
+def _codex() -> str | None:
+    for candidate in (os.environ.get("AGENT_MAIL_CODEX"), os.path.join(ROOT, ".cache", "node", "node_modules",
+                                                                        ".bin", "codex"), shutil.which("codex")):
+        if candidate and os.path.exists(candidate):
+            return candidate
+    return None
+
+
+CODEX = _codex()
+if CODEX is None and os.environ.get("CI"):
+    raise RuntimeError("CI must run the Codex tests: .ci/run installs @openai/codex under .cache/node")
+pytestmark = pytest.mark.skipif(CODEX is None, reason="Codex is not installed (npm install @openai/codex, or set "
+                                                      "AGENT_MAIL_CODEX)")
+pytest.importorskip("mcp", reason="the mcp extra is not installed")
+
+
+@pytest.fixture
+def project(tmp_path, mailbox_path):
+    directory = tmp_path / "project"
+    directory.mkdir()
+    (tmp_path / "codex-home").mkdir()
+    done = am_process("setup", "codex", "--agent", AGENT, "--dir", str(directory))
+    assert done.returncode == 0, done.stderr
+    return directory
+
+
+def _run(project, model: FakeModel, prompt: str) -> list[dict]:
+    home = project.parent / "codex-home"
+    (home / "config.toml").write_text(
+        'model = "gpt-test"\nmodel_provider = "scripted"\n\n[model_providers.scripted]\nname = "scripted"\n'
+        f'base_url = "{model.url}/v1"\nenv_key = "SCRIPTED_KEY"\nwire_api = "responses"\n')
+    env = process_env(CODEX_HOME=str(home), HOME=str(home), SCRIPTED_KEY="test")
+    env.pop("AGENT_MAIL_DB")  # the session finds its mailbox through what setup recorded
+    proc = subprocess.run([CODEX, "exec", "--trust", "--dangerously-bypass-hook-trust", "--skip-git-repo-check",
+                           "--json", prompt], cwd=str(project), env=env, capture_output=True, text=True, timeout=180,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+def _tool_results(request: dict) -> list:
+    return [item for item in request.get("input", []) if isinstance(item, dict)
+            and item.get("type") == "function_call_output"]
+
+
+def _main(request: dict) -> bool:
+    return any(tool.get("name") == "mcp__agent_mail" for tool in request.get("tools", []))
+
+
+def test_mail_reaches_codex_and_its_mcp_tools_run_without_approval(project):
+    am_process("send", "--from", "boss:lead", "--to", AGENT, "--subject", "Fix the flaky test",
+               "--body", "It is test_login.", env=process_env())
+
+    def script(request):
+        if not _main(request):
+            return None
+        if _tool_results(request):
+            return [{"type": "text", "text": "done"}]
+        return [{"type": "tool_use", "namespace": "mcp__agent_mail", "name": "read", "input": {}}]
+
+    with FakeModel(script) as model:
+        events = _run(project, model, "Check your mail.")
+    loop = [r for r in model.requests if _main(r)]
+    first = json.dumps(loop[0]["input"])
+    assert "you are proj:coder" in first and "Fix the flaky test" in first and "test_login" not in first
+    calls = [e["item"] for e in events if e.get("type") == "item.completed"
+             and e["item"].get("type") == "mcp_tool_call"]
+    assert calls and calls[0]["server"] == "agent-mail" and calls[0]["error"] is None
+    assert "test_login" in json.dumps(_tool_results(loop[-1]))
+    assert json.loads(am_process("read", AGENT, "--no-mark-read").stdout)["count"] == 0
+
+
+def test_mail_during_a_codex_turn_holds_the_stop_once(project):
+    sent = []
+
+    def script(request):
+        if not _main(request):
+            return None
+        text = json.dumps(request["input"])
+        if "This arrived while you worked" in text:
+            return [{"type": "text", "text": "I will handle it next."}]
+        if not sent:
+            done = am_process("send", "--from", "boss:lead", "--to", AGENT, "--subject", "Stop the deploy",
+                              env=process_env())
+            assert done.returncode == 0, done.stderr
+            sent.append(True)
+        return [{"type": "text", "text": "All done."}]
+
+    with FakeModel(script) as model:
+        events = _run(project, model, "Do the task.")
+    loop = [r for r in model.requests if _main(r)]
+    held = [r for r in loop if "This arrived while you worked" in json.dumps(r["input"])]
+    assert len(held) == 1 and "Stop the deploy" in json.dumps(held[0]["input"])
+    messages = [e["item"]["text"] for e in events if e.get("type") == "item.completed"
+                and e["item"].get("type") == "agent_message"]
+    assert messages[-1] == "I will handle it next."
+    assert json.loads(am_process("read", AGENT, "--no-mark-read").stdout)["count"] == 1  # told, not consumed
