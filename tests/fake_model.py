@@ -66,6 +66,17 @@ class FakeModel:
                         model.requests.append(body)
                         model.seen.notify_all()
                     return self._responses(body, model.script(body) or [{"type": "text", "text": "ok"}])
+                if ":streamGenerateContent" in path or ":generateContent" in path:  # the Gemini API
+                    with model.lock:
+                        model.requests.append(body)
+                        model.seen.notify_all()
+                    blocks = model.script(body)
+                    if not blocks:  # the harness's own side questions want JSON (routing, next speaker)
+                        wants_json = (body.get("generationConfig") or {}).get("responseMimeType") == "application/json"
+                        blocks = [{"type": "text", "text": "{}" if wants_json else "ok"}]
+                    return self._gemini(blocks, stream=":streamGenerateContent" in path)
+                if ":countTokens" in path:
+                    return self._json({"totalTokens": 10})
                 if not path.endswith("/v1/messages"):
                     return self._json({})
                 with model.lock:
@@ -84,6 +95,23 @@ class FakeModel:
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
+
+            def _gemini(self, blocks, stream: bool):
+                parts = [{"functionCall": {"name": b["name"], "args": b["input"]}} if b["type"] == "tool_use"
+                         else {"text": b["text"]} for b in blocks]
+                document = {"candidates": [{"content": {"role": "model", "parts": parts}, "finishReason": "STOP",
+                                            "index": 0}],
+                            "usageMetadata": {"promptTokenCount": 10, "candidatesTokenCount": 5,
+                                              "totalTokenCount": 15}, "modelVersion": "gemini-test"}
+                if not stream:
+                    return self._json(document)
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self.wfile.write(f"data: {json.dumps(document)}\n\n".encode())
+                self.wfile.flush()
+                self.close_connection = True
 
             def _responses(self, body, blocks):
                 self.send_response(200)

@@ -1,0 +1,118 @@
+"""The real Gemini CLI, set up by `agent-mail setup gemini`, against a scripted model.
+
+Gemini CLI is the npm package @google/gemini-cli (`.ci/run` installs the pinned version under
+.cache/node); the model is tests/fake_model.py speaking the Gemini API on 127.0.0.1
+(GOOGLE_GEMINI_BASE_URL), with a throwaway HOME. GEMINI_CLI_TRUST_WORKSPACE stands for a user who
+trusted the project folder once. Skipped with the reason where Gemini CLI is not installed; required
+in CI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import am_process, process_env
+from fake_model import FakeModel
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+AGENT = "proj:coder"
+
+
+def _gemini() -> str | None:
+    for candidate in (os.environ.get("AGENT_MAIL_GEMINI"), os.path.join(ROOT, ".cache", "node", "node_modules",
+                                                                         ".bin", "gemini"), shutil.which("gemini")):
+        if candidate and os.path.exists(candidate):
+            return candidate
+    return None
+
+
+GEMINI = _gemini()
+if GEMINI is None and os.environ.get("CI"):
+    raise RuntimeError("CI must run the Gemini CLI tests: .ci/run installs @google/gemini-cli under .cache/node")
+pytestmark = pytest.mark.skipif(GEMINI is None, reason="Gemini CLI is not installed (npm install "
+                                                       "@google/gemini-cli, or set AGENT_MAIL_GEMINI)")
+pytest.importorskip("mcp", reason="the mcp extra is not installed")
+
+
+@pytest.fixture
+def project(tmp_path, mailbox_path):
+    directory = tmp_path / "project"
+    directory.mkdir()
+    home = tmp_path / "gemini-home"
+    (home / ".gemini").mkdir(parents=True)
+    (home / ".gemini" / "settings.json").write_text(json.dumps({"security": {"auth": {
+        "selectedType": "gemini-api-key"}}}))
+    done = am_process("setup", "gemini", "--agent", AGENT, "--dir", str(directory))
+    assert done.returncode == 0, done.stderr
+    return directory
+
+
+def _run(project, model: FakeModel, prompt: str) -> dict:
+    env = process_env(HOME=str(project.parent / "gemini-home"), GEMINI_API_KEY="test", GOOGLE_GEMINI_BASE_URL=model.url,
+                      GEMINI_CLI_TRUST_WORKSPACE="true")
+    env.pop("AGENT_MAIL_DB")  # the session finds its mailbox through what setup recorded
+    proc = subprocess.run([GEMINI, "-p", prompt, "--output-format", "json"], cwd=str(project), env=env,
+                          capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout)
+
+
+def _main(request: dict) -> bool:
+    return any(f["name"] == "mcp_agent-mail_read" for t in request.get("tools", [])
+               for f in t.get("functionDeclarations", []))
+
+
+def _has_tool_result(request: dict) -> bool:
+    return any("functionResponse" in part for content in request.get("contents", [])
+               for part in content.get("parts", []))
+
+
+def test_mail_reaches_gemini_and_its_mcp_tools_run_without_a_prompt(project):
+    am_process("send", "--from", "boss:lead", "--to", AGENT, "--subject", "Fix the flaky test",
+               "--body", "It is test_login.", env=process_env())
+
+    def script(request):
+        if not _main(request):
+            return None
+        if _has_tool_result(request):
+            return [{"type": "text", "text": "done"}]
+        return [{"type": "tool_use", "name": "mcp_agent-mail_read", "input": {}}]
+
+    with FakeModel(script) as model:
+        result = _run(project, model, "Check your mail.")
+    loop = [r for r in model.requests if _main(r)]
+    first = json.dumps(loop[0]["contents"])
+    assert "you are proj:coder" in first and "Fix the flaky test" in first and "test_login" not in first
+    calls = result["stats"]["tools"]["byName"]["mcp_agent-mail_read"]
+    assert calls["success"] == 1 and calls["fail"] == 0
+    assert "test_login" in json.dumps(loop[-1]["contents"])
+    assert json.loads(am_process("read", AGENT, "--no-mark-read").stdout)["count"] == 0
+
+
+def test_mail_during_a_gemini_turn_is_sent_back_once(project):
+    sent = []
+
+    def script(request):
+        if not _main(request):
+            return None
+        if "This arrived while you worked" in json.dumps(request["contents"]):
+            return [{"type": "text", "text": "I will handle it next."}]
+        if not sent:
+            done = am_process("send", "--from", "boss:lead", "--to", AGENT, "--subject", "Stop the deploy",
+                              env=process_env())
+            assert done.returncode == 0, done.stderr
+            sent.append(True)
+        return [{"type": "text", "text": "All done."}]
+
+    with FakeModel(script) as model:
+        result = _run(project, model, "Do the task.")
+    loop = [r for r in model.requests if _main(r)]
+    held = [r for r in loop if "This arrived while you worked" in json.dumps(r["contents"])]
+    assert len(held) == 1 and "Stop the deploy" in json.dumps(held[0]["contents"])
+    assert "I will handle it next." in result["response"]
+    assert json.loads(am_process("read", AGENT, "--no-mark-read").stdout)["count"] == 1  # told, not consumed
