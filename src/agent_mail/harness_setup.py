@@ -312,7 +312,8 @@ NOTES = {
     ],
     "gemini": [
         "Start `gemini` in this directory: the agent-mail MCP server (trusted: no confirmation per call) and hooks "
-        "load from .gemini/settings.json (Gemini CLI asks you to trust project hooks before they run).",
+        "load from .gemini/settings.json once you trust the folder (Gemini CLI asks, and asks you to review new "
+        "project hooks).",
         "Mail reaches the model's context on session start, each prompt (BeforeAgent) and after tool calls "
         "(AfterTool); a finished turn (AfterAgent) is sent back once for mail that arrived during it.",
         "Gemini CLI cannot wake an idle session (its hooks have no asyncRewake): an idle Gemini hears of mail at "
