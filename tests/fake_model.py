@@ -96,6 +96,19 @@ class FakeModel:
                 self.end_headers()
                 self.wfile.write(data)
 
+            def _events(self, events: list[tuple[str | None, dict]]) -> None:
+                """Answer with server-sent events: (name, data) pairs, a None name for data-only events."""
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Cache-Control", "no-cache")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                for name, data in events:
+                    self.wfile.write((f"event: {name}\n" if name else "").encode()
+                                     + f"data: {json.dumps(data)}\n\n".encode())
+                self.wfile.flush()
+                self.close_connection = True
+
             def _gemini(self, blocks, stream: bool):
                 parts = [{"functionCall": {"name": b["name"], "args": b["input"]}} if b["type"] == "tool_use"
                          else {"text": b["text"]} for b in blocks]
@@ -105,20 +118,9 @@ class FakeModel:
                                               "totalTokenCount": 15}, "modelVersion": "gemini-test"}
                 if not stream:
                     return self._json(document)
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
-                self.send_header("Connection", "close")
-                self.end_headers()
-                self.wfile.write(f"data: {json.dumps(document)}\n\n".encode())
-                self.wfile.flush()
-                self.close_connection = True
+                self._events([(None, document)])
 
             def _responses(self, body, blocks):
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
-                self.send_header("Cache-Control", "no-cache")
-                self.send_header("Connection", "close")
-                self.end_headers()
                 response_id = f"resp_{next(_ids):06d}"
                 events = [("response.created", {"type": "response.created",
                                                  "response": {"id": response_id, "status": "in_progress"}})]
@@ -145,17 +147,9 @@ class FakeModel:
                     "id": response_id, "status": "completed",
                     "usage": {"input_tokens": 10, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 5,
                               "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 15}}}))
-                for name, data in events:
-                    self.wfile.write(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode())
-                self.wfile.flush()
-                self.close_connection = True
+                self._events(events)
 
             def _stream(self, body, blocks):
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
-                self.send_header("Cache-Control", "no-cache")
-                self.send_header("Connection", "close")
-                self.end_headers()
                 message = _message(body, [])
                 message["stop_reason"] = None
                 events = [("message_start", {"type": "message_start", "message": message})]
@@ -179,10 +173,7 @@ class FakeModel:
                                                                                  "stop_sequence": None},
                                               "usage": {"output_tokens": 5}}),
                            ("message_stop", {"type": "message_stop"})]
-                for name, data in events:
-                    self.wfile.write(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode())
-                self.wfile.flush()
-                self.close_connection = True
+                self._events(events)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True

@@ -19,25 +19,12 @@ import pytest
 
 from conftest import am_process, process_env
 from fake_model import FakeModel
+from harnesses import harness
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 AGENT = "proj:coder"
 
 
-def _claude() -> str | None:
-    for candidate in (os.environ.get("AGENT_MAIL_CLAUDE"), os.path.join(ROOT, ".cache", "node", "node_modules",
-                                                                         ".bin", "claude"), shutil.which("claude")):
-        if candidate and os.path.exists(candidate):
-            return candidate
-    return None
-
-
-CLAUDE = _claude()
-if CLAUDE is None and os.environ.get("CI"):
-    raise RuntimeError("CI must run the Claude Code tests: .ci/run installs @anthropic-ai/claude-code under "
-                       ".cache/node")
-pytestmark = pytest.mark.skipif(CLAUDE is None, reason="Claude Code is not installed (npm install "
-                                                       "@anthropic-ai/claude-code, or set AGENT_MAIL_CLAUDE)")
+CLAUDE, pytestmark = harness("claude", "AGENT_MAIL_CLAUDE", "@anthropic-ai/claude-code")
 pytest.importorskip("mcp", reason="the mcp extra is not installed")
 
 

@@ -10,32 +10,18 @@ installed; required in CI.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 
 import pytest
 
 from conftest import am_process, process_env
 from fake_model import FakeModel
+from harnesses import harness
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 AGENT = "proj:coder"
 
 
-def _codex() -> str | None:
-    for candidate in (os.environ.get("AGENT_MAIL_CODEX"), os.path.join(ROOT, ".cache", "node", "node_modules",
-                                                                        ".bin", "codex"), shutil.which("codex")):
-        if candidate and os.path.exists(candidate):
-            return candidate
-    return None
-
-
-CODEX = _codex()
-if CODEX is None and os.environ.get("CI"):
-    raise RuntimeError("CI must run the Codex tests: .ci/run installs @openai/codex under .cache/node")
-pytestmark = pytest.mark.skipif(CODEX is None, reason="Codex is not installed (npm install @openai/codex, or set "
-                                                      "AGENT_MAIL_CODEX)")
+CODEX, pytestmark = harness("codex", "AGENT_MAIL_CODEX", "@openai/codex")
 pytest.importorskip("mcp", reason="the mcp extra is not installed")
 
 

@@ -10,32 +10,18 @@ in CI.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 
 import pytest
 
 from conftest import am_process, process_env
 from fake_model import FakeModel
+from harnesses import harness
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 AGENT = "proj:coder"
 
 
-def _gemini() -> str | None:
-    for candidate in (os.environ.get("AGENT_MAIL_GEMINI"), os.path.join(ROOT, ".cache", "node", "node_modules",
-                                                                         ".bin", "gemini"), shutil.which("gemini")):
-        if candidate and os.path.exists(candidate):
-            return candidate
-    return None
-
-
-GEMINI = _gemini()
-if GEMINI is None and os.environ.get("CI"):
-    raise RuntimeError("CI must run the Gemini CLI tests: .ci/run installs @google/gemini-cli under .cache/node")
-pytestmark = pytest.mark.skipif(GEMINI is None, reason="Gemini CLI is not installed (npm install "
-                                                       "@google/gemini-cli, or set AGENT_MAIL_GEMINI)")
+GEMINI, pytestmark = harness("gemini", "AGENT_MAIL_GEMINI", "@google/gemini-cli")
 pytest.importorskip("mcp", reason="the mcp extra is not installed")
 
 
