@@ -253,20 +253,22 @@ def test_a_result_printed_before_a_failed_commit_is_declared_void(am, send, monk
 
 
 def _damaged_mailbox(am, mailbox_path) -> int:
-    """A mailbox of a few hundred KB with 8 KB of random bytes written over its middle; returns messages sent."""
-    body = "x" * 900
+    """A mailbox of a few hundred KB with 8 KB of random bytes written over two pages of its messages
+    table (those holding a message from the middle); returns messages sent."""
     n = 0
     while not mailbox_path.exists() or os.path.getsize(mailbox_path) < 400 * 1024:
         for _ in range(50):
+            body = f"body of m{n}:" + "x" * 900  # a body is stored in the table only, not in any index
             am("send", "--from", "a:x", "--to", "b:y", "--subject", f"m{n}", "--body", body).json
             n += 1
         db = sqlite3.connect(mailbox_path)
         db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         db.close()
-    size = os.path.getsize(mailbox_path)
+    content = mailbox_path.read_bytes()
+    page = content.index(f"body of m{n // 2}:".encode()) // 4096 * 4096
     rng = random.Random(2026)
     with open(mailbox_path, "r+b") as handle:
-        handle.seek(size // 2)
+        handle.seek(page)
         handle.write(bytes(rng.getrandbits(8) for _ in range(8192)))
     return n
 

