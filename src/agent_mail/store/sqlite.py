@@ -145,21 +145,17 @@ WATCH_LEVEL = 2  # where a watch result's envelopes sit: result["messages"][i]
 
 
 def m008_envelope_indexes(db: sqlite3.Connection) -> None:
-    """Unread mail and broadcasts indexed with each envelope already laid out as a watch prints it, so a
-    watch over a backlog of tens of thousands reads the text from the index instead of building it per
-    row (2.5x faster). The unread index replaces m006's arrival-ordered one (same order, and it also
-    covers visibility), so marking mail read still updates two partial indexes. A SQLite without JSON
-    functions keeps m006's index, and watch lays envelopes out in Python."""
+    """Broadcasts indexed with each envelope already laid out as a watch prints it, so a watch over a
+    backlog of tens of thousands of unread broadcasts reads the text from the index instead of building
+    it per row (2.5x faster). Only broadcasts: the index costs their sends, never a read (marking a
+    broadcast read writes broadcast_acks, not this index); direct mail, whose reads would have to update
+    it, keeps m006's index. A SQLite without JSON functions skips it, and watch lays envelopes out itself."""
     try:
         db.execute("SELECT json_quote('')").fetchone()
     except sqlite3.OperationalError:
         return
-    text = _laid_out(WATCH_LEVEL, alias="")
-    db.execute(f"CREATE INDEX IF NOT EXISTS idx_messages_unread_envelopes ON messages(recipient, {_ARRIVED}, "
-               f"cancelled_at, deliver_at, ({text})) WHERE read_at IS NULL")
     db.execute(f"CREATE INDEX IF NOT EXISTS idx_messages_broadcast_envelopes ON messages({_ARRIVED}, recipient, "
-               f"sender, cancelled_at, deliver_at, id, ({text})) WHERE recipient = '*'")
-    db.execute("DROP INDEX IF EXISTS idx_messages_unread_arrival")
+               f"sender, cancelled_at, deliver_at, id, ({_laid_out(WATCH_LEVEL, alias='')})) WHERE recipient = '*'")
 
 
 MIGRATIONS = (m001_seed_schema, m002_inbox_indexes, m003_liveness, m004_delivery, m005_count_indexes,
@@ -517,13 +513,13 @@ class SQLiteStore(Store):
         except sqlite3.Error:
             pass  # SQLite has rolled back by itself (a failed write aborts the transaction)
 
-    def _envelope_indexes(self) -> bool:
-        """Whether this mailbox has m008's indexes of laid-out envelopes (not where SQLite lacks JSON)."""
-        if getattr(self, "_has_envelope_indexes", None) is None:
-            self._has_envelope_indexes = self.db.execute(
-                "SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = 'idx_messages_unread_envelopes'"
+    def _envelope_index(self) -> bool:
+        """Whether this mailbox has m008's index of laid-out broadcast envelopes (not where SQLite lacks JSON)."""
+        if getattr(self, "_has_envelope_index", None) is None:
+            self._has_envelope_index = self.db.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = 'idx_messages_broadcast_envelopes'"
             ).fetchone() is not None
-        return self._has_envelope_indexes
+        return self._has_envelope_index
 
     _json_functions: bool | None = None  # whether this SQLite has json_quote (built in since 3.38)
 
@@ -630,9 +626,7 @@ class SQLiteStore(Store):
         direct_columns = _LEAN if lean else f"{_ENVELOPE}, m.read_at, m.acked_at, m.archived_at, m.deleted_at"
         broadcast_columns = _LEAN if lean else (f"{_ENVELOPE}, NULL AS read_at, NULL AS acked_at, "
                                                 "NULL AS archived_at, NULL AS deleted_at")
-        envelopes = self._envelope_indexes()
-        direct = (f"SELECT {direct_columns} FROM messages m INDEXED BY "
-                  f"{'idx_messages_unread_envelopes' if envelopes else 'idx_messages_unread_arrival'} "
+        direct = (f"SELECT {direct_columns} FROM messages m INDEXED BY idx_messages_unread_arrival "
                   f"WHERE m.recipient = :agent AND m.read_at IS NULL AND {_VISIBLE}{by_sender} {ordered}")
         broadcast = (f"SELECT {broadcast_columns} "
                      "FROM messages m INDEXED BY idx_messages_broadcast_arrival WHERE m.recipient = '*' "
@@ -642,7 +636,7 @@ class SQLiteStore(Store):
             # index order, merged here (the halves are sorted runs, so the sort is a merge). At the watch's
             # own depth the text is read from the indexes that hold it (m008), not built per row.
             laid_out = _laid_out(layout_level)
-            if envelopes and layout_level == WATCH_LEVEL:
+            if layout_level == WATCH_LEVEL and self._envelope_index():
                 broadcast = broadcast.replace("idx_messages_broadcast_arrival", "idx_messages_broadcast_envelopes")
             found = (self._tuples(direct.replace(direct_columns, f"{_M_ARRIVED}, m.rowid, {laid_out}", 1), params)
                      + self._tuples(broadcast.replace(broadcast_columns, f"{_M_ARRIVED}, m.rowid, {laid_out}", 1),
