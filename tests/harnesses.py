@@ -24,3 +24,11 @@ def harness(command: str, variable: str, package: str) -> tuple[str | None, pyte
         raise RuntimeError(f"CI must run the {command} tests: .ci/run installs {package} under .cache/node")
     return path, pytest.mark.skipif(path is None, reason=f"{command} is not installed (npm install {package}, or "
                                                          f"set {variable})")
+
+
+def private_tmp(home) -> str:
+    """A temporary directory inside the test's own (TMPDIR for a harness), so what a harness leaves in its
+    temporary directory (sockets, notes, error reports) goes with the test's."""
+    path = os.path.join(str(home), "tmp")
+    os.makedirs(path, exist_ok=True)
+    return path

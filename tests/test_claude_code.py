@@ -19,7 +19,7 @@ import pytest
 
 from conftest import am_process, process_env
 from fake_model import FakeModel
-from harnesses import harness
+from harnesses import harness, private_tmp
 
 AGENT = "proj:coder"
 
@@ -42,7 +42,7 @@ def project(tmp_path, mailbox_path):
 def _env(model: FakeModel, home) -> dict:
     env = process_env(HOME=str(home), ANTHROPIC_BASE_URL=model.url, ANTHROPIC_API_KEY="sk-ant-test",
                       DISABLE_TELEMETRY="1", CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
-                      ENABLE_TOOL_SEARCH="false", DISABLE_AUTOUPDATER="1")
+                      ENABLE_TOOL_SEARCH="false", DISABLE_AUTOUPDATER="1", TMPDIR=private_tmp(home))
     env.pop("AGENT_MAIL_DB")  # the session finds its mailbox through what setup recorded
     return env
 
@@ -172,7 +172,7 @@ def test_an_idle_interactive_session_is_woken_by_a_send(project):
                                                              if k in ("HOME", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY",
                                                                       "DISABLE_TELEMETRY", "ENABLE_TOOL_SEARCH",
                                                                       "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC",
-                                                                      "DISABLE_AUTOUPDATER", "PYTHONPATH")]
+                                                                      "DISABLE_AUTOUPDATER", "PYTHONPATH", "TMPDIR")]
                            + [CLAUDE])
         subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "200", "-y", "50", "-c", str(project), command],
                        check=True)

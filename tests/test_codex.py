@@ -16,7 +16,7 @@ import pytest
 
 from conftest import am_process, process_env
 from fake_model import FakeModel
-from harnesses import harness
+from harnesses import harness, private_tmp
 
 AGENT = "proj:coder"
 
@@ -40,7 +40,7 @@ def _run(project, model: FakeModel, prompt: str) -> list[dict]:
     (home / "config.toml").write_text(
         'model = "gpt-test"\nmodel_provider = "scripted"\n\n[model_providers.scripted]\nname = "scripted"\n'
         f'base_url = "{model.url}/v1"\nenv_key = "SCRIPTED_KEY"\nwire_api = "responses"\n')
-    env = process_env(CODEX_HOME=str(home), HOME=str(home), SCRIPTED_KEY="test")
+    env = process_env(CODEX_HOME=str(home), HOME=str(home), SCRIPTED_KEY="test", TMPDIR=private_tmp(home))
     env.pop("AGENT_MAIL_DB")  # the session finds its mailbox through what setup recorded
     proc = subprocess.run([CODEX, "exec", "--trust", "--dangerously-bypass-hook-trust", "--skip-git-repo-check",
                            "--json", prompt], cwd=str(project), env=env, capture_output=True, text=True, timeout=180,

@@ -16,7 +16,7 @@ import pytest
 
 from conftest import am_process, process_env
 from fake_model import FakeModel
-from harnesses import harness
+from harnesses import harness, private_tmp
 
 AGENT = "proj:coder"
 
@@ -39,8 +39,9 @@ def project(tmp_path, mailbox_path):
 
 
 def _run(project, model: FakeModel, prompt: str) -> dict:
-    env = process_env(HOME=str(project.parent / "gemini-home"), GEMINI_API_KEY="test", GOOGLE_GEMINI_BASE_URL=model.url,
-                      GEMINI_CLI_TRUST_WORKSPACE="true")
+    home = project.parent / "gemini-home"
+    env = process_env(HOME=str(home), GEMINI_API_KEY="test", GOOGLE_GEMINI_BASE_URL=model.url,
+                      GEMINI_CLI_TRUST_WORKSPACE="true", TMPDIR=private_tmp(home))
     env.pop("AGENT_MAIL_DB")  # the session finds its mailbox through what setup recorded
     proc = subprocess.run([GEMINI, "-p", prompt, "--output-format", "json"], cwd=str(project), env=env,
                           capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
