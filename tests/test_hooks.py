@@ -91,7 +91,8 @@ def test_broadcasts_delayed_mail_and_bounces_are_told_when_they_arrive():
     # A refused send (the recipient is not listening) leaves a bounce for the sender, told to its session.
     am_process("send", "--from", AGENT, "--to", "deaf:one", "--subject", "hello?", "--require-reachable")
     note = context("PostToolUse")
-    assert note is not None and "bounce" in note
+    assert note is not None and "bounce" in note and '"hello?" to deaf:one was refused' in note
+    assert f"agent-mail notifications {AGENT} --dismiss" in note
 
 
 def test_many_new_messages_are_listed_up_to_ten_and_counted():

@@ -85,9 +85,13 @@ def _age(created: str, now) -> str:
 
 
 def _tool(harness: str, name: str) -> str:
-    """How the harness names our MCP tool `name` to its model."""
+    """How the harness names our MCP tool `name` to its model (as seen in their requests to the model:
+    Claude Code mcp__agent-mail__read, Gemini CLI mcp_agent-mail_read, Codex `read` in the namespace
+    mcp__agent_mail)."""
     if harness == "claude-code":
         return f"mcp__agent-mail__{name}"
+    if harness == "gemini":
+        return f"mcp_agent-mail_{name}"
     return f"the agent-mail MCP tool {name}"
 
 
@@ -109,9 +113,10 @@ def render(harness: str, agent: str, envelopes: list[dict], new: int, unread: in
     if new > len(envelopes):
         lines.append(f"- ... and {new - len(envelopes)} more.")
     for event in events:
-        if event.get("source") == "email.bounce" or "bounce" in str(event.get("source", "")):
-            lines.append(f"- bounce {event['id']}: a message you sent was refused: "
-                         f"{json.dumps(event.get('reason') or event.get('message') or event, ensure_ascii=False)}")
+        if event.get("source") == "email.bounce":
+            lines.append(f"- bounce {event['id']}: your message {json.dumps(event.get('subject'), ensure_ascii=False)} "
+                         f"to {event.get('recipient')} was refused ({event.get('reason')}); dismiss it with "
+                         f"`agent-mail notifications {agent} --dismiss {event['id']}` once handled.")
     if others:
         sessions = "1 other live session uses" if others == 1 else f"{others} other live sessions use"
         lines.append(f"Warning: {sessions} the identity {agent}; you will take each other's unread mail. Use a "
