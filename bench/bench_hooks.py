@@ -149,11 +149,12 @@ def claude_rows(cli: str, rounds: int) -> list[tuple]:
             json.dump({"hasCompletedOnboarding": True, "customApiKeyResponses": {"approved": ["sk-ant-bench"]},
                        "projects": {project: {"hasTrustDialogAccepted": True}}}, handle)
         session = f"agent-mail-bench-{os.getpid()}"
+        tmux = ["tmux", "-S", os.path.join(tmp, "tmux.sock")]  # a server of its own, its socket in tmp
         variables = {"HOME": home, "ANTHROPIC_BASE_URL": model.url, "ANTHROPIC_API_KEY": "sk-ant-bench",
                      "DISABLE_TELEMETRY": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
                      "ENABLE_TOOL_SEARCH": "false", "DISABLE_AUTOUPDATER": "1"}
         command = " ".join(["env", "-u", "AGENT_MAIL_DB"] + [f"{k}={v}" for k, v in variables.items()] + [claude])
-        subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "200", "-y", "50", "-c", project, command],
+        subprocess.run([*tmux, "new-session", "-d", "-s", session, "-x", "200", "-y", "50", "-c", project, command],
                        check=True)
         try:
             def turns() -> int:
@@ -170,11 +171,11 @@ def claude_rows(cli: str, rounds: int) -> list[tuple]:
                         raise RuntimeError(f"Claude Code: {what}")
                     time.sleep(0.01)
 
-            until(lambda: "❯" in subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True,
+            until(lambda: "❯" in subprocess.run([*tmux, "capture-pane", "-p", "-t", session], capture_output=True,
                                                 text=True).stdout, "never reached its prompt")
-            subprocess.run(["tmux", "send-keys", "-t", session, "hello"], check=True)
+            subprocess.run([*tmux, "send-keys", "-t", session, "hello"], check=True)
             time.sleep(0.3)
-            subprocess.run(["tmux", "send-keys", "-t", session, "Enter"], check=True)
+            subprocess.run([*tmux, "send-keys", "-t", session, "Enter"], check=True)
             for i in range(rounds):
                 until(armed, "the waiter never armed")
                 before = turns()
@@ -184,7 +185,7 @@ def claude_rows(cli: str, rounds: int) -> list[tuple]:
                 until(lambda: turns() > before, "the idle session was not woken", timeout=30)  # noqa: B023
                 samples.append((time.perf_counter() - sent) * 1000)
         finally:
-            subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+            subprocess.run([*tmux, "kill-session", "-t", session], capture_output=True)
     return [("idle wake, Claude Code end to end: send exits -> model asked, median ms",
              f"{statistics.median(samples):.1f}", "-", f"max {max(samples):.1f} (target 1000)")]
 

@@ -166,6 +166,7 @@ def test_an_idle_interactive_session_is_woken_by_a_send(project):
     home = project.parent / "home"
     _interactive_home(home, project)
     name = f"agent-mail-test-{os.getpid()}"
+    tmux = ["tmux", "-S", str(project.parent / "tmux.sock")]  # a server of its own, its socket in the test's dir
     with FakeModel() as model:
         env = _env(model, home)
         command = " ".join(["env", "-u", "AGENT_MAIL_DB"] + [f"{k}={v}" for k, v in env.items()
@@ -174,20 +175,20 @@ def test_an_idle_interactive_session_is_woken_by_a_send(project):
                                                                       "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC",
                                                                       "DISABLE_AUTOUPDATER", "PYTHONPATH", "TMPDIR")]
                            + [CLAUDE])
-        subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "200", "-y", "50", "-c", str(project), command],
+        subprocess.run([*tmux, "new-session", "-d", "-s", name, "-x", "200", "-y", "50", "-c", str(project), command],
                        check=True)
         try:
             def status():
                 return json.loads(am_process("status", "--agent", AGENT).stdout)["agents"][0]
 
             deadline = time.monotonic() + 60
-            while "❯" not in subprocess.run(["tmux", "capture-pane", "-p", "-t", name], capture_output=True,
+            while "❯" not in subprocess.run([*tmux, "capture-pane", "-p", "-t", name], capture_output=True,
                                             text=True).stdout:
                 assert time.monotonic() < deadline, "claude did not reach its prompt"
                 time.sleep(0.2)
-            subprocess.run(["tmux", "send-keys", "-t", name, "hello"], check=True)
+            subprocess.run([*tmux, "send-keys", "-t", name, "hello"], check=True)
             time.sleep(0.3)
-            subprocess.run(["tmux", "send-keys", "-t", name, "Enter"], check=True)
+            subprocess.run([*tmux, "send-keys", "-t", name, "Enter"], check=True)
             # The turn ends; the waiter arms: the identity shows as armed, a live session holds it.
             deadline = time.monotonic() + 60
             while status()["watch_state"] != "armed":
@@ -207,7 +208,7 @@ def test_an_idle_interactive_session_is_woken_by_a_send(project):
                 assert time.monotonic() < deadline, "the waiter did not re-arm"
                 time.sleep(0.2)
         finally:
-            subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)
+            subprocess.run([*tmux, "kill-session", "-t", name], capture_output=True)
     # The waiter ends with its session (it checks the harness process every 5 s).
     deadline = time.monotonic() + 30
     while status()["watch_state"] == "armed":

@@ -227,6 +227,20 @@ def test_bad_hook_input_is_a_clear_error_and_changes_nothing(stdin, field):
     assert error["problems"][0]["field"] == field and "Traceback" not in done.stderr.decode()
 
 
+def test_a_hook_run_by_hand_in_a_terminal_says_so_instead_of_waiting():
+    import pty
+
+    leader, follower = pty.openpty()
+    try:
+        done = subprocess.run([sys.executable, "-m", "agent_mail", "hook", "claude-code", "context", "--agent", AGENT],
+                              stdin=follower, capture_output=True, env=process_env(), timeout=30)
+    finally:
+        os.close(leader)
+        os.close(follower)
+    assert done.returncode == 2 and done.stdout == b""
+    assert "is a terminal" in json.loads(done.stderr)["error"]
+
+
 @pytest.mark.parametrize("argv, field", [(["hook", "vim", "context", "--agent", AGENT], "harness"),
                                          (["hook", "claude-code", "nap", "--agent", AGENT], "event"),
                                          (["hook", "claude-code", "context"], "--agent"),

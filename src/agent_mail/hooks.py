@@ -41,7 +41,12 @@ EXIT_WAKE = 2  # what an asyncRewake hook exits with to wake its session
 def read_input(stream=None) -> dict:
     """The hook's JSON input from stdin; InvalidInput naming stdin if it is not a JSON object with a
     session_id."""
-    stream = stream if stream is not None else sys.stdin.buffer
+    if stream is None:
+        if sys.stdin is None or sys.stdin.isatty():
+            raise errors.InvalidInput([("stdin", "is a terminal (or closed), not the harness's hook input: this "
+                                                 "command is run by a harness's hooks, which pass a JSON object on "
+                                                 "stdin. See agent-mail setup.")])
+        stream = sys.stdin.buffer
     raw = stream.read(INPUT_MAX_BYTES + 1)
     if len(raw) > INPUT_MAX_BYTES:
         raise errors.InvalidInput([("stdin", f"the hook input is over {INPUT_MAX_BYTES} bytes; the harness "
