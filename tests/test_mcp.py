@@ -192,3 +192,21 @@ def test_the_server_ends_when_its_client_goes_away():
             proc.kill()
             proc.wait()
     assert os.environ.get("AGENT_MAIL_DB")  # the fixture's mailbox, never the user's
+
+
+def test_a_cancelled_watch_call_releases_its_session():
+    """A client that stops waiting (its own timeout, a cancel) does not leave the identity shown as armed
+    for the rest of the wait: the watch gives up at its next refresh (every 5 s)."""
+
+    async def body(client):
+        with anyio.move_on_after(2):
+            await client.call_tool("watch", {"wait_seconds": 600})
+        deadline = time.monotonic() + 30
+        while True:  # the server is still running: only the call was given up
+            state = json.loads(am_process("status", "--agent", ME).stdout)["agents"][0]["watch_state"]
+            if state == "released":
+                return state
+            assert time.monotonic() < deadline, state
+            await anyio.sleep(0.2)
+
+    assert session(body, "--agent", ME) == "released"

@@ -11,6 +11,7 @@ same `problems`.
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 import anyio
@@ -136,8 +137,13 @@ class AgentMailServer(MCPServer):
         try:
             if name not in TOOLS:
                 raise errors.InvalidInput([(None, f"unknown tool {name!r}; tools: {', '.join(TOOLS)}.")])
-            call = self._prepare(name, dict(arguments or {}))
-            result = await anyio.to_thread.run_sync(call, abandon_on_cancel=True)
+            cancelled = threading.Event()
+            call = self._prepare(name, dict(arguments or {}), cancelled)
+            try:
+                result = await anyio.to_thread.run_sync(call, abandon_on_cancel=True)
+            except anyio.get_cancelled_exc_class():
+                cancelled.set()  # a blocked watch gives up at its next refresh and releases its session
+                raise
         except errors.InvalidInput as exc:  # problems found past the parser (the mailbox's checks): same names
             found = [(p["field"], p["message"]) for p in exc.problems()]
             return _error(errors.InvalidInput(cli.named_problems(name, found) if name in TOOLS else found).payload())
@@ -150,7 +156,7 @@ class AgentMailServer(MCPServer):
         return CallToolResult(content=[TextContent(type="text", text=jsonout.dumps(document))],
                               structured_content=document)
 
-    def _prepare(self, name: str, arguments: dict):
+    def _prepare(self, name: str, arguments: dict, cancelled: threading.Event):
         command = spec.COMMANDS[name]
         identity = _identity_arg(command)
         if identity is not None and self.agent is not None:
@@ -174,6 +180,7 @@ class AgentMailServer(MCPServer):
                 values["once"] = True
             else:
                 values["timeout_seconds"] = float(wait)
+                values["wanted"] = lambda: not cancelled.is_set()
 
         def call() -> dict:
             from agent_mail import service

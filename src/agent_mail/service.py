@@ -978,16 +978,17 @@ class Mailbox:
             _restore_handlers(previous)
 
     def watch(self, *, agent: str, timeout_minutes: float | None = None, once: bool = False,
-              timeout_seconds: float | None = None, emit: Emit = _no_emit) -> dict:
+              timeout_seconds: float | None = None, wanted=None, emit: Emit = _no_emit) -> dict:
         """Block until `agent` has unread mail (or the timeout passes); return envelopes, consume nothing.
-        timeout_seconds: a shorter wait than the command line allows (the MCP tool's bounded wait)."""
+        timeout_seconds: a shorter wait than the command line allows (the MCP tool's bounded wait);
+        wanted(): checked at each refresh, False ends the wait early (the MCP call was cancelled)."""
         if once:
             return self._watch_result(agent, self._envelopes(agent), emit=emit, heartbeat=True)
         minutes = spec.WATCH_MINUTES_DEFAULT if timeout_minutes is None else timeout_minutes
         if timeout_seconds is not None:
             minutes = timeout_seconds / 60.0
         # Handlers first (in wait_armed): a signal that arrives once the session exists must still release it.
-        messages = self.wait_armed(agent, minutes * 60.0)
+        messages = self.wait_armed(agent, minutes * 60.0, wanted=wanted)
         return self._watch_result(agent, messages, emit=emit)
 
     def _release(self, session: str, reason: str, quietly: bool = False) -> None:
