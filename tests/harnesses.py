@@ -4,10 +4,13 @@ CI, where they are required."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
 import pytest
+
+HELD = "This arrived while you worked"  # what the stop guard's reason says
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -32,3 +35,23 @@ def private_tmp(home) -> str:
     path = os.path.join(str(home), "tmp")
     os.makedirs(path, exist_ok=True)
     return path
+
+
+def mail_during_the_turn(is_turn, history, send):
+    """A model script for the stop guard: in the session's first turn, mail lands (send()) while the model
+    answers "All done."; once the stop guard sends the turn back (its reason in the history), the model
+    answers "I will handle it next." is_turn(request): a request of the session's own loop; history(request):
+    the part of it holding the conversation."""
+    sent = []
+
+    def script(request):
+        if not is_turn(request):
+            return None
+        if HELD in json.dumps(history(request)):
+            return [{"type": "text", "text": "I will handle it next."}]
+        if not sent:
+            send()
+            sent.append(True)
+        return [{"type": "text", "text": "All done."}]
+
+    return script

@@ -16,7 +16,7 @@ import pytest
 
 from conftest import am_process, process_env
 from fake_model import FakeModel
-from harnesses import harness, private_tmp
+from harnesses import HELD, harness, mail_during_the_turn, private_tmp
 
 AGENT = "proj:coder"
 
@@ -82,25 +82,16 @@ def test_mail_reaches_codex_and_its_mcp_tools_run_without_approval(project):
 
 
 def test_mail_during_a_codex_turn_holds_the_stop_once(project):
-    sent = []
+    def send():
+        done = am_process("send", "--from", "boss:lead", "--to", AGENT, "--subject", "Stop the deploy",
+                          env=process_env())
+        assert done.returncode == 0, done.stderr
 
-    def script(request):
-        if not _main(request):
-            return None
-        text = json.dumps(request["input"])
-        if "This arrived while you worked" in text:
-            return [{"type": "text", "text": "I will handle it next."}]
-        if not sent:
-            done = am_process("send", "--from", "boss:lead", "--to", AGENT, "--subject", "Stop the deploy",
-                              env=process_env())
-            assert done.returncode == 0, done.stderr
-            sent.append(True)
-        return [{"type": "text", "text": "All done."}]
-
+    script = mail_during_the_turn(_main, lambda request: request["input"], send)
     with FakeModel(script) as model:
         events = _run(project, model, "Do the task.")
     loop = [r for r in model.requests if _main(r)]
-    held = [r for r in loop if "This arrived while you worked" in json.dumps(r["input"])]
+    held = [r for r in loop if HELD in json.dumps(r["input"])]
     assert len(held) == 1 and "Stop the deploy" in json.dumps(held[0]["input"])
     messages = [e["item"]["text"] for e in events if e.get("type") == "item.completed"
                 and e["item"].get("type") == "agent_message"]
