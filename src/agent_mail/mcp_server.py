@@ -36,10 +36,6 @@ _INSTRUCTIONS = (
 )
 
 
-def tool_name(command: str) -> str:
-    return command
-
-
 def _identity_arg(command: spec.Command) -> spec.Arg | None:
     """The argument that names the caller: the positional identity (`agent`, cancel's `sender`) or send's
     `--from`. (status's `--agent` is a filter, not the caller.)"""
@@ -92,7 +88,7 @@ def tool_definitions(agent: str | None) -> list[Tool]:
             schema["required"] = required
         output = {"type": "object", "properties": {field: {} for field in command.output}}
         tools.append(Tool(
-            name=tool_name(name), description=command.summary, input_schema=schema, output_schema=output,
+            name=name, description=command.summary, input_schema=schema, output_schema=output,
             # Only the hints that hold (absent means "no"): the whole list stays small.
             annotations=ToolAnnotations(read_only_hint=(name in _READ_ONLY) or None,
                                         destructive_hint=(name in _DESTRUCTIVE) or None),
@@ -113,7 +109,7 @@ def render_steps(document: object, agent: str | None) -> object:
             if arg is _identity_arg(command) and value == agent:
                 continue
             arguments[cli.argument_name(arg)] = value
-        return {"tool": tool_name(document.command), "arguments": arguments}
+        return {"tool": document.command, "arguments": arguments}
     if isinstance(document, dict):
         return {key: render_steps(value, agent) for key, value in document.items()}
     if isinstance(document, (list, tuple, jsonout.Rendered)):
@@ -203,7 +199,6 @@ def _error(payload: dict) -> CallToolResult:
     return CallToolResult(content=[TextContent(type="text", text=jsonout.dumps(payload))], is_error=True)
 
 
-def serve(agent: str | None = None, save_root: str | None = None, emit=None) -> dict:
+def serve(agent: str | None = None, save_root: str | None = None) -> None:
     """Run the server on stdin/stdout until the client closes it."""
     AgentMailServer(agent, save_root or os.getcwd()).run("stdio")
-    return {}
