@@ -65,6 +65,8 @@ def test_tools_are_the_spec_commands_with_schemas_and_stay_small():
     read = next(t for t in tools if t.name == "read")
     assert read.input_schema["properties"]["limit"]["minimum"] == 1
     assert set(read.output_schema["properties"]) == set(spec.COMMANDS["read"].output)
+    fields = read.input_schema["properties"]["fields"]
+    assert fields["type"] == "array" and fields["items"]["enum"] == list(spec.COMMANDS["read"].item_fields)
     watch = next(t for t in tools if t.name == "watch")
     assert "timeout_minutes" not in watch.input_schema["properties"]
     assert watch.input_schema["properties"]["wait_seconds"]["maximum"] == 600
@@ -87,6 +89,7 @@ def test_every_tool_answers_with_the_cli_document_and_next_steps_as_tool_calls(t
         seen["heartbeat"] = await call(client, "heartbeat")
         seen["watch"] = await call(client, "watch", wait_seconds=0)
         seen["read"] = await call(client, "read")
+        narrow = await call(client, "read", all=True, fields=["id", "subject"])
         seen["ack"] = await call(client, "ack", ids=[first])
         seen["attachments"] = await call(client, "attachments", id=first, save_to="saved")
         second = (await call(client, "send", **{"from": "boss:lead"}, to=[ME], subject="two"))[1]["id"]
@@ -97,9 +100,12 @@ def test_every_tool_answers_with_the_cli_document_and_next_steps_as_tool_calls(t
         seen["cancel"] = await call(client, "cancel", ids=[later])
         seen["notifications"] = await call(client, "notifications")
         seen["status"] = await call(client, "status")
+        seen["_narrow"] = narrow
         return seen
 
     seen = session(body, "--agent", ME, cwd=str(tmp_path))
+    outcome, narrow = seen.pop("_narrow")
+    assert outcome == "ok" and set(narrow["messages"][0]) == {"id", "subject"}
     assert set(seen) == TOOLS
     for name, (outcome, document) in seen.items():
         assert outcome == "ok", (name, document)
@@ -133,6 +139,7 @@ def test_bad_arguments_are_tool_errors_naming_the_argument_and_change_nothing(tm
             await call(client, "ack", ids=["not-a-uuid"]),
             await call(client, "attachments", id="9f1c2e34-5678-4abc-9def-0123456789ab", save_to="../outside"),
             await call(client, "describe"),
+            await call(client, "read", fields=["id", "colour"]),
         ]
         return results
 
@@ -145,7 +152,7 @@ def test_bad_arguments_are_tool_errors_naming_the_argument_and_change_nothing(tm
     assert fields[0] == {"subject"} and "to" in fields[1] and fields[2] == {"no_ack"}
     assert fields[3] == {"delay_minutes"} and fields[4] == {"bogus"} and fields[5] == {"limit"}
     assert fields[6] == {"agent"} and fields[7] == {"wait_seconds"} and fields[8] == {"ids"}
-    assert fields[9] == {"save_to"} and "describe" in results[10][1]["error"]
+    assert fields[9] == {"save_to"} and "describe" in results[10][1]["error"] and fields[11] == {"fields"}
     assert "only applies with reply_to" in results[2][1]["problems"][0]["message"]  # named as the tool names it
     assert not (tmp_path.parent / "outside").exists()
     assert json.loads(am_process("status").stdout)["count"] == 0  # nothing was stored

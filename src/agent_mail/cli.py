@@ -77,6 +77,8 @@ def parse_arguments(name: str, arguments: dict, skip: tuple[str, ...] = ()) -> d
             elif value:
                 flags.append(arg.name)
             continue
+        if arg.kind == spec.FIELDS and isinstance(value, list) and all(isinstance(v, str) for v in value):
+            value = ",".join(value)  # named calls give the fields as a list; the command line, comma-separated
         items = value if isinstance(value, list) else [value]
         if isinstance(value, list) and not arg.repeat:
             problems.append((key, "takes one value, not a list."))

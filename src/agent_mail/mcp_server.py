@@ -45,7 +45,10 @@ def _identity_arg(command: spec.Command) -> spec.Arg | None:
     return None
 
 
-def _property(arg: spec.Arg) -> dict:
+def _property(arg: spec.Arg, command: spec.Command) -> dict:
+    if arg.kind == spec.FIELDS:  # a list of the item fields, by name (the CLI's comma-separated list)
+        return {"type": "array", "items": {"type": "string", "enum": list(command.item_fields)},
+                "description": "Which fields of each item to return (saves context)."}
     kind = _KINDS.get(arg.kind, "string")
     schema: dict[str, Any] = {"type": kind}
     if arg.minimum is not None:
@@ -76,7 +79,7 @@ def tool_definitions(agent: str | None) -> list[Tool]:
                                                                                               "--once")):
                 continue
             key = cli.argument_name(arg)
-            properties[key] = _property(arg)
+            properties[key] = _property(arg, command)
             if arg is identity and agent is not None:
                 properties[key]["description"] += f" Default: {agent}."
             elif arg.required:
