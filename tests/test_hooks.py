@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -185,8 +184,8 @@ def test_a_newer_waiter_replaces_the_older_so_one_wake_per_mail():
         _until(_armed)
         newer = _waiter(CLAUDE_PID=str(os.getpid()))
         try:
-            assert older.wait(timeout=20) in (0, 128 + signal.SIGTERM)  # ended quietly: no wake
-            assert b"wake" not in older.stderr.read()
+            assert older.wait(timeout=20) == 0  # ended quietly: no wake, and no hook failure to show
+            assert older.stderr.read() == b""
             send("just one wake")
             assert newer.wait(timeout=20) == 2
         finally:

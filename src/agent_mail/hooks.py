@@ -1,17 +1,19 @@
 """`agent-mail hook HARNESS EVENT`: mail put in the model's context from inside its harness.
 
-A harness (Claude Code; Codex and Gemini CLI to follow) runs a hook command at points of a session and
-passes it a JSON document on stdin (session_id, hook_event_name, ...). The events:
+A harness (Claude Code, Codex, Gemini CLI) runs a hook command at points of a session and passes it a
+JSON document on stdin (session_id, hook_event_name, ...). The events:
 
-- context: SessionStart, UserPromptSubmit, PostToolUse. Adds to the model's context what is new since
-  this session was last told: envelopes (never bodies), the unread count, bounces, and the next steps.
-  Quiet when there is nothing new; never marks anything read. At session start: the inbox as it stands,
-  and a warning when another live session holds the same identity.
-- stop: holds the session's stop once when mail it was not told of arrived during the turn (the
-  envelopes become the reason for one more turn); a second stop (stop_hook_active) always passes.
-- wait: the asyncRewake waiter, armed when a turn ends. Blocks like `watch` (it counts as one for
-  liveness) until mail the session was not told of arrives, then exits 2 with the envelopes on stderr,
-  which wakes the idle session. One per session: a newer waiter ends the older. Never blocks a
+- context: SessionStart, UserPromptSubmit / BeforeAgent, PostToolUse / AfterTool. Adds to the model's
+  context what is new since this session was last told: envelopes (never bodies), the unread count,
+  bounces, and the next steps. Quiet when there is nothing new; never marks anything read. At session
+  start: the inbox as it stands, and a warning when another live session holds the same identity.
+- stop (Stop; Gemini CLI's AfterAgent): holds the session's stop once when mail it was not told of
+  arrived during the turn (the envelopes become the reason for one more turn); a second stop
+  (stop_hook_active) always passes.
+- wait (Claude Code only: the others have no hook that can wake an idle session): the asyncRewake
+  waiter, armed when a turn ends. Blocks like `watch` (it counts as one for liveness) until mail the
+  session was not told of arrives, then exits 2 with the envelopes on stderr, which wakes the idle
+  session. One per session: a newer waiter ends the older, which exits 0 quietly. Never blocks a
   non-interactive run (claude -p, the SDK), and ends when the harness process does.
 - end: SessionEnd. The session stops counting as live; its waiter is ended.
 
@@ -26,7 +28,7 @@ import os
 import sys
 
 from agent_mail import errors, model, spec
-from agent_mail.service import _pid_alive, live_sessions
+from agent_mail.service import live_sessions, pid_alive
 from agent_mail.service import host_name as _host
 
 HARNESSES = ("claude-code", "codex", "gemini")
@@ -297,11 +299,14 @@ class Hook:
             return [{"told": True}] if note else []
 
         def wanted() -> bool:
-            return _pid_alive(harness_pid)
+            return pid_alive(harness_pid)
 
         try:
             found = self.mailbox.wait_armed(self.agent, minutes * 60.0, look_for, wanted)
-        except _Superseded:
+        except (_Superseded, errors.Interrupted):
+            # Replaced by a newer waiter (which SIGTERMs this one) or ended with its session: its liveness
+            # session is released; a quiet exit 0, since any other status is a hook failure the harness
+            # would show the user at every turn.
             return None
         finally:
             self._forget_waiter(me)

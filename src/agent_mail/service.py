@@ -352,7 +352,8 @@ def describe_liveness(facts: dict | None, at: _dt.datetime) -> dict:
     }
 
 
-def _pid_alive(pid: int | None) -> bool:
+def pid_alive(pid: int | None) -> bool:
+    """Whether process `pid` (on this machine) still runs; True when unknown."""
     if not pid:
         return True  # unknown: assume so
     try:
@@ -375,7 +376,7 @@ def live_sessions(sessions: list[dict], now: _dt.datetime) -> list[dict]:
     live = []
     for session in sessions:
         if session.get("host") == host and session.get("pid"):
-            if _pid_alive(session["pid"]):
+            if pid_alive(session["pid"]):
                 live.append(session)
         else:
             seen = model.parse_iso(session.get("last_seen"))
