@@ -1,11 +1,14 @@
 """`agent-mail setup HARNESS --agent P:N`: connect a harness to the mailbox in one command.
 
-Claude Code, for a project directory DIR:
-- DIR/.mcp.json: the MCP server `agent-mail` (this interpreter running `agent_mail mcp --agent P:N`, with
-  the mailbox it resolved in its environment);
-- DIR/.claude/settings.local.json (personal, not committed): the hooks (context on SessionStart,
-  UserPromptSubmit and PostToolUse; the stop guard and the asyncRewake waiter on Stop; end on
-  SessionEnd), `mcp__agent-mail` allowed, and the server enabled so no prompt asks.
+For a project directory DIR, the MCP server `agent-mail` (this interpreter running `agent_mail mcp
+--agent P:N`, with the mailbox it resolved in its environment) and the hooks (`agent_mail hook ...`):
+- Claude Code: DIR/.mcp.json (the server) and DIR/.claude/settings.local.json (personal, not committed:
+  context on SessionStart, UserPromptSubmit and PostToolUse; the stop guard and the asyncRewake waiter
+  on Stop; end on SessionEnd; `mcp__agent-mail` allowed and the server enabled, so no prompt asks).
+- Codex: DIR/.codex/config.toml (the server, its tools approved, between two marker lines) and
+  DIR/.codex/hooks.json (context on SessionStart, UserPromptSubmit, PostToolUse; the stop guard on Stop).
+- Gemini CLI: DIR/.gemini/settings.json (the server, trusted; context on SessionStart, BeforeAgent,
+  AfterTool; the stop guard on AfterAgent; end on SessionEnd).
 
 Files are merged, not replaced: other keys, hooks and servers stay as they were, in their order. Our
 entries are recognised by their command (`agent_mail hook` / `agent_mail mcp`), so a second run changes

@@ -24,7 +24,7 @@ class Rendered:
     of the array's members): `dumps` inserts them as they are when the array sits at that depth.
 
     A watch over a backlog lists tens of thousands of envelopes; SQLite lays each out while it
-    reads the index (`store.sqlite.render_lean`), which spares a Python object per value. To Python
+    reads the index (`store.sqlite._laid_out`), which spares a Python object per value. To Python
     code it is the list of objects, decoded when first used.
     """
 

@@ -105,11 +105,12 @@ def render_steps(document: object, agent: str | None) -> object:
     if isinstance(document, spec.Step):
         arguments = {}
         command = spec.COMMANDS[document.command]
+        identity = _identity_arg(command)
         for arg in command.args:
             value = document.arguments.get(arg.dest)
             if value is None or value is False or value == []:
                 continue
-            if arg is _identity_arg(command) and value == agent:
+            if arg is identity and value == agent:
                 continue
             arguments[cli.argument_name(arg)] = value
         return {"tool": document.command, "arguments": arguments}

@@ -57,10 +57,12 @@ class Store:
         raise NotImplementedError
 
     def unread(self, agent: str, now: str, *, limit: int | None = None, newest: bool = False,
-               sender: str | None = None, lean: bool = False) -> list[dict]:
+               sender: str | None = None, lean: bool = False, layout_level: int | None = None) -> list[dict]:
         """`agent`'s unread visible mail (from `sender` only, if given), in arrival order: all of it, or the
         oldest `limit` (the newest `limit` with newest=True, still returned oldest first). Envelope columns
-        and the agent's state; lean=True: envelopes only (id, sender, subject, type, created).
+        and the agent's state; lean=True: envelopes only (id, sender, subject, type, created). With lean and
+        layout_level, a backend may return them already laid out as JSON for that nesting depth
+        (jsonout.Rendered, byte for byte what jsonout.dumps would write); plain dicts are always correct.
         Costs the page, not the backlog: backends walk an arrival-ordered index and stop at the limit."""
         raise NotImplementedError
 
@@ -202,6 +204,35 @@ class Store:
         armed_seen: latest refresh of a session still marked armed; released_at: latest clean exit;
         session_seen: latest refresh of any session; heartbeat: latest heartbeat; sessions: how many.
         """
+        raise NotImplementedError
+
+    # -- harness sessions (hooks) -------------------------------------------
+    # What a harness session (Claude Code, Codex, Gemini CLI) has been told: told_seq, the newest message
+    # in insertion order it was told of, and told_at, when (for delayed mail falling due since).
+    def harness_session(self, session_id: str) -> dict | None:
+        """The session row (id, harness, agent, pid, host, started_at, last_seen, told_seq, told_at,
+        told_event, waiter, ended_at), or None."""
+        raise NotImplementedError
+
+    def save_harness_session(self, session: dict) -> None:
+        """Insert or replace the session row, every column as given."""
+        raise NotImplementedError
+
+    def harness_sessions_of(self, agent: str | None = None) -> list[dict]:
+        """Sessions not ended (of `agent`, or all): id, harness, agent, pid, host, started_at, last_seen."""
+        raise NotImplementedError
+
+    def untold(self, agent: str, now: str, told_seq: int, told_at: str | None, limit: int) -> tuple[list[dict], int]:
+        """(the oldest `limit` unread visible envelopes of `agent` added after told_seq or fallen due after
+        told_at, how many such there are). Reads only what came since, not the backlog."""
+        raise NotImplementedError
+
+    def newest_seq(self) -> int:
+        """The insertion sequence of the newest message (0 when there is none)."""
+        raise NotImplementedError
+
+    def events_since(self, agent: str, after: int) -> tuple[list[dict], int]:
+        """(`agent`'s undismissed system events added after sequence `after`, the newest event sequence)."""
         raise NotImplementedError
 
     # -- waiting ------------------------------------------------------------

@@ -1069,7 +1069,7 @@ class SQLiteStore(Store):
         return _page(rows, limit, newest=False), len(rows)
 
     def newest_seq(self) -> int:
-        return self.db.execute("SELECT COALESCE(MAX(rowid), 0) FROM messages").fetchone()[0]
+        return self.mail_marker() or 0  # the newest rowid, as the watch's safety net reads it
 
     def events_since(self, agent: str, after: int) -> tuple[list[dict], int]:
         """(undismissed system events of `agent` after event row `after`, the newest event row)."""
