@@ -135,6 +135,16 @@ def test_a_second_session_with_the_same_identity_is_warned_and_counted():
     assert json.loads(am_process("status", "--agent", AGENT).stdout)["agents"][0]["sessions"] == 1
 
 
+def test_cleanup_sweeps_harness_sessions_last_seen_before_its_cutoff():
+    context("SessionStart", session="old")
+    assert json.loads(am_process("status", "--agent", AGENT).stdout)["agents"][0]["sessions"] == 1
+    swept = json.loads(am_process("cleanup", "--older-than", "0").stdout)
+    assert swept["sessions_deleted"] >= 1
+    assert json.loads(am_process("status", "--agent", AGENT).stdout)["agents"][0]["sessions"] == 0
+    # A session swept while it still runs is told the inbox afresh, as a new one.
+    assert "you are proj:coder" in context("PostToolUse", session="old")
+
+
 def _waiter(session: str = "s-1", **env) -> subprocess.Popen:
     document = json.dumps(claude_input("Stop", session)).encode()
     proc = subprocess.Popen([sys.executable, "-m", "agent_mail", "hook", "claude-code", "wait", "--agent", AGENT],

@@ -913,9 +913,10 @@ class SQLiteStore(Store):
             params,
         ).fetchone()
         stale = "julianday(last_seen) < julianday(:cutoff)"
+        liveness = ("watch_sessions", "watchers", "heartbeats", "harness_sessions")
         sessions = sum(
             self.db.execute(f"SELECT COUNT(*) FROM {table} WHERE {stale}", params).fetchone()[0]
-            for table in ("watch_sessions", "watchers", "heartbeats")
+            for table in liveness
         )
         old_event = "julianday(created) < julianday(:cutoff)"
         events = self.db.execute(
@@ -934,7 +935,7 @@ class SQLiteStore(Store):
                 self.db.execute(f"DELETE FROM {table} WHERE {column} IN ({doomed})", params)
             self.db.execute(f"DELETE FROM attachment_blobs WHERE sha256 IN ({orphans})", params)
             self.db.execute(f"DELETE FROM messages WHERE {old}", params)
-            for table in ("watch_sessions", "watchers", "heartbeats"):
+            for table in liveness:
                 self.db.execute(f"DELETE FROM {table} WHERE {stale}", params)
             self.db.execute(f"DELETE FROM system_events WHERE {old_event}", params)
         return {"deleted_count": count, "oldest_deleted": oldest, "newest_deleted": newest,
