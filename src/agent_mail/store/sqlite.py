@@ -14,7 +14,7 @@ import time
 from contextlib import contextmanager
 
 from agent_mail import errors, jsonout
-from agent_mail.store.base import Store
+from agent_mail.store.sql import SQLStore, decode_refs, ids_clause
 
 # Marks a file as an agent-mail mailbox ("AGML"). Older mailboxes carry 0.
 APPLICATION_ID = 0x41474D4C
@@ -161,17 +161,6 @@ def m008_envelope_indexes(db: sqlite3.Connection) -> None:
 MIGRATIONS = (m001_seed_schema, m002_inbox_indexes, m003_liveness, m004_delivery, m005_count_indexes,
               m006_arrival_indexes, m007_harness_sessions, m008_envelope_indexes)
 
-_ENVELOPE = ("m.rowid AS seq, m.id, m.sender, m.recipient, m.subject, m.type, m.created, m.deliver_at, "
-             "julianday(COALESCE(m.deliver_at, m.created)) AS arrival")
-# What a watch lists: the envelope, and the arrival order (sorted by _lean_order: arrival, then seq).
-_LEAN = ("m.rowid AS seq, m.id, m.sender, m.subject, m.type, m.created, "
-         "julianday(COALESCE(m.deliver_at, m.created)) AS arrival")
-
-
-def _lean_order(row: tuple) -> tuple:
-    return (row[6], row[0])
-
-
 def _laid_out(level: int, alias: str = "m.") -> str:
     """SQL laying out the envelope of a message as jsonout.dumps does at nesting depth `level`: json_quote
     escapes exactly what the json module does (quote, backslash, control characters; \\b \\f \\n \\r
@@ -182,97 +171,89 @@ def _laid_out(level: int, alias: str = "m.") -> str:
 
 
 # The arrival expression over the `m` alias; SQLite matches it to the index expressions above.
-_M_ARRIVED = "julianday(COALESCE(m.deliver_at, m.created))"
-# Mail is ordered by when it arrived in the inbox (a delayed message at its delivery time), through
-# julianday() because older mailboxes stored local-offset timestamps; insertion order breaks ties.
-_BY_ARRIVAL = "ORDER BY arrival, seq"
-_COLUMNS = f"{_ENVELOPE}, m.body, m.refs, m.reply_to"
-# Visible to recipients: not withdrawn, and due (a scheduled message is invisible until then).
-_VISIBLE = "m.cancelled_at IS NULL AND (m.deliver_at IS NULL OR m.deliver_at <= :now)"
 
+class SQLiteStore(SQLStore):
+    """A mailbox in one SQLite file.
 
-def _addressed_to(columns: str) -> tuple[str, str]:
-    """The two halves of "mail for :agent", with this agent's own state: on the row for direct
-    mail, in broadcast_acks for broadcasts."""
-    direct = (f"SELECT {columns}, m.read_at, m.acked_at, m.archived_at, m.deleted_at FROM messages m "
-              f"WHERE m.recipient = :agent AND {_VISIBLE}")
-    broadcast = (f"SELECT {columns}, b.read_at, b.acked_at, b.archived_at, b.deleted_at FROM messages m "
-                 "LEFT JOIN broadcast_acks b ON b.message_id = m.id AND b.agent = :agent "
-                 f"WHERE m.recipient = '*' AND m.sender != :agent AND {_VISIBLE}")
-    return direct, broadcast
-
-
-_DIRECT, _BROADCAST = _addressed_to(_COLUMNS)
-
-
-# A broadcast `m` that :agent has not read, or not acted on (ack, archive, delete). NOT IN builds the
-# agent's set once from its partial index and probes it in memory: several times cheaper than a
-# correlated lookup per broadcast into a table that holds every agent's state.
-_NOT_READ_BY = ("m.id NOT IN (SELECT message_id FROM broadcast_acks INDEXED BY idx_broadcast_acks_read "
-                "WHERE agent = :agent AND read_at IS NOT NULL)")
-_NOT_DONE_BY = ("m.id NOT IN (SELECT message_id FROM broadcast_acks INDEXED BY idx_broadcast_acks_done "
-                "WHERE agent = :agent AND (acked_at IS NOT NULL OR archived_at IS NOT NULL "
-                "OR deleted_at IS NOT NULL))")
-
-
-def _page(rows: list[dict], limit: int | None, newest: bool) -> list[dict]:
-    """Merge the direct and broadcast halves into arrival order and keep the oldest (or newest) `limit`,
-    returned oldest first."""
-    rows.sort(key=lambda r: (r["arrival"], r["seq"]))
-    if limit is not None:
-        rows = rows[-limit:] if newest else rows[:limit]
-    return rows
-
-
-# "`:agent` may see this message": its sender always; a recipient (the addressee, or anyone but the
-# sender for a broadcast) once it is due and not withdrawn, unless that recipient deleted it.
-_PARTY = (
-    "(m.sender = :agent OR ((m.recipient = :agent OR m.recipient = '*') AND "
-    "m.cancelled_at IS NULL AND (m.deliver_at IS NULL OR m.deliver_at <= :now))) "
-    "AND NOT (m.recipient = :agent AND m.deleted_at IS NOT NULL) "
-    "AND NOT (m.recipient = '*' AND EXISTS (SELECT 1 FROM broadcast_acks d WHERE d.message_id = m.id "
-    "AND d.agent = :agent AND d.deleted_at IS NOT NULL))"
-)
-
-_FLAG_COLUMNS = {"read": "read_at", "ack": "acked_at", "archive": "archived_at", "delete": "deleted_at"}
-
-
-def _decode_refs(raw: object) -> list:
-    """Refs are stored as JSON text; older mailboxes may hold anything, so never fail on them."""
-    if raw is None or raw == "":
-        return []
-    import json  # only for rows that carry refs: `import json` costs more than a whole query
-
-    try:
-        value = json.loads(raw)
-    except (TypeError, ValueError):
-        return [raw]
-    if isinstance(value, list):
-        return value
-    return [value]
-
-
-def _encode_json(value: object) -> str:
-    import json
-
-    return json.dumps(value, ensure_ascii=False)
-
-
-def _decode_json(text: str) -> dict:
-    import json
-
-    return json.loads(text)
-
-
-def _ids_clause(ids: list[str], prefix: str = "id") -> tuple[str, dict]:
-    params = {f"{prefix}{i}": value for i, value in enumerate(ids)}
-    return ",".join(f":{name}" for name in params), params
-
-
-class SQLiteStore(Store):
-    """A mailbox in one SQLite file."""
+    Writers are serialised by the database lock (BEGIN IMMEDIATE); a read transaction sees one
+    snapshot; rowid is the insertion sequence.
+    """
 
     kind = "sqlite"
+    SEQ = "rowid"
+
+    # -- dialect hooks (see store/sql.py) ------------------------------------------
+    @staticmethod
+    def _ts(expression: str) -> str:
+        return f"julianday({expression})"  # honours the local offsets older mailboxes wrote
+
+    @staticmethod
+    def _hint(index: str) -> str:
+        return f"INDEXED BY {index}"
+
+    def _x(self, sql: str, params: object = ()):
+        return self.db.execute(sql, params)
+
+    def _many(self, sql: str, rows: list) -> None:
+        self.db.executemany(sql, rows)
+
+    def _wake(self, recipient: str) -> None:
+        self._wakes.add(recipient)
+
+    def _latest(self, column: str) -> str:
+        # Maxima by julianday(); the bare column next to MAX() is taken from the row holding that maximum,
+        # so the stored text comes back exact.
+        return f"{column}, MAX(julianday({column}))"
+
+    def _tuples(self, sql: str, params: object = ()) -> list[tuple]:
+        cursor = self.db.cursor()
+        cursor.row_factory = None
+        return cursor.execute(sql, params).fetchall()
+
+    def _query(self, sql: str, params: object = ()) -> list[dict]:
+        # Plain tuples zipped with the column names: a third of the cost of sqlite3.Row -> dict, which
+        # counts when a watch lists thousands of envelopes.
+        cursor = self.db.cursor()
+        cursor.row_factory = None
+        cursor.execute(sql, params)
+        names = [column[0] for column in cursor.description]
+        rows = [dict(zip(names, row, strict=True)) for row in cursor]
+        if "refs" in names:
+            for message in rows:
+                message["refs"] = decode_refs(message["refs"])
+        return rows
+
+    def _unread_laid_out(self, direct: str, broadcast: str, *, lean_columns: str, params: dict,
+                         layout_level: int):
+        """Every unread envelope, laid out by SQLite as it walks the indexes: (arrival, seq, text) in index
+        order, merged here (the halves are sorted runs, so the sort is a merge). At the watch's own depth
+        the text is read from the indexes that hold it (m008), not built per row."""
+        if not self._lays_out_json():
+            return None
+        laid_out = f"{self.F.m_arrived}, m.rowid, {_laid_out(layout_level)}"
+        if layout_level == WATCH_LEVEL and self._envelope_index():
+            broadcast = broadcast.replace("idx_messages_broadcast_arrival", "idx_messages_broadcast_envelopes")
+        found = (self._tuples(direct.replace(lean_columns, laid_out, 1), params)
+                 + self._tuples(broadcast.replace(lean_columns, laid_out, 1), params))
+        found.sort()
+        return jsonout.Rendered([row[2] for row in found], layout_level)
+
+    def liveness(self, agent: str | None = None) -> dict[str, dict]:
+        facts = super().liveness(agent)
+        # Armed sessions whose refreshes their wake-up pipe carries (see refresh_session).
+        touched = _pipe_refreshes(self.path, agent)
+        sessions = list(touched)
+        for start in range(0, len(sessions), 500):
+            marks, ids = ids_clause(sessions[start:start + 500])
+            for (session,) in self.db.execute(
+                f"SELECT id FROM watch_sessions WHERE state = 'armed' AND id IN ({marks})", ids
+            ):
+                name, seen = touched[session]
+                entry = self._fact(facts, name)
+                for key in ("armed_seen", "session_seen"):
+                    if entry[key] is None or seen > entry[key]:
+                        entry[key] = seen
+        return facts
 
     def __init__(self, path: str):
         self.path = path
@@ -532,425 +513,6 @@ class SQLiteStore(Store):
                 SQLiteStore._json_functions = False
         return SQLiteStore._json_functions
 
-    def _tuples(self, sql: str, params: object = ()) -> list[tuple]:
-        cursor = self.db.cursor()
-        cursor.row_factory = None
-        return cursor.execute(sql, params).fetchall()
-
-    def _query(self, sql: str, params: object = ()) -> list[dict]:
-        # Plain tuples zipped with the column names: a third of the cost of sqlite3.Row -> dict, which
-        # counts when a watch lists thousands of envelopes.
-        cursor = self.db.cursor()
-        cursor.row_factory = None
-        cursor.execute(sql, params)
-        names = [column[0] for column in cursor.description]
-        rows = [dict(zip(names, row, strict=True)) for row in cursor]
-        if "refs" in names:
-            for message in rows:
-                message["refs"] = _decode_refs(message["refs"])
-        return rows
-
-    # -- messages ---------------------------------------------------------
-    def insert_message(self, message: dict) -> None:
-        self.db.execute(
-            "INSERT INTO messages (id, sender, recipient, subject, body, refs, reply_to, type, created, deliver_at, "
-            "batch_id) VALUES (:id, :sender, :recipient, :subject, :body, :refs, :reply_to, :type, :created, "
-            ":deliver_at, :batch_id)",
-            {"deliver_at": None, "batch_id": None, **message,
-             "refs": _encode_json(message["refs"]) if message["refs"] else None},
-        )
-        if message.get("deliver_at"):
-            self.db.execute("INSERT INTO scheduled (message_id, recipient, deliver_at) VALUES (?, ?, ?)",
-                            (message["id"], message["recipient"], message["deliver_at"]))
-        self._wakes.add(message["recipient"])  # a scheduled one too: its watch learns when it falls due
-
-    def get_message(self, message_id: str) -> dict | None:
-        rows = self._query(
-            f"SELECT {_COLUMNS}, m.read_at, m.acked_at, m.archived_at, m.deleted_at, m.cancelled_at "
-            "FROM messages m WHERE m.id = ?",
-            (message_id,),
-        )
-        return rows[0] if rows else None
-
-    def archived(self, agent: str, now: str, *, sender: str | None = None) -> list[dict]:
-        direct, broadcast = _addressed_to(_COLUMNS)
-        direct += " AND m.deleted_at IS NULL AND m.archived_at IS NOT NULL"
-        broadcast += " AND b.deleted_at IS NULL AND b.archived_at IS NOT NULL"
-        if sender is not None:
-            direct += " AND m.sender = :sender"
-            broadcast += " AND m.sender = :sender"
-        return self._query(f"SELECT * FROM ({direct} UNION ALL {broadcast}) {_BY_ARRIVAL}",
-                           {"agent": agent, "sender": sender, "now": now})
-
-    def addressed(self, agent: str, message_ids: list[str], now: str) -> dict[str, dict]:
-        found: dict[str, dict] = {}
-        for start in range(0, len(message_ids), 500):
-            marks, params = _ids_clause(message_ids[start:start + 500])
-            sql = f"SELECT * FROM ({_DIRECT} UNION ALL {_BROADCAST}) WHERE id IN ({marks})"
-            for message in self._query(sql, {"agent": agent, "now": now, **params}):
-                found[message["id"]] = message
-        return found
-
-    def count_unread(self, agent: str, now: str) -> int:
-        params = {"agent": agent, "now": now}
-        direct = self.db.execute(
-            f"SELECT COUNT(*) FROM messages m WHERE m.recipient = :agent AND m.read_at IS NULL AND {_VISIBLE}", params
-        ).fetchone()[0]
-        return direct + self._count_broadcasts(agent, now, _NOT_READ_BY)
-
-    def count_unacked(self, agent: str, now: str) -> int:
-        direct = self.db.execute(
-            "SELECT COUNT(*) FROM messages m WHERE m.recipient = :agent AND m.acked_at IS NULL "
-            f"AND m.archived_at IS NULL AND m.deleted_at IS NULL AND {_VISIBLE}", {"agent": agent, "now": now}
-        ).fetchone()[0]
-        return direct + self._count_broadcasts(agent, now, _NOT_DONE_BY)
-
-    def _count_broadcasts(self, agent: str, now: str, unsettled: str) -> int:
-        """Visible broadcasts from others that `agent` has not settled (read, or acted on): one walk of the
-        covering broadcast index with one probe each, in SQLite; exact whatever other writers did."""
-        return self.db.execute(
-            f"SELECT COUNT(*) FROM messages m INDEXED BY idx_messages_broadcasts WHERE m.recipient = '*' "
-            f"AND m.sender != :agent AND {_VISIBLE} AND {unsettled}", {"agent": agent, "now": now}
-        ).fetchone()[0]
-
-    def unread(self, agent: str, now: str, *, limit: int | None = None, newest: bool = False,
-               sender: str | None = None, lean: bool = False, layout_level: int | None = None) -> list[dict]:
-        # Each half walks its arrival-ordered index and stops at the page: unread direct mail through the
-        # partial index of unread rows, unread broadcasts through the covering broadcast index (skipping
-        # those the agent read, found in its read set). Without a limit every row is fetched anyway, and
-        # the merge below orders them, so SQLite is spared the tie-break sort.
-        params = {"agent": agent, "now": now, "sender": sender, "limit": -1 if limit is None else limit}
-        order = "DESC" if newest else "ASC"
-        by_sender = " AND m.sender = :sender" if sender is not None else ""
-        ordered = f"ORDER BY {_M_ARRIVED} {order}" + (f", m.rowid {order} LIMIT :limit" if limit is not None else "")
-        direct_columns = _LEAN if lean else f"{_ENVELOPE}, m.read_at, m.acked_at, m.archived_at, m.deleted_at"
-        broadcast_columns = _LEAN if lean else (f"{_ENVELOPE}, NULL AS read_at, NULL AS acked_at, "
-                                                "NULL AS archived_at, NULL AS deleted_at")
-        direct = (f"SELECT {direct_columns} FROM messages m INDEXED BY idx_messages_unread_arrival "
-                  f"WHERE m.recipient = :agent AND m.read_at IS NULL AND {_VISIBLE}{by_sender} {ordered}")
-        broadcast = (f"SELECT {broadcast_columns} "
-                     "FROM messages m INDEXED BY idx_messages_broadcast_arrival WHERE m.recipient = '*' "
-                     f"AND m.sender != :agent AND {_VISIBLE}{by_sender} AND {_NOT_READ_BY} {ordered}")
-        if lean and layout_level is not None and limit is None and self._lays_out_json():
-            # Every unread envelope, laid out by SQLite as it walks the indexes: (arrival, seq, text) in
-            # index order, merged here (the halves are sorted runs, so the sort is a merge). At the watch's
-            # own depth the text is read from the indexes that hold it (m008), not built per row.
-            laid_out = _laid_out(layout_level)
-            if layout_level == WATCH_LEVEL and self._envelope_index():
-                broadcast = broadcast.replace("idx_messages_broadcast_arrival", "idx_messages_broadcast_envelopes")
-            found = (self._tuples(direct.replace(direct_columns, f"{_M_ARRIVED}, m.rowid, {laid_out}", 1), params)
-                     + self._tuples(broadcast.replace(broadcast_columns, f"{_M_ARRIVED}, m.rowid, {laid_out}", 1),
-                                    params))
-            found.sort()
-            return jsonout.Rendered([row[2] for row in found], layout_level)
-        if lean:  # only envelopes: sort the tuples, then make one dict per envelope
-            found = self.db.execute(direct, params).fetchall() + self.db.execute(broadcast, params).fetchall()
-            found.sort(key=_lean_order)
-            if limit is not None:
-                found = found[-limit:] if newest else found[:limit]
-            return [{"id": r[1], "sender": r[2], "subject": r[3], "type": r[4], "created": r[5]} for r in found]
-        rows = self._query(direct, params) + self._query(broadcast, params)
-        return _page(rows, limit, newest)
-
-    def latest(self, agent: str, now: str, *, limit: int, sender: str | None = None) -> list[dict]:
-        params = {"agent": agent, "now": now, "sender": sender, "limit": limit}
-        by_sender = " AND m.sender = :sender" if sender is not None else ""
-        direct = (f"SELECT {_ENVELOPE}, m.read_at, m.acked_at, m.archived_at, m.deleted_at FROM messages m "
-                  "INDEXED BY idx_messages_recipient_arrival WHERE m.recipient = :agent AND m.archived_at IS NULL "
-                  f"AND m.deleted_at IS NULL AND {_VISIBLE}{by_sender} "
-                  f"ORDER BY {_M_ARRIVED} DESC, m.rowid DESC LIMIT :limit")
-        broadcast = (f"SELECT {_ENVELOPE}, b.read_at, b.acked_at, b.archived_at, b.deleted_at FROM messages m "
-                     "INDEXED BY idx_messages_broadcast_arrival LEFT JOIN broadcast_acks b ON b.message_id = m.id "
-                     f"AND b.agent = :agent WHERE m.recipient = '*' AND m.sender != :agent AND {_VISIBLE}{by_sender} "
-                     "AND b.archived_at IS NULL AND b.deleted_at IS NULL "
-                     f"ORDER BY {_M_ARRIVED} DESC, m.rowid DESC LIMIT :limit")
-        return _page(self._query(direct, params) + self._query(broadcast, params), limit, newest=True)
-
-    def read_unacked(self, agent: str, now: str) -> list[dict]:
-        params = {"agent": agent, "now": now}
-        direct = (f"SELECT {_COLUMNS}, m.read_at, m.acked_at, m.archived_at, m.deleted_at FROM messages m "
-                  "WHERE m.recipient = :agent AND m.read_at IS NOT NULL AND m.acked_at IS NULL "
-                  f"AND m.archived_at IS NULL AND m.deleted_at IS NULL AND {_VISIBLE}")
-        broadcast = (f"SELECT {_COLUMNS}, b.read_at, b.acked_at, b.archived_at, b.deleted_at "
-                     "FROM broadcast_acks b INDEXED BY idx_broadcast_acks_open JOIN messages m ON m.id = b.message_id "
-                     "WHERE b.agent = :agent AND b.read_at IS NOT NULL AND b.acked_at IS NULL "
-                     "AND b.archived_at IS NULL AND b.deleted_at IS NULL AND m.recipient = '*' AND m.sender != :agent "
-                     f"AND {_VISIBLE}")
-        return _page(self._query(direct, params) + self._query(broadcast, params), None, newest=False)
-
-    def set_flags(self, agent: str, messages: list[dict], at: str, flags: tuple[str, ...]) -> None:
-        """Stamp this agent's read / ack / archive / delete times (earlier stamps are kept)."""
-        columns = [_FLAG_COLUMNS[f] for f in flags]
-        updates = ", ".join(f"{c} = COALESCE({c}, :at)" for c in columns)
-        direct = [{"at": at, "id": m["id"]} for m in messages if m["recipient"] != "*"]
-        self.db.executemany(f"UPDATE messages SET {updates} WHERE id = :id", direct)
-        broadcast = [{"at": at, "id": m["id"], "agent": agent} for m in messages if m["recipient"] == "*"]
-        values = ", ".join(":at" if c in columns else "NULL" for c in _FLAG_COLUMNS.values())
-        merge = ", ".join(f"{c} = COALESCE({c}, excluded.{c})" for c in columns)
-        self.db.executemany(
-            f"INSERT INTO broadcast_acks (message_id, agent, {', '.join(_FLAG_COLUMNS.values())}) "
-            f"VALUES (:id, :agent, {values}) ON CONFLICT (message_id, agent) DO UPDATE SET {merge}",
-            broadcast,
-        )
-
-    def thread(self, message_id: str, agent: str, now: str) -> list[dict]:
-        root, seen = message_id, set()
-        while root not in seen:
-            seen.add(root)
-            row = self.db.execute("SELECT reply_to FROM messages WHERE id = ?", (root,)).fetchone()
-            if row is None or not row[0]:
-                break
-            parent = self.db.execute("SELECT 1 FROM messages WHERE id = ?", (row[0],)).fetchone()
-            if parent is None:  # the parent was cleaned up: this is as far back as the thread goes
-                break
-            root = row[0]
-        # The messages of the thread this agent may see (the one visibility rule), withdrawn ones
-        # left out; the state columns are this agent's own (null on what it sent to others).
-        own = "CASE WHEN m.recipient = '*' AND m.sender != :agent THEN b.{0} WHEN m.recipient = :agent THEN m.{0} END"
-        return self._query(
-            "WITH RECURSIVE thread(id) AS (SELECT :root UNION SELECT m.id FROM messages m JOIN thread t "
-            f"ON m.reply_to = t.id) SELECT {_COLUMNS}, {own.format('read_at')} AS read_at, "
-            f"{own.format('acked_at')} AS acked_at, {own.format('archived_at')} AS archived_at "
-            "FROM messages m JOIN thread t ON m.id = t.id "
-            "LEFT JOIN broadcast_acks b ON b.message_id = m.id AND b.agent = :agent "
-            f"WHERE m.cancelled_at IS NULL AND {_PARTY} {_BY_ARRIVAL}",
-            {"root": root, "agent": agent, "now": now},
-        )
-
-    def visible_to(self, agent: str, message_ids: list[str], now: str) -> set[str]:
-        marks, params = _ids_clause(message_ids)
-        return {r[0] for r in self.db.execute(
-            f"SELECT m.id FROM messages m WHERE m.id IN ({marks}) AND {_PARTY}", {"agent": agent, "now": now, **params}
-        )}
-
-    # -- scheduled delivery -------------------------------------------------------
-    def due_unpublished(self, now: str) -> list[dict]:
-        return [dict(r) for r in self.db.execute(
-            "SELECT message_id, recipient, deliver_at FROM scheduled WHERE published_at IS NULL AND deliver_at <= ?",
-            (now,),
-        )]
-
-    def mark_published(self, message_ids: list[str], at: str) -> None:
-        self.db.executemany("UPDATE scheduled SET published_at = ? WHERE message_id = ?",
-                            [(at, i) for i in message_ids])
-
-    def next_due(self, agent: str, now: str) -> str | None:
-        return self.db.execute(
-            "SELECT MIN(deliver_at) FROM scheduled WHERE published_at IS NULL AND deliver_at > ? "
-            "AND recipient IN (?, '*')",
-            (now, agent),
-        ).fetchone()[0]
-
-    def cancel(self, message_id: str, at: str) -> None:
-        self.db.execute("UPDATE messages SET cancelled_at = ? WHERE id = ?", (at, message_id))
-        self.db.execute("DELETE FROM scheduled WHERE message_id = ?", (message_id,))
-
-    # -- attachments ----------------------------------------------------------
-    def add_attachment(self, message_id: str, position: int, name: str, content: bytes, sha256: str,
-                       at: str) -> None:
-        self.db.execute(
-            "INSERT INTO attachment_blobs (sha256, size, content, created) VALUES (?, ?, ?, ?) "
-            "ON CONFLICT (sha256) DO NOTHING",
-            (sha256, len(content), content, at),
-        )
-        self.db.execute(
-            "INSERT INTO attachments (message_id, position, name, size, sha256) VALUES (?, ?, ?, ?, ?)",
-            (message_id, position, name, len(content), sha256),
-        )
-
-    def attachments_of(self, message_ids: list[str]) -> dict[str, list[dict]]:
-        listed: dict[str, list[dict]] = {}
-        for start in range(0, len(message_ids), 500):
-            marks, params = _ids_clause(message_ids[start:start + 500])
-            for row in self.db.execute(
-                f"SELECT message_id, name, size, sha256 FROM attachments WHERE message_id IN ({marks}) "
-                "ORDER BY message_id, position",
-                params,
-            ):
-                listed.setdefault(row[0], []).append({"name": row[1], "size": row[2], "sha256": row[3]})
-        return listed
-
-    def attachment_content(self, sha256: str) -> bytes | None:
-        row = self.db.execute("SELECT content FROM attachment_blobs WHERE sha256 = ?", (sha256,)).fetchone()
-        return None if row is None else bytes(row[0])
-
-    # -- profiles and the system channel ---------------------------------------------
-    def profile(self, agent: str) -> dict | None:
-        row = self.db.execute(
-            "SELECT agent, human, mirror_dir, max_entries, updated_at FROM profiles WHERE agent = ?", (agent,)
-        ).fetchone()
-        if row is None:
-            return None
-        profile = dict(row)
-        profile["human"] = bool(profile["human"])
-        return profile
-
-    def save_profile(self, profile: dict) -> None:
-        self.db.execute(
-            "INSERT INTO profiles (agent, human, mirror_dir, max_entries, updated_at) "
-            "VALUES (:agent, :human, :mirror_dir, :max_entries, :updated_at) ON CONFLICT (agent) DO UPDATE SET "
-            "human = excluded.human, mirror_dir = excluded.mirror_dir, max_entries = excluded.max_entries, "
-            "updated_at = excluded.updated_at",
-            {**profile, "human": int(bool(profile["human"]))},
-        )
-
-    def mirrored_agents(self) -> list[str]:
-        return [r[0] for r in self.db.execute("SELECT agent FROM profiles WHERE mirror_dir IS NOT NULL ORDER BY agent")]
-
-    def humans(self) -> set[str]:
-        return {r[0] for r in self.db.execute("SELECT agent FROM profiles WHERE human = 1")}
-
-    def add_event(self, event_id: str, agent: str, source: str, payload: dict, at: str) -> None:
-        self.db.execute(
-            "INSERT INTO system_events (id, agent, source, payload, created) VALUES (?, ?, ?, ?, ?)",
-            (event_id, agent, source, _encode_json(payload), at),
-        )
-
-    def events(self, agent: str) -> list[dict]:
-        return [
-            {"id": r[0], "source": r[1], **_decode_json(r[2]), "created": r[3]}
-            for r in self.db.execute(
-                "SELECT id, source, payload, created FROM system_events WHERE agent = ? AND dismissed_at IS NULL "
-                "ORDER BY rowid",
-                (agent,),
-            )
-        ]
-
-    def dismiss_events(self, agent: str, event_ids: list[str], at: str) -> list[str]:
-        """Dismiss these events of `agent`; return the ids that were open."""
-        marks, params = _ids_clause(event_ids)
-        found = [r[0] for r in self.db.execute(
-            f"SELECT id FROM system_events WHERE agent = :agent AND dismissed_at IS NULL AND id IN ({marks})",
-            {"agent": agent, **params},
-        )]
-        self.db.executemany("UPDATE system_events SET dismissed_at = ? WHERE id = ?", [(at, i) for i in found])
-        return found
-
-    # -- overview and maintenance ---------------------------------------------
-    def agent_counts(self, now: str) -> dict[str, dict]:
-        counts: dict[str, dict] = {}
-        params = {"now": now}
-
-        def entry(agent: str) -> dict:
-            return counts.setdefault(agent, {"unread": 0, "unacked": 0})
-
-        # INDEXED BY: the partial indexes of open mail cover these counts; the planner would otherwise take
-        # an arrival-ordered index and read every row.
-        for key, index, condition in (
-            ("unread", "idx_messages_unread", "read_at IS NULL"),
-            ("unacked", "idx_messages_unacked", "acked_at IS NULL AND archived_at IS NULL AND deleted_at IS NULL"),
-        ):
-            for agent, n in self.db.execute(
-                f"SELECT recipient, COUNT(*) FROM messages m INDEXED BY {index} WHERE {condition} AND recipient != '*' "
-                f"AND {_VISIBLE} GROUP BY recipient",
-                params,
-            ):
-                entry(agent)[key] = n
-        # Separate DISTINCTs: each walks its index skipping duplicates; a UNION would sort every row.
-        for sql in ("SELECT DISTINCT sender FROM messages",
-                    "SELECT DISTINCT recipient FROM messages INDEXED BY idx_messages_recipient",
-                    "SELECT DISTINCT agent FROM watch_sessions", "SELECT agent FROM heartbeats",
-                    "SELECT agent FROM profiles"):
-            for (agent,) in self.db.execute(sql):
-                if agent != "*":
-                    entry(agent)
-        sent_broadcasts = dict(self.db.execute(
-            f"SELECT sender, COUNT(*) FROM messages m WHERE recipient = '*' AND {_VISIBLE} GROUP BY sender", params
-        ).fetchall())
-        total_broadcasts = sum(sent_broadcasts.values())
-        if total_broadcasts:
-            settled = self._broadcast_state(params)
-            for agent, row in counts.items():
-                waiting = total_broadcasts - sent_broadcasts.get(agent, 0)
-                read, done = settled.get(agent, (0, 0))
-                row["unread"] += waiting - read
-                row["unacked"] += waiting - done
-        return counts
-
-    def _broadcast_state(self, params: dict) -> dict[str, tuple[int, int]]:
-        """{agent: (broadcasts read, broadcasts acted on)} over visible broadcasts from others.
-
-        Every broadcast_acks row is made for a visible broadcast by someone else (state is only
-        ever recorded for mail an agent could see, cancelling works only before a message is
-        visible, and cleanup removes a message's rows with it). When a count of the rows that
-        belong to visible broadcasts confirms that, the rows are aggregated per agent straight
-        from an index; otherwise (a mailbox some other writer left inconsistent) they are joined
-        to their messages, which is exact but reads every row's message.
-        """
-        total = self.db.execute("SELECT COUNT(*) FROM broadcast_acks").fetchone()[0]
-        belonging = self.db.execute(
-            "SELECT COUNT(*) FROM messages m INDEXED BY idx_messages_broadcasts CROSS JOIN broadcast_acks b "
-            "ON b.message_id = m.id "
-            f"WHERE m.recipient = '*' AND {_VISIBLE}",
-            params,
-        ).fetchone()[0]
-        acted = "b.acked_at IS NOT NULL OR b.archived_at IS NOT NULL OR b.deleted_at IS NOT NULL"
-        if total != belonging:
-            sql = (f"SELECT b.agent, COUNT(b.read_at), SUM({acted}) FROM messages m CROSS JOIN broadcast_acks b "
-                   f"ON b.message_id = m.id WHERE m.recipient = '*' AND m.sender != b.agent AND {_VISIBLE} "
-                   "GROUP BY b.agent")
-            return {agent: (read, done) for agent, read, done in self.db.execute(sql, params)}
-        state: dict[str, tuple[int, int]] = {}
-        for agent, read in self.db.execute(
-            "SELECT agent, COUNT(*) FROM broadcast_acks b WHERE read_at IS NOT NULL GROUP BY agent"
-        ):
-            state[agent] = (read, 0)
-        for agent, done in self.db.execute(
-            f"SELECT agent, COUNT(*) FROM broadcast_acks b WHERE {acted} GROUP BY agent"
-        ):
-            state[agent] = (state.get(agent, (0, 0))[0], done)
-        return state
-
-    def cleanup(self, cutoff: str, dry_run: bool) -> dict:
-        # Age counts from arrival: a delayed message not yet delivered has not arrived, whatever its creation.
-        arrived = "julianday(COALESCE(deliver_at, created))"
-        old = f"{arrived} < julianday(:cutoff)"
-        params = {"cutoff": cutoff}
-        count, oldest, newest = self.db.execute(
-            f"SELECT COUNT(*), (SELECT COALESCE(deliver_at, created) FROM messages WHERE {old} ORDER BY {arrived} "
-            f"LIMIT 1), (SELECT COALESCE(deliver_at, created) FROM messages WHERE {old} ORDER BY {arrived} DESC "
-            f"LIMIT 1) FROM messages WHERE {old}",
-            params,
-        ).fetchone()
-        stale = "julianday(last_seen) < julianday(:cutoff)"
-        liveness = ("watch_sessions", "watchers", "heartbeats", "harness_sessions")
-        sessions = sum(
-            self.db.execute(f"SELECT COUNT(*) FROM {table} WHERE {stale}", params).fetchone()[0]
-            for table in liveness
-        )
-        old_event = "julianday(created) < julianday(:cutoff)"
-        events = self.db.execute(
-            f"SELECT COUNT(*) FROM system_events WHERE {old_event}", params
-        ).fetchone()[0]
-        doomed = f"SELECT id FROM messages WHERE {old}"
-        # Content no message will refer to once these are gone.
-        orphans = (
-            "SELECT sha256 FROM attachment_blobs WHERE julianday(created) < julianday(:cutoff) AND sha256 NOT IN "
-            f"(SELECT sha256 FROM attachments WHERE message_id NOT IN ({doomed}))"
-        )
-        blobs = self.db.execute(f"SELECT COUNT(*) FROM ({orphans})", params).fetchone()[0]
-        if not dry_run:
-            for table, column in (("broadcast_acks", "message_id"), ("attachments", "message_id"),
-                                  ("scheduled", "message_id")):
-                self.db.execute(f"DELETE FROM {table} WHERE {column} IN ({doomed})", params)
-            self.db.execute(f"DELETE FROM attachment_blobs WHERE sha256 IN ({orphans})", params)
-            self.db.execute(f"DELETE FROM messages WHERE {old}", params)
-            for table in liveness:
-                self.db.execute(f"DELETE FROM {table} WHERE {stale}", params)
-            self.db.execute(f"DELETE FROM system_events WHERE {old_event}", params)
-        return {"deleted_count": count, "oldest_deleted": oldest, "newest_deleted": newest,
-                "sessions_deleted": sessions, "events_deleted": events, "attachments_deleted": blobs}
-
-    # -- liveness ------------------------------------------------------------
-    def open_session(self, session_id: str, agent: str, at: str) -> None:
-        self.db.execute(
-            "INSERT INTO watch_sessions (id, agent, started_at, last_seen, state) VALUES (?, ?, ?, ?, 'armed')",
-            (session_id, agent, at, at),
-        )
-
-    def touch_session(self, session_id: str, at: str) -> None:
-        self.db.execute("UPDATE watch_sessions SET last_seen = ? WHERE id = ? AND state = 'armed'", (at, session_id))
-
     def refresh_session(self, session_id: str, at: str) -> None:
         if self._pipe is not None and self._pipe_session == session_id:
             # The session's pipe carries its refreshes: touching it writes nothing into the mailbox, so
@@ -977,109 +539,6 @@ class SQLiteStore(Store):
             except sqlite3.Error as exc:
                 raise self._fail(exc, "refreshing a watch") from None
 
-    def release_session(self, session_id: str, at: str, reason: str) -> None:
-        self.db.execute(
-            "UPDATE watch_sessions SET state = 'released', released_at = ?1, released_reason = ?2, last_seen = ?1 "
-            "WHERE id = ?3 AND state = 'armed'",
-            (at, reason, session_id),
-        )
-
-    def record_heartbeat(self, agent: str, at: str) -> None:
-        self.db.execute(
-            "INSERT INTO heartbeats (agent, last_seen) VALUES (?, ?) "
-            "ON CONFLICT (agent) DO UPDATE SET last_seen = excluded.last_seen",
-            (agent, at),
-        )
-
-    def liveness(self, agent: str | None = None) -> dict[str, dict]:
-        from agent_mail.model import parse_iso
-
-        # Maxima by julianday(), which honours the offsets older mailboxes wrote; the bare column
-        # next to MAX() is taken from the row holding that maximum, so the stored text comes back exact.
-        where = "agent = :agent" if agent is not None else "1"
-        params = {"agent": agent}
-        facts: dict[str, dict] = {}
-
-        def fact(name: str) -> dict:
-            return facts.setdefault(name, {"armed_seen": None, "released_at": None, "session_seen": None,
-                                           "heartbeat": None, "sessions": 0})
-
-        queries = (
-            ("session_seen", f"SELECT agent, last_seen, MAX(julianday(last_seen)) FROM watch_sessions WHERE {where}"),
-            ("armed_seen", "SELECT agent, last_seen, MAX(julianday(last_seen)) FROM watch_sessions "
-                           f"WHERE state = 'armed' AND {where}"),
-            ("released_at", "SELECT agent, released_at, MAX(julianday(released_at)) FROM watch_sessions "
-                            f"WHERE state = 'released' AND {where}"),
-            ("heartbeat", f"SELECT agent, last_seen, MAX(julianday(last_seen)) FROM heartbeats WHERE {where}"),
-        )
-        for key, sql in queries:
-            for name, stamp, _ in self.db.execute(sql + " GROUP BY agent", params):
-                fact(name)[key] = parse_iso(stamp)
-        for name, count in self.db.execute(f"SELECT agent, COUNT(*) FROM watch_sessions WHERE {where} GROUP BY agent",
-                                           params):
-            fact(name)["sessions"] = count
-        # Armed sessions whose refreshes their wake-up pipe carries (see refresh_session).
-        touched = _pipe_refreshes(self.path, agent)
-        sessions = list(touched)
-        for start in range(0, len(sessions), 500):
-            marks, ids = _ids_clause(sessions[start:start + 500])
-            for (session,) in self.db.execute(
-                f"SELECT id FROM watch_sessions WHERE state = 'armed' AND id IN ({marks})", ids
-            ):
-                name, seen = touched[session]
-                entry = fact(name)
-                for key in ("armed_seen", "session_seen"):
-                    if entry[key] is None or seen > entry[key]:
-                        entry[key] = seen
-        return facts
-
-    # -- harness sessions (hooks) -------------------------------------------
-    def harness_session(self, session_id: str) -> dict | None:
-        row = self.db.execute("SELECT id, harness, agent, pid, host, started_at, last_seen, told_seq, told_at, "
-                              "told_event, waiter, ended_at FROM harness_sessions WHERE id = ?",
-                              (session_id,)).fetchone()
-        return None if row is None else dict(row)
-
-    def save_harness_session(self, session: dict) -> None:
-        columns = ("id", "harness", "agent", "pid", "host", "started_at", "last_seen", "told_seq", "told_at",
-                   "told_event", "waiter", "ended_at")
-        self.db.execute(
-            f"INSERT INTO harness_sessions ({', '.join(columns)}) VALUES ({', '.join(':' + c for c in columns)}) "
-            f"ON CONFLICT (id) DO UPDATE SET {', '.join(f'{c} = excluded.{c}' for c in columns[1:])}",
-            {c: session.get(c) for c in columns})
-
-    def harness_sessions_of(self, agent: str | None = None) -> list[dict]:
-        """Sessions not ended, of one identity or all."""
-        where = "ended_at IS NULL" + (" AND agent = :agent" if agent is not None else "")
-        return [dict(r) for r in self.db.execute(
-            f"SELECT id, harness, agent, pid, host, started_at, last_seen FROM harness_sessions WHERE {where}",
-            {"agent": agent})]
-
-    def untold(self, agent: str, now: str, told_seq: int, told_at: str | None, limit: int) -> tuple[list[dict], int]:
-        """(the oldest `limit` unread envelopes for `agent` it has not been told of, how many there are): mail
-        committed after message row `told_seq`, and delayed mail that fell due after `told_at`. Reads only the
-        rows since (the table's rowid order), and the delayed mail that arrived since (the arrival index)."""
-        params = {"agent": agent, "now": now, "seq": told_seq, "since": told_at or now}
-        unread = (f"((m.recipient = :agent AND m.read_at IS NULL) OR (m.recipient = '*' AND m.sender != :agent "
-                  f"AND {_NOT_READ_BY})) AND {_VISIBLE}")
-        rows = self._query(
-            f"SELECT {_ENVELOPE} FROM messages m WHERE m.rowid > :seq AND {unread} "
-            f"UNION SELECT {_ENVELOPE} FROM messages m INDEXED BY idx_messages_arrival WHERE {_M_ARRIVED} > "
-            f"julianday(:since) AND {_M_ARRIVED} <= julianday(:now) AND m.deliver_at IS NOT NULL AND {unread}",
-            params)
-        return _page(rows, limit, newest=False), len(rows)
-
-    def newest_seq(self) -> int:
-        return self.mail_marker() or 0  # the newest rowid, as the watch's safety net reads it
-
-    def events_since(self, agent: str, after: int) -> tuple[list[dict], int]:
-        """(undismissed system events of `agent` after event row `after`, the newest event row)."""
-        rows = self.db.execute("SELECT rowid, id, source, payload, created FROM system_events WHERE agent = ? "
-                               "AND dismissed_at IS NULL AND rowid > ? ORDER BY rowid", (agent, after)).fetchall()
-        newest = self.db.execute("SELECT COALESCE(MAX(rowid), 0) FROM system_events").fetchone()[0]
-        return [{"id": r[1], "source": r[2], **_decode_json(r[3]), "created": r[4]} for r in rows], newest
-
-    # -- waiting -------------------------------------------------------------
     def mail_marker(self) -> object:
         try:
             return self.db.execute("SELECT MAX(rowid) FROM messages").fetchone()[0]

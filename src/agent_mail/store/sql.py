@@ -1,0 +1,608 @@
+"""The SQL both backends share, written once, with hooks for where the dialects differ.
+
+A backend subclasses `SQLStore` and sets its dialect: the column that orders messages by insertion
+(`SEQ`), how a stored timestamp becomes comparable (`_ts`), index hints (`_hint`), and how a
+statement reaches its driver (`_x`, `_many`; queries are written with `:name` and `?` placeholders,
+which a driver of another style translates once per statement text). Everything else (the
+visibility rule, fan-out state, counts, threads, cleanup) is the same text on every engine.
+
+Timestamps are ISO 8601 text in UTC with microseconds, so text order is time order; SQLite also
+orders through julianday() because mailboxes of older implementations stored local offsets.
+"""
+
+from __future__ import annotations
+
+from agent_mail.store.base import Store
+
+_FLAG_COLUMNS = {"read": "read_at", "ack": "acked_at", "archive": "archived_at", "delete": "deleted_at"}
+HARNESS_COLUMNS = ("id", "harness", "agent", "pid", "host", "started_at", "last_seen", "told_seq", "told_at",
+                   "told_event", "waiter", "ended_at")
+LIVENESS_TABLES = ("watch_sessions", "watchers", "heartbeats", "harness_sessions")
+
+
+def decode_refs(raw: object) -> list:
+    """Refs are stored as JSON text; older mailboxes may hold anything, so never fail on them."""
+    if raw is None or raw == "":
+        return []
+    import json  # only for rows that carry refs: `import json` costs more than a whole query
+
+    try:
+        value = json.loads(raw)
+    except (TypeError, ValueError):
+        return [raw]
+    if isinstance(value, list):
+        return value
+    return [value]
+
+
+def encode_json(value: object) -> str:
+    import json
+
+    return json.dumps(value, ensure_ascii=False)
+
+
+def decode_json(text: str) -> dict:
+    import json
+
+    return json.loads(text)
+
+
+def ids_clause(ids: list[str], prefix: str = "id") -> tuple[str, dict]:
+    params = {f"{prefix}{i}": value for i, value in enumerate(ids)}
+    return ",".join(f":{name}" for name in params), params
+
+
+def page(rows: list[dict], limit: int | None, newest: bool) -> list[dict]:
+    """Merge the direct and broadcast halves into arrival order and keep the oldest (or newest) `limit`,
+    returned oldest first."""
+    rows.sort(key=lambda r: (r["arrival"], r["seq"]))
+    if limit is not None:
+        rows = rows[-limit:] if newest else rows[:limit]
+    return rows
+
+
+class _Fragments:
+    """The pieces of SQL the queries are built from, spelled in one dialect."""
+
+    def __init__(self, store: type[SQLStore]):
+        seq, ts, hint = store.SEQ, store._ts, store._hint
+        self.m_arrived = ts("COALESCE(m.deliver_at, m.created)")
+        self.envelope = (f"m.{seq} AS seq, m.id, m.sender, m.recipient, m.subject, m.type, m.created, m.deliver_at, "
+                         f"{self.m_arrived} AS arrival")
+        # What a watch lists: the envelope, and the arrival order (arrival, then seq).
+        self.lean = f"m.{seq} AS seq, m.id, m.sender, m.subject, m.type, m.created, {self.m_arrived} AS arrival"
+        self.columns = f"{self.envelope}, m.body, m.refs, m.reply_to"
+        # Visible to recipients: not withdrawn, and due (a scheduled message is invisible until then).
+        self.visible = "m.cancelled_at IS NULL AND (m.deliver_at IS NULL OR m.deliver_at <= :now)"
+        # A broadcast `m` that :agent has not read, or not acted on (ack, archive, delete). NOT IN builds the
+        # agent's set once from its partial index and probes it: several times cheaper than a correlated
+        # lookup per broadcast into a table that holds every agent's state.
+        self.not_read_by = (f"m.id NOT IN (SELECT message_id FROM broadcast_acks {hint('idx_broadcast_acks_read')} "
+                            "WHERE agent = :agent AND read_at IS NOT NULL)")
+        self.not_done_by = (f"m.id NOT IN (SELECT message_id FROM broadcast_acks {hint('idx_broadcast_acks_done')} "
+                            "WHERE agent = :agent AND (acked_at IS NOT NULL OR archived_at IS NOT NULL "
+                            "OR deleted_at IS NOT NULL))")
+        # "`:agent` may see this message": its sender always; a recipient (the addressee, or anyone but the
+        # sender for a broadcast) once it is due and not withdrawn, unless that recipient deleted it.
+        self.party = (
+            "(m.sender = :agent OR ((m.recipient = :agent OR m.recipient = '*') AND "
+            "m.cancelled_at IS NULL AND (m.deliver_at IS NULL OR m.deliver_at <= :now))) "
+            "AND NOT (m.recipient = :agent AND m.deleted_at IS NOT NULL) "
+            "AND NOT (m.recipient = '*' AND EXISTS (SELECT 1 FROM broadcast_acks d WHERE d.message_id = m.id "
+            "AND d.agent = :agent AND d.deleted_at IS NOT NULL))"
+        )
+        self.direct, self.broadcast = self.addressed_to(self.columns)
+
+    def addressed_to(self, columns: str) -> tuple[str, str]:
+        """The two halves of "mail for :agent", with this agent's own state: on the row for direct
+        mail, in broadcast_acks for broadcasts."""
+        direct = (f"SELECT {columns}, m.read_at, m.acked_at, m.archived_at, m.deleted_at FROM messages m "
+                  f"WHERE m.recipient = :agent AND {self.visible}")
+        broadcast = (f"SELECT {columns}, b.read_at, b.acked_at, b.archived_at, b.deleted_at FROM messages m "
+                     "LEFT JOIN broadcast_acks b ON b.message_id = m.id AND b.agent = :agent "
+                     f"WHERE m.recipient = '*' AND m.sender != :agent AND {self.visible}")
+        return direct, broadcast
+
+
+class SQLStore(Store):
+    """The queries of a mailbox in a SQL database; subclasses supply the connection and the dialect."""
+
+    #: The column numbering messages (and system events) in insertion order.
+    SEQ = "rowid"
+    F: _Fragments
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.F = _Fragments(cls)
+
+    # -- dialect hooks -------------------------------------------------------
+    @staticmethod
+    def _ts(expression: str) -> str:
+        """`expression` (a stored timestamp) made comparable in time order."""
+        return expression
+
+    @staticmethod
+    def _hint(index: str) -> str:
+        """An index hint after a table name, where the engine takes one."""
+        return ""
+
+    def _x(self, sql: str, params: object = ()):
+        """Run one statement; return a cursor to iterate or fetch from."""
+        raise NotImplementedError
+
+    def _many(self, sql: str, rows: list) -> None:
+        """Run one statement for each parameter set in `rows`."""
+        raise NotImplementedError
+
+    def _wake(self, recipient: str) -> None:
+        """Queue a wake-up for `recipient`'s watches ('*': everyone), sent if the transaction commits."""
+        raise NotImplementedError
+
+    def _query(self, sql: str, params: object = ()) -> list[dict]:
+        cursor = self._x(sql, params)
+        names = [column[0] for column in cursor.description]
+        rows = [dict(zip(names, row, strict=True)) for row in cursor]
+        if "refs" in names:
+            for message in rows:
+                message["refs"] = decode_refs(message["refs"])
+        return rows
+
+    def _value(self, sql: str, params: object = ()):
+        return self._x(sql, params).fetchone()[0]
+
+    # -- messages ---------------------------------------------------------
+    def insert_message(self, message: dict) -> None:
+        self._x(
+            "INSERT INTO messages (id, sender, recipient, subject, body, refs, reply_to, type, created, deliver_at, "
+            "batch_id) VALUES (:id, :sender, :recipient, :subject, :body, :refs, :reply_to, :type, :created, "
+            ":deliver_at, :batch_id)",
+            {"deliver_at": None, "batch_id": None, **message,
+             "refs": encode_json(message["refs"]) if message["refs"] else None},
+        )
+        if message.get("deliver_at"):
+            self._x("INSERT INTO scheduled (message_id, recipient, deliver_at) VALUES (?, ?, ?)",
+                    (message["id"], message["recipient"], message["deliver_at"]))
+        self._wake(message["recipient"])  # a scheduled one too: its watch learns when it falls due
+
+    def get_message(self, message_id: str) -> dict | None:
+        rows = self._query(
+            f"SELECT {self.F.columns}, m.read_at, m.acked_at, m.archived_at, m.deleted_at, m.cancelled_at "
+            "FROM messages m WHERE m.id = ?",
+            (message_id,),
+        )
+        return rows[0] if rows else None
+
+    def archived(self, agent: str, now: str, *, sender: str | None = None) -> list[dict]:
+        direct, broadcast = self.F.direct, self.F.broadcast
+        direct += " AND m.deleted_at IS NULL AND m.archived_at IS NOT NULL"
+        broadcast += " AND b.deleted_at IS NULL AND b.archived_at IS NOT NULL"
+        if sender is not None:
+            direct += " AND m.sender = :sender"
+            broadcast += " AND m.sender = :sender"
+        return self._query(f"SELECT * FROM ({direct} UNION ALL {broadcast}) AS mail ORDER BY arrival, seq",
+                           {"agent": agent, "sender": sender, "now": now})
+
+    def addressed(self, agent: str, message_ids: list[str], now: str) -> dict[str, dict]:
+        found: dict[str, dict] = {}
+        for start in range(0, len(message_ids), 500):
+            marks, params = ids_clause(message_ids[start:start + 500])
+            sql = f"SELECT * FROM ({self.F.direct} UNION ALL {self.F.broadcast}) AS mail WHERE id IN ({marks})"
+            for message in self._query(sql, {"agent": agent, "now": now, **params}):
+                found[message["id"]] = message
+        return found
+
+    def count_unread(self, agent: str, now: str) -> int:
+        params = {"agent": agent, "now": now}
+        direct = self._value(
+            f"SELECT COUNT(*) FROM messages m WHERE m.recipient = :agent AND m.read_at IS NULL AND {self.F.visible}",
+            params)
+        return direct + self._count_broadcasts(agent, now, self.F.not_read_by)
+
+    def count_unacked(self, agent: str, now: str) -> int:
+        direct = self._value(
+            "SELECT COUNT(*) FROM messages m WHERE m.recipient = :agent AND m.acked_at IS NULL "
+            f"AND m.archived_at IS NULL AND m.deleted_at IS NULL AND {self.F.visible}", {"agent": agent, "now": now})
+        return direct + self._count_broadcasts(agent, now, self.F.not_done_by)
+
+    def _count_broadcasts(self, agent: str, now: str, unsettled: str) -> int:
+        """Visible broadcasts from others that `agent` has not settled (read, or acted on): one walk of the
+        covering broadcast index with one probe each; exact whatever other writers did."""
+        return self._value(
+            f"SELECT COUNT(*) FROM messages m {self._hint('idx_messages_broadcasts')} WHERE m.recipient = '*' "
+            f"AND m.sender != :agent AND {self.F.visible} AND {unsettled}", {"agent": agent, "now": now})
+
+    def unread(self, agent: str, now: str, *, limit: int | None = None, newest: bool = False,
+               sender: str | None = None, lean: bool = False, layout_level: int | None = None) -> list[dict]:
+        # Each half walks its arrival-ordered index and stops at the page: unread direct mail through the
+        # partial index of unread rows, unread broadcasts through the broadcast index (skipping those the
+        # agent read, found in its read set). Without a limit every row is fetched anyway, and the merge
+        # below orders them, so the engine is spared the tie-break sort.
+        F, seq = self.F, self.SEQ
+        params = {"agent": agent, "now": now, "sender": sender, "limit": limit}
+        order = "DESC" if newest else "ASC"
+        by_sender = " AND m.sender = :sender" if sender is not None else ""
+        ordered = (f"ORDER BY {F.m_arrived} {order}, m.{seq} {order} LIMIT :limit" if limit is not None else "")
+        direct_columns = F.lean if lean else f"{F.envelope}, m.read_at, m.acked_at, m.archived_at, m.deleted_at"
+        broadcast_columns = F.lean if lean else (f"{F.envelope}, NULL AS read_at, NULL AS acked_at, "
+                                                 "NULL AS archived_at, NULL AS deleted_at")
+        direct = (f"SELECT {direct_columns} FROM messages m {self._hint('idx_messages_unread_arrival')} "
+                  f"WHERE m.recipient = :agent AND m.read_at IS NULL AND {F.visible}{by_sender} {ordered}")
+        broadcast = (f"SELECT {broadcast_columns} "
+                     f"FROM messages m {self._hint('idx_messages_broadcast_arrival')} WHERE m.recipient = '*' "
+                     f"AND m.sender != :agent AND {F.visible}{by_sender} AND {F.not_read_by} {ordered}")
+        if lean and layout_level is not None and limit is None:
+            laid_out = self._unread_laid_out(direct, broadcast, lean_columns=F.lean, params=params,
+                                             layout_level=layout_level)
+            if laid_out is not None:
+                return laid_out
+        if lean:  # only envelopes: sort the tuples, then make one dict per envelope
+            found = self._x(direct, params).fetchall() + self._x(broadcast, params).fetchall()
+            found.sort(key=lambda row: (row[6], row[0]))
+            if limit is not None:
+                found = found[-limit:] if newest else found[:limit]
+            return [{"id": r[1], "sender": r[2], "subject": r[3], "type": r[4], "created": r[5]} for r in found]
+        rows = self._query(direct, params) + self._query(broadcast, params)
+        return page(rows, limit, newest)
+
+    def _unread_laid_out(self, direct: str, broadcast: str, *, lean_columns: str, params: dict,
+                         layout_level: int):
+        """Every unread envelope already laid out as JSON (jsonout.Rendered), where the engine can; else None."""
+        return None
+
+    def latest(self, agent: str, now: str, *, limit: int, sender: str | None = None) -> list[dict]:
+        F, seq = self.F, self.SEQ
+        params = {"agent": agent, "now": now, "sender": sender, "limit": limit}
+        by_sender = " AND m.sender = :sender" if sender is not None else ""
+        direct = (f"SELECT {F.envelope}, m.read_at, m.acked_at, m.archived_at, m.deleted_at FROM messages m "
+                  f"{self._hint('idx_messages_recipient_arrival')} WHERE m.recipient = :agent "
+                  f"AND m.archived_at IS NULL AND m.deleted_at IS NULL AND {F.visible}{by_sender} "
+                  f"ORDER BY {F.m_arrived} DESC, m.{seq} DESC LIMIT :limit")
+        broadcast = (f"SELECT {F.envelope}, b.read_at, b.acked_at, b.archived_at, b.deleted_at FROM messages m "
+                     f"{self._hint('idx_messages_broadcast_arrival')} LEFT JOIN broadcast_acks b "
+                     "ON b.message_id = m.id AND b.agent = :agent WHERE m.recipient = '*' AND m.sender != :agent "
+                     f"AND {F.visible}{by_sender} AND b.archived_at IS NULL AND b.deleted_at IS NULL "
+                     f"ORDER BY {F.m_arrived} DESC, m.{seq} DESC LIMIT :limit")
+        return page(self._query(direct, params) + self._query(broadcast, params), limit, newest=True)
+
+    def read_unacked(self, agent: str, now: str) -> list[dict]:
+        F = self.F
+        params = {"agent": agent, "now": now}
+        direct = (f"SELECT {F.columns}, m.read_at, m.acked_at, m.archived_at, m.deleted_at FROM messages m "
+                  "WHERE m.recipient = :agent AND m.read_at IS NOT NULL AND m.acked_at IS NULL "
+                  f"AND m.archived_at IS NULL AND m.deleted_at IS NULL AND {F.visible}")
+        broadcast = (f"SELECT {F.columns}, b.read_at, b.acked_at, b.archived_at, b.deleted_at "
+                     f"FROM broadcast_acks b {self._hint('idx_broadcast_acks_open')} "
+                     "JOIN messages m ON m.id = b.message_id "
+                     "WHERE b.agent = :agent AND b.read_at IS NOT NULL AND b.acked_at IS NULL "
+                     "AND b.archived_at IS NULL AND b.deleted_at IS NULL AND m.recipient = '*' AND m.sender != :agent "
+                     f"AND {F.visible}")
+        return page(self._query(direct, params) + self._query(broadcast, params), None, newest=False)
+
+    def set_flags(self, agent: str, messages: list[dict], at: str, flags: tuple[str, ...]) -> None:
+        """Stamp this agent's read / ack / archive / delete times (earlier stamps are kept)."""
+        columns = [_FLAG_COLUMNS[f] for f in flags]
+        updates = ", ".join(f"{c} = COALESCE({c}, :at)" for c in columns)
+        direct = [{"at": at, "id": m["id"]} for m in messages if m["recipient"] != "*"]
+        if direct:
+            self._many(f"UPDATE messages SET {updates} WHERE id = :id", direct)
+        broadcast = [{"at": at, "id": m["id"], "agent": agent} for m in messages if m["recipient"] == "*"]
+        values = ", ".join(":at" if c in columns else "NULL" for c in _FLAG_COLUMNS.values())
+        merge = ", ".join(f"{c} = COALESCE(broadcast_acks.{c}, excluded.{c})" for c in columns)
+        if broadcast:
+            self._many(
+                f"INSERT INTO broadcast_acks (message_id, agent, {', '.join(_FLAG_COLUMNS.values())}) "
+                f"VALUES (:id, :agent, {values}) ON CONFLICT (message_id, agent) DO UPDATE SET {merge}",
+                broadcast,
+            )
+
+    def thread(self, message_id: str, agent: str, now: str) -> list[dict]:
+        root, seen = message_id, set()
+        while root not in seen:
+            seen.add(root)
+            row = self._x("SELECT reply_to FROM messages WHERE id = ?", (root,)).fetchone()
+            if row is None or not row[0]:
+                break
+            if self._x("SELECT 1 FROM messages WHERE id = ?", (row[0],)).fetchone() is None:
+                break  # the parent was cleaned up: this is as far back as the thread goes
+            root = row[0]
+        # The messages of the thread this agent may see (the one visibility rule), withdrawn ones
+        # left out; the state columns are this agent's own (null on what it sent to others).
+        own = "CASE WHEN m.recipient = '*' AND m.sender != :agent THEN b.{0} WHEN m.recipient = :agent THEN m.{0} END"
+        return self._query(
+            "WITH RECURSIVE thread(id) AS (SELECT CAST(:root AS TEXT) UNION SELECT m.id FROM messages m "
+            f"JOIN thread t ON m.reply_to = t.id) SELECT {self.F.columns}, {own.format('read_at')} AS read_at, "
+            f"{own.format('acked_at')} AS acked_at, {own.format('archived_at')} AS archived_at "
+            "FROM messages m JOIN thread t ON m.id = t.id "
+            "LEFT JOIN broadcast_acks b ON b.message_id = m.id AND b.agent = :agent "
+            f"WHERE m.cancelled_at IS NULL AND {self.F.party} ORDER BY arrival, seq",
+            {"root": root, "agent": agent, "now": now},
+        )
+
+    def visible_to(self, agent: str, message_ids: list[str], now: str) -> set[str]:
+        marks, params = ids_clause(message_ids)
+        return {r[0] for r in self._x(
+            f"SELECT m.id FROM messages m WHERE m.id IN ({marks}) AND {self.F.party}",
+            {"agent": agent, "now": now, **params})}
+
+    # -- scheduled delivery -------------------------------------------------------
+    def due_unpublished(self, now: str) -> list[dict]:
+        return self._query("SELECT message_id, recipient, deliver_at FROM scheduled WHERE published_at IS NULL "
+                           "AND deliver_at <= ?", (now,))
+
+    def mark_published(self, message_ids: list[str], at: str) -> None:
+        if message_ids:
+            self._many("UPDATE scheduled SET published_at = ? WHERE message_id = ?", [(at, i) for i in message_ids])
+
+    def next_due(self, agent: str, now: str) -> str | None:
+        return self._value("SELECT MIN(deliver_at) FROM scheduled WHERE published_at IS NULL AND deliver_at > ? "
+                           "AND recipient IN (?, '*')", (now, agent))
+
+    def cancel(self, message_id: str, at: str) -> None:
+        self._x("UPDATE messages SET cancelled_at = ? WHERE id = ?", (at, message_id))
+        self._x("DELETE FROM scheduled WHERE message_id = ?", (message_id,))
+
+    # -- attachments ----------------------------------------------------------
+    def add_attachment(self, message_id: str, position: int, name: str, content: bytes, sha256: str,
+                       at: str) -> None:
+        self._x("INSERT INTO attachment_blobs (sha256, size, content, created) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (sha256) DO NOTHING", (sha256, len(content), content, at))
+        self._x("INSERT INTO attachments (message_id, position, name, size, sha256) VALUES (?, ?, ?, ?, ?)",
+                (message_id, position, name, len(content), sha256))
+
+    def attachments_of(self, message_ids: list[str]) -> dict[str, list[dict]]:
+        listed: dict[str, list[dict]] = {}
+        for start in range(0, len(message_ids), 500):
+            marks, params = ids_clause(message_ids[start:start + 500])
+            for row in self._x(f"SELECT message_id, name, size, sha256 FROM attachments WHERE message_id IN ({marks}) "
+                               "ORDER BY message_id, position", params):
+                listed.setdefault(row[0], []).append({"name": row[1], "size": row[2], "sha256": row[3]})
+        return listed
+
+    def attachment_content(self, sha256: str) -> bytes | None:
+        row = self._x("SELECT content FROM attachment_blobs WHERE sha256 = ?", (sha256,)).fetchone()
+        return None if row is None else bytes(row[0])
+
+    # -- profiles and the system channel ---------------------------------------------
+    def profile(self, agent: str) -> dict | None:
+        rows = self._query("SELECT agent, human, mirror_dir, max_entries, updated_at FROM profiles WHERE agent = ?",
+                           (agent,))
+        if not rows:
+            return None
+        rows[0]["human"] = bool(rows[0]["human"])
+        return rows[0]
+
+    def save_profile(self, profile: dict) -> None:
+        self._x(
+            "INSERT INTO profiles (agent, human, mirror_dir, max_entries, updated_at) "
+            "VALUES (:agent, :human, :mirror_dir, :max_entries, :updated_at) ON CONFLICT (agent) DO UPDATE SET "
+            "human = excluded.human, mirror_dir = excluded.mirror_dir, max_entries = excluded.max_entries, "
+            "updated_at = excluded.updated_at",
+            {**profile, "human": int(bool(profile["human"]))},
+        )
+
+    def mirrored_agents(self) -> list[str]:
+        return [r[0] for r in self._x("SELECT agent FROM profiles WHERE mirror_dir IS NOT NULL ORDER BY agent")]
+
+    def humans(self) -> set[str]:
+        return {r[0] for r in self._x("SELECT agent FROM profiles WHERE human = 1")}
+
+    def add_event(self, event_id: str, agent: str, source: str, payload: dict, at: str) -> None:
+        self._x("INSERT INTO system_events (id, agent, source, payload, created) VALUES (?, ?, ?, ?, ?)",
+                (event_id, agent, source, encode_json(payload), at))
+
+    def events(self, agent: str) -> list[dict]:
+        return [
+            {"id": r[0], "source": r[1], **decode_json(r[2]), "created": r[3]}
+            for r in self._x(f"SELECT id, source, payload, created FROM system_events WHERE agent = ? "
+                             f"AND dismissed_at IS NULL ORDER BY {self.SEQ}", (agent,))
+        ]
+
+    def dismiss_events(self, agent: str, event_ids: list[str], at: str) -> list[str]:
+        """Dismiss these events of `agent`; return the ids that were open."""
+        marks, params = ids_clause(event_ids)
+        found = [r[0] for r in self._x(
+            f"SELECT id FROM system_events WHERE agent = :agent AND dismissed_at IS NULL AND id IN ({marks})",
+            {"agent": agent, **params})]
+        if found:
+            self._many("UPDATE system_events SET dismissed_at = ? WHERE id = ?", [(at, i) for i in found])
+        return found
+
+    # -- overview and maintenance ---------------------------------------------
+    def agent_counts(self, now: str) -> dict[str, dict]:
+        counts: dict[str, dict] = {}
+        params = {"now": now}
+        visible = self.F.visible
+
+        def entry(agent: str) -> dict:
+            return counts.setdefault(agent, {"unread": 0, "unacked": 0})
+
+        # The partial indexes of open mail cover these counts (SQLite is told so: its planner would otherwise
+        # take an arrival-ordered index and read every row).
+        for key, index, condition in (
+            ("unread", "idx_messages_unread", "read_at IS NULL"),
+            ("unacked", "idx_messages_unacked", "acked_at IS NULL AND archived_at IS NULL AND deleted_at IS NULL"),
+        ):
+            for agent, n in self._x(
+                f"SELECT recipient, COUNT(*) FROM messages m {self._hint(index)} WHERE {condition} "
+                f"AND recipient != '*' AND {visible} GROUP BY recipient", params):
+                entry(agent)[key] = n
+        # Separate DISTINCTs: each walks its index skipping duplicates; a UNION would sort every row.
+        for sql in ("SELECT DISTINCT sender FROM messages",
+                    f"SELECT DISTINCT recipient FROM messages {self._hint('idx_messages_recipient')}",
+                    "SELECT DISTINCT agent FROM watch_sessions", "SELECT agent FROM heartbeats",
+                    "SELECT agent FROM profiles"):
+            for (agent,) in self._x(sql):
+                if agent != "*":
+                    entry(agent)
+        sent_broadcasts = dict(self._x(
+            f"SELECT sender, COUNT(*) FROM messages m WHERE recipient = '*' AND {visible} GROUP BY sender", params
+        ).fetchall())
+        total_broadcasts = sum(sent_broadcasts.values())
+        if total_broadcasts:
+            settled = self._broadcast_state(params)
+            for agent, row in counts.items():
+                waiting = total_broadcasts - sent_broadcasts.get(agent, 0)
+                read, done = settled.get(agent, (0, 0))
+                row["unread"] += waiting - read
+                row["unacked"] += waiting - done
+        return counts
+
+    def _broadcast_state(self, params: dict) -> dict[str, tuple[int, int]]:
+        """{agent: (broadcasts read, broadcasts acted on)} over visible broadcasts from others.
+
+        Every broadcast_acks row is made for a visible broadcast by someone else (state is only
+        ever recorded for mail an agent could see, cancelling works only before a message is
+        visible, and cleanup removes a message's rows with it). When a count of the rows that
+        belong to visible broadcasts confirms that, the rows are aggregated per agent straight
+        from an index; otherwise (a mailbox some other writer left inconsistent) they are joined
+        to their messages, which is exact but reads every row's message.
+        """
+        visible = self.F.visible
+        total = self._value("SELECT COUNT(*) FROM broadcast_acks")
+        belonging = self._value(
+            f"SELECT COUNT(*) FROM messages m {self._hint('idx_messages_broadcasts')} JOIN broadcast_acks b "
+            f"ON b.message_id = m.id WHERE m.recipient = '*' AND {visible}", params)
+        acted = ("CASE WHEN b.acked_at IS NOT NULL OR b.archived_at IS NOT NULL OR b.deleted_at IS NOT NULL "
+                 "THEN 1 ELSE 0 END")
+        if total != belonging:
+            sql = (f"SELECT b.agent, COUNT(b.read_at), SUM({acted}) FROM messages m JOIN broadcast_acks b "
+                   f"ON b.message_id = m.id WHERE m.recipient = '*' AND m.sender != b.agent AND {visible} "
+                   "GROUP BY b.agent")
+            return {agent: (read, int(done)) for agent, read, done in self._x(sql, params)}
+        state: dict[str, tuple[int, int]] = {}
+        for agent, read in self._x("SELECT agent, COUNT(*) FROM broadcast_acks b WHERE read_at IS NOT NULL "
+                                   "GROUP BY agent"):
+            state[agent] = (read, 0)
+        for agent, done in self._x("SELECT agent, COUNT(*) FROM broadcast_acks b WHERE b.acked_at IS NOT NULL "
+                                   "OR b.archived_at IS NOT NULL OR b.deleted_at IS NOT NULL GROUP BY agent"):
+            state[agent] = (state.get(agent, (0, 0))[0], done)
+        return state
+
+    def cleanup(self, cutoff: str, dry_run: bool) -> dict:
+        # Age counts from arrival: a delayed message not yet delivered has not arrived, whatever its creation.
+        ts = self._ts
+        arrived = ts("COALESCE(deliver_at, created)")
+        old = f"{arrived} < {ts(':cutoff')}"
+        params = {"cutoff": cutoff}
+        count, oldest, newest = self._x(
+            f"SELECT COUNT(*), (SELECT COALESCE(deliver_at, created) FROM messages WHERE {old} ORDER BY {arrived} "
+            f"LIMIT 1), (SELECT COALESCE(deliver_at, created) FROM messages WHERE {old} ORDER BY {arrived} DESC "
+            f"LIMIT 1) FROM messages WHERE {old}",
+            params,
+        ).fetchone()
+        stale = f"{ts('last_seen')} < {ts(':cutoff')}"
+        sessions = sum(self._value(f"SELECT COUNT(*) FROM {table} WHERE {stale}", params) for table in LIVENESS_TABLES)
+        old_event = f"{ts('created')} < {ts(':cutoff')}"
+        events = self._value(f"SELECT COUNT(*) FROM system_events WHERE {old_event}", params)
+        doomed = f"SELECT id FROM messages WHERE {old}"
+        # Content no message will refer to once these are gone.
+        orphans = (
+            f"SELECT sha256 FROM attachment_blobs WHERE {ts('created')} < {ts(':cutoff')} AND sha256 NOT IN "
+            f"(SELECT sha256 FROM attachments WHERE message_id NOT IN ({doomed}))"
+        )
+        blobs = self._value(f"SELECT COUNT(*) FROM ({orphans}) AS orphans", params)
+        if not dry_run:
+            for table, column in (("broadcast_acks", "message_id"), ("attachments", "message_id"),
+                                  ("scheduled", "message_id")):
+                self._x(f"DELETE FROM {table} WHERE {column} IN ({doomed})", params)
+            self._x(f"DELETE FROM attachment_blobs WHERE sha256 IN ({orphans})", params)
+            self._x(f"DELETE FROM messages WHERE {old}", params)
+            for table in LIVENESS_TABLES:
+                self._x(f"DELETE FROM {table} WHERE {stale}", params)
+            self._x(f"DELETE FROM system_events WHERE {old_event}", params)
+        return {"deleted_count": count, "oldest_deleted": oldest, "newest_deleted": newest,
+                "sessions_deleted": sessions, "events_deleted": events, "attachments_deleted": blobs}
+
+    # -- liveness ------------------------------------------------------------
+    def open_session(self, session_id: str, agent: str, at: str) -> None:
+        self._x("INSERT INTO watch_sessions (id, agent, started_at, last_seen, state) VALUES (?, ?, ?, ?, 'armed')",
+                (session_id, agent, at, at))
+
+    def touch_session(self, session_id: str, at: str) -> None:
+        self._x("UPDATE watch_sessions SET last_seen = ? WHERE id = ? AND state = 'armed'", (at, session_id))
+
+    def release_session(self, session_id: str, at: str, reason: str) -> None:
+        self._x("UPDATE watch_sessions SET state = 'released', released_at = :at, released_reason = :reason, "
+                "last_seen = :at WHERE id = :id AND state = 'armed'", {"at": at, "reason": reason, "id": session_id})
+
+    def record_heartbeat(self, agent: str, at: str) -> None:
+        self._x("INSERT INTO heartbeats (agent, last_seen) VALUES (?, ?) "
+                "ON CONFLICT (agent) DO UPDATE SET last_seen = excluded.last_seen", (agent, at))
+
+    def _latest(self, column: str) -> str:
+        """Two columns: the latest `column` of a group, as stored, and anything (its sort key, where used)."""
+        return f"MAX({column}), NULL"
+
+    def liveness(self, agent: str | None = None) -> dict[str, dict]:
+        from agent_mail.model import parse_iso
+
+        where = "agent = :agent" if agent is not None else "1 = 1"
+        params = {"agent": agent}
+        facts: dict[str, dict] = {}
+        queries = (
+            ("session_seen", f"SELECT agent, {self._latest('last_seen')} FROM watch_sessions WHERE {where}"),
+            ("armed_seen", f"SELECT agent, {self._latest('last_seen')} FROM watch_sessions "
+                           f"WHERE state = 'armed' AND {where}"),
+            ("released_at", f"SELECT agent, {self._latest('released_at')} FROM watch_sessions "
+                            f"WHERE state = 'released' AND {where}"),
+            ("heartbeat", f"SELECT agent, {self._latest('last_seen')} FROM heartbeats WHERE {where}"),
+        )
+        for key, sql in queries:
+            for name, stamp, _ in self._x(sql + " GROUP BY agent", params):
+                self._fact(facts, name)[key] = parse_iso(stamp)
+        for name, count in self._x(f"SELECT agent, COUNT(*) FROM watch_sessions WHERE {where} GROUP BY agent",
+                                   params):
+            self._fact(facts, name)["sessions"] = count
+        return facts
+
+    @staticmethod
+    def _fact(facts: dict, name: str) -> dict:
+        return facts.setdefault(name, {"armed_seen": None, "released_at": None, "session_seen": None,
+                                       "heartbeat": None, "sessions": 0})
+
+    # -- harness sessions (hooks) -------------------------------------------
+    def harness_session(self, session_id: str) -> dict | None:
+        rows = self._query(f"SELECT {', '.join(HARNESS_COLUMNS)} FROM harness_sessions WHERE id = ?", (session_id,))
+        return rows[0] if rows else None
+
+    def save_harness_session(self, session: dict) -> None:
+        self._x(
+            f"INSERT INTO harness_sessions ({', '.join(HARNESS_COLUMNS)}) "
+            f"VALUES ({', '.join(':' + c for c in HARNESS_COLUMNS)}) "
+            f"ON CONFLICT (id) DO UPDATE SET {', '.join(f'{c} = excluded.{c}' for c in HARNESS_COLUMNS[1:])}",
+            {c: session.get(c) for c in HARNESS_COLUMNS})
+
+    def harness_sessions_of(self, agent: str | None = None) -> list[dict]:
+        """Sessions not ended, of one identity or all."""
+        where = "ended_at IS NULL" + (" AND agent = :agent" if agent is not None else "")
+        return self._query(f"SELECT id, harness, agent, pid, host, started_at, last_seen FROM harness_sessions "
+                           f"WHERE {where}", {"agent": agent})
+
+    def untold(self, agent: str, now: str, told_seq: int, told_at: str | None, limit: int) -> tuple[list[dict], int]:
+        """(the oldest `limit` unread envelopes for `agent` it has not been told of, how many there are): mail
+        committed after message `told_seq` (writers are serialised, so insertion order is commit order), and
+        delayed mail that fell due after `told_at`. Reads only the rows since, and the delayed mail that
+        arrived since (the arrival index)."""
+        F = self.F
+        params = {"agent": agent, "now": now, "seq": told_seq, "since": told_at or now}
+        unread = (f"((m.recipient = :agent AND m.read_at IS NULL) OR (m.recipient = '*' AND m.sender != :agent "
+                  f"AND {F.not_read_by})) AND {F.visible}")
+        rows = self._query(
+            f"SELECT {F.envelope} FROM messages m WHERE m.{self.SEQ} > :seq AND {unread} "
+            f"UNION SELECT {F.envelope} FROM messages m {self._hint('idx_messages_arrival')} WHERE {F.m_arrived} > "
+            f"{self._ts(':since')} AND {F.m_arrived} <= {self._ts(':now')} AND m.deliver_at IS NOT NULL AND {unread}",
+            params)
+        return page(rows, limit, newest=False), len(rows)
+
+    def newest_seq(self) -> int:
+        return self.mail_marker() or 0  # the newest message, as the watch's safety net reads it
+
+    def events_since(self, agent: str, after: int) -> tuple[list[dict], int]:
+        """(undismissed system events of `agent` after event `after`, the newest event in insertion order)."""
+        rows = self._x(f"SELECT {self.SEQ}, id, source, payload, created FROM system_events WHERE agent = ? "
+                       f"AND dismissed_at IS NULL AND {self.SEQ} > ? ORDER BY {self.SEQ}", (agent, after)).fetchall()
+        newest = self._value(f"SELECT COALESCE(MAX({self.SEQ}), 0) FROM system_events")
+        return [{"id": r[1], "source": r[2], **decode_json(r[3]), "created": r[4]} for r in rows], newest
+
+    def mail_marker(self) -> object:
+        return self._value(f"SELECT MAX({self.SEQ}) FROM messages")
