@@ -16,13 +16,96 @@ from agent_mail import cli
 SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
 
 
+# The PostgreSQL server the tests use: AGENT_MAIL_TEST_PG, or the one CI starts (127.0.0.1:5432, trust auth).
+# Each test gets a schema of its own, dropped after it. Without a server the PostgreSQL tests skip, saying
+# why; under CI=1 they are required, and an unreachable server fails them.
+TEST_PG_URL = os.environ.get("AGENT_MAIL_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+BACKENDS = ("sqlite", "postgresql")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "backends: run every test of this module on SQLite and on PostgreSQL")
+    config.addinivalue_line("markers", "sqlite_only: this test is about the SQLite file itself")
+
+
+def pytest_generate_tests(metafunc):
+    """Modules marked `backends` run each test on both backends (test[sqlite], test[postgresql])."""
+    if "backend" not in metafunc.fixturenames or metafunc.definition.get_closest_marker("sqlite_only"):
+        return
+    if metafunc.definition.get_closest_marker("backends"):
+        metafunc.parametrize("backend", BACKENDS, indirect=True)
+
+
+_pg_problem: list = []
+
+
+def postgres_problem() -> str | None:
+    """Why the test PostgreSQL server cannot be used (None when it can); asked once per run."""
+    if not _pg_problem:
+        try:
+            import psycopg
+        except ImportError:
+            _pg_problem.append("psycopg is not installed (pip install -e '.[test]')")
+        else:
+            try:
+                psycopg.connect(TEST_PG_URL, connect_timeout=3).close()
+                _pg_problem.append(None)
+            except psycopg.Error as exc:
+                _pg_problem.append(f"no PostgreSQL server at {TEST_PG_URL} ({str(exc).strip().splitlines()[0]}); "
+                                   "set AGENT_MAIL_TEST_PG to a database URL where the tests may create schemas")
+    return _pg_problem[0]
+
+
+def require_postgres() -> None:
+    """Skip (fail under CI=1) when the test server is missing."""
+    problem = postgres_problem()
+    if problem:
+        if os.environ.get("CI"):
+            pytest.fail(f"PostgreSQL is required in CI: {problem}")
+        pytest.skip(problem)
+
+
+def pg_url(schema: str, base: str | None = None) -> str:
+    base = base or TEST_PG_URL
+    return f"{base}{'&' if '?' in base else '?'}schema={schema}"
+
+
+def drop_schema(schema: str) -> None:
+    import psycopg
+
+    with psycopg.connect(TEST_PG_URL, autocommit=True) as db:
+        db.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def new_schema_name() -> str:
+    return f"t_{os.getpid()}_{os.urandom(4).hex()}"
+
+
+@pytest.fixture
+def backend(request):
+    """Which backend this test's mailbox is on."""
+    return getattr(request, "param", "sqlite")
+
+
 @pytest.fixture(autouse=True)
-def mailbox_path(tmp_path, monkeypatch):
-    """Point AGENT_MAIL_DB at a fresh file, and HOME at a temp dir so the default is never touched."""
-    path = tmp_path / "box" / "mail.db"
-    monkeypatch.setenv("AGENT_MAIL_DB", str(path))
+def mailbox_path(tmp_path, monkeypatch, backend):
+    """Point AGENT_MAIL_DB at a fresh mailbox (a file, or a PostgreSQL schema of its own), and HOME at a temp
+    dir so the default is never touched. The value is the file's path on SQLite (where nothing is created
+    yet), the URL on PostgreSQL."""
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    return path
+    if backend == "sqlite":
+        path = tmp_path / "box" / "mail.db"
+        monkeypatch.setenv("AGENT_MAIL_DB", str(path))
+        yield path
+        return
+    require_postgres()
+    schema = new_schema_name()
+    url = pg_url(schema)
+    monkeypatch.setenv("AGENT_MAIL_DB", url)
+    try:
+        yield url
+    finally:
+        drop_schema(schema)
 
 
 @dataclass
@@ -103,3 +186,57 @@ FUZZ_EXAMPLES = int(os.environ.get("AGENT_MAIL_FUZZ_EXAMPLES", "0"))
 def examples(default: int) -> int:
     """How many examples a property test runs: its default, or more when asked."""
     return max(default, FUZZ_EXAMPLES)
+
+
+class _RawPostgres:
+    """A psycopg connection to a test mailbox's schema, spoken to like sqlite3 (? placeholders, commit)."""
+
+    def __init__(self, url: str):
+        import psycopg
+
+        from agent_mail.store.postgres import split_url
+
+        conninfo, schema = split_url(url)
+        self.db = psycopg.connect(conninfo)
+        self.db.execute(f'SET search_path TO "{schema}"')
+
+    def execute(self, sql: str, params=()):
+        return self.db.execute(sql.replace("%", "%%").replace("?", "%s"), params)
+
+    def commit(self):
+        self.db.commit()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, value, traceback):
+        if kind is None:
+            self.db.commit()
+        else:
+            self.db.rollback()
+
+    def close(self):
+        self.db.close()
+
+
+def raw_db(mailbox):
+    """A connection straight to the test mailbox's tables (SQLite file or PostgreSQL schema), for tests that
+    plant or inspect rows the commands would not write."""
+    if isinstance(mailbox, str) and mailbox.startswith("postgresql://"):
+        return _RawPostgres(mailbox)
+    import sqlite3
+
+    return sqlite3.connect(mailbox)
+
+
+def mailbox_exists(mailbox) -> bool:
+    """Whether the test mailbox has been created (the file, or the schema's tables)."""
+    if isinstance(mailbox, str) and mailbox.startswith("postgresql://"):
+        import psycopg
+
+        from agent_mail.store.postgres import split_url
+
+        conninfo, schema = split_url(mailbox)
+        with psycopg.connect(conninfo) as db:
+            return db.execute("SELECT to_regclass(%s)", (f'"{schema}".messages',)).fetchone()[0] is not None
+    return mailbox.exists()

@@ -11,27 +11,37 @@ import sys
 import pytest
 
 from agent_mail import cli, spec
-from conftest import am_process, process_env
+from conftest import am_process, mailbox_exists, process_env
+
+pytestmark = pytest.mark.backends  # every test here runs on SQLite and on PostgreSQL
 
 
-def test_describe_lists_every_command_and_never_creates_the_mailbox(am, mailbox_path):
+def test_describe_lists_every_command_and_never_creates_the_mailbox(am, mailbox_path, backend):
     doc = am("describe").json
     assert set(doc["commands"]) == set(spec.COMMANDS)
     storage = doc["storage"]
-    assert storage["path"] == str(mailbox_path) and storage["source"] == "AGENT_MAIL_DB"
-    assert storage["exists"] is False and storage["messages"] is None and storage["size_bytes"] is None
-    assert not mailbox_path.exists() and not mailbox_path.parent.exists()
+    assert storage["backend"] == backend and storage["source"] == "AGENT_MAIL_DB"
+    assert storage["exists"] is False and storage["messages"] is None
+    if backend == "sqlite":
+        assert storage["path"] == str(mailbox_path) and storage["size_bytes"] is None
+        assert not mailbox_path.exists() and not mailbox_path.parent.exists()
+    else:
+        assert storage["url"] == mailbox_path and storage["schema"] == mailbox_path.rpartition("=")[2]
+    assert not mailbox_exists(mailbox_path)
 
 
 def test_no_arguments_prints_the_same_manual(am):
     assert am().json == am("describe").json
 
 
-def test_describe_reports_count_and_size(am, send, mailbox_path):
+def test_describe_reports_count_and_size(am, send, mailbox_path, backend):
     send("a:x", "b:y", "one")
     storage = am("describe").json["storage"]
     assert storage["exists"] is True and storage["messages"] == 1
-    assert storage["size_bytes"] == os.path.getsize(mailbox_path)
+    if backend == "sqlite":
+        assert storage["size_bytes"] == os.path.getsize(mailbox_path)
+    else:
+        assert storage["migrations"] == ["m001_tables", "m002_indexes"] and storage["server_version"] >= 120000
 
 
 def test_describe_default_path_when_not_overridden(am, monkeypatch, tmp_path):
@@ -220,6 +230,7 @@ def test_closed_pipe_reader_changes_nothing(send, am):
     assert am("read", "b:y", "--no-mark-read").json["count"] == 1
 
 
+@pytest.mark.sqlite_only  # -S: no site-packages, so no driver; the PostgreSQL path is checked below
 @pytest.mark.parametrize("argv", [["read", "a:b"], ["status"], ["watch", "a:b", "--once"], ["ack", "a:b", "--all"],
                                   ["heartbeat", "a:b"]])
 def test_everyday_commands_import_nothing_they_do_not_need(argv, mailbox_path):
@@ -227,7 +238,7 @@ def test_everyday_commands_import_nothing_they_do_not_need(argv, mailbox_path):
     regular expressions, enum, json, signal, hashlib or ctypes (send needs re for its text checks)."""
     code = ("import sys; from agent_mail import cli; code = cli.main(sys.argv[1:]); "
             "heavy = {'re', 'enum', 'json', 'signal', 'hashlib', 'ctypes', 'select', 'typing', 'dataclasses', "
-            "'uuid', 'urllib.parse', 'importlib.metadata', 'mcp', 'anyio', 'pydantic'}; "
+            "'uuid', 'urllib.parse', 'importlib.metadata', 'mcp', 'anyio', 'pydantic', 'psycopg'}; "
             "print(code, sorted(heavy & set(sys.modules)), file=sys.stderr)")
     proc = subprocess.run([sys.executable, "-S", "-c", code, *argv], env=process_env(), capture_output=True, text=True)
     assert proc.stderr.strip().splitlines()[-1] == "0 []", proc.stderr
@@ -241,6 +252,16 @@ def test_cold_import_pulls_in_no_heavy_modules():
     # -S: measure our imports, not what site-packages .pth files load
     proc = subprocess.run([sys.executable, "-S", "-c", code], env=process_env(), capture_output=True, text=True)
     assert proc.stdout.strip() == "[]", proc.stdout + proc.stderr
+
+
+def test_each_backend_imports_its_own_driver_only(mailbox_path, backend):
+    """With site-packages in reach: the SQLite path never loads psycopg; the PostgreSQL path loads it, and
+    neither loads the MCP SDK."""
+    code = ("import sys; from agent_mail import cli; code = cli.main(sys.argv[1:]); "
+            "print(code, sorted({'psycopg', 'mcp', 'pydantic', 'anyio'} & set(sys.modules)), file=sys.stderr)")
+    proc = subprocess.run([sys.executable, "-c", code, "status"], env=process_env(), capture_output=True, text=True)
+    expected = "0 []" if backend == "sqlite" else "0 ['psycopg']"
+    assert proc.stderr.strip().splitlines()[-1] == expected, proc.stderr
 
 
 def _strict_json(raw: bytes):

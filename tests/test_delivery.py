@@ -6,7 +6,6 @@ import json
 import os
 import random
 import signal
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -16,7 +15,9 @@ import pytest
 
 from agent_mail import model, spec
 from agent_mail.service import open_mailbox
-from conftest import process_env
+from conftest import process_env, raw_db
+
+pytestmark = pytest.mark.backends  # every test here runs on SQLite and on PostgreSQL
 
 
 def ids(document):
@@ -76,7 +77,7 @@ while True:
 """
 
 
-def test_a_killed_sender_leaves_every_send_all_or_nothing(tmp_path, mailbox_path, am):
+def test_a_killed_sender_leaves_every_send_all_or_nothing(tmp_path, mailbox_path, am, backend):
     attachment = tmp_path / "payload.bin"
     attachment.write_bytes(os.urandom(256 * 1024))
     am("status").json
@@ -87,8 +88,9 @@ def test_a_killed_sender_leaves_every_send_all_or_nothing(tmp_path, mailbox_path
         time.sleep(random.uniform(0.3, 0.9))
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
-    db = sqlite3.connect(mailbox_path)
-    assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    db = raw_db(mailbox_path)
+    if backend == "sqlite":
+        assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     batches = db.execute("SELECT batch_id, COUNT(*) FROM messages GROUP BY batch_id").fetchall()
     assert batches, "no send completed; the test proves nothing"
     assert {n for _, n in batches} == {recipients}
@@ -160,7 +162,7 @@ def test_a_delayed_message_is_invisible_until_due(am, mailbox_path):
                                                                                               "unacked": 0}
     assert am("notifications", "w:one").json["email"] is None
     # it falls due: bring its time forward instead of waiting an hour
-    db = sqlite3.connect(mailbox_path)
+    db = raw_db(mailbox_path)
     past = model.iso(model.now() - __import__("datetime").timedelta(seconds=1))
     db.execute("UPDATE messages SET deliver_at = ?", (past,))
     db.execute("UPDATE scheduled SET deliver_at = ?", (past,))
@@ -239,7 +241,7 @@ def test_attachments_are_stored_once_and_outlive_the_original(am, report, tmp_pa
     saved = am("attachments", "w:one", message["id"], "--save-to", str(tmp_path / "in")).json
     assert (tmp_path / "in" / "report.txt").read_bytes() == b"quarterly numbers\n"
     assert saved["saved"][0]["path"] == str(tmp_path / "in" / "report.txt")
-    db = sqlite3.connect(mailbox_path)
+    db = raw_db(mailbox_path)
     assert db.execute("SELECT COUNT(*) FROM attachment_blobs").fetchone()[0] == 1
     # the sender can list its own; a stranger cannot
     assert am("attachments", "lead:main", message["id"]).json["count"] == 1
@@ -281,8 +283,8 @@ def _plant_attachment(mailbox_path, message_id, name, content=b"x"):
     import hashlib
 
     digest = hashlib.sha256(content).hexdigest()
-    db = sqlite3.connect(mailbox_path)
-    db.execute("INSERT OR IGNORE INTO attachment_blobs VALUES (?, ?, ?, '2026-01-01T00:00:00+00:00')",
+    db = raw_db(mailbox_path)
+    db.execute("INSERT INTO attachment_blobs VALUES (?, ?, ?, '2026-01-01T00:00:00+00:00') ON CONFLICT DO NOTHING",
                (digest, len(content), content))
     position = db.execute("SELECT COUNT(*) FROM attachments WHERE message_id = ?", (message_id,)).fetchone()[0]
     db.execute("INSERT INTO attachments VALUES (?, ?, ?, ?, ?)", (message_id, position, name, len(content), digest))
@@ -421,7 +423,7 @@ def test_clearing_the_mirror_marks_nothing_read(am, send, mirrored):
 def test_a_scheduled_message_renders_the_mirror_when_due(am, mirrored, mailbox_path):
     am(*send_args("a:x", "w:one"), "--delay-minutes", "60").json
     assert not mirrored.exists()
-    db = sqlite3.connect(mailbox_path)
+    db = raw_db(mailbox_path)
     db.execute("UPDATE messages SET deliver_at = '2000-01-01T00:00:00+00:00'")
     db.execute("UPDATE scheduled SET deliver_at = '2000-01-01T00:00:00+00:00'")
     db.commit()

@@ -13,6 +13,8 @@ import pytest
 
 from conftest import am_process, process_env
 
+pytestmark = pytest.mark.backends  # every test here runs on SQLite and on PostgreSQL
+
 AGENT = "proj:coder"
 
 
@@ -289,7 +291,8 @@ def test_setup_merges_into_existing_settings_and_leaves_the_rest(tmp_path):
     servers = json.loads((tmp_path / ".mcp.json").read_text())["mcpServers"]
     assert list(servers) == ["other", "agent-mail"]
     assert servers["agent-mail"]["args"][-3:] == ["mcp", "--agent", AGENT]
-    assert servers["agent-mail"]["env"]["AGENT_MAIL_DB"] == os.path.realpath(os.environ["AGENT_MAIL_DB"])
+    given = os.environ["AGENT_MAIL_DB"]
+    assert servers["agent-mail"]["env"]["AGENT_MAIL_DB"] == (given if "://" in given else os.path.realpath(given))
     # Another identity replaces ours, not theirs; --remove takes out only ours.
     assert am_process("setup", "claude-code", "--agent", "proj:other", "--dir", str(tmp_path)).returncode == 0
     again = json.loads(settings.read_text())

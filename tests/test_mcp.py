@@ -18,6 +18,8 @@ import anyio  # noqa: E402
 from mcp import ClientSession  # noqa: E402
 from mcp.client.stdio import StdioServerParameters, stdio_client  # noqa: E402
 
+pytestmark = pytest.mark.backends  # every test here runs on SQLite and on PostgreSQL
+
 ME = "deploy:worker"
 TOOLS = {"send", "read", "ack", "watch", "status", "heartbeat", "dismiss", "archive", "delete", "cancel",
          "notifications", "attachments"}

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-import sqlite3
 
 import pytest
 
 from agent_mail import model
+
+from conftest import raw_db  # noqa: E402
+
+pytestmark = pytest.mark.backends  # every test here runs on SQLite and on PostgreSQL
 
 
 def ids(document):
@@ -308,7 +311,7 @@ def test_status_bad_input(am, argv):
 
 
 def _age(mailbox_path, message_id, created):
-    db = sqlite3.connect(mailbox_path)
+    db = raw_db(mailbox_path)
     db.execute("UPDATE messages SET created = ? WHERE id = ?", (created, message_id))
     db.commit()
     db.close()
@@ -337,7 +340,7 @@ def test_cleanup_dry_run_then_real(am, send, mailbox_path):
     real = am("cleanup", "--older-than", "30").json
     assert real["dry_run"] is False and real["deleted_count"] == 1
     assert ids(am("read", "b:y", "--all", "--no-mark-read").json) == [new]
-    db = sqlite3.connect(mailbox_path)
+    db = raw_db(mailbox_path)
     assert db.execute("SELECT COUNT(*) FROM broadcast_acks WHERE message_id = ?", (old,)).fetchone()[0] == 0
 
 
@@ -381,7 +384,7 @@ def test_status_counts_stay_exact_when_another_writer_left_stray_broadcast_state
     broadcast = send("a:x", "*", "all hands")["id"]
     send("a:x", "*", "second")
     am("dismiss", "b:y", broadcast)
-    db = sqlite3.connect(mailbox_path)
+    db = raw_db(mailbox_path)
     # a read mark for a message that no longer exists, as an older tool's purge could leave behind
     db.execute("INSERT INTO broadcast_acks (message_id, agent, read_at) VALUES "
                "('00000000-0000-4000-8000-000000000000', 'b:y', '2026-01-01T00:00:00+00:00')")

@@ -18,7 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent_mail import model, service, spec
-from conftest import _run_inprocess, examples, process_env
+from conftest import _run_inprocess, examples, process_env, raw_db
+
+pytestmark = pytest.mark.backends  # every test here runs on SQLite and on PostgreSQL
 
 
 def integrity(path) -> str:
@@ -144,7 +146,7 @@ def test_killed_readers_and_ackers_never_mark_what_was_not_output(tmp_path, mail
                 proc.wait(timeout=30)
     assert integrity(mailbox_path) == "ok"
     printed = output.read_text(errors="replace")
-    db = sqlite3.connect(mailbox_path)
+    db = raw_db(mailbox_path)
     read_ids = [r[0] for r in db.execute("SELECT id FROM messages WHERE read_at IS NOT NULL")
                 if r[0] not in acked_by_acker]
     assert read_ids, "the reader never got to read anything; the test proves nothing"
@@ -163,10 +165,11 @@ def _limit_file_size(limit: int):
     return apply
 
 
+@pytest.mark.sqlite_only  # about the SQLite file itself
 def test_output_over_the_file_size_limit_changes_nothing(tmp_path, send, am, mailbox_path):
     for i in range(6):
         send("a:x", "b:y", f"precious {i}", "--body", "x" * 40_000)
-    db = sqlite3.connect(mailbox_path)
+    db = raw_db(mailbox_path)
     db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     db.close()
     # the 240 kB result cannot be written in full under a 150 kB file-size limit
@@ -185,9 +188,10 @@ def test_output_over_the_file_size_limit_changes_nothing(tmp_path, send, am, mai
     assert integrity(mailbox_path) == "ok"
 
 
+@pytest.mark.sqlite_only  # about the SQLite file itself
 def test_a_mailbox_that_cannot_grow_refuses_cleanly(tmp_path, send, am, mailbox_path):
     send("a:x", "b:y", "before")
-    db = sqlite3.connect(mailbox_path)
+    db = raw_db(mailbox_path)
     db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     db.close()
     big = tmp_path / "big.bin"
@@ -343,6 +347,7 @@ def test_fuzzed_mailbox_paths_describe_and_work_or_refuse(fuzz_room, monkeypatch
 # ---------------------------------------------------------------- privacy and permissions
 
 
+@pytest.mark.sqlite_only  # about the SQLite file itself
 def test_a_world_writable_directory_is_refused_untouched(am, send, mailbox_path):
     send("a:x", "b:y", "hi")
     os.chmod(mailbox_path.parent, 0o777)
@@ -354,6 +359,7 @@ def test_a_world_writable_directory_is_refused_untouched(am, send, mailbox_path)
     assert am("read", "b:y").json["count"] == 1  # nothing was marked by the refused call
 
 
+@pytest.mark.sqlite_only  # about the SQLite file itself
 def test_a_world_writable_mailbox_is_refused(am, send, mailbox_path):
     send("a:x", "b:y", "hi")
     os.chmod(mailbox_path, 0o666)
@@ -369,6 +375,7 @@ def test_a_sticky_shared_directory_is_accepted(am, tmp_path, monkeypatch):
     assert stat.S_IMODE(os.stat(shared / "mail.db").st_mode) == 0o600
 
 
+@pytest.mark.sqlite_only  # about the SQLite file itself
 def test_a_readable_mailbox_is_reported_by_describe(am, send, mailbox_path):
     send("a:x", "b:y", "hi")
     assert am("describe").json["storage"]["permissions"]["private"] is True

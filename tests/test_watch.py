@@ -14,7 +14,9 @@ import pytest
 
 from agent_mail import model, service, spec
 from agent_mail.service import describe_liveness, open_mailbox
-from conftest import process_env
+from conftest import mailbox_exists, process_env, raw_db
+
+pytestmark = pytest.mark.backends  # every test here runs on SQLite and on PostgreSQL
 
 ENVELOPE = {"id", "sender", "subject", "type", "created"}
 
@@ -79,7 +81,7 @@ def test_the_blocking_loop_refreshes_its_session(monkeypatch, mailbox_path):
     monkeypatch.setattr(spec, "REFRESH_SECONDS", 0.1)
     with open_mailbox() as mailbox:
         mailbox.watch(agent="b:y", timeout_minutes=0.01)
-    db = sqlite3.connect(mailbox_path)
+    db = raw_db(mailbox_path)
     started, last_seen, state, reason = db.execute(
         "SELECT started_at, last_seen, state, released_reason FROM watch_sessions").fetchone()
     assert state == "released" and reason == "timeout" and last_seen > started
@@ -98,7 +100,7 @@ def test_the_blocking_loop_refreshes_its_session(monkeypatch, mailbox_path):
 def test_rejected_flags_and_bounds(am, argv, field, mailbox_path):
     error = am("watch", "b:y", *argv).error
     assert error["problems"][0]["field"] == field
-    assert not mailbox_path.exists()  # rejected before the mailbox is touched
+    assert not mailbox_exists(mailbox_path)  # rejected before the mailbox is touched
 
 
 def test_removed_flags_name_their_replacement(am):
@@ -195,7 +197,7 @@ def test_cleanup_sweeps_old_liveness_rows(am, mailbox_path):
     am("heartbeat", "new:agent")
     with open_mailbox() as mailbox:
         mailbox.watch(agent="old:agent", timeout_minutes=0.001)
-    db = sqlite3.connect(mailbox_path)
+    db = raw_db(mailbox_path)
     db.execute("UPDATE heartbeats SET last_seen = '2020-01-01T00:00:00+00:00' WHERE agent = 'old:agent'")
     db.execute("UPDATE watch_sessions SET last_seen = '2020-01-01T00:00:00-07:00'")
     db.commit()
@@ -218,9 +220,9 @@ def _wait_until_armed(mailbox_path, proc, agent="b:y", timeout=30):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert proc.poll() is None, proc.communicate()
-        if mailbox_path.exists():
+        if mailbox_exists(mailbox_path):
             try:
-                db = sqlite3.connect(mailbox_path, timeout=5)
+                db = raw_db(mailbox_path)
                 try:
                     row = db.execute("SELECT last_seen FROM watch_sessions WHERE agent = ? AND state = 'armed'",
                                      (agent,)).fetchone()
@@ -228,8 +230,8 @@ def _wait_until_armed(mailbox_path, proc, agent="b:y", timeout=30):
                     db.close()
                 if row:
                     return row[0]
-            except sqlite3.OperationalError:
-                pass  # the table does not exist yet
+            except Exception:  # noqa: BLE001 - the table does not exist yet (either engine's error)
+                pass
         time.sleep(0.02)
     raise AssertionError("the watch never armed")
 
@@ -250,7 +252,7 @@ def _send_process(subject="wake"):
                            "--subject", subject], env=process_env(), capture_output=True, timeout=60)
 
 
-def test_a_blocked_watch_is_woken_by_a_send_from_another_process(mailbox_path, reap, am):
+def test_a_blocked_watch_is_woken_by_a_send_from_another_process(mailbox_path, reap, am, backend):
     watch = _start_watch("--timeout-minutes", "5")
     reap(watch)
     first_seen = _wait_until_armed(mailbox_path, watch)
@@ -260,10 +262,17 @@ def test_a_blocked_watch_is_woken_by_a_send_from_another_process(mailbox_path, r
     assert row["watching"] is True and row["watch_state"] == "armed" and row["last_seen"] > first_seen
     assert am("status", "--agent", "b:y", "--fields", "agent,watching").json["agents"] == [
         {"agent": "b:y", "watching": True}]
-    writer = sqlite3.connect(mailbox_path, timeout=0, isolation_level=None)
-    writer.execute("BEGIN IMMEDIATE")  # would fail at once if the watch held a lock
-    writer.execute("ROLLBACK")
-    writer.close()
+    if backend == "sqlite":
+        writer = sqlite3.connect(mailbox_path, timeout=0, isolation_level=None)
+        writer.execute("BEGIN IMMEDIATE")  # would fail at once if the watch held a lock
+        writer.execute("ROLLBACK")
+        writer.close()
+    else:  # no transaction open while it waits
+        db = raw_db(mailbox_path)
+        states = db.execute("SELECT state FROM pg_stat_activity WHERE application_name = 'agent-mail' "
+                            "AND pid != pg_backend_pid()").fetchall()
+        db.close()
+        assert states and all(s[0] == "idle" for s in states), states
     sent_at = time.monotonic()
     sent = _send_process()
     assert sent.returncode == 0, sent.stderr
@@ -321,7 +330,7 @@ def test_a_killed_watch_goes_stale(mailbox_path, reap, am):
     assert am("status", "--agent", "b:y").json["agents"][0]["watch_state"] == "armed"  # not yet noticed
     # it stops refreshing: age its last refresh past the stale threshold instead of waiting for it
     aged = (dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=spec.STALE_SECONDS + 5)).isoformat()
-    db = sqlite3.connect(mailbox_path)
+    db = raw_db(mailbox_path)
     db.execute("UPDATE watch_sessions SET last_seen = ?", (aged,))
     db.commit()
     row = am("status", "--agent", "b:y").json["agents"][0]
@@ -335,7 +344,7 @@ def test_two_watches_one_exits_the_other_keeps_the_identity_armed(mailbox_path, 
     _wait_until_armed(mailbox_path, first)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        con = sqlite3.connect(mailbox_path, timeout=5)
+        con = raw_db(mailbox_path)
         armed = con.execute("SELECT COUNT(*) FROM watch_sessions WHERE state = 'armed'").fetchone()[0]
         con.close()
         if armed == 2:
@@ -354,9 +363,9 @@ def wake_mode(request, monkeypatch):
 
 
 def _listener(mailbox_path, agent):
-    from agent_mail.store import sqlite as sqlite_store
+    from agent_mail.store import open_store
 
-    store = sqlite_store.SQLiteStore(str(mailbox_path))
+    store = open_store(str(mailbox_path))
     store.listen(agent)
     return store
 
@@ -455,7 +464,7 @@ def test_mail_whose_wake_up_was_lost_is_found_at_the_next_refresh(am, send, mail
 
     def write_behind_its_back():
         time.sleep(0.5)
-        db = sqlite3.connect(mailbox_path)
+        db = raw_db(mailbox_path)
         with db:
             db.execute("INSERT INTO messages (id, sender, recipient, subject, created) "
                        "VALUES ('99999999-9999-4999-8999-999999999999', 'old:tool', 'b:y', 'no bell', ?)",

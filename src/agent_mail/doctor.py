@@ -60,6 +60,21 @@ def doctor(path: str, repair: bool, emit) -> dict:
     return report
 
 
+def doctor_server(url: str, backend, emit) -> dict:
+    """Check a mailbox on a database server: its schema and counts. Integrity is the server's own business
+    (a damaged server is repaired with its tools), so --repair has nothing to do there and repair stays null."""
+    from agent_mail.store import redact_url
+
+    found = backend.check(url)
+    schema = found["schema"]
+    ok = schema is None or schema["complete"]
+    report = _report(redact_url(url), ok=ok, integrity=[], schema=schema, counts=found["counts"], marker=None,
+                     leftovers=[])
+    report["next"] = [] if ok else [spec.Step("status")]  # any command applies migrations
+    emit(report)
+    return report
+
+
 def _report(path: str, *, ok: bool, integrity: list, schema: dict | None, counts: dict, marker: dict | None,
             leftovers: list[str]) -> dict:
     return {"path": path, "ok": ok, "integrity": integrity, "schema": schema, "counts": counts,

@@ -47,10 +47,14 @@ def _ours(command: object) -> bool:
 
 
 def _mailbox() -> str:
+    """The mailbox the harness's commands should use: the resolved SQLite path, or the PostgreSQL URL with
+    any password removed (settings files get committed and shared: the password belongs in ~/.pgpass or
+    PGPASSFILE, which libpq reads)."""
     from agent_mail import service
+    from agent_mail.store import redact_url, scheme_of
 
-    path, _ = service.resolve_path()
-    return path
+    location, _ = service.resolve_location()
+    return location if scheme_of(location) is None else redact_url(location)
 
 
 def _load(path: str) -> tuple[dict | None, str | None]:

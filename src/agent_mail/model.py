@@ -150,8 +150,29 @@ def new_message_id() -> str:
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
-def now() -> _dt.datetime:
+# The clock every timestamp comes from: this machine's, unless a backend with a clock of its own (a database
+# server shared by several machines) set it with follow_clock(): then (that clock's reading, the monotonic
+# time it was read at), carried forward by the monotonic clock, which no change of the wall clock moves.
+_followed: tuple[_dt.datetime, float] | None = None
+
+
+def follow_clock(moment: _dt.datetime, monotonic_at: float) -> None:
+    """Take `moment` (read at time.monotonic() == monotonic_at) as the time, from now on, in this process."""
+    global _followed
+    _followed = (moment.astimezone(_dt.timezone.utc), monotonic_at)
+
+
+def _system_now() -> _dt.datetime:
     return _dt.datetime.now(_dt.timezone.utc)
+
+
+def now() -> _dt.datetime:
+    if _followed is not None:
+        import time
+
+        moment, at = _followed
+        return moment + _dt.timedelta(seconds=time.monotonic() - at)
+    return _system_now()
 
 
 def iso(moment: _dt.datetime) -> str:

@@ -34,48 +34,82 @@ if TYPE_CHECKING:
 # ---------------------------------------------------------------- locating the mailbox
 
 
-def resolve_path() -> tuple[str, str]:
-    """(path, how it was chosen) for this invocation: the real file, symbolic links resolved, so the
-    permission check and the wake-up both look at the directory the mailbox really lives in."""
+def resolve_location() -> tuple[str, str]:
+    """(where the mailbox is, how it was chosen): a PostgreSQL URL as given, or the real path of a SQLite
+    file (symbolic links resolved, so the permission check and the wake-up both look at the directory the
+    mailbox really lives in)."""
+    from agent_mail.store import scheme_of
+
     override = os.environ.get(ENV_VAR, "")
     if override:  # set but empty counts as unset, as shells make it easy to write
         if not override.strip():
             raise errors.InvalidInput([(ENV_VAR, f"is set to {override!r}, which names no file. Unset it for the "
                                                  f"default mailbox ({DEFAULT_PATH}), or give a path.")])
+        if scheme_of(override.strip()) is not None:
+            return override.strip(), ENV_VAR
         return os.path.realpath(os.path.expanduser(override)), ENV_VAR
     return os.path.realpath(os.path.expanduser(DEFAULT_PATH)), "default"
 
 
+def resolve_path() -> tuple[str, str]:
+    """resolve_location() for the commands that work on a SQLite file only (doctor); a clear error otherwise."""
+    from agent_mail.store import backend_name
+
+    location, source = resolve_location()
+    if backend_name(location) != "sqlite":
+        raise errors.InvalidInput([(ENV_VAR, "names a PostgreSQL mailbox; this command works on a SQLite mailbox "
+                                             "file. Use PostgreSQL's own tools (pg_dump, amcheck) for the server.")])
+    return location, source
+
+
 def storage_report() -> dict:
-    """What `describe` says about the mailbox; never creates it."""
-    from agent_mail.store import sqlite
+    """What `describe` says about the mailbox; never creates it, never shows a password."""
+    from agent_mail.store import backend_module, backend_name
 
     try:
-        path, source = resolve_path()
+        location, source = resolve_location()
     except errors.InvalidInput as exc:
         return {"backend": "sqlite", "path": None, "source": ENV_VAR, "exists": False, "problem": exc.message}
-    report = {"backend": "sqlite", "path": path, "source": source}
+    backend = backend_name(location)
+    if backend != "sqlite":
+        from agent_mail.store import redact_url
+
+        report = {"backend": backend, "url": redact_url(location), "source": source}
+        try:
+            module = backend_module(location)
+        except errors.AgentMailError as exc:
+            return {**report, "exists": None, "problem": exc.message}
+        try:
+            return {**report, **module.inspect(location)}
+        except errors.InvalidInput as exc:
+            return {**report, "exists": None, "problem": exc.message}
+    from agent_mail.store import sqlite
+
+    report = {"backend": "sqlite", "path": location, "source": source}
     given = os.environ.get(ENV_VAR) if source == ENV_VAR else DEFAULT_PATH
-    if given and os.path.abspath(os.path.expanduser(given)) != path:
+    if given and os.path.abspath(os.path.expanduser(given)) != location:
         report["link"] = os.path.abspath(os.path.expanduser(given))
-    return {**report, **sqlite.inspect(path)}
+    return {**report, **sqlite.inspect(location)}
 
 
 def doctor(*, repair: bool = False, emit: Emit = _no_emit) -> dict:
     """Check the mailbox this invocation resolves (never creating it); rebuild it with `repair` if damaged."""
     from agent_mail import doctor as checkup
+    from agent_mail.store import backend_module, backend_name
 
-    path, _ = resolve_path()
-    return checkup.doctor(path, repair, emit)
+    location, _ = resolve_location()
+    if backend_name(location) != "sqlite":
+        return checkup.doctor_server(location, backend_module(location), emit)
+    return checkup.doctor(location, repair, emit)
 
 
 @contextmanager
 def open_mailbox() -> Iterator["Mailbox"]:
     """Open (creating on first use) the mailbox this invocation resolves."""
-    from agent_mail.store.sqlite import SQLiteStore
+    from agent_mail.store import open_store
 
-    path, _ = resolve_path()
-    store = SQLiteStore(path)
+    location, _ = resolve_location()
+    store = open_store(location)
     try:
         mailbox = Mailbox(store)
         mailbox.publish_due()

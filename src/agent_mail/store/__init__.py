@@ -1,0 +1,93 @@
+"""Backends, chosen from the mailbox location through one small registry.
+
+A location with a URL scheme names its backend (postgresql://..., postgres://...); anything else is
+the path of a SQLite file. Backends are imported only when chosen, so a command on the default
+SQLite mailbox never loads a database driver.
+"""
+
+from __future__ import annotations
+
+# scheme -> (backend name, module, class, the extra that installs its driver, the driver's module)
+BACKENDS = {
+    "sqlite": ("sqlite", "agent_mail.store.sqlite", "SQLiteStore", None, None),
+    "postgresql": ("postgresql", "agent_mail.store.postgres", "PostgresStore", "postgres", "psycopg"),
+    "postgres": ("postgresql", "agent_mail.store.postgres", "PostgresStore", "postgres", "psycopg"),
+}
+
+
+def scheme_of(location: str) -> str | None:
+    """The URL scheme of `location`, lower-cased, or None for a file path."""
+    head, sep, _ = location.partition("://")
+    if not sep or not head or not head.replace("+", "").replace("-", "").isalnum():
+        return None
+    return head.lower()
+
+
+def backend_name(location: str) -> str:
+    scheme = scheme_of(location)
+    return "sqlite" if scheme is None else BACKENDS.get(scheme, (scheme,))[0]
+
+
+def backend_module(location: str):
+    """The module of the backend `location` names; errors.InvalidInput for an unknown scheme or a missing driver."""
+    import importlib
+
+    from agent_mail import errors
+
+    scheme = scheme_of(location) or "sqlite"
+    if scheme not in BACKENDS:
+        known = ", ".join(f"{s}://" for s in BACKENDS if s != "sqlite")
+        raise errors.InvalidInput([("AGENT_MAIL_DB", f"names a {scheme}:// mailbox, which agent-mail cannot open. "
+                                                     f"Give a file path (SQLite) or a {known} URL.")])
+    _, module, _, extra, driver = BACKENDS[scheme]
+    if driver is not None:
+        try:
+            importlib.import_module(driver)
+        except ImportError:
+            raise errors.StorageError(
+                f"AGENT_MAIL_DB names a {scheme}:// mailbox, but its driver ({driver}) is not installed. Run: "
+                f"pip install \"agent-mail[{extra}]\"") from None
+    return importlib.import_module(module)
+
+
+def open_store(location: str):
+    """The store `location` names, connected (creating or migrating its schema on first use)."""
+    scheme = scheme_of(location) or "sqlite"
+    module = backend_module(location)
+    return getattr(module, BACKENDS[scheme][2])(location)
+
+
+def redact_url(url: str) -> str:
+    """The URL with any password removed (user:secret@ -> user@, password=... dropped)."""
+    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url)
+        netloc = parts.netloc
+        userinfo, at, hosts = netloc.rpartition("@")
+        if at and ":" in userinfo:
+            netloc = f"{userinfo.partition(':')[0]}@{hosts}"
+        query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != "password"]
+        return urlunsplit(parts._replace(netloc=netloc, query=urlencode(query)))
+    except ValueError:
+        return url.split("://", 1)[0] + "://(unreadable URL)"
+
+
+def url_secrets(url: str) -> list[str]:
+    """The passwords a URL carries, to be scrubbed from any text we show."""
+    import os
+    from urllib.parse import parse_qsl, unquote, urlsplit
+
+    found = []
+    try:
+        parts = urlsplit(url)
+        userinfo, at, _ = parts.netloc.rpartition("@")
+        if at and ":" in userinfo:
+            secret = userinfo.partition(":")[2]
+            found += [secret, unquote(secret)]
+        found += [v for k, v in parse_qsl(parts.query, keep_blank_values=True) if k == "password"]
+    except ValueError:
+        pass
+    if os.environ.get("PGPASSWORD"):
+        found.append(os.environ["PGPASSWORD"])
+    return [s for s in found if s]

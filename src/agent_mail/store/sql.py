@@ -309,8 +309,9 @@ class SQLStore(Store):
         # left out; the state columns are this agent's own (null on what it sent to others).
         own = "CASE WHEN m.recipient = '*' AND m.sender != :agent THEN b.{0} WHEN m.recipient = :agent THEN m.{0} END"
         return self._query(
-            "WITH RECURSIVE thread(id) AS (SELECT CAST(:root AS TEXT) UNION SELECT m.id FROM messages m "
-            f"JOIN thread t ON m.reply_to = t.id) SELECT {self.F.columns}, {own.format('read_at')} AS read_at, "
+            "WITH RECURSIVE thread(id) AS (SELECT r.id FROM messages r WHERE r.id = :root "
+            "UNION SELECT m.id FROM messages m JOIN thread t ON m.reply_to = t.id) "
+            f"SELECT {self.F.columns}, {own.format('read_at')} AS read_at, "
             f"{own.format('acked_at')} AS acked_at, {own.format('archived_at')} AS archived_at "
             "FROM messages m JOIN thread t ON m.id = t.id "
             "LEFT JOIN broadcast_acks b ON b.message_id = m.id AND b.agent = :agent "
