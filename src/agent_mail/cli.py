@@ -452,6 +452,9 @@ def main(argv: list[str] | None = None) -> int:
         if name == "doctor":
             service.doctor(**values, emit=emit_once)
             return errors.EXIT_OK
+        if name == "copy":
+            service.copy_mailbox(**values, emit=emit_once)
+            return errors.EXIT_OK
         with service.open_mailbox() as mailbox:
             result = getattr(mailbox, name)(**values, emit=emit_once)
         if name == "send" and result["refused"]:

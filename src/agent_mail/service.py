@@ -103,6 +103,29 @@ def doctor(*, repair: bool = False, emit: Emit = _no_emit) -> dict:
     return checkup.doctor(location, repair, emit)
 
 
+def copy_mailbox(*, from_: str, to: str | None = None, merge: bool = False, dry_run: bool = False,
+                 emit: Emit = _no_emit) -> dict:
+    """Copy the mailbox at `from_` into `to` (default: the one this invocation resolves)."""
+    from agent_mail import copying
+    from agent_mail.store import scheme_of
+
+    def located(value: str, field: str) -> str:
+        if not value.strip():
+            raise errors.InvalidInput([(field, "is empty; give a SQLite file path or a postgresql:// URL.")])
+        if scheme_of(value.strip()) is not None:
+            return value.strip()
+        path = os.path.realpath(os.path.expanduser(value))
+        if field == "--from" and not os.path.isfile(path):
+            raise errors.InvalidInput([(field, f"{path} is not a mailbox file; nothing was copied.")])
+        return path
+
+    source = located(from_, "--from")
+    target = located(to, "--to") if to is not None else resolve_location()[0]
+    result = copying.copy(source, target, merge=merge, dry_run=dry_run)
+    emit(result)
+    return result
+
+
 @contextmanager
 def open_mailbox() -> Iterator["Mailbox"]:
     """Open (creating on first use) the mailbox this invocation resolves."""

@@ -643,6 +643,36 @@ _register(Command(
 ))
 
 _register(Command(
+    name="copy",
+    summary="Copy a whole mailbox into this one (AGENT_MAIL_DB, or --to): how a team moves its SQLite mailbox onto "
+    "PostgreSQL, or takes a PostgreSQL one back to a file. Message ids, insertion order, threads, every "
+    "recipient's read/ack/archive/delete state, schedules, attachments, profiles, system events and sessions, "
+    "in one transaction, then counted against the source. Refuses a target that holds anything unless --merge.",
+    mutating=True,
+    args=(
+        Arg("--from", TEXT, "The mailbox to copy: a SQLite file path or a postgresql:// URL.", required=True),
+        Arg("--to", TEXT, "The mailbox to copy into (default: the one AGENT_MAIL_DB names, created if new)."),
+        Arg("--merge", FLAG, "Copy into a target that already holds mail: records it lacks are added (appended "
+            "in insertion order), records it has (same id) are kept as they are."),
+        Arg("--dry-run", FLAG, "Open both and count, copy nothing."),
+    ),
+    output={
+        "source": "The mailbox copied from (a URL without its password).",
+        "target": "The mailbox copied into.",
+        "dry_run": "true when nothing was copied.",
+        "merge": "Whether --merge was given.",
+        "source_counts": "{table: rows} in the source.",
+        "target_counts_before": "{table: rows} in the target before the copy.",
+        "target_counts": "{table: rows} in the target after the copy.",
+        "copied": "{table: rows added}.",
+        "verified": "true when the target now holds at least as many rows of every table as the source (into "
+        "an empty target: exactly as many, or the copy is rolled back).",
+    },
+    examples=("copy --from ~/.agent-mail/mail.db", "copy --from ~/.agent-mail/mail.db --dry-run",
+              "copy --from postgresql://agents@db.internal/team --to ./team-backup.db"),
+))
+
+_register(Command(
     name="doctor",
     summary="Check the mailbox: integrity of the file, schema, counts. With --repair, save every readable "
     "record of a damaged mailbox into a fresh one, keep the damaged file aside, and report what could not be "

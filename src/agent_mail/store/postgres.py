@@ -188,8 +188,15 @@ class PostgresStore(SQLStore):
     def _x(self, sql: str, params: object = ()):
         return self.db.execute(_translate(sql), params)
 
-    def _many(self, sql: str, rows: list) -> None:
-        self.db.cursor().executemany(_translate(sql), rows)
+    def _many(self, sql: str, rows: list) -> int:
+        cursor = self.db.cursor()
+        cursor.executemany(_translate(sql), rows)
+        return cursor.rowcount
+
+    def _after_bulk_insert(self) -> None:
+        for table in ("messages", "system_events"):
+            self._x(f"SELECT setval(pg_get_serial_sequence('{table}', 'seq'), GREATEST(COALESCE(MAX(seq), 0), 1), "
+                    f"MAX(seq) IS NOT NULL) FROM {table}")
 
     def _wake(self, recipient: str) -> None:
         self._wakes.add(recipient)
@@ -340,7 +347,13 @@ class PostgresStore(SQLStore):
             self._reconnect(doing)
 
     def _autocommit(self, doing: str, action):
-        """Run `action` outside any transaction, reconnecting once if the connection broke."""
+        """Run `action` in autocommit outside a transaction, reconnecting once if the connection broke; inside
+        our open transaction, simply as part of it."""
+        if self._healthy() and self.db.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS:
+            try:
+                return action()
+            except psycopg.Error as exc:
+                raise self._fail(exc, doing) from None
         for attempt in (1, 2):
             self._ready(doing)
             try:

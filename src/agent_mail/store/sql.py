@@ -130,9 +130,13 @@ class SQLStore(Store):
         """Run one statement; return a cursor to iterate or fetch from."""
         raise NotImplementedError
 
-    def _many(self, sql: str, rows: list) -> None:
-        """Run one statement for each parameter set in `rows`."""
+    def _many(self, sql: str, rows: list) -> int:
+        """Run one statement for each parameter set in `rows`; how many rows they changed."""
         raise NotImplementedError
+
+    def _after_bulk_insert(self) -> None:
+        """Called after rows were inserted with their insertion sequence given (a copy): let the engine's own
+        numbering continue after them."""
 
     def _wake(self, recipient: str) -> None:
         """Queue a wake-up for `recipient`'s watches ('*': everyone), sent if the transaction commits."""

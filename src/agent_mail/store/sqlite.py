@@ -194,8 +194,8 @@ class SQLiteStore(SQLStore):
     def _x(self, sql: str, params: object = ()):
         return self.db.execute(sql, params)
 
-    def _many(self, sql: str, rows: list) -> None:
-        self.db.executemany(sql, rows)
+    def _many(self, sql: str, rows: list) -> int:
+        return self.db.executemany(sql, rows).rowcount
 
     def _wake(self, recipient: str) -> None:
         self._wakes.add(recipient)
