@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from agent_mail import cli, spec
+from agent_mail.store import sqlite as sqlite_store
 from conftest import am_process, mailbox_exists, process_env
 
 pytestmark = pytest.mark.backends  # every test here runs on SQLite and on PostgreSQL
@@ -161,8 +162,11 @@ def test_documented_output_fields_match_what_commands_print(am, send, tmp_path):
                                   "mcp",  # prints only the protocol: its tools are checked in test_mcp.py
                                   "hook",  # output per harness event: checked in test_hooks.py
                                   "setup",
-                                  "doctor"}
+                                  "doctor", "copy"}
     assert set(am("doctor").json) == set(spec.COMMANDS["doctor"].output)
+    source = tmp_path / "other.db"
+    sqlite_store.SQLiteStore(str(source)).close()
+    assert set(am("copy", "--from", str(source), "--merge").json) == set(spec.COMMANDS["copy"].output)
     assert set(am("setup", "claude-code", "--agent", "a:x", "--dir", str(tmp_path), "--dry-run").json) == set(
         spec.COMMANDS["setup"].output)
 

@@ -66,8 +66,16 @@ def lean_layout(level: int) -> tuple[str, ...]:
     return ("{" + inner[1:] + keys[0], *(inner + key for key in keys[1:]), "\n" + "  " * level + "}")
 
 
+class OneLine(dict):
+    """A document written as one line of JSON (a stream of updates, JSON Lines), not indented."""
+
+
 def dumps(value: object, end: str = "") -> str:
-    """`value` as indented JSON text (2 spaces), non-ASCII kept as is, followed by `end`."""
+    """`value` as indented JSON text (2 spaces), non-ASCII kept as is, followed by `end` (OneLine: one line)."""
+    if isinstance(value, OneLine):
+        import json
+
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":")) + end
     parts: list[str] = []
     _encode(value, 0, parts.append)
     parts.append(end)

@@ -35,6 +35,10 @@ _INSTRUCTIONS = (
     "its `next` steps as tool calls: make them. Identities are project:name."
 )
 
+# Flags a tool call cannot use: watch waits in seconds (wait_seconds) and only blocked; a tool call must end,
+# so notifications cannot follow forever.
+_NOT_TOOL_ARGS = {"watch": ("--timeout-minutes", "--once"), "notifications": ("--follow",)}
+
 
 def _identity_arg(command: spec.Command) -> spec.Arg | None:
     """The argument that names the caller: the positional identity (`agent`, cancel's `sender`) or send's
@@ -75,8 +79,7 @@ def tool_definitions(agent: str | None) -> list[Tool]:
         properties: dict[str, dict] = {}
         required = []
         for arg in command.args:
-            if arg.kind in (spec.REMOVED, spec.COMMAND) or (name == "watch" and arg.name in ("--timeout-minutes",
-                                                                                              "--once")):
+            if arg.kind in (spec.REMOVED, spec.COMMAND) or arg.name in _NOT_TOOL_ARGS.get(name, ()):
                 continue
             key = cli.argument_name(arg)
             properties[key] = _property(arg, command)
@@ -162,7 +165,7 @@ class AgentMailServer(MCPServer):
         if identity is not None and self.agent is not None:
             arguments.setdefault(cli.argument_name(identity), self.agent)
         problems: list[tuple[str | None, str]] = []
-        skip = ("timeout_minutes", "once") if name == "watch" else ()
+        skip = tuple(spec.COMMANDS[name].arg(flag).dest for flag in _NOT_TOOL_ARGS.get(name, ()))
         wait = arguments.pop("wait_seconds", WAIT_DEFAULT_SECONDS) if name == "watch" else None
         if name == "watch" and (type(wait) is not int or not 0 <= wait <= WAIT_MAX_SECONDS):
             problems.append(("wait_seconds", f"must be a whole number of seconds from 0 to {WAIT_MAX_SECONDS}."))

@@ -554,6 +554,11 @@ class Mailbox:
             profile = self.store.profile(agent)
             if not profile or not profile["mirror_dir"]:
                 continue
+            if self.store.kind != "sqlite" and not os.path.isdir(profile["mirror_dir"]):
+                # A shared mailbox: the directory is on the machine of the identity, kept current there by its
+                # watch or `notifications --follow`, not on this one.
+                results.append({"agent": agent, "path": profile["mirror_dir"], "status": "elsewhere"})
+                continue
             self._rendered.add(agent)
             if email:
                 outcome = self._write_mirror(profile["mirror_dir"], notify.EMAIL_FILE,
@@ -969,10 +974,18 @@ class Mailbox:
             emit(result)
         return result
 
-    def notifications(self, *, agent: str, dismiss=(), clear_email: bool = False, emit: Emit = _no_emit) -> dict:
-        """The unread mirror and the system channel of `agent`; optionally dismiss events or clear the file."""
+    def notifications(self, *, agent: str, dismiss=(), clear_email: bool = False, follow: bool = False,
+                      emit: Emit = _no_emit) -> dict:
+        """The unread mirror and the system channel of `agent`; optionally dismiss events or clear the file,
+        or (follow) keep its mirror current until stopped."""
         from agent_mail import notify
 
+        if follow:
+
+            if dismiss or clear_email:
+                raise errors.InvalidInput([("--follow", "runs until stopped; give --dismiss and --clear-email in a "
+                                                        "call of their own.")])
+            return self._follow(agent, emit)
         wanted = list(dict.fromkeys(dismiss))
         with self._changing(write=bool(wanted)):
             dismissed = []
@@ -996,6 +1009,55 @@ class Mailbox:
             }
             emit(result)
         return result
+
+    def _follow(self, agent: str, emit: Emit) -> dict:
+        """Re-render `agent`'s mirror whenever a wake-up for it arrives (mail committed by anyone, on any
+        machine), a delayed message falls due, or the safety-net look finds new mail; until a signal."""
+        import time
+
+        from agent_mail import jsonout
+
+        with self.store.transaction():
+            profile = self.store.profile(agent)
+        if not profile or not profile["mirror_dir"]:
+            raise errors.InvalidInput([("--follow", f"{agent} has no mirror directory to keep current; set one "
+                                                    f"first: agent-mail profile {agent} --mirror-dir DIR")])
+        previous = _install_stop_handlers()
+        updates = 0
+        try:
+            self.store.listen(agent)
+            marker = self.store.mail_marker()
+            check_at = time.monotonic() + SAFETY_CHECK_SECONDS
+            while True:
+                self.publish_due()
+                with self.store.transaction():
+                    mirrors = self._render([agent], system=True)
+                    unread = self.store.count_unread(agent, model.now_iso())
+                emit(jsonout.OneLine(agent=agent, unread=unread, mirrors=mirrors, at=model.now_iso()))
+                updates += 1
+                until_due = self._next_due(agent)
+                while True:
+                    now = time.monotonic()
+                    wait = check_at - now if until_due is None else min(check_at - now, until_due)
+                    if self.store.wait_for_wake(max(0.0, wait)):
+                        break
+                    if time.monotonic() >= check_at:
+                        check_at = time.monotonic() + SAFETY_CHECK_SECONDS
+                        self.store.check_still_there()
+                        current = self.store.mail_marker()
+                        if current != marker:
+                            marker = current
+                            break
+                    if until_due is not None:
+                        break
+        except _Stopped as stop:
+            import signal
+
+            result = jsonout.OneLine(agent=agent, updates=updates, stopped_by=signal.Signals(stop.signum).name)
+            emit(result)
+            return result
+        finally:
+            _restore_handlers(previous)
 
     # -- liveness ----------------------------------------------------------------
     def heartbeat(self, *, agent: str, emit: Emit = _no_emit) -> dict:
@@ -1047,6 +1109,11 @@ class Mailbox:
             minutes = timeout_seconds / 60.0
         # Handlers first (in wait_armed): a signal that arrives once the session exists must still release it.
         messages = self.wait_armed(agent, minutes * 60.0, wanted=wanted)
+        if messages and self.store.kind != "sqlite":
+            # On a shared mailbox the sender may be on another machine, where this agent's mirror directory is
+            # not: the watch, on the agent's machine, brings the mirror up to date (files only, best effort).
+            with self.store.transaction():
+                self._render([agent])
         return self._watch_result(agent, messages, emit=emit)
 
     def _release(self, session: str, reason: str, quietly: bool = False) -> None:

@@ -580,6 +580,11 @@ _register(Command(
         Arg("--dismiss", MESSAGE_ID, "Dismiss this system event (id from system.events); repeatable.", repeat=True),
         Arg("--clear-email", FLAG, "Remove the email mirror file without marking anything read (it is rendered "
             "again on the next change)."),
+        Arg("--follow", FLAG, "Keep this identity's mirror current until stopped: re-render it whenever mail for "
+            "it (or a broadcast) is committed, from any machine, or delayed mail falls due. Run it on the machine "
+            "that has the mirror directory when the mailbox is on PostgreSQL. Prints one line of JSON per "
+            "update {agent, unread, mirrors, at}; SIGTERM or SIGINT ends it (exit 0, a last line with "
+            "stopped_by)."),
     ),
     output={
         "agent": "The identity.",
@@ -590,8 +595,10 @@ _register(Command(
         "cleared": "Whether this call removed the email mirror file.",
     },
     documents={"email.data.emails[]": MIRROR_ENTRY_FIELDS},
+    modes={"--follow": "A stream of one-line JSON documents {agent, unread, mirrors, at} instead of the fields "
+           "above, one per update, ending with {agent, updates, stopped_by}."},
     examples=("notifications deploy:worker", "notifications lead:main --dismiss 9f1c2e34-5678-4abc-9def-0123456789ab",
-              "notifications deploy:worker --clear-email"),
+              "notifications deploy:worker --clear-email", "notifications deploy:worker --follow"),
 ))
 
 _register(Command(
