@@ -1,0 +1,116 @@
+"""Agents on two machines sharing one PostgreSQL mailbox: two network namespaces joined to the server's by
+veth links, each agent with its own HOME and working directory, the server reachable over TCP only."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from conftest import TEST_PG_URL, drop_schema, new_schema_name, require_postgres
+from twohosts import TwoHosts, namespaces_problem
+
+
+@pytest.fixture
+def hosts(tmp_path):
+    require_postgres()
+    problem = namespaces_problem()
+    if problem:
+        if os.environ.get("CI"):
+            pytest.fail(f"the two-host tests are required in CI: {problem}")
+        pytest.skip(problem)
+    schema = new_schema_name()
+    try:
+        with TwoHosts(str(tmp_path), TEST_PG_URL, schema) as made:
+            yield made
+    finally:
+        drop_schema(schema)
+
+
+def _json(proc):
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def _wait_armed(host, agent, timeout=30):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rows = _json(host.run("status", "--agent", agent))["agents"]
+        if rows and rows[0]["watch_state"] == "armed":
+            return rows[0]
+        time.sleep(0.1)
+    raise AssertionError(f"{agent} never armed")
+
+
+def test_a_watch_on_one_host_is_woken_by_a_send_from_the_other(hosts):
+    a, b = hosts["a"], hosts["b"]
+    assert a.url != b.url and a.env()["HOME"] != b.env()["HOME"]
+    _json(a.run("status"))  # creates the mailbox over host a's link
+    watch = a.popen("watch", "team:alice")
+    try:
+        seen_from_a = _wait_armed(a, "team:alice")
+        seen_from_b = _json(b.run("status", "--agent", "team:alice"))["agents"][0]
+        assert seen_from_a["watch_state"] == seen_from_b["watch_state"] == "armed"  # liveness seen from both
+        sent_at = time.monotonic()
+        receipt = _json(b.run("send", "--from", "team:bob", "--to", "team:alice", "--subject", "from host b"))
+        assert receipt["deliveries"][0]["reachable"] is True  # b sees a's armed watch
+        out, err = watch.communicate(timeout=30)
+        assert watch.returncode == 0, err
+        assert time.monotonic() - sent_at < 10  # woken by the commit, not its 55-minute timeout
+        assert [m["subject"] for m in json.loads(out)["messages"]] == ["from host b"]
+        assert _json(b.run("status", "--agent", "team:alice"))["agents"][0]["watch_state"] == "released"
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+            watch.communicate()
+
+
+def test_a_partition_gives_clear_errors_and_the_watch_recovers_having_missed_nothing(hosts):
+    a, b = hosts["a"], hosts["b"]
+    _json(a.run("status"))
+    watch = a.popen("watch", "team:alice")
+    try:
+        _wait_armed(a, "team:alice")
+        a.partition()
+        try:
+            cut_off = a.run("send", "--from", "team:alice", "--to", "team:bob", "--subject", "lost?", timeout=60)
+            assert cut_off.returncode == 1 and cut_off.stdout == "" and "Traceback" not in cut_off.stderr
+            assert "cannot reach" in json.loads(cut_off.stderr)["error"]
+            # while a is cut off, b writes to it
+            _json(b.run("send", "--from", "team:bob", "--to", "team:alice", "--subject", "during the partition"))
+            time.sleep(1.0)
+            assert watch.poll() is None  # still waiting, not failed
+        finally:
+            a.partition(down=False)
+        out, err = watch.communicate(timeout=60)
+        assert watch.returncode == 0, err
+        assert [m["subject"] for m in json.loads(out)["messages"]] == ["during the partition"]
+        # the send that failed on a's side did not happen
+        assert _json(b.run("read", "team:bob", "--no-mark-read"))["count"] == 0
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+            watch.communicate()
+
+
+def test_a_partition_longer_than_the_reconnect_window_ends_the_watch_with_a_clear_error(hosts, monkeypatch):
+    a = hosts["a"]
+    _json(a.run("status"))
+    # short refreshes, so the watch notices the dead link quickly
+    watch = a.popen("watch", "team:alice")
+    try:
+        _wait_armed(a, "team:alice")
+        a.partition()
+        try:
+            out, err = watch.communicate(timeout=120)
+        finally:
+            a.partition(down=False)
+        assert watch.returncode == 1 and out == "" and "Traceback" not in err
+        error = json.loads(err)["error"]
+        assert "PostgreSQL" in error and ("unreachable" in error or "cannot reach" in error)
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+            watch.communicate()
