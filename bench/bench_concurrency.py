@@ -26,9 +26,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import cli_env, implementations, report  # noqa: E402
 
 
-def run(cli: str, db: str, senders: int, readers: int, sends: int) -> dict:
+def run(cli: str, db: str, senders: int, readers: int, sends: int, prefix=None, env_for=None) -> dict:
+    """prefix(role, index) / env_for(role, index): where and how the index-th sender or reader runs its commands
+    (bench_postgres places them on two hosts); by default here, with AGENT_MAIL_DB=db."""
     env = cli_env(db)
-    subprocess.run([cli, "status"], env=env, check=True, stdout=subprocess.DEVNULL)
+    prefix = prefix or (lambda role, index: [])
+    env_for = env_for or (lambda role, index: env)
+    subprocess.run([*prefix("reader", 0), cli, "status"], env=env_for("reader", 0), check=True,
+                   stdout=subprocess.DEVNULL)
     inboxes = [f"sink:r{i}" for i in range(readers)]
     sent, failures, delivered = [], [], []
     lock = threading.Lock()
@@ -37,18 +42,21 @@ def run(cli: str, db: str, senders: int, readers: int, sends: int) -> dict:
     def sender(index: int) -> None:
         for k in range(sends):
             subject = f"s{index}-{k}"
-            done = subprocess.run([cli, "send", "--from", f"src:s{index}", "--to", inboxes[k % readers],
-                                   "--subject", subject, "--body", "payload"], env=env, capture_output=True)
+            done = subprocess.run([*prefix("sender", index), cli, "send", "--from", f"src:s{index}", "--to",
+                                   inboxes[k % readers], "--subject", subject, "--body", "payload"],
+                                  env=env_for("sender", index), capture_output=True)
             with lock:
                 if done.returncode == 0:
                     sent.append(subject)
                 else:
                     failures.append(("send", done.returncode, done.stderr.decode()[:200]))
 
-    def reader(inbox: str) -> None:
+    def reader(index: int) -> None:
+        inbox = inboxes[index]
         while True:
             finished = senders_done.is_set()
-            done = subprocess.run([cli, "read", inbox, "--limit", "100"], env=env, capture_output=True)
+            done = subprocess.run([*prefix("reader", index), cli, "read", inbox, "--limit", "100"],
+                                  env=env_for("reader", index), capture_output=True)
             if done.returncode != 0:
                 with lock:
                     failures.append(("read", done.returncode, done.stderr.decode()[:200]))
@@ -60,7 +68,7 @@ def run(cli: str, db: str, senders: int, readers: int, sends: int) -> dict:
             if finished and not messages:
                 return
 
-    reader_threads = [threading.Thread(target=reader, args=(inbox,)) for inbox in inboxes]
+    reader_threads = [threading.Thread(target=reader, args=(i,)) for i in range(readers)]
     sender_threads = [threading.Thread(target=sender, args=(i,)) for i in range(senders)]
     for thread in reader_threads:
         thread.start()

@@ -1109,12 +1109,9 @@ class Mailbox:
             minutes = timeout_seconds / 60.0
         # Handlers first (in wait_armed): a signal that arrives once the session exists must still release it.
         messages = self.wait_armed(agent, minutes * 60.0, wanted=wanted)
-        if messages and self.store.kind != "sqlite":
-            # On a shared mailbox the sender may be on another machine, where this agent's mirror directory is
-            # not: the watch, on the agent's machine, brings the mirror up to date (files only, best effort).
-            with self.store.transaction():
-                self._render([agent])
-        return self._watch_result(agent, messages, emit=emit)
+        # On a shared mailbox the sender may be on another machine, where this agent's mirror directory is not:
+        # the watch, on the agent's machine, brings the mirror up to date (files only, best effort).
+        return self._watch_result(agent, messages, emit=emit, render=bool(messages) and self.store.kind != "sqlite")
 
     def _release(self, session: str, reason: str, quietly: bool = False) -> None:
         """Mark the session released (a no-op if it never got stored or is released already).
@@ -1190,10 +1187,13 @@ class Mailbox:
             if self.store.wait_for_wake(max(0.0, wake - now)):
                 look = True
 
-    def _watch_result(self, agent: str, messages: list[dict], *, emit: Emit, heartbeat: bool = False) -> dict:
+    def _watch_result(self, agent: str, messages: list[dict], *, emit: Emit, heartbeat: bool = False,
+                      render: bool = False) -> dict:
         # A --once check records its heartbeat in the same transaction as its result: if the result
         # cannot be printed, the agent was not seen.
         with self.store.transaction(write=heartbeat):
+            if render:
+                self._render([agent])
             if heartbeat:
                 self.store.record_heartbeat(agent, model.now_iso())
             facts = self.store.liveness(agent).get(agent)

@@ -401,11 +401,10 @@ class PostgresStore(SQLStore):
             self._rollback()
             raise
         try:
-            if self._wakes:
-                # Inside the transaction: PostgreSQL delivers them exactly when (and only if) it commits.
-                self._x("SELECT pg_notify(c, '') FROM unnest(CAST(? AS TEXT[])) AS c",
-                        ([channel(self.schema, r) for r in sorted(self._wakes)],))
-            self._x("COMMIT")
+            # The wake-ups inside the transaction: PostgreSQL delivers them exactly when (and only if) it
+            # commits. One round trip for both (channel names are hex digests: nothing to quote).
+            notify = "".join(f"NOTIFY {channel(self.schema, r)}; " for r in sorted(self._wakes))
+            self.db.execute(f"{notify}COMMIT".encode())
         except psycopg.Error as exc:
             self._rollback()
             raise self._fail(exc, "committing" if write else doing) from None
@@ -416,10 +415,9 @@ class PostgresStore(SQLStore):
         if not write:
             self._x("BEGIN ISOLATION LEVEL REPEATABLE READ")
             return
-        self._x("BEGIN")
-        if patience is not None:
-            self._x(f"SET LOCAL lock_timeout = '{max(1, int(patience * 1000))}ms'")
-        self._x("SELECT pg_advisory_xact_lock(?)", (self._lock_key,))
+        # One round trip: BEGIN, the lock's patience if not the default, the write lock (all ours to spell).
+        patience_ms = "" if patience is None else f"SET LOCAL lock_timeout = '{max(1, int(patience * 1000))}ms'; "
+        self.db.execute(f"BEGIN; {patience_ms}SELECT pg_advisory_xact_lock({int(self._lock_key)})".encode())
 
     def _rollback(self) -> None:
         """Roll back whatever is open. A statement cut off mid-flight (a signal's exception raised while
@@ -469,16 +467,19 @@ class PostgresStore(SQLStore):
     def wait_for_wake(self, timeout: float) -> bool:
         """Sleep (no transaction open) until a NOTIFY for us arrives (True) or `timeout` passes (False). A
         dropped connection is re-made and answers True: the caller looks again, so nothing sent while it was
-        down is missed."""
+        down is missed. The sleep is the kernel's (select on the connection's socket): the driver's own wait
+        wakes ten times a second, which a hundred idle watches would pay for."""
         if not self._listening:
             return super().wait_for_wake(timeout)
         if not self._woken:
             if not self._healthy():
                 self._reconnect("waiting")
             else:
+                import select
+
                 try:
-                    for _ in self.db.notifies(timeout=max(0.0, timeout), stop_after=1):
-                        self._woken = True
+                    if not self._drain() and select.select([self.db.fileno()], [], [], max(0.0, timeout))[0]:
+                        self._drain()
                 except psycopg.OperationalError:
                     self._reconnect("waiting")
                 except psycopg.Error as exc:
@@ -486,6 +487,11 @@ class PostgresStore(SQLStore):
         woken, self._woken = self._woken, False
         return woken
 
+    def _drain(self) -> bool:
+        """Take the notifications already received or waiting on the socket, without blocking."""
+        for _ in self.db.notifies(timeout=0):
+            self._woken = True
+        return self._woken
 
 def inspect(url: str) -> dict:
     """Facts about a PostgreSQL mailbox for `describe`, without creating or changing anything."""
