@@ -42,7 +42,10 @@ def test_describe_reports_count_and_size(am, send, mailbox_path, backend):
     if backend == "sqlite":
         assert storage["size_bytes"] == os.path.getsize(mailbox_path)
     else:
-        assert storage["migrations"] == ["m001_tables", "m002_indexes"] and storage["server_version"] >= 120000
+        from agent_mail.store import postgres  # psycopg: only where PostgreSQL is tested
+
+        assert storage["migrations"] == [m.__name__ for m in postgres.MIGRATIONS]
+        assert storage["server_version"] >= 120000
 
 
 def test_describe_default_path_when_not_overridden(am, monkeypatch, tmp_path):

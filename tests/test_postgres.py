@@ -137,7 +137,9 @@ def test_many_processes_creating_the_mailbox_at_once_all_succeed(mailbox_path):
     results = [p.communicate(timeout=60) for p in procs]
     assert all(p.returncode == 0 for p in procs), results
     db = raw_db(mailbox_path)
-    assert db.execute("SELECT COUNT(*) FROM schema_migrations").fetchone()[0] == 2
+    from agent_mail.store import postgres
+
+    assert db.execute("SELECT COUNT(*) FROM schema_migrations").fetchone()[0] == len(postgres.MIGRATIONS)
     assert db.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == 8
     db.close()
 
@@ -382,3 +384,26 @@ def test_a_sender_without_the_mirror_directory_leaves_it_to_that_machine(tmp_pat
     receipt = am("send", "--from", "a:x", "--to", "b:y", "--subject", "hi").json
     assert receipt["mirrors"] == [{"agent": "b:y", "path": str(gone), "status": "elsewhere"}]
     assert not gone.exists()
+
+
+def test_a_reader_cut_off_after_its_output_marks_nothing_read(mailbox_path, am, monkeypatch):
+    """The result reached stdout, then the server ended the reader's connection before its commit: the
+    command fails (the output is disowned), and the message is still unread for the next read."""
+    from agent_mail import cli
+
+    am("send", "--from", "a:x", "--to", "b:y", "--subject", "precious").json
+    printed = cli.emit
+
+    def emit_then_cut(document):
+        printed(document)
+        with _admin() as db:
+            db.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = "
+                       "'agent-mail' AND state = 'idle in transaction'")
+
+    monkeypatch.setattr(cli, "emit", emit_then_cut)
+    result = am("read", "b:y")
+    monkeypatch.setattr(cli, "emit", printed)
+    assert result.code == 1 and "Traceback" not in result.err
+    error = json.loads(result.err)
+    assert error["output_discarded"] is True and "disregard" in error["error"]
+    assert [m["subject"] for m in am("read", "b:y").json["messages"]] == ["precious"]

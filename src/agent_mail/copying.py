@@ -62,7 +62,10 @@ def copy(source_location: str, target_location: str, *, merge: bool = False, dry
     try:
         target = open_store(target_location)
         try:
-            return _copy(source, target, shown(source_location), shown(target_location), merge, dry_run)
+            result = _copy(source, target, shown(source_location), shown(target_location), merge, dry_run)
+            if not dry_run:
+                target.after_copy()
+            return result
         finally:
             target.close()
     finally:

@@ -109,6 +109,10 @@ class SQLStore(Store):
 
     #: The column numbering messages (and system events) in insertion order.
     SEQ = "rowid"
+    #: Whether `status` aggregates broadcast state by joining it to the messages at once, rather than checking
+    #: that every row belongs to a visible broadcast and then counting it per agent from an index (SQLite's
+    #: fastest path; PostgreSQL's planner does the join in one pass for less than the check alone).
+    _BROADCAST_STATE_BY_JOIN = False
     F: _Fragments
 
     def __init_subclass__(cls, **kwargs):
@@ -133,6 +137,14 @@ class SQLStore(Store):
     def _many(self, sql: str, rows: list) -> int:
         """Run one statement for each parameter set in `rows`; how many rows they changed."""
         raise NotImplementedError
+
+    @staticmethod
+    def _distinct(column: str, table: str) -> str:
+        """A query of the distinct non-null values of `column` in `table`."""
+        return f"SELECT DISTINCT {column} FROM {table}"
+
+    def after_copy(self) -> None:
+        """Called after a copy committed, outside any transaction: let the engine catch up (statistics)."""
 
     def _after_bulk_insert(self) -> None:
         """Called after rows were inserted with their insertion sequence given (a copy): let the engine's own
@@ -432,9 +444,9 @@ class SQLStore(Store):
                 f"AND recipient != '*' AND {visible} GROUP BY recipient", params):
                 entry(agent)[key] = n
         # Separate DISTINCTs: each walks its index skipping duplicates; a UNION would sort every row.
-        for sql in ("SELECT DISTINCT sender FROM messages",
-                    f"SELECT DISTINCT recipient FROM messages {self._hint('idx_messages_recipient')}",
-                    "SELECT DISTINCT agent FROM watch_sessions", "SELECT agent FROM heartbeats",
+        for sql in (self._distinct("sender", "messages"),
+                    self._distinct("recipient", f"messages {self._hint('idx_messages_recipient')}"),
+                    self._distinct("agent", "watch_sessions"), "SELECT agent FROM heartbeats",
                     "SELECT agent FROM profiles"):
             for (agent,) in self._x(sql):
                 if agent != "*":
@@ -463,13 +475,15 @@ class SQLStore(Store):
         to their messages, which is exact but reads every row's message.
         """
         visible = self.F.visible
-        total = self._value("SELECT COUNT(*) FROM broadcast_acks")
-        belonging = self._value(
-            f"SELECT COUNT(*) FROM messages m {self._hint('idx_messages_broadcasts')} JOIN broadcast_acks b "
-            f"ON b.message_id = m.id WHERE m.recipient = '*' AND {visible}", params)
+        total = belonging = 0
+        if not self._BROADCAST_STATE_BY_JOIN:
+            total = self._value("SELECT COUNT(*) FROM broadcast_acks")
+            belonging = self._value(
+                f"SELECT COUNT(*) FROM messages m {self._hint('idx_messages_broadcasts')} JOIN broadcast_acks b "
+                f"ON b.message_id = m.id WHERE m.recipient = '*' AND {visible}", params)
         acted = ("CASE WHEN b.acked_at IS NOT NULL OR b.archived_at IS NOT NULL OR b.deleted_at IS NOT NULL "
                  "THEN 1 ELSE 0 END")
-        if total != belonging:
+        if self._BROADCAST_STATE_BY_JOIN or total != belonging:
             sql = (f"SELECT b.agent, COUNT(b.read_at), SUM({acted}) FROM messages m JOIN broadcast_acks b "
                    f"ON b.message_id = m.id WHERE m.recipient = '*' AND m.sender != b.agent AND {visible} "
                    "GROUP BY b.agent")
