@@ -7,7 +7,9 @@ bench_cli (cold start), bench_scale (per-agent commands, status, cleanup and gro
 200,000 messages spread or with a broadcast backlog, and at 1,000,000), bench_concurrency,
 bench_fanout, bench_watch and bench_herd (100 and 300 blocked watches), and prints one
 table of both figures and their ratio; then bench_hooks (the harness hooks' cost beside our
-own `read`, and idle-wake latency, through the real Claude Code when it is installed).
+own `read`, and idle-wake latency, through the real Claude Code when it is installed), and
+bench_postgres (the team mailbox on PostgreSQL beside SQLite: per-agent commands and status at
+200,000 messages, wake across two hosts, 16 senders x 8 readers over two hosts, idle watches).
 --quick uses fewer rounds, no million-message mailbox and a herd of 20, for a smoke run;
 the recorded numbers in docs/benchmarks.md come from the full run.
 """
@@ -25,6 +27,7 @@ import bench_concurrency  # noqa: E402
 import bench_fanout  # noqa: E402
 import bench_herd  # noqa: E402
 import bench_hooks  # noqa: E402
+import bench_postgres  # noqa: E402
 import bench_scale  # noqa: E402
 import bench_watch  # noqa: E402
 from common import implementations, report, table  # noqa: E402
@@ -50,6 +53,9 @@ def main() -> None:
     print("\n# harness hooks (bench_hooks: beside our own read, same run)\n")
     print(table(bench_hooks.rows(clis, rounds=11 if args.quick else 31, wakes=3 if args.quick else 10),
                 bench_hooks.HEADERS))
+    # The team mailbox: PostgreSQL beside SQLite (and the reference where it can run), same run.
+    print("\n# team mailbox on PostgreSQL (bench_postgres)\n")
+    print(table(bench_postgres.rows(clis, quick=args.quick), bench_postgres.HEADERS))
 
 
 if __name__ == "__main__":

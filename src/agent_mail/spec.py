@@ -247,9 +247,11 @@ _register(Command(
         "liveness": "The fixed timings behind watching, watch_state and reachable.",
         "environment": "The environment variables agent-mail reads.",
         "global_flags": "Flags that stand instead of a command: --version, --help.",
-        "storage": "The mailbox this invocation resolves: path, source, exists, messages, size_bytes, and "
-        "permissions {directory, file, private, warning}: a mailbox other users can read is reported here; one "
-        "they can write is refused by every other command.",
+        "storage": "The mailbox this invocation resolves, with its backend. SQLite: path, source, exists, messages, "
+        "size_bytes, and permissions {directory, file, private, warning}: a mailbox other users can read is "
+        "reported here; one they can write is refused by every other command. PostgreSQL: url (never with its "
+        "password), source, schema, exists, messages, server_version, migrations, or problem when it cannot be "
+        "reached.",
         "commands": "Every command's manual, keyed by name.",
     },
     modes={"describe COMMAND": "Prints {name, storage, command: <that command's manual>} instead."},
@@ -868,7 +870,14 @@ def describe_document(storage: dict, version: str, command: str | None = None) -
         },
         "environment": {
             "AGENT_MAIL_DB": "Path of the mailbox file (default ~/.agent-mail/mail.db). A symbolic link is followed "
-            "to the real file. Empty means unset; a value of only spaces is refused.",
+            "to the real file. Empty means unset; a value of only spaces is refused. Or a team mailbox on "
+            "PostgreSQL: postgresql://USER@HOST[:PORT]/DATABASE (also postgres://), any libpq parameter allowed, "
+            "plus schema=NAME (default agent_mail); needs pip install 'agent-mail[postgres]'. Keep the password "
+            "in ~/.pgpass or PGPASSFILE: it is never shown, and setup never writes it.",
+            "AGENT_MAIL_PG_SCHEMA": "The PostgreSQL schema of the mailbox when the URL has no schema= parameter "
+            "(default agent_mail).",
+            "PG*": "libpq's own variables (PGPASSFILE, PGSSLMODE, PGSERVICE, PGCONNECT_TIMEOUT, ...) apply to a "
+            "PostgreSQL mailbox as to any libpq client.",
             "AGENT_MAIL_POLL": "Set to any value to make watch poll the mailbox (every 25 ms) instead of sleeping on "
             "its wake-up pipe, for a file system that cannot hold named pipes. Any new message then wakes every watch.",
         },

@@ -1,8 +1,22 @@
-"""The storage interface every backend implements.
+"""The storage interface every backend implements, and the contracts each keeps.
 
-The service layer speaks only to this interface, so a PostgreSQL backend can
-replace the embedded SQLite one without touching the operations above it.
-Methods work on plain dicts and must be called inside `transaction()`.
+The service layer speaks only to this interface (SQLite and PostgreSQL implement it through the
+shared SQL of store/sql.py). Methods work on plain dicts and must be called inside `transaction()`.
+
+Contracts (tests/test_store_contract.py proves them on every backend):
+- Writers are serialised: a `transaction(write=True)` holds the mailbox's one write lock from its
+  start to its end, and sees everything committed before it started. So two readers racing for
+  the same unread mail never both take a message.
+- Every message gets an insertion sequence (`seq` in results) when it is stored; since writers are
+  serialised, insertion order is commit order. Mail is ordered by arrival (a delayed message when
+  it falls due), then by that sequence.
+- A read transaction sees one snapshot: nothing another writer commits meanwhile.
+- A transaction is all or nothing: an exception inside it rolls everything back, and its
+  wake-ups are never sent.
+- Only errors.StorageError (and the other errors.AgentMailError kinds) leaves a store: no driver
+  exception type escapes, and no message shows a password.
+- Timestamps are ISO 8601 text; the service takes them from model.now(), which a backend with a
+  clock of its own (a database server several machines share) sets with model.follow_clock().
 """
 
 from __future__ import annotations
