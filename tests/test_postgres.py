@@ -198,7 +198,7 @@ def _wait_armed(mailbox_path, agent, timeout=30):
 def _watch_backends(schema: str) -> list[int]:
     with _admin() as db:
         return [r[0] for r in db.execute(
-            "SELECT pid FROM pg_stat_activity WHERE application_name = 'agent-mail' AND state = 'idle' "
+            "SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'agent-mail%%' AND state = 'idle' "
             "AND pid != pg_backend_pid()")]  # between the tests' in-process commands, only the watch is connected
 
 

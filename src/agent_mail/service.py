@@ -1027,7 +1027,8 @@ class Mailbox:
         try:
             self.store.listen(agent)
             marker = self.store.mail_marker()
-            check_at = time.monotonic() + SAFETY_CHECK_SECONDS
+            check_every = SAFETY_CHECK_SECONDS * self.store.idle_scale
+            check_at = time.monotonic() + check_every
             while True:
                 self.publish_due()
                 with self.store.transaction():
@@ -1042,7 +1043,7 @@ class Mailbox:
                     if self.store.wait_for_wake(max(0.0, wait)):
                         break
                     if time.monotonic() >= check_at:
-                        check_at = time.monotonic() + SAFETY_CHECK_SECONDS
+                        check_at = time.monotonic() + check_every
                         self.store.check_still_there()
                         current = self.store.mail_marker()
                         if current != marker:
@@ -1120,8 +1121,8 @@ class Mailbox:
         signal must end the process promptly, and a session left armed turns stale by itself.
         """
         try:
-            with self.store.transaction(write=True, patience=RELEASE_PATIENCE_SECONDS if quietly else None):
-                self.store.release_session(session, model.now_iso(), reason)
+            self.store.release_session_alone(session, model.now_iso(), reason,
+                                             patience=RELEASE_PATIENCE_SECONDS if quietly else None)
         except errors.StorageError:
             if not quietly:  # on the way out of another failure, that failure is the one to report
                 raise
@@ -1153,7 +1154,13 @@ class Mailbox:
         import time
 
         now = time.monotonic()
-        deadline, refresh_at, check_at = now + seconds, now + spec.REFRESH_SECONDS, now + SAFETY_CHECK_SECONDS
+        # A backend whose open connection already tells that the watch is there (PostgreSQL) refreshes its row
+        # and looks for lost wake-ups less often (idle_scale): fewer wake-ups for a hundred idle watches.
+        refresh_every = spec.REFRESH_SECONDS * self.store.idle_scale
+        check_every = SAFETY_CHECK_SECONDS * self.store.idle_scale
+        deadline, refresh_at, check_at = now + seconds, now + refresh_every, now + check_every
+        # wanted() is asked every REFRESH_SECONDS whatever the backend: it costs no round trip.
+        ask_at = now + spec.REFRESH_SECONDS if wanted is not None else deadline
         self.store.listen(agent, session)  # before the first look: mail committed after it always wakes us
         marker = self.store.mail_marker()
         look, due_at = True, None
@@ -1171,19 +1178,21 @@ class Mailbox:
             now = time.monotonic()
             if now >= deadline:
                 return []
-            if now >= refresh_at:
-                if wanted is not None and not wanted():
+            if now >= ask_at:
+                if not wanted():
                     return []
+                ask_at = now + spec.REFRESH_SECONDS
+            if now >= refresh_at:
                 self.store.refresh_session(session, model.now_iso())
-                refresh_at = now + spec.REFRESH_SECONDS
+                refresh_at = now + refresh_every
             if now >= check_at:
                 self.store.check_still_there()
-                check_at = now + SAFETY_CHECK_SECONDS
+                check_at = now + check_every
                 current = self.store.mail_marker()
                 if current != marker:
                     marker, look = current, True
                     continue
-            wake = min(deadline, refresh_at, check_at, due_at if due_at is not None else deadline)
+            wake = min(deadline, refresh_at, check_at, ask_at, due_at if due_at is not None else deadline)
             if self.store.wait_for_wake(max(0.0, wake - now)):
                 look = True
 

@@ -148,6 +148,8 @@ WATCH_MINUTES_MAX = 240.0
 REFRESH_SECONDS = 5.0  # a blocked watch refreshes its session this often
 LIVENESS_SECONDS = 60.0  # seen this recently = watching; spans the gap between a wake and the re-arm
 STALE_SECONDS = 15.0  # an armed session not refreshed for this long was killed
+POSTGRES_IDLE_SCALE = 6  # on PostgreSQL a watch refreshes its row (and looks for lost wake-ups) 6 times less often
+POSTGRES_PRESENCE_GRACE_SECONDS = 90.0  # ... and its open connection counts while its row is at most this old
 
 DELAY_MINUTES_MAX = 43_200.0  # 30 days
 ATTACHMENT_MAX_BYTES = 10 * 1024 * 1024
@@ -863,6 +865,10 @@ def describe_document(storage: dict, version: str, command: str | None = None) -
             "refresh_seconds": REFRESH_SECONDS,
             "watching_within_seconds": LIVENESS_SECONDS,
             "stale_after_seconds": STALE_SECONDS,
+            "postgresql": "A watch's open connection is its presence (it names its session); its row is refreshed "
+            f"every {REFRESH_SECONDS * POSTGRES_IDLE_SCALE:.0f} s, and a connected watch whose row is older than "
+            f"{POSTGRES_PRESENCE_GRACE_SECONDS:.0f} s no longer counts. A killed watch's connection ends at once, a "
+            "partitioned one within about 10 s.",
         },
         "global_flags": {
             "--version": "Print {name, version} and exit. Takes no arguments.",

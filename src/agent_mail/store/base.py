@@ -32,6 +32,10 @@ class Store:
     kind = "abstract"
     #: How often the default `wait_for_wake` looks for a new message, in seconds.
     poll_seconds = 0.025
+    #: A waiting watch refreshes its session every REFRESH_SECONDS times this, and looks for lost wake-ups
+    #: every SAFETY_CHECK_SECONDS times this. More than 1 where the backend knows a watch is there without
+    #: its refreshes (PostgreSQL: its open connection), so idle watches wake less often.
+    idle_scale = 1
 
     # -- lifecycle -------------------------------------------------------
     def close(self) -> None:
@@ -207,6 +211,12 @@ class Store:
     def release_session(self, session_id: str, at: str, reason: str) -> None:
         """Mark a session released (its watch exited), with why."""
         raise NotImplementedError
+
+    def release_session_alone(self, session_id: str, at: str, reason: str, patience: float | None = None) -> None:
+        """release_session in a transaction of its own, waiting for the write lock up to `patience` seconds
+        (backends may do it in one statement: it touches only that session's row)."""
+        with self.transaction(write=True, patience=patience):
+            self.release_session(session_id, at, reason)
 
     def record_heartbeat(self, agent: str, at: str) -> None:
         """Record that `agent` is present without a blocked watch."""

@@ -21,6 +21,7 @@ The contract the shared SQL relies on, made explicit here:
 
 from __future__ import annotations
 
+import datetime as _dt
 import hashlib
 import os
 import re
@@ -30,7 +31,7 @@ from contextlib import contextmanager
 import psycopg
 from psycopg import errors as pg_errors
 
-from agent_mail import errors, model
+from agent_mail import errors, model, spec
 from agent_mail.store import redact_url as redact
 from agent_mail.store import url_secrets as _secrets
 from agent_mail.store.sql import SQLStore
@@ -40,6 +41,9 @@ SCHEMA_ENV = "AGENT_MAIL_PG_SCHEMA"
 BUSY_TIMEOUT_SECONDS = 10.0  # how long a writer waits for the write lock, as on SQLite
 RECONNECT_SECONDS = 15.0  # how long a command keeps trying to reach a server that went away
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+_SESSION_ID = re.compile(r"^[0-9a-f-]{1,40}$")
+_WATCH_APP = "agent-mail watch "  # application_name of a watch's connection, followed by its session id
+PRESENCE_GRACE_SECONDS = spec.POSTGRES_PRESENCE_GRACE_SECONDS  # a connected watch counts while its row is this fresh
 # Connection settings we choose unless the URL or the environment does: a dead peer (a partition) is
 # noticed in seconds rather than the kernel's quarter of an hour.
 _DEFAULTS = {"connect_timeout": ("PGCONNECT_TIMEOUT", "5"), "application_name": ("PGAPPNAME", "agent-mail"),
@@ -180,6 +184,10 @@ class PostgresStore(SQLStore):
     kind = "postgresql"
     SEQ = "seq"
     _BROADCAST_STATE_BY_JOIN = True
+    # A watch's connection carries its presence (application_name names its session; see liveness()), so its
+    # row is refreshed every 30 s instead of 5 and it looks for lost wake-ups (which NOTIFY does not lose) every
+    # 90 s: a hundred idle watches cost a sixth of the wake-ups and round trips.
+    idle_scale = spec.POSTGRES_IDLE_SCALE
 
     def __init__(self, url: str):
         self.url = url
@@ -190,6 +198,7 @@ class PostgresStore(SQLStore):
                                         signed=True)
         self._wakes: set[str] = set()
         self._listening: list[str] = []
+        self._session: str | None = None
         self._woken = False
         self._relaxed = False
         self.db = None
@@ -464,6 +473,10 @@ class PostgresStore(SQLStore):
         # One autocommit statement, no write lock: it touches only this session's row.
         self._autocommit("refreshing a watch", lambda: self.touch_session(session_id, at))
 
+    def release_session_alone(self, session_id: str, at: str, reason: str, patience: float | None = None) -> None:
+        # Likewise: the session's own row only, one round trip on the way out of a watch.
+        self._autocommit("releasing a watch", lambda: self.release_session(session_id, at, reason))
+
     def mail_marker(self) -> object:
         return self._autocommit("waiting", lambda: self._value("SELECT MAX(seq) FROM messages"))
 
@@ -475,18 +488,48 @@ class PostgresStore(SQLStore):
                 f"the mailbox schema {self.schema} in {self.display} was dropped while this command was waiting; "
                 "it stopped rather than wait on a mailbox nobody writes to. Run the command again.")
 
+    def liveness(self, agent: str | None = None) -> dict[str, dict]:
+        """As stored, and: an armed session whose watch is connected now (its connection's application_name
+        names the session; visible to every role) counts as seen now, if its row was refreshed within
+        PRESENCE_GRACE_SECONDS. A killed watch's connection ends at once; a partitioned one is ended by the
+        server within seconds (the session's server-side keepalives); a hung one stops refreshing its row."""
+        from agent_mail.store.sql import ids_clause
+
+        facts = super().liveness(agent)
+        present = [r[0][len(_WATCH_APP):] for r in self._x(
+            "SELECT application_name FROM pg_stat_activity WHERE datname = current_database() "
+            "AND application_name LIKE ?", (_WATCH_APP + "%",))]
+        if not present:
+            return facts
+        now = model.now()
+        recent = model.iso(now - _dt.timedelta(seconds=PRESENCE_GRACE_SECONDS))
+        for start in range(0, len(present), 500):
+            marks, ids = ids_clause(present[start:start + 500])
+            for name, in self._x(f"SELECT agent FROM watch_sessions WHERE state = 'armed' AND id IN ({marks}) "
+                                 f"AND last_seen >= :recent" + (" AND agent = :agent" if agent else ""),
+                                 {**ids, "recent": recent, "agent": agent}):
+                entry = self._fact(facts, name)
+                entry["armed_seen"] = entry["session_seen"] = now
+        return facts
+
     def listen(self, agent: str, session: str | None = None) -> None:
         """LISTEN on `agent`'s channel and the broadcast channel, before the first look (AGENT_MAIL_POLL:
         poll instead, as on SQLite)."""
         if os.environ.get("AGENT_MAIL_POLL"):
             return super().listen(agent)
         self._listening = [channel(self.schema, agent), channel(self.schema, "*")]
+        self._session = session
         self._autocommit("starting to watch", self._listen_all)
         self._woken = False
 
     def _listen_all(self) -> None:
+        # The connection names the watch session it serves (its presence, see liveness()), and asks the server
+        # to probe the client every few seconds, so a watch cut off by a partition stops counting as present.
+        if self._session is not None and _SESSION_ID.match(self._session):
+            self.db.execute(f"SET application_name = '{_WATCH_APP}{self._session}'; SET tcp_keepalives_idle = 5; "
+                            "SET tcp_keepalives_interval = 2; SET tcp_keepalives_count = 3".encode())
         for name in self._listening:
-            self.db.execute(f'LISTEN "{name}"')
+            self.db.execute(f'LISTEN "{name}"'.encode())
 
     def wait_for_wake(self, timeout: float) -> bool:
         """Sleep (no transaction open) until a NOTIFY for us arrives (True) or `timeout` passes (False). A

@@ -556,22 +556,22 @@ class SQLStore(Store):
         from agent_mail.model import parse_iso
 
         where = "agent = :agent" if agent is not None else "1 = 1"
-        params = {"agent": agent}
-        facts: dict[str, dict] = {}
-        queries = (
-            ("session_seen", f"SELECT agent, {self._latest('last_seen')} FROM watch_sessions WHERE {where}"),
-            ("armed_seen", f"SELECT agent, {self._latest('last_seen')} FROM watch_sessions "
-                           f"WHERE state = 'armed' AND {where}"),
-            ("released_at", f"SELECT agent, {self._latest('released_at')} FROM watch_sessions "
-                            f"WHERE state = 'released' AND {where}"),
-            ("heartbeat", f"SELECT agent, {self._latest('last_seen')} FROM heartbeats WHERE {where}"),
+        # One statement (each part a latest time per identity, and the session count as text), one round trip.
+        parts = (
+            ("session_seen", f"SELECT 'session_seen', agent, {self._latest('last_seen')} FROM watch_sessions "
+                             f"WHERE {where} GROUP BY agent"),
+            ("armed_seen", f"SELECT 'armed_seen', agent, {self._latest('last_seen')} FROM watch_sessions "
+                           f"WHERE state = 'armed' AND {where} GROUP BY agent"),
+            ("released_at", f"SELECT 'released_at', agent, {self._latest('released_at')} FROM watch_sessions "
+                            f"WHERE state = 'released' AND {where} GROUP BY agent"),
+            ("heartbeat", f"SELECT 'heartbeat', agent, {self._latest('last_seen')} FROM heartbeats WHERE {where} "
+                          "GROUP BY agent"),
+            ("sessions", f"SELECT 'sessions', agent, CAST(COUNT(*) AS TEXT), NULL FROM watch_sessions WHERE {where} "
+                         "GROUP BY agent"),
         )
-        for key, sql in queries:
-            for name, stamp, _ in self._x(sql + " GROUP BY agent", params):
-                self._fact(facts, name)[key] = parse_iso(stamp)
-        for name, count in self._x(f"SELECT agent, COUNT(*) FROM watch_sessions WHERE {where} GROUP BY agent",
-                                   params):
-            self._fact(facts, name)["sessions"] = count
+        facts: dict[str, dict] = {}
+        for key, name, value, _ in self._x(" UNION ALL ".join(sql for _, sql in parts), {"agent": agent}):
+            self._fact(facts, name)[key] = int(value) if key == "sessions" else parse_iso(value)
         return facts
 
     @staticmethod
