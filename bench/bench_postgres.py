@@ -16,7 +16,8 @@ network namespaces joined by veth links; tests/twohosts.py). Figures:
 - 100 blocked watches idle: the on-CPU time of the watch processes, and on PostgreSQL also of their
   server backends, over an idle window (60 s on PostgreSQL: two cycles of its 30-s row refresh), as a
   share of one core.
-The reference CLI is SQLite-only and single-machine: it appears in the per-agent rows.
+The reference CLI is SQLite-only and single-machine: it appears in the per-agent rows. The first row is
+the driver's own import time, the floor under every command run as a process on PostgreSQL.
 """
 
 from __future__ import annotations
@@ -151,6 +152,22 @@ def scale_rows(clis: dict[str, str], rounds: int) -> list[tuple]:
     for label, _ in [*bench_scale.PER_AGENT, ("status", None)]:
         rows.append((f"200k spread: {label}, in one process (as MCP calls), ms", f"{warm[label]:.1f}", "", "", ""))
     return rows
+
+
+def driver_rows(python: str, rounds: int) -> list[tuple]:
+    """What importing the driver costs a process: the floor under every command on PostgreSQL."""
+    def median_ms(code: str) -> float:
+        samples = []
+        for _ in range(rounds):
+            started = time.perf_counter()
+            subprocess.run([python, "-c", code], env=cli_env(None), check=True)
+            samples.append((time.perf_counter() - started) * 1000)
+        return summary(samples)[0]
+
+    bare, driver = median_ms("pass"), median_ms("import psycopg")
+    ours_sqlite = median_ms("import agent_mail.cli, agent_mail.service, sqlite3")
+    return [("python -c 'import psycopg' minus a bare interpreter (the driver's import), ms", f"{driver - bare:.1f}",
+             f"{ours_sqlite - bare:.1f} (our SQLite path's imports)", "", "")]
 
 
 # ---------------------------------------------------------------- wake
@@ -288,7 +305,8 @@ def rows(clis: dict[str, str], quick: bool = False) -> list[tuple]:
 
     ours = clis["agent-mail"]
     python = _with_driver(ours)
-    table_rows = scale_rows(clis, rounds=3 if quick else 7)
+    table_rows = driver_rows(python, 5 if quick else 21)
+    table_rows += scale_rows(clis, rounds=3 if quick else 7)
     table_rows += idle_rows(ours, watches=20 if quick else 100, seconds=5 if quick else 10)
     problem = namespaces_problem()
     if problem:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from contextlib import contextmanager
 
 import pytest
 
@@ -44,13 +45,25 @@ def _wait_armed(host, agent, timeout=30):
     raise AssertionError(f"{agent} never armed")
 
 
+@contextmanager
+def _watching(host, agent):
+    """A `watch AGENT` on `host`, armed; killed on the way out if still running."""
+    _json(host.run("status"))  # the mailbox exists, reached over this host's link
+    watch = host.popen("watch", agent)
+    try:
+        _wait_armed(host, agent)
+        yield watch
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+        watch.communicate()
+
+
 def test_a_watch_on_one_host_is_woken_by_a_send_from_the_other(hosts):
     a, b = hosts["a"], hosts["b"]
     assert a.url != b.url and a.env()["HOME"] != b.env()["HOME"]
-    _json(a.run("status"))  # creates the mailbox over host a's link
-    watch = a.popen("watch", "team:alice")
-    try:
-        seen_from_a = _wait_armed(a, "team:alice")
+    with _watching(a, "team:alice") as watch:
+        seen_from_a = _json(a.run("status", "--agent", "team:alice"))["agents"][0]
         seen_from_b = _json(b.run("status", "--agent", "team:alice"))["agents"][0]
         assert seen_from_a["watch_state"] == seen_from_b["watch_state"] == "armed"  # liveness seen from both
         sent_at = time.monotonic()
@@ -61,18 +74,11 @@ def test_a_watch_on_one_host_is_woken_by_a_send_from_the_other(hosts):
         assert time.monotonic() - sent_at < 10  # woken by the commit, not its 55-minute timeout
         assert [m["subject"] for m in json.loads(out)["messages"]] == ["from host b"]
         assert _json(b.run("status", "--agent", "team:alice"))["agents"][0]["watch_state"] == "released"
-    finally:
-        if watch.poll() is None:
-            watch.kill()
-            watch.communicate()
 
 
 def test_a_partition_gives_clear_errors_and_the_watch_recovers_having_missed_nothing(hosts):
     a, b = hosts["a"], hosts["b"]
-    _json(a.run("status"))
-    watch = a.popen("watch", "team:alice")
-    try:
-        _wait_armed(a, "team:alice")
+    with _watching(a, "team:alice") as watch:
         a.partition()
         try:
             cut_off = a.run("send", "--from", "team:alice", "--to", "team:bob", "--subject", "lost?", timeout=60)
@@ -89,19 +95,11 @@ def test_a_partition_gives_clear_errors_and_the_watch_recovers_having_missed_not
         assert [m["subject"] for m in json.loads(out)["messages"]] == ["during the partition"]
         # the send that failed on a's side did not happen
         assert _json(b.run("read", "team:bob", "--no-mark-read"))["count"] == 0
-    finally:
-        if watch.poll() is None:
-            watch.kill()
-            watch.communicate()
 
 
-def test_a_partition_longer_than_the_reconnect_window_ends_the_watch_with_a_clear_error(hosts, monkeypatch):
+def test_a_partition_longer_than_the_reconnect_window_ends_the_watch_with_a_clear_error(hosts):
     a = hosts["a"]
-    _json(a.run("status"))
-    # short refreshes, so the watch notices the dead link quickly
-    watch = a.popen("watch", "team:alice")
-    try:
-        _wait_armed(a, "team:alice")
+    with _watching(a, "team:alice") as watch:  # the keepalives notice the dead link within about 11 s
         a.partition()
         try:
             out, err = watch.communicate(timeout=120)
@@ -110,7 +108,3 @@ def test_a_partition_longer_than_the_reconnect_window_ends_the_watch_with_a_clea
         assert watch.returncode == 1 and out == "" and "Traceback" not in err
         error = json.loads(err)["error"]
         assert "PostgreSQL" in error and ("unreachable" in error or "cannot reach" in error)
-    finally:
-        if watch.poll() is None:
-            watch.kill()
-            watch.communicate()

@@ -406,9 +406,9 @@ class PostgresStore(SQLStore):
         self._relaxed = True
         self._autocommit("starting to watch", lambda: self._x("SET synchronous_commit = off"))
 
-    @contextmanager
-    def transaction(self, write: bool = False, patience: float | None = None):
-        doing = "writing" if write else "reading"
+    _driver_error = psycopg.Error
+
+    def _start(self, write: bool, patience: float | None, doing: str) -> None:
         self._ready(doing)
         try:
             self._begin(write, patience)
@@ -424,15 +424,8 @@ class PostgresStore(SQLStore):
         except psycopg.Error as exc:
             self._rollback()
             raise self._fail(exc, doing) from None
-        self._wakes = set()
-        try:
-            yield self
-        except psycopg.Error as exc:
-            self._rollback()
-            raise self._fail(exc, doing) from None
-        except BaseException:
-            self._rollback()
-            raise
+
+    def _finish(self, write: bool, doing: str) -> None:
         try:
             # The wake-ups inside the transaction: PostgreSQL delivers them exactly when (and only if) it
             # commits. One round trip for both (channel names are hex digests: nothing to quote).

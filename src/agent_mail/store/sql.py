@@ -12,6 +12,8 @@ orders through julianday() because mailboxes of older implementations stored loc
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 from agent_mail.store.base import Store
 
 _FLAG_COLUMNS = {"read": "read_at", "ack": "acked_at", "archive": "archived_at", "delete": "deleted_at"}
@@ -154,8 +156,46 @@ class SQLStore(Store):
         """Queue a wake-up for `recipient`'s watches ('*': everyone), sent if the transaction commits."""
         raise NotImplementedError
 
+    # -- transactions: the template; each backend supplies its driver's error type and the steps -----------
+    #: The driver's base exception: what `_fail` turns into errors.StorageError.
+    _driver_error: type[Exception] = Exception
+
+    @contextmanager
+    def transaction(self, write: bool = False, patience: float | None = None):
+        doing = "writing" if write else "reading"
+        self._start(write, patience, doing)
+        self._wakes = set()
+        try:
+            yield self
+        except self._driver_error as exc:
+            self._rollback()
+            raise self._fail(exc, doing) from None
+        except BaseException:
+            self._rollback()
+            raise
+        self._finish(write, doing)
+
+    def _start(self, write: bool, patience: float | None, doing: str) -> None:
+        """Begin (write: take the write lock first, waiting up to `patience`); StorageError if it cannot."""
+        raise NotImplementedError
+
+    def _finish(self, write: bool, doing: str) -> None:
+        """Commit, with the queued wake-ups; StorageError (after rolling back) if it cannot."""
+        raise NotImplementedError
+
+    def _rollback(self) -> None:
+        raise NotImplementedError
+
+    def _fail(self, exc: Exception, doing: str):
+        """The driver's error `exc`, met while `doing`, as an errors.StorageError to raise."""
+        raise NotImplementedError
+
+    def _rows(self, sql: str, params: object = ()):
+        """A cursor yielding plain tuples, with `description` (what _query zips into dicts)."""
+        return self._x(sql, params)
+
     def _query(self, sql: str, params: object = ()) -> list[dict]:
-        cursor = self._x(sql, params)
+        cursor = self._rows(sql, params)
         names = [column[0] for column in cursor.description]
         rows = [dict(zip(names, row, strict=True)) for row in cursor]
         if "refs" in names:

@@ -11,10 +11,9 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
-from contextlib import contextmanager
 
 from agent_mail import errors, jsonout
-from agent_mail.store.sql import SQLStore, decode_refs, ids_clause
+from agent_mail.store.sql import SQLStore, ids_clause
 
 # Marks a file as an agent-mail mailbox ("AGML"). Older mailboxes carry 0.
 APPLICATION_ID = 0x41474D4C
@@ -206,22 +205,14 @@ class SQLiteStore(SQLStore):
         return f"{column}, MAX(julianday({column}))"
 
     def _tuples(self, sql: str, params: object = ()) -> list[tuple]:
-        cursor = self.db.cursor()
-        cursor.row_factory = None
-        return cursor.execute(sql, params).fetchall()
+        return self._rows(sql, params).fetchall()
 
-    def _query(self, sql: str, params: object = ()) -> list[dict]:
-        # Plain tuples zipped with the column names: a third of the cost of sqlite3.Row -> dict, which
-        # counts when a watch lists thousands of envelopes.
+    def _rows(self, sql: str, params: object = ()):
+        # Plain tuples, zipped with the column names by _query: a third of the cost of sqlite3.Row -> dict,
+        # which counts when a watch lists thousands of envelopes.
         cursor = self.db.cursor()
         cursor.row_factory = None
-        cursor.execute(sql, params)
-        names = [column[0] for column in cursor.description]
-        rows = [dict(zip(names, row, strict=True)) for row in cursor]
-        if "refs" in names:
-            for message in rows:
-                message["refs"] = decode_refs(message["refs"])
-        return rows
+        return cursor.execute(sql, params)
 
     def _unread_laid_out(self, direct: str, broadcast: str, *, lean_columns: str, params: dict,
                          layout_level: int):
@@ -448,22 +439,15 @@ class SQLiteStore(SQLStore):
         except sqlite3.Error as exc:
             raise self._fail(exc, "starting to watch") from None
 
-    @contextmanager
-    def transaction(self, write: bool = False, patience: float | None = None):
-        doing = "writing" if write else "reading"
+    _driver_error = sqlite3.Error
+
+    def _start(self, write: bool, patience: float | None, doing: str) -> None:
         try:
             self._begin("BEGIN IMMEDIATE" if write else "BEGIN", BUSY_TIMEOUT_SECONDS if patience is None else patience)
         except sqlite3.Error as exc:
             raise self._fail(exc, doing) from None
-        self._wakes = set()
-        try:
-            yield self
-        except sqlite3.Error as exc:
-            self._rollback()
-            raise self._fail(exc, doing) from None
-        except BaseException:
-            self._rollback()
-            raise
+
+    def _finish(self, write: bool, doing: str) -> None:
         try:
             self.db.execute("COMMIT")
         except sqlite3.Error as exc:
