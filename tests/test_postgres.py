@@ -407,3 +407,26 @@ def test_a_reader_cut_off_after_its_output_marks_nothing_read(mailbox_path, am, 
     error = json.loads(result.err)
     assert error["output_discarded"] is True and "disregard" in error["error"]
     assert [m["subject"] for m in am("read", "b:y").json["messages"]] == ["precious"]
+
+
+def test_libpq_service_files_and_parameters_work_as_for_any_libpq_client(tmp_path, mailbox_path, am):
+    """AGENT_MAIL_DB=postgresql://?service=NAME with PGSERVICEFILE: libpq fills in host, port, database and
+    user; other libpq parameters pass through (sslmode=require against a server without SSL is refused
+    clearly)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(TEST_PG_URL)
+    services = tmp_path / "pg_service.conf"
+    services.write_text(f"[amtest]\nhost={parts.hostname}\nport={parts.port or 5432}\n"
+                        f"dbname={parts.path.lstrip('/')}\nuser={parts.username}\n")
+    schema = mailbox_path.rpartition("=")[2]
+    env = process_env(AGENT_MAIL_DB=f"postgresql://?service=amtest&schema={schema}", PGSERVICEFILE=str(services))
+    sent = _am("send", "--from", "a:x", "--to", "b:y", "--subject", "via the service file", env=env)
+    assert sent.returncode == 0, sent.stderr
+    assert [m["subject"] for m in am("read", "b:y").json["messages"]] == ["via the service file"]
+    with _admin() as db:
+        ssl = db.execute("SHOW ssl").fetchone()[0]
+    if ssl == "off":
+        refused = _am("status", env=process_env(AGENT_MAIL_DB=mailbox_path + "&sslmode=require"))
+        assert refused.returncode == 1 and "Traceback" not in refused.stderr
+        assert "SSL" in json.loads(refused.stderr)["error"]

@@ -11,6 +11,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 
 from agent_mail.store import sqlite as sqlite_store
 from conftest import process_env
@@ -245,3 +247,27 @@ def test_a_new_mailbox_opened_by_many_processes_in_the_same_instant(tmp_path):
             _, err = proc.communicate(timeout=60)
             assert proc.returncode == 0, err
         go.unlink()
+
+
+@pytest.mark.parametrize("url, shown", [
+    ("postgresql://u:secret@h/db?schema=x&password=p2", "postgresql://u@h/db?schema=x"),
+    ("postgres://u:p%40ss@h1:5432,h2/db", "postgres://u@h1:5432,h2/db"),
+    ("postgresql://?service=team", "postgresql://?service=team"),
+    ("postgresql://h/db?sslmode=verify-full", "postgresql://h/db?sslmode=verify-full"),
+])
+def test_a_mailbox_url_is_shown_without_its_password(url, shown):
+    from agent_mail.store import redact_url, url_secrets
+
+    assert redact_url(url) == shown
+    for secret in url_secrets(url):
+        assert secret not in redact_url(url)
+
+
+@pytest.mark.parametrize("location, backend", [
+    ("/tmp/x/mail.db", "sqlite"), ("relative/mail.db", "sqlite"), ("postgresql://h/db", "postgresql"),
+    ("postgres://h/db", "postgresql"), ("POSTGRESQL://h/db", "postgresql"), ("weird:name.db", "sqlite"),
+])
+def test_the_registry_picks_the_backend_from_the_location(location, backend):
+    from agent_mail.store import backend_name
+
+    assert backend_name(location) == backend

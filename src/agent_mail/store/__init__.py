@@ -57,18 +57,27 @@ def open_store(location: str):
     return getattr(module, BACKENDS[scheme][2])(location)
 
 
+def with_query(url: str, pairs: list[tuple[str, str]]) -> str:
+    """`url` with its query replaced by `pairs`, the rest kept character for character (urlunsplit would turn
+    postgresql://?service=x into postgresql:?service=x, which libpq cannot read)."""
+    from urllib.parse import urlencode
+
+    base = url.partition("?")[0]
+    return f"{base}?{urlencode(pairs)}" if pairs else base
+
+
 def redact_url(url: str) -> str:
     """The URL with any password removed (user:secret@ -> user@, password=... dropped)."""
-    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+    from urllib.parse import parse_qsl, urlsplit
 
     try:
         parts = urlsplit(url)
-        netloc = parts.netloc
-        userinfo, at, hosts = netloc.rpartition("@")
+        userinfo, at, hosts = parts.netloc.rpartition("@")
         if at and ":" in userinfo:
-            netloc = f"{userinfo.partition(':')[0]}@{hosts}"
-        query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != "password"]
-        return urlunsplit(parts._replace(netloc=netloc, query=urlencode(query)))
+            url = url.replace(parts.netloc, f"{userinfo.partition(':')[0]}@{hosts}", 1)
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        kept = [(k, v) for k, v in query if k != "password"]
+        return with_query(url, kept) if len(kept) != len(query) else url
     except ValueError:
         return url.split("://", 1)[0] + "://(unreadable URL)"
 

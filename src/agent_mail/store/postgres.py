@@ -139,7 +139,9 @@ MIGRATIONS = (m001_tables, m002_indexes, m003_count_indexes)
 
 def split_url(url: str) -> tuple[str, str]:
     """(the URL libpq is given, the schema): our own `schema=` parameter taken out, anything else kept."""
-    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+    from urllib.parse import parse_qsl, urlsplit
+
+    from agent_mail.store import with_query
 
     parts = urlsplit(url)
     query = parse_qsl(parts.query, keep_blank_values=True)
@@ -154,7 +156,7 @@ def split_url(url: str) -> tuple[str, str]:
         raise errors.InvalidInput([("AGENT_MAIL_DB", f"schema {schema!r} is not a usable PostgreSQL schema name: "
                                                      "use lower-case letters, digits and _ (at most 63), starting "
                                                      "with a letter or _, e.g. ?schema=agent_mail.")])
-    return urlunsplit(parts._replace(query=urlencode(kept))), schema
+    return (with_query(url, kept) if len(kept) != len(query) else url), schema
 
 
 def channel(schema: str, recipient: str) -> str:
