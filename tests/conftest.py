@@ -48,12 +48,27 @@ def postgres_problem() -> str | None:
             _pg_problem.append("psycopg is not installed (pip install -e '.[test]')")
         else:
             try:
-                psycopg.connect(TEST_PG_URL, connect_timeout=3).close()
+                with psycopg.connect(TEST_PG_URL, connect_timeout=3, autocommit=True) as db:
+                    _sweep_leftover_schemas(db)
                 _pg_problem.append(None)
             except psycopg.Error as exc:
                 _pg_problem.append(f"no PostgreSQL server at {TEST_PG_URL} ({str(exc).strip().splitlines()[0]}); "
                                    "set AGENT_MAIL_TEST_PG to a database URL where the tests may create schemas")
     return _pg_problem[0]
+
+
+def _sweep_leftover_schemas(db) -> None:
+    """Drop the schemas of test runs on this machine that were killed before their fixtures could drop them
+    (t_HOST_PID_*, that process gone); other machines' runs are left alone."""
+    pattern = f"^t_{_host_tag()}_[0-9]+_[0-9a-f]{{8}}$"
+    for (name,) in db.execute("SELECT nspname FROM pg_namespace WHERE nspname ~ %s", (pattern,)).fetchall():
+        pid = int(name.split("_")[2])
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            db.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+        except PermissionError:
+            pass  # another user's live run
 
 
 def require_postgres() -> None:
@@ -77,8 +92,16 @@ def drop_schema(schema: str) -> None:
         db.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
+def _host_tag() -> str:
+    import hashlib
+    import socket
+
+    return hashlib.sha1(socket.gethostname().encode()).hexdigest()[:6]
+
+
 def new_schema_name() -> str:
-    return f"t_{os.getpid()}_{os.urandom(4).hex()}"
+    """t_HOST_PID_RANDOM: this machine's tag and process, so a later run here can sweep what a killed one left."""
+    return f"t_{_host_tag()}_{os.getpid()}_{os.urandom(4).hex()}"
 
 
 @pytest.fixture
