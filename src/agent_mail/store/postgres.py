@@ -159,6 +159,17 @@ def split_url(url: str) -> tuple[str, str]:
     return (with_query(url, kept) if len(kept) != len(query) else url), schema
 
 
+def _scrubbed(text: str, secrets: list[str]) -> str:
+    for secret in secrets:
+        text = text.replace(secret, "***")
+    return text.strip()
+
+
+def _error_text(exc: Exception, secrets: list[str]) -> str:
+    """The first line of a driver error, without any password: the only form a driver error is shown in."""
+    return _scrubbed(str(exc).splitlines()[0] if str(exc) else type(exc).__name__, secrets)
+
+
 def channel(schema: str, recipient: str) -> str:
     """The NOTIFY channel of `recipient`'s mail in `schema` ('*': broadcasts); a valid identifier whatever
     the identity's length."""
@@ -238,13 +249,11 @@ class PostgresStore(SQLStore):
 
     # -- errors ----------------------------------------------------------------
     def _scrub(self, text: str) -> str:
-        for secret in self._secrets:
-            text = text.replace(secret, "***")
-        return text.strip()
+        return _scrubbed(text, self._secrets)
 
     def _fail(self, exc: Exception, doing: str) -> errors.StorageError:
         """The one place a driver error becomes ours: what went wrong, that nothing changed, what to do."""
-        text = self._scrub(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        text = _error_text(exc, self._secrets)
         where = f"the PostgreSQL mailbox {self.display} (schema {self.schema})"
         if isinstance(exc, pg_errors.LockNotAvailable):
             return errors.StorageError(f"{where} was locked by another writer while {doing} (waited up to "
@@ -289,12 +298,17 @@ class PostgresStore(SQLStore):
         except psycopg.Error as exc:
             raise self._fail(exc, "connecting") from None
         try:
-            self._sample_clock()
-            self._x(f"SELECT set_config('search_path', '{self.schema}', false), "
-                    f"set_config('lock_timeout', '{int(BUSY_TIMEOUT_SECONDS * 1000)}ms', false)")
+            # One round trip: the server's clock, this connection's settings, and whether the schema is there.
+            before = time.monotonic()
+            moment, _, _, made = self._x(
+                f"SELECT clock_timestamp(), set_config('search_path', '{self.schema}', false), "
+                f"set_config('lock_timeout', '{int(BUSY_TIMEOUT_SECONDS * 1000)}ms', false), to_regclass(?)",
+                (f'"{self.schema}".schema_migrations',)).fetchone()
+            # The server's clock is this process's clock from now on (see model.follow_clock).
+            model.follow_clock(moment, (before + time.monotonic()) / 2)
             if self._relaxed:
                 self._x("SET synchronous_commit = off")
-            self._migrate()
+            self._migrate(made is not None)
         except psycopg.Error as exc:
             self._close_quietly()
             raise self._fail(exc, "creating the schema" if first else "reconnecting") from None
@@ -302,17 +316,12 @@ class PostgresStore(SQLStore):
             self._close_quietly()
             raise
 
-    def _sample_clock(self) -> None:
-        """Take the server's clock as this process's clock (see model.follow_clock)."""
-        before = time.monotonic()
-        moment = self.db.execute("SELECT clock_timestamp()").fetchone()[0]
-        model.follow_clock(moment, (before + time.monotonic()) / 2)
-
-    def _migrate(self) -> None:
+    def _migrate(self, recorded: bool) -> None:
         """Create or bring the schema up to date: additive named migrations, recorded, applied by one process
-        at a time (an advisory lock) however many start together on however many machines."""
-        names = [m.__name__ for m in MIGRATIONS]
-        if self._applied() >= set(names):
+        at a time (an advisory lock) however many start together on however many machines. `recorded`: the
+        schema_migrations table exists."""
+        names = {m.__name__ for m in MIGRATIONS}
+        if recorded and {r[0] for r in self._x("SELECT name FROM schema_migrations")} >= names:
             return  # the common case: one query
         with self._raw_transaction():
             self._x("SELECT pg_advisory_xact_lock(?)", (self._lock_key ^ 1,))
@@ -325,11 +334,6 @@ class PostgresStore(SQLStore):
                     migration(self._x)
                     self._x("INSERT INTO schema_migrations (name, applied_at) VALUES (?, ?)",
                             (migration.__name__, model.now_iso()))
-
-    def _applied(self) -> set[str]:
-        if self._value("SELECT to_regclass(?)", (f'"{self.schema}".schema_migrations',)) is None:
-            return set()
-        return {r[0] for r in self._x("SELECT name FROM schema_migrations")}
 
     @contextmanager
     def _raw_transaction(self):
@@ -559,7 +563,6 @@ def inspect(url: str) -> dict:
     """Facts about a PostgreSQL mailbox for `describe`, without creating or changing anything."""
     conninfo, schema = split_url(url)
     report: dict = {"schema": schema, "exists": False, "messages": None}
-    scrub = _secrets(url)
     try:
         from psycopg.conninfo import make_conninfo
 
@@ -572,36 +575,30 @@ def inspect(url: str) -> dict:
                 report["migrations"] = [r[0] for r in db.execute(
                     f'SELECT name FROM "{schema}".schema_migrations ORDER BY name')]
     except psycopg.Error as exc:
-        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        for secret in scrub:
-            text = text.replace(secret, "***")
-        report["problem"] = f"cannot read it: {text.strip()}"
+        report["problem"] = f"cannot read it: {_error_text(exc, _secrets(url))}"
     return report
-
-
-TABLES = ("messages", "broadcast_acks", "watchers", "watch_sessions", "heartbeats", "scheduled", "attachment_blobs",
-          "attachments", "profiles", "system_events", "harness_sessions", "schema_migrations")
 
 
 def check(url: str) -> dict:
     """What `doctor` reports of a PostgreSQL mailbox, without creating or changing anything: {schema: {...},
     counts: {table: n}}; the server keeps its own integrity, so there is nothing of ours to repair."""
+    from agent_mail import copying
+
+    tables = (*copying.TABLES, "schema_migrations")  # every table of a mailbox
     conninfo, schema = split_url(url)
     try:
         with psycopg.connect(conninfo, autocommit=True, connect_timeout=os.environ.get("PGCONNECT_TIMEOUT", "5")) as db:
             present = {r[0] for r in db.execute(
                 "SELECT table_name FROM information_schema.tables WHERE table_schema = %s", (schema,))}
             counts = {t: db.execute(f'SELECT COUNT(*) FROM "{schema}"."{t}"').fetchone()[0]
-                      for t in TABLES if t in present}
+                      for t in tables if t in present}
             applied = ({r[0] for r in db.execute(f'SELECT name FROM "{schema}".schema_migrations')}
                        if "schema_migrations" in present else set())
     except psycopg.Error as exc:
-        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        for secret in _secrets(url):
-            text = text.replace(secret, "***")
-        raise errors.StorageError(f"cannot check the PostgreSQL mailbox {redact(url)}: {text.strip()}.") from None
+        raise errors.StorageError(f"cannot check the PostgreSQL mailbox {redact(url)}: "
+                                  f"{_error_text(exc, _secrets(url))}.") from None
     expected = [m.__name__ for m in MIGRATIONS]
-    missing = [t for t in TABLES if t not in present] if present else []
+    missing = [t for t in tables if t not in present] if present else []
     return {"schema": {"migrations_applied": len(applied & set(expected)), "migrations_expected": len(expected),
                        "application_id_ok": True, "missing_tables": missing,
                        "complete": set(expected) <= applied and not missing} if present else None,
