@@ -37,6 +37,17 @@ def private_tmp(home) -> str:
     return path
 
 
+URGENT = "Stop the deploy"  # the subject of the mail that lands during a turn
+
+
+def send_urgent_mail(agent: str) -> None:
+    """Mail for `agent` from another process, as a colleague would send it mid-turn."""
+    from conftest import am_process, process_env
+
+    done = am_process("send", "--from", "boss:lead", "--to", agent, "--subject", URGENT, env=process_env())
+    assert done.returncode == 0, done.stderr
+
+
 def mail_during_the_turn(is_turn, history, send):
     """A model script for the stop guard: in the session's first turn, mail lands (send()) while the model
     answers "All done."; once the stop guard sends the turn back (its reason in the history), the model

@@ -19,7 +19,7 @@ import pytest
 
 from conftest import am_process, process_env
 from fake_model import FakeModel
-from harnesses import harness, private_tmp
+from harnesses import URGENT, harness, private_tmp, send_urgent_mail
 
 AGENT = "proj:coder"
 
@@ -102,9 +102,7 @@ def test_mail_during_a_turn_holds_the_stop_once(project):
             return [{"type": "text", "text": "I will handle it next."}]
         if _has_tool_result(request):
             if not sent.is_set():  # mail lands while the model writes its last answer
-                done = am_process("send", "--from", "boss:lead", "--to", AGENT, "--subject", "Stop the deploy",
-                                  env=process_env())
-                assert done.returncode == 0, done.stderr
+                send_urgent_mail(AGENT)
                 sent.set()
             return [{"type": "text", "text": "All done."}]
         return [{"type": "tool_use", "name": "Bash", "input": {"command": "true", "description": "nothing"}}]
@@ -114,7 +112,7 @@ def test_mail_during_a_turn_holds_the_stop_once(project):
     loop = [r for r in model.requests if _main_loop(r)]
     held = [r for r in loop if "This arrived while you worked" in json.dumps(r["messages"])]
     assert held, "the stop was not held"
-    assert "Stop the deploy" in json.dumps(held[0]["messages"])
+    assert URGENT in json.dumps(held[0]["messages"])
     # Held once: the next stop (stop_hook_active) went through, and the run ended.
     assert result["result"] == "I will handle it next."
     assert len([r for r in loop if json.dumps(r["messages"]).count("This arrived while you worked") > 0]) == 1

@@ -16,7 +16,7 @@ import pytest
 
 from conftest import am_process, process_env
 from fake_model import FakeModel
-from harnesses import HELD, harness, mail_during_the_turn, private_tmp
+from harnesses import HELD, URGENT, harness, mail_during_the_turn, private_tmp, send_urgent_mail
 
 AGENT = "proj:coder"
 
@@ -82,17 +82,12 @@ def test_mail_reaches_codex_and_its_mcp_tools_run_without_approval(project):
 
 
 def test_mail_during_a_codex_turn_holds_the_stop_once(project):
-    def send():
-        done = am_process("send", "--from", "boss:lead", "--to", AGENT, "--subject", "Stop the deploy",
-                          env=process_env())
-        assert done.returncode == 0, done.stderr
-
-    script = mail_during_the_turn(_main, lambda request: request["input"], send)
+    script = mail_during_the_turn(_main, lambda request: request["input"], lambda: send_urgent_mail(AGENT))
     with FakeModel(script) as model:
         events = _run(project, model, "Do the task.")
     loop = [r for r in model.requests if _main(r)]
     held = [r for r in loop if HELD in json.dumps(r["input"])]
-    assert len(held) == 1 and "Stop the deploy" in json.dumps(held[0]["input"])
+    assert len(held) == 1 and URGENT in json.dumps(held[0]["input"])
     messages = [e["item"]["text"] for e in events if e.get("type") == "item.completed"
                 and e["item"].get("type") == "agent_message"]
     assert messages[-1] == "I will handle it next."

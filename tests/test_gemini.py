@@ -16,7 +16,7 @@ import pytest
 
 from conftest import am_process, process_env
 from fake_model import FakeModel
-from harnesses import HELD, harness, mail_during_the_turn, private_tmp
+from harnesses import HELD, URGENT, harness, mail_during_the_turn, private_tmp, send_urgent_mail
 
 AGENT = "proj:coder"
 
@@ -82,16 +82,11 @@ def test_mail_reaches_gemini_and_its_mcp_tools_run_without_a_prompt(project):
 
 
 def test_mail_during_a_gemini_turn_is_sent_back_once(project):
-    def send():
-        done = am_process("send", "--from", "boss:lead", "--to", AGENT, "--subject", "Stop the deploy",
-                          env=process_env())
-        assert done.returncode == 0, done.stderr
-
-    script = mail_during_the_turn(_main, lambda request: request["contents"], send)
+    script = mail_during_the_turn(_main, lambda request: request["contents"], lambda: send_urgent_mail(AGENT))
     with FakeModel(script) as model:
         result = _run(project, model, "Do the task.")
     loop = [r for r in model.requests if _main(r)]
     held = [r for r in loop if HELD in json.dumps(r["contents"])]
-    assert len(held) == 1 and "Stop the deploy" in json.dumps(held[0]["contents"])
+    assert len(held) == 1 and URGENT in json.dumps(held[0]["contents"])
     assert "I will handle it next." in result["response"]
     assert json.loads(am_process("read", AGENT, "--no-mark-read").stdout)["count"] == 1  # told, not consumed
