@@ -82,19 +82,19 @@ def _copy(source, target, source_name: str, target_name: str, merge: bool, dry_r
                                                        f"{existing['messages']} messages and other records; nothing "
                                                        "was copied. Copy into an empty mailbox, or give --merge to "
                                                        "add what it lacks (records it has are kept as they are).")])
-            # Into an empty mailbox the insertion sequence is kept as it was; merged records are appended.
-            copied = {table: 0 if dry_run else _copy_table(source, target, table, keep_seq=not merge)
-                      for table in TABLES}
-            if not dry_run:
-                target._after_bulk_insert()
-            after = counts(target)
             if dry_run:
-                after = existing
-            missing = {t: before[t] - (after[t] - existing[t]) for t in TABLES
-                       if not dry_run and not merge and after[t] - existing[t] != before[t]}
-            if missing:
-                raise errors.StorageError(f"the copy into {target_name} did not count out ({missing}); nothing was "
-                                          "copied. Please report this.")
+                copied, after = dict.fromkeys(TABLES, 0), existing
+            else:
+                # Into an empty mailbox the insertion sequence is kept as it was; merged records are appended.
+                copied = {table: _copy_table(source, target, table, keep_seq=not merge) for table in TABLES}
+                target._after_bulk_insert()
+                after = counts(target)
+                # Counted again, independently of what the inserts reported: an empty target now holds exactly
+                # what the source holds, or nothing is committed.
+                short = {t: before[t] - (after[t] - existing[t]) for t in TABLES if after[t] - existing[t] != before[t]}
+                if short and not merge:
+                    raise errors.StorageError(f"the copy into {target_name} did not count out (rows short: {short}); "
+                                              "nothing was copied. Please report this.")
     return {"source": source_name, "target": target_name, "dry_run": dry_run, "merge": merge,
             "source_counts": before, "target_counts_before": existing, "target_counts": after, "copied": copied,
             "verified": not dry_run and all(after[t] >= before[t] for t in TABLES)}
@@ -102,10 +102,9 @@ def _copy(source, target, source_name: str, target_name: str, merge: bool, dry_r
 
 def _copy_table(source, target, table: str, keep_seq: bool) -> int:
     columns, numbered, key = TABLES[table]
-    numbered = numbered and keep_seq
-    read_columns = ((f"{source.SEQ} AS seq",) if numbered else ()) + columns
-    write_columns = ((target.SEQ,) if numbered else ()) + columns
-    order = f" ORDER BY {source.SEQ}" if TABLES[table][1] else ""
+    read_columns = ((f"{source.SEQ} AS seq",) if numbered and keep_seq else ()) + columns
+    write_columns = ((target.SEQ,) if numbered and keep_seq else ()) + columns
+    order = f" ORDER BY {source.SEQ}" if numbered else ""  # merged records are appended in their own order
     insert = (f"INSERT INTO {table} ({', '.join(write_columns)}) VALUES ({', '.join('?' for _ in write_columns)}) "
               f"ON CONFLICT ({', '.join(key)}) DO NOTHING")
     stamps = [i for i, name in enumerate(write_columns) if name in _STAMPS]
