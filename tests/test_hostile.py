@@ -361,7 +361,7 @@ def test_a_symlinked_mailbox_is_resolved_to_the_real_file(am, monkeypatch, tmp_p
     link_dir.mkdir(mode=0o700)
     (link_dir / "mail.db").symlink_to(real_dir / "mail.db")
     monkeypatch.setenv("AGENT_MAIL_DB", str(link_dir / "mail.db"))
-    assert service.resolve_path()[0] == str(real_dir / "mail.db")
+    assert service.resolve_location()[0] == str(real_dir / "mail.db")
     am("send", "--from", "a:x", "--to", "b:y", "--subject", "via link").json
     storage = am("describe").json["storage"]
     assert storage["path"] == str(real_dir / "mail.db") and storage["link"] == str(link_dir / "mail.db")

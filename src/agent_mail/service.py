@@ -51,17 +51,6 @@ def resolve_location() -> tuple[str, str]:
     return os.path.realpath(os.path.expanduser(DEFAULT_PATH)), "default"
 
 
-def resolve_path() -> tuple[str, str]:
-    """resolve_location() for the commands that work on a SQLite file only (doctor); a clear error otherwise."""
-    from agent_mail.store import backend_name
-
-    location, source = resolve_location()
-    if backend_name(location) != "sqlite":
-        raise errors.InvalidInput([(ENV_VAR, "names a PostgreSQL mailbox; this command works on a SQLite mailbox "
-                                             "file. Use PostgreSQL's own tools (pg_dump, amcheck) for the server.")])
-    return location, source
-
-
 def storage_report() -> dict:
     """What `describe` says about the mailbox; never creates it, never shows a password."""
     from agent_mail.store import backend_module, backend_name
