@@ -125,10 +125,14 @@ def mailbox_path(tmp_path, monkeypatch, backend):
     schema = new_schema_name()
     url = pg_url(schema)
     monkeypatch.setenv("AGENT_MAIL_DB", url)
+    # A URL taken for a file path would be created relative to the working directory as "postgresql:/...".
+    leaked_before = os.path.lexists("postgresql:")
     try:
         yield url
     finally:
         drop_schema(schema)
+    assert leaked_before or not os.path.lexists("postgresql:"), (
+        "this test treated the PostgreSQL URL as a file path and created ./postgresql:")
 
 
 @dataclass
