@@ -449,6 +449,12 @@ def main(argv: list[str] | None = None) -> int:
                     "pip install 'agent-mail[mcp]'.") from None
             mcp_server.serve(**values)
             return errors.EXIT_OK
+        if name == "dashboard":
+            from agent_mail import dashboard
+
+            dashboard.run(human=values["as"], project=values["project"], overdue_minutes=values["overdue_minutes"],
+                          web=values["web"], port=values["port"])
+            return errors.EXIT_OK
         if name == "doctor":
             service.doctor(**values, emit=emit_once)
             return errors.EXIT_OK

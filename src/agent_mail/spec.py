@@ -734,6 +734,35 @@ _register(Command(
 
 
 _register(Command(
+    name="dashboard",
+    summary="The supervisor's live view of this mailbox in the terminal (or a browser tab with --web): Fleet (one "
+    "row per identity: watch state, live sessions, unread, unacked, age of the oldest unacked, last seen; problems "
+    "first: deaf with mail, overdue, stale, bounced), Traffic (sends as they land, per-recipient state, threads, "
+    "bodies, refs, attachments), each identity's Inbox as it would see it, and Charts (sends per hour, unread and "
+    "unacked over the last day). Looking marks nothing read. With --as, step in as that identity (marked human): "
+    "send, reply, broadcast, cancel, and ack/dismiss/archive its own mail. Updates ride the same wake-up a watch "
+    "uses. Needs the tui extra: pip install 'agent-mail[tui]'. Press ? inside for the keys.",
+    args=(
+        Arg("--project", TEXT, "Show only this project's identities and traffic."),
+        Arg("--as", IDENTITY, "Step in as this identity (project:name): its profile is marked human, and the "
+            "send, reply, broadcast, cancel, ack, dismiss and archive keys act as it. Without it the dashboard "
+            "only looks."),
+        Arg("--overdue-minutes", NUMBER, "Unacked mail older than this makes its identity overdue (default 30; "
+            "+ and - change it on screen).", minimum=1, maximum=10080),
+        Arg("--web", FLAG, "Serve the dashboard to a browser on 127.0.0.1 instead of drawing it in this terminal "
+            "(textual-serve; each browser tab runs its own dashboard)."),
+        Arg("--port", INT, "The port --web listens on (default 8000).", minimum=1, maximum=65535),
+    ),
+    requires=(("--port", "--web"),),
+    output={},
+    notes=("Draws in the terminal until q (or ctrl+c); prints nothing on stdout. A mailbox that cannot be opened, "
+           "or the extra missing, is a JSON error on stderr (exit 1) before anything is drawn. A lost PostgreSQL "
+           "connection is shown on screen and retried. Honours NO_COLOR. --web listens on 127.0.0.1 only.",),
+    examples=("dashboard", "dashboard --as ops:human", "dashboard --project deploy --overdue-minutes 10",
+              "dashboard --web --port 8080"),
+))
+
+_register(Command(
     name="hook",
     summary="Run by a harness's hooks (set up by `agent-mail setup`), never by hand: reads the hook's JSON input "
     "on stdin. context (SessionStart, UserPromptSubmit / BeforeAgent, PostToolUse / AfterTool): adds the "

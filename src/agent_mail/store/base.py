@@ -279,6 +279,11 @@ class Store:
         watch session waiting, if any (a backend may keep its liveness with the wake-up)."""
         self._marker = self.mail_marker()
 
+    def listen_everything(self) -> None:
+        """Start receiving a wake-up for every message stored, whoever it is for (a supervisor's view: the
+        dashboard). A listener of everything is nobody's watch: it counts for no identity's liveness."""
+        self.listen("")
+
     def wait_for_wake(self, timeout: float) -> bool:
         """Block until a wake-up `listen` asked for arrives (True) or `timeout` passes (False).
 

@@ -131,7 +131,12 @@ def m003_count_indexes(x) -> None:
     x("DROP INDEX IF EXISTS idx_messages_unacked")  # superseded: the same entries, without the visibility columns
 
 
-MIGRATIONS = (m001_tables, m002_indexes, m003_count_indexes)
+def m004_batch_index(x) -> None:
+    """The rows of one send found together (the dashboard's one line per fan-out, and whole threads)."""
+    x("CREATE INDEX IF NOT EXISTS idx_messages_batch ON messages(batch_id)")
+
+
+MIGRATIONS = (m001_tables, m002_indexes, m003_count_indexes, m004_batch_index)
 
 
 # ---------------------------------------------------------------- the URL
@@ -435,7 +440,9 @@ class PostgresStore(SQLStore):
         try:
             # The wake-ups inside the transaction: PostgreSQL delivers them exactly when (and only if) it
             # commits. One round trip for both (channel names are hex digests: nothing to quote).
-            notify = "".join(f"NOTIFY {channel(self.schema, r)}; " for r in sorted(self._wakes))
+            # The "" channel hears every message (a supervisor's dashboard listens there).
+            notify = "".join(f"NOTIFY {channel(self.schema, r)}; " for r in sorted(self._wakes | {""} if self._wakes
+                                                                                   else ()))
             self.db.execute(f"{notify}COMMIT".encode())
         except psycopg.Error as exc:
             self._rollback()

@@ -464,6 +464,104 @@ class SQLStore(Store):
             self._many("UPDATE system_events SET dismissed_at = ? WHERE id = ?", [(at, i) for i in found])
         return found
 
+    # -- supervision (the dashboard): every identity's mail at once, read only ------------------------------
+    def recent_rows(self, limit: int, before_seq: int | None = None) -> list[dict]:
+        """The newest `limit` message rows (one per recipient of a fan-out, one per broadcast), newest first,
+        with each row's own state, scheduled and withdrawn ones included."""
+        where = "WHERE m.{0} < :before".format(self.SEQ) if before_seq is not None else ""
+        return self._query(
+            f"SELECT {self.F.columns}, m.read_at, m.acked_at, m.archived_at, m.deleted_at, m.cancelled_at, "
+            f"m.batch_id FROM messages m {where} ORDER BY m.{self.SEQ} DESC LIMIT :limit",
+            {"limit": limit, "before": before_seq})
+
+    def batch_rows(self, batch_ids: list[str]) -> list[dict]:
+        """Every row of these fan-outs (a send to several recipients is one row each, sharing its batch)."""
+        if not batch_ids:
+            return []
+        marks, params = ids_clause(batch_ids)
+        return self._query(
+            f"SELECT {self.F.columns}, m.read_at, m.acked_at, m.archived_at, m.deleted_at, m.cancelled_at, "
+            f"m.batch_id FROM messages m WHERE m.batch_id IN ({marks}) ORDER BY m.{self.SEQ}", params)
+
+    def broadcast_tallies(self, message_ids: list[str]) -> dict[str, dict]:
+        """{broadcast id: {"read": n, "acked": n}}: how many identities have read and acted on each."""
+        if not message_ids:
+            return {}
+        marks, params = ids_clause(message_ids)
+        return {row[0]: {"read": row[1], "acked": row[2]} for row in self._x(
+            "SELECT message_id, COUNT(read_at), COUNT(CASE WHEN acked_at IS NOT NULL OR archived_at IS NOT NULL "
+            f"OR deleted_at IS NOT NULL THEN 1 END) FROM broadcast_acks WHERE message_id IN ({marks}) "
+            "GROUP BY message_id", params)}
+
+    def whole_thread(self, message_id: str) -> list[dict]:
+        """Every row of the thread `message_id` belongs to, whoever it was for, in arrival order, with each
+        row's own state (what a supervisor sees; no identity's view)."""
+        root, seen = message_id, set()
+        while root not in seen:
+            seen.add(root)
+            row = self._x("SELECT reply_to FROM messages WHERE id = ?", (root,)).fetchone()
+            if row is None or not row[0] or self._x("SELECT 1 FROM messages WHERE id = ?", (row[0],)).fetchone() is None:
+                break
+            root = row[0]
+        return self._query(
+            # Replies to any copy of a fan-out, and every copy of each send: the thread as the whole team has it.
+            "WITH RECURSIVE thread(id, batch_id) AS (SELECT r.id, r.batch_id FROM messages r WHERE r.id = :root "
+            "UNION SELECT m.id, m.batch_id FROM messages m JOIN thread t ON m.reply_to = t.id "
+            "OR (t.batch_id IS NOT NULL AND m.batch_id = t.batch_id)) "
+            f"SELECT {self.F.columns}, m.read_at, m.acked_at, m.archived_at, m.deleted_at, m.cancelled_at, "
+            "m.batch_id FROM messages m JOIN thread t ON m.id = t.id ORDER BY arrival, seq", {"root": root})
+
+    def oldest_unacked(self, now: str, agents: list[str]) -> dict[str, str]:
+        """{agent: when its oldest visible mail not yet acted on arrived}, direct mail and broadcasts, for
+        `agents` (those with something unacked)."""
+        from agent_mail.model import parse_iso
+
+        oldest: dict[str, str] = {}
+        for agent, arrived in self._x(
+                f"SELECT recipient, MIN(COALESCE(deliver_at, created)) FROM messages m "
+                f"{self._hint('idx_messages_unacked')} WHERE acked_at IS NULL AND archived_at IS NULL AND "
+                f"deleted_at IS NULL AND recipient != '*' AND {self.F.visible} GROUP BY recipient", {"now": now}):
+            oldest[agent] = arrived
+        for agent in agents:
+            row = self._x(
+                f"SELECT COALESCE(m.deliver_at, m.created) FROM messages m WHERE m.recipient = '*' AND "
+                f"m.sender != :agent AND {self.F.visible} AND {self.F.not_done_by} ORDER BY {self.F.m_arrived} "
+                "LIMIT 1", {"now": now, "agent": agent}).fetchone()
+            if row is not None and (agent not in oldest or parse_iso(row[0]) < parse_iso(oldest[agent])):
+                oldest[agent] = row[0]
+        return oldest
+
+    def open_bounces(self) -> dict[str, int]:
+        """{sender: bounces it has not dismissed}."""
+        return dict(self._x("SELECT agent, COUNT(*) FROM system_events WHERE source = 'email.bounce' AND "
+                            "dismissed_at IS NULL GROUP BY agent").fetchall())
+
+    def sends_per_hour(self, since: str) -> list[tuple[str, str, int]]:
+        """[(hour 'YYYY-MM-DDTHH', sender, sends)] for mail that arrived since `since` (a fan-out counts once)."""
+        return [tuple(row) for row in self._x(
+            "SELECT substr(COALESCE(m.deliver_at, m.created), 1, 13) AS hour, m.sender, "
+            "COUNT(DISTINCT COALESCE(m.batch_id, m.id)) FROM messages m "
+            f"WHERE {self.F.m_arrived} >= {self._ts(':since')} AND m.cancelled_at IS NULL "
+            "GROUP BY hour, m.sender", {"since": since})]
+
+    def open_over_time(self, moments: list[str]) -> list[tuple[int, int]]:
+        """[(unread, unacked)] of direct mail at each of `moments` (ascending ISO timestamps), from the rows'
+        own times: what was delivered by then and not yet read (not yet acted on) at that moment."""
+        if not moments:
+            return []
+        arrived, first = "COALESCE(deliver_at, created)", ":t0"
+        settled = "COALESCE(acked_at, archived_at, deleted_at)"
+        columns, params = [], {}
+        for n, moment in enumerate(moments):
+            params[f"t{n}"] = moment
+            t = f":t{n}"
+            columns.append(f"COUNT(CASE WHEN {arrived} <= {t} AND (read_at IS NULL OR read_at > {t}) THEN 1 END)")
+            columns.append(f"COUNT(CASE WHEN {arrived} <= {t} AND ({settled} IS NULL OR {settled} > {t}) THEN 1 END)")
+        row = self._x(
+            f"SELECT {', '.join(columns)} FROM messages WHERE recipient != '*' AND cancelled_at IS NULL AND "
+            f"(read_at IS NULL OR read_at > {first} OR {settled} IS NULL OR {settled} > {first})", params).fetchone()
+        return [(row[2 * n], row[2 * n + 1]) for n in range(len(moments))]
+
     # -- overview and maintenance ---------------------------------------------
     def agent_counts(self, now: str) -> dict[str, dict]:
         counts: dict[str, dict] = {}

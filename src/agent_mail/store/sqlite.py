@@ -157,8 +157,14 @@ def m008_envelope_indexes(db: sqlite3.Connection) -> None:
                f"sender, cancelled_at, deliver_at, id, ({_laid_out(WATCH_LEVEL, alias='')})) WHERE recipient = '*'")
 
 
+def m009_batch_index(db: sqlite3.Connection) -> None:
+    """The rows of one send (a fan-out stores one per recipient) found together: the dashboard shows a send
+    as one line with every recipient's state, and a thread with every copy of each message."""
+    db.execute("CREATE INDEX IF NOT EXISTS idx_messages_batch ON messages(batch_id)")
+
+
 MIGRATIONS = (m001_seed_schema, m002_inbox_indexes, m003_liveness, m004_delivery, m005_count_indexes,
-              m006_arrival_indexes, m007_harness_sessions, m008_envelope_indexes)
+              m006_arrival_indexes, m007_harness_sessions, m008_envelope_indexes, m009_batch_index)
 
 def _laid_out(level: int, alias: str = "m.") -> str:
     """SQL laying out the envelope of a message as jsonout.dumps does at nesting depth `level`: json_quote
@@ -620,6 +626,10 @@ class SQLiteStore(SQLStore):
         self.db.close()
 
 
+# The pipe name's identity of a listener woken by every message (a supervisor's dashboard): no identity is empty.
+EVERYTHING = ""
+
+
 def bell_dir(path: str) -> str:
     """Where the wake-ups of the mailbox at `path` live: a private directory beside it."""
     return os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.wake")
@@ -641,7 +651,7 @@ def ring_bells(path: str, recipients) -> None:
     everyone = "*" in recipients
     for name in names:
         agent, at, owner = name.partition("@")
-        if not at or not (everyone or agent in recipients):
+        if not at or not (everyone or agent in recipients or agent == EVERYTHING):
             continue
         pipe = os.path.join(bells, name)
         try:
@@ -675,7 +685,7 @@ def _pipe_refreshes(path: str, agent: str | None) -> dict[str, tuple]:
     for name in names:
         identity, at, owner = name.partition("@")
         pid, _, session = owner.partition("-")
-        if not at or not session or (agent is not None and identity != agent):
+        if not at or not session or identity == EVERYTHING or (agent is not None and identity != agent):
             continue
         if not pid.isdigit() or not files.pid_alive(int(pid)):
             continue  # a killed watch: its refreshes stopped when it died

@@ -1,0 +1,90 @@
+"""`agent-mail dashboard`: the supervisor's live view (Textual, the `tui` extra).
+
+Everything that can fail before a screen is drawn fails here, as the CLI's JSON error: the extra
+missing, a bad --as identity, a mailbox that cannot be opened. Only then is Textual imported and the
+application started (or, with --web, served to a browser on 127.0.0.1 by textual-serve).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+
+from agent_mail import errors
+
+DEFAULT_PORT = 8000
+
+
+def _require_extra(web: bool) -> None:
+    try:
+        import textual  # noqa: F401
+        import textual_plotext  # noqa: F401
+
+        if web:
+            import textual_serve  # noqa: F401
+    except ImportError as exc:
+        raise errors.AgentMailError(
+            f"agent-mail dashboard needs Textual, which is not installed ({exc}). Install the extra: "
+            "pip install 'agent-mail[tui]'.") from None
+
+
+def first_look(human: str | None, project: str | None, overdue_minutes: float) -> dict:
+    """Open the mailbox and read the first screenful (raising the CLI's errors), marking `human` as human."""
+    from agent_mail import service
+    from agent_mail.dashboard import data
+
+    with service.open_mailbox() as mailbox:
+        if human is not None:
+            profile = mailbox.store.profile(human)
+            if not (profile and profile.get("human")):
+                mailbox.profile(agent=human, human=True)
+        supervisor = data.Supervisor(mailbox)
+        return {"fleet": supervisor.fleet(overdue_minutes), "feed": supervisor.feed()}
+
+
+def run(*, human: str | None = None, project: str | None = None, overdue_minutes: float | None = None,
+        web: bool = False, port: int | None = None) -> None:
+    from agent_mail import model
+
+    if human is not None and model.identity_problem(human):
+        raise errors.InvalidInput([("--as", model.identity_problem(human))])
+    _require_extra(web)
+    overdue = overdue_minutes if overdue_minutes is not None else 30
+    first = first_look(human, project, overdue)
+    if web:
+        serve(human=human, project=project, overdue_minutes=overdue_minutes, port=port or DEFAULT_PORT)
+        return
+    from agent_mail.dashboard.app import Dashboard
+
+    app = Dashboard(human=human, project=project, first=first)
+    app.overdue_minutes = overdue
+    app.run()
+    if app.return_code:
+        raise errors.AgentMailError(f"the dashboard stopped with an error (exit {app.return_code}).")
+
+
+def serve(*, human: str | None, project: str | None, overdue_minutes: float | None, port: int) -> None:
+    """Serve the dashboard on 127.0.0.1:`port`: textual-serve runs `agent-mail dashboard` (this same mailbox,
+    these same options) for each browser tab that connects."""
+    import socket
+
+    from textual_serve.server import Server
+
+    with socket.socket() as probe:  # a clear error now, not a traceback from the server later
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise errors.InvalidInput([("--port", f"127.0.0.1:{port} cannot be used ({exc.strerror}); pick another "
+                                                  "port with --port N.")]) from None
+    from agent_mail import service
+
+    words = [sys.executable, "-m", "agent_mail", "dashboard"]
+    for flag, value in (("--as", human), ("--project", project), ("--overdue-minutes", overdue_minutes)):
+        if value is not None:
+            words += [flag, str(value)]
+    # The tab's dashboard opens the mailbox this command resolved, whatever the server's environment becomes.
+    os.environ["AGENT_MAIL_DB"] = service.resolve_location()[0]
+    server = Server(shlex.join(words), host="127.0.0.1", port=port, title="agent-mail dashboard")
+    print(f"agent-mail dashboard: serving on http://127.0.0.1:{port} (ctrl+c to stop)", file=sys.stderr)
+    server.serve()

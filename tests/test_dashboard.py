@@ -1,0 +1,367 @@
+"""The dashboard: what it reads (nothing marked read by looking), the Textual app driven by its own pilot (keys,
+filters, live updates from another process, stepping in as a human), snapshots of the main screens, and the
+command's errors before anything is drawn."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import itertools
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from agent_mail import model, service
+from conftest import process_env, raw_db
+
+textual = pytest.importorskip("textual", reason="the dashboard needs the tui extra: pip install 'agent-mail[tui]'")
+
+from agent_mail.dashboard import app as dashboard_app  # noqa: E402
+from agent_mail.dashboard import data  # noqa: E402
+
+pytestmark = pytest.mark.backends  # runs on SQLite and on PostgreSQL
+
+
+def send(am, sender, to, subject, *extra):
+    targets = [a for t in ([to] if isinstance(to, str) else to) for a in ("--to", t)]
+    return am("send", "--from", sender, *targets, "--subject", subject, "--body", f"body of {subject}", *extra).json
+
+
+def supervisor_call(what):
+    with service.open_mailbox() as mailbox:
+        return what(data.Supervisor(mailbox))
+
+
+def unread_of(am, agent):
+    return am("status", "--agent", agent).json["agents"][0]["unread"]
+
+
+# ---------------------------------------------------------------- what it reads
+
+
+def test_fleet_puts_problems_first_and_spells_them(am):
+    send(am, "ops:lead", "api:worker", "old work")
+    send(am, "ops:lead", "web:worker", "fresh work")
+    am("read", "web:worker")
+    am("send", "--from", "ops:lead", "--to", "gone:agent", "--subject", "anyone?", "--require-reachable")
+    fleet = supervisor_call(lambda s: s.fleet(overdue_minutes=30))
+    by_agent = {r["agent"]: r for r in fleet}
+    assert by_agent["api:worker"]["problems"] == [data.DEAF]  # unread, nobody listening
+    assert by_agent["web:worker"]["problems"] == []  # read it: not deaf, not yet overdue
+    assert by_agent["ops:lead"]["problems"] == [data.BOUNCED] and by_agent["ops:lead"]["bounces"] == 1
+    assert [r["agent"] for r in fleet][:2] == ["api:worker", "ops:lead"]  # deaf, then bounced, then the rest
+    assert by_agent["web:worker"]["watch_state"] == "never" and by_agent["web:worker"]["unacked"] == 1
+
+
+def test_overdue_follows_the_threshold(am, monkeypatch):
+    send(am, "ops:lead", "web:worker", "slow one")
+    am("read", "web:worker")
+    later = model.now() + dt.timedelta(minutes=45)
+    monkeypatch.setattr(model, "now", lambda: later)
+    by_agent = {r["agent"]: r for r in supervisor_call(lambda s: s.fleet(overdue_minutes=30))}
+    assert by_agent["web:worker"]["problems"] == [data.OVERDUE]
+    assert by_agent["web:worker"]["oldest_unacked_age"] >= 45 * 60
+    by_agent = {r["agent"]: r for r in supervisor_call(lambda s: s.fleet(overdue_minutes=60))}
+    assert by_agent["web:worker"]["problems"] == []
+
+
+STATE = ("SELECT id, read_at, acked_at, archived_at, deleted_at FROM messages ORDER BY id",
+         "SELECT message_id, agent, read_at, acked_at FROM broadcast_acks ORDER BY message_id, agent")
+
+
+def states(mailbox_path):
+    db = raw_db(mailbox_path)
+    try:
+        return [[tuple(r) for r in db.execute(sql).fetchall()] for sql in STATE]
+    finally:
+        db.close()
+
+
+def test_looking_marks_nothing_read(am, mailbox_path):
+    first = send(am, "ops:lead", ["api:worker", "web:worker"], "look only")
+    send(am, "ops:lead", "*", "everyone look")
+    am("send", "--from", "api:worker", "--to", "ops:lead", "--subject", "re", "--reply-to",
+       first["deliveries"][0]["id"])
+    before, unread = states(mailbox_path), {a: unread_of(am, a) for a in ("api:worker", "web:worker", "ops:lead")}
+    feed = supervisor_call(lambda s: s.feed())
+    assert [f["subject"] for f in feed] == ["re", "everyone look", "look only"]
+    fan_out = feed[2]
+    assert fan_out["recipients"] == ["api:worker", "web:worker"]
+    assert fan_out["states"] == {"api:worker": "acked", "web:worker": "unread"}  # the reply settled api's copy
+    assert feed[1]["broadcast"]["read"] == 0
+    thread = supervisor_call(lambda s: s.thread(first["deliveries"][1]["id"]))
+    assert [t["subject"] for t in thread] == ["look only", "re"]
+    inbox = supervisor_call(lambda s: s.inbox("web:worker"))
+    assert {m["subject"] for m in inbox["messages"]} == {"look only", "everyone look"}
+    assert supervisor_call(lambda s: s.message(first["deliveries"][0]["id"]))["subject"] == "look only"
+    assert states(mailbox_path) == before
+    assert {a: unread_of(am, a) for a in unread} == unread
+
+
+def test_charts_count_sends_per_hour_and_the_backlog(am):
+    send(am, "ops:lead", ["api:worker", "web:worker"], "one")  # a fan-out is one send
+    send(am, "api:worker", "ops:lead", "two")
+    am("read", "ops:lead")
+    hourly = supervisor_call(lambda s: s.hourly(by="project"))
+    assert len(hourly["hours"]) == 24 and hourly["series"] == {
+        "api": [0] * 23 + [1], "ops": [0] * 23 + [1]}
+    by_identity = supervisor_call(lambda s: s.hourly(by="identity"))
+    assert set(by_identity["series"]) == {"api:worker", "ops:lead"}
+    backlog = supervisor_call(lambda s: s.backlog(hours=2))
+    assert backlog["unread"] == [0, 0, 2] and backlog["unacked"] == [0, 0, 3]
+
+
+# ---------------------------------------------------------------- the application, through Textual's pilot
+
+
+def run_app(test, *, size=(80, 24), **options):
+    """Run `test(app, pilot)` against a fresh Dashboard inside Textual's test harness."""
+    async def main():
+        first = supervisor_call(lambda s: {"fleet": s.fleet(), "feed": s.feed()})
+        if options.get("human"):
+            with service.open_mailbox() as mailbox:
+                mailbox.profile(agent=options["human"], human=True)
+        app = dashboard_app.Dashboard(first=first, **options)
+        async with app.run_test(size=size) as pilot:
+            await pilot.pause()
+            await test(app, pilot)
+    asyncio.run(main())
+
+
+def table_text(app, table_id):
+    from textual.widgets import DataTable
+
+    table = app.query_one(f"#{table_id}", DataTable)
+    return [" ".join(str(c) for c in table.get_row_at(i)) for i in range(table.row_count)]
+
+
+async def wait_for(pilot, condition, seconds=10.0):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        await pilot.pause(0.05)
+        if condition():
+            return True
+    return False
+
+
+def test_keys_switch_screens_filter_sort_and_show_help(am):
+    for agent in ("api:worker", "web:worker", "web:tester"):
+        send(am, "ops:lead", agent, f"task for {agent}")
+
+    async def test(app, pilot):
+        from textual.widgets import TabbedContent
+
+        tabs = app.query_one("#tabs", TabbedContent)
+        assert len(table_text(app, "fleet-table")) == 4
+        await pilot.press("2")
+        assert tabs.active == "traffic" and len(table_text(app, "feed-table")) == 3
+        await pilot.press("1", "slash")
+        await pilot.press(*"web", "enter")
+        assert [r.split()[0] for r in table_text(app, "fleet-table")] == ["web:tester", "web:worker"]
+        await pilot.press("slash", "ctrl+u", "enter")  # an empty filter shows everyone again
+        assert len(table_text(app, "fleet-table")) == 4
+        await pilot.press("s")  # problems -> agent
+        assert app.sort_by == "agent"
+        assert [r.split()[0] for r in table_text(app, "fleet-table")] == [
+            "api:worker", "ops:lead", "web:tester", "web:worker"]
+        await pilot.press("e")  # only watch state "armed": nobody
+        assert table_text(app, "fleet-table") == []
+        await pilot.press("e", "e", "e", "e")  # back to every state
+        assert len(table_text(app, "fleet-table")) == 4
+        await pilot.press("p")  # first project: api
+        assert [r.split()[0] for r in table_text(app, "fleet-table")] == ["api:worker"]
+        await pilot.press("plus")
+        assert app.overdue_minutes == 35
+        await pilot.press("question_mark")
+        assert type(app.screen).__name__ == "Help"
+        await pilot.press("escape")
+        assert type(app.screen).__name__ != "Help"
+
+    run_app(test, live=False)
+
+
+def test_selecting_an_identity_opens_its_inbox_without_marking_it_read(am):
+    send(am, "ops:lead", "web:worker", "private to web")
+
+    async def test(app, pilot):
+        await pilot.press("s")  # by name: api... none; ops:lead, web:worker
+        rows = [r.split()[0] for r in table_text(app, "fleet-table")]
+        for _ in range(rows.index("web:worker")):
+            await pilot.press("down")
+        await pilot.press("enter")
+        assert await wait_for(pilot, lambda: table_text(app, "inbox-table"))
+        assert "private to web" in table_text(app, "inbox-table")[0]
+        assert "unread" in table_text(app, "inbox-table")[0]
+
+    run_app(test, live=False)
+    assert unread_of(am, "web:worker") == 1
+
+
+def test_a_send_from_another_process_appears_through_the_wake_not_the_refresh(am, monkeypatch):
+    monkeypatch.setattr(dashboard_app, "REFRESH_SECONDS", 120.0)  # only a wake-up can bring it in time
+    send(am, "ops:lead", "web:worker", "before")
+
+    async def test(app, pilot):
+        assert await wait_for(pilot, lambda: app.feeder is not None and app.feeder.is_alive())
+        await pilot.pause(1.0)  # the feeder listens before its first look
+        started = time.monotonic()
+        done = subprocess.run([sys.executable, "-m", "agent_mail", "send", "--from", "api:worker", "--to",
+                               "web:worker", "--subject", "landed from elsewhere"], env=process_env(),
+                              capture_output=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert await wait_for(pilot, lambda: any("landed from elsewhere" in r for r in table_text(app, "feed-table")),
+                              seconds=20.0)
+        assert time.monotonic() - started < 60  # far inside the two-minute refresh: it was woken
+        by_agent = {r.split()[0]: r for r in table_text(app, "fleet-table")}
+        assert "api:worker" in by_agent
+
+    run_app(test)
+
+
+def test_stepping_in_as_a_human_sends_replies_and_handles_own_mail(am):
+    question = send(am, "api:worker", "ops:human", "may I deploy?")["id"]
+
+    async def test(app, pilot):
+        await pilot.press("c")
+        await pilot.press(*"web:worker")
+        await pilot.press("tab", *"from the human", "tab", *"hello")
+        await pilot.press("ctrl+s")
+        assert await wait_for(pilot, lambda: any("from the human" in r for r in table_text(app, "feed-table"))
+                              or _stored(am, "web:worker", "from the human"))
+        await pilot.press("3")  # the human's own inbox
+        assert await wait_for(pilot, lambda: any("may I deploy?" in r for r in table_text(app, "inbox-table")))
+        await pilot.press("r")
+        assert type(app.screen).__name__ == "Compose"
+        await pilot.press(*"yes", "ctrl+s")
+        assert await wait_for(pilot, lambda: _stored(am, "api:worker", "Re: may I deploy?"))
+        await pilot.press("3")
+        await pilot.press("x")  # archive the question
+        assert await wait_for(pilot, lambda: _state(am, "ops:human", question) == "archived")
+        await pilot.press("b")
+        await pilot.press(*"all hands", "ctrl+s")  # the subject has the focus: "to" is filled in
+        assert await wait_for(pilot, lambda: _stored(am, "web:worker", "all hands"))
+
+    run_app(test, human="ops:human")
+    reply = [m for m in am("read", "api:worker", "--all").json["messages"] if m["subject"] == "Re: may I deploy?"][0]
+    assert reply["sender"] == "ops:human" and reply["reply_to"] == question
+    assert am("profile", "ops:human").json["human"] is True
+
+
+def test_bad_input_from_the_dashboard_is_shown_and_changes_nothing(am, mailbox_path):
+    notes = []
+
+    async def test(app, pilot):
+        app.notify = lambda message, **kw: notes.append((message, kw.get("severity")))
+        await pilot.press("c", *"not an identity", "ctrl+s")
+        assert await wait_for(pilot, lambda: notes)
+
+    run_app(test, human="ops:human")
+    assert notes[0][1] == "error" and "to" in notes[0][0] and "--subject" in notes[0][0]
+    db = raw_db(mailbox_path)
+    try:
+        assert db.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == 0
+    finally:
+        db.close()
+
+
+def test_without_as_the_dashboard_only_looks(am, mailbox_path):
+    notes = []
+    send(am, "ops:lead", "web:worker", "x")
+
+    async def test(app, pilot):
+        app.notify = lambda message, **kw: notes.append(message)
+        for key in ("c", "r", "b", "a"):
+            await pilot.press(key)
+        assert type(app.screen).__name__ not in ("Compose",)
+
+    run_app(test, live=False)
+    assert notes and all("--as" in n for n in notes)
+    assert am("status").json["count"] == 2
+
+
+def _stored(am, agent, subject):
+    return any(m["subject"] == subject for m in am("read", agent, "--all", "--no-mark-read").json["messages"])
+
+
+def _state(am, agent, message_id):
+    for m in am("read", agent, "--archived").json["messages"]:
+        if m["id"] == message_id:
+            return "archived"
+    return None
+
+
+# ---------------------------------------------------------------- the command
+
+
+def test_an_unopenable_mailbox_is_a_json_error_before_anything_is_drawn(tmp_path, backend):
+    if backend != "sqlite":
+        pytest.skip("one backend is enough for the command's own checks")
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    for env, field in ((process_env(AGENT_MAIL_DB=str(blocker / "mail.db")), None),
+                       (process_env(AGENT_MAIL_DB="postgresql://nobody@127.0.0.1:1/x"), None)):
+        done = subprocess.run([sys.executable, "-m", "agent_mail", "dashboard"], env=env, capture_output=True,
+                              timeout=60)
+        assert done.returncode == 1 and done.stdout == b""
+        error = json.loads(done.stderr)
+        assert "Traceback" not in done.stderr.decode() and error["error"]
+    done = subprocess.run([sys.executable, "-m", "agent_mail", "dashboard", "--as", "Nope"], env=process_env(),
+                          capture_output=True, timeout=60)
+    assert done.returncode == 2 and json.loads(done.stderr)["problems"][0]["field"] == "--as"
+    done = subprocess.run([sys.executable, "-m", "agent_mail", "dashboard", "--port", "9"], env=process_env(),
+                          capture_output=True, timeout=60)
+    assert done.returncode == 2 and json.loads(done.stderr)["problems"][0]["field"] == "--port"
+
+
+# ---------------------------------------------------------------- snapshots (80x24 and wide)
+
+FIXED = dt.datetime(2026, 12, 1, 9, 30, tzinfo=dt.timezone.utc)
+
+
+@pytest.fixture
+def frozen(monkeypatch):
+    """A fixed clock and predictable message ids, so the screens are the same on every run."""
+    clock = {"now": FIXED}
+    counter = itertools.count(1)
+    monkeypatch.setattr(model, "now", lambda: clock["now"])
+    monkeypatch.setattr(model, "new_message_id", lambda: f"00000000-0000-4000-8000-{next(counter):012d}")
+    return clock
+
+
+def seed_team(am, clock):
+    """A small team with one of each problem."""
+    steps = [
+        ("ops:lead", ["api:worker", "web:worker"], "ship the release"),
+        ("api:worker", "ops:lead", "tests are green"),
+        ("ops:lead", "*", "standup in 5"),
+        ("web:worker", "ops:human", "need a decision on the banner"),
+        ("ops:lead", "docs:writer", "update the changelog"),
+    ]
+    for n, (sender, to, subject) in enumerate(steps):
+        clock["now"] = FIXED - dt.timedelta(minutes=50 - 9 * n)
+        send(am, sender, to, subject)
+    am("read", "api:worker")
+    am("read", "ops:lead")
+    clock["now"] = FIXED
+
+
+@pytest.mark.sqlite_only
+@pytest.mark.parametrize("size", [(80, 24), (140, 36)], ids=["80x24", "wide"])
+@pytest.mark.parametrize("screen", ["1", "2", "3", "4", "question_mark"],
+                         ids=["fleet", "traffic", "inbox", "charts", "help"])
+def test_snapshots_of_the_main_screens(am, frozen, snap_compare, size, screen, backend):
+    seed_team(am, frozen)
+    first = supervisor_call(lambda s: {"fleet": s.fleet(), "feed": s.feed()})
+    app = dashboard_app.Dashboard(first=first, human="ops:human", live=False)
+
+    async def before(pilot):
+        if screen == "4":
+            app.apply_snapshot(supervisor_call(lambda s: {"hourly": s.hourly(), "backlog": s.backlog()}))
+        if screen == "3":
+            app._fill_inbox(supervisor_call(lambda s: s.inbox("ops:human")))
+        await pilot.pause()
+
+    assert snap_compare(app, press=[screen, "_"], terminal_size=size, run_before=before)
