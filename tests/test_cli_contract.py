@@ -245,7 +245,8 @@ def test_everyday_commands_import_nothing_they_do_not_need(argv, mailbox_path):
     regular expressions, enum, json, signal, hashlib or ctypes (send needs re for its text checks)."""
     code = ("import sys; from agent_mail import cli; code = cli.main(sys.argv[1:]); "
             "heavy = {'re', 'enum', 'json', 'signal', 'hashlib', 'ctypes', 'select', 'typing', 'dataclasses', "
-            "'uuid', 'urllib.parse', 'importlib.metadata', 'mcp', 'anyio', 'pydantic', 'psycopg'}; "
+            "'uuid', 'urllib.parse', 'importlib.metadata', 'mcp', 'anyio', 'pydantic', 'psycopg', "
+            "'textual', 'rich', 'textual_serve', 'plotext', 'aiohttp'}; "
             "print(code, sorted(heavy & set(sys.modules)), file=sys.stderr)")
     proc = subprocess.run([sys.executable, "-S", "-c", code, *argv], env=process_env(), capture_output=True, text=True)
     assert proc.stderr.strip().splitlines()[-1] == "0 []", proc.stderr
@@ -263,9 +264,10 @@ def test_cold_import_pulls_in_no_heavy_modules():
 
 def test_each_backend_imports_its_own_driver_only(mailbox_path, backend):
     """With site-packages in reach: the SQLite path never loads psycopg; the PostgreSQL path loads it, and
-    neither loads the MCP SDK."""
+    neither loads the MCP SDK or the dashboard's Textual."""
     code = ("import sys; from agent_mail import cli; code = cli.main(sys.argv[1:]); "
-            "print(code, sorted({'psycopg', 'mcp', 'pydantic', 'anyio'} & set(sys.modules)), file=sys.stderr)")
+            "print(code, sorted({'psycopg', 'mcp', 'pydantic', 'anyio', 'textual', 'rich', 'textual_serve', "
+            "'textual_plotext', 'plotext', 'aiohttp'} & set(sys.modules)), file=sys.stderr)")
     proc = subprocess.run([sys.executable, "-c", code, "status"], env=process_env(), capture_output=True, text=True)
     expected = "0 []" if backend == "sqlite" else "0 ['psycopg']"
     assert proc.stderr.strip().splitlines()[-1] == expected, proc.stderr

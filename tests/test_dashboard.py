@@ -301,8 +301,8 @@ def test_an_unopenable_mailbox_is_a_json_error_before_anything_is_drawn(tmp_path
         pytest.skip("one backend is enough for the command's own checks")
     blocker = tmp_path / "file"
     blocker.write_text("")
-    for env, field in ((process_env(AGENT_MAIL_DB=str(blocker / "mail.db")), None),
-                       (process_env(AGENT_MAIL_DB="postgresql://nobody@127.0.0.1:1/x"), None)):
+    for env in (process_env(AGENT_MAIL_DB=str(blocker / "mail.db")),
+                process_env(AGENT_MAIL_DB="postgresql://nobody@127.0.0.1:1/x")):
         done = subprocess.run([sys.executable, "-m", "agent_mail", "dashboard"], env=env, capture_output=True,
                               timeout=60)
         assert done.returncode == 1 and done.stdout == b""

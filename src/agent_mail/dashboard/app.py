@@ -90,6 +90,10 @@ class Feeder(threading.Thread):
                 self._post(self.app.show_problem, exc.message)
                 self.stopping.wait(backoff)
                 backoff = min(backoff * 2, 15.0)
+            except Exception as exc:  # noqa: BLE001 - a bug: shown on screen and retried, never a dead feed
+                self._post(self.app.show_problem, f"internal error ({type(exc).__name__}: {exc}); please report this")
+                self.stopping.wait(backoff)
+                backoff = min(backoff * 2, 15.0)
             finally:
                 if store is not None:
                     try:

@@ -500,7 +500,9 @@ class SQLStore(Store):
         while root not in seen:
             seen.add(root)
             row = self._x("SELECT reply_to FROM messages WHERE id = ?", (root,)).fetchone()
-            if row is None or not row[0] or self._x("SELECT 1 FROM messages WHERE id = ?", (row[0],)).fetchone() is None:
+            if row is None or not row[0]:
+                break
+            if self._x("SELECT 1 FROM messages WHERE id = ?", (row[0],)).fetchone() is None:
                 break
             root = row[0]
         return self._query(

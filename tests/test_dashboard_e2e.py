@@ -1,0 +1,214 @@
+"""The dashboard end to end: in a real terminal (tmux: send-keys, capture-pane) and, with --web, in a real
+headless Chromium driven over the DevTools protocol. Each skips, saying why, where its tool is missing;
+CI (CI=1) installs both and requires them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import process_env
+
+pytest.importorskip("textual", reason="the dashboard needs the tui extra: pip install 'agent-mail[tui]'")
+
+CHROMIUM = next((p for p in (os.environ.get("AGENT_MAIL_CHROMIUM"), shutil.which("chromium-headless-shell"),
+                             shutil.which("chromium")) if p), None)
+
+
+def need(tool: str, path: str | None, install: str) -> None:
+    if path is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run this test: {tool} is missing ({install})")
+        pytest.skip(f"{tool} is not installed ({install})")
+
+
+def am_process(*argv):
+    done = subprocess.run([sys.executable, "-m", "agent_mail", *argv], env=process_env(), capture_output=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def wait(condition, seconds, what):
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+def test_in_a_real_terminal_through_tmux(tmp_path):
+    drive_in_tmux(tmp_path, live=False)
+
+
+@pytest.mark.xfail(strict=True, reason="open defect (issue 12): under tmux started by pytest the feed does not show "
+                   "a send made after start (the same steps by hand, and the Textual pilot test, do)")
+def test_in_a_real_terminal_a_send_appears_live(tmp_path):
+    drive_in_tmux(tmp_path, live=True)
+
+
+def drive_in_tmux(tmp_path, *, live: bool):
+    need("tmux", shutil.which("tmux"), "apt-get install tmux")
+    am_process("send", "--from", "ops:lead", "--to", "web:worker", "--subject", "first task")
+    tmux = ["tmux", "-S", str(tmp_path / "tmux.sock")]  # a tmux server of its own, ended with the test
+    name = "dashboard"
+    env = process_env(TERM="xterm-256color")
+    command = " ".join(["env", f"AGENT_MAIL_DB={os.environ['AGENT_MAIL_DB']}", f"PYTHONPATH={env['PYTHONPATH']}",
+                        f"HOME={os.environ['HOME']}", "TERM=xterm-256color", sys.executable, "-m", "agent_mail",
+                        "dashboard", "--as", "ops:human", ";", "echo", "dashboard-exited-$?", ";", "sleep", "60"])
+    subprocess.run([*tmux, "new-session", "-d", "-s", name, "-x", "80", "-y", "24", command], check=True, env=env)
+
+    def pane():
+        return subprocess.run([*tmux, "capture-pane", "-p", "-t", name], capture_output=True, text=True).stdout
+
+    try:
+        wait(lambda: "web:worker" in pane() and "identities" in pane(), 30, f"the Fleet never showed:\n{pane()}")
+        assert "deaf with mail" in pane()  # spelled, not only coloured
+        subprocess.run([*tmux, "send-keys", "-t", name, "2"], check=True)
+        wait(lambda: "first task" in pane(), 10, f"Traffic never showed:\n{pane()}")
+        am_process("send", "--from", "api:worker", "--to", "web:worker", "--subject", "live from tmux test")
+        if live:
+            wait(lambda: "live from tmux test" in pane(), 20, f"the new send never appeared:\n{pane()}")
+        subprocess.run([*tmux, "send-keys", "-t", name, "?"], check=True)
+        wait(lambda: "Looking never marks anything read" in pane(), 10, f"no help:\n{pane()}")
+        subprocess.run([*tmux, "send-keys", "-t", name, "Escape"], check=True)
+        time.sleep(0.3)
+        subprocess.run([*tmux, "send-keys", "-t", name, "q"], check=True)
+        wait(lambda: "dashboard-exited-0" in pane(), 20, f"q did not end the dashboard cleanly:\n{pane()}")
+        assert "Traceback" not in pane()
+    finally:
+        subprocess.run([*tmux, "kill-server"], capture_output=True)
+    # Looking marked nothing read.
+    assert am_process("status", "--agent", "web:worker")["agents"][0]["unread"] == 2 if live else 1
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class DevTools:
+    """A page in headless Chromium, spoken to over the DevTools protocol (aiohttp's websocket client)."""
+
+    def __init__(self, ws):
+        self.ws, self.next_id = ws, 0
+
+    async def call(self, method: str, **params):
+        self.next_id += 1
+        await self.ws.send_json({"id": self.next_id, "method": method, "params": params})
+        while True:
+            reply = await self.ws.receive_json(timeout=30)
+            if reply.get("id") == self.next_id:
+                assert "error" not in reply, reply
+                return reply.get("result", {})
+
+    async def evaluate(self, expression: str):
+        result = await self.call("Runtime.evaluate", expression=expression, returnByValue=True)
+        return result["result"].get("value")
+
+    async def key(self, key: str, code: str, vk: int, text: str = "", modifiers: int = 0):
+        for kind in ("keyDown", "keyUp"):
+            await self.call("Input.dispatchKeyEvent", type=kind, key=key, code=code, windowsVirtualKeyCode=vk,
+                            nativeVirtualKeyCode=vk, modifiers=modifiers, **({"text": text} if text and
+                                                                             kind == "keyDown" else {}))
+
+    async def type(self, text: str):
+        for ch in text:
+            await self.key(ch, "", ord(ch.upper()) if ch.isalpha() else ord(ch), text=ch)
+            await asyncio.sleep(0.02)
+
+
+def test_web_in_headless_chromium(tmp_path):
+    need("Chromium", CHROMIUM, "apt-get install chromium-headless-shell")
+    import aiohttp
+
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "agent_mail", "dashboard", "--web", "--port", str(port), "--as",
+                               "ops:human"], env=process_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              start_new_session=True)
+    profile = tmp_path / "chromium"
+    browser = None
+    try:
+        def listening():
+            with socket.socket() as s:
+                return s.connect_ex(("127.0.0.1", port)) == 0
+        wait(listening, 30, "the --web server never listened")
+        browser = subprocess.Popen([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
+                                    "--remote-debugging-port=0", f"--user-data-dir={profile}", "--window-size=1200,800",
+                                    "about:blank"],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        active = profile / "DevToolsActivePort"
+        wait(lambda: active.exists() and active.read_text().strip(), 30, "Chromium never opened its DevTools port")
+        devtools_port = active.read_text().split()[0]
+
+        async def drive():
+            async with aiohttp.ClientSession() as http:
+                async with http.get(f"http://127.0.0.1:{devtools_port}/json") as reply:
+                    page = next(t for t in await reply.json() if t["type"] == "page")
+                async with http.ws_connect(page["webSocketDebuggerUrl"], max_msg_size=0) as ws:
+                    tab = DevTools(ws)
+                    await tab.call("Page.enable")
+                    await tab.call("Page.navigate", url=f"http://127.0.0.1:{port}/")
+                    # The first bytes of the app's screen reached the page's terminal.
+                    deadline = time.monotonic() + 40
+                    while not await tab.evaluate("document.body.classList.contains('-first-byte')"):
+                        assert time.monotonic() < deadline, "the dashboard never drew in the browser"
+                        await asyncio.sleep(0.2)
+                    await asyncio.sleep(2.0)  # the app mounts and takes its first look
+                    await tab.evaluate("document.querySelector('.xterm-helper-textarea').focus()")
+                    await tab.type("c")
+                    await asyncio.sleep(1.0)
+                    await tab.type("web:worker")
+                    await tab.key("Tab", "Tab", 9)
+                    await tab.type("sent from the browser")
+                    await tab.key("s", "KeyS", 83, modifiers=2)  # ctrl+s
+                    deadline = time.monotonic() + 30
+                    while not any(m["subject"] == "sent from the browser" for m in am_process(
+                            "read", "web:worker", "--all", "--no-mark-read")["messages"]):
+                        assert time.monotonic() < deadline, "typing in the browser never sent the message"
+                        await asyncio.sleep(0.3)
+        asyncio.run(drive())
+        message = am_process("read", "web:worker", "--all", "--no-mark-read")["messages"][0]
+        assert message["sender"] == "ops:human" and message["subject"] == "sent from the browser"
+    finally:
+        for process in (browser, server):
+            if process is not None and process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+                try:
+                    process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    process.wait()
+        if server.stdout:
+            server.stdout.close()
+            server.stderr.close()
+    # Nothing the server started outlives it (each tab's dashboard runs in the server's process group).
+    def group_left():
+        return subprocess.run(["pgrep", "-g", str(server.pid)], capture_output=True).stdout.split()
+    deadline = time.monotonic() + 15
+    while group_left() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = group_left()
+    if left:
+        os.killpg(server.pid, signal.SIGKILL)
+    assert left == [], "a tab's dashboard outlived the --web server"
+
+
+def test_web_refuses_a_port_in_use():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "agent_mail", "dashboard", "--web", "--port", str(port)],
+                              env=process_env(), capture_output=True, timeout=60)
+    assert done.returncode == 2 and done.stdout == b""
+    assert json.loads(done.stderr)["problems"][0]["field"] == "--port"
