@@ -351,7 +351,8 @@ class SQLStore(Store):
                 broadcast,
             )
 
-    def thread(self, message_id: str, agent: str, now: str) -> list[dict]:
+    def _thread_root(self, message_id: str) -> str:
+        """The first message of the thread `message_id` is in (as far back as cleanup left it)."""
         root, seen = message_id, set()
         while root not in seen:
             seen.add(root)
@@ -361,6 +362,10 @@ class SQLStore(Store):
             if self._x("SELECT 1 FROM messages WHERE id = ?", (row[0],)).fetchone() is None:
                 break  # the parent was cleaned up: this is as far back as the thread goes
             root = row[0]
+        return root
+
+    def thread(self, message_id: str, agent: str, now: str) -> list[dict]:
+        root = self._thread_root(message_id)
         # The messages of the thread this agent may see (the one visibility rule), withdrawn ones
         # left out; the state columns are this agent's own (null on what it sent to others).
         own = "CASE WHEN m.recipient = '*' AND m.sender != :agent THEN b.{0} WHEN m.recipient = :agent THEN m.{0} END"
@@ -496,15 +501,7 @@ class SQLStore(Store):
     def whole_thread(self, message_id: str) -> list[dict]:
         """Every row of the thread `message_id` belongs to, whoever it was for, in arrival order, with each
         row's own state (what a supervisor sees; no identity's view)."""
-        root, seen = message_id, set()
-        while root not in seen:
-            seen.add(root)
-            row = self._x("SELECT reply_to FROM messages WHERE id = ?", (root,)).fetchone()
-            if row is None or not row[0]:
-                break
-            if self._x("SELECT 1 FROM messages WHERE id = ?", (row[0],)).fetchone() is None:
-                break
-            root = row[0]
+        root = self._thread_root(message_id)
         return self._query(
             # Replies to any copy of a fan-out, and every copy of each send: the thread as the whole team has it.
             "WITH RECURSIVE thread(id, batch_id) AS (SELECT r.id, r.batch_id FROM messages r WHERE r.id = :root "
