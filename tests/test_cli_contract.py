@@ -163,6 +163,7 @@ def test_documented_output_fields_match_what_commands_print(am, send, tmp_path):
     assert set(spec.COMMANDS) == {"describe", "send", "read", "ack", "watch", "heartbeat", "dismiss", "archive",
                                   "delete", "cancel", "attachments", "profile", "notifications", "status", "cleanup",
                                   "mcp",  # prints only the protocol: its tools are checked in test_mcp.py
+                                  "dashboard",  # draws a screen, prints nothing: checked in test_dashboard.py
                                   "hook",  # output per harness event: checked in test_hooks.py
                                   "setup",
                                   "doctor", "copy"}
