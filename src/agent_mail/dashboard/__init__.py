@@ -29,7 +29,7 @@ def _require_extra(web: bool) -> None:
             "pip install 'agent-mail[tui]'.") from None
 
 
-def first_look(human: str | None, project: str | None, overdue_minutes: float) -> dict:
+def first_look(human: str | None, overdue_minutes: float) -> dict:
     """Open the mailbox and read the first screenful (raising the CLI's errors), marking `human` as human."""
     from agent_mail import service
     from agent_mail.dashboard import data
@@ -51,7 +51,7 @@ def run(*, human: str | None = None, project: str | None = None, overdue_minutes
         raise errors.InvalidInput([("--as", model.identity_problem(human))])
     _require_extra(web)
     overdue = overdue_minutes if overdue_minutes is not None else 30
-    first = first_look(human, project, overdue)
+    first = first_look(human, overdue)
     if web:
         serve(human=human, project=project, overdue_minutes=overdue_minutes, port=port or DEFAULT_PORT)
         return

@@ -56,11 +56,20 @@ class Supervisor:
     def __init__(self, mailbox: service.Mailbox):
         self.mailbox = mailbox
         self.store = mailbox.store
+        self._identities: int | None = None  # how many identities the last fleet() listed
+
+    def _fleet_size(self, now: str) -> int:
+        """How many identities there are (a broadcast is for all of them but its sender): the last fleet()'s
+        count when there was one (the feeder reads the fleet just before the feed), else counted now."""
+        if self._identities is None:
+            self._identities = len(self.store.agent_counts(now))
+        return self._identities
 
     # -- fleet ----------------------------------------------------------------------------------------
     def fleet(self, overdue_minutes: float = DEFAULT_OVERDUE_MINUTES) -> list[dict]:
         """One row per identity, problems first (deaf with mail, overdue, stale, bounced), then by name."""
         status = self.mailbox.status()["agents"]
+        self._identities = len(status)
         now = model.now_iso()
         at = model.now()
         with self.store.transaction():
@@ -117,7 +126,7 @@ class Supervisor:
             rows += [r for r in self.store.batch_rows(batches) if r["id"] not in seen_rows]
             tallies = self.store.broadcast_tallies([r["id"] for r in rows if r["recipient"] == "*"])
             attachments = self.store.attachments_of([r["id"] for r in rows])
-            fleet_size = len(self.store.agent_counts(now)) if tallies or any(r["recipient"] == "*" for r in rows) else 0
+            fleet_size = self._fleet_size(now) if any(r["recipient"] == "*" for r in rows) else 0
         return group_sends(rows, tallies, attachments, now, fleet_size)[:limit]
 
     def message(self, message_id: str) -> dict | None:
@@ -132,7 +141,7 @@ class Supervisor:
                 rows = [row]
             tallies = self.store.broadcast_tallies([r["id"] for r in rows if r["recipient"] == "*"])
             attachments = self.store.attachments_of([r["id"] for r in rows])
-            fleet_size = len(self.store.agent_counts(now)) if tallies or row["recipient"] == "*" else 0
+            fleet_size = self._fleet_size(now) if row["recipient"] == "*" else 0
         sends = group_sends(rows, tallies, attachments, now, fleet_size)
         return sends[0] if sends else None
 
@@ -143,7 +152,7 @@ class Supervisor:
             rows = self.store.whole_thread(message_id)
             tallies = self.store.broadcast_tallies([r["id"] for r in rows if r["recipient"] == "*"])
             attachments = self.store.attachments_of([r["id"] for r in rows])
-            fleet_size = len(self.store.agent_counts(now)) if tallies else 0
+            fleet_size = self._fleet_size(now) if any(r["recipient"] == "*" for r in rows) else 0
         return list(reversed(group_sends(list(reversed(rows)), tallies, attachments, now, fleet_size)))
 
     def inbox(self, agent: str, limit: int = 100) -> dict:
