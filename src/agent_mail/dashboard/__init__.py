@@ -55,10 +55,19 @@ def run(*, human: str | None = None, project: str | None = None, overdue_minutes
     if web:
         serve(human=human, project=project, overdue_minutes=overdue_minutes, port=port or DEFAULT_PORT)
         return
+    show(human=human, project=project, first=first, overdue_minutes=overdue)
+
+
+def show(*, human: str | None, project: str | None, first: dict, overdue_minutes: float) -> None:
+    """Run the application in this terminal until the user quits."""
+    # Under textual-serve the application talks to the browser through its web driver, not a terminal.
+    if not os.environ.get("TEXTUAL_DRIVER") and not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise errors.AgentMailError("agent-mail dashboard draws in a terminal, and its input or output is not one "
+                                    "(a pipe or a file). Run it in a terminal, or serve it to a browser with --web.")
     from agent_mail.dashboard.app import Dashboard
 
     app = Dashboard(human=human, project=project, first=first)
-    app.overdue_minutes = overdue
+    app.overdue_minutes = overdue_minutes
     app.run()
     if app.return_code:
         raise errors.AgentMailError(f"the dashboard stopped with an error (exit {app.return_code}).")
