@@ -206,6 +206,7 @@ def test_a_send_from_another_process_appears_through_the_wake_not_the_refresh(am
 
     async def test(app, pilot):
         assert await wait_for(pilot, lambda: app.feeder is not None and app.feeder.is_alive())
+        await pilot.press("2")  # the screen in view is what the feeder reads
         await pilot.pause(1.0)  # the feeder listens before its first look
         started = time.monotonic()
         done = subprocess.run([sys.executable, "-m", "agent_mail", "send", "--from", "api:worker", "--to",
@@ -215,8 +216,18 @@ def test_a_send_from_another_process_appears_through_the_wake_not_the_refresh(am
         assert await wait_for(pilot, lambda: any("landed later" in r for r in table_text(app, "feed-table")),
                               seconds=20.0)
         assert time.monotonic() - started < 60  # far inside the two-minute refresh: it was woken
-        by_agent = {r.split()[0]: r for r in table_text(app, "fleet-table")}
-        assert "api:worker" in by_agent
+        # the newest was selected, so the newest stays selected, its body shown (like tail -f) ...
+        feed = app.query_one("#feed-table")
+        assert feed.cursor_row == 0 and "landed later" in table_text(app, "feed-table")[0]
+        assert str(app.query_one("#detail-text").content).startswith("landed later")
+        # ... and a send picked further down stays picked while more land above it
+        await pilot.press("down")
+        picked = app._selected("feed-table")
+        send(am, "api:worker", "web:worker", "third one")
+        assert await wait_for(pilot, lambda: "third one" in table_text(app, "feed-table")[0], seconds=20.0)
+        assert app._selected("feed-table") == picked and feed.cursor_row == 2
+        await pilot.press("1")  # and the Fleet, read when shown, has the new sender
+        assert await wait_for(pilot, lambda: "api:worker" in [r.split()[0] for r in table_text(app, "fleet-table")])
 
     run_app(test)
 
@@ -370,3 +381,157 @@ def test_snapshots_of_the_main_screens(am, frozen, snap_compare, size, screen, b
         await pilot.pause()
 
     assert snap_compare(app, press=[screen, "_"], terminal_size=size, run_before=before)
+
+
+@pytest.mark.sqlite_only  # no mailbox involved
+def test_a_table_given_new_content_shows_exactly_that_content():
+    """The diffing table (it changes only what changed) ends where a rebuilt one would, in every case."""
+    from rich.text import Text
+    from textual.app import App
+
+    from agent_mail.dashboard.app import Table
+
+    class One(App):
+        def compose(self):
+            yield Table(id="t")
+
+    cases = [
+        [("a", ("1", "x")), ("b", ("2", "y")), ("c", ("3", "z"))],
+        [("n", ("0", "new")), ("a", ("1", "x")), ("b", ("2", "y!")), ("c", ("3", "z"))],  # one on top, one changed
+        [("a", ("1", "x")), ("c", ("3", "z")), ("n", ("0", "new"))],  # one gone, moved
+        [("c", ("3", "z")), ("a", ("1", "x"))],
+        [("p", ("9", "p")), ("q", ("8", "q")), ("r", ("7", "r")), ("a", ("1", "x"))],  # mostly new: rebuilt
+        [],
+        [("a", (Text("1", style="bold"), "x"))],
+    ]
+
+    async def run():
+        app = One()
+        async with app.run_test(size=(40, 12)) as pilot:
+            table = app.query_one(Table)
+            table.add_columns("n", "what")
+            for rows in cases:
+                table.sync(rows)
+                await pilot.pause()
+                assert [k.value for k in (table.coordinate_to_cell_key((i, 0)).row_key
+                                          for i in range(table.row_count))] == [k for k, _ in rows]
+                assert [tuple(table.get_row_at(i)) for i in range(table.row_count)] == [c for _, c in rows]
+
+    asyncio.run(run())
+
+
+class Cable:
+    """A TCP forwarder on 127.0.0.1 to the PostgreSQL server that the test can unplug (every connection cut and
+    new ones refused, as a server restart or a network cut would) and plug back in, on the same port."""
+
+    def __init__(self, upstream: tuple[str, int]):
+        import socket
+        import threading
+
+        self.upstream, self.socket, self.threading = upstream, socket, threading
+        self.port, self.listener, self.open = 0, None, []
+        self.plug()
+
+    def plug(self) -> None:
+        listener = self.socket.socket()
+        listener.setsockopt(self.socket.SOL_SOCKET, self.socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(16)
+        self.port, self.listener = listener.getsockname()[1], listener
+        self.threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def _accept(self, listener) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return  # unplugged
+            server = self.socket.create_connection(self.upstream)
+            self.open += [client, server]
+            for a, b in ((client, server), (server, client)):
+                self.threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, source, sink) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        for end in (source, sink):
+            try:
+                end.shutdown(self.socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def unplug(self) -> None:
+        try:
+            self.listener.shutdown(self.socket.SHUT_RDWR)  # wakes the blocked accept(); close alone would not
+        except OSError:
+            pass
+        self.listener.close()
+        for end in self.open:
+            try:
+                end.shutdown(self.socket.SHUT_RDWR)
+            except OSError:
+                pass
+            end.close()
+        self.open = []
+
+
+def test_a_lost_postgresql_connection_is_shown_and_recovered_from(am, backend, monkeypatch):
+    if backend != "postgresql":
+        pytest.skip("about the connection to a PostgreSQL server")
+    import os
+    from urllib.parse import urlsplit, urlunsplit
+
+    import psycopg
+
+    from conftest import TEST_PG_URL
+
+    send(am, "ops:lead", "web:worker", "before")
+    direct = os.environ["AGENT_MAIL_DB"]
+    parts = urlsplit(direct)
+    cable = Cable((parts.hostname, parts.port or 5432))
+    netloc = parts.netloc.rsplit("@", 1)[0] + "@" if "@" in parts.netloc else ""
+    through = urlunsplit(parts._replace(netloc=f"{netloc}127.0.0.1:{cable.port}"))
+    monkeypatch.setattr(dashboard_app, "REFRESH_SECONDS", 120.0)  # what comes back is the wake-up, not a timer
+    monkeypatch.setenv("PGAPPNAME", "agent-mail dashboard under test")  # its connections, told apart
+    monkeypatch.setenv("AGENT_MAIL_DB", through)  # the dashboard reaches the server through the cable
+
+    def from_outside(sender, subject):  # the fleet goes on sending, straight to the server
+        done = subprocess.run([sys.executable, "-m", "agent_mail", "send", "--from", sender, "--to", "web:worker",
+                               "--subject", subject], env=process_env(AGENT_MAIL_DB=direct, PGAPPNAME="agent-mail"),
+                              capture_output=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+
+    async def test(app, pilot):
+        assert await wait_for(pilot, lambda: app.feeder is not None and app.feeder.is_alive())
+        await pilot.press("2")
+        await pilot.pause(1.0)
+        banner = app.query_one("#problem")
+        # 1. The server ends the dashboard's connections (a restart would): re-made at once, nothing to show.
+        with psycopg.connect(TEST_PG_URL, autocommit=True, application_name="the cut") as db:
+            assert db.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE "
+                              "application_name = 'agent-mail dashboard under test'").fetchone()[0] >= 1
+        from_outside("api:worker", "after a restart")
+        assert await wait_for(pilot, lambda: "after a restart" in table_text(app, "feed-table")[0], seconds=20.0)
+        # 2. The server is out of reach: said on screen, in words, while it retries.
+        cable.unplug()
+        # (well inside the 15 s a command spends re-making a connection before it gives up)
+        assert await wait_for(pilot, lambda: "retrying" in str(banner.content), seconds=10.0), "no problem shown"
+        assert "PostgreSQL" in str(banner.content) and "Traceback" not in str(banner.content)
+        from_outside("api:worker", "while cut off")
+        await pilot.pause(1.0)
+        assert "while cut off" not in " ".join(table_text(app, "feed-table"))
+        # 3. Back in reach: the banner goes and what was sent meanwhile is there, then new mail wakes it again.
+        cable.plug()
+        assert await wait_for(pilot, lambda: str(banner.content) == "", seconds=30.0), str(banner.content)
+        assert await wait_for(pilot, lambda: "while cut off" in table_text(app, "feed-table")[0], seconds=10.0)
+        await pilot.pause(0.5)
+        from_outside("api:worker", "after the cut")
+        assert await wait_for(pilot, lambda: "after the cut" in table_text(app, "feed-table")[0], seconds=20.0)
+
+    try:
+        run_app(test)
+    finally:
+        cable.unplug()

@@ -9,10 +9,12 @@ service calls as the CLI.
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from rich.cells import cell_len
 from rich.text import Text
 from textual import work
 from textual.app import App, ComposeResult
@@ -26,9 +28,11 @@ from agent_mail import errors, model, service
 from agent_mail.dashboard import data
 
 #: How often the Feeder re-reads with no mail landing: ages, liveness and states others change.
-REFRESH_SECONDS = 5.0
+REFRESH_SECONDS = 10.0
 #: How often the charts are recomputed while shown (they change by the hour).
 CHART_SECONDS = 60.0
+#: The least time between two reads: a busy fleet's sends are drawn in batches, a few times a second.
+GATHER_SECONDS = 0.25
 
 STATE_STYLE = {"armed": "bold green", "released": "yellow", "stale": "bold red", "never": "dim"}
 PROBLEM_STYLE = {data.DEAF: "bold red", data.OVERDUE: "bold yellow", data.STALE: "red", data.BOUNCED: "magenta"}
@@ -56,12 +60,70 @@ Looking never marks anything read.
 """
 
 
+def _cells(value) -> int:
+    return cell_len(value.plain if isinstance(value, Text) else str(value))
+
+
 def _age(seconds) -> str:
     return data.short_age(seconds)
 
 
 def _styled(text: str, style: str) -> Text:
     return Text(text, style=style)
+
+
+class Table(DataTable):
+    """A DataTable given its whole content on every refresh that changes only what changed.
+
+    Rebuilding means measuring every cell of every row again (Textual sizes columns to their content),
+    which is what a dashboard showing a few hundred identities would otherwise spend its time on, idle or
+    busy: rows that are still there stay, changed cells are replaced one by one, new rows are added, and the
+    order is set once at the end."""
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        self.drawn: list[tuple[str, tuple]] = []
+
+    def sync(self, rows: list[tuple[str, tuple]]) -> None:
+        if rows == self.drawn:
+            return
+        before = dict(self.drawn)
+        kept = sum(key in before for key, _ in rows)
+        if kept < len(rows) / 2 or not hasattr(self, "_row_locations"):
+            self.clear()
+            for key, cells in rows:
+                self.add_row(*cells, key=key)
+        else:
+            wanted = {key for key, _ in rows}
+            for key in before:
+                if key not in wanted:
+                    self.remove_row(key)
+            columns = list(self.columns)
+            for key, cells in rows:
+                if key not in before:
+                    self.add_row(*cells, key=key)
+                elif before[key] != cells:
+                    for column, was, now in zip(columns, before[key], cells, strict=True):
+                        if was != now:  # measured (for the column's width) only when it grew
+                            self.update_cell(key, column, now, update_width=_cells(now) > _cells(was))
+            self._put_in_order([key for key, _ in rows])
+        self.drawn = list(rows)
+
+    def _put_in_order(self, keys: list[str]) -> None:
+        """As DataTable.sort does, with the order given rather than computed from the cells."""
+        from textual._two_way_dict import TwoWayDict
+        from textual.widgets.data_table import RowKey
+
+        locations = self._row_locations
+        if all(locations.get(RowKey(key)) == index for index, key in enumerate(keys)):
+            return
+        self._row_locations = TwoWayDict({RowKey(key): index for index, key in enumerate(keys)})
+        self._update_count += 1
+        self.refresh()
+
+    def clear(self, columns: bool = False):
+        self.drawn = []
+        return super().clear(columns)
 
 
 class Feeder(threading.Thread):
@@ -82,6 +144,7 @@ class Feeder(threading.Thread):
             store = None
             try:
                 store = open_store(service.resolve_location()[0])
+                store.reconnect_seconds = 1.0  # a lost server is shown at once; this loop keeps retrying
                 supervisor = data.Supervisor(service.Mailbox(store))
                 store.listen_everything()
                 backoff = 1.0
@@ -105,20 +168,31 @@ class Feeder(threading.Thread):
         charts_at = 0.0
         while not self.stopping.is_set():
             self.poke.clear()
-            snapshot = {"fleet": supervisor.fleet(self.app.overdue_minutes), "feed": supervisor.feed()}
-            if self.app.inbox_agent:
+            # What the screen in view shows is read; the others are read when they are shown (a poke).
+            shown = self.app._shown_tab()
+            snapshot = {}
+            if shown in ("fleet", None):
+                snapshot["fleet"] = supervisor.fleet(self.app.overdue_minutes)
+            if shown in ("traffic", None):
+                snapshot["feed"] = supervisor.feed()
+            if self.app.inbox_agent and shown in ("inbox", None):
                 snapshot["inbox"] = supervisor.inbox(self.app.inbox_agent)
-            if self.app.charts_wanted() and time.monotonic() - charts_at > CHART_SECONDS:
+            if shown == "charts" and time.monotonic() - charts_at > CHART_SECONDS:
                 snapshot["hourly"] = supervisor.hourly(by=self.app.chart_by)
                 snapshot["backlog"] = supervisor.backlog()
                 charts_at = time.monotonic()
             self._post(self.app.apply_snapshot, snapshot)
             # Sleep on the mailbox's wake-up in short slices so a stop or a poke (a changed threshold,
             # the charts opened) acts within a fraction of a second; no query runs while nothing happens.
-            deadline = time.monotonic() + REFRESH_SECONDS
+            read_at = time.monotonic()
+            deadline = read_at + REFRESH_SECONDS
             while not self.stopping.is_set() and not self.poke.is_set():
                 left = deadline - time.monotonic()
-                if left <= 0 or store.wait_for_wake(min(left, 0.5)):
+                if left <= 0:
+                    break
+                if store.wait_for_wake(min(left, 0.5)):
+                    # Mail landed: gather what else lands in the next moment into the same read.
+                    self.stopping.wait(max(0.0, read_at + GATHER_SECONDS - time.monotonic()))
                     break
             if self.poke.is_set():
                 charts_at = 0.0
@@ -264,6 +338,10 @@ class Dashboard(App):
         self.feeder: Feeder | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent-mail dashboard io")
         self._supervisor: data.Supervisor | None = None
+        self._behind: set[str] = set()  # screens whose table was not redrawn with the last snapshot
+        self._summary = ""
+        self._problem = ""  # the banner's text: a storage problem being retried
+        self._settled = False
         self._store = None
         self.sub_title = (f"as {human}" if human else "read-only (start with --as PROJECT:NAME to step in)") + (
             f" · project {project}" if project else "")
@@ -275,13 +353,13 @@ class Dashboard(App):
         with TabbedContent(id="tabs", initial="fleet"):
             with TabPane("1 Fleet", id="fleet"):
                 yield Static("", id="summary")
-                yield DataTable(id="fleet-table", cursor_type="row", zebra_stripes=True)
+                yield Table(id="fleet-table", cursor_type="row", zebra_stripes=True)
             with TabPane("2 Traffic", id="traffic"):
-                yield DataTable(id="feed-table", cursor_type="row", zebra_stripes=True)
+                yield Table(id="feed-table", cursor_type="row", zebra_stripes=True)
                 yield VerticalScroll(Static("", id="detail-text"), id="detail")
             with TabPane("3 Inbox", id="inbox"):
                 yield Static("", id="inbox-title")
-                yield DataTable(id="inbox-table", cursor_type="row", zebra_stripes=True)
+                yield Table(id="inbox-table", cursor_type="row", zebra_stripes=True)
                 yield VerticalScroll(Static("", id="inbox-detail-text"), id="inbox-detail")
             with TabPane("4 Charts", id="charts"):
                 from textual_plotext import PlotextPlot
@@ -311,25 +389,40 @@ class Dashboard(App):
 
     # -- the data coming in -------------------------------------------------------------------------------
     def show_problem(self, text: str | None) -> None:
+        shown = f"{text} (retrying)" if text else ""
+        if shown == self._problem:
+            return
+        self._problem = shown
         banner = self.query_one("#problem", Static)
-        banner.update(f"{text} (retrying)" if text else "")
+        banner.update(shown)
         banner.set_class(bool(text), "shown")
 
     def apply_snapshot(self, snapshot: dict) -> None:
         self.show_problem(None)
         self.snapshot.update(snapshot)
-        self._fill_fleet()
-        self._fill_feed()
+        # Only the screen in view is drawn now; the other catches up when it is shown (drawing what nobody
+        # sees is most of what an idle dashboard would cost).
+        shown = self._shown_tab()
+        if shown in ("fleet", None):
+            self._fill_fleet()
+        if shown in ("traffic", None):
+            self._fill_feed()
+        self._behind = {"fleet", "traffic"} - {shown}
+        if not self._settled:
+            # The objects made at start-up live as long as the app: keep them out of every later collection,
+            # which would otherwise walk them all a few times a minute.
+            self._settled = True
+            gc.freeze()
         if "hourly" in snapshot:
             self._draw_charts()
         if "inbox" in snapshot:
             self._fill_inbox(snapshot["inbox"])
 
-    def charts_wanted(self) -> bool:
+    def _shown_tab(self) -> str | None:
         try:
-            return self.query_one("#tabs", TabbedContent).active == "charts"
-        except Exception:  # noqa: BLE001 - asked from the feeder while the app winds down
-            return False
+            return self.query_one("#tabs", TabbedContent).active or None
+        except Exception:  # noqa: BLE001 - before the tabs are mounted: draw everything
+            return None
 
     def _visible_fleet(self) -> list[dict]:
         rows = self.snapshot["fleet"]
@@ -351,19 +444,19 @@ class Dashboard(App):
         return sorted(rows, key=key) if key else rows
 
     def _fill_fleet(self) -> None:
-        table = self.query_one("#fleet-table", DataTable)
-        rows = self._visible_fleet()
+        table = self.query_one("#fleet-table", Table)
         selected = self._selected_key(table)
-        table.clear()
-        for r in rows:
+        rows = []
+        for r in self._visible_fleet():
             shown = r["problems"][0] + (f" +{len(r['problems']) - 1}" if len(r["problems"]) > 1 else "") \
                 if r["problems"] else "ok"
             problem = Text(shown,
                            style=PROBLEM_STYLE.get(r["problems"][0], "") if r["problems"] else "dim")
             name = Text(_fit(r["agent"], 24) + (" (h)" if r["human"] else ""), style="bold" if r["problems"] else "")
-            table.add_row(name, _styled(r["watch_state"], STATE_STYLE.get(r["watch_state"], "")), str(r["sessions"]),
-                          str(r["unread"]), str(r["unacked"]), _age(r["oldest_unacked_age"]), _age(r["last_seen_age"]),
-                          problem, key=r["agent"])
+            rows.append((r["agent"], (name, _styled(r["watch_state"], STATE_STYLE.get(r["watch_state"], "")),
+                                      str(r["sessions"]), str(r["unread"]), str(r["unacked"]),
+                                      _age(r["oldest_unacked_age"]), _age(r["last_seen_age"]), problem)))
+        table.sync(rows)
         self._restore(table, selected)
         everyone = self.snapshot["fleet"]
         counts = {p: sum(p in r["problems"] for r in everyone) for p in data.PROBLEMS}
@@ -375,27 +468,37 @@ class Dashboard(App):
             filters.append(f"state {self.state_filter}")
         if self.filter_text:
             filters.append(f"filter {self.filter_text!r}")
-        self.query_one("#summary", Static).update(
-            f"{len(everyone)} identities, {armed} armed · " + " · ".join(f"{n} {p}" for p, n in counts.items())
-            + " · " + " · ".join(filters))
+        summary = (f"{len(everyone)} identities, {armed} armed · " + " · ".join(f"{n} {p}" for p, n in counts.items())
+                   + " · " + " · ".join(filters))
+        if summary != self._summary:  # an unchanged line costs no layout
+            self._summary = summary
+            self.query_one("#summary", Static).update(summary)
 
     def _fill_feed(self) -> None:
-        table = self.query_one("#feed-table", DataTable)
+        table = self.query_one("#feed-table", Table)
         selected = self._selected_key(table)
         at = model.now()
-        table.clear()
         # At 80 columns every column fits: names and subjects are cut to the width there is.
         subject_width = max(18, self.size.width - 62)
+        rows = []
         for send in self.snapshot["feed"]:
             if self.project and self.project not in (send["sender"].split(":", 1)[0],
                                                      *(r.split(":", 1)[0] for r in send["recipients"])):
                 continue
-            table.add_row(_age(data.age_seconds(send["deliver_at"] or send["created"], at)), _fit(send["sender"], 14),
-                          _fit(_recipients(send), 16), _fit(send["subject"], subject_width), _state_summary(send),
-                          key=send["id"])
-        self._restore(table, selected)
-        if selected is None and table.row_count:
-            self._show_send(self.snapshot["feed"][0]["id"])
+            rows.append((send["id"], (_age(data.age_seconds(send["deliver_at"] or send["created"], at)),
+                                      _fit(send["sender"], 14), _fit(_recipients(send), 16),
+                                      _fit(send["subject"], subject_width), _state_summary(send))))
+        # Like `tail -f`: while the newest send is selected, the newest stays selected and in view as sends
+        # land; a send picked further down stays picked (and the view follows it) until the cursor goes up.
+        following = selected is None or table.cursor_row == 0
+        table.sync(rows)
+        if following and rows:
+            if table.cursor_row != 0:
+                table.move_cursor(row=0, animate=False)
+            if selected != rows[0][0]:
+                self._show_send(rows[0][0])
+        else:
+            self._restore(table, selected)
 
     @staticmethod
     def _selected_key(table: DataTable) -> str | None:
@@ -411,7 +514,9 @@ class Dashboard(App):
         if key is None:
             return
         try:
-            table.move_cursor(row=table.get_row_index(key), animate=False, scroll=False)
+            index = table.get_row_index(key)
+            if index != table.cursor_row:  # the row moved: the cursor follows it (staying put costs nothing)
+                table.move_cursor(row=index, animate=False, scroll=False)
         except Exception:  # noqa: BLE001 - that row is gone (filtered out, cleaned up)
             pass
 
@@ -506,15 +611,16 @@ class Dashboard(App):
         if result["agent"] != self.inbox_agent:
             return
         self.inbox_messages = list(reversed(result["messages"]))
-        table = self.query_one("#inbox-table", DataTable)
+        table = self.query_one("#inbox-table", Table)
         selected = self._selected_key(table)
-        table.clear()
         at = model.now()
+        rows = []
         for m in self.inbox_messages:
             state = _own_state(m, result["agent"])
-            table.add_row(_age(data.age_seconds(m["deliver_at"] or m["created"], at)), _fit(m["sender"], 20),
-                          _fit(m["subject"], max(18, self.size.width - 44)),
-                          _styled(state, "bold" if state == "unread" else ""), key=m["id"])
+            rows.append((m["id"], (_age(data.age_seconds(m["deliver_at"] or m["created"], at)), _fit(m["sender"], 20),
+                                   _fit(m["subject"], max(18, self.size.width - 44)),
+                                   _styled(state, "bold" if state == "unread" else ""))))
+        table.sync(rows)
         self._restore(table, selected)
         if selected is None and self.inbox_messages:
             self._show_inbox_message(self.inbox_messages[0]["id"])
@@ -544,7 +650,10 @@ class Dashboard(App):
             self._load_charts_now()
 
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
-        if event.pane.id == "charts" and self.feeder is not None:
+        if event.pane.id in self._behind:  # what was last read at once, then what is there now
+            self._behind.discard(event.pane.id)
+            (self._fill_fleet if event.pane.id == "fleet" else self._fill_feed)()
+        if self.feeder is not None:
             self.feeder.poke.set()
         tables = event.pane.query(DataTable)
         if tables:

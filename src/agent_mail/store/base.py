@@ -36,6 +36,9 @@ class Store:
     #: every SAFETY_CHECK_SECONDS times this. More than 1 where the backend knows a watch is there without
     #: its refreshes (PostgreSQL: its open connection), so idle watches wake less often.
     idle_scale = 1
+    #: How long a lost connection to a server is re-made before the operation fails (server backends only).
+    #: A command waits out a server restart; the dashboard, which shows the loss and retries itself, less.
+    reconnect_seconds = 15.0
 
     # -- lifecycle -------------------------------------------------------
     def close(self) -> None:

@@ -39,7 +39,6 @@ from agent_mail.store.sql import SQLStore
 DEFAULT_SCHEMA = "agent_mail"
 SCHEMA_ENV = "AGENT_MAIL_PG_SCHEMA"
 BUSY_TIMEOUT_SECONDS = 10.0  # how long a writer waits for the write lock, as on SQLite
-RECONNECT_SECONDS = 15.0  # how long a command keeps trying to reach a server that went away
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _SESSION_ID = re.compile(r"^[0-9a-f-]{1,40}$")
 _WATCH_APP = "agent-mail watch "  # application_name of a watch's connection, followed by its session id
@@ -361,9 +360,9 @@ class PostgresStore(SQLStore):
         return self.db is not None and not self.db.closed and not self.db.broken
 
     def _reconnect(self, doing: str) -> None:
-        """Connect again, trying for RECONNECT_SECONDS; resume listening. Raises StorageError past then."""
+        """Connect again, trying for reconnect_seconds; resume listening. Raises StorageError past then."""
         self._close_quietly()
-        deadline = time.monotonic() + RECONNECT_SECONDS
+        deadline = time.monotonic() + self.reconnect_seconds
         pause = 0.05
         while True:
             try:
@@ -373,7 +372,7 @@ class PostgresStore(SQLStore):
                 if time.monotonic() + pause > deadline:
                     raise errors.StorageError(
                         f"lost the connection to the PostgreSQL mailbox {self.display} (schema {self.schema}) while "
-                        f"{doing}, and it stayed unreachable for {RECONNECT_SECONDS:.0f} s; nothing more was "
+                        f"{doing}, and it stayed unreachable for {self.reconnect_seconds:g} s; nothing more was "
                         "changed. Check that the server is running and reachable, then run the command again."
                     ) from None
             time.sleep(pause)
