@@ -166,7 +166,10 @@ def test_documented_output_fields_match_what_commands_print(am, send, tmp_path):
                                   "dashboard",  # draws a screen, prints nothing: checked in test_dashboard.py
                                   "hook",  # output per harness event: checked in test_hooks.py
                                   "setup",
-                                  "doctor", "copy"}
+                                  "doctor", "copy", "search"}
+    found = am("search", "watch").json
+    assert set(found) == set(spec.COMMANDS["search"].output)
+    assert set(found["results"][0]) == set(spec.COMMANDS["search"].item_fields)
     assert set(am("doctor").json) == set(spec.COMMANDS["doctor"].output)
     source = tmp_path / "other.db"
     sqlite_store.SQLiteStore(str(source)).close()

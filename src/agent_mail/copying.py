@@ -88,6 +88,7 @@ def _copy(source, target, source_name: str, target_name: str, merge: bool, dry_r
                 # Into an empty mailbox the insertion sequence is kept as it was; merged records are appended.
                 copied = {table: _copy_table(source, target, table, keep_seq=not merge) for table in TABLES}
                 target._after_bulk_insert()
+                target.index_missing()  # the search index is the target's own, built from what arrived
                 after = counts(target)
                 # Counted again, independently of what the inserts reported: an empty target now holds exactly
                 # what the source holds, or nothing is committed.

@@ -624,6 +624,60 @@ _register(Command(
     examples=("status", "status --project deploy", "status --agent deploy:worker --fields agent,unread"),
 ))
 
+SEARCH_FIELDS = {
+    "id": "Message id: the searcher's own copy, or the first copy of a send to several. Pass it to read --thread.",
+    "sender": "Identity that sent it.",
+    "recipients": "Who it went to: ['*'] for a broadcast; with --agent as one recipient of a send to several, "
+    "only that agent.",
+    "subject": "Its subject.",
+    "snippet": "A short stretch of the body (or the subject) around the first match, the matching words marked "
+    "**like this**.",
+    "matched": "'subject' when the query matches within the subject alone (ranked first), else 'text'.",
+    "type": "'direct' or 'broadcast'.",
+    "created": "When it was sent (ISO 8601).",
+    "deliver_at": "For a delayed message, when it fell (or falls) due; else null.",
+    "reply_to": "The message it answers, or null.",
+    "attachments": "Names of the attached files.",
+    "withdrawn": "true for a scheduled message its sender cancelled (only without --agent: nobody receives it).",
+}
+SEARCH_QUERY_HELP = ('What to look for: words (all must match), "exact phrases", a OR b, -excluded (word or '
+                     'phrase), prefix*. Case and accents do not matter; identities and file names are words too '
+                     '(ops:lead is the phrase "ops lead").')
+
+_register(Command(
+    name="search",
+    summary="Find messages by their words: subjects, bodies, sender and recipient identities, attachment names. "
+    "Ranked (subject matches first), newest first. Marks nothing read.",
+    args=(
+        Arg("query", TEXT, SEARCH_QUERY_HELP, required=True),
+        Arg("--agent", IDENTITY, "Only what this identity can see: its inbox (archived too), what it sent, "
+            "broadcasts. Without it: every message in the mailbox (the supervisor's view)."),
+        Arg("--from", IDENTITY, "Only messages from this sender."),
+        Arg("--to", RECIPIENT, "Only messages addressed to this identity ('*': broadcasts)."),
+        Arg("--since-days", NUMBER, "Only messages that arrived in the last N days.", minimum=0, maximum=36_500),
+        Arg("--thread", MESSAGE_ID, "Only messages of the thread holding this message."),
+        Arg("--limit", INT, "At most this many results.", default=20, minimum=1, maximum=1000),
+        Arg("--fields", FIELDS, "Comma-separated subset of the result fields to return."),
+    ),
+    output={
+        "query": "The query as understood: its terms, each group of alternatives joined by OR, exclusions with -.",
+        "results": "The matches, most relevant first: those matching in the subject, then the rest; newest "
+        "first within each. A send to several recipients is one result.",
+        "count": "How many results.",
+        "more": "true when more messages match than --limit let through.",
+        "next": "Commands to read the first result's thread.",
+    },
+    items_key="results",
+    item_fields=SEARCH_FIELDS,
+    notes=("The query language is the same on SQLite (FTS5) and PostgreSQL (a GIN-indexed tsvector): both "
+           "index the words agent-mail cuts, so they match the same messages.",
+           "Anything else in a query (parentheses, AND, NOT, a * inside a word, an unclosed quote) is refused "
+           "with the accepted forms."),
+    examples=('search "deploy failed"', 'search \'"release notes" -staging\' --agent deploy:worker',
+              "search 'rollback OR revert' --from ops:lead --since-days 7",
+              "search deplo* --thread 9f1c2e34-5678-4abc-9def-0123456789ab --fields id,subject,snippet"),
+))
+
 _register(Command(
     name="cleanup",
     summary="Delete messages older than an age you choose. The only bulk deletion; there is no default "

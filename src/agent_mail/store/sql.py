@@ -122,6 +122,26 @@ class SQLStore(Store):
         cls.F = _Fragments(cls)
 
     # -- dialect hooks -------------------------------------------------------
+    #: (", column", ", value") added to a message's INSERT to index it there; empty where the index is a table.
+    _SEARCH_COLUMN = ("", "")
+
+    def _index_inserted(self, entry: dict) -> None:
+        """Index the row just inserted, where the index is a table of its own."""
+
+    def _search_source(self, subject_only: bool) -> tuple[str, str, str]:
+        """(FROM clause with messages as m, the match condition on :q, the column hits are ordered by)."""
+        raise NotImplementedError
+
+    def _search_text(self, query, subject_only: bool) -> str:
+        raise NotImplementedError
+
+    def index_missing(self) -> int:
+        """Index every message the search index lacks (rows another tool wrote, a copy, a migration)."""
+        return 0
+
+    def _unindex(self, where: str, params: dict) -> None:
+        """Take the messages matching `where` out of the search index, before they are deleted."""
+
     @staticmethod
     def _ts(expression: str) -> str:
         """`expression` (a stored timestamp) made comparable in time order."""
@@ -207,14 +227,21 @@ class SQLStore(Store):
         return self._x(sql, params).fetchone()[0]
 
     # -- messages ---------------------------------------------------------
-    def insert_message(self, message: dict) -> None:
+    def insert_message(self, message: dict, attachment_names=()) -> None:
+        """Store one row, indexed for search in the same transaction (its attachments' names included)."""
+        from agent_mail import search
+
+        entry = search.document(message, attachment_names)
+        column, value = self._SEARCH_COLUMN
         self._x(
             "INSERT INTO messages (id, sender, recipient, subject, body, refs, reply_to, type, created, deliver_at, "
-            "batch_id) VALUES (:id, :sender, :recipient, :subject, :body, :refs, :reply_to, :type, :created, "
-            ":deliver_at, :batch_id)",
+            f"batch_id{column}) VALUES (:id, :sender, :recipient, :subject, :body, :refs, :reply_to, :type, :created, "
+            f":deliver_at, :batch_id{value})",
             {"deliver_at": None, "batch_id": None, **message,
-             "refs": encode_json(message["refs"]) if message["refs"] else None},
+             "refs": encode_json(message["refs"]) if message["refs"] else None,
+             **({"search": search.tsvector(entry)} if column else {})},
         )
+        self._index_inserted(entry)
         if message.get("deliver_at"):
             self._x("INSERT INTO scheduled (message_id, recipient, deliver_at) VALUES (?, ?, ?)",
                     (message["id"], message["recipient"], message["deliver_at"]))
@@ -510,6 +537,38 @@ class SQLStore(Store):
             f"SELECT {self.F.columns}, m.read_at, m.acked_at, m.archived_at, m.deleted_at, m.cancelled_at, "
             "m.batch_id FROM messages m JOIN thread t ON m.id = t.id ORDER BY arrival, seq", {"root": root})
 
+    # -- search ---------------------------------------------------------------
+    def search_rows(self, query, *, subject_only: bool, now: str, limit: int, before: int | None = None,
+                    agent: str | None = None, sender: str | None = None, recipient: str | None = None,
+                    since: str | None = None, thread_ids: list[str] | None = None) -> list[dict]:
+        """Stored rows matching `query` (newest stored first, at most `limit`, stored before seq `before`),
+        within what `agent` may see when given."""
+        source, match, order = self._search_source(subject_only)
+        where, params = [match], {"q": self._search_text(query, subject_only), "now": now, "limit": limit}
+        if agent is not None:
+            where.append(self.F.party)
+            params["agent"] = agent
+        if sender is not None:
+            where.append("m.sender = :sender")
+            params["sender"] = sender
+        if recipient is not None:
+            where.append("m.recipient = :recipient")
+            params["recipient"] = recipient
+        if since is not None:
+            where.append(f"{self.F.m_arrived} >= {self._ts(':since')}")
+            params["since"] = since
+        if thread_ids is not None:
+            marks, ids = ids_clause(thread_ids or [""], "t")
+            where.append(f"m.id IN ({marks})")
+            params.update(ids)
+        if before is not None:
+            where.append(f"{order} < :before")
+            params["before"] = before
+        return self._query(
+            f"SELECT m.{self.SEQ} AS seq, m.id, m.batch_id, m.sender, m.recipient, m.subject, m.body, m.type, "
+            f"m.created, m.deliver_at, m.reply_to, m.cancelled_at FROM {source} WHERE {' AND '.join(where)} "
+            f"ORDER BY {order} DESC LIMIT :limit", params)
+
     def oldest_unacked(self, now: str, agents: list[str]) -> dict[str, str]:
         """{agent: when its oldest visible mail not yet acted on arrived}, direct mail and broadcasts, for
         `agents` (those with something unacked)."""
@@ -521,13 +580,23 @@ class SQLStore(Store):
                 f"{self._hint('idx_messages_unacked')} WHERE acked_at IS NULL AND archived_at IS NULL AND "
                 f"deleted_at IS NULL AND recipient != '*' AND {self.F.visible} GROUP BY recipient", {"now": now}):
             oldest[agent] = arrived
-        for agent in agents:
-            row = self._x(
-                f"SELECT COALESCE(m.deliver_at, m.created) FROM messages m WHERE m.recipient = '*' AND "
-                f"m.sender != :agent AND {self.F.visible} AND {self.F.not_done_by} ORDER BY {self.F.m_arrived} "
-                "LIMIT 1", {"now": now, "agent": agent}).fetchone()
-            if row is not None and (agent not in oldest or parse_iso(row[0]) < parse_iso(oldest[agent])):
-                oldest[agent] = row[0]
+        if not agents or self._x(f"SELECT 1 FROM messages m WHERE m.recipient = '*' AND {self.F.visible} LIMIT 1",
+                                 {"now": now}).fetchone() is None:
+            return oldest  # no broadcast to wait on anyone
+        # Each agent's oldest broadcast it has not acted on, many agents to a statement (one round trip each).
+        for start in range(0, len(agents), 500):
+            chunk = agents[start:start + 500]
+            params: dict = {"now": now, **{f"a{i}": agent for i, agent in enumerate(chunk)}}
+            rows = self._x(
+                f"WITH a(agent) AS (VALUES {', '.join(f'(:a{i})' for i in range(len(chunk)))}) "
+                f"SELECT a.agent, (SELECT COALESCE(m.deliver_at, m.created) FROM messages m WHERE m.recipient = '*' "
+                f"AND m.sender != a.agent AND {self.F.visible} AND m.id NOT IN (SELECT message_id FROM broadcast_acks "
+                f"{self._hint('idx_broadcast_acks_done')} WHERE agent = a.agent AND (acked_at IS NOT NULL OR "
+                f"archived_at IS NOT NULL OR deleted_at IS NOT NULL)) ORDER BY {self.F.m_arrived} LIMIT 1) FROM a",
+                params).fetchall()
+            for agent, arrived in rows:
+                if arrived is not None and (agent not in oldest or parse_iso(arrived) < parse_iso(oldest[agent])):
+                    oldest[agent] = arrived
         return oldest
 
     def open_bounces(self) -> dict[str, int]:
@@ -658,6 +727,7 @@ class SQLStore(Store):
         )
         blobs = self._value(f"SELECT COUNT(*) FROM ({orphans}) AS orphans", params)
         if not dry_run:
+            self._unindex(old, params)
             for table, column in (("broadcast_acks", "message_id"), ("attachments", "message_id"),
                                   ("scheduled", "message_id")):
                 self._x(f"DELETE FROM {table} WHERE {column} IN ({doomed})", params)

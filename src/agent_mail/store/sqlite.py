@@ -163,8 +163,46 @@ def m009_batch_index(db: sqlite3.Connection) -> None:
     db.execute("CREATE INDEX IF NOT EXISTS idx_messages_batch ON messages(batch_id)")
 
 
+SEARCH_TABLE = ("CREATE VIRTUAL TABLE IF NOT EXISTS message_search USING fts5(subject, people, files, body, "
+                "tokenize = 'unicode61 remove_diacritics 0', columnsize = 0)")
+
+
+def m010_search(db: sqlite3.Connection) -> None:
+    """Full-text search: an FTS5 table of each message's words (agent_mail.search cuts them, the same as on
+    PostgreSQL), rowid = the message's rowid, and every message already stored indexed now. A SQLite built
+    without FTS5 skips it; `search` then says so."""
+    try:
+        db.execute(SEARCH_TABLE)
+    except sqlite3.OperationalError:
+        return
+    index_missing(db)
+
+
 MIGRATIONS = (m001_seed_schema, m002_inbox_indexes, m003_liveness, m004_delivery, m005_count_indexes,
-              m006_arrival_indexes, m007_harness_sessions, m008_envelope_indexes, m009_batch_index)
+              m006_arrival_indexes, m007_harness_sessions, m008_envelope_indexes, m009_batch_index, m010_search)
+
+
+def index_missing(db: sqlite3.Connection) -> int:
+    """Index the messages message_search lacks, a batch at a time; how many."""
+    total, after = 0, 0
+    while True:
+        rows = db.execute(
+            "SELECT m.rowid, m.sender, m.recipient, m.subject, m.body, (SELECT group_concat(name, char(10)) FROM "
+            "(SELECT name FROM attachments a WHERE a.message_id = m.id ORDER BY position)) FROM messages m "
+            "WHERE m.rowid > ? AND NOT EXISTS (SELECT 1 FROM message_search s WHERE s.rowid = m.rowid) "
+            "ORDER BY m.rowid LIMIT 2000", (after,)).fetchall()
+        if not rows:
+            return total
+        from agent_mail import search  # only when there is something to index (a new mailbox has nothing)
+
+        entries = []
+        for seq, sender, recipient, subject, body, names in rows:
+            entry = search.document({"sender": sender, "recipient": recipient, "subject": subject, "body": body},
+                                    names.split("\n") if names else ())
+            entries.append((seq, entry["subject"], entry["people"], entry["files"], entry["body"]))
+        db.executemany("INSERT INTO message_search (rowid, subject, people, files, body) VALUES (?, ?, ?, ?, ?)",
+                       entries)
+        total, after = total + len(rows), rows[-1][0]
 
 def _laid_out(level: int, alias: str = "m.") -> str:
     """SQL laying out the envelope of a message as jsonout.dumps does at nesting depth `level`: json_quote
@@ -198,6 +236,40 @@ class SQLiteStore(SQLStore):
 
     def _x(self, sql: str, params: object = ()):
         return self.db.execute(sql, params)
+
+    # -- search: an FTS5 table of its own, keyed by the message's rowid --------------------------------
+    def searchable(self) -> bool:
+        if self._has_search is None:
+            self._has_search = self.db.execute(
+                "SELECT 1 FROM sqlite_master WHERE name = 'message_search'").fetchone() is not None
+        return self._has_search
+
+    def _index_inserted(self, entry: dict) -> None:
+        if self.searchable():
+            self._x("INSERT INTO message_search (rowid, subject, people, files, body) VALUES (last_insert_rowid(), "
+                    ":subject, :people, :files, :body)", entry)
+
+    def _search_source(self, subject_only: bool) -> tuple[str, str, str]:
+        return ("message_search JOIN messages m ON m.rowid = message_search.rowid", "message_search MATCH :q",
+                "message_search.rowid")
+
+    def _search_text(self, query, subject_only: bool) -> str:
+        return query.fts5(subject_only)
+
+    def index_missing(self) -> int:
+        return index_missing(self.db) if self.searchable() else 0
+
+    def index_behind(self) -> bool:
+        """Whether messages were stored past the index's newest entry (by a tool that does not index)."""
+        if not self.searchable():
+            return False
+        newest = self._x("SELECT rowid FROM messages ORDER BY rowid DESC LIMIT 1").fetchone()
+        indexed = self._x("SELECT rowid FROM message_search ORDER BY rowid DESC LIMIT 1").fetchone()
+        return newest is not None and (indexed is None or newest[0] > indexed[0])
+
+    def _unindex(self, where: str, params: dict) -> None:
+        if self.searchable():
+            self._x(f"DELETE FROM message_search WHERE rowid IN (SELECT rowid FROM messages WHERE {where})", params)
 
     def _many(self, sql: str, rows: list) -> int:
         return self.db.executemany(sql, rows).rowcount
@@ -257,6 +329,7 @@ class SQLiteStore(SQLStore):
         self._pipe: tuple[str, int, int] | None = None  # (path, read end, write end) of our wake-up, if waiting
         self._pipe_session: str | None = None  # the watch session that pipe belongs to
         self._wakes: set[str] = set()  # identities to wake once the current transaction commits
+        self._has_search: bool | None = None  # whether the mailbox has its search index (asked once)
         self._identity = None  # (st_dev, st_ino) of the file opened, to notice it being replaced
         self.doing = "using it"  # what the current command is doing, for the damage record
         self.db = self._connect()
