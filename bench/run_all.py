@@ -9,7 +9,9 @@ bench_fanout, bench_watch and bench_herd (100 and 300 blocked watches), and prin
 table of both figures and their ratio; then bench_hooks (the harness hooks' cost beside our
 own `read`, and idle-wake latency, through the real Claude Code when it is installed), and
 bench_postgres (the team mailbox on PostgreSQL beside SQLite: per-agent commands and status at
-200,000 messages, wake across two hosts, 16 senders x 8 readers over two hosts, idle watches).
+200,000 messages, wake across two hosts, 16 senders x 8 readers over two hosts, idle watches), and
+bench_dashboard (the dashboard's idle cost and update latency beside 100 watches and a send every
+100 ms, on both backends, and the fleet's figures without it).
 --quick uses fewer rounds, no million-message mailbox and a herd of 20, for a smoke run;
 the recorded numbers in docs/benchmarks.md come from the full run.
 """
@@ -24,6 +26,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_cli  # noqa: E402
 import bench_concurrency  # noqa: E402
+import bench_dashboard  # noqa: E402
 import bench_fanout  # noqa: E402
 import bench_herd  # noqa: E402
 import bench_hooks  # noqa: E402
@@ -56,6 +59,10 @@ def main() -> None:
     # The team mailbox: PostgreSQL beside SQLite (and the reference where it can run), same run.
     print("\n# team mailbox on PostgreSQL (bench_postgres)\n")
     print(table(bench_postgres.rows(clis, quick=args.quick), bench_postgres.HEADERS))
+    # The supervisor's dashboard: no peer has a live view to run beside; the fleet without it is the baseline.
+    print("\n# the supervisor's dashboard beside a busy fleet (bench_dashboard)\n")
+    print(table(bench_dashboard.rows(clis, watches=20 if args.quick else 100, idle_seconds=5 if args.quick else 30,
+                                     busy_seconds=5 if args.quick else 20), bench_dashboard.HEADERS))
 
 
 if __name__ == "__main__":

@@ -148,7 +148,9 @@ def _parse_args(command: spec.Command, tokens: list[str]) -> tuple[dict, list]:
     while i < len(tokens):
         token = tokens[i]
         i += 1
-        if only_positional or token == "-" or not token.startswith("-") or _is_number(token):
+        # A flag's name has no spaces: '-staging deploy' (a search query) is a value, not a flag.
+        if only_positional or token == "-" or not token.startswith("-") or _is_number(token) or \
+                any(c.isspace() for c in token.partition("=")[0]):
             loose.append(token)
             continue
         if token == "--":
@@ -249,7 +251,10 @@ def _unknown_flag(command: spec.Command, name: str) -> str:
     text = f"is not a flag of '{command.name}'."
     if hint:
         text += f" Did you mean {hint}?"
-    return text + f" Flags: {', '.join(names) or 'none'}. See 'agent-mail describe {command.name}'."
+    text += f" Flags: {', '.join(names) or 'none'}. See 'agent-mail describe {command.name}'."
+    if any(a.positional and a.kind == spec.TEXT for a in command.args):
+        text += f" A value that begins with '-' goes after --: agent-mail {command.name} -- {name}"
+    return text
 
 
 def _convert(command: spec.Command, arg: spec.Arg, text: str) -> tuple[object, str | None]:

@@ -88,8 +88,10 @@ def _connect(path: str) -> sqlite3.Connection:
 
 
 def _tables(db: sqlite3.Connection) -> list[str]:
-    """The mailbox's own tables (names come back as bytes on the damaged file's connection)."""
-    rows = db.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name")
+    """The mailbox's own tables (names come back as bytes on the damaged file's connection). Not the search
+    index (an FTS5 table and its shadow tables): it is derived from the messages, and rebuilt from them."""
+    rows = db.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' "
+                      "AND name NOT LIKE 'message_search%' ORDER BY name")
     return [r[0].decode() if isinstance(r[0], bytes) else r[0] for r in rows]
 
 
@@ -192,6 +194,8 @@ def _repair(path: str) -> dict:
                 if table == "schema_migrations" or table not in source_tables:
                     continue
                 saved[table] = _copy_table(damaged, fresh, table, unsaved, altered)
+            if fresh.execute("SELECT 1 FROM sqlite_master WHERE name = 'message_search'").fetchone():
+                sqlite_store.index_missing(fresh)  # the search index of what was saved
             fresh.execute("COMMIT")
             check = [r[0] for r in fresh.execute("PRAGMA integrity_check")]
         finally:

@@ -1,0 +1,169 @@
+"""Full-text search at a million messages: each query as a whole process, SQLite beside PostgreSQL.
+
+    python bench/bench_search.py [--messages 1000000] [--rounds 7] [--no-postgres]
+
+The mailbox is created by this project's CLI, then seeded with direct SQL (one transaction) with text
+worth searching: subjects of 3 to 8 and bodies of 20 to 120 words drawn from a 20,000-word vocabulary
+with a Zipf-like spread, 1,000 identities, 2 % broadcasts; planted words with known counts: `deploy`
+in 10 % of messages, `kubernetes` in 0.1 %, the phrase "release notes" in 1 %, `zyxel` in one. The
+first search finds the seeded rows unindexed and indexes them (the same work as the migration that
+indexes an existing mailbox): timed on its own row. PostgreSQL gets the same mailbox through
+`agent-mail copy` (which builds its index), timed too. Then each query runs as a process, spawn to
+exit, median of --rounds. The reference CLI has no search, so there is no reference column; the
+issue's target is <= 50 ms on SQLite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import random
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from common import cli_env, implementations, machine, summary, table  # noqa: E402
+
+PG_URL = os.environ.get("AGENT_MAIL_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
+HEADERS = ("measure", "SQLite", "PostgreSQL", "target")
+AGENT = "proj5:agent25"
+QUERIES = (
+    ("one rare word (1 match)", ["zyxel"]),
+    ("a word in 0.1 % (1,000 matches)", ["kubernetes"]),
+    ("a word in 10 % (100,000 matches)", ["deploy"]),
+    ('a phrase in 1 %: "release notes"', ['"release notes"']),
+    ("a prefix: kubern*", ["kubern*"]),
+    ("kubernetes OR zyxel", ["kubernetes OR zyxel"]),
+    ("deploy -kubernetes (an exclusion)", ["deploy -kubernetes"]),
+    ("two common words: deploy notes", ["deploy notes"]),
+    ("deploy --agent (what one identity sees)", ["deploy", "--agent", AGENT]),
+    ("deploy --from --since-days 30", ["deploy", "--from", AGENT, "--since-days", "30"]),
+    ("no match at all", ["qqqqqq"]),
+)
+
+
+def _vocabulary(rng: random.Random, size: int) -> list[str]:
+    syllables = ["ka", "lo", "mi", "ne", "ru", "ta", "vo", "zi", "ber", "dan", "fel", "gor", "hin", "jas", "kel",
+                 "lum", "mar", "nor", "pel", "quo", "ris", "sen", "tor", "ul", "ven", "wil", "xan", "yor"]
+    words = set()
+    while len(words) < size:
+        words.add("".join(rng.choice(syllables) for _ in range(rng.randint(1, 4))))
+    return sorted(words)
+
+
+def seed_text(db_path: str, messages: int, agents: int = 1000, rng_seed: int = 11) -> None:
+    rng = random.Random(rng_seed)
+    vocabulary = _vocabulary(rng, 20_000)
+    weights = [1 / (rank + 1) for rank in range(len(vocabulary))]
+    names = [f"proj{i % 20}:agent{i}" for i in range(agents)]
+    start = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=messages * 2)
+    db = sqlite3.connect(db_path, timeout=30)
+    db.execute("BEGIN IMMEDIATE")
+    rare_at = messages // 2
+    for first in range(0, messages, 50_000):
+        rows = []
+        for i in range(first, min(messages, first + 50_000)):
+            words = rng.choices(vocabulary, weights, k=rng.randint(20, 120))
+            if i % 10 == 3:
+                words.insert(rng.randrange(len(words)), "deploy")
+            if i % 1000 == 7:
+                words.insert(rng.randrange(len(words)), "kubernetes")
+            if i % 100 == 5:
+                at = rng.randrange(len(words))
+                words[at:at] = ["release", "notes"]
+            if i == rare_at:
+                words.append("zyxel")
+            subject = " ".join(rng.choices(vocabulary, weights, k=rng.randint(3, 8)))
+            created = (start + dt.timedelta(seconds=i * 2)).isoformat()
+            sender = rng.choice(names)
+            broadcast = rng.random() < 0.02
+            rows.append((str(uuid.UUID(int=rng.getrandbits(128), version=4)), sender, "*" if broadcast else
+                         rng.choice(names), subject, " ".join(words), "broadcast" if broadcast else "direct", created,
+                         None if broadcast else created))
+        db.executemany("INSERT INTO messages (id, sender, recipient, subject, body, type, created, read_at) "
+                       "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+    db.execute("COMMIT")
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    db.execute("ANALYZE")
+    db.close()
+
+
+def _run(cli: str, location: str, argv: list[str]) -> float:
+    started = time.perf_counter()
+    done = subprocess.run([cli, *argv], env=cli_env(location), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    elapsed = (time.perf_counter() - started) * 1000
+    if done.returncode != 0:
+        raise RuntimeError(f"{argv} failed: {done.stderr.decode()}")
+    return elapsed
+
+
+def queries(cli: str, location: str, rounds: int) -> dict[str, float]:
+    found = {}
+    for label, argv in QUERIES:
+        _run(cli, location, ["search", *argv])  # warm the cache, as a mailbox in use is
+        found[label] = summary([_run(cli, location, ["search", *argv]) for _ in range(rounds)])[0]
+    return found
+
+
+def _with_driver(cli: str) -> None:
+    python = os.path.join(os.path.dirname(cli), "python")
+    if subprocess.run([python, "-c", "import psycopg"], capture_output=True).returncode != 0:
+        subprocess.run([python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                        "psycopg[binary]>=3.3,<4"], check=True, env=cli_env(None))
+
+
+def rows(clis: dict[str, str], messages: int = 1_000_000, rounds: int = 7, postgres: bool = True) -> list[tuple]:
+    ours = clis["agent-mail"]
+    lite: dict[str, float] = {}
+    pg: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        db = os.path.join(tmp, "mail.db")
+        subprocess.run([ours, "status"], env=cli_env(db), check=True, stdout=subprocess.DEVNULL)
+        seed_text(db, messages)
+        lite["index"] = _run(ours, db, ["search", "zyxel"]) / 1000  # indexes the seeded rows first
+        lite.update(queries(ours, db, rounds))
+        lite["bytes"] = os.path.getsize(db) / messages
+        if postgres:
+            import psycopg
+
+            _with_driver(ours)
+            schema = f"bench_search_{os.getpid()}"
+            url = f"{PG_URL}?schema={schema}"
+            try:
+                pg["index"] = _run(ours, url, ["copy", "--from", db]) / 1000
+                pg.update(queries(ours, url, rounds))
+            finally:
+                with psycopg.connect(PG_URL, autocommit=True) as conn:
+                    conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    n = f"{messages:,}"
+
+    def both(key: str, form: str) -> tuple[str, str]:
+        return form.format(lite[key]), (form.format(pg[key]) if key in pg else "skipped")
+
+    table_rows = [(f"search {label}, ms (a process, median)", *both(label, "{:.1f}"), "<= 50") for label, _ in QUERIES]
+    table_rows += [
+        (f"indexing {n} stored messages, s (SQLite: the first search; PostgreSQL: copy, which indexes)",
+         *both("index", "{:.0f}"), ""),
+        ("mailbox bytes per message with its index (SQLite)", f"{lite['bytes']:.0f}", "", ""),
+    ]
+    return table_rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=1_000_000)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--no-postgres", action="store_true")
+    args = parser.parse_args()
+    print(f"# search benchmark, {args.messages:,} messages ({machine()})\n")
+    print(table(rows(implementations(), args.messages, args.rounds, not args.no_postgres), HEADERS))
+
+
+if __name__ == "__main__":
+    main()

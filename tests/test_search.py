@@ -1,0 +1,258 @@
+"""search: the query language, ranking, visibility, filters and the index's life (send, migration, cleanup,
+copy), the same corpus with the same results on SQLite and on PostgreSQL, and fuzzed queries."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from agent_mail import model, search
+from conftest import examples, pg_url, raw_db
+
+pytestmark = pytest.mark.backends  # every test here runs on SQLite and on PostgreSQL
+
+
+@pytest.fixture
+def corpus(am, tmp_path):
+    """A small team's history; returns {name: id} of the messages the tests look for."""
+    report = tmp_path / "Release-Notes.pdf"
+    report.write_bytes(b"%PDF not really")
+
+    def send(frm, to, subject, body="", *extra):
+        targets = [a for t in ([to] if isinstance(to, str) else to) for a in ("--to", t)]
+        receipt = am("send", "--from", frm, *targets, "--subject", subject, "--body", body, *extra).json
+        return receipt["id"] or receipt["deliveries"][0]["id"]  # a send to several: its first copy
+
+    ids = {}
+    ids["deploy"] = send("ops:lead", ["api:worker", "web:worker"], "Deploy the release",
+                         "The déploiement failed on staging; logs attached.", "--attach", str(report))
+    ids["green"] = send("api:worker", "ops:lead", "tests are green", "ready to deploy now", "--reply-to",
+                        ids["deploy"])
+    ids["freeze"] = send("ops:lead", "*", "standup", "Deploy freeze at five. Release notes due.")
+    ids["private"] = send("web:worker", "web:worker", "note to self", "the banner colour is wrong")
+    ids["rollback"] = send("api:worker", "ops:lead", "Rollback plan", "if the deploy breaks, revert the migration")
+    return ids
+
+
+def hits(am, *argv, field="subject"):
+    return [r[field] for r in am("search", *argv).json["results"]]
+
+
+def test_words_all_match_phrases_or_exclusions_and_prefixes(am, corpus):
+    assert hits(am, "deploy") == ["Deploy the release", "Rollback plan", "standup", "tests are green"]
+    assert hits(am, "deploy staging") == ["Deploy the release"]
+    assert hits(am, '"release notes"') == ["standup", "Deploy the release"]  # a body; an attachment's name
+    assert hits(am, "deploy -freeze -green") == ["Deploy the release", "Rollback plan"]
+    assert hits(am, 'deploy -"tests are"') == ["Deploy the release", "Rollback plan", "standup"]
+    assert hits(am, "revert OR staging") == ["Rollback plan", "Deploy the release"]
+    assert hits(am, "banner OR colour freeze") == []  # (banner OR colour) AND freeze: nothing has both
+    assert hits(am, "banner OR freeze colour") == ["note to self"]
+    assert hits(am, "roll*") == ["Rollback plan"]
+    assert hits(am, "deplo* five") == ["standup"]
+    # case and accents do not matter; identities and file names are words
+    assert hits(am, "DEPLOIEMENT") == ["Deploy the release"]
+    assert hits(am, "web:worker") == ["note to self", "Deploy the release"]
+    assert hits(am, "release-notes.pdf") == ["Deploy the release"]
+
+
+def test_subject_matches_rank_first_then_newest_first(am, corpus):
+    found = am("search", "deploy").json["results"]
+    assert [r["matched"] for r in found] == ["subject", "text", "text", "text"]
+    # within the rest, newest first: rollback was sent last, then the broadcast, then the reply
+    assert [r["subject"] for r in found[1:]] == ["Rollback plan", "standup", "tests are green"]
+
+
+def test_a_send_to_several_is_one_result_with_its_recipients_and_a_snippet(am, corpus):
+    first = am("search", "staging").json
+    assert first["count"] == 1 and first["more"] is False
+    result = first["results"][0]
+    assert result["id"] == corpus["deploy"] and result["recipients"] == ["api:worker", "web:worker"]
+    assert result["attachments"] == ["Release-Notes.pdf"] and result["withdrawn"] is False
+    assert result["snippet"] == "The déploiement failed on **staging**; logs attached."
+    assert first["next"] == [f"agent-mail read ops:lead --thread {corpus['deploy']}"]
+    assert first["query"] == "staging"
+    by_subject = {r["subject"]: r for r in am("search", '"release notes"').json["results"]}
+    assert by_subject["Deploy the release"]["snippet"] == "**Release-Notes**.pdf"  # the match is in a file name
+    assert by_subject["standup"]["snippet"] == "Deploy freeze at five. **Release notes** due."
+
+
+def test_an_agent_finds_only_what_it_may_see(am, corpus):
+    # its own copy of a send to several, its own note, broadcasts from others; never others' mail
+    mine = am("search", "deploy OR banner", "--agent", "web:worker").json["results"]
+    assert [(r["subject"], r["recipients"]) for r in mine] == [
+        ("Deploy the release", ["web:worker"]), ("note to self", ["web:worker"]), ("standup", ["*"])]
+    assert mine[0]["id"] != corpus["deploy"]  # web:worker's copy, not the first copy
+    assert hits(am, "banner", "--agent", "api:worker") == []
+    assert hits(am, "deploy", "--agent", "ops:lead") == ["Deploy the release", "Rollback plan", "standup",
+                                                         "tests are green"]
+    assert am("search", "deploy", "--agent", "ops:lead").json["results"][0]["recipients"] == ["api:worker",
+                                                                                             "web:worker"]
+    assert am("search", "staging", "--agent", "web:worker").json["next"] == [
+        f"agent-mail read web:worker --thread {mine[0]['id']}"]
+
+
+def test_filters_limit_more_and_fields(am, corpus):
+    assert hits(am, "deploy", "--from", "api:worker") == ["Rollback plan", "tests are green"]
+    assert hits(am, "deploy", "--to", "ops:lead") == ["Rollback plan", "tests are green"]
+    assert hits(am, "deploy", "--to", "*") == ["standup"]
+    assert hits(am, "deploy", "--thread", corpus["green"]) == ["Deploy the release", "tests are green"]
+    assert hits(am, "deploy", "--since-days", "1") == hits(am, "deploy")
+    limited = am("search", "deploy", "--limit", "2", "--fields", "id,subject").json
+    assert limited["count"] == 2 and limited["more"] is True
+    assert [set(r) for r in limited["results"]] == [{"id", "subject"}] * 2
+    assert am("search", "deploy", "--limit", "4").json["more"] is False
+
+
+def test_since_days_leaves_out_older_mail(am, corpus, mailbox_path):
+    old = model.iso(model.now() - dt.timedelta(days=10))
+    db = raw_db(mailbox_path)
+    db.execute("UPDATE messages SET created = ? WHERE id = ?", (old, corpus["rollback"]))
+    db.commit()
+    db.close()
+    assert "Rollback plan" not in hits(am, "deploy", "--since-days", "3")
+    assert "Rollback plan" in hits(am, "deploy", "--since-days", "30")
+
+
+def test_searching_marks_nothing_read(am, corpus):
+    before = {a["agent"]: (a["unread"], a["unacked"]) for a in am("status").json["agents"]}
+    for agent in ("web:worker", "ops:lead", "api:worker"):
+        am("search", "deploy OR banner OR standup", "--agent", agent).json
+    am("search", "deploy").json
+    assert {a["agent"]: (a["unread"], a["unacked"]) for a in am("status").json["agents"]} == before
+
+
+@pytest.mark.parametrize("query, says", [
+    ("", "is empty"), ("   ", "is empty"), ("(deploy)", "grouping"), ("deploy AND staging", "AND"),
+    ("NOT deploy", "NOT"), ("OR deploy", "OR without"), ("deploy OR", "OR without"), ("deploy OR -x", "OR without"),
+    ("-deploy", "nothing to look for"), ('"deploy', "closing"), ("dep*loy", "only end a word"), ("!!!", "no letters"),
+    ("-", "lone"), ('"a"b', "closing quote"), ("x" * 1001, "at most 1000"), (" ".join(["a"] * 33), "more than 32"),
+])
+def test_a_bad_query_is_an_error_showing_the_accepted_forms(am, corpus, query, says):
+    error = am("search", "--", query).error  # (after --: a query may begin with '-')
+    assert error["problems"][0]["field"] == "query" and says in error["problems"][0]["message"]
+    for form in search.FORMS:
+        assert form in error["error"]
+
+
+def test_a_query_that_begins_with_a_minus(am, corpus):
+    assert hits(am, "-freeze deploy") == hits(am, "deploy -freeze")  # spaces: a query, not a flag
+    assert hits(am, "--", "-freeze deploy") == hits(am, "deploy -freeze")
+    error = am("search", "-freeze").error  # one word: taken for a flag, and the way out is named
+    assert error["problems"][0]["field"] == "-freeze" and "agent-mail search -- -freeze" in error["error"]
+
+
+def test_bad_options_are_errors_that_name_the_field(am, corpus):
+    assert am("search", "x", "--agent", "nope").error["problems"][0]["field"] == "--agent"
+    assert am("search", "x", "--limit", "0").error["problems"][0]["field"] == "--limit"
+    assert am("search", "x", "--since-days", "-1").error["problems"][0]["field"] == "--since-days"
+    assert am("search", "x", "--fields", "subject,nope").error["problems"][0]["field"] == "--fields"
+    unknown = "00000000-0000-4000-8000-000000000000"
+    assert am("search", "x", "--thread", unknown).error["problems"][0]["field"] == "--thread"
+    # a thread the agent is no party to is refused like an unknown one
+    refused = am("search", "x", "--thread", corpus["private"], "--agent", "api:worker").error
+    assert refused["problems"][0]["field"] == "--thread"
+
+
+def test_cleanup_takes_messages_out_of_the_index(am, corpus, mailbox_path, backend):
+    assert hits(am, "deploy")
+    am("cleanup", "--older-than", "0").json
+    assert hits(am, "deploy") == [] and hits(am, "banner") == []
+    if backend == "sqlite":
+        db = raw_db(mailbox_path)
+        assert db.execute("SELECT count(*) FROM message_search").fetchone()[0] == 0
+        db.close()
+    am("send", "--from", "a:x", "--to", "b:y", "--subject", "deploy again").json
+    assert hits(am, "deploy") == ["deploy again"]
+
+
+def test_a_mailbox_from_before_search_is_indexed_when_it_is_opened(am, corpus, mailbox_path, backend):
+    """The migration is additive and indexes what is already stored."""
+    db = raw_db(mailbox_path)
+    if backend == "sqlite":
+        db.execute("DROP TABLE message_search")
+        db.execute("DELETE FROM schema_migrations WHERE name = 'm010_search'")
+        db.execute("PRAGMA user_version = 9")
+    else:
+        db.execute("DROP INDEX idx_messages_search")
+        db.execute("ALTER TABLE messages DROP COLUMN search")
+        db.execute("DELETE FROM schema_migrations WHERE name = 'm005_search'")
+    db.commit()
+    db.close()
+    assert hits(am, "deploy") == ["Deploy the release", "Rollback plan", "standup", "tests are green"]
+    assert hits(am, '"release notes"') == ["standup", "Deploy the release"]
+
+
+@pytest.mark.sqlite_only  # rows written by a tool that does not index (an older agent-mail, the reference CLI)
+def test_rows_another_tool_stored_are_indexed_before_a_search(am, corpus, mailbox_path):
+    db = raw_db(mailbox_path)
+    db.execute("INSERT INTO messages (id, sender, recipient, subject, body, type, created) VALUES "
+               "(?, 'old:tool', 'ops:lead', 'written elsewhere', 'deploy from the old tool', 'direct', ?)",
+               (model.new_message_id(), model.now_iso()))
+    db.commit()
+    db.close()
+    assert hits(am, "deploy", "--from", "old:tool") == ["written elsewhere"]
+
+
+def test_a_copied_mailbox_searches_the_same(am, corpus, backend, tmp_path):
+    """copy builds the target's own index: SQLite to PostgreSQL, or PostgreSQL to SQLite."""
+    from conftest import drop_schema, new_schema_name, postgres_problem
+
+    if postgres_problem():
+        pytest.skip(postgres_problem())
+    schema = new_schema_name()
+    target = pg_url(schema) if backend == "sqlite" else str(tmp_path / "copy.db")
+    try:
+        expected = am("search", "deploy OR banner").json["results"]
+        am("copy", "--from", _here(), "--to", target).json
+        copied = _search_in(am, target, "deploy OR banner")
+        assert copied == expected
+    finally:
+        drop_schema(schema)
+
+
+def _here() -> str:
+    import os
+
+    return os.environ["AGENT_MAIL_DB"]
+
+
+def _search_in(am, location: str, query: str) -> list[dict]:
+    import os
+
+    saved = os.environ["AGENT_MAIL_DB"]
+    os.environ["AGENT_MAIL_DB"] = location
+    try:
+        return am("search", query).json["results"]
+    finally:
+        os.environ["AGENT_MAIL_DB"] = saved
+
+
+_QUERY_TEXT = st.lists(st.one_of(st.sampled_from(["deploy", "OR", "AND", "NOT", "-", "*", '"', "(", ")", "-x",
+                                                   "roll*", '"release notes"', "ops:lead", "é", "_", "\x00", " "]),
+                                 st.text(max_size=8)), max_size=8).map(" ".join)
+
+
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(query=_QUERY_TEXT)
+def test_fuzzed_queries_answer_or_refuse_never_a_traceback(am, corpus, query):
+    result = am("search", "--", query)
+    assert "Traceback" not in result.out + result.err
+    if result.code == 0:
+        assert isinstance(result.json["results"], list)
+    else:
+        assert result.code == 2 and result.error["problems"][0]["field"] == "query", result.err
+
+
+def test_the_tokenizer_and_the_query_agree_on_both_backends():
+    """What the index stores and what a query asks are cut by one function (no backend tokenizer involved)."""
+    assert search.words("Déploy-Plan.PDF ops:lead ﬁle x_y") == ["deploy", "plan", "pdf", "ops", "lead", "file",
+                                                               "x", "y"]
+    entry = search.document({"sender": "a:b", "recipient": "c:d", "subject": "Hi there", "body": "one two"},
+                            ["r.pdf"])
+    assert entry == {"subject": "hi there", "people": "a b c d", "files": "r pdf", "body": "one two"}
+    # PostgreSQL positions: fields a position apart, so no phrase runs from one field into the next
+    assert search.tsvector(entry) == "'hi':2A 'there':3A 'a':5B 'b':6B 'c':7B 'd':8B 'r':10C 'pdf':11C " \
+                                     "'one':13D 'two':14D"
