@@ -678,6 +678,76 @@ _register(Command(
               "search deplo* --thread 9f1c2e34-5678-4abc-9def-0123456789ab --fields id,subject,snippet"),
 ))
 
+EXPORT_FORMAT = {  # the JSON Lines export, version 1 (agent_mail.history writes and reads it)
+    "header": "The first line: {\"agent_mail_export\": 1} (the format's version).",
+    "blob": "{type: 'blob', sha256, size, created, content_base64}: an attachment's content, once, before the "
+    "first message that uses it.",
+    "message": "{type: 'message', id, batch_id, kind ('direct' | 'broadcast'), sender, recipient ('*' for a "
+    "broadcast), subject, body, refs (list or null), reply_to, ttl_hours, created, deliver_at, cancelled_at, "
+    "read_at, acked_at, archived_at, deleted_at (the recipient's state, on a direct row), schedule ({deliver_at, "
+    "published_at} or null), broadcast_states ([{agent, read_at, acked_at, archived_at, deleted_at}], each "
+    "recipient's state of a broadcast), attachments ([{name, size, sha256}])}: one stored row, in stored order.",
+    "profile": "{type: 'profile', agent, human, mirror_dir, max_entries, updated_at}.",
+    "event": "{type: 'event', id, agent, source ('email.bounce'), payload, created, dismissed_at}.",
+}
+
+_register(Command(
+    name="export",
+    summary="Write the mailbox's history out: JSON Lines that rebuild it exactly (import), or mbox for a mail "
+    "client. Whole, or one identity's, or recent. Marks nothing read.",
+    args=(
+        Arg("--format", TEXT, "jsonl (default): every record, to import elsewhere. mbox: the mail as standard "
+            "email (threads, attachments as MIME parts), to open in a mail client.", default="jsonl"),
+        Arg("--output", TEXT, "A new file to write (never overwritten; written aside and renamed into place). "
+            "Default: stdout."),
+        Arg("--agent", IDENTITY, "Only what this identity can see (its mail, what it sent, broadcasts), with only "
+            "its own state of broadcasts, its profile and its events."),
+        Arg("--since-days", NUMBER, "Only messages that arrived in the last N days.", minimum=0, maximum=36_500),
+    ),
+    output={
+        "file": "The file written (with --output; to stdout the export itself is all that is printed).",
+        "format": "jsonl or mbox.",
+        "bytes": "Its size.",
+        "messages": "Message records (stored rows: a send to several is one per recipient) written.",
+        "blobs": "jsonl: attachment contents written (each once).",
+        "profiles": "jsonl: profiles written.",
+        "events": "jsonl: system-channel events (bounces) written.",
+        "next": "jsonl: the command that checks the file as an import would.",
+    },
+    documents={"jsonl": EXPORT_FORMAT},
+    notes=("Progress goes to stderr when stderr is a terminal. Both formats stream: memory stays flat whatever "
+           "the mailbox's size.",
+           "mbox: identities become addresses (\"ops:lead\" <lead@ops.agent-mail.invalid>, everyone@agent-mail"
+           ".invalid for a broadcast), Message-ID/In-Reply-To/References make threads, X-Agent-Mail-* headers "
+           "carry the id, batch, type and state; lines beginning with From are quoted (mboxrd)."),
+    examples=("export --output team.jsonl", "export --format mbox --output team.mbox",
+              "export --agent deploy:worker --since-days 7 > worker-week.jsonl"),
+))
+
+_register(Command(
+    name="import",
+    summary="Bring an export (jsonl) into this mailbox: all or nothing, every record checked as send checks it; "
+    "what is already there (by id) is left as it is, so importing twice changes nothing.",
+    mutating=True,
+    args=(
+        Arg("file", TEXT, "The export to read (a path, or - for stdin).", required=True),
+        Arg("--dry-run", FLAG, "Check everything and count what would be added; change nothing."),
+    ),
+    output={
+        "file": "The file read.",
+        "dry_run": "true when nothing was changed because --dry-run was given.",
+        "format_version": "The export format's version.",
+        "added": "{messages, blobs, profiles, events} added (or that would be).",
+        "already_there": "{messages, blobs, profiles, events} whose id the mailbox already had: left as they are.",
+        "next": "After a dry run that would add something: the command that imports it.",
+    },
+    notes=("A bad file is a JSON error listing each bad line (up to 50) and what is wrong with it; nothing is "
+           "imported. Watches waiting for imported unread mail are woken.",
+           "This is also how a mailbox moves between backends record by record; `copy` moves a whole mailbox in "
+           "one step."),
+    examples=("import team.jsonl --dry-run", "import team.jsonl", "agent-mail export | agent-mail import -"),
+))
+
 _register(Command(
     name="cleanup",
     summary="Delete messages older than an age you choose. The only bulk deletion; there is no default "

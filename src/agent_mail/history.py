@@ -1,0 +1,562 @@
+"""Take the history out and bring it back: `export` (JSON Lines, or mbox for a mail client) and `import`.
+
+The JSON Lines format (version 1) holds everything needed to rebuild each stored message exactly: one
+header line, then records in a fixed order with a fixed key order, so that exporting, importing into an
+empty mailbox and exporting again gives the same bytes, on either backend:
+
+    {"agent_mail_export": 1}
+    {"type": "blob", ...}       an attachment's content (base64), just before the first message using it
+    {"type": "message", ...}    one stored row (a send to several is one row per recipient), in stored order
+    {"type": "profile", ...}    by identity
+    {"type": "event", ...}      system-channel events (bounces), in stored order
+
+Both directions stream: a batch of rows at a time, so memory stays flat however large the mailbox.
+Import is one transaction (all or nothing), validates every record with the same rules as `send`,
+and skips what is already there by its id (importing the same file twice changes nothing).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import sys
+import time
+
+from agent_mail import errors, model, spec
+from agent_mail.store.sql import decode_json, decode_refs, encode_json, ids_clause
+
+VERSION = 1
+BATCH = 500
+MAX_PROBLEMS = 50
+_STATE = ("read_at", "acked_at", "archived_at", "deleted_at")
+MESSAGE_KEYS = ("type", "id", "batch_id", "kind", "sender", "recipient", "subject", "body", "refs", "reply_to",
+                "ttl_hours", "created", "deliver_at", "cancelled_at", *_STATE, "schedule", "broadcast_states",
+                "attachments")
+BLOB_KEYS = ("type", "sha256", "size", "created", "content_base64")
+PROFILE_KEYS = ("type", "agent", "human", "mirror_dir", "max_entries", "updated_at")
+EVENT_KEYS = ("type", "id", "agent", "source", "payload", "created", "dismissed_at")
+
+
+def _line(keys: tuple[str, ...], values: dict) -> str:
+    return json.dumps({k: values[k] for k in keys}, ensure_ascii=False, separators=(",", ":")) + "\n"
+
+
+class Progress:
+    """'exported 12000 of 50000 messages' on stderr, a few times a second, only when stderr is a terminal."""
+
+    def __init__(self, verb: str, total: int | None):
+        self.verb, self.total, self.done, self.shown_at = verb, total, 0, 0.0
+        self.on = sys.stderr.isatty()
+
+    def step(self, n: int = 1) -> None:
+        self.done += n
+        if self.on and time.monotonic() - self.shown_at > 0.2:
+            self.shown_at = time.monotonic()
+            of = f" of {self.total}" if self.total is not None else ""
+            sys.stderr.write(f"\ragent-mail: {self.verb} {self.done}{of} messages")
+            sys.stderr.flush()
+
+    def end(self) -> None:
+        if self.on and self.shown_at:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+
+
+# ---------------------------------------------------------------- reading what to export
+
+
+def _scope(store, agent: str | None, since: str | None, now: str) -> tuple[str, dict]:
+    where, params = ["1 = 1"], {"now": now}
+    if agent is not None:
+        where.append(store.F.party)
+        params["agent"] = agent
+    if since is not None:
+        where.append(f"{store.F.m_arrived} >= {store._ts(':since')}")
+        params["since"] = since
+    return " AND ".join(where), params
+
+
+def messages(store, agent: str | None, since: str | None):
+    """Yield (row, broadcast states, attachments, schedule) of each message to export, in stored order, a
+    batch at a time."""
+    now = model.now_iso()
+    where, params = _scope(store, agent, since, now)
+    seq = store.SEQ
+    after = -1
+    columns = ("seq", "id", "batch_id", "type", "sender", "recipient", "subject", "body", "refs", "reply_to",
+               "ttl_hours", "created", "deliver_at", "cancelled_at", *_STATE)
+    while True:
+        rows = [dict(zip(columns, r, strict=True)) for r in store._x(
+            f"SELECT m.{seq}, {', '.join('m.' + c for c in columns[1:])} FROM messages m WHERE {where} "
+            f"AND m.{seq} > :after ORDER BY m.{seq} LIMIT {BATCH}", {**params, "after": after}).fetchall()]
+        if not rows:
+            return
+        after = rows[-1]["seq"]
+        marks, ids = ids_clause([r["id"] for r in rows])
+        states: dict[str, list[dict]] = {}
+        for r in store._x(f"SELECT message_id, agent, {', '.join(_STATE)} FROM broadcast_acks WHERE message_id IN "
+                          f"({marks}) ORDER BY message_id, agent", ids):
+            if agent is None or r[1] == agent:  # an identity's own export carries only its own state
+                states.setdefault(r[0], []).append(dict(zip(("agent", *_STATE), r[1:], strict=True)))
+        files: dict[str, list[dict]] = {}
+        for r in store._x(f"SELECT message_id, name, size, sha256 FROM attachments WHERE message_id IN ({marks}) "
+                          "ORDER BY message_id, position", ids):
+            files.setdefault(r[0], []).append({"name": r[1], "size": r[2], "sha256": r[3]})
+        schedules = {r[0]: {"deliver_at": r[1], "published_at": r[2]} for r in store._x(
+            f"SELECT message_id, deliver_at, published_at FROM scheduled WHERE message_id IN ({marks})", ids)}
+        for row in rows:
+            yield row, states.get(row["id"], []), files.get(row["id"], []), schedules.get(row["id"])
+
+
+def count(store, agent: str | None, since: str | None) -> int:
+    where, params = _scope(store, agent, since, model.now_iso())
+    return store._value(f"SELECT COUNT(*) FROM messages m WHERE {where}", params)
+
+
+def profiles(store, agent: str | None):
+    sql = "SELECT agent, human, mirror_dir, max_entries, updated_at FROM profiles"
+    params: tuple = ()
+    if agent is not None:
+        sql, params = sql + " WHERE agent = ?", (agent,)
+    for r in store._x(sql + " ORDER BY agent", params).fetchall():
+        yield {"type": "profile", "agent": r[0], "human": bool(r[1]), "mirror_dir": r[2], "max_entries": r[3],
+               "updated_at": r[4]}
+
+
+def events(store, agent: str | None, since: str | None):
+    where, params = ["1 = 1"], {}
+    if agent is not None:
+        where.append("agent = :agent")
+        params["agent"] = agent
+    if since is not None:
+        where.append(f"{store._ts('created')} >= {store._ts(':since')}")
+        params["since"] = since
+    for r in store._x(f"SELECT id, agent, source, payload, created, dismissed_at FROM system_events WHERE "
+                      f"{' AND '.join(where)} ORDER BY {store.SEQ}", params).fetchall():
+        yield {"type": "event", "id": r[0], "agent": r[1], "source": r[2], "payload": decode_json(r[3]),
+               "created": r[4], "dismissed_at": r[5]}
+
+
+# ---------------------------------------------------------------- export
+
+
+def export_jsonl(store, out, agent: str | None, since: str | None) -> dict:
+    counts = {"messages": 0, "blobs": 0, "profiles": 0, "events": 0}
+    out.write(json.dumps({"agent_mail_export": VERSION}, separators=(",", ":")) + "\n")
+    written: set[str] = set()
+    progress = Progress("exported", count(store, agent, since))
+    for row, states, files, schedule in messages(store, agent, since):
+        for f in files:
+            if f["sha256"] not in written:
+                written.add(f["sha256"])
+                blob = store._x("SELECT size, created, content FROM attachment_blobs WHERE sha256 = ?",
+                                (f["sha256"],)).fetchone()
+                if blob is not None:
+                    out.write(_line(BLOB_KEYS, {"type": "blob", "sha256": f["sha256"], "size": blob[0],
+                                                "created": blob[1],
+                                                "content_base64": base64.b64encode(bytes(blob[2])).decode()}))
+                    counts["blobs"] += 1
+        out.write(_line(MESSAGE_KEYS, {
+            **row, "type": "message", "kind": row["type"], "refs": decode_refs(row["refs"]) if row["refs"] else None,
+            "schedule": schedule, "broadcast_states": states, "attachments": files}))
+        counts["messages"] += 1
+        progress.step()
+    progress.end()
+    for record in profiles(store, agent):
+        out.write(_line(PROFILE_KEYS, record))
+        counts["profiles"] += 1
+    for record in events(store, agent, since):
+        out.write(_line(EVENT_KEYS, record))
+        counts["events"] += 1
+    return counts
+
+
+def address(identity: str) -> str:
+    """An identity as an email address: `"ops:lead" <lead@ops.agent-mail.invalid>` (.invalid: never routed)."""
+    if identity == model.BROADCAST:
+        return '"everyone" <everyone@agent-mail.invalid>'
+    project, _, name = identity.partition(":")
+    return f'"{identity}" <{name}@{project}.agent-mail.invalid>'
+
+
+def message_id(value: str) -> str:
+    return f"<{value}@agent-mail.invalid>"
+
+
+def export_mbox(store, out, agent: str | None, since: str | None) -> dict:
+    """Each stored row as an email in an mbox (mboxrd: body lines beginning with '>*From ' get one more '>')."""
+    import email.policy
+    import email.utils
+    import mimetypes
+    import re
+    from email.message import EmailMessage
+
+    quoted = re.compile(rb"^(>*From )", re.MULTILINE)
+    counts = {"messages": 0}
+    progress = Progress("exported", count(store, agent, since))
+    policy = email.policy.SMTP.clone(linesep="\n")
+    for row, _states, files, _schedule in messages(store, agent, since):
+        mail = EmailMessage(policy=policy)
+        arrived = model.parse_iso(row["deliver_at"] or row["created"])
+        mail["From"] = address(row["sender"])
+        mail["To"] = address(row["recipient"])
+        mail["Subject"] = row["subject"]
+        mail["Date"] = email.utils.format_datetime(arrived)
+        mail["Message-ID"] = message_id(row["id"])
+        if row["reply_to"]:
+            mail["In-Reply-To"] = message_id(row["reply_to"])
+            mail["References"] = message_id(row["reply_to"])
+        mail["X-Agent-Mail-Id"] = row["id"]
+        if row["batch_id"]:
+            mail["X-Agent-Mail-Batch"] = row["batch_id"]
+        mail["X-Agent-Mail-Type"] = row["type"]
+        state = next((w for c, w in (("deleted_at", "deleted"), ("archived_at", "archived"),
+                                     ("acked_at", "acked"), ("read_at", "read")) if row[c]), "unread")
+        if row["type"] == "direct":
+            mail["X-Agent-Mail-State"] = state
+        if row["refs"]:
+            mail["X-Agent-Mail-Refs"] = " ".join(decode_refs(row["refs"]))
+        mail.set_content(row["body"] or "")
+        for f in files:
+            blob = store.attachment_content(f["sha256"])
+            if blob is None:
+                continue
+            kind = (mimetypes.guess_type(f["name"])[0] or "application/octet-stream").split("/", 1)
+            mail.add_attachment(blob, maintype=kind[0], subtype=kind[1], filename=f["name"])
+        data = mail.as_bytes()
+        out.write(b"From " + row["sender"].replace(" ", "").encode() + b"@agent-mail.invalid " +
+                  arrived.strftime("%a %b %d %H:%M:%S %Y").encode() + b"\n")
+        out.write(quoted.sub(rb">\1", data).rstrip(b"\n") + b"\n\n")
+        counts["messages"] += 1
+        progress.step()
+    progress.end()
+    return counts
+
+
+def export(store, *, format: str, output: str | None, agent: str | None, since_days: float | None) -> dict | None:
+    """Write the export to `output` (a new file, written aside and renamed into place) or to stdout (None)."""
+    since = model.iso(model.now() - __import__("datetime").timedelta(days=since_days)) if since_days is not None \
+        else None
+    if output is not None and output != "-":
+        target = os.path.abspath(os.path.expanduser(output))
+        if os.path.lexists(target):
+            raise errors.InvalidInput([("--output", f"{target} exists; nothing was written. Name a new file (an "
+                                                    "export never overwrites one).")])
+        directory = os.path.dirname(target)
+        if not os.path.isdir(directory):
+            raise errors.InvalidInput([("--output", f"{directory} is not a directory; nothing was written.")])
+        aside = os.path.join(directory, f".{os.path.basename(target)}.am-{os.getpid()}.part")
+        try:
+            with open(aside, "xb") as raw:
+                with store.transaction():
+                    counts = _write(store, raw, format, agent, since)
+                raw.flush()
+                os.fsync(raw.fileno())
+            os.link(aside, target)  # fails rather than replace a file that appeared meanwhile
+        except FileExistsError:
+            raise errors.InvalidInput([("--output", f"{target} exists; nothing was written.")]) from None
+        except OSError as exc:
+            raise errors.AgentMailError(f"could not write {target} ({exc.strerror}); nothing was written.") from None
+        finally:
+            try:
+                os.unlink(aside)
+            except OSError:
+                pass
+        return {"file": target, "format": format, "bytes": os.path.getsize(target), **counts,
+                "next": [f"agent-mail import {target} --dry-run"] if format == "jsonl" else []}
+    sink = sys.stdout.buffer
+    with store.transaction():
+        _write(store, sink, format, agent, since)
+    sink.flush()
+    return None
+
+
+def _write(store, raw, format: str, agent, since) -> dict:
+    if format == "mbox":
+        return export_mbox(store, raw, agent, since)
+    import io
+
+    text = io.TextIOWrapper(raw, encoding="utf-8", newline="\n", write_through=False)
+    try:
+        return export_jsonl(store, text, agent, since)
+    finally:
+        text.flush()
+        text.detach()
+
+
+# ---------------------------------------------------------------- import
+
+
+class _Problems:
+    def __init__(self):
+        self.listed: list[tuple[str, str]] = []
+        self.total = 0
+
+    def add(self, line: int, field: str | None, message: str) -> None:
+        self.total += 1
+        if len(self.listed) < MAX_PROBLEMS:
+            self.listed.append((f"line {line}" + (f": {field}" if field else ""), message))
+
+
+def _stamp(value, field: str, problems, line: int, required: bool = False) -> None:
+    if value is None:
+        if required:
+            problems.add(line, field, "is missing; give an ISO 8601 time such as 2026-12-01T09:30:00+00:00.")
+        return
+    if not isinstance(value, str) or model.parse_iso(value) is None:
+        problems.add(line, field, f"{value!r} is not an ISO 8601 time with its offset.")
+
+
+def _check_message(record: dict, known_blobs, problems, line: int) -> None:
+    if set(record) != set(MESSAGE_KEYS):
+        missing, extra = set(MESSAGE_KEYS) - set(record), set(record) - set(MESSAGE_KEYS)
+        problems.add(line, None, f"a message record has exactly the keys {', '.join(MESSAGE_KEYS)}"
+                     + (f"; missing {sorted(missing)}" if missing else "") + (f"; unknown {sorted(extra)}" if extra
+                                                                                else "") + ".")
+        return
+    for field in ("id", "batch_id", "reply_to"):
+        value = record[field]
+        if (value is not None or field == "id") and not (isinstance(value, str) and
+                                                          model.message_id_problem(value) is None):
+            problems.add(line, field, f"{value!r} is not a message id (a UUID).")
+    if record["kind"] not in ("direct", "broadcast"):
+        problems.add(line, "kind", f"{record['kind']!r} is neither 'direct' nor 'broadcast'.")
+    for field, broadcast in (("sender", False), ("recipient", True)):
+        value = record[field]
+        problem = model.identity_problem(value, allow_broadcast=broadcast) if isinstance(value, str) else \
+            f"{value!r} is not an identity."
+        if problem:
+            problems.add(line, field, problem)
+    if (record["recipient"] == model.BROADCAST) != (record["kind"] == "broadcast"):
+        problems.add(line, "recipient", "is '*' exactly when kind is 'broadcast'.")
+    for field, check in (("subject", model.subject_problem), ("body", model.body_problem)):
+        value = record[field]
+        problem = check(value) if isinstance(value, str) else f"{value!r} is not text."
+        if problem:
+            problems.add(line, field, problem)
+    refs = record["refs"]
+    if refs is not None and not (isinstance(refs, list) and refs and all(isinstance(r, str) and r for r in refs)):
+        problems.add(line, "refs", "is null or a non-empty list of paths.")
+    if not isinstance(record["ttl_hours"], int) or isinstance(record["ttl_hours"], bool):
+        problems.add(line, "ttl_hours", f"{record['ttl_hours']!r} is not a whole number.")
+    _stamp(record["created"], "created", problems, line, required=True)
+    for field in ("deliver_at", "cancelled_at", *_STATE):
+        _stamp(record[field], field, problems, line)
+    schedule = record["schedule"]
+    if schedule is not None:
+        if not isinstance(schedule, dict) or set(schedule) != {"deliver_at", "published_at"}:
+            problems.add(line, "schedule", "is null or {deliver_at, published_at}.")
+        else:
+            _stamp(schedule["deliver_at"], "schedule.deliver_at", problems, line, required=True)
+            _stamp(schedule["published_at"], "schedule.published_at", problems, line)
+    states = record["broadcast_states"]
+    if not isinstance(states, list) or (states and record["kind"] != "broadcast"):
+        problems.add(line, "broadcast_states", "is a list, and empty unless kind is 'broadcast'.")
+    else:
+        for state in states:
+            if not isinstance(state, dict) or set(state) != {"agent", *_STATE}:
+                problems.add(line, "broadcast_states", "each is {agent, read_at, acked_at, archived_at, deleted_at}.")
+                continue
+            problem = model.identity_problem(state["agent"]) if isinstance(state["agent"], str) else "is not text"
+            if problem:
+                problems.add(line, "broadcast_states.agent", problem)
+            for field in _STATE:
+                _stamp(state[field], f"broadcast_states.{field}", problems, line)
+    files = record["attachments"]
+    if not isinstance(files, list) or len(files) > spec.ATTACHMENTS_MAX_COUNT:
+        problems.add(line, "attachments", f"is a list of at most {spec.ATTACHMENTS_MAX_COUNT}.")
+        return
+    for f in files:
+        if not isinstance(f, dict) or set(f) != {"name", "size", "sha256"}:
+            problems.add(line, "attachments", "each is {name, size, sha256}.")
+            continue
+        name = f["name"]
+        if not isinstance(name, str) or not name or "/" in name or "\0" in name or name in (".", ".."):
+            problems.add(line, "attachments.name", f"{name!r} is not a file name.")
+        if f["sha256"] not in known_blobs:
+            problems.add(line, "attachments.sha256", f"{f['sha256']!r}: no blob record before this line holds "
+                                                     "that content, and the mailbox does not have it.")
+        elif known_blobs[f["sha256"]] != f["size"]:
+            problems.add(line, "attachments.size", f"{f['size']!r} is not the size of that content.")
+
+
+def _check_blob(record: dict, problems, line: int) -> bytes | None:
+    if set(record) != set(BLOB_KEYS):
+        problems.add(line, None, f"a blob record has exactly the keys {', '.join(BLOB_KEYS)}.")
+        return None
+    try:
+        content = base64.b64decode(record["content_base64"], validate=True)
+    except (ValueError, TypeError):
+        problems.add(line, "content_base64", "is not base64.")
+        return None
+    if len(content) > spec.ATTACHMENT_MAX_BYTES:
+        problems.add(line, "content_base64", f"holds {len(content)} bytes; an attachment is at most "
+                                             f"{spec.ATTACHMENT_MAX_BYTES}.")
+    if hashlib.sha256(content).hexdigest() != record["sha256"]:
+        problems.add(line, "sha256", "is not the SHA-256 of the content.")
+    if record["size"] != len(content):
+        problems.add(line, "size", f"{record['size']!r} is not the content's length ({len(content)}).")
+    _stamp(record["created"], "created", problems, line, required=True)
+    return content
+
+
+def _check_profile(record: dict, problems, line: int) -> None:
+    if set(record) != set(PROFILE_KEYS):
+        problems.add(line, None, f"a profile record has exactly the keys {', '.join(PROFILE_KEYS)}.")
+        return
+    problem = model.identity_problem(record["agent"]) if isinstance(record["agent"], str) else "is not text"
+    if problem:
+        problems.add(line, "agent", problem)
+    if not isinstance(record["human"], bool):
+        problems.add(line, "human", "is true or false.")
+    if record["mirror_dir"] is not None and not (isinstance(record["mirror_dir"], str) and
+                                                 os.path.isabs(record["mirror_dir"])):
+        problems.add(line, "mirror_dir", "is null or an absolute path.")
+    entries = record["max_entries"]
+    if entries is not None and (not isinstance(entries, int) or isinstance(entries, bool) or
+                                not 1 <= entries <= spec.MAX_ENTRIES_LIMIT):
+        problems.add(line, "max_entries", f"is null or a whole number from 1 to {spec.MAX_ENTRIES_LIMIT}.")
+    _stamp(record["updated_at"], "updated_at", problems, line, required=True)
+
+
+def _check_event(record: dict, problems, line: int) -> None:
+    if set(record) != set(EVENT_KEYS):
+        problems.add(line, None, f"an event record has exactly the keys {', '.join(EVENT_KEYS)}.")
+        return
+    if not (isinstance(record["id"], str) and model.message_id_problem(record["id"]) is None):
+        problems.add(line, "id", f"{record['id']!r} is not an id (a UUID).")
+    problem = model.identity_problem(record["agent"]) if isinstance(record["agent"], str) else "is not text"
+    if problem:
+        problems.add(line, "agent", problem)
+    if not isinstance(record["source"], str) or not record["source"]:
+        problems.add(line, "source", "is a non-empty text.")
+    if not isinstance(record["payload"], dict):
+        problems.add(line, "payload", "is a JSON object.")
+    _stamp(record["created"], "created", problems, line, required=True)
+    _stamp(record["dismissed_at"], "dismissed_at", problems, line)
+
+
+def import_file(store, path: str, dry_run: bool) -> dict:
+    """Import a JSON Lines export into `store`: all or nothing, existing records (by id) left as they are."""
+    if path == "-":
+        source, shown = sys.stdin.buffer, "stdin"
+    else:
+        shown = os.path.abspath(os.path.expanduser(path))
+        try:
+            source = open(shown, "rb")
+        except OSError as exc:
+            raise errors.InvalidInput([("file", f"cannot open {shown} ({exc.strerror}); nothing was imported.")]) \
+                from None
+    added = {"messages": 0, "blobs": 0, "profiles": 0, "events": 0}
+    present = dict(added)
+    problems = _Problems()
+    progress = Progress("imported", None)
+    try:
+        with store.transaction(write=True):
+            known: dict[str, int] = {}  # sha256 -> size, of blobs in the file so far or in the mailbox
+            number = 0
+            for number, raw in enumerate(source, start=1):
+                try:
+                    record = json.loads(raw)
+                except (ValueError, UnicodeDecodeError) as exc:
+                    problems.add(number, None, f"is not a JSON document ({str(exc)[:80]}).")
+                    continue
+                if number == 1:
+                    if not (isinstance(record, dict) and record.get("agent_mail_export") == VERSION):
+                        problems.add(1, None, "is not an agent-mail export header {\"agent_mail_export\": 1}; "
+                                              "export with agent-mail export --format jsonl.")
+                        break
+                    continue
+                kind = record.get("type") if isinstance(record, dict) else None
+                if kind == "blob":
+                    content = _check_blob(record, problems, number)
+                    if content is not None and not problems.total:
+                        known[record["sha256"]] = len(content)
+                        new = store._x("INSERT INTO attachment_blobs (sha256, size, content, created) VALUES "
+                                       "(?, ?, ?, ?) ON CONFLICT (sha256) DO NOTHING",
+                                       (record["sha256"], len(content), content, record["created"])).rowcount
+                        (added if new else present)["blobs"] += 1
+                elif kind == "message":
+                    for f in record.get("attachments") or []:
+                        sha = f.get("sha256") if isinstance(f, dict) else None
+                        if isinstance(sha, str) and sha not in known:
+                            size = store._x("SELECT size FROM attachment_blobs WHERE sha256 = ?", (sha,)).fetchone()
+                            if size is not None:
+                                known[sha] = size[0]
+                    _check_message(record, known, problems, number)
+                    if not problems.total:
+                        (added if _insert_message(store, record) else present)["messages"] += 1
+                    progress.step()
+                elif kind == "profile":
+                    _check_profile(record, problems, number)
+                    if not problems.total:
+                        new = store._x("INSERT INTO profiles (agent, human, mirror_dir, max_entries, updated_at) "
+                                       "VALUES (?, ?, ?, ?, ?) ON CONFLICT (agent) DO NOTHING",
+                                       (record["agent"], int(record["human"]), record["mirror_dir"],
+                                        record["max_entries"], record["updated_at"])).rowcount
+                        (added if new else present)["profiles"] += 1
+                elif kind == "event":
+                    _check_event(record, problems, number)
+                    if not problems.total:
+                        new = store._x("INSERT INTO system_events (id, agent, source, payload, created, dismissed_at) "
+                                       "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
+                                       (record["id"], record["agent"], record["source"],
+                                        encode_json(record["payload"]), record["created"],
+                                        record["dismissed_at"])).rowcount
+                        (added if new else present)["events"] += 1
+                else:
+                    problems.add(number, "type", f"{kind!r} is not a record type (blob, message, profile, event).")
+            if number == 0:
+                problems.add(1, None, "the file is empty; an export starts with {\"agent_mail_export\": 1}.")
+            if problems.total:
+                raise errors.InvalidInput(problems.listed + ([(None, f"... and {problems.total - len(problems.listed)}"
+                                                                     " more problems")]
+                                                             if problems.total > len(problems.listed) else [])
+                                          + [(None, "nothing was imported")])
+            if dry_run:
+                raise _DryRun()
+    except _DryRun:
+        pass
+    finally:
+        progress.end()
+        if source is not sys.stdin.buffer:
+            source.close()
+    return {"file": shown, "dry_run": dry_run, "format_version": VERSION, "added": added, "already_there": present,
+            "next": [f"agent-mail import {shown}"] if dry_run and any(added.values()) else []}
+
+
+class _DryRun(Exception):
+    """Raised inside the import's transaction to roll it back after counting what would change."""
+
+
+def _insert_message(store, record: dict) -> bool:
+    """Insert one message row with everything about it, indexed for search; False if its id is there already."""
+    from agent_mail import search
+
+    if store._x("SELECT 1 FROM messages WHERE id = ?", (record["id"],)).fetchone() is not None:
+        return False
+    row = {**record, "type": record["kind"], "refs": encode_json(record["refs"]) if record["refs"] else None}
+    names = [f["name"] for f in record["attachments"]]
+    entry = search.document(row, names)
+    column, value = store._SEARCH_COLUMN
+    columns = ("id", "sender", "recipient", "subject", "body", "refs", "reply_to", "type", "ttl_hours", "created",
+               "read_at", "acked_at", "deliver_at", "cancelled_at", "batch_id", "archived_at", "deleted_at")
+    store._x(f"INSERT INTO messages ({', '.join(columns)}{column}) VALUES ({', '.join(':' + c for c in columns)}"
+             f"{value})", {**{c: row[c] for c in columns}, **({"search": search.tsvector(entry)} if column else {})})
+    store._index_inserted(entry)
+    for position, f in enumerate(record["attachments"]):
+        store._x("INSERT INTO attachments (message_id, position, name, size, sha256) VALUES (?, ?, ?, ?, ?)",
+                 (record["id"], position, f["name"], f["size"], f["sha256"]))
+    for state in record["broadcast_states"]:
+        store._x("INSERT INTO broadcast_acks (message_id, agent, read_at, acked_at, archived_at, deleted_at) VALUES "
+                 "(?, ?, ?, ?, ?, ?) ON CONFLICT (message_id, agent) DO NOTHING",
+                 (record["id"], state["agent"], *(state[c] for c in _STATE)))
+    if record["schedule"] is not None:
+        store._x("INSERT INTO scheduled (message_id, recipient, deliver_at, published_at) VALUES (?, ?, ?, ?) "
+                 "ON CONFLICT (message_id) DO NOTHING", (record["id"], record["recipient"],
+                                                         record["schedule"]["deliver_at"],
+                                                         record["schedule"]["published_at"]))
+    store._wake(record["recipient"])  # a watch waiting for it wakes once the import commits
+    return True
