@@ -166,7 +166,10 @@ def test_documented_output_fields_match_what_commands_print(am, send, tmp_path):
                                   "dashboard",  # draws a screen, prints nothing: checked in test_dashboard.py
                                   "hook",  # output per harness event: checked in test_hooks.py
                                   "setup",
-                                  "doctor", "copy", "search"}
+                                  "doctor", "copy", "search", "export", "import"}
+    exported = am("export", "--output", str(tmp_path / "contract.jsonl")).json
+    assert set(exported) == set(spec.COMMANDS["export"].output)
+    assert set(am("import", str(tmp_path / "contract.jsonl")).json) == set(spec.COMMANDS["import"].output)
     found = am("search", "watch").json
     assert set(found) == set(spec.COMMANDS["search"].output)
     assert set(found["results"][0]) == set(spec.COMMANDS["search"].item_fields)

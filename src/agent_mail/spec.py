@@ -721,7 +721,7 @@ _register(Command(
            ".invalid for a broadcast), Message-ID/In-Reply-To/References make threads, X-Agent-Mail-* headers "
            "carry the id, batch, type and state; lines beginning with From are quoted (mboxrd)."),
     examples=("export --output team.jsonl", "export --format mbox --output team.mbox",
-              "export --agent deploy:worker --since-days 7 > worker-week.jsonl"),
+              "export --agent deploy:worker --since-days 7 --output worker-week.jsonl"),
 ))
 
 _register(Command(
@@ -745,7 +745,7 @@ _register(Command(
            "imported. Watches waiting for imported unread mail are woken.",
            "This is also how a mailbox moves between backends record by record; `copy` moves a whole mailbox in "
            "one step."),
-    examples=("import team.jsonl --dry-run", "import team.jsonl", "agent-mail export | agent-mail import -"),
+    examples=("import team.jsonl --dry-run", "import team.jsonl", "import -"),
 ))
 
 _register(Command(

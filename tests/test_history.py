@@ -1,0 +1,295 @@
+"""export and import: exact round trips (and across backends), idempotence, validation that imports nothing
+from a bad file, filters, mbox read back by Python's mailbox/email and by a real mail client (mutt, in tmux)."""
+
+from __future__ import annotations
+
+import email
+import email.policy
+import json
+import mailbox
+import os
+import pty
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import drop_schema, new_schema_name, pg_url, postgres_problem, process_env
+
+pytestmark = pytest.mark.backends
+
+
+@pytest.fixture
+def history(am, tmp_path):
+    """A mailbox with one of everything an export must carry; returns the ids worth naming."""
+    report = tmp_path / "Report Q4.pdf"
+    report.write_bytes(bytes(range(256)) * 4)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("plain notes\nFrom the start\n")
+
+    def send(frm, to, subject, *extra):
+        targets = [a for t in ([to] if isinstance(to, str) else to) for a in ("--to", t)]
+        receipt = am("send", "--from", frm, *targets, "--subject", subject, *extra).json
+        return receipt["id"] or receipt["deliveries"][0]["id"]
+
+    ids = {}
+    ids["task"] = send("ops:lead", ["api:worker", "web:worker"], "Deploy the release", "--body",
+                       "Please deploy.\nFrom here on, watch the logs.", "--attach", str(report), "--attach",
+                       str(notes), "--ref", str(tmp_path))
+    ids["reply"] = send("api:worker", "ops:lead", "done", "--body", "deployed", "--reply-to", ids["task"])
+    ids["broadcast"] = send("ops:lead", "*", "standup in 5", "--body", "everyone")
+    am("read", "api:worker").json  # states: read, acked, archived
+    am("ack", "api:worker", "--all").json
+    am("archive", "web:worker", ids["broadcast"]).json
+    ids["later"] = send("ops:lead", "web:worker", "tomorrow", "--delay-minutes", "600")
+    ids["withdrawn"] = send("ops:lead", "web:worker", "never mind", "--delay-minutes", "600")
+    am("cancel", "ops:lead", ids["withdrawn"]).json
+    am("profile", "ops:human", "--human").json
+    am("send", "--from", "ops:lead", "--to", "ghost:nobody", "--subject", "are you there", "--require-reachable")
+    ids["unicode"] = send("web:worker", "ops:lead", "café ☕ — ok", "--body", "naïve\tbody with\r\nCRLF")
+    return ids
+
+
+def export(am, *argv) -> bytes:
+    result = am("export", *argv)
+    assert result.code == 0 and result.err == "", result.err
+    return result.out.encode("utf-8")
+
+
+def _elsewhere(backend: str, tmp_path) -> tuple[str, str | None]:
+    """An empty mailbox on the other backend (or a second file when PostgreSQL is out of reach)."""
+    if backend == "sqlite" and not postgres_problem():
+        schema = new_schema_name()
+        return pg_url(schema), schema
+    return str(tmp_path / "other.db"), None
+
+
+def _using(location: str):
+    class Using:
+        def __enter__(self):
+            self.saved = os.environ["AGENT_MAIL_DB"]
+            os.environ["AGENT_MAIL_DB"] = location
+
+        def __exit__(self, *exc):
+            os.environ["AGENT_MAIL_DB"] = self.saved
+    return Using()
+
+
+def test_export_import_export_gives_the_same_bytes_on_any_backend(am, history, tmp_path, backend):
+    first = export(am)
+    assert first.startswith(b'{"agent_mail_export":1}\n')
+    records = [json.loads(line) for line in first.splitlines()[1:]]
+    assert {r["type"] for r in records} == {"blob", "message", "profile", "event"}
+    target, schema = _elsewhere(backend, tmp_path)
+    (tmp_path / "first.jsonl").write_bytes(first)
+    try:
+        with _using(target):
+            added = am("import", str(tmp_path / "first.jsonl")).json["added"]
+            assert added == {"messages": 7, "blobs": 2, "profiles": 1, "events": 1}
+            again = export(am)
+            # and it is the same mailbox to use: threads, attachments, states, search
+            assert am("read", "ops:lead", "--thread", history["reply"]).json["count"] == 2
+            assert am("attachments", "api:worker", history["task"]).json
+            assert am("status", "--agent", "web:worker").json["agents"][0]["unread"] == 1
+            assert am("search", "deploy*", "--fields", "subject").json["count"] == 2
+            # back again, from there
+            (tmp_path / "again.jsonl").write_bytes(again)
+        assert again == first
+        with _using(str(tmp_path / "third.db")):  # and once more, into a file
+            am("import", str(tmp_path / "again.jsonl")).json
+            assert export(am) == first
+    finally:
+        if schema:
+            drop_schema(schema)
+
+
+def test_importing_twice_changes_nothing_and_a_dry_run_changes_nothing(am, history, tmp_path):
+    path = tmp_path / "e.jsonl"
+    path.write_bytes(export(am))
+    with _using(str(tmp_path / "fresh.db")):
+        dry = am("import", str(path), "--dry-run").json
+        assert dry["dry_run"] is True and dry["added"]["messages"] == 7 and dry["next"] == [f"agent-mail import {path}"]
+        assert am("status").json["count"] == 0
+        am("import", str(path)).json
+        before = export(am)
+        twice = am("import", str(path)).json
+        assert twice["added"] == {"messages": 0, "blobs": 0, "profiles": 0, "events": 0}
+        assert twice["already_there"] == {"messages": 7, "blobs": 2, "profiles": 1, "events": 1}
+        assert export(am) == before
+    # into the mailbox it came from: everything is there already
+    assert am("import", str(path)).json["added"]["messages"] == 0
+
+
+def test_a_bad_file_lists_every_bad_line_and_imports_nothing(am, history, tmp_path):
+    lines = export(am).decode().splitlines()
+    message = json.loads(next(line for line in lines if '"type":"message"' in line and '"attachments":[]' in line))
+    bad = [lines[0],
+           json.dumps({**message, "id": "not-an-id"}),
+           json.dumps({**message, "id": "11111111-1111-4111-8111-111111111111", "sender": "Nope"}),
+           json.dumps({**message, "id": "22222222-2222-4222-8222-222222222222", "subject": ""}),
+           json.dumps({**message, "id": "33333333-3333-4333-8333-333333333333", "created": "yesterday"}),
+           json.dumps({**message, "id": "44444444-4444-4444-8444-444444444444",
+                       "attachments": [{"name": "x", "size": 1, "sha256": "0" * 64}]}),
+           "{not json",
+           json.dumps({"type": "mystery"}),
+           json.dumps({**message, "id": "55555555-5555-4555-8555-555555555555", "surprise": 1}),
+           json.dumps({**message, "id": "66666666-6666-4666-8666-666666666666"})]  # a good one: not imported either
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join(bad) + "\n")
+    with _using(str(tmp_path / "fresh.db")):
+        error = am("import", str(path)).error
+        fields = [p["field"] for p in error["problems"]]
+        assert fields[:8] == ["line 2: id", "line 3: sender", "line 4: subject", "line 5: created",
+                              "line 6: attachments.sha256", "line 7", "line 8: type", "line 9"]
+        assert error["problems"][-1]["message"] == "nothing was imported"
+        assert am("status").json["count"] == 0 and export(am) == b'{"agent_mail_export":1}\n'
+    for content, says in ((b"", "empty"), (b'{"something": "else"}\n', "header"),
+                          (b'{"agent_mail_export": 2}\n', "header")):
+        path.write_bytes(content)
+        assert says in am("import", str(path)).error["error"]
+    assert am("import", str(tmp_path / "missing.jsonl")).error["problems"][0]["field"] == "file"
+    # a blob whose content is not what its sha256 says
+    blob = json.loads(next(line for line in lines if '"type":"blob"' in line))
+    path.write_text(lines[0] + "\n" + json.dumps({**blob, "content_base64": "aGVsbG8="}) + "\n")
+    assert {"line 2: sha256", "line 2: size"} <= {p["field"] for p in am("import", str(path)).error["problems"]}
+
+
+def test_an_identitys_export_holds_what_it_may_see_only(am, history, tmp_path):
+    records = [json.loads(line) for line in export(am, "--agent", "api:worker").splitlines()[1:]]
+    messages = [r for r in records if r["type"] == "message"]
+    assert {m["subject"] for m in messages} == {"Deploy the release", "done", "standup in 5"}
+    broadcast = next(m for m in messages if m["kind"] == "broadcast")
+    assert [s["agent"] for s in broadcast["broadcast_states"]] == ["api:worker"]  # its own state only
+    assert [r for r in records if r["type"] in ("profile", "event")] == []
+    recent = [json.loads(line) for line in export(am, "--since-days", "1").splitlines()[1:]]
+    assert len([r for r in recent if r["type"] == "message"]) == 7
+
+
+def test_export_to_a_file_never_overwrites_and_bad_options_are_errors(am, history, tmp_path):
+    target = tmp_path / "out.jsonl"
+    summary = am("export", "--output", str(target)).json
+    assert summary["file"] == str(target) and summary["messages"] == 7 and summary["bytes"] == target.stat().st_size
+    assert target.read_bytes() == export(am)
+    assert am("export", "--output", str(target)).error["problems"][0]["field"] == "--output"
+    assert am("export", "--output", str(tmp_path / "no" / "dir.jsonl")).error["problems"][0]["field"] == "--output"
+    assert am("export", "--format", "csv").error["problems"][0]["field"] == "--format"
+    assert am("export", "--agent", "Nope").error["problems"][0]["field"] == "--agent"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # nothing left aside
+
+
+def test_progress_shows_on_a_terminal_and_nowhere_else(history, tmp_path):
+    quiet = subprocess.run([sys.executable, "-m", "agent_mail", "export", "--output", str(tmp_path / "q.jsonl")],
+                           env=process_env(), capture_output=True, timeout=60)
+    assert quiet.returncode == 0 and quiet.stderr == b""
+    leader, follower = pty.openpty()
+    try:
+        done = subprocess.run([sys.executable, "-m", "agent_mail", "export", "--output", str(tmp_path / "t.jsonl")],
+                              env=process_env(), stdout=subprocess.PIPE, stderr=follower, timeout=60)
+        os.close(follower)
+        shown = b""
+        while True:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            shown += chunk
+    finally:
+        os.close(leader)
+    assert done.returncode == 0 and b"exported" in shown and b"7 messages" in shown
+
+
+def test_mbox_reads_back_as_standard_email(am, history, tmp_path):
+    path = tmp_path / "team.mbox"
+    am("export", "--format", "mbox", "--output", str(path)).json
+    box = mailbox.mbox(str(path), factory=lambda f: email.message_from_binary_file(f, policy=email.policy.default))
+    mails = list(box)
+    assert len(mails) == 7
+    by_id = {m["X-Agent-Mail-Id"]: m for m in mails}
+    task = by_id[history["task"]]
+    assert task["From"].addresses[0].display_name == "ops:lead"
+    assert task["From"].addresses[0].addr_spec == "lead@ops.agent-mail.invalid"
+    assert task["Message-ID"] == f"<{history['task']}@agent-mail.invalid>"
+    parts = {p.get_filename(): p.get_content() for p in task.iter_attachments()}
+    assert parts["Report Q4.pdf"] == bytes(range(256)) * 4 and parts["notes.txt"] == "plain notes\nFrom the start\n"
+    assert task.get_body(("plain",)).get_content().splitlines() == ["Please deploy.", ">From here on, watch the logs."]
+    reply = by_id[history["reply"]]
+    assert reply["In-Reply-To"] == task["Message-ID"] and reply["References"] == task["Message-ID"]
+    unicode = by_id[history["unicode"]]
+    assert unicode["Subject"] == "café ☕ — ok" and "naïve\tbody" in unicode.get_content()
+    broadcast = by_id[history["broadcast"]]
+    assert broadcast["To"].addresses[0].addr_spec == "everyone@agent-mail.invalid"
+    assert {m["X-Agent-Mail-State"] for m in mails if m["X-Agent-Mail-Type"] == "direct"} >= {"acked", "unread"}
+
+
+MUTT = shutil.which("mutt")
+
+
+def test_mbox_opens_in_a_real_mail_client(am, history, tmp_path, backend):
+    if backend != "sqlite":
+        pytest.skip("the file is the same from either backend")
+    if MUTT is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI must run this test: mutt is missing (apt-get install mutt)")
+        pytest.skip("mutt is not installed (apt-get install mutt)")
+    if shutil.which("tmux") is None:
+        pytest.skip("tmux is not installed")
+    path = tmp_path / "team.mbox"
+    am("export", "--format", "mbox", "--output", str(path)).json
+    muttrc = tmp_path / "muttrc"
+    muttrc.write_text(f"set folder={tmp_path}\nset spoolfile={path}\nset sort=threads\nset move=no\n"
+                      "set mbox_type=mbox\nset charset=utf-8\nset ascii_chars=yes\nset index_format='%4C %-18.18L %s'\n")
+    tmux = ["tmux", "-S", str(tmp_path / "tmux.sock")]
+    subprocess.run([*tmux, "new-session", "-d", "-x", "120", "-y", "30",
+                    f"env TERM=xterm-256color LANG=C.UTF-8 {MUTT} -n -R -F {muttrc} -f {path}; sleep 30"], check=True)
+
+    def pane():
+        return subprocess.run([*tmux, "capture-pane", "-p"], capture_output=True, text=True).stdout
+
+    def until(seen, what):
+        deadline = time.monotonic() + 20
+        while seen not in pane():
+            assert time.monotonic() < deadline, f"{what}:\n{pane()}"
+            time.sleep(0.2)
+
+    try:
+        until("Deploy the release", "mutt never listed the mail")
+        screen = pane()
+        assert "7 msgs" in screen or "Msgs:7" in screen, screen
+        assert "done" in screen and "standup in 5" in screen
+        assert "->" in screen  # the reply threaded under what it answers
+        # open the first message of the thread and list its attachments
+        subprocess.run([*tmux, "send-keys", "/", "Deploy the release", "Enter"], check=True)
+        time.sleep(0.5)
+        subprocess.run([*tmux, "send-keys", "v"], check=True)
+        until("Report Q4.pdf", "mutt did not list the attachments")
+        assert "notes.txt" in pane()
+    finally:
+        subprocess.run([*tmux, "kill-server"], capture_output=True)
+
+
+def test_a_filtered_import_into_a_live_mailbox_wakes_its_watch(am, history, tmp_path, mailbox_path):
+    records = export(am, "--agent", "web:worker")
+    path = tmp_path / "w.jsonl"
+    path.write_bytes(records)
+    with _using(str(tmp_path / "live.db")):
+        watch = subprocess.Popen([sys.executable, "-m", "agent_mail", "watch", "web:worker", "--timeout-minutes", "5"],
+                                 env=process_env(AGENT_MAIL_DB=str(tmp_path / "live.db")), stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE)
+        try:
+            deadline = time.monotonic() + 30
+            while am("status", "--agent", "web:worker").json["agents"][0]["watch_state"] != "armed":
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+            started = time.monotonic()
+            am("import", str(path)).json
+            out, _ = watch.communicate(timeout=60)
+            assert time.monotonic() - started < 60  # woken by the import, not by its 5-minute timeout
+            assert json.loads(out)["count"] >= 1
+        finally:
+            if watch.poll() is None:
+                watch.kill()
+                watch.communicate()
