@@ -241,7 +241,8 @@ def test_mbox_opens_in_a_real_mail_client(am, history, tmp_path, backend):
     am("export", "--format", "mbox", "--output", str(path)).json
     muttrc = tmp_path / "muttrc"
     muttrc.write_text(f"set folder={tmp_path}\nset spoolfile={path}\nset sort=threads\nset move=no\n"
-                      "set mbox_type=mbox\nset charset=utf-8\nset ascii_chars=yes\nset index_format='%4C %-18.18L %s'\n")
+                      "set mbox_type=mbox\nset charset=utf-8\nset ascii_chars=yes\n"
+                      "set index_format='%4C %-18.18L %s'\n")
     tmux = ["tmux", "-S", str(tmp_path / "tmux.sock")]
     subprocess.run([*tmux, "new-session", "-d", "-x", "120", "-y", "30",
                     f"env TERM=xterm-256color LANG=C.UTF-8 {MUTT} -n -R -F {muttrc} -f {path}; sleep 30"], check=True)
