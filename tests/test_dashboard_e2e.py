@@ -88,6 +88,40 @@ def drive_in_tmux(tmp_path, *, live: bool):
     assert am_process("status", "--agent", "web:worker")["agents"][0]["unread"] == 2 if live else 1
 
 
+@pytest.mark.parametrize("how", ["the terminal closes", "SIGTERM"])
+def test_the_dashboard_ends_when_its_terminal_closes_or_it_is_terminated(tmp_path, how):
+    need("tmux", shutil.which("tmux"), "apt-get install tmux")
+    am_process("send", "--from", "ops:lead", "--to", "web:worker", "--subject", "first task")
+    tmux = ["tmux", "-S", str(tmp_path / "tmux.sock")]
+    env = process_env(TERM="xterm-256color")
+    command = " ".join(["exec", "env", f"AGENT_MAIL_DB={os.environ['AGENT_MAIL_DB']}",
+                        f"PYTHONPATH={env['PYTHONPATH']}", f"HOME={os.environ['HOME']}", "TERM=xterm-256color",
+                        sys.executable, "-m", "agent_mail", "dashboard"])
+    subprocess.run([*tmux, "new-session", "-d", "-x", "80", "-y", "24", command], check=True, env=env)
+    pid = int(subprocess.run([*tmux, "display", "-p", "#{pane_pid}"], capture_output=True, text=True).stdout)
+
+    def alive() -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+
+    try:
+        pane = lambda: subprocess.run([*tmux, "capture-pane", "-p"], capture_output=True, text=True).stdout  # noqa: E731
+        wait(lambda: "identities" in pane(), 30, "the dashboard never drew")
+        time.sleep(0.5)
+        if how == "SIGTERM":
+            os.kill(pid, signal.SIGTERM)
+        else:
+            subprocess.run([*tmux, "kill-server"], capture_output=True)
+        wait(lambda: not alive(), 20, f"the dashboard went on running after {how}")
+    finally:
+        subprocess.run([*tmux, "kill-server"], capture_output=True)
+        if alive():
+            os.kill(pid, signal.SIGKILL)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -342,6 +342,8 @@ class Dashboard(App):
         self._summary = ""
         self._problem = ""  # the banner's text: a storage problem being retried
         self._settled = False
+        self._signals: list = []  # (loop, signal number) handled through the app's loop
+        self.stopped_by: int | None = None  # the signal that ended the app, if one did
         self._store = None
         self.sub_title = (f"as {human}" if human else "read-only (start with --as PROJECT:NAME to step in)") + (
             f" · project {project}" if project else "")
@@ -379,8 +381,33 @@ class Dashboard(App):
         if self.live:
             self.feeder = Feeder(self)
             self.feeder.start()
+        self._catch_signals()
+
+    def _catch_signals(self) -> None:
+        """SIGHUP (the terminal went away) and SIGTERM end the app through its own loop. Raised from a plain
+        signal handler, the CLI's stop could land inside a handler that reports errors and carries on: a
+        dashboard left drawing into a closed terminal."""
+        import asyncio
+        import signal
+
+        loop = asyncio.get_running_loop()
+        for number in (signal.SIGHUP, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(number, self._stop_by_signal, number)
+                self._signals.append((loop, number))
+            except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no such signal
+                pass
+
+    def _stop_by_signal(self, number: int) -> None:
+        self.stopped_by = number
+        self.exit(return_code=128 + number)
 
     def on_unmount(self) -> None:
+        for loop, number in self._signals:
+            try:
+                loop.remove_signal_handler(number)
+            except (RuntimeError, ValueError):
+                pass
         if self.feeder is not None:
             self.feeder.stopping.set()
             self.feeder.join(timeout=5)
