@@ -9,14 +9,18 @@ in 10 % of messages, `kubernetes` in 0.1 %, the phrase "release notes" in 1 %, `
 first search finds the seeded rows unindexed and indexes them (the same work as the migration that
 indexes an existing mailbox): timed on its own row. PostgreSQL gets the same mailbox through
 `agent-mail copy` (which builds its index), timed too. Then each query runs as a process, spawn to
-exit, median of --rounds. The reference CLI has no search, so there is no reference column; the
-issue's target is <= 50 ms on SQLite.
+exit, median of --rounds. Then the history moves: the whole mailbox exported (jsonl and mbox) and
+imported into an empty mailbox on each backend, each a process with its time and peak resident
+memory (wait4's ru_maxrss), and a tenth of it imported, for the memory beside the whole. The
+reference CLI has neither search nor export, so there is no reference column; the issue's target is
+<= 50 ms a search on SQLite, and memory that stays flat.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import itertools
 import os
 import random
 import sqlite3
@@ -60,7 +64,7 @@ def _vocabulary(rng: random.Random, size: int) -> list[str]:
 def seed_text(db_path: str, messages: int, agents: int = 1000, rng_seed: int = 11) -> None:
     rng = random.Random(rng_seed)
     vocabulary = _vocabulary(rng, 20_000)
-    weights = [1 / (rank + 1) for rank in range(len(vocabulary))]
+    cumulative = list(itertools.accumulate(1 / (rank + 1) for rank in range(len(vocabulary))))
     names = [f"proj{i % 20}:agent{i}" for i in range(agents)]
     start = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=messages * 2)
     db = sqlite3.connect(db_path, timeout=30)
@@ -69,7 +73,7 @@ def seed_text(db_path: str, messages: int, agents: int = 1000, rng_seed: int = 1
     for first in range(0, messages, 50_000):
         rows = []
         for i in range(first, min(messages, first + 50_000)):
-            words = rng.choices(vocabulary, weights, k=rng.randint(20, 120))
+            words = rng.choices(vocabulary, cum_weights=cumulative, k=rng.randint(20, 120))
             if i % 10 == 3:
                 words.insert(rng.randrange(len(words)), "deploy")
             if i % 1000 == 7:
@@ -79,7 +83,7 @@ def seed_text(db_path: str, messages: int, agents: int = 1000, rng_seed: int = 1
                 words[at:at] = ["release", "notes"]
             if i == rare_at:
                 words.append("zyxel")
-            subject = " ".join(rng.choices(vocabulary, weights, k=rng.randint(3, 8)))
+            subject = " ".join(rng.choices(vocabulary, cum_weights=cumulative, k=rng.randint(3, 8)))
             created = (start + dt.timedelta(seconds=i * 2)).isoformat()
             sender = rng.choice(names)
             broadcast = rng.random() < 0.02
@@ -111,6 +115,61 @@ def queries(cli: str, location: str, rounds: int) -> dict[str, float]:
     return found
 
 
+def _timed(cli: str, location: str, argv: list[str], stdin=None) -> tuple[float, float]:
+    """(seconds, peak resident MB) of one whole process."""
+    started = time.perf_counter()
+    proc = subprocess.Popen([cli, *argv], env=cli_env(location), stdin=stdin, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    elapsed = time.perf_counter() - started
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    err = proc.stderr.read().decode()
+    proc.stderr.close()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{argv} failed: {err}")
+    return elapsed, usage.ru_maxrss / 1024
+
+
+def history_rows(ours: str, db: str, tmp: str, messages: int, postgres: bool) -> dict[str, dict]:
+    """export (jsonl, mbox) and import (jsonl) of the whole mailbox: seconds and peak memory, and the same
+    for a tenth of it, to show memory does not grow with the mailbox."""
+    found: dict[str, dict] = {"SQLite": {}, "PostgreSQL": {}}
+    lite = found["SQLite"]
+    jsonl = os.path.join(tmp, "all.jsonl")
+    lite["export jsonl"] = _timed(ours, db, ["export", "--output", jsonl])
+    lite["export bytes"] = os.path.getsize(jsonl)
+    lite["export mbox"] = _timed(ours, db, ["export", "--format", "mbox", "--output", os.path.join(tmp, "all.mbox")])
+    os.unlink(os.path.join(tmp, "all.mbox"))
+    tenth = os.path.join(tmp, "tenth.jsonl")
+    with open(jsonl, "rb") as whole, open(tenth, "wb") as part:
+        for number, line in enumerate(whole):
+            if number > messages // 10:
+                break
+            part.write(line)
+    target = os.path.join(tmp, "imported.db")
+    subprocess.run([ours, "status"], env=cli_env(target), check=True, stdout=subprocess.DEVNULL)
+    lite["import tenth"] = _timed(ours, target, ["import", tenth])
+    os.unlink(target)
+    subprocess.run([ours, "status"], env=cli_env(target), check=True, stdout=subprocess.DEVNULL)
+    lite["import jsonl"] = _timed(ours, target, ["import", jsonl])
+    os.unlink(target)
+    if postgres:
+        import psycopg
+
+        schema = f"bench_import_{os.getpid()}"
+        url = f"{PG_URL}?schema={schema}"
+        try:
+            found["PostgreSQL"]["import jsonl"] = _timed(ours, url, ["import", jsonl])
+            found["PostgreSQL"]["export jsonl"] = _timed(ours, url, ["export", "--output", os.path.join(tmp, "pg")])
+            os.unlink(os.path.join(tmp, "pg"))
+        finally:
+            with psycopg.connect(PG_URL, autocommit=True) as conn:
+                conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    os.unlink(jsonl)
+    os.unlink(tenth)
+    return found
+
+
 def _with_driver(cli: str) -> None:
     python = os.path.join(os.path.dirname(cli), "python")
     if subprocess.run([python, "-c", "import psycopg"], capture_output=True).returncode != 0:
@@ -129,6 +188,9 @@ def rows(clis: dict[str, str], messages: int = 1_000_000, rounds: int = 7, postg
         lite["index"] = _run(ours, db, ["search", "zyxel"]) / 1000  # indexes the seeded rows first
         lite.update(queries(ours, db, rounds))
         lite["bytes"] = os.path.getsize(db) / messages
+        if postgres:
+            _with_driver(ours)
+        moved = history_rows(ours, db, tmp, messages, postgres)
         if postgres:
             import psycopg
 
@@ -151,6 +213,21 @@ def rows(clis: dict[str, str], messages: int = 1_000_000, rounds: int = 7, postg
         (f"indexing {n} stored messages, s (SQLite: the first search; PostgreSQL: copy, which indexes)",
          *both("index", "{:.0f}"), ""),
         ("mailbox bytes per message with its index (SQLite)", f"{lite['bytes']:.0f}", "", ""),
+    ]
+
+    def run(backend: str, key: str) -> str:
+        found = moved[backend].get(key)
+        return f"{found[0]:.0f} s, {messages / found[0]:,.0f} msg/s, {found[1]:.0f} MB peak" if found else "skipped"
+
+    tenth = moved["SQLite"]["import tenth"]
+    table_rows += [
+        (f"export --format jsonl, {n} messages ({moved['SQLite']['export bytes'] / 1e6:,.0f} MB)",
+         run("SQLite", "export jsonl"), run("PostgreSQL", "export jsonl"), "flat memory"),
+        (f"export --format mbox, {n} messages", run("SQLite", "export mbox"), "", "flat memory"),
+        (f"import, {n} messages into an empty mailbox", run("SQLite", "import jsonl"),
+         run("PostgreSQL", "import jsonl"), "flat memory"),
+        (f"import, a tenth of it ({messages // 10:,} messages), for the memory beside the whole",
+         f"{tenth[0]:.0f} s, {tenth[1]:.0f} MB peak", "", ""),
     ]
     return table_rows
 

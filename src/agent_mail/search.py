@@ -38,14 +38,12 @@ def _fold(token: str) -> str:
 
 
 def words(text: str | None) -> list[str]:
-    """The searchable words of `text`, in order."""
+    """The searchable words of `text`, in order: the text folded as a whole (accents off, case folded), then
+    cut into runs of letters and digits. (ASCII text, most of it, only needs lowering.)"""
     if not text:
         return []
-    found = []
-    for match in _WORD.finditer(text):
-        # Folding can split a run (a compatibility character decomposing into punctuation): cut it again.
-        found += [w[:MAX_WORD] for w in _WORD.findall(_fold(match.group()))]
-    return found
+    folded = text.lower() if text.isascii() else _fold(text)
+    return [w[:MAX_WORD] if len(w) > MAX_WORD else w for w in _WORD.findall(folded)]
 
 
 def document(message: dict, attachment_names=()) -> dict[str, str]:
@@ -249,7 +247,7 @@ def snippet(subject: str, body: str, query: Query, attachment_names=()) -> str:
 
 def _matches(text: str, query: Query) -> list[tuple[int, int]]:
     """The spans of `text` holding the words (and phrases) looked for."""
-    runs = [(m.start(), m.end(), words(m.group())) for m in _WORD.finditer(text)]
+    runs = [(m.start(), m.end(), words(m.group())) for m in _WORD.finditer(text)]  # (a run's words, in place)
     flat = [(a, b, w) for a, b, ws in runs for w in ws]
     spans = []
     for term in query.looked_for():
