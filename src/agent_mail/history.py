@@ -237,14 +237,19 @@ def export_mbox(store, out, agent: str | None, since: str | None) -> dict:
 
 
 def _plain_mail(headers: list[tuple[str, str]], body: str) -> bytes | None:
-    """A text-only message laid out directly (the email package takes ~1 ms a message): UTF-8 sent as 8bit,
-    non-ASCII headers as RFC 2047 words. None where that would not be valid mail (a carriage return, a line
-    over 998 bytes): the email package handles those."""
+    """A text-only message laid out directly (the email package takes ~1 ms a message): UTF-8 as 8bit, or
+    quoted-printable where a line is long, non-ASCII headers as RFC 2047 words. None for a body with carriage
+    returns (kept exactly by the email package's own layout)."""
     from email.header import Header
 
-    encoded = body.encode("utf-8")
-    if "\r" in body or any(len(line) > 900 for line in encoded.split(b"\n")):
+    import binascii
+
+    if "\r" in body:
         return None
+    encoded = body.encode("utf-8")
+    transfer = "8bit"
+    if any(len(line) > 900 for line in encoded.split(b"\n")):  # soft line breaks keep every line legal
+        encoded, transfer = binascii.b2a_qp(encoded, istext=True), "quoted-printable"
     lines = []
     for name, value in headers:
         if not value.isascii():
@@ -252,7 +257,8 @@ def _plain_mail(headers: list[tuple[str, str]], body: str) -> bytes | None:
         elif len(name) + len(value) > 900:
             return None
         lines.append(f"{name}: {value}")
-    lines += ["MIME-Version: 1.0", 'Content-Type: text/plain; charset="utf-8"', "Content-Transfer-Encoding: 8bit"]
+    lines += ["MIME-Version: 1.0", 'Content-Type: text/plain; charset="utf-8"',
+              f"Content-Transfer-Encoding: {transfer}"]
     return ("\n".join(lines) + "\n\n").encode("ascii") + encoded + (b"" if encoded.endswith(b"\n") else b"\n")
 
 
@@ -478,6 +484,7 @@ def import_file(store, path: str, dry_run: bool) -> dict:
         with store.transaction(write=True):
             known: dict[str, int] = {}  # sha256 -> size, of blobs in the file so far or in the mailbox
             number = 0
+            pending: list[dict] = []  # checked messages, stored a batch at a time
             for number, raw in enumerate(source, start=1):
                 try:
                     record = json.loads(raw)
@@ -508,8 +515,11 @@ def import_file(store, path: str, dry_run: bool) -> dict:
                                 known[sha] = size[0]
                     _check_message(record, known, problems, number)
                     if not problems.total:
-                        (added if _insert_message(store, record) else present)["messages"] += 1
-                    progress.step()
+                        pending.append(record)
+                        if len(pending) >= BATCH:
+                            _store_batch(store, pending, added, present)
+                            progress.step(len(pending))
+                            pending.clear()
                 elif kind == "profile":
                     _check_profile(record, problems, number)
                     if not problems.total:
@@ -531,6 +541,8 @@ def import_file(store, path: str, dry_run: bool) -> dict:
                     problems.add(number, "type", f"{kind!r} is not a record type (blob, message, profile, event).")
             if number == 0:
                 problems.add(1, None, "the file is empty; an export starts with {\"agent_mail_export\": 1}.")
+            if pending and not problems.total:
+                _store_batch(store, pending, added, present)
             if problems.total:
                 raise errors.InvalidInput(problems.listed + ([(None, f"... and {problems.total - len(problems.listed)}"
                                                                      " more problems")]
@@ -552,32 +564,45 @@ class _DryRun(Exception):
     """Raised inside the import's transaction to roll it back after counting what would change."""
 
 
-def _insert_message(store, record: dict) -> bool:
-    """Insert one message row with everything about it, indexed for search; False if its id is there already."""
+_COLUMNS = ("id", "sender", "recipient", "subject", "body", "refs", "reply_to", "type", "ttl_hours", "created",
+            "read_at", "acked_at", "deliver_at", "cancelled_at", "batch_id", "archived_at", "deleted_at")
+
+
+def _store_batch(store, records: list[dict], added: dict, present: dict) -> None:
+    """Store checked message records, in file order, a statement per table (one round trip each on
+    PostgreSQL): those whose id the mailbox has (or that came earlier in the file) are left out."""
     from agent_mail import search
 
-    if store._x("SELECT 1 FROM messages WHERE id = ?", (record["id"],)).fetchone() is not None:
-        return False
-    row = {**record, "type": record["kind"], "refs": encode_json(record["refs"]) if record["refs"] else None}
-    names = [f["name"] for f in record["attachments"]]
-    entry = search.document(row, names)
+    marks, params = ids_clause([r["id"] for r in records])
+    there = {r[0] for r in store._x(f"SELECT id FROM messages WHERE id IN ({marks})", params)}
+    fresh = []
+    for record in records:
+        if record["id"] in there:
+            present["messages"] += 1
+        else:
+            there.add(record["id"])
+            fresh.append(record)
+    if not fresh:
+        return
     column, value = store._SEARCH_COLUMN
-    columns = ("id", "sender", "recipient", "subject", "body", "refs", "reply_to", "type", "ttl_hours", "created",
-               "read_at", "acked_at", "deliver_at", "cancelled_at", "batch_id", "archived_at", "deleted_at")
-    store._x(f"INSERT INTO messages ({', '.join(columns)}{column}) VALUES ({', '.join(':' + c for c in columns)}"
-             f"{value})", {**{c: row[c] for c in columns}, **({"search": search.tsvector(entry)} if column else {})})
-    store._index_inserted(entry)
-    for position, f in enumerate(record["attachments"]):
-        store._x("INSERT INTO attachments (message_id, position, name, size, sha256) VALUES (?, ?, ?, ?, ?)",
-                 (record["id"], position, f["name"], f["size"], f["sha256"]))
-    for state in record["broadcast_states"]:
-        store._x("INSERT INTO broadcast_acks (message_id, agent, read_at, acked_at, archived_at, deleted_at) VALUES "
-                 "(?, ?, ?, ?, ?, ?) ON CONFLICT (message_id, agent) DO NOTHING",
-                 (record["id"], state["agent"], *(state[c] for c in _STATE)))
-    if record["schedule"] is not None:
-        store._x("INSERT INTO scheduled (message_id, recipient, deliver_at, published_at) VALUES (?, ?, ?, ?) "
-                 "ON CONFLICT (message_id) DO NOTHING", (record["id"], record["recipient"],
-                                                         record["schedule"]["deliver_at"],
-                                                         record["schedule"]["published_at"]))
-    store._wake(record["recipient"])  # a watch waiting for it wakes once the import commits
-    return True
+    rows, entries = [], {}
+    for record in fresh:
+        row = {**record, "type": record["kind"], "refs": encode_json(record["refs"]) if record["refs"] else None}
+        entries[record["id"]] = entry = search.document(row, [f["name"] for f in record["attachments"]])
+        rows.append([row[c] for c in _COLUMNS] + ([search.tsvector(entry)] if column else []))
+    store._many(f"INSERT INTO messages ({', '.join(_COLUMNS)}{column}) VALUES "
+                f"({', '.join('?' for _ in _COLUMNS)}{', CAST(? AS tsvector)' if column else ''})", rows)
+    store._index_batch(entries)
+    store._many("INSERT INTO attachments (message_id, position, name, size, sha256) VALUES (?, ?, ?, ?, ?)",
+                [(r["id"], i, f["name"], f["size"], f["sha256"]) for r in fresh
+                 for i, f in enumerate(r["attachments"])])
+    store._many("INSERT INTO broadcast_acks (message_id, agent, read_at, acked_at, archived_at, deleted_at) VALUES "
+                "(?, ?, ?, ?, ?, ?) ON CONFLICT (message_id, agent) DO NOTHING",
+                [(r["id"], st["agent"], *(st[c] for c in _STATE)) for r in fresh for st in r["broadcast_states"]])
+    store._many("INSERT INTO scheduled (message_id, recipient, deliver_at, published_at) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (message_id) DO NOTHING",
+                [(r["id"], r["recipient"], r["schedule"]["deliver_at"], r["schedule"]["published_at"]) for r in fresh
+                 if r["schedule"] is not None])
+    for recipient in {r["recipient"] for r in fresh}:
+        store._wake(recipient)  # a watch waiting for it wakes once the import commits
+    added["messages"] += len(fresh)

@@ -128,6 +128,9 @@ class SQLStore(Store):
     def _index_inserted(self, entry: dict) -> None:
         """Index the row just inserted, where the index is a table of its own."""
 
+    def _index_batch(self, entries: dict[str, dict]) -> None:
+        """Index rows just inserted ({message id: entry}), where the index is a table of its own."""
+
     def _search_source(self, subject_only: bool) -> tuple[str, str, str]:
         """(FROM clause with messages as m, the match condition on :q, the column hits are ordered by)."""
         raise NotImplementedError

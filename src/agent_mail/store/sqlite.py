@@ -249,6 +249,14 @@ class SQLiteStore(SQLStore):
             self._x("INSERT INTO message_search (rowid, subject, people, files, body) VALUES (last_insert_rowid(), "
                     ":subject, :people, :files, :body)", entry)
 
+    def _index_batch(self, entries: dict[str, dict]) -> None:
+        if not self.searchable() or not entries:
+            return
+        marks, params = ids_clause(list(entries))
+        rows = self._x(f"SELECT rowid, id FROM messages WHERE id IN ({marks})", params).fetchall()
+        self._many("INSERT INTO message_search (rowid, subject, people, files, body) VALUES (?, ?, ?, ?, ?)",
+                   [(seq, *(entries[i][f] for f in ("subject", "people", "files", "body"))) for seq, i in rows])
+
     def _search_source(self, subject_only: bool) -> tuple[str, str, str]:
         return ("message_search JOIN messages m ON m.rowid = message_search.rowid", "message_search MATCH :q",
                 "message_search.rowid")
