@@ -205,11 +205,15 @@ def test_progress_shows_on_a_terminal_and_nowhere_else(history, tmp_path):
 def test_mbox_reads_back_as_standard_email(am, history, tmp_path):
     plain = am("send", "--from", "web:worker", "--to", "ops:lead", "--subject", "plan ✓ für morgen", "--body",
                "Grüße\nFrom me, not a separator\n>From quoted").json["id"]  # laid out directly: no email package
+    long_line = " ".join(["wörd"] * 600)  # over 998 bytes: quoted-printable, soft line breaks
+    wide = am("send", "--from", "web:worker", "--to", "ops:lead", "--subject", "wide", "--body", long_line).json["id"]
     path = tmp_path / "team.mbox"
     am("export", "--format", "mbox", "--output", str(path)).json
+    assert max(len(line) for line in path.read_bytes().splitlines()) <= 998
     box = mailbox.mbox(str(path), factory=lambda f: email.message_from_binary_file(f, policy=email.policy.default))
     mails = list(box)
-    assert len(mails) == 8
+    assert len(mails) == 9
+    assert next(m for m in mails if m["X-Agent-Mail-Id"] == wide).get_content() == long_line + "\n"
     direct = next(m for m in mails if m["X-Agent-Mail-Id"] == plain)
     assert direct["Subject"] == "plan ✓ für morgen" and direct["To"].addresses[0].display_name == "ops:lead"
     assert direct.get_content() == "Grüße\n>From me, not a separator\n>>From quoted\n"  # mboxrd quoting
