@@ -364,8 +364,9 @@ def _check_message(record: dict, known_blobs, problems, line: int) -> None:
         if problem:
             problems.add(line, field, problem)
     refs = record["refs"]
-    if refs is not None and not (isinstance(refs, list) and refs and all(isinstance(r, str) and r for r in refs)):
-        problems.add(line, "refs", "is null or a non-empty list of paths.")
+    if refs is not None and not (isinstance(refs, list) and refs and
+                                 all(isinstance(r, str) and os.path.isabs(r) for r in refs)):
+        problems.add(line, "refs", "is null or a non-empty list of absolute paths (as send stores them).")
     if not isinstance(record["ttl_hours"], int) or isinstance(record["ttl_hours"], bool):
         problems.add(line, "ttl_hours", f"{record['ttl_hours']!r} is not a whole number.")
     _stamp(record["created"], "created", problems, line, required=True)
