@@ -162,6 +162,8 @@ def history_rows(ours: str, db: str, tmp: str, messages: int, postgres: bool) ->
             found["PostgreSQL"]["import jsonl"] = _timed(ours, url, ["import", jsonl])
             found["PostgreSQL"]["export jsonl"] = _timed(ours, url, ["export", "--output", os.path.join(tmp, "pg")])
             os.unlink(os.path.join(tmp, "pg"))
+        except RuntimeError as exc:  # (the server restarted under it, say): the SQLite figures still stand
+            print(f"  PostgreSQL import/export failed: {exc}", file=sys.stderr)
         finally:
             with psycopg.connect(PG_URL, autocommit=True) as conn:
                 conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
@@ -188,6 +190,7 @@ def rows(clis: dict[str, str], messages: int = 1_000_000, rounds: int = 7, postg
         lite["index"] = _run(ours, db, ["search", "zyxel"]) / 1000  # indexes the seeded rows first
         lite.update(queries(ours, db, rounds))
         lite["bytes"] = os.path.getsize(db) / messages
+        print(f"  SQLite: {lite}", file=sys.stderr, flush=True)  # the searches' figures, whatever comes next
         if postgres:
             _with_driver(ours)
         moved = history_rows(ours, db, tmp, messages, postgres)
@@ -200,6 +203,9 @@ def rows(clis: dict[str, str], messages: int = 1_000_000, rounds: int = 7, postg
             try:
                 pg["index"] = _run(ours, url, ["copy", "--from", db]) / 1000
                 pg.update(queries(ours, url, rounds))
+                print(f"  PostgreSQL: {pg}", file=sys.stderr, flush=True)
+            except RuntimeError as exc:
+                print(f"  PostgreSQL searches failed: {exc}", file=sys.stderr)
             finally:
                 with psycopg.connect(PG_URL, autocommit=True) as conn:
                     conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
