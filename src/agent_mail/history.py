@@ -18,6 +18,7 @@ and skips what is already there by its id (importing the same file twice changes
 from __future__ import annotations
 
 import base64
+import datetime
 import hashlib
 import json
 import os
@@ -25,6 +26,7 @@ import sys
 import time
 
 from agent_mail import errors, model, spec
+from agent_mail.copying import TABLES
 from agent_mail.store.sql import decode_json, decode_refs, encode_json, ids_clause
 
 VERSION = 1
@@ -264,8 +266,7 @@ def _plain_mail(headers: list[tuple[str, str]], body: str) -> bytes | None:
 
 def export(store, *, format: str, output: str | None, agent: str | None, since_days: float | None) -> dict | None:
     """Write the export to `output` (a new file, written aside and renamed into place) or to stdout (None)."""
-    since = model.iso(model.now() - __import__("datetime").timedelta(days=since_days)) if since_days is not None \
-        else None
+    since = model.iso(model.now() - datetime.timedelta(days=since_days)) if since_days is not None else None
     if output is not None and output != "-":
         target = os.path.abspath(os.path.expanduser(output))
         if os.path.lexists(target):
@@ -565,8 +566,7 @@ class _DryRun(Exception):
     """Raised inside the import's transaction to roll it back after counting what would change."""
 
 
-_COLUMNS = ("id", "sender", "recipient", "subject", "body", "refs", "reply_to", "type", "ttl_hours", "created",
-            "read_at", "acked_at", "deliver_at", "cancelled_at", "batch_id", "archived_at", "deleted_at")
+_COLUMNS = TABLES["messages"][0]  # a message row's columns, as copy moves them
 
 
 def _store_batch(store, records: list[dict], added: dict, present: dict) -> None:

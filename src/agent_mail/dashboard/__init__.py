@@ -70,7 +70,9 @@ def show(*, human: str | None, project: str | None, first: dict, overdue_minutes
     app.overdue_minutes = overdue_minutes
     app.run()
     if app.stopped_by is not None:
-        name = {1: "SIGHUP", 15: "SIGTERM"}.get(app.stopped_by, f"signal {app.stopped_by}")
+        import signal
+
+        name = signal.Signals(app.stopped_by).name
         raise errors.Interrupted(f"the dashboard was stopped by {name}; nothing was changed.", 128 + app.stopped_by)
     if app.return_code:
         raise errors.AgentMailError(f"the dashboard stopped with an error (exit {app.return_code}).")

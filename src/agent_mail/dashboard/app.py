@@ -338,6 +338,7 @@ class Dashboard(App):
         self.feeder: Feeder | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent-mail dashboard io")
         self._supervisor: data.Supervisor | None = None
+        self.shown_tab: str | None = None
         self._behind: set[str] = set()  # screens whose table was not redrawn with the last snapshot
         self._summary = ""
         self._problem = ""  # the banner's text: a storage problem being retried
@@ -376,6 +377,7 @@ class Dashboard(App):
         self.query_one("#feed-table", DataTable).add_columns("age", "from", "to", "subject", "state")
         self.query_one("#inbox-table", DataTable).add_columns("age", "from", "subject", "state")
         self.apply_snapshot(self.snapshot)
+        self.shown_tab = "fleet"  # TabbedContent's initial pane
         self._show_inbox_title()
         self.query_one("#fleet-table", DataTable).focus()
         if self.live:
@@ -446,10 +448,9 @@ class Dashboard(App):
             self._fill_inbox(snapshot["inbox"])
 
     def _shown_tab(self) -> str | None:
-        try:
-            return self.query_one("#tabs", TabbedContent).active or None
-        except Exception:  # noqa: BLE001 - before the tabs are mounted: draw everything
-            return None
+        """The screen in view (None before the first is shown: everything). A plain attribute, set on the
+        app's thread, so the feeder may read it without touching the widgets from its own."""
+        return self.shown_tab
 
     def _visible_fleet(self) -> list[dict]:
         rows = self.snapshot["fleet"]
@@ -677,6 +678,7 @@ class Dashboard(App):
             self._load_charts_now()
 
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        self.shown_tab = event.pane.id
         if event.pane.id in self._behind:  # what was last read at once, then what is there now
             self._behind.discard(event.pane.id)
             (self._fill_fleet if event.pane.id == "fleet" else self._fill_feed)()

@@ -258,7 +258,9 @@ class PostgresStore(SQLStore):
         return True
 
     def _search_source(self, subject_only: bool) -> tuple[str, str, str]:
-        return "messages m", "m.search @@ to_tsquery('simple', :q)", "m.seq"
+        # The lexemes are ours already (agent_mail.search cut them, as it cut the stored tsvector): taken as
+        # written, not passed through to_tsquery's parser, which could cut some differently.
+        return "messages m", "m.search @@ CAST(:q AS tsquery)", "m.seq"
 
     def _search_text(self, query, subject_only: bool) -> str:
         return query.tsquery(subject_only)
