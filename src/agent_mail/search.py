@@ -13,7 +13,6 @@ a phrase), prefix* (a word's start). Anything else is refused with the accepted 
 from __future__ import annotations
 
 import re
-import unicodedata
 from agent_mail import errors
 
 #: The fields of the index, in the order their words are numbered (PostgreSQL's positions) and weighted.
@@ -33,6 +32,8 @@ FORMS = ('words (all must match): deploy failed', 'an exact phrase: "release not
 
 
 def _fold(token: str) -> str:
+    import unicodedata  # only for text that is not ASCII (every send indexes its message: start-up time)
+
     decomposed = unicodedata.normalize("NFKD", token)
     return "".join(c for c in decomposed if not unicodedata.combining(c)).casefold()
 
