@@ -48,8 +48,12 @@ QUERIES = (
     ("two common words: deploy notes", ["deploy notes"]),
     ("deploy --agent (what one identity sees)", ["deploy", "--agent", AGENT]),
     ("deploy --from --since-days 30", ["deploy", "--from", AGENT, "--since-days", "30"]),
+    ("deploy --from (what one identity sent)", ["deploy", "--from", AGENT]),
+    ("deploy --to (one identity's mail)", ["deploy", "--to", AGENT]),
+    ("deploy --thread (a thread of 11 messages)", ["deploy", "--thread", "THREAD"]),
     ("no match at all", ["qqqqqq"]),
 )
+READ = "read --thread, the thread a result's `next` reads"
 
 
 def _vocabulary(rng: random.Random, size: int) -> list[str]:
@@ -61,7 +65,9 @@ def _vocabulary(rng: random.Random, size: int) -> list[str]:
     return sorted(words)
 
 
-def seed_text(db_path: str, messages: int, agents: int = 1000, rng_seed: int = 11) -> None:
+def seed_text(db_path: str, messages: int, agents: int = 1000, rng_seed: int = 11) -> tuple[str, str]:
+    """Seed the mailbox; (the id of a thread's first message, its sender): the `zyxel` one, answered by the
+    next ten, each replying to the one before and holding `deploy`."""
     rng = random.Random(rng_seed)
     vocabulary = _vocabulary(rng, 20_000)
     cumulative = list(itertools.accumulate(1 / (rank + 1) for rank in range(len(vocabulary))))
@@ -83,19 +89,27 @@ def seed_text(db_path: str, messages: int, agents: int = 1000, rng_seed: int = 1
                 words[at:at] = ["release", "notes"]
             if i == rare_at:
                 words.append("zyxel")
+            if rare_at < i <= rare_at + 10:
+                words.append("deploy")
             subject = " ".join(rng.choices(vocabulary, cum_weights=cumulative, k=rng.randint(3, 8)))
             created = (start + dt.timedelta(seconds=i * 2)).isoformat()
             sender = rng.choice(names)
             broadcast = rng.random() < 0.02
-            rows.append((str(uuid.UUID(int=rng.getrandbits(128), version=4)), sender, "*" if broadcast else
-                         rng.choice(names), subject, " ".join(words), "broadcast" if broadcast else "direct", created,
-                         None if broadcast else created))
-        db.executemany("INSERT INTO messages (id, sender, recipient, subject, body, type, created, read_at) "
-                       "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+            message_id = str(uuid.UUID(int=rng.getrandbits(128), version=4))
+            if i == rare_at:
+                thread, previous, starter = message_id, message_id, sender
+            reply_to = None
+            if rare_at < i <= rare_at + 10:
+                reply_to, previous = previous, message_id
+            rows.append((message_id, sender, "*" if broadcast else rng.choice(names), subject, " ".join(words),
+                         "broadcast" if broadcast else "direct", created, None if broadcast else created, reply_to))
+        db.executemany("INSERT INTO messages (id, sender, recipient, subject, body, type, created, read_at, "
+                       "reply_to) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
     db.execute("COMMIT")
     db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     db.execute("ANALYZE")
     db.close()
+    return thread, starter
 
 
 def _run(cli: str, location: str, argv: list[str]) -> float:
@@ -107,11 +121,16 @@ def _run(cli: str, location: str, argv: list[str]) -> float:
     return elapsed
 
 
-def queries(cli: str, location: str, rounds: int) -> dict[str, float]:
+def queries(cli: str, location: str, rounds: int, thread: tuple[str, str]) -> dict[str, float]:
     found = {}
     for label, argv in QUERIES:
-        _run(cli, location, ["search", *argv])  # warm the cache, as a mailbox in use is
-        found[label] = summary([_run(cli, location, ["search", *argv]) for _ in range(rounds)])[0]
+        argv = ["search", *[thread[0] if arg == "THREAD" else arg for arg in argv]]
+        _run(cli, location, argv)  # warm the cache, as a mailbox in use is
+        found[label] = summary([_run(cli, location, argv) for _ in range(rounds)])[0]
+    # where a result's `next` points: the thread, as its starter reads it
+    argv = ["read", thread[1], "--thread", thread[0]]
+    _run(cli, location, argv)
+    found[READ] = summary([_run(cli, location, argv) for _ in range(rounds)])[0]
     return found
 
 
@@ -186,9 +205,9 @@ def rows(clis: dict[str, str], messages: int = 1_000_000, rounds: int = 7, postg
     with tempfile.TemporaryDirectory() as tmp:
         db = os.path.join(tmp, "mail.db")
         subprocess.run([ours, "status"], env=cli_env(db), check=True, stdout=subprocess.DEVNULL)
-        seed_text(db, messages)
+        thread = seed_text(db, messages)
         lite["index"] = _run(ours, db, ["search", "zyxel"]) / 1000  # indexes the seeded rows first
-        lite.update(queries(ours, db, rounds))
+        lite.update(queries(ours, db, rounds, thread))
         lite["bytes"] = os.path.getsize(db) / messages
         print(f"  SQLite: {lite}", file=sys.stderr, flush=True)  # the searches' figures, whatever comes next
         if postgres:
@@ -202,7 +221,7 @@ def rows(clis: dict[str, str], messages: int = 1_000_000, rounds: int = 7, postg
             url = f"{PG_URL}?schema={schema}"
             try:
                 pg["index"] = _run(ours, url, ["copy", "--from", db]) / 1000
-                pg.update(queries(ours, url, rounds))
+                pg.update(queries(ours, url, rounds, thread))
                 print(f"  PostgreSQL: {pg}", file=sys.stderr, flush=True)
             except RuntimeError as exc:
                 print(f"  PostgreSQL searches failed: {exc}", file=sys.stderr)
@@ -215,6 +234,7 @@ def rows(clis: dict[str, str], messages: int = 1_000_000, rounds: int = 7, postg
         return form.format(lite[key]), (form.format(pg[key]) if key in pg else "skipped")
 
     table_rows = [(f"search {label}, ms (a process, median)", *both(label, "{:.1f}"), "<= 50") for label, _ in QUERIES]
+    table_rows.append((f"{READ}, ms (a process, median)", *both(READ, "{:.1f}"), ""))
     table_rows += [
         (f"indexing {n} stored messages, s (SQLite: the first search; PostgreSQL: copy, which indexes)",
          *both("index", "{:.0f}"), ""),

@@ -47,12 +47,44 @@ def words(text: str | None) -> list[str]:
     return [w[:MAX_WORD] if len(w) > MAX_WORD else w for w in _WORD.findall(folded)]
 
 
+#: Route marks: each indexed message carries one token for its sender and one for its recipient (or one
+#: saying it is a broadcast) at the end of its `people` words. They begin with a private-use character,
+#: which no word of a query can hold (words are letters and digits), so only --from, --to and --agent ask
+#: for them, and the index itself intersects "deploy" with "from A" instead of reading every deploy to
+#: keep A's. (The SQL conditions stay, for exactness: a mark says who, not whether it is visible now.)
+_MARK = "\ue000"
+BROADCAST_MARK = _MARK + "b"
+
+
+def mark(kind: str, identity: str) -> str:
+    """The route mark of `identity` as sender (`kind` "f") or recipient ("t"): one token whatever it holds."""
+    return _MARK + kind + identity.encode().hex()
+
+
+def routes(*, agent: str | None = None, sender: str | None = None, recipient: str | None = None
+           ) -> tuple[tuple[str, ...], ...]:
+    """The marks a search's filters require: every group must match, one mark of each."""
+    groups = []
+    if sender is not None:
+        groups.append((mark("f", sender),))
+    if recipient is not None:
+        groups.append((BROADCAST_MARK,) if recipient == "*" else (mark("t", recipient),))
+    if agent is not None:  # what `agent` may see: what it sent, its own mail, broadcasts
+        groups.append((mark("f", agent), mark("t", agent), BROADCAST_MARK))
+    return tuple(groups)
+
+
 def document(message: dict, attachment_names=()) -> dict[str, str]:
-    """The index entry of one stored row: each field's words, space separated."""
-    people = [message["sender"]] + ([message["recipient"]] if message.get("recipient") not in (None, "*") else [])
+    """The index entry of one stored row: each field's words, space separated (`people` ends with the
+    row's route marks)."""
+    recipient = message.get("recipient")
+    people = [message["sender"]] + ([recipient] if recipient not in (None, "*") else [])
+    marks = [mark("f", message["sender"])]
+    if recipient is not None:
+        marks.append(BROADCAST_MARK if recipient == "*" else mark("t", recipient))
     return {
         "subject": " ".join(words(message.get("subject"))),
-        "people": " ".join(w for person in people for w in words(person)),
+        "people": " ".join([w for person in people for w in words(person)] + marks),
         "files": " ".join(w for name in attachment_names for w in words(name)),
         "body": " ".join(words(message.get("body"))),
     }
@@ -106,19 +138,26 @@ class Query:
     def __init__(self, groups: tuple[tuple[Term, ...], ...], excluded: tuple[Term, ...]):
         self.groups, self.excluded = groups, excluded
 
-    def fts5(self, subject_only: bool = False) -> str:
+    def fts5(self, subject_only: bool = False, marks: tuple[tuple[str, ...], ...] = ()) -> str:
+        """The FTS5 expression; `marks`: route marks (see routes()) the rows must carry too."""
         wanted = " AND ".join("(" + " OR ".join(t.fts5() for t in group) + ")" for group in self.groups)
         if subject_only:
             wanted = "{subject} : (" + wanted + ")"
         if self.excluded:
             wanted = f"({wanted}) NOT (" + " OR ".join(t.fts5() for t in self.excluded) + ")"
+        if marks:
+            wanted = f"({wanted}) AND " + " AND ".join(
+                "(" + " OR ".join(f'"{m}"' for m in group) + ")" for group in marks)
         return wanted
 
-    def tsquery(self, subject_only: bool = False) -> str:
+    def tsquery(self, subject_only: bool = False, marks: tuple[tuple[str, ...], ...] = ()) -> str:
+        """The tsquery text (lexemes as written: cast, not parsed); `marks` as for fts5()."""
         weight = "A" if subject_only else ""
         wanted = " & ".join("(" + " | ".join(f"({t.tsquery(weight)})" for t in group) + ")" for group in self.groups)
         if self.excluded:
             wanted += " & !(" + " | ".join(f"({t.tsquery()})" for t in self.excluded) + ")"
+        for group in marks:
+            wanted += " & (" + " | ".join(f"'{m}'" for m in group) + ")"
         return wanted
 
     def looked_for(self) -> list[Term]:

@@ -257,13 +257,13 @@ class PostgresStore(SQLStore):
     def searchable(self) -> bool:
         return True
 
-    def _search_source(self, subject_only: bool) -> tuple[str, str, str]:
+    def _search_source(self, few: bool) -> tuple[str, str, str]:
         # The lexemes are ours already (agent_mail.search cut them, as it cut the stored tsvector): taken as
         # written, not passed through to_tsquery's parser, which could cut some differently.
         return "messages m", "m.search @@ CAST(:q AS tsquery)", "m.seq"
 
-    def _search_text(self, query, subject_only: bool) -> str:
-        return query.tsquery(subject_only)
+    def _search_text(self, query, subject_only: bool, marks: tuple[tuple[str, ...], ...]) -> str:
+        return query.tsquery(subject_only, marks)
 
     def index_missing(self) -> int:
         return index_missing(self._x)

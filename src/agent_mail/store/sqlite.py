@@ -266,12 +266,15 @@ class SQLiteStore(SQLStore):
         self._many("INSERT INTO message_search (rowid, subject, people, files, body) VALUES (?, ?, ?, ?, ?)",
                    [(seq, *(entries[i][f] for f in ("subject", "people", "files", "body"))) for seq, i in rows])
 
-    def _search_source(self, subject_only: bool) -> tuple[str, str, str]:
+    def _search_source(self, few: bool) -> tuple[str, str, str]:
+        if few:  # a thread's rows by id, each probed in the index by its rowid (not every hit read to find them)
+            return ("messages m CROSS JOIN message_search ON message_search.rowid = m.rowid",
+                    "message_search MATCH :q", "m.rowid")
         return ("message_search JOIN messages m ON m.rowid = message_search.rowid", "message_search MATCH :q",
                 "message_search.rowid")
 
-    def _search_text(self, query, subject_only: bool) -> str:
-        return query.fts5(subject_only)
+    def _search_text(self, query, subject_only: bool, marks: tuple[tuple[str, ...], ...]) -> str:
+        return query.fts5(subject_only, marks)
 
     def index_missing(self) -> int:
         return index_missing(self.db) if self.searchable() else 0
