@@ -265,3 +265,42 @@ def test_the_tokenizer_and_the_query_agree_on_both_backends():
     assert search.parse("deploy").fts5(marks=search.routes(sender="a:b", agent="c:d")) == \
         f'(("deploy")) AND ("{f}") AND ("\ue000f{"c:d".encode().hex()}" OR "{t}" OR "\ue000b")'
     assert search.parse("deploy").tsquery(True, search.routes(recipient="c:d")) == f"(('deploy':A)) & ('{t}')"
+
+
+@pytest.mark.sqlite_only  # SQLite's planner follows the statistics; PostgreSQL's plans are checked by the benchmark
+def test_threads_are_looked_up_by_index_in_a_mailbox_of_unrelated_mail(am, corpus, mailbox_path):
+    """`read --thread`, the supervisor's thread and `search --thread` find a thread's rows through indexes, never
+    by walking every message: in a mailbox where most mail answers nothing, SQLite's statistics make the
+    reply_to index look useless, and a join would scan the table (100-200 ms a thread at 200,000 messages)."""
+    import re
+
+    from agent_mail.store import open_store
+
+    db = raw_db(mailbox_path)
+    created = model.now_iso()
+    db.executemany("INSERT INTO messages (id, sender, recipient, subject, body, type, created) VALUES "
+                   "(?, 'ops:lead', 'api:worker', 'chatter', 'unrelated', 'direct', ?)",
+                   [(model.new_message_id(), created) for _ in range(3000)])
+    db.commit()
+    db.execute("ANALYZE")
+    db.close()
+    store = open_store(str(mailbox_path))
+    statements: list[str] = []
+    try:
+        with store.transaction():
+            store.db.set_trace_callback(statements.append)
+            assert [r["id"] for r in store.thread(corpus["green"], "ops:lead", model.now_iso())] == \
+                [corpus["deploy"], corpus["green"]]
+            assert len(store.whole_thread(corpus["green"])) == 3  # the send to two, and the answer
+            found = store.search_rows(search.parse("deploy"), subject_only=False, now=model.now_iso(), limit=10,
+                                      thread_ids=[r["id"] for r in store.whole_thread(corpus["deploy"])])
+            assert len(found) == 3
+            store.db.set_trace_callback(None)
+            plans = {sql: [row[3] for row in store.db.execute("EXPLAIN QUERY PLAN " + sql)]
+                     for sql in statements if sql.lstrip().startswith(("WITH", "SELECT"))}
+    finally:
+        store.close()
+    assert len(plans) >= 3
+    for sql, plan in plans.items():
+        walks = [step for step in plan if re.match(r"(SCAN (m|r|messages)\b|BLOOM FILTER)", step)]
+        assert not walks, (sql, plan)

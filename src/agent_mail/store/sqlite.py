@@ -235,6 +235,11 @@ class SQLiteStore(SQLStore):
     SEQ = "rowid"
 
     # -- dialect hooks (see store/sql.py) ------------------------------------------
+    # Both lookups by index, as a list (SQLite scans every message at each step for an OR in the join: 216 ms a
+    # thread at 200,000 messages).
+    _THREAD_STEP = ("thread t JOIN messages m ON m.rowid IN (SELECT rowid FROM messages WHERE reply_to = t.id "
+                    "UNION ALL SELECT rowid FROM messages WHERE batch_id = t.batch_id)")
+
     @staticmethod
     def _ts(expression: str) -> str:
         return f"julianday({expression})"  # honours the local offsets older mailboxes wrote
