@@ -259,6 +259,19 @@ def test_everyday_commands_import_nothing_they_do_not_need(argv, mailbox_path):
     assert proc.stderr.strip().splitlines()[-1] == "0 []", proc.stderr
 
 
+@pytest.mark.sqlite_only
+def test_send_indexes_its_message_without_the_search_machinery(mailbox_path):
+    """Every send writes its message's search entry: it loads the small agent_mail.index, not the query
+    language and snippets of agent_mail.search, nor unicodedata for ASCII text."""
+    code = ("import sys; from agent_mail import cli; code = cli.main(sys.argv[1:]); "
+            "print(code, sorted({'agent_mail.index', 'agent_mail.search', 'unicodedata'} & set(sys.modules)), "
+            "file=sys.stderr)")
+    argv = ["send", "--from", "a:x", "--to", "b:y", "--subject", "Plain ASCII", "--body", "deploy at five"]
+    proc = subprocess.run([sys.executable, "-S", "-c", code, *argv], env=process_env(), capture_output=True,
+                          text=True)
+    assert proc.stderr.strip().splitlines()[-1] == "0 ['agent_mail.index']", proc.stderr
+
+
 def test_cold_import_pulls_in_no_heavy_modules():
     code = ("import sys, agent_mail.cli; heavy = {'importlib.metadata', 'argparse', 'difflib', 'asyncio', "
             "'email', 'http', 'urllib.parse', 'agent_mail.service', 'sqlite3', 'hashlib', 'uuid', 'typing', "

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent_mail import model, search
+from agent_mail import index, model, search
 from conftest import examples, pg_url, raw_db
 
 pytestmark = pytest.mark.backends  # every test here runs on SQLite and on PostgreSQL
@@ -248,23 +248,23 @@ def test_fuzzed_queries_answer_or_refuse_never_a_traceback(am, corpus, query):
 
 def test_the_tokenizer_and_the_query_agree_on_both_backends():
     """What the index stores and what a query asks are cut by one function (no backend tokenizer involved)."""
-    assert search.words("Déploy-Plan.PDF ops:lead ﬁle x_y") == ["deploy", "plan", "pdf", "ops", "lead", "file",
+    assert index.words("Déploy-Plan.PDF ops:lead ﬁle x_y") == ["deploy", "plan", "pdf", "ops", "lead", "file",
                                                                "x", "y"]
-    entry = search.document({"sender": "a:b", "recipient": "c:d", "subject": "Hi there", "body": "one two"},
+    entry = index.document({"sender": "a:b", "recipient": "c:d", "subject": "Hi there", "body": "one two"},
                             ["r.pdf"])
     # the route marks end `people`: the identities' bytes in hex behind a private-use character
     f, t = "\ue000f" + "a:b".encode().hex(), "\ue000t" + "c:d".encode().hex()
     assert entry == {"subject": "hi there", "people": f"a b c d {f} {t}", "files": "r pdf", "body": "one two"}
     # PostgreSQL positions: fields a position apart, so no phrase runs from one field into the next
-    assert search.tsvector(entry) == f"'hi':2A 'there':3A 'a':5B 'b':6B 'c':7B 'd':8B '{f}':9B '{t}':10B " \
+    assert index.tsvector(entry) == f"'hi':2A 'there':3A 'a':5B 'b':6B 'c':7B 'd':8B '{f}':9B '{t}':10B " \
                                      "'r':12C 'pdf':13C 'one':15D 'two':16D"
-    broadcast = search.document({"sender": "a:b", "recipient": "*", "subject": "", "body": ""})
+    broadcast = index.document({"sender": "a:b", "recipient": "*", "subject": "", "body": ""})
     assert broadcast["people"] == f"a b {f} \ue000b"
     # no query can ask for a mark: its private-use character is not a letter or a digit
-    assert search.words("\ue000f613a62 \ue000b") == ["f613a62", "b"]
-    assert search.parse("deploy").fts5(marks=search.routes(sender="a:b", agent="c:d")) == \
+    assert index.words("\ue000f613a62 \ue000b") == ["f613a62", "b"]
+    assert search.parse("deploy").fts5(marks=index.routes(sender="a:b", agent="c:d")) == \
         f'(("deploy")) AND ("{f}") AND ("\ue000f{"c:d".encode().hex()}" OR "{t}" OR "\ue000b")'
-    assert search.parse("deploy").tsquery(True, search.routes(recipient="c:d")) == f"(('deploy':A)) & ('{t}')"
+    assert search.parse("deploy").tsquery(True, index.routes(recipient="c:d")) == f"(('deploy':A)) & ('{t}')"
 
 
 @pytest.mark.sqlite_only  # SQLite's planner follows the statistics; PostgreSQL's plans are checked by the benchmark

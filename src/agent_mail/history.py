@@ -572,7 +572,7 @@ _COLUMNS = TABLES["messages"][0]  # a message row's columns, as copy moves them
 def _store_batch(store, records: list[dict], added: dict, present: dict) -> None:
     """Store checked message records, in file order, a statement per table (one round trip each on
     PostgreSQL): those whose id the mailbox has (or that came earlier in the file) are left out."""
-    from agent_mail import search
+    from agent_mail import index
 
     marks, params = ids_clause([r["id"] for r in records])
     there = {r[0] for r in store._x(f"SELECT id FROM messages WHERE id IN ({marks})", params)}
@@ -589,8 +589,8 @@ def _store_batch(store, records: list[dict], added: dict, present: dict) -> None
     rows, entries = [], {}
     for record in fresh:
         row = {**record, "type": record["kind"], "refs": encode_json(record["refs"]) if record["refs"] else None}
-        entries[record["id"]] = entry = search.document(row, [f["name"] for f in record["attachments"]])
-        rows.append([row[c] for c in _COLUMNS] + ([search.tsvector(entry)] if column else []))
+        entries[record["id"]] = entry = index.document(row, [f["name"] for f in record["attachments"]])
+        rows.append([row[c] for c in _COLUMNS] + ([index.tsvector(entry)] if column else []))
     store._many(f"INSERT INTO messages ({', '.join(_COLUMNS)}{column}) VALUES "
                 f"({', '.join('?' for _ in _COLUMNS)}{', CAST(? AS tsvector)' if column else ''})", rows)
     store._index_batch(entries)

@@ -1,10 +1,7 @@
-"""Full-text search: the words of a message, the small query language, and what each backend is asked.
+"""Full-text search: the small query language, and what each backend is asked; snippets.
 
-One tokenizer for every backend: a message's words are the runs of letters and digits of its subject,
-body, sender and recipient identities and attachment names, with accents taken off and case folded
-(`Déploy-Plan.PDF` is `deploy plan pdf`). The index stores those words (SQLite: an FTS5 table; PostgreSQL:
-a tsvector built here, position by position), and a query is cut into words the same way, so both
-backends match exactly the same messages.
+The words a query looks for are cut by agent_mail.index, as the index's own words are, so SQLite and
+PostgreSQL match exactly the same messages.
 
 The query language: words (all must match), "exact phrases", OR between two terms, -excluded (a word or
 a phrase), prefix* (a word's start). Anything else is refused with the accepted forms.
@@ -12,96 +9,15 @@ a phrase), prefix* (a word's start). Anything else is refused with the accepted 
 
 from __future__ import annotations
 
-import re
 from agent_mail import errors
+from agent_mail.index import WORD, words
 
-#: The fields of the index, in the order their words are numbered (PostgreSQL's positions) and weighted.
-FIELDS = ("subject", "people", "files", "body")
-_WEIGHTS = {"subject": "A", "people": "B", "files": "C", "body": "D"}
-_WORD = re.compile(r"[^\W_]+")
-#: Longer runs are cut to this many characters (PostgreSQL refuses to index words over 2 kB).
-MAX_WORD = 100
-#: PostgreSQL numbers positions up to this (later words share the last position there).
-_MAX_POSITION = 16383
 MAX_QUERY = 1000
 MAX_TERMS = 32
 
 FORMS = ('words (all must match): deploy failed', 'an exact phrase: "release notes"',
          'either of two terms: deploy OR rollback', 'a word or phrase left out: deploy -staging',
          'a word\'s start: deplo*')
-
-
-def _fold(token: str) -> str:
-    import unicodedata  # only for text that is not ASCII (every send indexes its message: start-up time)
-
-    decomposed = unicodedata.normalize("NFKD", token)
-    return "".join(c for c in decomposed if not unicodedata.combining(c)).casefold()
-
-
-def words(text: str | None) -> list[str]:
-    """The searchable words of `text`, in order: the text folded as a whole (accents off, case folded), then
-    cut into runs of letters and digits. (ASCII text, most of it, only needs lowering.)"""
-    if not text:
-        return []
-    folded = text.lower() if text.isascii() else _fold(text)
-    return [w[:MAX_WORD] if len(w) > MAX_WORD else w for w in _WORD.findall(folded)]
-
-
-#: Route marks: each indexed message carries one token for its sender and one for its recipient (or one
-#: saying it is a broadcast) at the end of its `people` words. They begin with a private-use character,
-#: which no word of a query can hold (words are letters and digits), so only --from, --to and --agent ask
-#: for them, and the index itself intersects "deploy" with "from A" instead of reading every deploy to
-#: keep A's. (The SQL conditions stay, for exactness: a mark says who, not whether it is visible now.)
-_MARK = "\ue000"
-BROADCAST_MARK = _MARK + "b"
-
-
-def mark(kind: str, identity: str) -> str:
-    """The route mark of `identity` as sender (`kind` "f") or recipient ("t"): one token whatever it holds."""
-    return _MARK + kind + identity.encode().hex()
-
-
-def routes(*, agent: str | None = None, sender: str | None = None, recipient: str | None = None
-           ) -> tuple[tuple[str, ...], ...]:
-    """The marks a search's filters require: every group must match, one mark of each."""
-    groups = []
-    if sender is not None:
-        groups.append((mark("f", sender),))
-    if recipient is not None:
-        groups.append((BROADCAST_MARK,) if recipient == "*" else (mark("t", recipient),))
-    if agent is not None:  # what `agent` may see: what it sent, its own mail, broadcasts
-        groups.append((mark("f", agent), mark("t", agent), BROADCAST_MARK))
-    return tuple(groups)
-
-
-def document(message: dict, attachment_names=()) -> dict[str, str]:
-    """The index entry of one stored row: each field's words, space separated (`people` ends with the
-    row's route marks)."""
-    recipient = message.get("recipient")
-    people = [message["sender"]] + ([recipient] if recipient not in (None, "*") else [])
-    marks = [mark("f", message["sender"])]
-    if recipient is not None:
-        marks.append(BROADCAST_MARK if recipient == "*" else mark("t", recipient))
-    return {
-        "subject": " ".join(words(message.get("subject"))),
-        "people": " ".join([w for person in people for w in words(person)] + marks),
-        "files": " ".join(w for name in attachment_names for w in words(name)),
-        "body": " ".join(words(message.get("body"))),
-    }
-
-
-def tsvector(entry: dict[str, str]) -> str:
-    """A PostgreSQL tsvector literal of an index entry: each word at its position, weighted by field, the
-    fields a position apart so that no phrase runs from one field into the next."""
-    positions: dict[str, list[str]] = {}
-    at = 0
-    for field in FIELDS:
-        at += 1  # the gap between fields
-        for word in entry[field].split():
-            at += 1
-            positions.setdefault(word, []).append(f"{min(at, _MAX_POSITION)}{_WEIGHTS[field]}")
-    # A word can sit at most 256 positions in a tsvector; later ones add nothing a query could tell apart.
-    return " ".join(f"'{word}':{','.join(dict.fromkeys(spots[:256]))}" for word, spots in positions.items())
 
 
 # ---------------------------------------------------------------- the query language
@@ -287,7 +203,7 @@ def snippet(subject: str, body: str, query: Query, attachment_names=()) -> str:
 
 def _matches(text: str, query: Query) -> list[tuple[int, int]]:
     """The spans of `text` holding the words (and phrases) looked for."""
-    runs = [(m.start(), m.end(), words(m.group())) for m in _WORD.finditer(text)]  # (a run's words, in place)
+    runs = [(m.start(), m.end(), words(m.group())) for m in WORD.finditer(text)]  # (a run's words, in place)
     flat = [(a, b, w) for a, b, ws in runs for w in ws]
     spans = []
     for term in query.looked_for():

@@ -136,7 +136,7 @@ def m004_batch_index(x) -> None:
 
 
 def m005_search(x) -> None:
-    """Full-text search: each message's words (cut by agent_mail.search, the same as on SQLite) as a tsvector
+    """Full-text search: each message's words (cut by agent_mail.index, the same as on SQLite) as a tsvector
     column written with the row, under a GIN index; every message already stored indexed now."""
     x("ALTER TABLE messages ADD COLUMN IF NOT EXISTS search tsvector")
     index_missing(x)
@@ -148,7 +148,7 @@ MIGRATIONS = (m001_tables, m002_indexes, m003_count_indexes, m004_batch_index, m
 
 def index_missing(x) -> int:
     """Write the search column of every message that lacks it, a batch at a time; how many."""
-    from agent_mail import search
+    from agent_mail import index
 
     total, after = 0, 0
     while True:
@@ -159,10 +159,10 @@ def index_missing(x) -> int:
             return total
         values, params = [], []
         for seq, sender, recipient, subject, body, names in rows:
-            entry = search.document({"sender": sender, "recipient": recipient, "subject": subject, "body": body},
+            entry = index.document({"sender": sender, "recipient": recipient, "subject": subject, "body": body},
                                     names.split("\n") if names else ())
             values.append("(?, ?)")
-            params += [seq, search.tsvector(entry)]
+            params += [seq, index.tsvector(entry)]
         x(f"UPDATE messages m SET search = CAST(v.doc AS tsvector) FROM (VALUES {', '.join(values)}) AS v(seq, doc) "
           "WHERE m.seq = CAST(v.seq AS bigint)", params)
         total, after = total + len(rows), rows[-1][0]
@@ -258,7 +258,7 @@ class PostgresStore(SQLStore):
         return True
 
     def _search_source(self, few: bool) -> tuple[str, str, str]:
-        # The lexemes are ours already (agent_mail.search cut them, as it cut the stored tsvector): taken as
+        # The lexemes are ours already (agent_mail.index cut them, as it cut the stored tsvector): taken as
         # written, not passed through to_tsquery's parser, which could cut some differently.
         return "messages m", "m.search @@ CAST(:q AS tsquery)", "m.seq"
 

@@ -141,7 +141,7 @@ class SQLStore(Store):
         raise NotImplementedError
 
     def _search_text(self, query, subject_only: bool, marks: tuple[tuple[str, ...], ...]) -> str:
-        """The backend's query text for `query` and the route marks rows must carry (search.routes)."""
+        """The backend's query text for `query` and the route marks rows must carry (index.routes)."""
         raise NotImplementedError
 
     def index_missing(self) -> int:
@@ -238,9 +238,9 @@ class SQLStore(Store):
     # -- messages ---------------------------------------------------------
     def insert_message(self, message: dict, attachment_names=()) -> None:
         """Store one row, indexed for search in the same transaction (its attachments' names included)."""
-        from agent_mail import search
+        from agent_mail import index
 
-        entry = search.document(message, attachment_names)
+        entry = index.document(message, attachment_names)
         column, value = self._SEARCH_COLUMN
         self._x(
             "INSERT INTO messages (id, sender, recipient, subject, body, refs, reply_to, type, created, deliver_at, "
@@ -248,7 +248,7 @@ class SQLStore(Store):
             f":deliver_at, :batch_id{value})",
             {"deliver_at": None, "batch_id": None, **message,
              "refs": encode_json(message["refs"]) if message["refs"] else None,
-             **({"search": search.tsvector(entry)} if column else {})},
+             **({"search": index.tsvector(entry)} if column else {})},
         )
         self._index_inserted(entry)
         if message.get("deliver_at"):
@@ -556,10 +556,10 @@ class SQLStore(Store):
                     since: str | None = None, thread_ids: list[str] | None = None) -> list[dict]:
         """Stored rows matching `query` (newest stored first, at most `limit`, stored before seq `before`),
         within what `agent` may see when given."""
-        from agent_mail import search
+        from agent_mail import index
 
         source, match, order = self._search_source(thread_ids is not None)
-        marks = search.routes(agent=agent, sender=sender, recipient=recipient)
+        marks = index.routes(agent=agent, sender=sender, recipient=recipient)
         where, params = [match], {"q": self._search_text(query, subject_only, marks), "now": now, "limit": limit}
         if agent is not None:
             where.append(self.F.party)

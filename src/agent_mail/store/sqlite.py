@@ -168,7 +168,7 @@ SEARCH_TABLE = ("CREATE VIRTUAL TABLE IF NOT EXISTS message_search USING fts5(su
 
 
 def m010_search(db: sqlite3.Connection) -> None:
-    """Full-text search: an FTS5 table of each message's words (agent_mail.search cuts them, the same as on
+    """Full-text search: an FTS5 table of each message's words (agent_mail.index cuts them, the same as on
     PostgreSQL), rowid = the message's rowid, and every message already stored indexed now. A SQLite built
     without FTS5 skips it; `search` then says so."""
     try:
@@ -196,14 +196,14 @@ def index_missing(db: sqlite3.Connection) -> int:
                 "ORDER BY m.rowid LIMIT 2000", (after,)).fetchall()
             if not rows:
                 return total
-            from agent_mail import search  # only when there is something to index (a new mailbox has nothing)
+            from agent_mail import index  # only when there is something to index (a new mailbox has nothing)
 
             if cache is None and len(rows) == 2000:  # more than a trickle: a bulk run
                 cache = db.execute("PRAGMA cache_size").fetchone()[0]
                 db.execute("PRAGMA cache_size = -65536")
             entries = []
             for seq, sender, recipient, subject, body, names in rows:
-                entry = search.document({"sender": sender, "recipient": recipient, "subject": subject,
+                entry = index.document({"sender": sender, "recipient": recipient, "subject": subject,
                                          "body": body}, names.split("\n") if names else ())
                 entries.append((seq, entry["subject"], entry["people"], entry["files"], entry["body"]))
             db.executemany("INSERT INTO message_search (rowid, subject, people, files, body) VALUES "
