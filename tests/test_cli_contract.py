@@ -246,10 +246,13 @@ def test_closed_pipe_reader_changes_nothing(send, am):
 
 @pytest.mark.sqlite_only  # -S: no site-packages, so no driver; the PostgreSQL path is checked below
 @pytest.mark.parametrize("argv", [["read", "a:b"], ["status"], ["watch", "a:b", "--once"], ["ack", "a:b", "--all"],
-                                  ["heartbeat", "a:b"]])
+                                  ["heartbeat", "a:b"],
+                                  ["send", "--from", "a:x", "--to", "b:y", "--subject", "Deploy, now: v2.1",
+                                   "--body", "Line one.\n\tLine two (indented)."]])
 def test_everyday_commands_import_nothing_they_do_not_need(argv, mailbox_path):
     """What a command imports is start-up time on every call: the ones an agent runs all day need no
-    regular expressions, enum, json, signal, hashlib or ctypes (send needs re for its text checks)."""
+    regular expressions, enum, json, signal, hashlib or ctypes (send checks and indexes plain text with
+    str methods; a regex only for text that is not plain)."""
     code = ("import sys; from agent_mail import cli; code = cli.main(sys.argv[1:]); "
             "heavy = {'re', 'enum', 'json', 'signal', 'hashlib', 'ctypes', 'select', 'typing', 'dataclasses', "
             "'uuid', 'urllib.parse', 'importlib.metadata', 'mcp', 'anyio', 'pydantic', 'psycopg', "

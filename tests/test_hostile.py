@@ -19,6 +19,8 @@ import sys
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agent_mail import model, service, spec
 from agent_mail.store import sqlite as sqlite_store
@@ -780,3 +782,30 @@ def test_the_quick_start_uses_a_virtual_environment():
     readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md"), encoding="utf-8").read()
     quick_start = readme.split("## Quick start", 1)[1].split("##", 1)[0]
     assert "python3 -m venv" in quick_start and "--version" in readme
+
+
+_TEXT = st.text(alphabet=st.characters(exclude_categories=()) | st.sampled_from(
+    "\x00\x07\t\n\r\x1b\x7f\x85\x9f\u00a0\u200d\u2028\u202a\u202e\u2066\u2069\ud800\udfff é"), max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=_TEXT)
+def test_text_checks_without_a_regex_say_what_the_patterns_say(value):
+    """A send's text checks use str methods first (no regex to import for ordinary text); on any text
+    they must refuse exactly what the patterns refuse, with the same words."""
+    import re
+
+    surrogate = re.search(r"[\ud800-\udfff]", value) is not None
+    assert model.has_surrogates(value) == surrogate
+    bidi = re.search(model._BIDI, value)
+    assert (model.bidi_problem(value) is None) == (bidi is None)
+    if not surrogate and bidi is None and value.strip() and "\n" not in value and "\r" not in value:
+        control = re.search(model._LINE_CONTROL, value) is not None
+        refused = model.subject_problem(value[:model.SUBJECT_MAX_CHARS])
+        assert (refused == "contains control characters. Use plain printable text.") == control, refused
+    if not surrogate and bidi is None:
+        match = re.search(model._BODY_CONTROL, value)
+        refused = model.body_problem(value)
+        assert (refused is not None and "control character" in refused) == (match is not None), refused
+        if match:
+            assert f"U+{ord(match.group()):04X} at position {match.start()}" in refused

@@ -304,3 +304,12 @@ def test_threads_are_looked_up_by_index_in_a_mailbox_of_unrelated_mail(am, corpu
     for sql, plan in plans.items():
         walks = [step for step in plan if re.match(r"(SCAN (m|r|messages)\b|BLOOM FILTER)", step)]
         assert not walks, (sql, plan)
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(text=st.text(alphabet=st.characters(max_codepoint=0x7F)) | st.text())
+def test_words_of_ascii_text_are_the_patterns_runs(text):
+    """ASCII text is cut without a regex (a send's start-up); it must give exactly the pattern's runs."""
+    expected = [w[:index.MAX_WORD] for w in index.word_pattern().findall(
+        text.lower() if text.isascii() else index._fold(text))]
+    assert index.words(text) == expected

@@ -10,7 +10,7 @@ a phrase), prefix* (a word's start). Anything else is refused with the accepted 
 from __future__ import annotations
 
 from agent_mail import errors
-from agent_mail.index import WORD, words
+from agent_mail.index import word_pattern, words
 
 MAX_QUERY = 1000
 MAX_TERMS = 32
@@ -203,7 +203,7 @@ def snippet(subject: str, body: str, query: Query, attachment_names=()) -> str:
 
 def _matches(text: str, query: Query) -> list[tuple[int, int]]:
     """The spans of `text` holding the words (and phrases) looked for."""
-    runs = [(m.start(), m.end(), words(m.group())) for m in WORD.finditer(text)]  # (a run's words, in place)
+    runs = [(m.start(), m.end(), words(m.group())) for m in word_pattern().finditer(text)]  # (a run's words, in place)
     flat = [(a, b, w) for a, b, ws in runs for w in ws]
     spans = []
     for term in query.looked_for():
