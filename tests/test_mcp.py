@@ -22,7 +22,7 @@ pytestmark = pytest.mark.backends  # every test here runs on SQLite and on Postg
 
 ME = "deploy:worker"
 TOOLS = {"send", "read", "ack", "watch", "status", "heartbeat", "dismiss", "archive", "delete", "cancel",
-         "notifications", "attachments"}
+         "notifications", "attachments", "search"}
 
 
 def session(body, *server_args: str, cwd=None):
@@ -55,7 +55,7 @@ def test_tools_are_the_spec_commands_with_schemas_and_stay_small():
     tools = session(body, "--agent", ME)
     assert {t.name for t in tools} == TOOLS
     listing = json.dumps([t.model_dump(by_alias=True, exclude_none=True, mode="json") for t in tools])
-    assert len(listing) < 12_000, len(listing)
+    assert len(listing) < 14_000, len(listing)  # 13 tools, every one read into the model's context
     send = next(t for t in tools if t.name == "send")
     props = send.input_schema["properties"]
     assert props["to"] == {"type": "array", "items": {"type": "string"}, "description": props["to"]["description"]}
@@ -92,6 +92,8 @@ def test_every_tool_answers_with_the_cli_document_and_next_steps_as_tool_calls(t
         seen["watch"] = await call(client, "watch", wait_seconds=0)
         seen["read"] = await call(client, "read")
         narrow = await call(client, "read", all=True, fields=["id", "subject"])
+        seen["search"] = await call(client, "search", query="do it")  # what the session's identity may see
+        private = await call(client, "search", query="do it", agent="boss:other")
         seen["ack"] = await call(client, "ack", ids=[first])
         seen["attachments"] = await call(client, "attachments", id=first, save_to="saved")
         second = (await call(client, "send", **{"from": "boss:lead"}, to=[ME], subject="two"))[1]["id"]
@@ -103,10 +105,12 @@ def test_every_tool_answers_with_the_cli_document_and_next_steps_as_tool_calls(t
         seen["notifications"] = await call(client, "notifications")
         seen["status"] = await call(client, "status")
         seen["_narrow"] = narrow
+        seen["_private"] = private
         return seen
 
     seen = session(body, "--agent", ME, cwd=str(tmp_path))
     outcome, narrow = seen.pop("_narrow")
+    assert seen.pop("_private") == ("ok", {"query": "do it", "results": [], "count": 0, "more": False, "next": []})
     assert outcome == "ok" and set(narrow["messages"][0]) == {"id", "subject"}
     assert set(seen) == TOOLS
     for name, (outcome, document) in seen.items():
@@ -119,6 +123,9 @@ def test_every_tool_answers_with_the_cli_document_and_next_steps_as_tool_calls(t
     # The step to take, as a tool call: the identity left out (it is the session's), the ids as a list.
     assert read["next"][0] == {"tool": "ack", "arguments": {"ids": [seen["send"][1]["id"]]}}
     assert seen["ack"][1]["count"] == 1
+    found = seen["search"][1]
+    assert [r["subject"] for r in found["results"]] == ["do it"] and found["results"][0]["attachments"] == ["notes.txt"]
+    assert found["next"] == [{"tool": "read", "arguments": {"thread": seen["send"][1]["id"]}}]
     assert (tmp_path / "saved" / "notes.txt").read_text() == "the notes"
     assert seen["cancel"][1]["count"] == 1
     assert any(a["agent"] == ME for a in seen["status"][1]["agents"])

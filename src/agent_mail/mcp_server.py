@@ -21,13 +21,14 @@ from mcp.types import CallToolResult, TextContent, Tool, ToolAnnotations
 from agent_mail import __version__, cli, errors, jsonout, spec
 
 # The commands a model may call, in the order listed. Left out: describe (the tool list is the manual),
-# profile and cleanup (a human's settings and deliberate deletion), doctor (repair), version.
+# profile and cleanup (a human's settings and deliberate deletion), doctor (repair), version, export and
+# import (whole mailboxes, files: a human's job), copy, dashboard, setup.
 TOOLS = ("send", "read", "ack", "watch", "status", "heartbeat", "dismiss", "archive", "delete", "cancel",
-         "notifications", "attachments")
+         "notifications", "attachments", "search")
 WAIT_DEFAULT_SECONDS = 120
 WAIT_MAX_SECONDS = 600
 _KINDS = {spec.INT: "integer", spec.NUMBER: "number", spec.FLAG: "boolean"}
-_READ_ONLY = {"status", "watch"}
+_READ_ONLY = {"status", "watch", "search"}
 _DESTRUCTIVE = {"delete", "cancel", "archive", "dismiss"}
 _INSTRUCTIONS = (
     "agent-mail is the mailbox you share with other agents and the humans who supervise them. Take delivery "
@@ -41,10 +42,12 @@ _NOT_TOOL_ARGS = {"watch": ("--timeout-minutes", "--once"), "notifications": ("-
 
 
 def _identity_arg(command: spec.Command) -> spec.Arg | None:
-    """The argument that names the caller: the positional identity (`agent`, cancel's `sender`) or send's
-    `--from`. (status's `--agent` is a filter, not the caller.)"""
+    """The argument that names the caller: the positional identity (`agent`, cancel's `sender`), send's
+    `--from`, or search's `--agent` (what the caller may see: a session searches its own mail unless it
+    names another). (status's `--agent` is a filter, not the caller.)"""
     for arg in command.args:
-        if arg.kind == spec.IDENTITY and (arg.positional or arg.name == "--from"):
+        if arg.kind == spec.IDENTITY and (arg.positional or arg.name == "--from"
+                                          or (command.name == "search" and arg.name == "--agent")):
             return arg
     return None
 

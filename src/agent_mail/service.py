@@ -1261,7 +1261,7 @@ class Mailbox:
         listed = [{f: r[f] for f in (fields or spec.SEARCH_FIELDS)} for r in results]
         reader = agent or (results[0]["sender"] if results else None)
         result = {"query": _shown_query(parsed), "results": listed, "count": len(listed), "more": more,
-                  "next": [f"agent-mail read {reader} --thread {results[0]['id']}"] if results else []}
+                  "next": [spec.Step("read", agent=reader, thread=results[0]["id"])] if results else []}
         emit(result)
         return result
 
