@@ -185,6 +185,27 @@ def test_a_mailbox_from_before_search_is_indexed_when_it_is_opened(am, corpus, m
     assert hits(am, '"release notes"') == ["standup", "Deploy the release"]
 
 
+def test_an_index_from_before_route_marks_is_rebuilt_when_the_mailbox_is_opened(am, corpus, mailbox_path, backend):
+    """The index as it first shipped had no route marks; --from/--to/--agent would then find nothing in it."""
+    db = raw_db(mailbox_path)
+    if backend == "sqlite":
+        for rowid, people in db.execute("SELECT rowid, people FROM message_search").fetchall():
+            db.execute("UPDATE message_search SET people = ? WHERE rowid = ?",
+                       (" ".join(w for w in people.split() if not w.startswith("\ue000")), rowid))
+        db.execute("DELETE FROM schema_migrations WHERE name = 'm011_route_marks'")
+        db.execute("PRAGMA user_version = 10")
+    else:
+        db.execute("UPDATE messages SET search = ts_delete(search, ARRAY(SELECT lexeme FROM unnest(search) "
+                   "WHERE lexeme LIKE '\ue000%'))")
+        db.execute("DELETE FROM schema_migrations WHERE name = 'm006_route_marks'")
+    db.commit()
+    db.close()
+    assert hits(am, "deploy", "--from", "api:worker") == ["Rollback plan", "tests are green"]
+    assert hits(am, "deploy", "--agent", "ops:lead") == ["Deploy the release", "Rollback plan", "standup",
+                                                         "tests are green"]
+    assert hits(am, "deploy") == ["Deploy the release", "Rollback plan", "standup", "tests are green"]
+
+
 @pytest.mark.sqlite_only  # rows written by a tool that does not index (an older agent-mail, the reference CLI)
 def test_rows_another_tool_stored_are_indexed_before_a_search(am, corpus, mailbox_path):
     db = raw_db(mailbox_path)

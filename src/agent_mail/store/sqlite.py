@@ -178,8 +178,32 @@ def m010_search(db: sqlite3.Connection) -> None:
     index_missing(db)
 
 
+def m011_route_marks(db: sqlite3.Connection) -> None:
+    """Each index entry carries its route (agent_mail.index's marks, which --from/--to/--agent match); an index
+    written before they were (m010 as it first shipped) is rebuilt. Checked on the newest indexed message: a
+    mailbox m010 has just indexed has them, and costs two lookups here."""
+    if not _has_table(db, "message_search"):
+        return
+    newest = db.execute("SELECT m.rowid, m.sender FROM message_search s JOIN messages m ON m.rowid = s.rowid "
+                        "ORDER BY s.rowid DESC LIMIT 1").fetchone()
+    if newest is None:
+        return
+    from agent_mail import index
+
+    marked = db.execute("SELECT 1 FROM message_search WHERE message_search MATCH ? AND rowid = ?",
+                        (f'"{index.mark("f", newest[1])}"', newest[0])).fetchone()
+    if marked is None:
+        db.execute("DELETE FROM message_search")
+        index_missing(db)
+
+
+def _has_table(db: sqlite3.Connection, name: str) -> bool:
+    return db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).fetchone() is not None
+
+
 MIGRATIONS = (m001_seed_schema, m002_inbox_indexes, m003_liveness, m004_delivery, m005_count_indexes,
-              m006_arrival_indexes, m007_harness_sessions, m008_envelope_indexes, m009_batch_index, m010_search)
+              m006_arrival_indexes, m007_harness_sessions, m008_envelope_indexes, m009_batch_index, m010_search,
+              m011_route_marks)
 
 
 def index_missing(db: sqlite3.Connection) -> int:
