@@ -334,3 +334,5 @@ def test_words_of_ascii_text_are_the_patterns_runs(text):
     expected = [w[:index.MAX_WORD] for w in index.word_pattern().findall(
         text.lower() if text.isascii() else index._fold(text))]
     assert index.words(text) == expected
+    runs = [(m.start(), m.end(), w) for m in index.word_pattern().finditer(text) for w in index.words(m.group())]
+    assert index.spans(text) == runs

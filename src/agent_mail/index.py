@@ -55,6 +55,20 @@ def words(text: str | None) -> list[str]:
     return [w[:MAX_WORD] if len(w) > MAX_WORD else w for w in found]
 
 
+def spans(text: str) -> list[tuple[int, int, str]]:
+    """(start, end, word) of each word of `text` in order, start and end in `text` itself (a run of letters
+    that folds into several words gives each of them its span). ASCII text without a regex: after the
+    separators become spaces, each word is the next thing found from where the last one ended."""
+    if text.isascii():
+        cut, at, found = text.lower().translate(_ASCII_GAPS), 0, []
+        for word in cut.split():
+            start = cut.find(word, at)  # only spaces lie between `at` and the next word
+            at = start + len(word)
+            found.append((start, at, word[:MAX_WORD] if len(word) > MAX_WORD else word))
+        return found
+    return [(m.start(), m.end(), w) for m in word_pattern().finditer(text) for w in words(m.group())]
+
+
 #: Route marks: each indexed message carries one token for its sender and one for its recipient (or one
 #: saying it is a broadcast) at the end of its `people` words. They begin with a private-use character,
 #: which no word of a query can hold (words are letters and digits), so only --from, --to and --agent ask

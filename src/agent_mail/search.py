@@ -10,7 +10,7 @@ a phrase), prefix* (a word's start). Anything else is refused with the accepted 
 from __future__ import annotations
 
 from agent_mail import errors
-from agent_mail.index import word_pattern, words
+from agent_mail.index import spans, words
 
 MAX_QUERY = 1000
 MAX_TERMS = 32
@@ -179,19 +179,19 @@ def snippet(subject: str, body: str, query: Query, attachment_names=()) -> str:
     """A short stretch of the body (or the subject, or the attachments' names: the first with a match) around
     the first match, the matching words marked **like this**."""
     for text in (body, subject, ", ".join(attachment_names)):
-        spans = _matches(text or "", query)
-        if spans:
+        marked = _matches(text or "", query)
+        if marked:
             break
     else:
-        text, spans = (body or subject or ""), []
-    first = spans[0][0] if spans else 0
+        text, marked = (body or subject or ""), []
+    first = marked[0][0] if marked else 0
     start = max(0, first - 40)
     if start:  # begin at a word
         space = text.rfind(" ", 0, start)
         start = space + 1 if space >= first - 60 else start
     stop = min(len(text), start + SNIPPET)
     out, at = [], start
-    for a, b in spans:
+    for a, b in marked:
         if a < start or b > stop:
             continue
         out += [text[at:a], "**", text[a:b], "**"]
@@ -203,18 +203,17 @@ def snippet(subject: str, body: str, query: Query, attachment_names=()) -> str:
 
 def _matches(text: str, query: Query) -> list[tuple[int, int]]:
     """The spans of `text` holding the words (and phrases) looked for."""
-    runs = [(m.start(), m.end(), words(m.group())) for m in word_pattern().finditer(text)]  # (a run's words, in place)
-    flat = [(a, b, w) for a, b, ws in runs for w in ws]
-    spans = []
+    flat = spans(text)
+    hits = []
     for term in query.looked_for():
         n = len(term.words)
         for i in range(len(flat) - n + 1):
             if all(flat[i + k][2] == term.words[k] for k in range(n - 1)) and (
                     flat[i + n - 1][2].startswith(term.words[-1]) if term.prefix
                     else flat[i + n - 1][2] == term.words[-1]):
-                spans.append((flat[i][0], flat[i + n - 1][1]))
+                hits.append((flat[i][0], flat[i + n - 1][1]))
     merged: list[tuple[int, int]] = []
-    for a, b in sorted(spans):
+    for a, b in sorted(hits):
         if merged and a <= merged[-1][1]:
             merged[-1] = (merged[-1][0], max(b, merged[-1][1]))
         else:
