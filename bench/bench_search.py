@@ -1,6 +1,6 @@
 """Full-text search at a million messages: each query as a whole process, SQLite beside PostgreSQL.
 
-    python bench/bench_search.py [--messages 1000000] [--rounds 7] [--no-postgres]
+    python bench/bench_search.py [--messages 1000000] [--rounds 7] [--no-postgres] [--no-history]
 
 The mailbox is created by this project's CLI, then seeded with direct SQL (one transaction) with text
 worth searching: subjects of 3 to 8 and bodies of 20 to 120 words drawn from a 20,000-word vocabulary
@@ -198,7 +198,8 @@ def _with_driver(cli: str) -> None:
                         "psycopg[binary]>=3.3,<4"], check=True, env=cli_env(None))
 
 
-def rows(clis: dict[str, str], messages: int = 1_000_000, rounds: int = 7, postgres: bool = True) -> list[tuple]:
+def rows(clis: dict[str, str], messages: int = 1_000_000, rounds: int = 7, postgres: bool = True,
+         history: bool = True) -> list[tuple]:
     ours = clis["agent-mail"]
     lite: dict[str, float] = {}
     pg: dict[str, float] = {}
@@ -212,7 +213,7 @@ def rows(clis: dict[str, str], messages: int = 1_000_000, rounds: int = 7, postg
         print(f"  SQLite: {lite}", file=sys.stderr, flush=True)  # the searches' figures, whatever comes next
         if postgres:
             _with_driver(ours)
-        moved = history_rows(ours, db, tmp, messages, postgres)
+        moved = history_rows(ours, db, tmp, messages, postgres) if history else None
         if postgres:
             import psycopg
 
@@ -241,6 +242,9 @@ def rows(clis: dict[str, str], messages: int = 1_000_000, rounds: int = 7, postg
         ("mailbox bytes per message with its index (SQLite)", f"{lite['bytes']:.0f}", "", ""),
     ]
 
+    if moved is None:
+        return table_rows
+
     def run(backend: str, key: str) -> str:
         found = moved[backend].get(key)
         return f"{found[0]:.0f} s, {messages / found[0]:,.0f} msg/s, {found[1]:.0f} MB peak" if found else "skipped"
@@ -263,9 +267,11 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--no-postgres", action="store_true")
+    parser.add_argument("--no-history", action="store_true", help="searches only: no export or import")
     args = parser.parse_args()
     print(f"# search benchmark, {args.messages:,} messages ({machine()})\n")
-    print(table(rows(implementations(), args.messages, args.rounds, not args.no_postgres), HEADERS))
+    print(table(rows(implementations(), args.messages, args.rounds, not args.no_postgres, not args.no_history),
+                HEADERS))
 
 
 if __name__ == "__main__":
