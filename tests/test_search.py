@@ -196,14 +196,15 @@ def test_an_index_from_before_route_marks_is_rebuilt_when_the_mailbox_is_opened(
         db.execute("PRAGMA user_version = 10")
     else:
         db.execute("UPDATE messages SET search = ts_delete(search, ARRAY(SELECT lexeme FROM unnest(search) "
-                   "WHERE lexeme LIKE '\ue000%'))")
-        db.execute("DELETE FROM schema_migrations WHERE name = 'm006_route_marks'")
+                   "WHERE lexeme LIKE '\ue000%' OR lexeme LIKE '\ue001%'))")
+        db.execute("DELETE FROM schema_migrations WHERE name = 'm006_search_marks'")
     db.commit()
     db.close()
     assert hits(am, "deploy", "--from", "api:worker") == ["Rollback plan", "tests are green"]
     assert hits(am, "deploy", "--agent", "ops:lead") == ["Deploy the release", "Rollback plan", "standup",
                                                          "tests are green"]
     assert hits(am, "deploy") == ["Deploy the release", "Rollback plan", "standup", "tests are green"]
+    assert hits(am, "deploy", field="matched") == ["subject", "text", "text", "text"]
 
 
 @pytest.mark.sqlite_only  # rows written by a tool that does not index (an older agent-mail, the reference CLI)
@@ -277,15 +278,17 @@ def test_the_tokenizer_and_the_query_agree_on_both_backends():
     f, t = "\ue000f" + "a:b".encode().hex(), "\ue000t" + "c:d".encode().hex()
     assert entry == {"subject": "hi there", "people": f"a b c d {f} {t}", "files": "r pdf", "body": "one two"}
     # PostgreSQL positions: fields a position apart, so no phrase runs from one field into the next
-    assert index.tsvector(entry) == f"'hi':2A 'there':3A 'a':5B 'b':6B 'c':7B 'd':8B '{f}':9B '{t}':10B " \
-                                     "'r':12C 'pdf':13C 'one':15D 'two':16D"
+    assert index.tsvector(entry) == f"'hi':2A '\ue001hi':2A 'there':3A '\ue001there':3A 'a':5B 'b':6B 'c':7B " \
+                                    f"'d':8B '{f}':9B '{t}':10B 'r':12C 'pdf':13C 'one':15D 'two':16D"
     broadcast = index.document({"sender": "a:b", "recipient": "*", "subject": "", "body": ""})
     assert broadcast["people"] == f"a b {f} \ue000b"
     # no query can ask for a mark: its private-use character is not a letter or a digit
     assert index.words("\ue000f613a62 \ue000b") == ["f613a62", "b"]
     assert search.parse("deploy").fts5(marks=index.routes(sender="a:b", agent="c:d")) == \
         f'(("deploy")) AND ("{f}") AND ("\ue000f{"c:d".encode().hex()}" OR "{t}" OR "\ue000b")'
-    assert search.parse("deploy").tsquery(True, index.routes(recipient="c:d")) == f"(('deploy':A)) & ('{t}')"
+    assert search.parse("deploy").tsquery(True, index.routes(recipient="c:d")) == f"(('\ue001deploy')) & ('{t}')"
+    assert search.parse('"release notes" deplo*').tsquery(True) == \
+        "(('\ue001release' <-> '\ue001notes')) & (('\ue001deplo':*))"
 
 
 @pytest.mark.sqlite_only  # SQLite's planner follows the statistics; PostgreSQL's plans are checked by the benchmark

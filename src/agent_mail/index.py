@@ -112,15 +112,25 @@ def document(message: dict, attachment_names=()) -> dict[str, str]:
     }
 
 
+#: PostgreSQL: each subject word is also stored behind this mark, at the same positions, so that a search
+#: of subjects alone (the first tier of a search) is a lookup of its own lexemes in the GIN index. (SQLite's
+#: FTS5 knows its columns.)
+SUBJECT_MARK = "\ue001"
+
+
 def tsvector(entry: dict[str, str]) -> str:
     """A PostgreSQL tsvector literal of an index entry: each word at its position, weighted by field, the
-    fields a position apart so that no phrase runs from one field into the next."""
+    fields a position apart so that no phrase runs from one field into the next; the subject's words twice,
+    as themselves and behind SUBJECT_MARK."""
     positions: dict[str, list[str]] = {}
     at = 0
     for field in FIELDS:
         at += 1  # the gap between fields
         for word in entry[field].split():
             at += 1
-            positions.setdefault(word, []).append(f"{min(at, _MAX_POSITION)}{_WEIGHTS[field]}")
+            spot = f"{min(at, _MAX_POSITION)}{_WEIGHTS[field]}"
+            positions.setdefault(word, []).append(spot)
+            if field == "subject":
+                positions.setdefault(SUBJECT_MARK + word, []).append(spot)
     # A word can sit at most 256 positions in a tsvector; later ones add nothing a query could tell apart.
     return " ".join(f"'{word}':{','.join(dict.fromkeys(spots[:256]))}" for word, spots in positions.items())

@@ -10,7 +10,7 @@ a phrase), prefix* (a word's start). Anything else is refused with the accepted 
 from __future__ import annotations
 
 from agent_mail import errors
-from agent_mail.index import spans, words
+from agent_mail.index import SUBJECT_MARK, spans, words
 
 MAX_QUERY = 1000
 MAX_TERMS = 32
@@ -35,10 +35,14 @@ class Term:
     def fts5(self) -> str:
         return '"' + " ".join(self.words) + '"' + ("*" if self.prefix else "")
 
-    def tsquery(self, weight: str = "") -> str:
+    def tsquery(self, subject_only: bool = False) -> str:
+        """`subject_only`: asked of the subject's own lexemes (index.SUBJECT_MARK + word), which the GIN index
+        finds as such: a weight (:A) is only checked on the rows found, and PostgreSQL, estimating a common
+        word by all its rows, would walk the table newest first looking for a subject that has it."""
+        mark = SUBJECT_MARK if subject_only else ""
+
         def lexeme(i: int, word: str) -> str:
-            label = ("*" if self.prefix and i == len(self.words) - 1 else "") + weight
-            return f"'{word}'" + (f":{label}" if label else "")
+            return f"'{mark}{word}'" + (":*" if self.prefix and i == len(self.words) - 1 else "")
         return " <-> ".join(lexeme(i, w) for i, w in enumerate(self.words))
 
     def shown(self) -> str:
@@ -68,8 +72,8 @@ class Query:
 
     def tsquery(self, subject_only: bool = False, marks: tuple[tuple[str, ...], ...] = ()) -> str:
         """The tsquery text (lexemes as written: cast, not parsed); `marks` as for fts5()."""
-        weight = "A" if subject_only else ""
-        wanted = " & ".join("(" + " | ".join(f"({t.tsquery(weight)})" for t in group) + ")" for group in self.groups)
+        wanted = " & ".join("(" + " | ".join(f"({t.tsquery(subject_only)})" for t in group) + ")"
+                            for group in self.groups)
         if self.excluded:
             wanted += " & !(" + " | ".join(f"({t.tsquery()})" for t in self.excluded) + ")"
         for group in marks:

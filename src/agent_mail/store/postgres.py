@@ -143,22 +143,25 @@ def m005_search(x) -> None:
     x("CREATE INDEX IF NOT EXISTS idx_messages_search ON messages USING GIN (search)")
 
 
-def m006_route_marks(x) -> None:
-    """Each search column carries its route (agent_mail.index's marks, which --from/--to/--agent match); columns
-    written before they were (m005 as it first shipped) are written again. Checked on the newest message."""
-    newest = x("SELECT seq, sender FROM messages WHERE search IS NOT NULL ORDER BY seq DESC LIMIT 1").fetchone()
+def m006_search_marks(x) -> None:
+    """Each search column carries its route (agent_mail.index's marks, which --from/--to/--agent match) and its
+    subject's own lexemes; columns written before they were (m005 as it first shipped) are written again.
+    Checked on the newest message."""
+    newest = x("SELECT seq, sender, subject FROM messages WHERE search IS NOT NULL ORDER BY seq DESC LIMIT 1"
+               ).fetchone()
     if newest is None:
         return
     from agent_mail import index
 
+    probe = [f"'{index.mark('f', newest[1])}'"] + [f"'{index.SUBJECT_MARK}{w}'" for w in index.words(newest[2])[:1]]
     marked = x("SELECT search @@ CAST(? AS tsquery) FROM messages WHERE seq = ?",
-               (f"'{index.mark('f', newest[1])}'", newest[0])).fetchone()[0]
+               (" & ".join(probe), newest[0])).fetchone()[0]
     if not marked:
         x("UPDATE messages SET search = NULL")
         index_missing(x)
 
 
-MIGRATIONS = (m001_tables, m002_indexes, m003_count_indexes, m004_batch_index, m005_search, m006_route_marks)
+MIGRATIONS = (m001_tables, m002_indexes, m003_count_indexes, m004_batch_index, m005_search, m006_search_marks)
 
 
 def index_missing(x) -> int:
