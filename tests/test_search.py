@@ -116,6 +116,24 @@ def test_since_days_leaves_out_older_mail(am, corpus, mailbox_path):
     assert "Rollback plan" in hits(am, "deploy", "--since-days", "30")
 
 
+def test_results_are_the_same_whichever_way_the_newest_rows_are_walked(am, corpus, monkeypatch):
+    """PostgreSQL walks a window of the newest rows in order, then asks the full-text index for the rest:
+    with a window of 2 rows, every page is split across the two, and the order must not change."""
+    from agent_mail.store.postgres import PostgresStore
+
+    for n in range(7):
+        am("send", "--from", "ops:lead", "--to", "api:worker", "--subject", f"note {n}", "--body", f"deploy step {n}")
+    everything = hits(am, "deploy", "--limit", "20")
+    assert everything[0] == "Deploy the release"  # the subject tier, then the rest newest first
+    assert everything[1:8] == [f"note {n}" for n in range(6, -1, -1)] and len(everything) == 11
+    monkeypatch.setattr(PostgresStore, "_SEARCH_WINDOW", 2)
+    assert hits(am, "deploy", "--limit", "20") == everything
+    assert hits(am, "deploy", "--limit", "3") == everything[:3]
+    assert hits(am, "step", "--limit", "5") == everything[1:6]
+    assert hits(am, "deploy", "--from", "api:worker") == ["Rollback plan", "tests are green"]
+    assert hits(am, "qqqq") == []
+
+
 def test_searching_marks_nothing_read(am, corpus):
     before = {a["agent"]: (a["unread"], a["unacked"]) for a in am("status").json["agents"]}
     for agent in ("web:worker", "ops:lead", "api:worker"):
