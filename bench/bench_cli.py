@@ -1,6 +1,6 @@
 """Cold start, and the everyday commands on a large mailbox, this project beside the reference.
 
-    python bench/bench_cli.py [--rounds 15] [--messages 200000] [--agents 200]
+    python bench/bench_cli.py [--rounds 15] [--messages 200000] [--agents 200] [--cold-start-only]
 
 - cold start: `read` and `send` as whole processes (spawn to exit) on a small mailbox.
 - at scale: a mailbox seeded with --messages messages among --agents identities
@@ -103,8 +103,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--agents", type=int, default=200)
+    parser.add_argument("--cold-start-only", action="store_true", help="only the cold-start rows (a minute or two)")
     args = parser.parse_args()
-    result = rows(implementations(), args.rounds, args.messages, args.agents)
+    if args.cold_start_only:
+        result = cold_start_rows(implementations(), args.rounds)
+    else:
+        result = rows(implementations(), args.rounds, args.messages, args.agents)
     report(f"CLI benchmark ({args.rounds} rounds)", result)
 
 
