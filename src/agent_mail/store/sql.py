@@ -138,9 +138,8 @@ class SQLStore(Store):
     def _index_batch(self, entries: dict[str, dict]) -> None:
         """Index rows just inserted ({message id: entry}), where the index is a table of its own."""
 
-    def _search_source(self, few: bool) -> tuple[str, str, str]:
-        """(FROM clause with messages as m, the match condition on :q, the column hits are ordered by);
-        `few`: the rows are limited to a short list of ids (a thread), better looked up first."""
+    def _search_source(self) -> tuple[str, str, str]:
+        """(FROM clause with messages as m, the match condition on :q, the column hits are ordered by)."""
         raise NotImplementedError
 
     def _search_text(self, query, subject_only: bool, marks: tuple[tuple[str, ...], ...]) -> str:
@@ -561,7 +560,7 @@ class SQLStore(Store):
         within what `agent` may see when given."""
         from agent_mail import index
 
-        source, match, order = self._search_source(thread_ids is not None)
+        source, match, order = self._search_source()
         marks = index.routes(agent=agent, sender=sender, recipient=recipient)
         where, params = [match], {"q": self._search_text(query, subject_only, marks), "now": now, "limit": limit}
         if agent is not None:
@@ -577,9 +576,14 @@ class SQLStore(Store):
             where.append(f"{self.F.m_arrived} >= {self._ts(':since')}")
             params["since"] = since
         if thread_ids is not None:
+            # A thread's rows by id, and the index read only between its first and last (probing the index row
+            # by row costs ~0.3 ms a row for a common word's subject tier at 200,000 messages).
             marks, ids = ids_clause(thread_ids or [""], "t")
             where.append(f"m.id IN ({marks})")
             params.update(ids)
+            params["lo"], params["hi"] = self._x(
+                f"SELECT MIN({self.SEQ}), MAX({self.SEQ}) FROM messages WHERE id IN ({marks})", ids).fetchone()
+            where.append(f"{order} BETWEEN :lo AND :hi")
         if before is not None:
             where.append(f"{order} < :before")
             params["before"] = before

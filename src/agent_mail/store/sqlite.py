@@ -295,10 +295,7 @@ class SQLiteStore(SQLStore):
         self._many("INSERT INTO message_search (rowid, subject, people, files, body) VALUES (?, ?, ?, ?, ?)",
                    [(seq, *(entries[i][f] for f in ("subject", "people", "files", "body"))) for seq, i in rows])
 
-    def _search_source(self, few: bool) -> tuple[str, str, str]:
-        if few:  # a thread's rows by id, each probed in the index by its rowid (not every hit read to find them)
-            return ("messages m CROSS JOIN message_search ON message_search.rowid = m.rowid",
-                    "message_search MATCH :q", "m.rowid")
+    def _search_source(self) -> tuple[str, str, str]:
         return ("message_search JOIN messages m ON m.rowid = message_search.rowid", "message_search MATCH :q",
                 "message_search.rowid")
 
