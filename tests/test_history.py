@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from conftest import drop_schema, new_schema_name, pg_url, postgres_problem, process_env
+from conftest import drop_schema, mailbox_exists, new_schema_name, pg_url, postgres_problem, process_env
 
 pytestmark = pytest.mark.backends
 
@@ -177,6 +177,12 @@ def test_export_to_a_file_never_overwrites_and_bad_options_are_errors(am, histor
     assert am("export", "--format", "csv").error["problems"][0]["field"] == "--format"
     assert am("export", "--agent", "Nope").error["problems"][0]["field"] == "--agent"
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # nothing left aside
+
+
+def test_a_bad_format_is_refused_before_any_mailbox_is_made(am, mailbox_path):
+    refused = am("export", "--format", "xml").error["problems"]
+    assert refused[0]["field"] == "--format" and "jsonl" in refused[0]["message"] and "mbox" in refused[0]["message"]
+    assert not mailbox_exists(mailbox_path)
 
 
 def test_progress_shows_on_a_terminal_and_nowhere_else(history, tmp_path):

@@ -469,13 +469,13 @@ def main(argv: list[str] | None = None) -> int:
         if name in ("export", "import"):
             from agent_mail import history
 
+            problems = service.input_problems(name, values)
+            if problems:  # before the mailbox is opened: a refused export creates nothing
+                raise errors.InvalidInput(problems)
             with service.open_mailbox() as mailbox:
                 if name == "import":
                     emit_once(history.import_file(mailbox.store, values["file"], values["dry_run"]))
                     return errors.EXIT_OK
-                if values["format"] not in ("jsonl", "mbox"):
-                    raise errors.InvalidInput([("--format", f"{values['format']!r} is not a format: jsonl (to import "
-                                                            "elsewhere) or mbox (for a mail client).")])
                 summary = history.export(mailbox.store, format=values["format"], output=values["output"],
                                          agent=values["agent"], since_days=values["since_days"])
             if summary is not None:  # to stdout, the export itself is the output

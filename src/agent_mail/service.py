@@ -326,6 +326,9 @@ def input_problems(command: str, values: dict) -> list[tuple[str, str]]:
         return _project_problems(values["project"])
     if command == "profile":
         return _profile_problems(values)
+    if command == "export" and values.get("format") not in ("jsonl", "mbox"):
+        return [("--format", f"{values.get('format')!r} is not a format: jsonl (to import elsewhere) or mbox (for a "
+                             "mail client).")]
     return []
 
 
