@@ -194,7 +194,7 @@ def _repair(path: str) -> dict:
                 if table == "schema_migrations" or table not in source_tables:
                     continue
                 saved[table] = _copy_table(damaged, fresh, table, unsaved, altered)
-            if fresh.execute("SELECT 1 FROM sqlite_master WHERE name = 'message_search'").fetchone():
+            if sqlite_store.has_table(fresh, "message_search"):
                 sqlite_store.index_missing(fresh)  # the search index of what was saved
             fresh.execute("COMMIT")
             check = [r[0] for r in fresh.execute("PRAGMA integrity_check")]

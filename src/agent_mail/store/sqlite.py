@@ -182,7 +182,7 @@ def m011_route_marks(db: sqlite3.Connection) -> None:
     """Each index entry carries its route (agent_mail.index's marks, which --from/--to/--agent match); an index
     written before they were (m010 as it first shipped) is rebuilt. Checked on the newest indexed message: a
     mailbox m010 has just indexed has them, and costs two lookups here."""
-    if not _has_table(db, "message_search"):
+    if not has_table(db, "message_search"):
         return
     newest = db.execute("SELECT m.rowid, m.sender FROM message_search s JOIN messages m ON m.rowid = s.rowid "
                         "ORDER BY s.rowid DESC LIMIT 1").fetchone()
@@ -197,7 +197,7 @@ def m011_route_marks(db: sqlite3.Connection) -> None:
         index_missing(db)
 
 
-def _has_table(db: sqlite3.Connection, name: str) -> bool:
+def has_table(db: sqlite3.Connection, name: str) -> bool:
     return db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).fetchone() is not None
 
 
@@ -278,8 +278,7 @@ class SQLiteStore(SQLStore):
     # -- search: an FTS5 table of its own, keyed by the message's rowid --------------------------------
     def searchable(self) -> bool:
         if self._has_search is None:
-            self._has_search = self.db.execute(
-                "SELECT 1 FROM sqlite_master WHERE name = 'message_search'").fetchone() is not None
+            self._has_search = has_table(self.db, "message_search")
         return self._has_search
 
     def _index_inserted(self, entry: dict) -> None:
