@@ -102,10 +102,7 @@ def messages(store, agent: str | None, since: str | None):
                           f"({marks}) ORDER BY message_id, agent", ids):
             if agent is None or r[1] == agent:  # an identity's own export carries only its own state
                 states.setdefault(r[0], []).append(dict(zip(("agent", *_STATE), r[1:], strict=True)))
-        files: dict[str, list[dict]] = {}
-        for r in store._x(f"SELECT message_id, name, size, sha256 FROM attachments WHERE message_id IN ({marks}) "
-                          "ORDER BY message_id, position", ids):
-            files.setdefault(r[0], []).append({"name": r[1], "size": r[2], "sha256": r[3]})
+        files = store.attachments_of([r["id"] for r in rows])
         schedules = {r[0]: {"deliver_at": r[1], "published_at": r[2]} for r in store._x(
             f"SELECT message_id, deliver_at, published_at FROM scheduled WHERE message_id IN ({marks})", ids)}
         for row in rows:
