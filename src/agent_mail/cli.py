@@ -9,10 +9,13 @@ Usage:
     agent-mail status                            who has what waiting
     agent-mail cleanup --older-than 30 --dry-run deliberate deletion, no default age
 
-The mailbox is one SQLite file: ~/.agent-mail/mail.db, or $AGENT_MAIL_DB.
+The mailbox is ~/.agent-mail/mail.db (SQLite), or what $AGENT_MAIL_DB names: another file or a
+postgresql:// URL.
 
-This module only parses, calls and prints. It is the one place where errors
-become {"error": ...} and exit codes; the work happens in agent_mail.service.
+This module is the command line's front end: it turns words into values by argument name, hands them
+to the call layer (agent_mail.calls), which checks them and carries the operation out, and prints. It
+is the one place where errors become {"error": ...} on stderr and exit codes, with arguments named as
+flags.
 """
 
 from __future__ import annotations
@@ -20,11 +23,12 @@ from __future__ import annotations
 import os
 import sys
 
-from agent_mail import errors, jsonout, spec
+from agent_mail import checks, errors, jsonout, spec
 
 
 def parse(argv: list[str]) -> tuple[str, dict]:
-    """argv (without the program name) -> (command, values). Raises InvalidInput with every problem."""
+    """argv (without the program name) -> (command, values). Raises InvalidInput with every problem, in
+    the command line's words (`--reply-to`)."""
     if not argv:
         return "describe", {"command": None}
     name, rest = argv[0], argv[1:]
@@ -36,108 +40,30 @@ def parse(argv: list[str]) -> tuple[str, dict]:
         return "version", {}
     command = spec.COMMANDS.get(name)
     if command is None:
-        raise errors.InvalidInput([(None, _unknown_command(name))])
-    values, problems = _parse_args(command, rest)
-    if values is HELP:
+        raise errors.InvalidInput([(None, checks.unknown_command(name))])
+    given, problems = words_to_values(command, rest)
+    if given is HELP:
         return "describe", {"command": name}
-    if problems:
-        from agent_mail import service  # only on the error path: find the other problems too
-
-        seen = {p for p in problems}
-        problems += [p for p in service.input_problems(name, values) if p not in seen]
-        raise errors.InvalidInput(problems)
-    return name, values
+    try:
+        return name, checks.check(name, given, also=problems)
+    except errors.InvalidInput as exc:
+        raise exc.renamed(namer(command)) from None
 
 
-def argument_name(arg: spec.Arg) -> str:
-    """An argument's name where arguments are named (MCP tools): the flag without dashes, `reply_to`."""
-    return arg.name.lstrip("-").replace("-", "_")
+def namer(command: spec.Command):
+    """How the command line names an argument: its flag (`--reply-to`) or the positional's name."""
+    names = {checks.key(a): a.name for a in command.args}
+    return lambda key: names.get(key, key)
 
 
-def parse_arguments(name: str, arguments: dict, skip: tuple[str, ...] = ()) -> dict:
-    """Named arguments (a JSON object, as an MCP tool call gives them) -> the command's values, checked by
-    exactly the rules the command line is: they are laid out as the words a shell would pass (`--flag=value`,
-    positionals after `--`, so no value is ever taken for a flag) and parsed by `_parse_args`. Problems name
-    the argument as given (`reply_to`, not `--reply-to`). `skip`: arguments this caller may not pass."""
-    command = spec.COMMANDS[name]
-    by_name = {argument_name(a): a for a in command.args if a.kind != spec.REMOVED and argument_name(a) not in skip}
-    flags: list[str] = []
-    positionals: dict[str, list[str]] = {}  # laid out in the command's order, whatever the order given
-    problems: list[tuple[str | None, str]] = []
-    for key, value in arguments.items():
-        arg = by_name.get(key)
-        if arg is None:
-            problems.append((key, f"is not an argument of {name}; its arguments: {', '.join(by_name) or 'none'}."))
-            continue
-        if value is None:
-            continue
-        if arg.kind == spec.FLAG:
-            if type(value) is not bool:
-                problems.append((key, "must be true or false."))
-            elif value:
-                flags.append(arg.name)
-            continue
-        if arg.kind == spec.FIELDS and isinstance(value, list) and all(isinstance(v, str) for v in value):
-            value = ",".join(value)  # named calls give the fields as a list; the command line, comma-separated
-        items = value if isinstance(value, list) else [value]
-        if isinstance(value, list) and not arg.repeat:
-            problems.append((key, "takes one value, not a list."))
-            continue
-        words = []
-        for item in items:
-            if type(item) is bool or not isinstance(item, (str, int, float)):
-                problems.append((key, f"must be {'a number' if arg.kind in (spec.INT, spec.NUMBER) else 'a string'}"
-                                      f"{' or a list of them' if arg.repeat else ''}."))
-                break
-            words.append(item if isinstance(item, str) else repr(item))
-        else:
-            if arg.positional:
-                positionals[arg.name] = words
-            else:
-                flags.extend(f"{arg.name}={word}" for word in words)
-    ordered = [word for arg in command.args if arg.positional for word in positionals.get(arg.name, [])]
-    values, found = _parse_args(command, flags + ["--"] + ordered)
-    problems += [problem for problem in named_problems(name, found) if problem[0] not in skip]
-    if problems:
-        raise errors.InvalidInput(problems)
-    return values
+HELP = object()  # what words_to_values returns for values when -h / --help stands where a flag may
 
 
-def named_problems(name: str, problems: list[tuple[str | None, str]]) -> list[tuple[str | None, str]]:
-    """Problems as found by the command-line checks (fields and texts naming `--reply-to`), spelt with the
-    argument names of named calls (`reply_to`)."""
-    names = {a.name: argument_name(a) for a in spec.COMMANDS[name].args}
-    flags = sorted((flag for flag in names if flag.startswith("-")), key=len, reverse=True)
-    renamed = []
-    for field, message in problems:
-        for flag in flags:
-            message = message.replace(flag, names[flag])
-        renamed.append((names.get(field, field) if field is not None else None, message))
-    return renamed
-
-
-def _unknown_command(name: str) -> str:
-    known = ", ".join(spec.COMMANDS)
-    hint = _closest(name, list(spec.COMMANDS))
-    text = f"unknown command {name!r}."
-    if hint:
-        text += f" Did you mean {hint!r}?"
-    return text + f" Commands: {known}. Run 'agent-mail describe' for the manual."
-
-
-def _closest(word: str, choices: list[str]) -> str | None:
-    import difflib  # only on the error path
-
-    found = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
-    return found[0] if found else None
-
-
-HELP = object()  # what _parse_args returns for values when -h / --help stands where a flag may
-
-
-def _parse_args(command: spec.Command, tokens: list[str]) -> tuple[dict, list]:
-    """(values, problems); values is HELP when help was asked for. A flag's value is never a flag
-    of its own: `--subject --help` sends the subject "--help"."""
+def words_to_values(command: spec.Command, tokens: list[str]) -> tuple[dict, list]:
+    """The words of a command line -> (values by argument name, as given: text, a list of texts for a
+    repeatable argument, True for a flag; the problems of the words themselves). Values are checked by
+    `checks.check`, as every front end's are. A flag's value is never a flag of its own: `--subject
+    --help` sends the subject "--help". Values is HELP when help was asked for."""
     flags = {a.name: a for a in command.args if not a.positional}
     positionals = [a for a in command.args if a.positional]
     problems: list[tuple[str | None, str]] = []
@@ -167,7 +93,7 @@ def _parse_args(command: spec.Command, tokens: list[str]) -> tuple[dict, list]:
             continue
         if arg.kind == spec.FLAG:
             if has_value:
-                problems.append((name, "takes no value."))
+                problems.append((checks.key(arg), "takes no value."))
             raw.setdefault(name, []).append("")
             continue
         if arg.kind == spec.REMOVED:
@@ -177,64 +103,35 @@ def _parse_args(command: spec.Command, tokens: list[str]) -> tuple[dict, list]:
             continue
         if not has_value:
             if i >= len(tokens) or tokens[i] in flags:
-                problems.append((name, f"needs a value ({arg.kind}): {arg.help}"))
+                problems.append((checks.key(arg), f"needs a value ({arg.kind}): {arg.help}"))
                 continue
             value = tokens[i]
             i += 1
         raw.setdefault(name, []).append(value)
 
-    values: dict = {}
     for arg in positionals:
         if arg.repeat:
             taken, loose = loose, []
         else:
             taken, loose = loose[:1], loose[1:]
-        raw[arg.name] = taken
+        if taken:
+            raw[arg.name] = taken
     if loose:
         problems.append((None, f"unexpected argument(s) {loose!r} for '{command.name}'."))
 
+    given: dict = {}
     for arg in command.args:
-        given = raw.get(arg.name) or []
-        if arg.kind == spec.REMOVED:
-            if given:
-                problems.append((arg.name, arg.removed_because))
+        words = raw.get(arg.name)
+        if not words:
             continue
-        if not given:
-            values[arg.dest] = [] if arg.repeat else (False if arg.kind == spec.FLAG else arg.default)
-            if arg.required:
-                what = "argument" if arg.positional else "flag"
-                problems.append((arg.name, f"is a required {what}: {arg.help}"))
+        if len(words) > 1 and not arg.repeat:
+            problems.append((checks.key(arg), "was given more than once; give it once."))
             continue
-        if len(given) > 1 and not arg.repeat:
-            problems.append((arg.name, "was given more than once; give it once."))
-            continue
-        if arg.kind == spec.FLAG:
-            values[arg.dest] = True
-            continue
-        converted = []
-        for text in given:
-            result, problem = _convert(command, arg, text)
-            if problem:
-                problems.append((arg.name, problem))
-            else:
-                converted.append(result)
-        values[arg.dest] = converted if arg.repeat else (converted[0] if converted else None)
-
-    present = {a.name for a in command.args if raw.get(a.name)}
-    for group in command.exclusive:
-        used = [g for g in group if g in present]
-        if len(used) > 1:
-            problems.append((used[0], f"cannot be combined with {', '.join(used[1:])}; use one."))
-    for flag, needed in command.requires:
-        if flag in present and needed not in present:
-            problems.append((flag, f"only applies with {needed}; drop it or add {needed}."))
-    for group in command.one_of:
-        used = [g for g in group if g in present]
-        if not used:
-            problems.append((group[0], f"give one of: {', '.join(group)}."))
-        elif len(used) > 1:
-            problems.append((used[0], f"cannot be combined with {', '.join(used[1:])}; use one."))
-    return values, problems
+        if arg.kind in (spec.FLAG, spec.REMOVED):
+            given[checks.key(arg)] = True
+        else:
+            given[checks.key(arg)] = words if arg.repeat else words[0]
+    return given, problems
 
 
 def _is_number(token: str) -> bool:
@@ -247,7 +144,7 @@ def _is_number(token: str) -> bool:
 
 def _unknown_flag(command: spec.Command, name: str) -> str:
     names = [a.name for a in command.args if not a.positional]
-    hint = _closest(name, names)
+    hint = checks.closest(name, names)
     text = f"is not a flag of '{command.name}'."
     if hint:
         text += f" Did you mean {hint}?"
@@ -255,66 +152,6 @@ def _unknown_flag(command: spec.Command, name: str) -> str:
     if any(a.positional and a.kind == spec.TEXT for a in command.args):
         text += f" A value that begins with '-' goes after --: agent-mail {command.name} -- {name}"
     return text
-
-
-def _convert(command: spec.Command, arg: spec.Arg, text: str) -> tuple[object, str | None]:
-    """Turn one raw value into its typed value, or explain why it cannot be."""
-    from agent_mail import model
-
-    kind = arg.kind
-    if kind in (spec.IDENTITY, spec.RECIPIENT):
-        problem = model.identity_problem(text, allow_broadcast=kind == spec.RECIPIENT)
-        return text, problem
-    if kind == spec.MESSAGE_ID:
-        return text.lower(), model.message_id_problem(text)
-    if kind in (spec.INT, spec.NUMBER):
-        if not _plain_number(text, whole=kind == spec.INT):
-            example = "e.g. 30" if kind == spec.INT else "e.g. 30 or 2.5"
-            return None, (f"{text!r} is not {'a whole number' if kind == spec.INT else 'a number'}: use plain ASCII "
-                          f"digits ({example}), no spaces, underscores or exponents.")
-        number = int(text) if kind == spec.INT else float(text)
-        low, high = arg.minimum, arg.maximum
-        if (low is not None and number < low) or (high is not None and number > high):
-            return None, f"{text} is out of range; use a value from {_num(low)} to {_num(high)}."
-        return number, None
-    if kind == spec.FIELDS:
-        wanted = [f.strip() for f in text.split(",") if f.strip()]
-        valid = list(command.item_fields)
-        unknown = [f for f in wanted if f not in valid]
-        if not wanted:
-            return None, f"is empty. Choose from: {','.join(valid)}."
-        if unknown:
-            return None, f"unknown field(s) {unknown}. Choose from: {','.join(valid)}."
-        return list(dict.fromkeys(wanted)), None
-    if kind == spec.COMMAND:
-        if text not in spec.COMMANDS:
-            return None, _unknown_command(text)
-        return text, None
-    if kind == spec.PATH and not text:
-        return None, "is empty; give a path."
-    if "\x00" in text:
-        return None, "contains a NUL character."
-    return text, None
-
-
-_DIGITS = frozenset("0123456789")
-
-
-def _plain_number(text: str, *, whole: bool) -> bool:
-    """Only the plain forms -?D+ and (for numbers) -?D+.D+ with ASCII digits D. int() and float()
-    would also take ' 5', '1_0', '1e3', '5.' and other scripts' digits."""
-    body = text[1:] if text.startswith("-") else text
-    whole_part, point, fraction = body.partition(".")
-    if point and (whole or not fraction):
-        return False
-    digits = whole_part + fraction
-    return bool(whole_part) and len(digits) <= 30 and all(c in _DIGITS for c in digits)
-
-
-def _num(value: float | None) -> str:
-    if value is None:
-        return "any"
-    return str(int(value)) if float(value).is_integer() else str(value)
 
 
 # ---------------------------------------------------------------- output
@@ -429,12 +266,10 @@ def main(argv: list[str] | None = None) -> int:
             emit({"name": "agent-mail", "version": __version__})
             return errors.EXIT_OK
         if name == "describe":
-            from agent_mail import __version__, service
+            from agent_mail import __version__, service  # MERGE: location
 
             emit(spec.describe_document(service.storage_report(), __version__, values.get("command")))
             return errors.EXIT_OK
-        from agent_mail import service
-
         if name == "setup":
             from agent_mail import harness_setup
 
@@ -460,29 +295,12 @@ def main(argv: list[str] | None = None) -> int:
             dashboard.run(human=values["as"], project=values["project"], overdue_minutes=values["overdue_minutes"],
                           web=values["web"], port=values["port"])
             return errors.EXIT_OK
-        if name == "doctor":
-            service.doctor(**values, emit=emit_once)
-            return errors.EXIT_OK
-        if name == "copy":
-            service.copy_mailbox(**values, emit=emit_once)
-            return errors.EXIT_OK
-        if name in ("export", "import"):
-            from agent_mail import history
+        from agent_mail import calls
 
-            problems = service.input_problems(name, values)
-            if problems:  # before the mailbox is opened: a refused export creates nothing
-                raise errors.InvalidInput(problems)
-            with service.open_mailbox() as mailbox:
-                if name == "import":
-                    emit_once(history.import_file(mailbox.store, values["file"], values["dry_run"]))
-                    return errors.EXIT_OK
-                summary = history.export(mailbox.store, format=values["format"], output=values["output"],
-                                         agent=values["agent"], since_days=values["since_days"])
-            if summary is not None:  # to stdout, the export itself is the output
-                emit_once(summary)
-            return errors.EXIT_OK
-        with service.open_mailbox() as mailbox:
-            result = getattr(mailbox, name)(**values, emit=emit_once)
+        try:
+            result = calls.run(name, values, emit=emit_once)
+        except errors.AgentMailError as exc:
+            raise exc.renamed(namer(spec.COMMANDS[name])) from None
         if name == "send" and result["refused"]:
             return errors.EXIT_PARTIAL  # the receipt is on stdout and says who was refused
         return errors.EXIT_OK

@@ -9,15 +9,46 @@ EXIT_INVALID = 2  # the call itself was wrong: fix the arguments and retry
 EXIT_PARTIAL = 3  # some recipients were refused; the receipt says which
 
 
+def arg(name: str) -> str:
+    """An argument named inside a problem's message, as data: each front end renders it in its own words
+    (`--reply-to` on the command line, `reply_to` over MCP) through `AgentMailError.renamed`."""
+    return f"\x00{name}\x00"
+
+
+def render(text: str, namer) -> str:
+    """`text` with each `arg(name)` in it written as `namer(name)`."""
+    if "\x00" not in text:
+        return text
+    parts = text.split("\x00")
+    parts[1::2] = [namer(part) for part in parts[1::2]]
+    return "".join(parts)
+
+
+def _plain(name: str) -> str:
+    return name
+
+
 class AgentMailError(Exception):
     """Base class: a failure that becomes {"error": ...} and a non-zero exit."""
 
     exit_code = EXIT_FAILED
 
     def __init__(self, message: str, field: str | None = None):
+        self.raw_message = message
+        message = render(message, _plain)
         super().__init__(message)
         self.message = message
         self.field = field
+
+    def renamed(self, namer) -> AgentMailError:
+        """This error with its field and the arguments its text names written by `namer` (name -> a front
+        end's own word for it): the same problem as each front end says it."""
+        copy = type(self).__new__(type(self))
+        copy.__dict__.update(self.__dict__)
+        copy.field = namer(self.field) if self.field else self.field
+        copy.message = render(self.raw_message, namer)
+        copy.args = (copy.message,)
+        return copy
 
     def problems(self) -> list[dict]:
         return [{"field": self.field, "message": self.message}]
@@ -32,14 +63,25 @@ class InvalidInput(AgentMailError):
 
     exit_code = EXIT_INVALID
 
-    def __init__(self, problems: list[tuple[str | None, str]]):
-        self._problems = [{"field": f, "message": m} for f, m in problems]
-        lines = [f"{f}: {m}" if f else m for f, m in problems]
+    def __init__(self, problems: list[tuple[str | None, str]], namer=_plain):
+        self.raw = list(problems)
+        shown = [(namer(f) if f else f, render(m, namer)) for f, m in problems]
+        self._problems = [{"field": f, "message": m} for f, m in shown]
+        lines = [f"{f}: {m}" if f else m for f, m in shown]
         if len(lines) == 1:
             text = lines[0]
         else:
             text = f"{len(lines)} problems: " + " | ".join(lines)
         super().__init__(text)
+
+    def renamed(self, namer) -> InvalidInput:
+        copy = type(self).__new__(type(self))
+        InvalidInput.__init__(copy, self.raw, namer)
+        return copy
+
+    def pairs(self) -> list[tuple[str | None, str]]:
+        """The problems as (field, message) with arguments unrendered: to report with others."""
+        return list(self.raw)
 
     def problems(self) -> list[dict]:
         return self._problems

@@ -2,10 +2,10 @@
 
 Imported only by that command (the `mcp` extra). The tools are made from spec.py: one per command a
 model should call, the same names, arguments named without dashes, JSON Schema types, ranges and
-descriptions from the spec. A call's arguments go through the very parser the command line uses
-(cli.parse_arguments), then the same Mailbox operation; the result is the JSON document the CLI
-prints, with its `next` steps rendered as tool calls. A refused call is a tool error carrying the
-same `problems`.
+descriptions from the spec. A call's JSON arguments go straight into the call layer (agent_mail.calls),
+which checks them by the same rules as every front end's and carries out the same Mailbox operation;
+the result is the JSON document the CLI prints, with its `next` steps rendered as tool calls. A refused
+call is a tool error carrying the same `problems`, each argument named as the tool names it.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import anyio
 from mcp.server.mcpserver import MCPServer
 from mcp.types import CallToolResult, TextContent, Tool, ToolAnnotations
 
-from agent_mail import __version__, cli, errors, jsonout, spec
+from agent_mail import __version__, calls, checks, errors, jsonout, spec
 
 # The commands a model may call, in the order listed. Left out: describe (the tool list is the manual),
 # profile and cleanup (a human's settings and deliberate deletion), doctor (repair), version, export and
@@ -27,6 +27,11 @@ TOOLS = ("send", "read", "ack", "watch", "status", "heartbeat", "dismiss", "arch
          "notifications", "attachments", "search")
 WAIT_DEFAULT_SECONDS = 120
 WAIT_MAX_SECONDS = 600
+# watch's wait as a tool call gives it (the command line's --timeout-minutes and --once are not tool
+# arguments: a tool call must end), checked by the same rules as every declared argument.
+WAIT_ARG = spec.Arg("wait_seconds", spec.INT, "Seconds to wait for mail before returning an empty result; 0 checks "
+                    "once. The wait costs nothing and returns the moment mail arrives.", default=WAIT_DEFAULT_SECONDS,
+                    minimum=0, maximum=WAIT_MAX_SECONDS)
 _KINDS = {spec.INT: "integer", spec.NUMBER: "number", spec.FLAG: "boolean"}
 _READ_ONLY = {"status", "watch", "search"}
 _DESTRUCTIVE = {"delete", "cancel", "archive", "dismiss"}
@@ -69,9 +74,9 @@ def _property(arg: spec.Arg, command: spec.Command) -> dict:
 
 
 def _wait_property() -> dict:
-    return {"type": "integer", "minimum": 0, "maximum": WAIT_MAX_SECONDS, "default": WAIT_DEFAULT_SECONDS,
-            "description": "Seconds to wait for mail before returning an empty result; 0 checks once. The wait "
-            "costs nothing and returns the moment mail arrives."}
+    schema = _property(WAIT_ARG, spec.COMMANDS["watch"])
+    schema["default"] = WAIT_DEFAULT_SECONDS
+    return schema
 
 
 def tool_definitions(agent: str | None) -> list[Tool]:
@@ -84,7 +89,7 @@ def tool_definitions(agent: str | None) -> list[Tool]:
         for arg in command.args:
             if arg.kind in (spec.REMOVED, spec.COMMAND) or arg.name in _NOT_TOOL_ARGS.get(name, ()):
                 continue
-            key = cli.argument_name(arg)
+            key = checks.key(arg)
             properties[key] = _property(arg, command)
             if arg is identity and agent is not None:
                 properties[key]["description"] += f" Default: {agent}."
@@ -118,7 +123,7 @@ def render_steps(document: object, agent: str | None) -> object:
                 continue
             if arg is identity and value == agent:
                 continue
-            arguments[cli.argument_name(arg)] = value
+            arguments[checks.key(arg)] = value
         return {"tool": document.command, "arguments": arguments}
     if isinstance(document, dict):
         return {key: render_steps(value, agent) for key, value in document.items()}
@@ -150,11 +155,8 @@ class AgentMailServer(MCPServer):
             except anyio.get_cancelled_exc_class():
                 cancelled.set()  # a blocked watch gives up at its next refresh and releases its session
                 raise
-        except errors.InvalidInput as exc:  # problems found past the parser (the mailbox's checks): same names
-            found = [(p["field"], p["message"]) for p in exc.problems()]
-            return _error(errors.InvalidInput(cli.named_problems(name, found) if name in TOOLS else found).payload())
         except errors.AgentMailError as exc:
-            return _error(exc.payload())
+            return _error(exc.renamed(_namer(name)).payload())
         except Exception as exc:  # a bug: still a tool error a model can read, never a traceback
             return _error({"error": f"internal error ({type(exc).__name__}: {exc}). Nothing was changed. "
                                     "Please report this."})
@@ -166,35 +168,26 @@ class AgentMailServer(MCPServer):
         command = spec.COMMANDS[name]
         identity = _identity_arg(command)
         if identity is not None and self.agent is not None:
-            arguments.setdefault(cli.argument_name(identity), self.agent)
+            arguments.setdefault(checks.key(identity), self.agent)
         problems: list[tuple[str | None, str]] = []
-        skip = tuple(spec.COMMANDS[name].arg(flag).dest for flag in _NOT_TOOL_ARGS.get(name, ()))
-        wait = arguments.pop("wait_seconds", WAIT_DEFAULT_SECONDS) if name == "watch" else None
-        if name == "watch" and (type(wait) is not int or not 0 <= wait <= WAIT_MAX_SECONDS):
-            problems.append(("wait_seconds", f"must be a whole number of seconds from 0 to {WAIT_MAX_SECONDS}."))
-        try:
-            values = cli.parse_arguments(name, arguments, skip=skip)
-        except errors.InvalidInput as exc:
-            problems += [(p["field"], p["message"]) for p in exc.problems()]
-        if problems:
-            raise errors.InvalidInput(problems)
+        wait = arguments.pop("wait_seconds", None) if name == "watch" else None
+        if wait is not None:
+            wait, problem = checks.convert(command, WAIT_ARG, wait)
+            if problem:
+                problems.append(("wait_seconds", problem))
+        skip = tuple(checks.key(command.arg(flag)) for flag in _NOT_TOOL_ARGS.get(name, ()))
+        values = calls.check(name, arguments, skip=skip, also=problems)
         if name == "attachments" and values.get("save_to") is not None:
             values["save_to"] = self._inside_save_root(values["save_to"])
         if name == "watch":
+            wait = WAIT_DEFAULT_SECONDS if wait is None else wait
             values.pop("timeout_minutes", None)
             if wait == 0:
                 values["once"] = True
             else:
                 values["timeout_seconds"] = float(wait)
                 values["wanted"] = lambda: not cancelled.is_set()
-
-        def call() -> dict:
-            from agent_mail import service
-
-            with service.open_mailbox() as mailbox:
-                return getattr(mailbox, name)(**values)
-
-        return call
+        return lambda: calls.run(name, values)
 
     def _inside_save_root(self, path: str) -> str:
         root = os.path.realpath(self.save_root)
@@ -203,6 +196,14 @@ class AgentMailServer(MCPServer):
             raise errors.InvalidInput([("save_to", f"must be a directory under {root}, where this server may save "
                                                    "files (agent-mail mcp --save-root); give a relative path.")])
         return target
+
+
+def _namer(name: str):
+    """How a tool call names an argument: without dashes (`reply_to`); a command-line flag in a problem
+    found below the call layer is written the same way."""
+    command = spec.COMMANDS.get(name)
+    flags = {a.name: checks.key(a) for a in command.args} if command else {}
+    return lambda key: flags.get(key, key)
 
 
 def _error(payload: dict) -> CallToolResult:
