@@ -40,7 +40,7 @@ def check(name: str, given: dict, *, skip: tuple[str, ...] = (), also: list | No
     problems: list[tuple[str | None, str]] = list(also or ())
     values: dict = {}
     present: set[str] = set()
-    for given_key, value in given.items():
+    for given_key in given:
         if given_key not in known:
             names = ", ".join(k for k, a in known.items() if a.kind != spec.REMOVED) or "none"
             problems.append((given_key, f"is not an argument of {name}; its arguments: {names}."))

@@ -260,50 +260,10 @@ def main(argv: list[str] | None = None) -> int:
     previous = _stop_on_signals()
     try:
         name, values = parse(args)
-        if name == "version":
-            from agent_mail import __version__
-
-            emit({"name": "agent-mail", "version": __version__})
-            return errors.EXIT_OK
-        if name == "describe":
-            from agent_mail import __version__, service  # MERGE: location
-
-            emit(spec.describe_document(service.storage_report(), __version__, values.get("command")))
-            return errors.EXIT_OK
-        if name == "setup":
-            from agent_mail import harness_setup
-
-            harness_setup.setup(values["harness"], values["agent"], values["dir"], values["dry_run"], values["remove"],
-                                emit=emit_once)
-            return errors.EXIT_OK
-        if name == "hook":
-            from agent_mail import hooks
-
-            return hooks.run(values["harness"], values["event"], values["agent"], emit_once)
-        if name == "mcp":
-            try:
-                from agent_mail import mcp_server
-            except ImportError as exc:
-                raise errors.AgentMailError(
-                    f"agent-mail mcp needs the MCP SDK, which is not installed ({exc}). Install the extra: "
-                    "pip install 'agent-mail[mcp]'.") from None
-            mcp_server.serve(**values)
-            return errors.EXIT_OK
-        if name == "dashboard":
-            from agent_mail import dashboard
-
-            dashboard.run(human=values["as"], project=values["project"], overdue_minutes=values["overdue_minutes"],
-                          web=values["web"], port=values["port"])
-            return errors.EXIT_OK
-        from agent_mail import calls
-
         try:
-            result = calls.run(name, values, emit=emit_once)
-        except errors.AgentMailError as exc:
-            raise exc.renamed(namer(spec.COMMANDS[name])) from None
-        if name == "send" and result["refused"]:
-            return errors.EXIT_PARTIAL  # the receipt is on stdout and says who was refused
-        return errors.EXIT_OK
+            return _dispatch(name, values, emit_once)
+        except errors.AgentMailError as exc:  # named as the command line names its arguments
+            raise exc.renamed(namer(spec.COMMANDS[name])) if name in spec.COMMANDS else exc from None
     except errors.AgentMailError as exc:
         _emit_error(exc, printed=bool(printed))
         return exc.exit_code
@@ -318,6 +278,51 @@ def main(argv: list[str] | None = None) -> int:
         return errors.EXIT_FAILED
     finally:
         _restore_signals(previous)
+
+
+def _dispatch(name: str, values: dict, emit_once) -> int:
+    """Carry out a parsed command; return the exit code."""
+    if name == "version":
+        from agent_mail import __version__
+
+        emit({"name": "agent-mail", "version": __version__})
+        return errors.EXIT_OK
+    if name == "describe":
+        from agent_mail import __version__, service  # MERGE: location
+
+        emit(spec.describe_document(service.storage_report(), __version__, values.get("command")))
+        return errors.EXIT_OK
+    if name == "setup":
+        from agent_mail import harness_setup
+
+        harness_setup.setup(values["harness"], values["agent"], values["dir"], values["dry_run"], values["remove"],
+                            emit=emit_once)
+        return errors.EXIT_OK
+    if name == "hook":
+        from agent_mail import hooks
+
+        return hooks.run(values["harness"], values["event"], values["agent"], emit_once)
+    if name == "mcp":
+        try:
+            from agent_mail import mcp_server
+        except ImportError as exc:
+            raise errors.AgentMailError(
+                f"agent-mail mcp needs the MCP SDK, which is not installed ({exc}). Install the extra: "
+                "pip install 'agent-mail[mcp]'.") from None
+        mcp_server.serve(**values)
+        return errors.EXIT_OK
+    if name == "dashboard":
+        from agent_mail import dashboard
+
+        dashboard.run(human=values["as"], project=values["project"], overdue_minutes=values["overdue_minutes"],
+                      web=values["web"], port=values["port"])
+        return errors.EXIT_OK
+    from agent_mail import calls
+
+    result = calls.run(name, values, emit=emit_once)
+    if name == "send" and result["refused"]:
+        return errors.EXIT_PARTIAL  # the receipt is on stdout and says who was refused
+    return errors.EXIT_OK
 
 
 _SIGNAL_NAMES = {1: "SIGHUP", 15: "SIGTERM"}

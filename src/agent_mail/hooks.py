@@ -27,7 +27,7 @@ import json
 import os
 import sys
 
-from agent_mail import errors, model, spec
+from agent_mail import calls, errors, model, spec
 from agent_mail.service import live_sessions, pid_alive
 from agent_mail.service import host_name as _host
 
@@ -69,11 +69,9 @@ def read_input(stream=None) -> dict:
 def _agent(agent: str | None) -> str:
     agent = agent or os.environ.get("AGENT_MAIL_AGENT") or None
     if agent is None:
-        raise errors.InvalidInput([("--agent", "is required: this session's identity (project:name), given by "
+        raise errors.InvalidInput([("agent", "is required: this session's identity (project:name), given by "
                                                "agent-mail setup in the hook command, or AGENT_MAIL_AGENT.")])
-    problem = model.identity_problem(agent)
-    if problem:
-        raise errors.InvalidInput([("--agent", problem)])
+    calls.check("hook", {"harness": "-", "event": "-", "agent": agent}, with_inputs=False)
     return agent
 
 

@@ -45,10 +45,10 @@ def first_look(human: str | None, overdue_minutes: float) -> dict:
 
 def run(*, human: str | None = None, project: str | None = None, overdue_minutes: float | None = None,
         web: bool = False, port: int | None = None) -> None:
-    from agent_mail import model
+    from agent_mail import calls
 
-    if human is not None and model.identity_problem(human):
-        raise errors.InvalidInput([("--as", model.identity_problem(human))])
+    calls.check("dashboard", {"as": human, "project": project, "overdue_minutes": overdue_minutes, "web": web,
+                              "port": port}, with_inputs=False)
     _require_extra(web)
     overdue = overdue_minutes if overdue_minutes is not None else 30
     first = first_look(human, overdue)
