@@ -138,6 +138,8 @@ def _one(command: spec.Command, arg: spec.Arg, value: object) -> tuple[object, s
         if value not in spec.COMMANDS:
             return None, unknown_command(value)
         return value, None
+    if arg.choices and value not in arg.choices:
+        return None, f"{value!r} is not one of: {', '.join(arg.choices)}."
     if kind == spec.PATH and not value:
         return None, "is empty; give a path."
     if "\x00" in value:
@@ -154,19 +156,19 @@ def _number(arg: spec.Arg, value: object) -> tuple[object, str | None]:
             return None, (f"{value!r} is not {what}: use plain ASCII digits ({example}), no spaces, "
                           "underscores or exponents.")
         number: float = int(value) if whole else float(value)
-        shown = value
     elif type(value) is int:
-        number, shown = value, str(value)
+        number = value
     elif type(value) is float:
         if value != value or value in (float("inf"), float("-inf")):
             return None, f"must be {what}, not {value!r}."
         if whole and not value.is_integer():
             return None, f"{value!r} is not {what}."
-        number, shown = (int(value) if whole else value), repr(value)
+        number = int(value) if whole else value
     else:
         return None, f"must be {what}{' or a list of them' if arg.repeat else ''}."
     low, high = arg.minimum, arg.maximum
     if (low is not None and number < low) or (high is not None and number > high):
+        shown = _num(number)  # the number, however it was spelt
         if len(shown) > 40:
             shown = shown[:20] + "..." + shown[-8:]
         return None, f"{shown} is out of range; use a value from {_num(low)} to {_num(high)}."
@@ -205,7 +207,9 @@ def _plain_number(text: str, *, whole: bool) -> bool:
 def _num(value: float | None) -> str:
     if value is None:
         return "any"
-    return str(int(value)) if float(value).is_integer() else str(value)
+    if type(value) is int:
+        return str(value)
+    return str(int(value)) if float(value).is_integer() and abs(value) < 1e16 else repr(value)
 
 
 def unknown_command(name: str) -> str:

@@ -24,9 +24,9 @@ import os
 import shlex
 import sys
 
-from agent_mail import errors, model
+from agent_mail import errors, model, spec
 
-HARNESSES = ("claude-code", "codex", "gemini")
+HARNESSES = spec.HARNESSES
 _BEGIN = "# agent-mail setup: begin (written by `agent-mail setup codex`; `--remove` takes it out)"
 _END = "# agent-mail setup: end"
 SERVER = "agent-mail"

@@ -31,8 +31,6 @@ from agent_mail import calls, errors, model, spec
 from agent_mail.service import live_sessions, pid_alive
 from agent_mail.service import host_name as _host
 
-HARNESSES = ("claude-code", "codex", "gemini")
-EVENTS = ("context", "stop", "wait", "end")
 SHOWN = 10  # envelopes listed in one context note; the rest are counted
 INPUT_MAX_BYTES = 4 * 1024 * 1024
 LAST_SEEN_EVERY_SECONDS = 60.0  # a quiet check refreshes the session's last_seen at most this often
@@ -66,12 +64,14 @@ def read_input(stream=None) -> dict:
     return document
 
 
-def _agent(agent: str | None) -> str:
+def _checked(harness: str, event: str, agent: str | None) -> str:
+    """The hook's identity (given, or AGENT_MAIL_AGENT), checked with its harness and event by the call layer."""
     agent = agent or os.environ.get("AGENT_MAIL_AGENT") or None
+    problems = []
     if agent is None:
-        raise errors.InvalidInput([("agent", "is required: this session's identity (project:name), given by "
-                                               "agent-mail setup in the hook command, or AGENT_MAIL_AGENT.")])
-    calls.check("hook", {"harness": "-", "event": "-", "agent": agent}, with_inputs=False)
+        problems.append(("agent", "is required: this session's identity (project:name), given by agent-mail setup "
+                                  "in the hook command, or AGENT_MAIL_AGENT."))
+    calls.check("hook", {"harness": harness, "event": event, "agent": agent}, also=problems, with_inputs=False)
     return agent
 
 
@@ -368,12 +368,7 @@ def run(harness: str, event: str, agent: str | None, emit) -> int:
     """Run one hook; the exit status (0, or EXIT_WAKE for a waiter that found mail)."""
     from agent_mail import service
 
-    if harness not in HARNESSES:
-        raise errors.InvalidInput([("harness", f"{harness!r} is not a harness agent-mail knows; use one of "
-                                               f"{', '.join(HARNESSES)}.")])
-    if event not in EVENTS:
-        raise errors.InvalidInput([("event", f"{event!r} is not a hook event; use one of {', '.join(EVENTS)}.")])
-    agent = _agent(agent)
+    agent = _checked(harness, event, agent)
     document = read_input()
     printed = []
 

@@ -67,6 +67,8 @@ def _property(arg: spec.Arg, command: spec.Command) -> dict:
         schema["minimum"] = arg.minimum if kind == "number" else int(arg.minimum)
     if arg.maximum is not None:
         schema["maximum"] = arg.maximum if kind == "number" else int(arg.maximum)
+    if arg.choices:
+        schema["enum"] = list(arg.choices)
     if arg.repeat:
         schema = {"type": "array", "items": schema}
     schema["description"] = arg.help

@@ -30,11 +30,12 @@ class Arg:
     imports and code generation on every invocation of a short-lived CLI.
     """
 
-    __slots__ = ("name", "kind", "help", "required", "default", "repeat", "minimum", "maximum", "removed_because")
+    __slots__ = ("name", "kind", "help", "required", "default", "repeat", "minimum", "maximum", "removed_because",
+                 "choices")
 
     def __init__(self, name: str, kind: str, help: str, *, required: bool = False, default: object = None,
                  repeat: bool = False, minimum: float | None = None, maximum: float | None = None,
-                 removed_because: str = ""):
+                 removed_because: str = "", choices: tuple[str, ...] = ()):
         self.name = name  # positional name, or the flag itself ("--to")
         self.kind = kind
         self.help = help
@@ -44,6 +45,7 @@ class Arg:
         self.minimum = minimum
         self.maximum = maximum
         self.removed_because = removed_because  # for REMOVED flags: the replacement and why
+        self.choices = choices  # the only values a TEXT argument takes, if it names them
 
     @property
     def positional(self) -> bool:
@@ -64,6 +66,8 @@ class Arg:
             doc["default"] = self.default
         if self.minimum is not None or self.maximum is not None:
             doc["range"] = [self.minimum, self.maximum]
+        if self.choices:
+            doc["choices"] = list(self.choices)
         if self.kind == REMOVED:
             doc["removed"] = self.removed_because
         return doc
@@ -198,6 +202,8 @@ STATUS_FIELDS = {
 REACHABLE_HELP = ("Whether this identity can be reached right now: a watch is armed, or a heartbeat was seen "
                   f"in the last {LIVENESS_SECONDS:.0f} s.")
 NEXT_HELP = "The literal commands that finish the loop from the state just observed, in order. Run them."
+
+HARNESSES = ("claude-code", "codex", "gemini")
 
 FIELDS_HELP = "Comma-separated subset of the item fields to return (e.g. id,sender,subject). Saves context."
 
@@ -697,7 +703,8 @@ _register(Command(
     "client. Whole, or one identity's, or recent. Marks nothing read.",
     args=(
         Arg("--format", TEXT, "jsonl (default): every record, to import elsewhere. mbox: the mail as standard "
-            "email (threads, attachments as MIME parts), to open in a mail client.", default="jsonl"),
+            "email (threads, attachments as MIME parts), to open in a mail client.", default="jsonl",
+            choices=("jsonl", "mbox")),
         Arg("--output", TEXT, "A new file to write (never overwritten; written aside and renamed into place). "
             "Default: stdout."),
         Arg("--agent", IDENTITY, "Only what this identity can see (its mail, what it sent, broadcasts), with only "
@@ -896,8 +903,8 @@ _register(Command(
     "until such mail arrives, then exit 2 with the envelopes on stderr (wakes an idle session). end: the "
     "session ended.",
     args=(
-        Arg("harness", TEXT, "claude-code, codex or gemini.", required=True),
-        Arg("event", TEXT, "context, stop, wait or end.", required=True),
+        Arg("harness", TEXT, "claude-code, codex or gemini.", required=True, choices=HARNESSES),
+        Arg("event", TEXT, "context, stop, wait or end.", required=True, choices=("context", "stop", "wait", "end")),
         Arg("--agent", IDENTITY, "This session's identity (project:name); default AGENT_MAIL_AGENT."),
     ),
     output={"hookSpecificOutput": "context: {hookEventName, additionalContext} for the harness (printed only when "
@@ -919,7 +926,8 @@ _register(Command(
     "shows the diff, --remove takes out only what it added. Records the identity and the mailbox resolved now.",
     args=(
         Arg("harness", TEXT, "The harness: claude-code (.mcp.json, .claude/settings.local.json), codex "
-            "(.codex/config.toml, .codex/hooks.json) or gemini (.gemini/settings.json).", required=True),
+            "(.codex/config.toml, .codex/hooks.json) or gemini (.gemini/settings.json).", required=True,
+            choices=HARNESSES),
         Arg("--agent", IDENTITY, "The identity the harness's sessions use (project:name).", required=True),
         Arg("--dir", PATH, "The project directory the harness starts in (default: the current directory)."),
         Arg("--dry-run", FLAG, "Show what would change (a diff per file); write nothing."),
