@@ -114,8 +114,8 @@ def test_usage_errors_are_json(am, argv, needle):
 
 
 def test_values_that_look_like_flags_or_numbers_are_accepted(am):
-    am("send", "--from", "a:b", "--to", "c:d", "--subject", "-1", "--body", "--- yaml").json
-    am("send", "--from=a:b", "--to=c:d", "--subject=x=y").json
+    am("send", "--from", "a:b", "--to", "c:d", "--subject", "-1", "--body", "--- yaml").assert_ok()
+    am("send", "--from=a:b", "--to=c:d", "--subject=x=y").assert_ok()
     message = am("read", "c:d").json["messages"]
     assert [m["subject"] for m in message] == ["-1", "x=y"] and message[0]["body"] == "--- yaml"
 

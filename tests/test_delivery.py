@@ -80,7 +80,7 @@ while True:
 def test_a_killed_sender_leaves_every_send_all_or_nothing(tmp_path, mailbox_path, am, backend):
     attachment = tmp_path / "payload.bin"
     attachment.write_bytes(os.urandom(256 * 1024))
-    am("status").json
+    am("status").assert_ok()
     recipients = 40
     for _ in range(8):
         proc = subprocess.Popen([sys.executable, "-c", KILLED_SENDER, str(attachment), str(recipients)],
@@ -142,7 +142,7 @@ def test_bounces_are_kept_until_dismissed_never_capped(am):
 
 
 def test_broadcast_require_reachable_with_nobody_listening(am):
-    am(*send_args("w:one", "lead:main")).json
+    am(*send_args("w:one", "lead:main")).assert_ok()
     result = am(*send_args("lead:main", "*"), "--require-reachable")
     assert result.code == 3 and json.loads(result.out)["deliveries"][0]["status"] == "refused"
     am("heartbeat", "w:one")
@@ -376,7 +376,7 @@ def test_deleting_a_broadcast_is_per_agent(am, send):
 def mirrored(am, tmp_path):
     directory = tmp_path / "worktree"
     directory.mkdir()
-    am("profile", "w:one", "--mirror-dir", str(directory), "--max-entries", "2").json
+    am("profile", "w:one", "--mirror-dir", str(directory), "--max-entries", "2").assert_ok()
     return directory / ".notification" / "email.json"
 
 
@@ -421,7 +421,7 @@ def test_clearing_the_mirror_marks_nothing_read(am, send, mirrored):
 
 
 def test_a_scheduled_message_renders_the_mirror_when_due(am, mirrored, mailbox_path):
-    am(*send_args("a:x", "w:one"), "--delay-minutes", "60").json
+    am(*send_args("a:x", "w:one"), "--delay-minutes", "60").assert_ok()
     assert not mirrored.exists()
     db = raw_db(mailbox_path)
     db.execute("UPDATE messages SET deliver_at = '2000-01-01T00:00:00+00:00'")
@@ -457,7 +457,7 @@ def test_a_failed_render_is_reported_and_never_fails_the_send(am, tmp_path):
 def test_profile_show_set_clear(am, tmp_path, mirrored):
     shown = am("profile", "w:one").json
     assert shown["max_entries"] == 2 and shown["mirror_dir"] == str(mirrored.parent.parent)
-    am(*send_args("a:x", "w:one")).json
+    am(*send_args("a:x", "w:one")).assert_ok()
     assert mirrored.exists()
     cleared = am("profile", "w:one", "--clear", "mirror-dir", "--clear", "max-entries").json
     assert cleared["mirror_dir"] is None and cleared["max_entries"] is None
@@ -511,7 +511,7 @@ def test_concurrent_renders_never_leave_a_torn_file(am, mirrored):
 
 
 def test_a_read_that_could_not_be_printed_leaves_the_mirror_as_the_mailbox(am, mirrored):
-    am(*send_args("a:x", "w:one")).json
+    am(*send_args("a:x", "w:one")).assert_ok()
     read_end, write_end = os.pipe()
     os.close(read_end)
     try:

@@ -182,7 +182,7 @@ def test_subject_rules(am, subject, ok):
 def test_body_rules(am, body, ok):
     result = am("send", "--from", "a:x", "--to", "b:y", "--subject", "s", "--body", body)
     if ok:
-        result.json
+        result.assert_ok()
         assert am("read", "b:y").json["messages"][0]["body"] == body
     else:
         error = result.error
@@ -198,12 +198,13 @@ def test_body_limit_error_names_the_limit_and_the_remedy(am):
 def test_body_file_utf8_with_bom(am, tmp_path):
     path = tmp_path / "body.md"
     path.write_bytes("\ufeffcode `x` \"quoted\"\n".encode("utf-8"))
-    am("send", "--from", "a:x", "--to", "b:y", "--subject", "s", "--body-file", str(path)).json
+    am("send", "--from", "a:x", "--to", "b:y", "--subject", "s", "--body-file", str(path)).assert_ok()
     assert am("read", "b:y").json["messages"][0]["body"] == "code `x` \"quoted\"\n"
 
 
 def test_body_file_from_stdin(am):
-    am("send", "--from", "a:x", "--to", "b:y", "--subject", "s", "--body-file", "-", stdin="from stdin".encode()).json
+    am("send", "--from", "a:x", "--to", "b:y", "--subject", "s", "--body-file", "-",
+       stdin="from stdin".encode()).assert_ok()
     assert am("read", "b:y").json["messages"][0]["body"] == "from stdin"
 
 
@@ -254,7 +255,7 @@ def test_ack_all_covers_direct_and_broadcast_per_agent(am, send):
     send("c:z", "a:x", "hi")
     direct = send("a:x", "b:y", "direct")["id"]
     broadcast = send("a:x", "*", "broadcast")["id"]
-    am("read", "b:y").json  # --all settles what was delivered
+    am("read", "b:y").assert_ok()  # --all settles what was delivered
     result = am("ack", "b:y", "--all").json
     assert sorted(result["acked"]) == sorted([direct, broadcast]) and result["unread_left"] == 0
     assert am("status", "--agent", "c:z").json["agents"][0]["unacked"] == 1

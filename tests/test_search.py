@@ -137,8 +137,8 @@ def test_results_are_the_same_whichever_way_the_newest_rows_are_walked(am, corpu
 def test_searching_marks_nothing_read(am, corpus):
     before = {a["agent"]: (a["unread"], a["unacked"]) for a in am("status").json["agents"]}
     for agent in ("web:worker", "ops:lead", "api:worker"):
-        am("search", "deploy OR banner OR standup", "--agent", agent).json
-    am("search", "deploy").json
+        am("search", "deploy OR banner OR standup", "--agent", agent).assert_ok()
+    am("search", "deploy").assert_ok()
     assert {a["agent"]: (a["unread"], a["unacked"]) for a in am("status").json["agents"]} == before
 
 
@@ -176,13 +176,13 @@ def test_bad_options_are_errors_that_name_the_field(am, corpus):
 
 def test_cleanup_takes_messages_out_of_the_index(am, corpus, mailbox_path, backend):
     assert hits(am, "deploy")
-    am("cleanup", "--older-than", "0").json
+    am("cleanup", "--older-than", "0").assert_ok()
     assert hits(am, "deploy") == [] and hits(am, "banner") == []
     if backend == "sqlite":
         db = raw_db(mailbox_path)
         assert db.execute("SELECT count(*) FROM message_search").fetchone()[0] == 0
         db.close()
-    am("send", "--from", "a:x", "--to", "b:y", "--subject", "deploy again").json
+    am("send", "--from", "a:x", "--to", "b:y", "--subject", "deploy again").assert_ok()
     assert hits(am, "deploy") == ["deploy again"]
 
 
@@ -246,7 +246,7 @@ def test_a_copied_mailbox_searches_the_same(am, corpus, backend, tmp_path):
     target = pg_url(schema) if backend == "sqlite" else str(tmp_path / "copy.db")
     try:
         expected = am("search", "deploy OR banner").json["results"]
-        am("copy", "--from", _here(), "--to", target).json
+        am("copy", "--from", _here(), "--to", target).assert_ok()
         copied = _search_in(am, target, "deploy OR banner")
         assert copied == expected
     finally:

@@ -417,7 +417,7 @@ def test_a_broadcast_wakes_every_listener_and_a_scheduled_send_wakes_its_recipie
 
 
 def test_a_direct_message_leaves_the_other_watches_blocked(mailbox_path, reap, am):
-    am("status").json
+    am("status").assert_ok()
     watches = {agent: subprocess.Popen([sys.executable, "-m", "agent_mail", "watch", agent], env=process_env(),
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
                for agent in ("team:a", "team:b")}
@@ -434,7 +434,7 @@ def test_a_direct_message_leaves_the_other_watches_blocked(mailbox_path, reap, a
 
 
 def test_fifty_watches_all_wake_for_one_broadcast(mailbox_path, reap, am):
-    am("status").json
+    am("status").assert_ok()
     agents = [f"herd:w{i:02d}" for i in range(50)]
     watches = {}
     for agent in agents:
@@ -459,7 +459,7 @@ def test_mail_whose_wake_up_was_lost_is_found_at_the_next_refresh(am, send, mail
     """A sender killed between its commit and its wake-up, or another tool writing the mailbox: the
     watch's periodic look at the mailbox finds the mail anyway."""
     monkeypatch.setattr(service, "SAFETY_CHECK_SECONDS", 0.2)
-    am("status").json
+    am("status").assert_ok()
     import threading
 
     def write_behind_its_back():
