@@ -279,7 +279,8 @@ def test_send_indexes_its_message_without_the_search_machinery(mailbox_path):
 def test_search_of_plain_text_needs_no_regular_expressions(am, mailbox_path):
     """A search is a whole process (≤ 50 ms at a million messages): for ASCII text, cutting the query and
     marking the snippets take no regex (re and enum are ~4 ms of its start)."""
-    am("send", "--from", "a:x", "--to", "b:y", "--subject", "Deploy: v2", "--body", "The release-notes are out.")
+    am("send", "--from", "a:x", "--to", "b:y", "--subject", "Deploy: v2",
+       "--body", "The release-notes are out.").assert_ok()
     code = ("import sys; from agent_mail import cli; code = cli.main(sys.argv[1:]); "
             "print(code, sorted({'re', 'enum', 'unicodedata', 'json'} & set(sys.modules)), file=sys.stderr)")
     proc = subprocess.run([sys.executable, "-S", "-c", code, "search", 'deplo* OR "release notes" -staging'],

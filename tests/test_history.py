@@ -47,7 +47,9 @@ def history(am, tmp_path):
     ids["withdrawn"] = send("ops:lead", "web:worker", "never mind", "--delay-minutes", "600")
     am("cancel", "ops:lead", ids["withdrawn"]).assert_ok()
     am("profile", "ops:human", "--human").assert_ok()
-    am("send", "--from", "ops:lead", "--to", "ghost:nobody", "--subject", "are you there", "--require-reachable")
+    refused = am("send", "--from", "ops:lead", "--to", "ghost:nobody", "--subject", "are you there",
+                 "--require-reachable")
+    assert refused.code == 3, refused.err
     ids["unicode"] = send("web:worker", "ops:lead", "café ☕ — ok", "--body", "naïve\tbody with\r\nCRLF")
     return ids
 

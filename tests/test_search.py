@@ -122,7 +122,8 @@ def test_results_are_the_same_whichever_way_the_newest_rows_are_walked(am, corpu
     from agent_mail.store.postgres import PostgresStore
 
     for n in range(7):
-        am("send", "--from", "ops:lead", "--to", "api:worker", "--subject", f"note {n}", "--body", f"deploy step {n}")
+        am("send", "--from", "ops:lead", "--to", "api:worker", "--subject", f"note {n}",
+           "--body", f"deploy step {n}").assert_ok()
     everything = hits(am, "deploy", "--limit", "20")
     assert everything[0] == "Deploy the release"  # the subject tier, then the rest newest first
     assert everything[1:8] == [f"note {n}" for n in range(6, -1, -1)] and len(everything) == 11

@@ -44,7 +44,7 @@ def test_watch_reports_exactly_what_read_delivers(am, send):
     note = send("b:y", "b:y", "note to self")["id"]
     send("b:y", "*", "own broadcast")
     already = send("a:x", "b:y", "already read")["id"]
-    am("ack", "b:y", already)  # acking implies read
+    am("ack", "b:y", already).assert_ok()  # acking implies read
     watched = am("watch", "b:y", "--once").json
     read = am("read", "b:y", "--no-mark-read").json
     assert envelope_ids(watched) == envelope_ids(read)
@@ -165,7 +165,7 @@ def test_heartbeat_counts_as_presence_and_lists_the_identity(am, send):
 
 
 def test_status_liveness_fields_are_projectable(am):
-    am("heartbeat", "a:x")
+    am("heartbeat", "a:x").assert_ok()
     rows = am("status", "--fields", "agent,watching,last_seen,watch_state,released_at").json["agents"]
     assert set(rows[0]) == {"agent", "watching", "last_seen", "watch_state", "released_at"}
 
@@ -187,14 +187,14 @@ def test_read_ack_and_send_carry_reachable_and_next(am, send):
 
 def test_heartbeat_makes_read_reachable(am, send):
     send("a:x", "b:y", "q")
-    am("heartbeat", "b:y")
+    am("heartbeat", "b:y").assert_ok()
     read = am("read", "b:y").json
     assert read["reachable"] is True and not any("watch" in step for step in read["next"])
 
 
 def test_cleanup_sweeps_old_liveness_rows(am, mailbox_path):
-    am("heartbeat", "old:agent")
-    am("heartbeat", "new:agent")
+    am("heartbeat", "old:agent").assert_ok()
+    am("heartbeat", "new:agent").assert_ok()
     with open_mailbox() as mailbox:
         mailbox.watch(agent="old:agent", timeout_minutes=0.001)
     db = raw_db(mailbox_path)
