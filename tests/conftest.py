@@ -141,10 +141,19 @@ class Result:
     out: str
     err: str
 
-    @property
-    def json(self):
+    def assert_ok(self) -> None:
+        """Assert the command succeeded: exit 0, nothing on stderr, a JSON document on stdout.
+        For calls made only for their effect; `.json` asserts the same and returns the document."""
         assert self.code == 0, f"exit {self.code}: {self.err}"
         assert self.err == "", self.err
+        try:
+            json.loads(self.out)
+        except ValueError as exc:
+            raise AssertionError(f"stdout is not JSON ({exc}): {self.out!r}") from None
+
+    @property
+    def json(self):
+        self.assert_ok()
         return json.loads(self.out)
 
     @property

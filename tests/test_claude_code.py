@@ -65,8 +65,8 @@ def _main_loop(request: dict) -> bool:
 
 
 def test_mail_reaches_the_context_and_the_mcp_tools_answer_without_a_prompt(project):
-    am_process("send", "--from", "boss:lead", "--to", AGENT, "--subject", "Fix the flaky test",
-               "--body", "It is test_login; the clock is mocked wrong.", env=process_env())
+    assert am_process("send", "--from", "boss:lead", "--to", AGENT, "--subject", "Fix the flaky test",
+                      "--body", "It is test_login; the clock is mocked wrong.", env=process_env()).returncode == 0
 
     def script(request):
         if not _main_loop(request):
@@ -194,8 +194,8 @@ def test_an_idle_interactive_session_is_woken_by_a_send(project):
                 time.sleep(0.2)
             assert status()["sessions"] == 1
             turns = len([r for r in model.requests if _main_loop(r)])
-            am_process("send", "--from", "boss:lead", "--to", AGENT, "--subject", "Wake up, review PR 7",
-                       env=process_env())
+            assert am_process("send", "--from", "boss:lead", "--to", AGENT, "--subject", "Wake up, review PR 7",
+                              env=process_env()).returncode == 0
             woken = model.wait_for(lambda r: _main_loop(r) and "Wake up, review PR 7" in json.dumps(r["messages"]),
                                    timeout=30)
             assert woken is not None, "the idle session was not woken"

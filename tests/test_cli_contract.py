@@ -114,8 +114,8 @@ def test_usage_errors_are_json(am, argv, needle):
 
 
 def test_values_that_look_like_flags_or_numbers_are_accepted(am):
-    am("send", "--from", "a:b", "--to", "c:d", "--subject", "-1", "--body", "--- yaml").json
-    am("send", "--from=a:b", "--to=c:d", "--subject=x=y").json
+    am("send", "--from", "a:b", "--to", "c:d", "--subject", "-1", "--body", "--- yaml").assert_ok()
+    am("send", "--from=a:b", "--to=c:d", "--subject=x=y").assert_ok()
     message = am("read", "c:d").json["messages"]
     assert [m["subject"] for m in message] == ["-1", "x=y"] and message[0]["body"] == "--- yaml"
 
@@ -279,7 +279,8 @@ def test_send_indexes_its_message_without_the_search_machinery(mailbox_path):
 def test_search_of_plain_text_needs_no_regular_expressions(am, mailbox_path):
     """A search is a whole process (≤ 50 ms at a million messages): for ASCII text, cutting the query and
     marking the snippets take no regex (re and enum are ~4 ms of its start)."""
-    am("send", "--from", "a:x", "--to", "b:y", "--subject", "Deploy: v2", "--body", "The release-notes are out.")
+    am("send", "--from", "a:x", "--to", "b:y", "--subject", "Deploy: v2",
+       "--body", "The release-notes are out.").assert_ok()
     code = ("import sys; from agent_mail import cli; code = cli.main(sys.argv[1:]); "
             "print(code, sorted({'re', 'enum', 'unicodedata', 'json'} & set(sys.modules)), file=sys.stderr)")
     proc = subprocess.run([sys.executable, "-S", "-c", code, "search", 'deplo* OR "release notes" -staging'],

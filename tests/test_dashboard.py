@@ -45,8 +45,9 @@ def unread_of(am, agent):
 def test_fleet_puts_problems_first_and_spells_them(am):
     send(am, "ops:lead", "api:worker", "old work")
     send(am, "ops:lead", "web:worker", "fresh work")
-    am("read", "web:worker")
-    am("send", "--from", "ops:lead", "--to", "gone:agent", "--subject", "anyone?", "--require-reachable")
+    am("read", "web:worker").assert_ok()
+    refused = am("send", "--from", "ops:lead", "--to", "gone:agent", "--subject", "anyone?", "--require-reachable")
+    assert refused.code == 3, refused.err
     fleet = supervisor_call(lambda s: s.fleet(overdue_minutes=30))
     by_agent = {r["agent"]: r for r in fleet}
     assert by_agent["api:worker"]["problems"] == [data.DEAF]  # unread, nobody listening
@@ -58,7 +59,7 @@ def test_fleet_puts_problems_first_and_spells_them(am):
 
 def test_overdue_follows_the_threshold(am, monkeypatch):
     send(am, "ops:lead", "web:worker", "slow one")
-    am("read", "web:worker")
+    am("read", "web:worker").assert_ok()
     later = model.now() + dt.timedelta(minutes=45)
     monkeypatch.setattr(model, "now", lambda: later)
     by_agent = {r["agent"]: r for r in supervisor_call(lambda s: s.fleet(overdue_minutes=30))}
@@ -84,7 +85,7 @@ def test_looking_marks_nothing_read(am, mailbox_path):
     first = send(am, "ops:lead", ["api:worker", "web:worker"], "look only")
     send(am, "ops:lead", "*", "everyone look")
     am("send", "--from", "api:worker", "--to", "ops:lead", "--subject", "re", "--reply-to",
-       first["deliveries"][0]["id"])
+       first["deliveries"][0]["id"]).assert_ok()
     before, unread = states(mailbox_path), {a: unread_of(am, a) for a in ("api:worker", "web:worker", "ops:lead")}
     feed = supervisor_call(lambda s: s.feed())
     assert [f["subject"] for f in feed] == ["re", "everyone look", "look only"]
@@ -104,7 +105,7 @@ def test_looking_marks_nothing_read(am, mailbox_path):
 def test_charts_count_sends_per_hour_and_the_backlog(am):
     send(am, "ops:lead", ["api:worker", "web:worker"], "one")  # a fan-out is one send
     send(am, "api:worker", "ops:lead", "two")
-    am("read", "ops:lead")
+    am("read", "ops:lead").assert_ok()
     hourly = supervisor_call(lambda s: s.hourly(by="project"))
     assert len(hourly["hours"]) == 24 and hourly["series"] == {
         "api": [0] * 23 + [1], "ops": [0] * 23 + [1]}
@@ -359,8 +360,8 @@ def seed_team(am, clock):
     for n, (sender, to, subject) in enumerate(steps):
         clock["now"] = FIXED - dt.timedelta(minutes=50 - 9 * n)
         send(am, sender, to, subject)
-    am("read", "api:worker")
-    am("read", "ops:lead")
+    am("read", "api:worker").assert_ok()
+    am("read", "ops:lead").assert_ok()
     clock["now"] = FIXED
 
 

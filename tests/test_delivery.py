@@ -43,7 +43,7 @@ def test_fan_out_gives_each_recipient_its_own_copy_and_state(am):
     assert ids(am("read", "w:one").json) == [one]
     # w:one's read does not touch w:two's copy
     assert ids(am("read", "w:two", "--no-mark-read").json) == [two]
-    am("ack", "w:two", two)
+    am("ack", "w:two", two).assert_ok()
     assert am("status", "--agent", "w:one", "--fields", "unacked").json["agents"][0]["unacked"] == 1
 
 
@@ -80,7 +80,7 @@ while True:
 def test_a_killed_sender_leaves_every_send_all_or_nothing(tmp_path, mailbox_path, am, backend):
     attachment = tmp_path / "payload.bin"
     attachment.write_bytes(os.urandom(256 * 1024))
-    am("status").json
+    am("status").assert_ok()
     recipients = 40
     for _ in range(8):
         proc = subprocess.Popen([sys.executable, "-c", KILLED_SENDER, str(attachment), str(recipients)],
@@ -105,8 +105,8 @@ def test_a_killed_sender_leaves_every_send_all_or_nothing(tmp_path, mailbox_path
 
 
 def test_each_delivery_says_whether_the_recipient_is_reachable(am):
-    am("heartbeat", "w:awake")
-    am("profile", "jj:boss", "--human")
+    am("heartbeat", "w:awake").assert_ok()
+    am("profile", "jj:boss", "--human").assert_ok()
     receipt = am(*send_args("lead:main", "w:awake", "w:asleep", "jj:boss", "lead:main")).json
     reach = {d["recipient"]: d["reachable"] for d in receipt["deliveries"]}
     assert reach == {"w:awake": True, "w:asleep": False, "jj:boss": True, "lead:main": True}
@@ -114,7 +114,7 @@ def test_each_delivery_says_whether_the_recipient_is_reachable(am):
 
 
 def test_require_reachable_refuses_the_unreachable_and_bounces(am):
-    am("heartbeat", "w:awake")
+    am("heartbeat", "w:awake").assert_ok()
     result = am(*send_args("lead:main", "w:awake", "w:asleep", "lead:main", subject="urgent"), "--require-reachable")
     assert result.code == 3 and "Traceback" not in result.err
     receipt = json.loads(result.out)
@@ -131,7 +131,7 @@ def test_require_reachable_refuses_the_unreachable_and_bounces(am):
 
 def test_bounces_are_kept_until_dismissed_never_capped(am):
     for i in range(60):
-        am(*send_args("lead:main", f"w:n{i}"), "--require-reachable")
+        assert am(*send_args("lead:main", f"w:n{i}"), "--require-reachable").code == 3
     events = am("notifications", "lead:main").json["system"]["events"]
     assert len(events) == 60
     first = events[0]["id"]
@@ -142,10 +142,10 @@ def test_bounces_are_kept_until_dismissed_never_capped(am):
 
 
 def test_broadcast_require_reachable_with_nobody_listening(am):
-    am(*send_args("w:one", "lead:main")).json
+    am(*send_args("w:one", "lead:main")).assert_ok()
     result = am(*send_args("lead:main", "*"), "--require-reachable")
     assert result.code == 3 and json.loads(result.out)["deliveries"][0]["status"] == "refused"
-    am("heartbeat", "w:one")
+    am("heartbeat", "w:one").assert_ok()
     assert am(*send_args("lead:main", "*"), "--require-reachable").json["delivered"] == 1
 
 
@@ -363,7 +363,7 @@ def test_deleting_a_broadcast_is_per_agent(am, send):
     send("c:z", "a:x", "hi")
     send("b:y", "a:x", "hi")
     broadcast = send("a:x", "*", "all")["id"]
-    am("delete", "b:y", broadcast)
+    am("delete", "b:y", broadcast).assert_ok()
     assert am("read", "b:y", "--all").json["count"] == 0
     assert ids(am("read", "c:z").json) == [broadcast]
     assert am("cleanup", "--older-than", "0").json["deleted_count"] >= 1  # only cleanup removes the record
@@ -376,7 +376,7 @@ def test_deleting_a_broadcast_is_per_agent(am, send):
 def mirrored(am, tmp_path):
     directory = tmp_path / "worktree"
     directory.mkdir()
-    am("profile", "w:one", "--mirror-dir", str(directory), "--max-entries", "2").json
+    am("profile", "w:one", "--mirror-dir", str(directory), "--max-entries", "2").assert_ok()
     return directory / ".notification" / "email.json"
 
 
@@ -397,18 +397,18 @@ def test_mirror_follows_every_change(am, send, mirrored):
     third = send("a:x", "w:one", "three")["id"]
     doc = _mirror(mirrored)
     assert doc["data"]["count"] == 3 and doc["data"]["email_ids"] == [third, second]  # newest max_entries
-    am("dismiss", "w:one", third)
+    am("dismiss", "w:one", third).assert_ok()
     assert _mirror(mirrored)["data"]["email_ids"] == [second, first]
-    am("archive", "w:one", second)
+    am("archive", "w:one", second).assert_ok()
     assert _mirror(mirrored)["data"]["count"] == 1
-    am("read", "w:one", "--no-mark-read")
+    am("read", "w:one", "--no-mark-read").assert_ok()
     assert _mirror(mirrored)["data"]["count"] == 1  # looking is not a change
     reply = send("w:one", "a:x", "re", "--reply-to", first)
     assert reply["mirrors"][0]["status"] == "removed"  # replying handled the last one
     assert not mirrored.exists()
     send("a:x", "*", "broadcast")
     assert _mirror(mirrored)["data"]["count"] == 1
-    am("read", "w:one")
+    am("read", "w:one").assert_ok()
     assert not mirrored.exists()
 
 
@@ -421,32 +421,32 @@ def test_clearing_the_mirror_marks_nothing_read(am, send, mirrored):
 
 
 def test_a_scheduled_message_renders_the_mirror_when_due(am, mirrored, mailbox_path):
-    am(*send_args("a:x", "w:one"), "--delay-minutes", "60").json
+    am(*send_args("a:x", "w:one"), "--delay-minutes", "60").assert_ok()
     assert not mirrored.exists()
     db = raw_db(mailbox_path)
     db.execute("UPDATE messages SET deliver_at = '2000-01-01T00:00:00+00:00'")
     db.execute("UPDATE scheduled SET deliver_at = '2000-01-01T00:00:00+00:00'")
     db.commit()
-    am("status")  # anyone touching the mailbox publishes what fell due
+    am("status").assert_ok()  # anyone touching the mailbox publishes what fell due
     assert _mirror(mirrored)["data"]["count"] == 1
 
 
 def test_system_channel_file(am, tmp_path):
     directory = tmp_path / "lead"
     directory.mkdir()
-    am("profile", "lead:main", "--mirror-dir", str(directory))
-    am(*send_args("lead:main", "w:gone"), "--require-reachable")
+    am("profile", "lead:main", "--mirror-dir", str(directory)).assert_ok()
+    assert am(*send_args("lead:main", "w:gone"), "--require-reachable").code == 3
     system = directory / ".notification" / "system.json"
     event = json.loads(system.read_text())["events"][0]
     assert event["source"] == "email.bounce" and event["recipient"] == "w:gone"
-    am("notifications", "lead:main", "--dismiss", event["id"])
+    am("notifications", "lead:main", "--dismiss", event["id"]).assert_ok()
     assert not system.exists()
 
 
 def test_a_failed_render_is_reported_and_never_fails_the_send(am, tmp_path):
     directory = tmp_path / "broken"
     directory.mkdir()
-    am("profile", "w:one", "--mirror-dir", str(directory))
+    am("profile", "w:one", "--mirror-dir", str(directory)).assert_ok()
     (directory / ".notification").write_text("a file where the folder should be")
     receipt = am(*send_args("a:x", "w:one")).json
     assert receipt["delivered"] == 1
@@ -457,7 +457,7 @@ def test_a_failed_render_is_reported_and_never_fails_the_send(am, tmp_path):
 def test_profile_show_set_clear(am, tmp_path, mirrored):
     shown = am("profile", "w:one").json
     assert shown["max_entries"] == 2 and shown["mirror_dir"] == str(mirrored.parent.parent)
-    am(*send_args("a:x", "w:one")).json
+    am(*send_args("a:x", "w:one")).assert_ok()
     assert mirrored.exists()
     cleared = am("profile", "w:one", "--clear", "mirror-dir", "--clear", "max-entries").json
     assert cleared["mirror_dir"] is None and cleared["max_entries"] is None
@@ -511,7 +511,7 @@ def test_concurrent_renders_never_leave_a_torn_file(am, mirrored):
 
 
 def test_a_read_that_could_not_be_printed_leaves_the_mirror_as_the_mailbox(am, mirrored):
-    am(*send_args("a:x", "w:one")).json
+    am(*send_args("a:x", "w:one")).assert_ok()
     read_end, write_end = os.pipe()
     os.close(read_end)
     try:
@@ -532,5 +532,5 @@ def test_a_reply_refused_everywhere_settles_nothing(am, send):
     assert result.code == 3 and json.loads(result.out)["acknowledged"] is None
     row = am("status", "--agent", "b:y", "--fields", "unread,unacked").json["agents"][0]
     assert row == {"unread": 1, "unacked": 1}  # the question is still open: no answer went out
-    am("heartbeat", "a:x")
+    am("heartbeat", "a:x").assert_ok()
     assert send("b:y", "a:x", "answer", "--reply-to", question, "--require-reachable")["acknowledged"] == question

@@ -60,8 +60,8 @@ def _has_tool_result(request: dict) -> bool:
 
 
 def test_mail_reaches_gemini_and_its_mcp_tools_run_without_a_prompt(project):
-    am_process("send", "--from", "boss:lead", "--to", AGENT, "--subject", "Fix the flaky test",
-               "--body", "It is test_login.", env=process_env())
+    assert am_process("send", "--from", "boss:lead", "--to", AGENT, "--subject", "Fix the flaky test",
+                      "--body", "It is test_login.", env=process_env()).returncode == 0
 
     def script(request):
         if not _main(request):

@@ -40,14 +40,16 @@ def history(am, tmp_path):
                        str(notes), "--ref", str(tmp_path))
     ids["reply"] = send("api:worker", "ops:lead", "done", "--body", "deployed", "--reply-to", ids["task"])
     ids["broadcast"] = send("ops:lead", "*", "standup in 5", "--body", "everyone")
-    am("read", "api:worker").json  # states: read, acked, archived
-    am("ack", "api:worker", "--all").json
-    am("archive", "web:worker", ids["broadcast"]).json
+    am("read", "api:worker").assert_ok()  # states: read, acked, archived
+    am("ack", "api:worker", "--all").assert_ok()
+    am("archive", "web:worker", ids["broadcast"]).assert_ok()
     ids["later"] = send("ops:lead", "web:worker", "tomorrow", "--delay-minutes", "600")
     ids["withdrawn"] = send("ops:lead", "web:worker", "never mind", "--delay-minutes", "600")
-    am("cancel", "ops:lead", ids["withdrawn"]).json
-    am("profile", "ops:human", "--human").json
-    am("send", "--from", "ops:lead", "--to", "ghost:nobody", "--subject", "are you there", "--require-reachable")
+    am("cancel", "ops:lead", ids["withdrawn"]).assert_ok()
+    am("profile", "ops:human", "--human").assert_ok()
+    refused = am("send", "--from", "ops:lead", "--to", "ghost:nobody", "--subject", "are you there",
+                 "--require-reachable")
+    assert refused.code == 3, refused.err
     ids["unicode"] = send("web:worker", "ops:lead", "café ☕ — ok", "--body", "naïve\tbody with\r\nCRLF")
     return ids
 
@@ -98,7 +100,7 @@ def test_export_import_export_gives_the_same_bytes_on_any_backend(am, history, t
             (tmp_path / "again.jsonl").write_bytes(again)
         assert again == first
         with _using(str(tmp_path / "third.db")):  # and once more, into a file
-            am("import", str(tmp_path / "again.jsonl")).json
+            am("import", str(tmp_path / "again.jsonl")).assert_ok()
             assert export(am) == first
     finally:
         if schema:
@@ -112,7 +114,7 @@ def test_importing_twice_changes_nothing_and_a_dry_run_changes_nothing(am, histo
         dry = am("import", str(path), "--dry-run").json
         assert dry["dry_run"] is True and dry["added"]["messages"] == 7 and dry["next"] == [f"agent-mail import {path}"]
         assert am("status").json["count"] == 0
-        am("import", str(path)).json
+        am("import", str(path)).assert_ok()
         before = export(am)
         twice = am("import", str(path)).json
         assert twice["added"] == {"messages": 0, "blobs": 0, "profiles": 0, "events": 0}
@@ -214,7 +216,7 @@ def test_mbox_reads_back_as_standard_email(am, history, tmp_path):
     long_line = " ".join(["wörd"] * 600)  # over 998 bytes: quoted-printable, soft line breaks
     wide = am("send", "--from", "web:worker", "--to", "ops:lead", "--subject", "wide", "--body", long_line).json["id"]
     path = tmp_path / "team.mbox"
-    am("export", "--format", "mbox", "--output", str(path)).json
+    am("export", "--format", "mbox", "--output", str(path)).assert_ok()
     assert max(len(line) for line in path.read_bytes().splitlines()) <= 998
     box = mailbox.mbox(str(path), factory=lambda f: email.message_from_binary_file(f, policy=email.policy.default))
     mails = list(box)
@@ -253,7 +255,7 @@ def test_mbox_opens_in_a_real_mail_client(am, history, tmp_path, backend):
     if shutil.which("tmux") is None:
         pytest.skip("tmux is not installed")
     path = tmp_path / "team.mbox"
-    am("export", "--format", "mbox", "--output", str(path)).json
+    am("export", "--format", "mbox", "--output", str(path)).assert_ok()
     muttrc = tmp_path / "muttrc"
     muttrc.write_text(f"set folder={tmp_path}\nset spoolfile={path}\nset sort=threads\nset move=no\n"
                       "set mbox_type=mbox\nset charset=utf-8\nset ascii_chars=yes\n"
@@ -301,7 +303,7 @@ def test_a_filtered_import_into_a_live_mailbox_wakes_its_watch(am, history, tmp_
                 assert time.monotonic() < deadline
                 time.sleep(0.1)
             started = time.monotonic()
-            am("import", str(path)).json
+            am("import", str(path)).assert_ok()
             out, _ = watch.communicate(timeout=60)
             assert time.monotonic() - started < 60  # woken by the import, not by its 5-minute timeout
             assert json.loads(out)["count"] >= 1

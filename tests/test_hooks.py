@@ -90,7 +90,8 @@ def test_broadcasts_delayed_mail_and_bounces_are_told_when_they_arrive():
     note = context("PostToolUse")
     assert note is not None and later in note
     # A refused send (the recipient is not listening) leaves a bounce for the sender, told to its session.
-    am_process("send", "--from", AGENT, "--to", "deaf:one", "--subject", "hello?", "--require-reachable")
+    refused = am_process("send", "--from", AGENT, "--to", "deaf:one", "--subject", "hello?", "--require-reachable")
+    assert refused.returncode == 3, refused.stderr
     note = context("PostToolUse")
     assert note is not None and "bounce" in note and '"hello?" to deaf:one was refused' in note
     assert f"agent-mail notifications {AGENT} --dismiss" in note
@@ -368,7 +369,8 @@ def test_setup_quotes_paths_with_spaces_and_quotes_in_hook_commands(tmp_path, mo
     settings = json.loads((project / ".claude" / "settings.local.json").read_text())
     command = settings["hooks"]["SessionStart"][0]["hooks"][0]["command"]
     send_env = process_env(AGENT_MAIL_DB=str(odd))
-    am_process("send", "--from", "boss:lead", "--to", AGENT, "--subject", "through the shell", env=send_env)
+    sent = am_process("send", "--from", "boss:lead", "--to", AGENT, "--subject", "through the shell", env=send_env)
+    assert sent.returncode == 0, sent.stderr
     # Run the command as the harness does (sh -c), with no AGENT_MAIL_DB of its own.
     bare = {k: v for k, v in process_env().items() if k != "AGENT_MAIL_DB"}
     done = subprocess.run(["sh", "-c", command], input=json.dumps(claude_input("SessionStart")).encode(),
@@ -438,7 +440,7 @@ def test_setup_codex_writes_its_toml_and_hooks_and_takes_out_only_its_own(tmp_pa
     assert " hook codex stop " in hooks["Stop"][0]["hooks"][0]["command"] + " "
     again = json.loads(am_process("setup", "codex", "--agent", AGENT, "--dir", str(tmp_path)).stdout)
     assert [f["action"] for f in again["files"]] == ["unchanged", "unchanged"]
-    am_process("setup", "codex", "--agent", AGENT, "--dir", str(tmp_path), "--remove")
+    assert am_process("setup", "codex", "--agent", AGENT, "--dir", str(tmp_path), "--remove").returncode == 0
     assert config.read_text() == original and not (tmp_path / ".codex" / "hooks.json").exists()
     # A table of that name the user wrote is not overwritten; malformed TOML is refused. Nothing written.
     config.write_text(original + '\n[mcp_servers.agent-mail]\ncommand = "mine"\n')
@@ -461,5 +463,5 @@ def test_setup_gemini_writes_one_settings_file(tmp_path):
     assert merged["mcpServers"]["agent-mail"]["trust"] is True
     assert set(merged["hooks"]) == {"SessionStart", "BeforeAgent", "AfterTool", "AfterAgent", "SessionEnd"}
     assert merged["hooks"]["AfterAgent"][0]["hooks"][0]["name"] == "agent-mail-stop"
-    am_process("setup", "gemini", "--agent", AGENT, "--dir", str(tmp_path), "--remove")
+    assert am_process("setup", "gemini", "--agent", AGENT, "--dir", str(tmp_path), "--remove").returncode == 0
     assert json.loads(settings.read_text()) == {"theme": "Dracula", "mcpServers": {"other": {"command": "x"}}}

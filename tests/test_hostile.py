@@ -61,7 +61,7 @@ def test_the_suggested_ack_never_settles_mail_that_arrived_after_the_read(am, se
 
 def test_ack_all_leaves_unread_mail_alone_and_says_so(am, send):
     seen = send("a:x", "w:z", "seen")["id"]
-    am("read", "w:z").json
+    am("read", "w:z").assert_ok()
     unseen = send("a:x", "w:z", "unseen")["id"]
     result = am("ack", "w:z", "--all").json
     assert result["acked"] == [seen] and result["unread_left"] == 1
@@ -121,7 +121,7 @@ def test_profile_moved_without_printing_puts_the_old_mirror_back(am, send, tmp_p
     old, new = tmp_path / "old", tmp_path / "new"
     old.mkdir()
     new.mkdir()
-    am("profile", "p:n", "--mirror-dir", str(old)).json
+    am("profile", "p:n", "--mirror-dir", str(old)).assert_ok()
     send("a:x", "p:n", "waiting")
     before = (old / ".notification" / "email.json").read_bytes()
     proc = closed_stdout("profile", "p:n", "--mirror-dir", str(new))
@@ -208,7 +208,7 @@ def test_stale_temporary_files_of_a_killed_save_are_swept(am, tmp_path):
     leftover = target / f".report.txt.am-{dead.stdout.strip()}-0badf00d.part"
     leftover.write_bytes(b"half")
     os.utime(leftover, (time.time() - 3600, time.time() - 3600))
-    am("attachments", "b:y", message, "--save-to", str(target)).json
+    am("attachments", "b:y", message, "--save-to", str(target)).assert_ok()
     assert sorted(os.listdir(target)) == ["report.txt"]
 
 
@@ -261,7 +261,7 @@ def _damaged_mailbox(am, mailbox_path) -> int:
     while not mailbox_path.exists() or os.path.getsize(mailbox_path) < 400 * 1024:
         for _ in range(50):
             body = f"body of m{n}:" + "x" * 900  # a body is stored in the table only, not in any index
-            am("send", "--from", "a:x", "--to", "b:y", "--subject", f"m{n}", "--body", body).json
+            am("send", "--from", "a:x", "--to", "b:y", "--subject", f"m{n}", "--body", body).assert_ok()
             n += 1
         db = sqlite3.connect(mailbox_path)
         db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -312,7 +312,7 @@ def test_doctor_finds_the_damage_and_repair_saves_every_readable_message(am, mai
     assert not os.path.exists(str(mailbox_path) + ".damaged")
     assert am("status").json["count"] == 2
     assert am("read", "b:y", "--all", "--limit", "10000", "--no-mark-read").json["count"] == saved
-    am("send", "--from", "a:x", "--to", "b:y", "--subject", "after repair").json
+    am("send", "--from", "a:x", "--to", "b:y", "--subject", "after repair").assert_ok()
 
 
 def test_doctor_on_a_healthy_mailbox_lifts_a_stale_marker(am, send, mailbox_path):
@@ -364,7 +364,7 @@ def test_a_symlinked_mailbox_is_resolved_to_the_real_file(am, monkeypatch, tmp_p
     (link_dir / "mail.db").symlink_to(real_dir / "mail.db")
     monkeypatch.setenv("AGENT_MAIL_DB", str(link_dir / "mail.db"))
     assert service.resolve_location()[0] == str(real_dir / "mail.db")
-    am("send", "--from", "a:x", "--to", "b:y", "--subject", "via link").json
+    am("send", "--from", "a:x", "--to", "b:y", "--subject", "via link").assert_ok()
     storage = am("describe").json["storage"]
     assert storage["path"] == str(real_dir / "mail.db") and storage["link"] == str(link_dir / "mail.db")
     # the permission check looks at the directory the file really lives in
@@ -413,7 +413,7 @@ def test_blank_mailbox_variable_is_refused_and_empty_means_unset(am, monkeypatch
 def test_a_removed_mirror_directory_is_never_recreated(am, tmp_path):
     mirror = tmp_path / "deep" / "mirror"
     mirror.mkdir(parents=True)
-    am("profile", "p:n", "--mirror-dir", str(mirror)).json
+    am("profile", "p:n", "--mirror-dir", str(mirror)).assert_ok()
     os.rmdir(mirror)
     receipt = am("send", "--from", "a:x", "--to", "p:n", "--subject", "hi").json
     assert not mirror.exists()
@@ -425,7 +425,7 @@ def test_a_planted_notification_link_is_never_followed(am, tmp_path):
     mirror, elsewhere = tmp_path / "mirror", tmp_path / "elsewhere"
     mirror.mkdir()
     elsewhere.mkdir()
-    am("profile", "p:n", "--mirror-dir", str(mirror)).json
+    am("profile", "p:n", "--mirror-dir", str(mirror)).assert_ok()
     (mirror / ".notification").symlink_to(elsewhere)
     receipt = am("send", "--from", "a:x", "--to", "p:n", "--subject", "hi").json
     assert os.listdir(elsewhere) == []
@@ -510,7 +510,7 @@ def test_kill_9_during_mailbox_creation_leaves_nothing_that_is_not_swept(tmp_pat
 
 @pytest.mark.parametrize("how", ["deleted", "replaced"])
 def test_a_watch_ends_when_its_mailbox_is_deleted_or_replaced(am, mailbox_path, tmp_path, how):
-    am("status").json
+    am("status").assert_ok()
     watch = subprocess.Popen([sys.executable, "-m", "agent_mail", "watch", "w:z"], env=process_env(),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
@@ -550,7 +550,7 @@ def _set(mailbox_path, message_id, **columns):
 def test_a_delayed_message_sorts_by_when_it_arrived(am, send, mailbox_path, tmp_path):
     mirror = tmp_path / "mirror"
     mirror.mkdir()
-    am("profile", "b:y", "--mirror-dir", str(mirror), "--max-entries", "1").json
+    am("profile", "b:y", "--mirror-dir", str(mirror), "--max-entries", "1").assert_ok()
     delayed = send("a:x", "b:y", "delayed", "--delay-minutes", "1")["id"]
     prompt = send("a:x", "b:y", "prompt")
     fell_due = model.iso(model.parse_iso(prompt["created"]) + __import__("datetime").timedelta(milliseconds=5))
@@ -595,8 +595,8 @@ def test_a_stranger_sees_no_thread_no_attachments_and_cannot_reply(am, tmp_path)
 
 def test_thread_state_fields_are_the_readers_own(am, send):
     root = send("a:x", "b:y", "question")["id"]
-    am("read", "b:y").json
-    am("ack", "b:y", root).json
+    am("read", "b:y").assert_ok()
+    am("ack", "b:y", root).assert_ok()
     view = {m["id"]: m for m in am("read", "a:x", "--thread", root).json["messages"]}
     assert view[root]["read_at"] is None and view[root]["acked_at"] is None  # a:x sent it; b:y's stamps are b:y's
     mine = {m["id"]: m for m in am("read", "b:y", "--thread", root).json["messages"]}
@@ -677,7 +677,7 @@ def test_a_signal_ends_a_send_blocked_on_the_lock_at_once(am, send, mailbox_path
 
 
 def test_sigterm_ends_a_watch_whose_refresh_is_blocked_on_the_lock(am, mailbox_path):
-    am("status").json
+    am("status").assert_ok()
     watch = subprocess.Popen([sys.executable, "-m", "agent_mail", "watch", "w:z"], env=process_env(),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     holder = None
@@ -769,7 +769,7 @@ def test_describe_documents_what_the_code_does(am, send, tmp_path):
     assert "page by page" in manual["commands"]["watch"]["output_fields"]["messages"]
     mirror = tmp_path / "m"
     mirror.mkdir()
-    am("profile", "b:y", "--mirror-dir", str(mirror)).json
+    am("profile", "b:y", "--mirror-dir", str(mirror)).assert_ok()
     send("a:x", "b:y", "hello")
     entry = am("notifications", "b:y").json["email"]["data"]["emails"][0]
     documented = manual["commands"]["notifications"]["documents"]["email.data.emails[]"]

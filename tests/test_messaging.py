@@ -63,7 +63,7 @@ def test_broadcast_reaches_everyone_but_the_sender_with_own_state(am, send):
 def test_read_all_from_and_fields(am, send):
     one = send("a:x", "b:y", "one")["id"]
     two = send("c:z", "b:y", "two")["id"]
-    am("read", "b:y")
+    am("read", "b:y").assert_ok()
     three = send("a:x", "b:y", "three")["id"]
     assert ids(am("read", "b:y", "--all", "--no-mark-read").json) == [one, two, three]
     assert ids(am("read", "b:y", "--all", "--limit", "2", "--no-mark-read").json) == [two, three]
@@ -182,7 +182,7 @@ def test_subject_rules(am, subject, ok):
 def test_body_rules(am, body, ok):
     result = am("send", "--from", "a:x", "--to", "b:y", "--subject", "s", "--body", body)
     if ok:
-        result.json
+        result.assert_ok()
         assert am("read", "b:y").json["messages"][0]["body"] == body
     else:
         error = result.error
@@ -198,12 +198,13 @@ def test_body_limit_error_names_the_limit_and_the_remedy(am):
 def test_body_file_utf8_with_bom(am, tmp_path):
     path = tmp_path / "body.md"
     path.write_bytes("\ufeffcode `x` \"quoted\"\n".encode("utf-8"))
-    am("send", "--from", "a:x", "--to", "b:y", "--subject", "s", "--body-file", str(path)).json
+    am("send", "--from", "a:x", "--to", "b:y", "--subject", "s", "--body-file", str(path)).assert_ok()
     assert am("read", "b:y").json["messages"][0]["body"] == "code `x` \"quoted\"\n"
 
 
 def test_body_file_from_stdin(am):
-    am("send", "--from", "a:x", "--to", "b:y", "--subject", "s", "--body-file", "-", stdin="from stdin".encode()).json
+    am("send", "--from", "a:x", "--to", "b:y", "--subject", "s", "--body-file", "-",
+       stdin="from stdin".encode()).assert_ok()
     assert am("read", "b:y").json["messages"][0]["body"] == "from stdin"
 
 
@@ -254,7 +255,7 @@ def test_ack_all_covers_direct_and_broadcast_per_agent(am, send):
     send("c:z", "a:x", "hi")
     direct = send("a:x", "b:y", "direct")["id"]
     broadcast = send("a:x", "*", "broadcast")["id"]
-    am("read", "b:y").json  # --all settles what was delivered
+    am("read", "b:y").assert_ok()  # --all settles what was delivered
     result = am("ack", "b:y", "--all").json
     assert sorted(result["acked"]) == sorted([direct, broadcast]) and result["unread_left"] == 0
     assert am("status", "--agent", "c:z").json["agents"][0]["unacked"] == 1
@@ -327,7 +328,7 @@ def test_cleanup_requires_an_age_and_deletes_nothing_without_it(am, send):
 def test_cleanup_dry_run_then_real(am, send, mailbox_path):
     old = send("a:x", "*", "old broadcast")["id"]
     send("c:z", "a:x", "c:z exists")
-    am("read", "c:z")  # creates a broadcast_acks row for the old broadcast
+    am("read", "c:z").assert_ok()  # creates a broadcast_acks row for the old broadcast
     # a legacy local-offset timestamp 40 days ago
     _age(mailbox_path, old, "2000-01-01T10:00:00.000000-05:00")
     new = send("a:x", "b:y", "new")["id"]
@@ -364,8 +365,8 @@ def test_old_messages_are_never_deleted_by_other_commands(am, send, mailbox_path
     message = send("a:x", "b:y", "ancient")["id"]
     _age(mailbox_path, message, "2001-01-01T00:00:00+00:00")
     send("a:x", "c:z", "new")
-    am("status")
-    am("ack", "c:z", "--all")
+    am("status").assert_ok()
+    am("ack", "c:z", "--all").assert_ok()
     assert ids(am("read", "b:y").json) == [message]
 
 
@@ -383,7 +384,7 @@ def test_status_counts_stay_exact_when_another_writer_left_stray_broadcast_state
     send("b:y", "a:x", "introduce b:y")
     broadcast = send("a:x", "*", "all hands")["id"]
     send("a:x", "*", "second")
-    am("dismiss", "b:y", broadcast)
+    am("dismiss", "b:y", broadcast).assert_ok()
     db = raw_db(mailbox_path)
     # a read mark for a message that no longer exists, as an older tool's purge could leave behind
     db.execute("INSERT INTO broadcast_acks (message_id, agent, read_at) VALUES "

@@ -114,7 +114,7 @@ def test_a_role_without_the_right_to_create_the_schema_is_told_which_right(mailb
 
 
 def test_a_statement_timeout_is_a_clear_error_that_changes_nothing(mailbox_path, am):
-    am("send", "--from", "a:x", "--to", "b:y", "--subject", "one").json
+    am("send", "--from", "a:x", "--to", "b:y", "--subject", "one").assert_ok()
     schema = mailbox_path.rpartition("=")[2]
     holder = _admin()
     holder.autocommit = False
@@ -147,7 +147,7 @@ def test_many_processes_creating_the_mailbox_at_once_all_succeed(mailbox_path):
 def test_schemas_keep_mailboxes_apart_in_one_database(mailbox_path, am):
     other = new_schema_name()
     try:
-        am("send", "--from", "a:x", "--to", "b:y", "--subject", "here").json
+        am("send", "--from", "a:x", "--to", "b:y", "--subject", "here").assert_ok()
         elsewhere = _am("read", "b:y", env=process_env(AGENT_MAIL_DB=pg_url(other)))
         assert json.loads(elsewhere.stdout)["count"] == 0
         assert am("read", "b:y").json["count"] == 1
@@ -163,11 +163,12 @@ def test_clients_whose_clocks_disagree_still_agree_on_order_liveness_and_due_tim
     real = model._system_now
     monkeypatch.setattr(model, "_followed", None)
     monkeypatch.setattr(model, "_system_now", lambda: real() - dt.timedelta(minutes=10))
-    am("send", "--from", "slow:clock", "--to", "b:y", "--subject", "first").json
-    am("heartbeat", "slow:clock").json
-    am("send", "--from", "slow:clock", "--to", "b:y", "--subject", "due in a minute", "--delay-minutes", "1").json
+    am("send", "--from", "slow:clock", "--to", "b:y", "--subject", "first").assert_ok()
+    am("heartbeat", "slow:clock").assert_ok()
+    am("send", "--from", "slow:clock", "--to", "b:y", "--subject", "due in a minute",
+       "--delay-minutes", "1").assert_ok()
     monkeypatch.setattr(model, "_system_now", lambda: real() + dt.timedelta(minutes=10))
-    am("send", "--from", "fast:clock", "--to", "b:y", "--subject", "second").json
+    am("send", "--from", "fast:clock", "--to", "b:y", "--subject", "second").assert_ok()
     read = am("read", "b:y", "--no-mark-read").json["messages"]
     assert [m["subject"] for m in read] == ["first", "second"]  # the scheduled one is not due for anyone
     created = [model.parse_iso(m["created"]) for m in read]
@@ -203,7 +204,7 @@ def _watch_backends(schema: str) -> list[int]:
 
 
 def test_a_watch_whose_connection_is_terminated_reconnects_and_misses_nothing(mailbox_path, am):
-    am("status").json
+    am("status").assert_ok()
     watch = subprocess.Popen([sys.executable, "-m", "agent_mail", "watch", "b:y"], env=process_env(),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
@@ -215,7 +216,7 @@ def test_a_watch_whose_connection_is_terminated_reconnects_and_misses_nothing(ma
         with _admin() as db:
             for pid in pids:
                 db.execute("SELECT pg_terminate_backend(%s)", (pid,))
-            am("send", "--from", "a:x", "--to", "b:y", "--subject", "while it was cut off").json
+            am("send", "--from", "a:x", "--to", "b:y", "--subject", "while it was cut off").assert_ok()
         out, err = watch.communicate(timeout=60)  # well before its 55-minute timeout
         assert watch.returncode == 0, err
         assert [m["subject"] for m in json.loads(out)["messages"]] == ["while it was cut off"]
@@ -228,7 +229,7 @@ def test_a_watch_whose_connection_is_terminated_reconnects_and_misses_nothing(ma
 def test_a_sender_terminated_mid_transaction_changes_nothing(mailbox_path, am):
     from agent_mail.store.postgres import PostgresStore
 
-    am("status").json
+    am("status").assert_ok()
     store = PostgresStore(mailbox_path)
     try:
         with store.transaction(write=True):  # hold the write lock: the sender waits inside its transaction
@@ -260,7 +261,7 @@ _PG_CLUSTER = shutil.which("pg_ctlcluster")
 @pytest.mark.skipif(not _PG_CLUSTER or os.geteuid() != 0 or not os.path.isdir("/etc/postgresql"),
                     reason="restarting the server needs pg_ctlcluster and root (a Debian cluster on this machine)")
 def test_a_server_restart_under_watches_and_senders_loses_nothing(mailbox_path, am):
-    am("status").json
+    am("status").assert_ok()
     version = sorted(os.listdir("/etc/postgresql"))[0]
     watches = {a: subprocess.Popen([sys.executable, "-m", "agent_mail", "watch", a], env=process_env(),
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE) for a in ("w:one", "w:two")}
@@ -276,7 +277,7 @@ def test_a_server_restart_under_watches_and_senders_loses_nothing(mailbox_path, 
         for proc in senders:
             proc.kill()  # each line is flushed whole; a send cut off here proves all-or-nothing too
         logs = [proc.communicate(timeout=60)[0] for proc in senders]
-        am("send", "--from", "boss:main", "--to", "*", "--subject", "after the restart").json
+        am("send", "--from", "boss:main", "--to", "*", "--subject", "after the restart").assert_ok()
         for agent, proc in watches.items():
             out, err = proc.communicate(timeout=60)
             assert proc.returncode == 0, err
@@ -348,20 +349,20 @@ def test_a_sqlite_mailbox_moves_to_postgresql_and_back_whole(tmp_path, mailbox_p
                                    env=process_env(AGENT_MAIL_DB=back)).stdout)["messages"] for agent in before}
     assert again == before
     # new mail in the copy continues the insertion order after the copied mail
-    am("send", "--from", "a:x", "--to", "b:y", "--subject", "newest").json
+    am("send", "--from", "a:x", "--to", "b:y", "--subject", "newest").assert_ok()
     assert am("read", "b:y", "--no-mark-read").json["messages"][-1]["subject"] == "newest"
 
 
 def test_a_follower_keeps_the_mirror_current_whoever_sends(tmp_path, mailbox_path, am):
     mirror = tmp_path / "mirror"
     mirror.mkdir()
-    am("profile", "b:y", "--mirror-dir", str(mirror)).json
+    am("profile", "b:y", "--mirror-dir", str(mirror)).assert_ok()
     follower = subprocess.Popen([sys.executable, "-m", "agent_mail", "notifications", "b:y", "--follow"],
                                 env=process_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         first = json.loads(follower.stdout.readline())
         assert first["agent"] == "b:y" and first["unread"] == 0
-        am("send", "--from", "a:x", "--to", "b:y", "--subject", "for the mirror").json
+        am("send", "--from", "a:x", "--to", "b:y", "--subject", "for the mirror").assert_ok()
         update = json.loads(follower.stdout.readline())  # woken by the commit, not by a timer
         assert update["unread"] == 1
         mirrored = json.loads((mirror / ".notification" / "email.json").read_text())
@@ -379,7 +380,7 @@ def test_a_follower_keeps_the_mirror_current_whoever_sends(tmp_path, mailbox_pat
 def test_a_sender_without_the_mirror_directory_leaves_it_to_that_machine(tmp_path, am):
     gone = tmp_path / "on-another-machine"
     gone.mkdir()
-    am("profile", "b:y", "--mirror-dir", str(gone)).json
+    am("profile", "b:y", "--mirror-dir", str(gone)).assert_ok()
     gone.rmdir()
     receipt = am("send", "--from", "a:x", "--to", "b:y", "--subject", "hi").json
     assert receipt["mirrors"] == [{"agent": "b:y", "path": str(gone), "status": "elsewhere"}]
@@ -391,7 +392,7 @@ def test_a_reader_cut_off_after_its_output_marks_nothing_read(mailbox_path, am, 
     command fails (the output is disowned), and the message is still unread for the next read."""
     from agent_mail import cli
 
-    am("send", "--from", "a:x", "--to", "b:y", "--subject", "precious").json
+    am("send", "--from", "a:x", "--to", "b:y", "--subject", "precious").assert_ok()
     printed = cli.emit
 
     def emit_then_cut(document):

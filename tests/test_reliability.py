@@ -97,7 +97,7 @@ while time.monotonic() < deadline:
 
 
 def test_many_processes_at_once_deliver_everything_exactly_once(tmp_path, mailbox_path, am):
-    am("status").json
+    am("status").assert_ok()
     log = tmp_path / "log.jsonl"
     roles = [("send", "src:a"), ("send", "src:b"), ("send", "src:c"), ("read", "team:one"), ("read", "team:two"),
              ("ack", "team:one"), ("ack", "team:two"), ("watch", "team:one"), ("status", "x:y")]
@@ -225,7 +225,7 @@ def test_a_mailbox_that_cannot_grow_refuses_cleanly(tmp_path, send, am, mailbox_
     assert str(mailbox_path) in error
     assert integrity(mailbox_path) == "ok"
     assert [m["subject"] for m in am("read", "b:y", "--all", "--no-mark-read").json["messages"]] == ["before"]
-    am("send", "--from", "a:x", "--to", "b:y", "--subject", "after").json  # and it still works
+    am("send", "--from", "a:x", "--to", "b:y", "--subject", "after").assert_ok()  # and it still works
 
 
 # ---------------------------------------------------------------- bad input, fuzzed
@@ -400,7 +400,7 @@ def test_a_sticky_shared_directory_is_accepted(am, tmp_path, monkeypatch):
     shared.mkdir()
     os.chmod(shared, 0o1777)
     monkeypatch.setenv("AGENT_MAIL_DB", str(shared / "mail.db"))
-    am("send", "--from", "a:x", "--to", "b:y", "--subject", "s").json
+    am("send", "--from", "a:x", "--to", "b:y", "--subject", "s").assert_ok()
     assert stat.S_IMODE(os.stat(shared / "mail.db").st_mode) == 0o600
 
 

@@ -119,10 +119,10 @@ def test_pages_and_counts_match_a_brute_force_reading(mailbox_path, ops):
 
 def test_a_broadcast_backlog_counts_exactly_and_reads_page_by_page(am, mailbox_path):
     for i in range(120):
-        am("send", "--from", f"boss:b{i % 3}", "--to", "*", "--subject", f"b{i}").json
+        am("send", "--from", f"boss:b{i % 3}", "--to", "*", "--subject", f"b{i}").assert_ok()
     for i in range(30):
-        am("send", "--from", "boss:b0", "--to", "t:a", "--subject", f"d{i}").json
-    am("read", "t:b", "--limit", "7").json  # t:b has read some
+        am("send", "--from", "boss:b0", "--to", "t:a", "--subject", f"d{i}").assert_ok()
+    am("read", "t:b", "--limit", "7").assert_ok()  # t:b has read some
     check(mailbox_path, page=50)
     page = am("read", "t:a").json
     assert page["count"] == 50 and page["remaining"] == 150 - 50
@@ -173,8 +173,8 @@ def test_counts_stay_exact_across_the_migration_that_added_the_indexes(mailbox_p
 
 @pytest.mark.parametrize("agent", ["t:a", "new:one"])
 def test_status_of_one_identity_is_what_read_would_deliver(am, agent):
-    am("send", "--from", "boss:main", "--to", "*", "--subject", "all").json
-    am("send", "--from", "boss:main", "--to", "t:a", "--subject", "one").json
+    am("send", "--from", "boss:main", "--to", "*", "--subject", "all").assert_ok()
+    am("send", "--from", "boss:main", "--to", "t:a", "--subject", "one").assert_ok()
     row = am("status", "--agent", agent).json["agents"][0]
     assert row["unread"] == am("read", agent, "--no-mark-read").json["count"]
 

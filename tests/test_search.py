@@ -122,7 +122,8 @@ def test_results_are_the_same_whichever_way_the_newest_rows_are_walked(am, corpu
     from agent_mail.store.postgres import PostgresStore
 
     for n in range(7):
-        am("send", "--from", "ops:lead", "--to", "api:worker", "--subject", f"note {n}", "--body", f"deploy step {n}")
+        am("send", "--from", "ops:lead", "--to", "api:worker", "--subject", f"note {n}",
+           "--body", f"deploy step {n}").assert_ok()
     everything = hits(am, "deploy", "--limit", "20")
     assert everything[0] == "Deploy the release"  # the subject tier, then the rest newest first
     assert everything[1:8] == [f"note {n}" for n in range(6, -1, -1)] and len(everything) == 11
@@ -137,8 +138,8 @@ def test_results_are_the_same_whichever_way_the_newest_rows_are_walked(am, corpu
 def test_searching_marks_nothing_read(am, corpus):
     before = {a["agent"]: (a["unread"], a["unacked"]) for a in am("status").json["agents"]}
     for agent in ("web:worker", "ops:lead", "api:worker"):
-        am("search", "deploy OR banner OR standup", "--agent", agent).json
-    am("search", "deploy").json
+        am("search", "deploy OR banner OR standup", "--agent", agent).assert_ok()
+    am("search", "deploy").assert_ok()
     assert {a["agent"]: (a["unread"], a["unacked"]) for a in am("status").json["agents"]} == before
 
 
@@ -176,13 +177,13 @@ def test_bad_options_are_errors_that_name_the_field(am, corpus):
 
 def test_cleanup_takes_messages_out_of_the_index(am, corpus, mailbox_path, backend):
     assert hits(am, "deploy")
-    am("cleanup", "--older-than", "0").json
+    am("cleanup", "--older-than", "0").assert_ok()
     assert hits(am, "deploy") == [] and hits(am, "banner") == []
     if backend == "sqlite":
         db = raw_db(mailbox_path)
         assert db.execute("SELECT count(*) FROM message_search").fetchone()[0] == 0
         db.close()
-    am("send", "--from", "a:x", "--to", "b:y", "--subject", "deploy again").json
+    am("send", "--from", "a:x", "--to", "b:y", "--subject", "deploy again").assert_ok()
     assert hits(am, "deploy") == ["deploy again"]
 
 
@@ -246,7 +247,7 @@ def test_a_copied_mailbox_searches_the_same(am, corpus, backend, tmp_path):
     target = pg_url(schema) if backend == "sqlite" else str(tmp_path / "copy.db")
     try:
         expected = am("search", "deploy OR banner").json["results"]
-        am("copy", "--from", _here(), "--to", target).json
+        am("copy", "--from", _here(), "--to", target).assert_ok()
         copied = _search_in(am, target, "deploy OR banner")
         assert copied == expected
     finally:

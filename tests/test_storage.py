@@ -103,7 +103,7 @@ def test_legacy_mailbox_opens_unchanged_and_every_message_is_readable(am, mailbo
     assert db.execute("SELECT COUNT(*) FROM watch_sessions").fetchone()[0] == 1
     assert db.execute("SELECT COUNT(*) FROM watchers").fetchone()[0] == 0
     # and new mail lands beside it
-    am("send", "--from", "agent-mail:worker", "--to", "second-brain:main", "--subject", "new").json
+    am("send", "--from", "agent-mail:worker", "--to", "second-brain:main", "--subject", "new").assert_ok()
     assert db.execute("SELECT ttl_hours FROM messages WHERE subject = 'new'").fetchone()[0] == 24
 
 
@@ -192,7 +192,7 @@ print(json.dumps({"seen": seen, "failures": failures}), file=sys.stderr)
 
 
 def test_concurrent_writers_and_readers_lose_and_duplicate_nothing(am, mailbox_path):
-    am("status").json  # create the mailbox once, so the race is about traffic, not creation
+    am("status").assert_ok()  # create the mailbox once, so the race is about traffic, not creation
     env = process_env()
     writers = [subprocess.Popen([sys.executable, "-c", WRITER, f"w:n{i}", "25"], env=env,
                                 stderr=subprocess.PIPE) for i in range(4)]

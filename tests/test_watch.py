@@ -44,7 +44,7 @@ def test_watch_reports_exactly_what_read_delivers(am, send):
     note = send("b:y", "b:y", "note to self")["id"]
     send("b:y", "*", "own broadcast")
     already = send("a:x", "b:y", "already read")["id"]
-    am("ack", "b:y", already)  # acking implies read
+    am("ack", "b:y", already).assert_ok()  # acking implies read
     watched = am("watch", "b:y", "--once").json
     read = am("read", "b:y", "--no-mark-read").json
     assert envelope_ids(watched) == envelope_ids(read)
@@ -165,7 +165,7 @@ def test_heartbeat_counts_as_presence_and_lists_the_identity(am, send):
 
 
 def test_status_liveness_fields_are_projectable(am):
-    am("heartbeat", "a:x")
+    am("heartbeat", "a:x").assert_ok()
     rows = am("status", "--fields", "agent,watching,last_seen,watch_state,released_at").json["agents"]
     assert set(rows[0]) == {"agent", "watching", "last_seen", "watch_state", "released_at"}
 
@@ -187,14 +187,14 @@ def test_read_ack_and_send_carry_reachable_and_next(am, send):
 
 def test_heartbeat_makes_read_reachable(am, send):
     send("a:x", "b:y", "q")
-    am("heartbeat", "b:y")
+    am("heartbeat", "b:y").assert_ok()
     read = am("read", "b:y").json
     assert read["reachable"] is True and not any("watch" in step for step in read["next"])
 
 
 def test_cleanup_sweeps_old_liveness_rows(am, mailbox_path):
-    am("heartbeat", "old:agent")
-    am("heartbeat", "new:agent")
+    am("heartbeat", "old:agent").assert_ok()
+    am("heartbeat", "new:agent").assert_ok()
     with open_mailbox() as mailbox:
         mailbox.watch(agent="old:agent", timeout_minutes=0.001)
     db = raw_db(mailbox_path)
@@ -417,7 +417,7 @@ def test_a_broadcast_wakes_every_listener_and_a_scheduled_send_wakes_its_recipie
 
 
 def test_a_direct_message_leaves_the_other_watches_blocked(mailbox_path, reap, am):
-    am("status").json
+    am("status").assert_ok()
     watches = {agent: subprocess.Popen([sys.executable, "-m", "agent_mail", "watch", agent], env=process_env(),
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
                for agent in ("team:a", "team:b")}
@@ -434,7 +434,7 @@ def test_a_direct_message_leaves_the_other_watches_blocked(mailbox_path, reap, a
 
 
 def test_fifty_watches_all_wake_for_one_broadcast(mailbox_path, reap, am):
-    am("status").json
+    am("status").assert_ok()
     agents = [f"herd:w{i:02d}" for i in range(50)]
     watches = {}
     for agent in agents:
@@ -459,7 +459,7 @@ def test_mail_whose_wake_up_was_lost_is_found_at_the_next_refresh(am, send, mail
     """A sender killed between its commit and its wake-up, or another tool writing the mailbox: the
     watch's periodic look at the mailbox finds the mail anyway."""
     monkeypatch.setattr(service, "SAFETY_CHECK_SECONDS", 0.2)
-    am("status").json
+    am("status").assert_ok()
     import threading
 
     def write_behind_its_back():
