@@ -298,25 +298,17 @@ def _dispatch(name: str, values: dict, emit_once) -> int:
         harness_setup.setup(values["harness"], values["agent"], values["dir"], values["dry_run"], values["remove"],
                             emit=emit_once)
         return errors.EXIT_OK
-    if name == "hook":
-        from agent_mail import hooks
-
-        return hooks.run(values["harness"], values["event"], values["agent"], emit_once)
-    if name == "mcp":
+    command = spec.COMMANDS[name]
+    if command.front_end:  # another front end (MCP, hooks, the dashboard), started by name
         try:
-            from agent_mail import mcp_server
+            __import__(command.front_end)
         except ImportError as exc:
+            if not command.extra:
+                raise
             raise errors.AgentMailError(
-                f"agent-mail mcp needs the MCP SDK, which is not installed ({exc}). Install the extra: "
-                "pip install 'agent-mail[mcp]'.") from None
-        mcp_server.serve(**values)
-        return errors.EXIT_OK
-    if name == "dashboard":
-        from agent_mail import dashboard
-
-        dashboard.run(human=values["as"], project=values["project"], overdue_minutes=values["overdue_minutes"],
-                      web=values["web"], port=values["port"])
-        return errors.EXIT_OK
+                f"agent-mail {name} needs the {command.extra!r} extra, which is not installed ({exc}). Install it: "
+                f"pip install 'agent-mail[{command.extra}]'.") from None
+        return sys.modules[command.front_end].main(values, emit_once)
     from agent_mail import calls
 
     result = calls.run(name, values, emit=emit_once)

@@ -364,6 +364,11 @@ def _end_waiter(token: str | None) -> None:
         pass
 
 
+def main(values: dict, emit) -> int:
+    """`agent-mail hook HARNESS EVENT [--agent P:N]`, as the command line starts it."""
+    return run(values["harness"], values["event"], values["agent"], emit)
+
+
 def run(harness: str, event: str, agent: str | None, emit) -> int:
     """Run one hook; the exit status (0, or EXIT_WAKE for a waiter that found mail)."""
     from agent_mail import service

@@ -215,3 +215,9 @@ def _error(payload: dict) -> CallToolResult:
 def serve(agent: str | None = None, save_root: str | None = None) -> None:
     """Run the server on stdin/stdout until the client closes it."""
     AgentMailServer(agent, save_root or os.getcwd()).run("stdio")
+
+
+def main(values: dict, emit) -> int:
+    """`agent-mail mcp [--agent P:N] [--save-root DIR]`, as the command line starts it."""
+    serve(**values)
+    return errors.EXIT_OK

@@ -79,7 +79,8 @@ class Command:
     def __init__(self, name: str, summary: str, args: tuple, output: dict, examples: tuple, *,
                  mutating: bool = False, item_fields: dict | None = None, items_key: str = "",
                  exclusive: tuple = (), one_of: tuple = (), requires: tuple = (), modes: dict | None = None,
-                 notes: tuple = (), needs_mailbox: bool = True, documents: dict | None = None):
+                 notes: tuple = (), needs_mailbox: bool = True, documents: dict | None = None,
+                 front_end: str = "", extra: str = ""):
         self.name = name
         self.summary = summary
         self.args: tuple[Arg, ...] = args
@@ -95,6 +96,10 @@ class Command:
         self.notes = notes
         self.needs_mailbox = needs_mailbox
         self.documents = documents or {}  # fields of nested documents the output carries
+        # A command that starts another front end names its module, whose main(values, emit) runs it and
+        # returns the exit status; the command line starts it by name and so imports no other front end.
+        self.front_end = front_end
+        self.extra = extra  # the optional extra that module needs (pip install 'agent-mail[EXTRA]')
 
     def arg(self, name: str) -> Arg:
         for candidate in self.args:
@@ -846,6 +851,7 @@ _register(Command(
 
 _register(Command(
     name="mcp",
+    front_end="agent_mail.mcp_server", extra="mcp",
     summary="Serve this mailbox to a model as MCP tools over stdio (for a harness: Claude Code, Codex, Gemini CLI). "
     "One tool per command a model needs (send, read, ack, watch with a bounded wait, status, heartbeat, dismiss, "
     "archive, delete, cancel, notifications, attachments), the same arguments without dashes, the same checks and "
@@ -866,6 +872,7 @@ _register(Command(
 
 _register(Command(
     name="dashboard",
+    front_end="agent_mail.dashboard",
     summary="The supervisor's live view of this mailbox in the terminal (or a browser tab with --web): Fleet (one "
     "row per identity: watch state, live sessions, unread, unacked, age of the oldest unacked, last seen; problems "
     "first: deaf with mail, overdue, stale, bounced), Traffic (sends as they land, per-recipient state, threads, "
@@ -895,6 +902,7 @@ _register(Command(
 
 _register(Command(
     name="hook",
+    front_end="agent_mail.hooks",
     summary="Run by a harness's hooks (set up by `agent-mail setup`), never by hand: reads the hook's JSON input "
     "on stdin. context (SessionStart, UserPromptSubmit / BeforeAgent, PostToolUse / AfterTool): adds the "
     "envelopes of mail new to this session, the unread count, bounces and the next steps to the model's "

@@ -43,6 +43,13 @@ def first_look(human: str | None, overdue_minutes: float) -> dict:
         return {"fleet": supervisor.fleet(overdue_minutes), "feed": supervisor.feed()}
 
 
+def main(values: dict, emit) -> int:
+    """`agent-mail dashboard [...]`, as the command line starts it."""
+    run(human=values["as"], project=values["project"], overdue_minutes=values["overdue_minutes"], web=values["web"],
+        port=values["port"])
+    return errors.EXIT_OK
+
+
 def run(*, human: str | None = None, project: str | None = None, overdue_minutes: float | None = None,
         web: bool = False, port: int | None = None) -> None:
     from agent_mail import calls
