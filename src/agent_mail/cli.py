@@ -30,10 +30,12 @@ def parse(argv: list[str]) -> tuple[str, dict]:
     """argv (without the program name) -> (command, values). Raises InvalidInput with every problem, in
     the command line's words (`--reply-to`)."""
     if not argv:
-        return "describe", {"command": None}
+        return "help", {"command": None}
     name, rest = argv[0], argv[1:]
     if name in ("-h", "--help", "help"):
-        return "describe", {"command": None}
+        if name == "help" and len(rest) == 1 and rest[0] in spec.COMMANDS:
+            return "help", {"command": rest[0]}
+        return "help", {"command": None}
     if name == "--version":
         if rest:
             raise errors.InvalidInput([("--version", f"takes no arguments; drop {' '.join(rest)!r}.")])
@@ -43,7 +45,7 @@ def parse(argv: list[str]) -> tuple[str, dict]:
         raise errors.InvalidInput([(None, checks.unknown_command(name))])
     given, problems = words_to_values(command, rest)
     if given is HELP:
-        return "describe", {"command": name}
+        return "help", {"command": name}
     try:
         return name, checks.check(name, given, also=problems)
     except errors.InvalidInput as exc:
@@ -280,6 +282,21 @@ def main(argv: list[str] | None = None) -> int:
         _restore_signals(previous)
 
 
+def _at_a_terminal() -> bool:
+    try:
+        return sys.stdout is not None and sys.stdout.isatty()
+    except (ValueError, OSError):
+        return False
+
+
+def _write_text(text: str) -> None:
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except (OSError, ValueError) as exc:
+        raise errors.OutputError(f"could not write the usage text to standard output ({exc}).") from None
+
+
 def _dispatch(name: str, values: dict, emit_once) -> int:
     """Carry out a parsed command; return the exit code."""
     if name == "version":
@@ -287,7 +304,12 @@ def _dispatch(name: str, values: dict, emit_once) -> int:
 
         emit({"name": "agent-mail", "version": __version__})
         return errors.EXIT_OK
-    if name == "describe":
+    if name == "help" and _at_a_terminal():
+        from agent_mail import usage
+
+        _write_text(usage.text(values.get("command")))
+        return errors.EXIT_OK
+    if name in ("describe", "help"):  # help for a pipe (an agent) is the manual, as JSON
         from agent_mail import __version__, service  # MERGE: location
 
         emit(spec.describe_document(service.storage_report(), __version__, values.get("command")))

@@ -1041,7 +1041,8 @@ def describe_document(storage: dict, version: str, command: str | None = None) -
         },
         "global_flags": {
             "--version": "Print {name, version} and exit. Takes no arguments.",
-            "--help": "Print this manual (also -h, or no arguments at all). After a command: that command's manual.",
+            "--help": "Print this manual as JSON (also -h, help, or no arguments at all); after a command, that "
+            "command's manual. At a terminal (stdout a TTY) a short usage text instead, for a person.",
         },
         "environment": {
             "AGENT_MAIL_DB": "Path of the mailbox file (default ~/.agent-mail/mail.db). A symbolic link is followed "
