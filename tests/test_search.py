@@ -159,8 +159,9 @@ def test_a_bad_query_is_an_error_showing_the_accepted_forms(am, corpus, query, s
 def test_a_query_that_begins_with_a_minus(am, corpus):
     assert hits(am, "-freeze deploy") == hits(am, "deploy -freeze")  # spaces: a query, not a flag
     assert hits(am, "--", "-freeze deploy") == hits(am, "deploy -freeze")
-    error = am("search", "-freeze").error  # one word: taken for a flag, and the way out is named
-    assert error["problems"][0]["field"] == "-freeze" and "agent-mail search -- -freeze" in error["error"]
+    error = am("search", "-freeze").error  # one word: the query (every flag is --long), only a word left out
+    assert error["problems"][0]["field"] == "query" and "only words to leave out" in error["error"]
+    assert am("search", "--freeze").error["problems"][0]["field"] == "--freeze"  # a --word is a flag
 
 
 def test_bad_options_are_errors_that_name_the_field(am, corpus):
@@ -358,3 +359,19 @@ def test_words_of_ascii_text_are_the_patterns_runs(text):
     assert index.words(text) == expected
     runs = [(m.start(), m.end(), w) for m in index.word_pattern().finditer(text) for w in index.words(m.group())]
     assert index.spans(text) == runs
+
+
+def test_a_hyphenated_word_is_echoed_as_typed_and_a_leading_minus_needs_no_separator(am, corpus):
+    am("send", "--from", "ops:lead", "--to", "dev:one", "--subject", "dup-rcpt fixed").assert_ok()
+    found = am("search", "dup-rcpt").json
+    assert found["query"] == "dup-rcpt" and found["count"] >= 1
+    # Every flag is --long, so -fix is the query (a word left out), not an unknown flag.
+    refused = am("search", "-fix").error
+    assert "only words to leave out" in refused["error"]
+    assert "not a flag" not in refused["error"]
+
+
+def test_an_identity_with_a_look_alike_letter_points_at_it(am):
+    problem = am("read", "proj:\u0430lice").error["problems"][0]
+    assert problem["field"] == "agent"
+    assert "Character 6" in problem["message"] and "U+0430 CYRILLIC SMALL LETTER A" in problem["message"]

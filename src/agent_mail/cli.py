@@ -68,6 +68,8 @@ def words_to_values(command: spec.Command, tokens: list[str]) -> tuple[dict, lis
     --help` sends the subject "--help". Values is HELP when help was asked for."""
     flags = {a.name: a for a in command.args if not a.positional}
     positionals = [a for a in command.args if a.positional]
+    # Every flag is --long: where a text is taken (search's query), -word is that text (search -fix).
+    text_positional = any(a.kind == spec.TEXT for a in positionals)
     problems: list[tuple[str | None, str]] = []
     raw: dict[str, list[str]] = {}
     loose: list[str] = []
@@ -78,7 +80,8 @@ def words_to_values(command: spec.Command, tokens: list[str]) -> tuple[dict, lis
         i += 1
         # A flag's name has no spaces: '-staging deploy' (a search query) is a value, not a flag.
         if only_positional or token == "-" or not token.startswith("-") or _is_number(token) or \
-                any(c.isspace() for c in token.partition("=")[0]):
+                any(c.isspace() for c in token.partition("=")[0]) or \
+                (text_positional and not token.startswith("--") and token not in ("-h",)):
             loose.append(token)
             continue
         if token == "--":

@@ -56,9 +56,21 @@ def identity_problem(value: str, *, allow_broadcast: bool = False) -> str | None
     if lowered != value and is_identity(lowered):
         return f"{value!r} is not a valid identity; did you mean {lowered!r}? Identities are lowercase."
     return (
-        f"{value!r} is not a valid identity. Use project:name{hint}, each half lowercase "
+        f"{value!r} is not a valid identity.{_foreign_letter(value)} Use project:name{hint}, each half lowercase "
         "letters, digits and hyphens, starting with a letter or digit (e.g. deploy:worker)."
     )
+
+
+def _foreign_letter(value: str) -> str:
+    """Where an identity holds a character that is not ASCII (a Cyrillic 'а' looks like 'a'), say which."""
+    for position, char in enumerate(value, 1):
+        if ord(char) > 127:
+            import unicodedata  # only on the error path
+
+            name = unicodedata.name(char, "unnamed")
+            return (f" Character {position}, {char!r} (U+{ord(char):04X} {name}), is not ASCII: identities are "
+                    "ASCII only, so a look-alike letter from another script is refused.")
+    return ""
 
 
 def message_id_problem(value: str) -> str | None:

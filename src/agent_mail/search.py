@@ -27,10 +27,11 @@ class Term:
     """One word or phrase of a query; `prefix`: its last word is a start. (Plain classes: dataclasses cost a
     send, which indexes every message, milliseconds of import.)"""
 
-    __slots__ = ("words", "prefix")
+    __slots__ = ("words", "prefix", "spelt")
 
-    def __init__(self, words: tuple[str, ...], prefix: bool = False):
+    def __init__(self, words: tuple[str, ...], prefix: bool = False, spelt: str = ""):
         self.words, self.prefix = words, prefix
+        self.spelt = spelt  # a word as typed (dup-rcpt), shown as such though it looks for two words
 
     def fts5(self) -> str:
         return '"' + " ".join(self.words) + '"' + ("*" if self.prefix else "")
@@ -46,6 +47,8 @@ class Term:
         return " <-> ".join(lexeme(i, w) for i, w in enumerate(self.words))
 
     def shown(self) -> str:
+        if self.spelt:
+            return self.spelt
         return ('"' + " ".join(self.words) + '"' if len(self.words) > 1 else self.words[0]) + \
             ("*" if self.prefix else "")
 
@@ -171,7 +174,7 @@ def _term(kind: str, raw: str) -> Term:
         raise _refuse(f"has {raw!r}, which has no letters or digits")
     if prefix and not body[-1:].isalnum():
         raise _refuse(f"has {raw!r}: * must follow a letter or digit")
-    return Term(tuple(found), prefix)
+    return Term(tuple(found), prefix, raw if len(found) > 1 else "")
 
 
 # ---------------------------------------------------------------- snippets

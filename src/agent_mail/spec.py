@@ -653,7 +653,8 @@ SEARCH_FIELDS = {
 }
 SEARCH_QUERY_HELP = ('What to look for: words (all must match), "exact phrases", a OR b, -excluded (word or '
                      'phrase), prefix*. Case and accents do not matter; identities and file names are words too '
-                     '(ops:lead is the phrase "ops lead").')
+                     '(ops:lead is the phrase "ops lead"). At most 1000 characters and 32 terms; a term that begins '
+                     'with - may stand first (search -fix) or after --.')
 
 _register(Command(
     name="search",
