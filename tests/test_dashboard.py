@@ -400,6 +400,7 @@ def test_a_table_given_new_content_shows_exactly_that_content():
         [("n", ("0", "new")), ("a", ("1", "x")), ("b", ("2", "y!")), ("c", ("3", "z"))],  # one on top, one changed
         [("a", ("1", "x")), ("c", ("3", "z")), ("n", ("0", "new"))],  # one gone, moved
         [("c", ("3", "z")), ("a", ("1", "x"))],
+        [("a", ("1", "x")), ("c", ("3", "z"))],  # the same rows in another order: only the order changes
         [("p", ("9", "p")), ("q", ("8", "q")), ("r", ("7", "r")), ("a", ("1", "x"))],  # mostly new: rebuilt
         [],
         [("a", (Text("1", style="bold"), "x"))],
@@ -416,6 +417,7 @@ def test_a_table_given_new_content_shows_exactly_that_content():
                 assert [k.value for k in (table.coordinate_to_cell_key((i, 0)).row_key
                                           for i in range(table.row_count))] == [k for k, _ in rows]
                 assert [tuple(table.get_row_at(i)) for i in range(table.row_count)] == [c for _, c in rows]
+                assert [row.key.value for row in table.ordered_rows] == [k for k, _ in rows]  # as drawn
 
     asyncio.run(run())
 

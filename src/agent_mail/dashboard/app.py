@@ -118,6 +118,8 @@ class Table(DataTable):
         if all(locations.get(RowKey(key)) == index for index, key in enumerate(keys)):
             return
         self._row_locations = TwoWayDict({RowKey(key): index for index, key in enumerate(keys)})
+        # DataTable's own counter (set to 0 in DataTable.__init__), which keys its caches of the drawn order:
+        # without the step, rows given a new order keep being drawn in the old one.
         self._update_count += 1
         self.refresh()
 
