@@ -294,6 +294,38 @@ def test_without_as_the_dashboard_only_looks(am, mailbox_path):
     assert am("status").json["count"] == 2
 
 
+def test_the_human_saves_attachments_and_withdraws_a_scheduled_send(am, tmp_path):
+    report = tmp_path / "report.txt"
+    report.write_text("the numbers")
+    send(am, "api:worker", "ops:human", "with a file", "--attach", str(report))
+    later = send(am, "ops:human", "web:worker", "not yet", "--delay-minutes", "30")["id"]
+    into = tmp_path / "saved"
+    into.mkdir()
+    notes = []
+
+    async def select(app, pilot, subject):
+        table = app.query_one("#feed-table", Table)
+        table.move_cursor(row=[subject in r for r in table_text(app, "feed-table")].index(True))
+        await pilot.pause()
+
+    async def test(app, pilot):
+        app.notify = lambda message, **kw: notes.append((message, kw.get("severity")))
+        await pilot.press("2")
+        await select(app, pilot, "with a file")
+        await pilot.press("w", "ctrl+u", *str(into), "enter")
+        assert await wait_for(pilot, lambda: (into / "report.txt").exists())
+        await select(app, pilot, "not yet")
+        await pilot.press("k")
+        assert await wait_for(pilot, lambda: len(notes) == 2)
+
+    run_app(test, human="ops:human", live=False)
+    assert (into / "report.txt").read_text() == "the numbers"
+    assert [severity for _, severity in notes] == ["information", "information"]
+    assert notes[0][0] == f"Saved report.txt in {into}" and notes[1][0] == "Cancelled 1 message(s)"
+    feed = supervisor_call(lambda s: s.feed())
+    assert [f["states"] for f in feed if f["id"] == later] == [{"web:worker": "withdrawn"}]
+
+
 def _stored(am, agent, subject):
     return any(m["subject"] == subject for m in am("read", agent, "--all", "--no-mark-read").json["messages"])
 

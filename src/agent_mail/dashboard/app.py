@@ -331,7 +331,7 @@ class Dashboard(App):
                 # leaves the directory, nothing is overwritten, nothing is left half written.
                 agent, directory = send["sender"] if send else self.inbox_agent, directory.strip()
                 self._act(lambda s: s.mailbox.attachments(agent=agent, id=message_id, save_to=directory),
-                          lambda result: f"Saved {', '.join(result['saved'])} in {directory}")
+                          lambda result: f"Saved {', '.join(s['name'] for s in result['saved'])} in {directory}")
 
         self.push_screen(Ask(f"Save {len(attached)} attachment(s) into directory:", "."), done)
 
