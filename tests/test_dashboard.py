@@ -20,7 +20,8 @@ from conftest import process_env, raw_db
 textual = pytest.importorskip("textual", reason="the dashboard needs the tui extra: pip install 'agent-mail[tui]'")
 
 from agent_mail.dashboard import app as dashboard_app  # noqa: E402
-from agent_mail.dashboard import data  # noqa: E402
+from agent_mail.dashboard import data, feeder  # noqa: E402
+from agent_mail.dashboard.table import Table  # noqa: E402
 
 pytestmark = pytest.mark.backends  # runs on SQLite and on PostgreSQL
 
@@ -165,7 +166,7 @@ def test_keys_switch_screens_filter_sort_and_show_help(am):
         await pilot.press("slash", "ctrl+u", "enter")  # an empty filter shows everyone again
         assert len(table_text(app, "fleet-table")) == 4
         await pilot.press("s")  # problems -> agent
-        assert app.sort_by == "agent"
+        assert app.fleet_pane.sort_by == "agent"
         assert [r.split()[0] for r in table_text(app, "fleet-table")] == [
             "api:worker", "ops:lead", "web:tester", "web:worker"]
         await pilot.press("e")  # only watch state "armed": nobody
@@ -202,7 +203,7 @@ def test_selecting_an_identity_opens_its_inbox_without_marking_it_read(am):
 
 
 def test_a_send_from_another_process_appears_through_the_wake_not_the_refresh(am, monkeypatch):
-    monkeypatch.setattr(dashboard_app, "REFRESH_SECONDS", 120.0)  # only a wake-up can bring it in time
+    monkeypatch.setattr(feeder, "REFRESH_SECONDS", 120.0)  # only a wake-up can bring it in time
     send(am, "ops:lead", "web:worker", "before")
 
     async def test(app, pilot):
@@ -218,15 +219,15 @@ def test_a_send_from_another_process_appears_through_the_wake_not_the_refresh(am
                               seconds=20.0)
         assert time.monotonic() - started < 60  # far inside the two-minute refresh: it was woken
         # the newest was selected, so the newest stays selected, its body shown (like tail -f) ...
-        feed = app.query_one("#feed-table")
+        feed = app.query_one("#feed-table", Table)
         assert feed.cursor_row == 0 and "landed later" in table_text(app, "feed-table")[0]
         assert str(app.query_one("#detail-text").content).startswith("landed later")
         # ... and a send picked further down stays picked while more land above it
         await pilot.press("down")
-        picked = app._selected("feed-table")
+        picked = feed.selected_key()
         send(am, "api:worker", "web:worker", "third one")
         assert await wait_for(pilot, lambda: "third one" in table_text(app, "feed-table")[0], seconds=20.0)
-        assert app._selected("feed-table") == picked and feed.cursor_row == 2
+        assert feed.selected_key() == picked and feed.cursor_row == 2
         await pilot.press("1")  # and the Fleet, read when shown, has the new sender
         assert await wait_for(pilot, lambda: "api:worker" in [r.split()[0] for r in table_text(app, "fleet-table")])
 
@@ -292,6 +293,38 @@ def test_without_as_the_dashboard_only_looks(am, mailbox_path):
     run_app(test, live=False)
     assert notes and all("--as" in n for n in notes)
     assert am("status").json["count"] == 2
+
+
+def test_the_human_saves_attachments_and_withdraws_a_scheduled_send(am, tmp_path):
+    report = tmp_path / "report.txt"
+    report.write_text("the numbers")
+    send(am, "api:worker", "ops:human", "with a file", "--attach", str(report))
+    later = send(am, "ops:human", "web:worker", "not yet", "--delay-minutes", "30")["id"]
+    into = tmp_path / "saved"
+    into.mkdir()
+    notes = []
+
+    async def select(app, pilot, subject):
+        table = app.query_one("#feed-table", Table)
+        table.move_cursor(row=[subject in r for r in table_text(app, "feed-table")].index(True))
+        await pilot.pause()
+
+    async def test(app, pilot):
+        app.notify = lambda message, **kw: notes.append((message, kw.get("severity")))
+        await pilot.press("2")
+        await select(app, pilot, "with a file")
+        await pilot.press("w", "ctrl+u", *str(into), "enter")
+        assert await wait_for(pilot, lambda: (into / "report.txt").exists())
+        await select(app, pilot, "not yet")
+        await pilot.press("k")
+        assert await wait_for(pilot, lambda: len(notes) == 2)
+
+    run_app(test, human="ops:human", live=False)
+    assert (into / "report.txt").read_text() == "the numbers"
+    assert [severity for _, severity in notes] == ["information", "information"]
+    assert notes[0][0] == f"Saved report.txt in {into}" and notes[1][0] == "Cancelled 1 message(s)"
+    feed = supervisor_call(lambda s: s.feed())
+    assert [f["states"] for f in feed if f["id"] == later] == [{"web:worker": "withdrawn"}]
 
 
 def _stored(am, agent, subject):
@@ -378,7 +411,7 @@ def test_snapshots_of_the_main_screens(am, frozen, snap_compare, size, screen, b
         if screen == "4":
             app.apply_snapshot(supervisor_call(lambda s: {"hourly": s.hourly(), "backlog": s.backlog()}))
         if screen == "3":
-            app._fill_inbox(supervisor_call(lambda s: s.inbox("ops:human")))
+            app.show_inbox(supervisor_call(lambda s: s.inbox("ops:human")))
         await pilot.pause()
 
     assert snap_compare(app, press=[screen, "_"], terminal_size=size, run_before=before)
@@ -390,8 +423,6 @@ def test_a_table_given_new_content_shows_exactly_that_content():
     from rich.text import Text
     from textual.app import App
 
-    from agent_mail.dashboard.app import Table
-
     class One(App):
         def compose(self):
             yield Table(id="t")
@@ -401,6 +432,7 @@ def test_a_table_given_new_content_shows_exactly_that_content():
         [("n", ("0", "new")), ("a", ("1", "x")), ("b", ("2", "y!")), ("c", ("3", "z"))],  # one on top, one changed
         [("a", ("1", "x")), ("c", ("3", "z")), ("n", ("0", "new"))],  # one gone, moved
         [("c", ("3", "z")), ("a", ("1", "x"))],
+        [("a", ("1", "x")), ("c", ("3", "z"))],  # the same rows in another order: only the order changes
         [("p", ("9", "p")), ("q", ("8", "q")), ("r", ("7", "r")), ("a", ("1", "x"))],  # mostly new: rebuilt
         [],
         [("a", (Text("1", style="bold"), "x"))],
@@ -417,6 +449,7 @@ def test_a_table_given_new_content_shows_exactly_that_content():
                 assert [k.value for k in (table.coordinate_to_cell_key((i, 0)).row_key
                                           for i in range(table.row_count))] == [k for k, _ in rows]
                 assert [tuple(table.get_row_at(i)) for i in range(table.row_count)] == [c for _, c in rows]
+                assert [row.key.value for row in table.ordered_rows] == [k for k, _ in rows]  # as drawn
 
     asyncio.run(run())
 
@@ -495,7 +528,7 @@ def test_a_lost_postgresql_connection_is_shown_and_recovered_from(am, backend, m
     cable = Cable((parts.hostname, parts.port or 5432))
     netloc = parts.netloc.rsplit("@", 1)[0] + "@" if "@" in parts.netloc else ""
     through = urlunsplit(parts._replace(netloc=f"{netloc}127.0.0.1:{cable.port}"))
-    monkeypatch.setattr(dashboard_app, "REFRESH_SECONDS", 120.0)  # what comes back is the wake-up, not a timer
+    monkeypatch.setattr(feeder, "REFRESH_SECONDS", 120.0)  # what comes back is the wake-up, not a timer
     monkeypatch.setenv("PGAPPNAME", "agent-mail dashboard under test")  # its connections, told apart
     monkeypatch.setenv("AGENT_MAIL_DB", through)  # the dashboard reaches the server through the cable
 

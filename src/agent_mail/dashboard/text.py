@@ -1,0 +1,68 @@
+"""The text of the dashboard's rows and details, made from what agent_mail.dashboard.data reads."""
+
+from __future__ import annotations
+
+from rich.text import Text
+
+
+def fit(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def recipients(send: dict) -> str:
+    if send["recipients"] == ["*"]:
+        return "* everyone"
+    if len(send["recipients"]) > 2:
+        return f"{send['recipients'][0]} +{len(send['recipients']) - 1}"
+    return ", ".join(send["recipients"])
+
+
+def state_summary(send: dict) -> Text:
+    if send["broadcast"] is not None:
+        state = send["states"].get("*", "sent")
+        if state in ("withdrawn", "scheduled"):
+            return Text(state, style="dim")
+        b = send["broadcast"]
+        return Text(f"read {b['read']}/{b['of']} ack {b['acked']}")
+    states = list(send["states"].values())
+    if len(set(states)) == 1:
+        return Text(states[0], style="bold" if states[0] == "unread" else "")
+    counts: dict[str, int] = {}
+    for state in states:
+        counts[state] = counts.get(state, 0) + 1
+    return Text(" ".join(f"{n} {s}" for s, n in counts.items()))
+
+
+def describe_send(send: dict) -> Text:
+    text = Text()
+    text.append(f"{send['subject']}\n", style="bold")
+    text.append(f"from {send['sender']} · {send['deliver_at'] or send['created']} · id {send['id']}\n", style="dim")
+    if send["broadcast"] is not None:
+        b = send["broadcast"]
+        text.append(f"to everyone: read by {b['read']} of {b['of']}, acted on by {b['acked']}\n")
+    else:
+        text.append("to " + ", ".join(f"{r} ({send['states'].get(r, '?')})" for r in send["recipients"]) + "\n")
+    if send["reply_to"]:
+        text.append(f"in reply to {send['reply_to']}\n", style="dim")
+    if send["refs"]:
+        text.append("refs: " + ", ".join(map(str, send["refs"])) + "\n")
+    if send["attachments"]:
+        text.append("attachments: " + ", ".join(f"{a['name']} ({a['size']} B)" for a in send["attachments"])
+                    + "  (w: save)\n")
+    text.append("\n" + (send["body"] or ""))
+    return text
+
+
+def own_state(message: dict, agent: str) -> str:
+    if message["sender"] == agent:
+        return "sent"
+    for column, word in (("archived_at", "archived"), ("acked_at", "acked"), ("read_at", "read")):
+        if message.get(column):
+            return word
+    return "unread"
+
+
+def describe_message(message: dict) -> Text:
+    send = {**message, "recipients": [message["recipient"]], "states": {}, "broadcast": None,
+            "attachments": message.get("attachments", [])}
+    return describe_send(send)
