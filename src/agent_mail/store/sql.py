@@ -17,9 +17,6 @@ from contextlib import contextmanager
 from agent_mail.store.base import Store
 
 _FLAG_COLUMNS = {"read": "read_at", "ack": "acked_at", "archive": "archived_at", "delete": "deleted_at"}
-HARNESS_COLUMNS = ("id", "harness", "agent", "pid", "host", "started_at", "last_seen", "told_seq", "told_at",
-                   "told_event", "waiter", "ended_at")
-LIVENESS_TABLES = ("watch_sessions", "watchers", "heartbeats", "harness_sessions")
 
 
 def decode_refs(raw: object) -> list:
@@ -61,6 +58,18 @@ def page(rows: list[dict], limit: int | None, newest: bool) -> list[dict]:
     if limit is not None:
         rows = rows[-limit:] if newest else rows[:limit]
     return rows
+
+
+def _kept_in(module: str, name: str):
+    """A method whose body is the function `name` of agent_mail.store.`module` (called with the store first),
+    imported on first use: a command that never calls it never loads that module's SQL."""
+
+    def method(self, *args, **kwargs):
+        return getattr(__import__(f"agent_mail.store.{module}", fromlist=[name]), name)(self, *args, **kwargs)
+
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = getattr(Store, name).__doc__
+    return method
 
 
 class _Fragments:
@@ -129,7 +138,8 @@ class SQLStore(Store):
     #: How many of the newest rows a search walks in order before asking the full-text index for the rest
     #: (0: the engine's own plan, which SQLite's FTS5 makes in rowid order anyway).
     _SEARCH_WINDOW = 0
-    #: (", column", ", value") added to a message's INSERT to index it there; empty where the index is a table.
+    #: (column, value) of a message's INSERT that indexes it there, the value a format of its placeholder;
+    #: empty where the index is a table of its own.
     _SEARCH_COLUMN = ("", "")
 
     def _index_inserted(self, entry: dict) -> None:
@@ -145,10 +155,6 @@ class SQLStore(Store):
     def _search_text(self, query, subject_only: bool, marks: tuple[tuple[str, ...], ...]) -> str:
         """The backend's query text for `query` and the route marks rows must carry (index.routes)."""
         raise NotImplementedError
-
-    def index_missing(self) -> int:
-        """Index every message the search index lacks (rows another tool wrote, a copy, a migration)."""
-        return 0
 
     def _unindex(self, where: str, params: dict) -> None:
         """Take the messages matching `where` out of the search index, before they are deleted."""
@@ -176,12 +182,6 @@ class SQLStore(Store):
         """A query of the distinct non-null values of `column` in `table`."""
         return f"SELECT DISTINCT {column} FROM {table}"
 
-    def after_copy(self) -> None:
-        """Called after a copy committed, outside any transaction: let the engine catch up (statistics)."""
-
-    def _after_bulk_insert(self) -> None:
-        """Called after rows were inserted with their insertion sequence given (a copy): let the engine's own
-        numbering continue after them."""
 
     def _wake(self, recipient: str) -> None:
         """Queue a wake-up for `recipient`'s watches ('*': everyone), sent if the transaction commits."""
@@ -244,6 +244,7 @@ class SQLStore(Store):
 
         entry = index.document(message, attachment_names)
         column, value = self._SEARCH_COLUMN
+        column, value = (f", {column}", f", {value.format(':search')}") if column else ("", "")
         self._x(
             "INSERT INTO messages (id, sender, recipient, subject, body, refs, reply_to, type, created, deliver_at, "
             f"batch_id{column}) VALUES (:id, :sender, :recipient, :subject, :body, :refs, :reply_to, :type, :created, "
@@ -512,157 +513,6 @@ class SQLStore(Store):
             self._many("UPDATE system_events SET dismissed_at = ? WHERE id = ?", [(at, i) for i in found])
         return found
 
-    # -- supervision (the dashboard): every identity's mail at once, read only ------------------------------
-    def recent_rows(self, limit: int, before_seq: int | None = None) -> list[dict]:
-        """The newest `limit` message rows (one per recipient of a fan-out, one per broadcast), newest first,
-        with each row's own state, scheduled and withdrawn ones included."""
-        where = "WHERE m.{0} < :before".format(self.SEQ) if before_seq is not None else ""
-        return self._query(
-            f"SELECT {self.F.columns}, m.read_at, m.acked_at, m.archived_at, m.deleted_at, m.cancelled_at, "
-            f"m.batch_id FROM messages m {where} ORDER BY m.{self.SEQ} DESC LIMIT :limit",
-            {"limit": limit, "before": before_seq})
-
-    def batch_rows(self, batch_ids: list[str]) -> list[dict]:
-        """Every row of these fan-outs (a send to several recipients is one row each, sharing its batch)."""
-        if not batch_ids:
-            return []
-        marks, params = ids_clause(batch_ids)
-        return self._query(
-            f"SELECT {self.F.columns}, m.read_at, m.acked_at, m.archived_at, m.deleted_at, m.cancelled_at, "
-            f"m.batch_id FROM messages m WHERE m.batch_id IN ({marks}) ORDER BY m.{self.SEQ}", params)
-
-    def broadcast_tallies(self, message_ids: list[str]) -> dict[str, dict]:
-        """{broadcast id: {"read": n, "acked": n}}: how many identities have read and acted on each."""
-        if not message_ids:
-            return {}
-        marks, params = ids_clause(message_ids)
-        return {row[0]: {"read": row[1], "acked": row[2]} for row in self._x(
-            "SELECT message_id, COUNT(read_at), COUNT(CASE WHEN acked_at IS NOT NULL OR archived_at IS NOT NULL "
-            f"OR deleted_at IS NOT NULL THEN 1 END) FROM broadcast_acks WHERE message_id IN ({marks}) "
-            "GROUP BY message_id", params)}
-
-    def whole_thread(self, message_id: str) -> list[dict]:
-        """Every row of the thread `message_id` belongs to, whoever it was for, in arrival order, with each
-        row's own state (what a supervisor sees; no identity's view)."""
-        root = self._thread_root(message_id)
-        return self._query(
-            # Replies to any copy of a fan-out, and every copy of each send: the thread as the whole team has it.
-            "WITH RECURSIVE thread(id, batch_id) AS (SELECT r.id, r.batch_id FROM messages r WHERE r.id = :root "
-            f"UNION SELECT m.id, m.batch_id FROM {self._THREAD_STEP}) "
-            f"SELECT {self.F.columns}, m.read_at, m.acked_at, m.archived_at, m.deleted_at, m.cancelled_at, "
-            "m.batch_id FROM messages m WHERE m.id IN (SELECT id FROM thread) ORDER BY arrival, seq", {"root": root})
-
-    # -- search ---------------------------------------------------------------
-    def search_rows(self, query, *, subject_only: bool, now: str, limit: int, before: int | None = None,
-                    agent: str | None = None, sender: str | None = None, recipient: str | None = None,
-                    since: str | None = None, thread_ids: list[str] | None = None) -> list[dict]:
-        """Stored rows matching `query` (newest stored first, at most `limit`, stored before seq `before`),
-        within what `agent` may see when given."""
-        from agent_mail import index
-
-        source, match, order = self._search_source()
-        marks = index.routes(agent=agent, sender=sender, recipient=recipient)
-        where, params = [match], {"q": self._search_text(query, subject_only, marks), "now": now, "limit": limit}
-        if agent is not None:
-            where.append(self.F.party)
-            params["agent"] = agent
-        if sender is not None:
-            where.append("m.sender = :sender")
-            params["sender"] = sender
-        if recipient is not None:
-            where.append("m.recipient = :recipient")
-            params["recipient"] = recipient
-        if since is not None:
-            where.append(f"{self.F.m_arrived} >= {self._ts(':since')}")
-            params["since"] = since
-        if thread_ids is not None:
-            # A thread's rows by id, and the index read only between its first and last (probing the index row
-            # by row costs ~0.3 ms a row for a common word's subject tier at 200,000 messages).
-            marks, ids = ids_clause(thread_ids or [""], "t")
-            where.append(f"m.id IN ({marks})")
-            params.update(ids)
-            params["lo"], params["hi"] = self._x(
-                f"SELECT MIN({self.SEQ}), MAX({self.SEQ}) FROM messages WHERE id IN ({marks})", ids).fetchone()
-            where.append(f"{order} BETWEEN :lo AND :hi")
-        if before is not None:
-            where.append(f"{order} < :before")
-            params["before"] = before
-        select = (f"SELECT m.{self.SEQ} AS seq, m.id, m.batch_id, m.sender, m.recipient, m.subject, m.body, m.type, "
-                  f"m.created, m.deliver_at, m.reply_to, m.cancelled_at FROM {source} WHERE {' AND '.join(where)}")
-        if not self._SEARCH_WINDOW or thread_ids is not None:
-            return self._query(f"{select} ORDER BY {order} DESC LIMIT :limit", params)
-        # The newest rows first, walked in order, a window of them at most: a common word fills the page there.
-        # Then the rest through the full-text index alone, sorted (the `+ 0` keeps the planner from walking
-        # every older row in order looking for a rare one, which its estimates invite: 2.8 s at a million).
-        top = before if before is not None else (self._value(f"SELECT MAX({self.SEQ}) FROM messages") or 0) + 1
-        params["floor"] = top - self._SEARCH_WINDOW
-        found = self._query(f"{select} AND {order} > :floor ORDER BY {order} DESC LIMIT :limit", params)
-        if len(found) < limit:
-            params["limit"] = limit - len(found)
-            found += self._query(f"{select} AND {order} <= :floor ORDER BY {order} + 0 DESC LIMIT :limit", params)
-        return found
-
-    def oldest_unacked(self, now: str, agents: list[str]) -> dict[str, str]:
-        """{agent: when its oldest visible mail not yet acted on arrived}, direct mail and broadcasts, for
-        `agents` (those with something unacked)."""
-        from agent_mail.model import parse_iso
-
-        oldest: dict[str, str] = {}
-        for agent, arrived in self._x(
-                f"SELECT recipient, MIN(COALESCE(deliver_at, created)) FROM messages m "
-                f"{self._hint('idx_messages_unacked')} WHERE acked_at IS NULL AND archived_at IS NULL AND "
-                f"deleted_at IS NULL AND recipient != '*' AND {self.F.visible} GROUP BY recipient", {"now": now}):
-            oldest[agent] = arrived
-        if not agents or self._x(f"SELECT 1 FROM messages m WHERE m.recipient = '*' AND {self.F.visible} LIMIT 1",
-                                 {"now": now}).fetchone() is None:
-            return oldest  # no broadcast to wait on anyone
-        # Each agent's oldest broadcast it has not acted on, many agents to a statement (one round trip each).
-        for start in range(0, len(agents), 500):
-            chunk = agents[start:start + 500]
-            params: dict = {"now": now, **{f"a{i}": agent for i, agent in enumerate(chunk)}}
-            rows = self._x(
-                f"WITH a(agent) AS (VALUES {', '.join(f'(:a{i})' for i in range(len(chunk)))}) "
-                f"SELECT a.agent, (SELECT COALESCE(m.deliver_at, m.created) FROM messages m WHERE m.recipient = '*' "
-                f"AND m.sender != a.agent AND {self.F.visible} AND m.id NOT IN (SELECT message_id FROM broadcast_acks "
-                f"{self._hint('idx_broadcast_acks_done')} WHERE agent = a.agent AND (acked_at IS NOT NULL OR "
-                f"archived_at IS NOT NULL OR deleted_at IS NOT NULL)) ORDER BY {self.F.m_arrived} LIMIT 1) FROM a",
-                params).fetchall()
-            for agent, arrived in rows:
-                if arrived is not None and (agent not in oldest or parse_iso(arrived) < parse_iso(oldest[agent])):
-                    oldest[agent] = arrived
-        return oldest
-
-    def open_bounces(self) -> dict[str, int]:
-        """{sender: bounces it has not dismissed}."""
-        return dict(self._x("SELECT agent, COUNT(*) FROM system_events WHERE source = 'email.bounce' AND "
-                            "dismissed_at IS NULL GROUP BY agent").fetchall())
-
-    def sends_per_hour(self, since: str) -> list[tuple[str, str, int]]:
-        """[(hour 'YYYY-MM-DDTHH', sender, sends)] for mail that arrived since `since` (a fan-out counts once)."""
-        return [tuple(row) for row in self._x(
-            "SELECT substr(COALESCE(m.deliver_at, m.created), 1, 13) AS hour, m.sender, "
-            "COUNT(DISTINCT COALESCE(m.batch_id, m.id)) FROM messages m "
-            f"WHERE {self.F.m_arrived} >= {self._ts(':since')} AND m.cancelled_at IS NULL "
-            "GROUP BY hour, m.sender", {"since": since})]
-
-    def open_over_time(self, moments: list[str]) -> list[tuple[int, int]]:
-        """[(unread, unacked)] of direct mail at each of `moments` (ascending ISO timestamps), from the rows'
-        own times: what was delivered by then and not yet read (not yet acted on) at that moment."""
-        if not moments:
-            return []
-        arrived, first = "COALESCE(deliver_at, created)", ":t0"
-        settled = "COALESCE(acked_at, archived_at, deleted_at)"
-        columns, params = [], {}
-        for n, moment in enumerate(moments):
-            params[f"t{n}"] = moment
-            t = f":t{n}"
-            columns.append(f"COUNT(CASE WHEN {arrived} <= {t} AND (read_at IS NULL OR read_at > {t}) THEN 1 END)")
-            columns.append(f"COUNT(CASE WHEN {arrived} <= {t} AND ({settled} IS NULL OR {settled} > {t}) THEN 1 END)")
-        row = self._x(
-            f"SELECT {', '.join(columns)} FROM messages WHERE recipient != '*' AND cancelled_at IS NULL AND "
-            f"(read_at IS NULL OR read_at > {first} OR {settled} IS NULL OR {settled} > {first})", params).fetchone()
-        return [(row[2 * n], row[2 * n + 1]) for n in range(len(moments))]
-
     # -- overview and maintenance ---------------------------------------------
     def agent_counts(self, now: str) -> dict[str, dict]:
         counts: dict[str, dict] = {}
@@ -736,42 +586,6 @@ class SQLStore(Store):
             state[agent] = (state.get(agent, (0, 0))[0], done)
         return state
 
-    def cleanup(self, cutoff: str, dry_run: bool) -> dict:
-        # Age counts from arrival: a delayed message not yet delivered has not arrived, whatever its creation.
-        ts = self._ts
-        arrived = ts("COALESCE(deliver_at, created)")
-        old = f"{arrived} < {ts(':cutoff')}"
-        params = {"cutoff": cutoff}
-        count, oldest, newest = self._x(
-            f"SELECT COUNT(*), (SELECT COALESCE(deliver_at, created) FROM messages WHERE {old} ORDER BY {arrived} "
-            f"LIMIT 1), (SELECT COALESCE(deliver_at, created) FROM messages WHERE {old} ORDER BY {arrived} DESC "
-            f"LIMIT 1) FROM messages WHERE {old}",
-            params,
-        ).fetchone()
-        stale = f"{ts('last_seen')} < {ts(':cutoff')}"
-        sessions = sum(self._value(f"SELECT COUNT(*) FROM {table} WHERE {stale}", params) for table in LIVENESS_TABLES)
-        old_event = f"{ts('created')} < {ts(':cutoff')}"
-        events = self._value(f"SELECT COUNT(*) FROM system_events WHERE {old_event}", params)
-        doomed = f"SELECT id FROM messages WHERE {old}"
-        # Content no message will refer to once these are gone.
-        orphans = (
-            f"SELECT sha256 FROM attachment_blobs WHERE {ts('created')} < {ts(':cutoff')} AND sha256 NOT IN "
-            f"(SELECT sha256 FROM attachments WHERE message_id NOT IN ({doomed}))"
-        )
-        blobs = self._value(f"SELECT COUNT(*) FROM ({orphans}) AS orphans", params)
-        if not dry_run:
-            self._unindex(old, params)
-            for table, column in (("broadcast_acks", "message_id"), ("attachments", "message_id"),
-                                  ("scheduled", "message_id")):
-                self._x(f"DELETE FROM {table} WHERE {column} IN ({doomed})", params)
-            self._x(f"DELETE FROM attachment_blobs WHERE sha256 IN ({orphans})", params)
-            self._x(f"DELETE FROM messages WHERE {old}", params)
-            for table in LIVENESS_TABLES:
-                self._x(f"DELETE FROM {table} WHERE {stale}", params)
-            self._x(f"DELETE FROM system_events WHERE {old_event}", params)
-        return {"deleted_count": count, "oldest_deleted": oldest, "newest_deleted": newest,
-                "sessions_deleted": sessions, "events_deleted": events, "attachments_deleted": blobs}
-
     # -- liveness ------------------------------------------------------------
     def open_session(self, session_id: str, agent: str, at: str) -> None:
         self._x("INSERT INTO watch_sessions (id, agent, started_at, last_seen, state) VALUES (?, ?, ?, ?, 'armed')",
@@ -821,10 +635,14 @@ class SQLStore(Store):
 
     # -- harness sessions (hooks) -------------------------------------------
     def harness_session(self, session_id: str) -> dict | None:
+        from agent_mail.store.schema import HARNESS_COLUMNS
+
         rows = self._query(f"SELECT {', '.join(HARNESS_COLUMNS)} FROM harness_sessions WHERE id = ?", (session_id,))
         return rows[0] if rows else None
 
     def save_harness_session(self, session: dict) -> None:
+        from agent_mail.store.schema import HARNESS_COLUMNS
+
         self._x(
             f"INSERT INTO harness_sessions ({', '.join(HARNESS_COLUMNS)}) "
             f"VALUES ({', '.join(':' + c for c in HARNESS_COLUMNS)}) "
@@ -865,3 +683,16 @@ class SQLStore(Store):
 
     def mail_marker(self) -> object:
         return self._value(f"SELECT MAX({self.SEQ}) FROM messages")
+
+
+# Statements over every identity's mail at once, and over whole tables: loaded by the commands that use them.
+KEPT_ELSEWHERE = {
+    "sql_overview": ("recent_rows", "batch_rows", "broadcast_tallies", "whole_thread", "search_rows", "oldest_unacked",
+                     "open_bounces", "sends_per_hour", "open_over_time", "cleanup"),
+    "sql_bulk": ("table_counts", "read_rows", "write_rows", "count_stored", "stored_messages", "attachment_blob",
+                 "stored_profiles", "stored_events", "blob_size", "restore_blob", "restore_profile", "restore_event",
+                 "restore_messages"),
+}
+for _module, _names in KEPT_ELSEWHERE.items():
+    for _name in _names:
+        setattr(SQLStore, _name, _kept_in(_module, _name))
