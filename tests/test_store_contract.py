@@ -2,27 +2,55 @@
 
 Writers are serialised; insertion order is commit order; readers racing for the same unread mail never
 both take a message; a transaction is all or nothing; only the project's own StorageError leaves a store.
+Then every public method of the interface, called directly (the shape of huey's StorageTests: one class of
+tests, subclassed per backend); a test fails when the interface has a method none of them calls.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import hashlib
+import inspect
 import threading
 
 import pytest
 
 from agent_mail import errors, model
 from agent_mail.service import open_mailbox, resolve_location
-from agent_mail.store import open_store
+from agent_mail.store import base, open_store
 
-pytestmark = pytest.mark.backends
+#: The public store methods the tests below call directly (each test names its own with @exercises).
+EXERCISED: set[str] = set()
 
 
-def _message(i: int, recipient: str = "b:y") -> dict:
+def exercises(*names: str):
+    def mark(test):
+        EXERCISED.update(names)
+        return test
+    return mark
+
+
+def _message(i: int, recipient: str = "b:y", **fields) -> dict:
     return {"id": model.new_message_id(), "sender": "a:x", "recipient": recipient, "subject": f"m{i}", "body": "",
-            "refs": [], "reply_to": None, "type": "direct", "created": model.now_iso()}
+            "refs": [], "reply_to": None, "type": "direct", "created": model.now_iso(), **fields}
 
 
-class TestStoreContract:
+def _ago(minutes: float) -> str:
+    return model.iso(model.now() - dt.timedelta(minutes=minutes))
+
+
+@pytest.fixture
+def store():
+    opened = open_store(resolve_location()[0])
+    try:
+        yield opened
+    finally:
+        opened.close()
+
+
+class StoreContract:
+    """Every test here runs once per backend (see the subclasses at the end)."""
+
     def test_insertion_order_is_commit_order_under_concurrent_writers(self):
         """Sixteen threads, each with its own connection, commit messages; the insertion sequence never
         shows a message that committed later before one that committed earlier (the hooks' watermark
@@ -139,3 +167,280 @@ class TestStoreContract:
                 assert [m["id"] for m in store.unread("b:y", model.now_iso(), limit=2, newest=True)] == ids[-2:]
         finally:
             store.close()
+
+    # -- every public method, called directly -----------------------------------------------------
+    @exercises("close", "transaction", "relax_durability", "insert_message", "get_message", "addressed", "unread",
+               "latest", "count_unread", "count_unacked", "set_flags", "read_unacked", "archived", "visible_to",
+               "thread")
+    def test_messages_and_their_state(self, store):
+        now = model.now_iso()
+        first, broadcast = _message(1), _message(2, "*", type="broadcast")
+        reply = _message(3, "a:x", sender="b:y", reply_to=first["id"], refs=["/tmp/x"])
+        store.relax_durability()
+        with store.transaction(write=True):
+            for message in (first, broadcast, reply):
+                store.insert_message(message)
+        with store.transaction():
+            assert store.get_message(first["id"])["subject"] == "m1" and store.get_message("nope") is None
+            assert store.get_message(reply["id"])["refs"] == ["/tmp/x"]
+            assert [m["id"] for m in store.unread("b:y", now)] == [first["id"], broadcast["id"]]
+            assert [m["id"] for m in store.unread("b:y", now, lean=True, sender="a:x", limit=1)] == [first["id"]]
+            assert [m["id"] for m in store.latest("b:y", now, limit=1)] == [broadcast["id"]]
+            assert (store.count_unread("b:y", now), store.count_unacked("b:y", now)) == (2, 2)
+            found = store.addressed("b:y", [first["id"], broadcast["id"], reply["id"]], now)
+            assert set(found) == {first["id"], broadcast["id"]}
+            assert store.visible_to("c:z", [first["id"], broadcast["id"]], now) == {broadcast["id"]}
+            assert [m["id"] for m in store.thread(reply["id"], "a:x", now)] == [first["id"], reply["id"]]
+        with store.transaction(write=True):
+            store.set_flags("b:y", list(found.values()), now, ("read",))
+        with store.transaction():
+            assert store.count_unread("b:y", now) == 0
+            assert {m["id"] for m in store.read_unacked("b:y", now)} == {first["id"], broadcast["id"]}
+        with store.transaction(write=True):
+            store.set_flags("b:y", list(found.values()), now, ("archive",))
+        with store.transaction():
+            assert {m["id"] for m in store.archived("b:y", now)} == {first["id"], broadcast["id"]}
+            assert store.count_unacked("b:y", now) == 0 and store.read_unacked("b:y", now) == []
+
+    @exercises("due_unpublished", "mark_published", "next_due", "cancel")
+    def test_scheduled_delivery(self, store):
+        due, later = _message(1, deliver_at=_ago(1)), _message(2, deliver_at=_ago(-60))
+        with store.transaction(write=True):
+            store.insert_message(due)
+            store.insert_message(later)
+        now = model.now_iso()
+        with store.transaction(write=True):
+            assert [d["message_id"] for d in store.due_unpublished(now)] == [due["id"]]
+            store.mark_published([due["id"]], now)
+            assert store.due_unpublished(now) == []
+            assert store.next_due("b:y", now) == later["deliver_at"]
+            store.cancel(later["id"], now)
+        with store.transaction():
+            assert store.next_due("b:y", now) is None and store.get_message(later["id"])["cancelled_at"] == now
+
+    @exercises("add_attachment", "attachments_of", "attachment_content", "attachment_blob", "blob_size")
+    def test_attachments(self, store):
+        message, content = _message(1), b"\x00hello"
+        sha = hashlib.sha256(content).hexdigest()
+        with store.transaction(write=True):
+            store.insert_message(message, ["a.bin"])
+            store.add_attachment(message["id"], 0, "a.bin", content, sha, model.now_iso())
+        with store.transaction():
+            assert store.attachments_of([message["id"]]) == {message["id"]: [{"name": "a.bin", "size": 6,
+                                                                              "sha256": sha}]}
+            assert store.attachment_content(sha) == content and store.attachment_content("0" * 64) is None
+            assert store.attachment_blob(sha)["content"] == content and store.attachment_blob("0" * 64) is None
+            assert (store.blob_size(sha), store.blob_size("0" * 64)) == (6, None)
+
+    @exercises("profile", "save_profile", "mirrored_agents", "humans", "add_event", "events", "dismiss_events",
+               "open_bounces", "stored_profiles", "stored_events", "events_since")
+    def test_profiles_and_the_system_channel(self, store):
+        now = model.now_iso()
+        with store.transaction(write=True):
+            store.save_profile({"agent": "h:u", "human": True, "mirror_dir": "/tmp/m", "max_entries": 5,
+                                "updated_at": now})
+            store.add_event("e1", "a:x", "email.bounce", {"reason": "r"}, now)
+        with store.transaction():
+            assert store.profile("h:u")["human"] is True and store.profile("n:o") is None
+            assert store.mirrored_agents() == ["h:u"] and store.humans() == {"h:u"}
+            assert store.stored_profiles()[0]["agent"] == "h:u" and store.stored_profiles("n:o") == []
+            assert [(e["id"], e["reason"]) for e in store.events("a:x")] == [("e1", "r")]
+            assert store.open_bounces() == {"a:x": 1}
+            events, newest = store.events_since("a:x", 0)
+            assert [e["id"] for e in events] == ["e1"] and newest >= 1
+        with store.transaction(write=True):
+            assert store.dismiss_events("a:x", ["e1", "e2"], now) == ["e1"]
+        with store.transaction():
+            assert store.events("a:x") == [] and store.open_bounces() == {}
+            assert [(e["id"], e["payload"], e["dismissed_at"]) for e in store.stored_events("a:x")] == \
+                [("e1", {"reason": "r"}, now)]
+            assert store.stored_events(since=_ago(-1)) == []
+
+    @exercises("agent_counts", "cleanup", "leftovers", "remove_leftovers")
+    def test_counts_and_cleanup(self, store):
+        with store.transaction(write=True):
+            store.insert_message(_message(1, created=_ago(60 * 24 * 10)))
+            store.insert_message(_message(2, "*", type="broadcast"))
+        with store.transaction():
+            counts = store.agent_counts(model.now_iso())
+        assert counts["b:y"] == {"unread": 2, "unacked": 2} and counts["a:x"] == {"unread": 0, "unacked": 0}
+        cutoff = _ago(60 * 24)
+        with store.transaction():
+            assert store.cleanup(cutoff, dry_run=True)["deleted_count"] == 1
+        with store.transaction(write=True):
+            assert store.cleanup(cutoff, dry_run=False)["deleted_count"] == 1
+        with store.transaction():
+            assert store.count_unread("b:y", model.now_iso()) == 1
+        assert store.leftovers() == []
+        store.remove_leftovers([])
+
+    @exercises("open_session", "touch_session", "refresh_session", "release_session", "release_session_alone",
+               "record_heartbeat", "liveness")
+    def test_liveness(self, store):
+        now = model.now_iso()
+        with store.transaction(write=True):
+            store.open_session("s1", "a:x", now)
+            store.open_session("s2", "a:x", now)
+            store.touch_session("s1", now)
+            store.release_session("s1", now, "done")
+            store.record_heartbeat("b:y", now)
+        store.refresh_session("s2", model.now_iso())
+        with store.transaction():
+            facts = store.liveness()
+        assert facts["a:x"]["sessions"] == 2 and facts["a:x"]["armed_seen"] is not None
+        assert facts["a:x"]["released_at"] is not None and facts["b:y"]["heartbeat"] is not None
+        store.release_session_alone("s2", model.now_iso(), "done")
+        with store.transaction():
+            assert store.liveness("a:x")["a:x"]["armed_seen"] is None and "b:y" not in store.liveness("a:x")
+
+    @exercises("harness_session", "save_harness_session", "harness_sessions_of", "untold", "newest_seq")
+    def test_harness_sessions(self, store):
+        now = model.now_iso()
+        session = {"id": "h1", "harness": "claude", "agent": "b:y", "pid": 1, "host": "here", "started_at": now,
+                   "last_seen": now, "told_seq": 0, "told_at": None, "told_event": 0, "waiter": None,
+                   "ended_at": None}
+        with store.transaction(write=True):
+            assert store.newest_seq() == 0
+            store.save_harness_session(session)
+            store.insert_message(_message(1))
+        with store.transaction():
+            assert store.harness_session("h1") == session and store.harness_session("h2") is None
+            assert [s["id"] for s in store.harness_sessions_of("b:y")] == ["h1"]
+            assert store.harness_sessions_of("c:z") == []
+            seq = store.newest_seq()
+            envelopes, total = store.untold("b:y", model.now_iso(), 0, None, 10)
+            assert total == 1 and envelopes[0]["seq"] == seq
+            assert store.untold("b:y", model.now_iso(), seq, model.now_iso(), 10) == ([], 0)
+
+    @exercises("mail_marker", "check_still_there", "listen", "listen_everything", "wait_for_wake")
+    def test_waiting(self, store):
+        marker = store.mail_marker()
+        store.check_still_there()
+        store.listen("b:y")
+        assert store.wait_for_wake(0.01) is False
+        with store.transaction(write=True):
+            store.insert_message(_message(1))
+        assert store.wait_for_wake(5) is True and store.mail_marker() != marker
+        store.listen_everything()
+        assert store.wait_for_wake(0.01) is False
+
+    @exercises("searchable", "index_missing", "index_behind", "search_rows", "whole_thread", "recent_rows",
+               "batch_rows", "broadcast_tallies")
+    def test_search_and_supervision(self, store):
+        from agent_mail import search
+
+        first = _message(1, subject="deploy the release", batch_id="b1")
+        copy = {**_message(1, "c:z", subject="deploy the release", batch_id="b1"), "id": model.new_message_id()}
+        reply = _message(2, "a:x", sender="b:y", reply_to=first["id"])
+        broadcast = _message(3, "*", type="broadcast")
+        with store.transaction(write=True):
+            for message in (first, copy, reply, broadcast):
+                store.insert_message(message)
+            store.set_flags("b:y", [broadcast], model.now_iso(), ("read",))
+        assert store.searchable()
+        with store.transaction(write=True):
+            assert not store.index_behind() and store.index_missing() == 0
+        with store.transaction():
+            hits = store.search_rows(search.parse("deploy"), subject_only=False, now=model.now_iso(), limit=10)
+            assert {h["id"] for h in hits} == {first["id"], copy["id"]}
+            assert store.search_rows(search.parse("deploy"), subject_only=True, now=model.now_iso(), limit=10,
+                                     agent="c:z") == [h for h in hits if h["id"] == copy["id"]]
+            assert {r["id"] for r in store.whole_thread(reply["id"])} == {first["id"], copy["id"], reply["id"]}
+            assert [r["id"] for r in store.recent_rows(2)] == [broadcast["id"], reply["id"]]
+            assert [r["id"] for r in store.batch_rows(["b1"])] == [first["id"], copy["id"]]
+            assert store.broadcast_tallies([broadcast["id"]]) == {broadcast["id"]: {"read": 1, "acked": 0}}
+
+    @exercises("oldest_unacked", "sends_per_hour", "open_over_time")
+    def test_supervision_over_time(self, store):
+        sent = _ago(30)
+        with store.transaction(write=True):
+            store.insert_message(_message(1, created=sent, batch_id="b1"))
+            store.insert_message(_message(2, "c:z", created=sent, batch_id="b1"))
+            store.insert_message(_message(3, "*", type="broadcast", created=sent))
+        now = model.now_iso()
+        with store.transaction():
+            assert store.oldest_unacked(now, ["b:y", "c:z"]) == {"b:y": sent, "c:z": sent}
+            assert store.sends_per_hour(_ago(120)) == [(sent[:13], "a:x", 2)]
+            assert store.open_over_time([_ago(60), now]) == [(0, 0), (2, 2)]
+
+    @exercises("table_counts", "read_rows", "write_rows", "after_bulk_insert", "after_copy", "count_stored",
+               "stored_messages")
+    def test_whole_tables_and_records(self, store, tmp_path):
+        message = _message(1, refs=["/tmp/r"])
+        with store.transaction(write=True):
+            store.insert_message(message, ["f.txt"])
+        with store.transaction():
+            counts = store.table_counts()
+            assert counts["messages"] == 1 and set(counts) >= {"broadcast_acks", "system_events", "profiles"}
+            assert store.count_stored(agent=None, since=None, now=model.now_iso()) == 1
+            assert store.count_stored(agent="c:z", since=None, now=model.now_iso()) == 0
+            stored = store.stored_messages(agent="b:y", since=None, now=model.now_iso(), after=-1, limit=10)
+            assert [(m["id"], m["refs"], m["schedule"], m["attachments"]) for m in stored] == \
+                [(message["id"], '["/tmp/r"]', None, [])]
+            assert store.stored_messages(agent=None, since=None, now=model.now_iso(), after=stored[0]["seq"],
+                                         limit=10) == []
+            batches = list(store.read_rows("messages", with_seq=True, batch=10))
+        assert len(batches) == 1 and batches[0][0][0] == stored[0]["seq"] and batches[0][0][1] == message["id"]
+        other = open_store(str(tmp_path / "other.db"))  # a SQLite target whatever this backend
+        try:
+            for target, source in ((other, store), (store, other)):
+                with source.transaction(), target.transaction(write=True):
+                    for table in ("messages", "broadcast_acks"):
+                        rows = [r for batch in source.read_rows(table, with_seq=True, batch=10) for r in batch]
+                        assert target.write_rows(table, rows, with_seq=True,
+                                                 attachments_of=source.attachments_of) == (0 if target is store
+                                                                                           else len(rows))
+                    target.after_bulk_insert()
+                target.after_copy()
+            with other.transaction():
+                assert other.get_message(message["id"])["refs"] == ["/tmp/r"]
+        finally:
+            other.close()
+
+    @exercises("restore_messages", "restore_blob", "restore_profile", "restore_event")
+    def test_restoring_records(self, store):
+        from agent_mail import search
+
+        now = model.now_iso()
+        content = b"blob"
+        sha = hashlib.sha256(content).hexdigest()
+        record = {**_message(1, "*", type="broadcast", refs=["/tmp/r"]), "batch_id": None, "ttl_hours": 24,
+                  "deliver_at": None, "cancelled_at": None, "read_at": None, "acked_at": None, "archived_at": None,
+                  "deleted_at": None, "attachments": [{"name": "b.txt", "size": 4, "sha256": sha}],
+                  "broadcast_states": [{"agent": "b:y", "read_at": now, "acked_at": None, "archived_at": None,
+                                        "deleted_at": None}], "schedule": None}
+        with store.transaction(write=True):
+            assert store.restore_blob(sha, content, now) and not store.restore_blob(sha, content, now)
+            assert store.restore_messages([record, record]) == 1 and store.restore_messages([record]) == 0
+            profile = {"agent": "a:x", "human": False, "mirror_dir": None, "max_entries": None, "updated_at": now}
+            assert store.restore_profile(profile) and not store.restore_profile(profile)
+            event = {"id": "e1", "agent": "a:x", "source": "email.bounce", "payload": {"k": 1}, "created": now,
+                     "dismissed_at": None}
+            assert store.restore_event(event) and not store.restore_event(event)
+        with store.transaction():
+            stored = store.stored_messages(agent=None, since=None, now=model.now_iso(), after=-1, limit=10)
+            assert stored[0]["broadcast_states"] == record["broadcast_states"]
+            assert stored[0]["attachments"] == record["attachments"]
+            assert store.count_unread("b:y", model.now_iso()) == 0 and store.count_unread("c:z", model.now_iso()) == 1
+            assert store.stored_profiles() == [profile] and store.stored_events()[0]["payload"] == {"k": 1}
+            assert store.search_rows(search.parse("b.txt"), subject_only=False,
+                                     now=model.now_iso(), limit=5)[0]["id"] == record["id"]
+
+
+class TestSQLiteStore(StoreContract):
+    @pytest.fixture
+    def backend(self):
+        return "sqlite"
+
+
+class TestPostgreSQLStore(StoreContract):
+    @pytest.fixture
+    def backend(self):
+        return "postgresql"
+
+
+def test_every_public_store_method_is_exercised():
+    """A method added to the interface (store/base.py) without a contract test calling it fails here."""
+    public = {name for name, value in inspect.getmembers(base.Store, callable) if not name.startswith("_")}
+    assert public - EXERCISED == set(), "store methods no contract test calls directly"
+    assert EXERCISED - public == set(), "names in @exercises that are not store methods"

@@ -14,6 +14,7 @@ import os
 import sqlite3
 
 from agent_mail import errors, model, spec
+from agent_mail.store import schema
 from agent_mail.store import sqlite as sqlite_store
 
 INTEGRITY_LIST_MAX = 100
@@ -91,7 +92,7 @@ def _tables(db: sqlite3.Connection) -> list[str]:
     """The mailbox's own tables (names come back as bytes on the damaged file's connection). Not the search
     index (an FTS5 table and its shadow tables): it is derived from the messages, and rebuilt from them."""
     rows = db.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' "
-                      "AND name NOT LIKE 'message_search%' ORDER BY name")
+                      "AND name NOT LIKE ? ORDER BY name", (schema.SQLITE_SEARCH_TABLE + "%",))
     return [r[0].decode() if isinstance(r[0], bytes) else r[0] for r in rows]
 
 
@@ -152,13 +153,11 @@ def _decodes(value: bytes) -> bool:
 def _schema(db: sqlite3.Connection, tables: list[str]) -> dict:
     expected = [m.__name__ for m in sqlite_store.MIGRATIONS]
     try:
-        applied = {r[0].decode() for r in db.execute("SELECT name FROM schema_migrations")}
+        applied = {r[0].decode() for r in db.execute(f"SELECT name FROM {schema.MIGRATIONS_TABLE}")}
     except sqlite3.Error:
         applied = set()
     app_id = db.execute("PRAGMA application_id").fetchone()[0]
-    wanted = {"messages", "broadcast_acks", "watch_sessions", "heartbeats", "scheduled", "attachments",
-              "attachment_blobs", "profiles", "system_events", "schema_migrations"}
-    missing = sorted(wanted - set(tables))
+    missing = sorted(set(schema.REQUIRED_TABLES) - set(tables))
     return {"migrations_applied": sorted(applied & set(expected)), "migrations_expected": expected,
             "application_id_ok": app_id == sqlite_store.APPLICATION_ID, "missing_tables": missing,
             "complete": set(expected) <= applied and app_id == sqlite_store.APPLICATION_ID and not missing}
@@ -191,10 +190,10 @@ def _repair(path: str) -> dict:
             except sqlite3.Error:
                 source_tables = set()
             for table in _tables(fresh):
-                if table == "schema_migrations" or table not in source_tables:
+                if table == schema.MIGRATIONS_TABLE or table not in source_tables:
                     continue
                 saved[table] = _copy_table(damaged, fresh, table, unsaved, altered)
-            if sqlite_store.has_table(fresh, "message_search"):
+            if sqlite_store.has_table(fresh, schema.SQLITE_SEARCH_TABLE):
                 sqlite_store.index_missing(fresh)  # the search index of what was saved
             fresh.execute("COMMIT")
             check = [r[0] for r in fresh.execute("PRAGMA integrity_check")]

@@ -26,13 +26,12 @@ import sys
 import time
 
 from agent_mail import errors, model, spec
-from agent_mail.copying import TABLES
-from agent_mail.store.sql import decode_json, decode_refs, encode_json, ids_clause
+from agent_mail.store.schema import STATE_COLUMNS as _STATE
+from agent_mail.store.sql import decode_refs
 
 VERSION = 1
 BATCH = 500
 MAX_PROBLEMS = 50
-_STATE = ("read_at", "acked_at", "archived_at", "deleted_at")
 MESSAGE_KEYS = ("type", "id", "batch_id", "kind", "sender", "recipient", "subject", "body", "refs", "reply_to",
                 "ttl_hours", "created", "deliver_at", "cancelled_at", *_STATE, "schedule", "broadcast_states",
                 "attachments")
@@ -69,73 +68,34 @@ class Progress:
 # ---------------------------------------------------------------- reading what to export
 
 
-def _scope(store, agent: str | None, since: str | None, now: str) -> tuple[str, dict]:
-    where, params = ["1 = 1"], {"now": now}
-    if agent is not None:
-        where.append(store.F.party)
-        params["agent"] = agent
-    if since is not None:
-        where.append(f"{store.F.m_arrived} >= {store._ts(':since')}")
-        params["since"] = since
-    return " AND ".join(where), params
-
-
 def messages(store, agent: str | None, since: str | None):
     """Yield (row, broadcast states, attachments, schedule) of each message to export, in stored order, a
     batch at a time."""
     now = model.now_iso()
-    where, params = _scope(store, agent, since, now)
-    seq = store.SEQ
     after = -1
-    columns = ("seq", "id", "batch_id", "type", "sender", "recipient", "subject", "body", "refs", "reply_to",
-               "ttl_hours", "created", "deliver_at", "cancelled_at", *_STATE)
     while True:
-        rows = [dict(zip(columns, r, strict=True)) for r in store._x(
-            f"SELECT m.{seq}, {', '.join('m.' + c for c in columns[1:])} FROM messages m WHERE {where} "
-            f"AND m.{seq} > :after ORDER BY m.{seq} LIMIT {BATCH}", {**params, "after": after}).fetchall()]
+        rows = store.stored_messages(agent=agent, since=since, now=now, after=after, limit=BATCH)
         if not rows:
             return
         after = rows[-1]["seq"]
-        marks, ids = ids_clause([r["id"] for r in rows])
-        states: dict[str, list[dict]] = {}
-        for r in store._x(f"SELECT message_id, agent, {', '.join(_STATE)} FROM broadcast_acks WHERE message_id IN "
-                          f"({marks}) ORDER BY message_id, agent", ids):
-            if agent is None or r[1] == agent:  # an identity's own export carries only its own state
-                states.setdefault(r[0], []).append(dict(zip(("agent", *_STATE), r[1:], strict=True)))
-        files = store.attachments_of([r["id"] for r in rows])
-        schedules = {r[0]: {"deliver_at": r[1], "published_at": r[2]} for r in store._x(
-            f"SELECT message_id, deliver_at, published_at FROM scheduled WHERE message_id IN ({marks})", ids)}
         for row in rows:
-            yield row, states.get(row["id"], []), files.get(row["id"], []), schedules.get(row["id"])
+            # An identity's own export carries only its own state.
+            states = [s for s in row.pop("broadcast_states") if agent is None or s["agent"] == agent]
+            yield row, states, row.pop("attachments"), row.pop("schedule")
 
 
 def count(store, agent: str | None, since: str | None) -> int:
-    where, params = _scope(store, agent, since, model.now_iso())
-    return store._value(f"SELECT COUNT(*) FROM messages m WHERE {where}", params)
+    return store.count_stored(agent=agent, since=since, now=model.now_iso())
 
 
 def profiles(store, agent: str | None):
-    sql = "SELECT agent, human, mirror_dir, max_entries, updated_at FROM profiles"
-    params: tuple = ()
-    if agent is not None:
-        sql, params = sql + " WHERE agent = ?", (agent,)
-    for r in store._x(sql + " ORDER BY agent", params).fetchall():
-        yield {"type": "profile", "agent": r[0], "human": bool(r[1]), "mirror_dir": r[2], "max_entries": r[3],
-               "updated_at": r[4]}
+    for profile in store.stored_profiles(agent):
+        yield {"type": "profile", **profile}
 
 
 def events(store, agent: str | None, since: str | None):
-    where, params = ["1 = 1"], {}
-    if agent is not None:
-        where.append("agent = :agent")
-        params["agent"] = agent
-    if since is not None:
-        where.append(f"{store._ts('created')} >= {store._ts(':since')}")
-        params["since"] = since
-    for r in store._x(f"SELECT id, agent, source, payload, created, dismissed_at FROM system_events WHERE "
-                      f"{' AND '.join(where)} ORDER BY {store.SEQ}", params).fetchall():
-        yield {"type": "event", "id": r[0], "agent": r[1], "source": r[2], "payload": decode_json(r[3]),
-               "created": r[4], "dismissed_at": r[5]}
+    for event in store.stored_events(agent, since):
+        yield {"type": "event", **event}
 
 
 # ---------------------------------------------------------------- export
@@ -150,12 +110,11 @@ def export_jsonl(store, out, agent: str | None, since: str | None) -> dict:
         for f in files:
             if f["sha256"] not in written:
                 written.add(f["sha256"])
-                blob = store._x("SELECT size, created, content FROM attachment_blobs WHERE sha256 = ?",
-                                (f["sha256"],)).fetchone()
+                blob = store.attachment_blob(f["sha256"])
                 if blob is not None:
-                    out.write(_line(BLOB_KEYS, {"type": "blob", "sha256": f["sha256"], "size": blob[0],
-                                                "created": blob[1],
-                                                "content_base64": base64.b64encode(bytes(blob[2])).decode()}))
+                    out.write(_line(BLOB_KEYS, {"type": "blob", "sha256": f["sha256"], "size": blob["size"],
+                                                "created": blob["created"],
+                                                "content_base64": base64.b64encode(blob["content"]).decode()}))
                     counts["blobs"] += 1
         out.write(_line(MESSAGE_KEYS, {
             **row, "type": "message", "kind": row["type"], "refs": decode_refs(row["refs"]) if row["refs"] else None,
@@ -501,17 +460,15 @@ def import_file(store, path: str, dry_run: bool) -> dict:
                     content = _check_blob(record, problems, number)
                     if content is not None and not problems.total:
                         known[record["sha256"]] = len(content)
-                        new = store._x("INSERT INTO attachment_blobs (sha256, size, content, created) VALUES "
-                                       "(?, ?, ?, ?) ON CONFLICT (sha256) DO NOTHING",
-                                       (record["sha256"], len(content), content, record["created"])).rowcount
+                        new = store.restore_blob(record["sha256"], content, record["created"])
                         (added if new else present)["blobs"] += 1
                 elif kind == "message":
                     for f in record.get("attachments") or []:
                         sha = f.get("sha256") if isinstance(f, dict) else None
                         if isinstance(sha, str) and sha not in known:
-                            size = store._x("SELECT size FROM attachment_blobs WHERE sha256 = ?", (sha,)).fetchone()
+                            size = store.blob_size(sha)
                             if size is not None:
-                                known[sha] = size[0]
+                                known[sha] = size
                     _check_message(record, known, problems, number)
                     if not problems.total:
                         pending.append(record)
@@ -522,19 +479,12 @@ def import_file(store, path: str, dry_run: bool) -> dict:
                 elif kind == "profile":
                     _check_profile(record, problems, number)
                     if not problems.total:
-                        new = store._x("INSERT INTO profiles (agent, human, mirror_dir, max_entries, updated_at) "
-                                       "VALUES (?, ?, ?, ?, ?) ON CONFLICT (agent) DO NOTHING",
-                                       (record["agent"], int(record["human"]), record["mirror_dir"],
-                                        record["max_entries"], record["updated_at"])).rowcount
+                        new = store.restore_profile(record)
                         (added if new else present)["profiles"] += 1
                 elif kind == "event":
                     _check_event(record, problems, number)
                     if not problems.total:
-                        new = store._x("INSERT INTO system_events (id, agent, source, payload, created, dismissed_at) "
-                                       "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
-                                       (record["id"], record["agent"], record["source"],
-                                        encode_json(record["payload"]), record["created"],
-                                        record["dismissed_at"])).rowcount
+                        new = store.restore_event(record)
                         (added if new else present)["events"] += 1
                 else:
                     problems.add(number, "type", f"{kind!r} is not a record type (blob, message, profile, event).")
@@ -563,44 +513,9 @@ class _DryRun(Exception):
     """Raised inside the import's transaction to roll it back after counting what would change."""
 
 
-_COLUMNS = TABLES["messages"][0]  # a message row's columns, as copy moves them
-
-
 def _store_batch(store, records: list[dict], added: dict, present: dict) -> None:
-    """Store checked message records, in file order, a statement per table (one round trip each on
-    PostgreSQL): those whose id the mailbox has (or that came earlier in the file) are left out."""
-    from agent_mail import index
-
-    marks, params = ids_clause([r["id"] for r in records])
-    there = {r[0] for r in store._x(f"SELECT id FROM messages WHERE id IN ({marks})", params)}
-    fresh = []
-    for record in records:
-        if record["id"] in there:
-            present["messages"] += 1
-        else:
-            there.add(record["id"])
-            fresh.append(record)
-    if not fresh:
-        return
-    column, value = store._SEARCH_COLUMN
-    rows, entries = [], {}
-    for record in fresh:
-        row = {**record, "type": record["kind"], "refs": encode_json(record["refs"]) if record["refs"] else None}
-        entries[record["id"]] = entry = index.document(row, [f["name"] for f in record["attachments"]])
-        rows.append([row[c] for c in _COLUMNS] + ([index.tsvector(entry)] if column else []))
-    store._many(f"INSERT INTO messages ({', '.join(_COLUMNS)}{column}) VALUES "
-                f"({', '.join('?' for _ in _COLUMNS)}{', CAST(? AS tsvector)' if column else ''})", rows)
-    store._index_batch(entries)
-    store._many("INSERT INTO attachments (message_id, position, name, size, sha256) VALUES (?, ?, ?, ?, ?)",
-                [(r["id"], i, f["name"], f["size"], f["sha256"]) for r in fresh
-                 for i, f in enumerate(r["attachments"])])
-    store._many("INSERT INTO broadcast_acks (message_id, agent, read_at, acked_at, archived_at, deleted_at) VALUES "
-                "(?, ?, ?, ?, ?, ?) ON CONFLICT (message_id, agent) DO NOTHING",
-                [(r["id"], st["agent"], *(st[c] for c in _STATE)) for r in fresh for st in r["broadcast_states"]])
-    store._many("INSERT INTO scheduled (message_id, recipient, deliver_at, published_at) VALUES (?, ?, ?, ?) "
-                "ON CONFLICT (message_id) DO NOTHING",
-                [(r["id"], r["recipient"], r["schedule"]["deliver_at"], r["schedule"]["published_at"]) for r in fresh
-                 if r["schedule"] is not None])
-    for recipient in {r["recipient"] for r in fresh}:
-        store._wake(recipient)  # a watch waiting for it wakes once the import commits
-    added["messages"] += len(fresh)
+    """Store checked message records, in file order (a statement per table: one round trip each on
+    PostgreSQL); those whose id the mailbox has (or that came earlier in the file) are left out."""
+    new = store.restore_messages([{**record, "type": record["kind"]} for record in records])
+    added["messages"] += new
+    present["messages"] += len(records) - new

@@ -53,60 +53,34 @@ def resolve_location() -> tuple[str, str]:
 
 def storage_report() -> dict:
     """What `describe` says about the mailbox; never creates it, never shows a password."""
-    from agent_mail.store import backend_module, backend_name
+    from agent_mail.store import backend_for
 
     try:
         location, source = resolve_location()
     except errors.InvalidInput as exc:
         return {"backend": "sqlite", "path": None, "source": ENV_VAR, "exists": False, "problem": exc.message}
-    backend = backend_name(location)
-    if backend != "sqlite":
-        from agent_mail.store import redact_url
-
-        report = {"backend": backend, "url": redact_url(location), "source": source}
-        try:
-            module = backend_module(location)
-        except errors.AgentMailError as exc:
-            return {**report, "exists": None, "problem": exc.message}
-        try:
-            return {**report, **module.inspect(location)}
-        except errors.InvalidInput as exc:
-            return {**report, "exists": None, "problem": exc.message}
-    from agent_mail.store import sqlite
-
-    report = {"backend": "sqlite", "path": location, "source": source}
     given = os.environ.get(ENV_VAR) if source == ENV_VAR else DEFAULT_PATH
-    if given and os.path.abspath(os.path.expanduser(given)) != location:
-        report["link"] = os.path.abspath(os.path.expanduser(given))
-    return {**report, **sqlite.inspect(location)}
+    return backend_for(location).report(location, source, given)
 
 
 def doctor(*, repair: bool = False, emit: Emit = _no_emit) -> dict:
     """Check the mailbox this invocation resolves (never creating it); rebuild it with `repair` if damaged."""
-    from agent_mail import doctor as checkup
-    from agent_mail.store import backend_module, backend_name
+    from agent_mail.store import backend_for
 
     location, _ = resolve_location()
-    if backend_name(location) != "sqlite":
-        return checkup.doctor_server(location, backend_module(location), emit)
-    return checkup.doctor(location, repair, emit)
+    return backend_for(location).doctor(location, repair, emit)
 
 
 def copy_mailbox(*, from_: str, to: str | None = None, merge: bool = False, dry_run: bool = False,
                  emit: Emit = _no_emit) -> dict:
     """Copy the mailbox at `from_` into `to` (default: the one this invocation resolves)."""
     from agent_mail import copying
-    from agent_mail.store import scheme_of
+    from agent_mail.store import backend_for
 
     def located(value: str, field: str) -> str:
         if not value.strip():
             raise errors.InvalidInput([(field, "is empty; give a SQLite file path or a postgresql:// URL.")])
-        if scheme_of(value.strip()) is not None:
-            return value.strip()
-        path = os.path.realpath(os.path.expanduser(value))
-        if field == "--from" and not os.path.isfile(path):
-            raise errors.InvalidInput([(field, f"{path} is not a mailbox file; nothing was copied.")])
-        return path
+        return backend_for(value.strip()).locate(value, field)
 
     source = located(from_, "--from")
     target = located(to, "--to") if to is not None else resolve_location()[0]

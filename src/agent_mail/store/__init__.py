@@ -7,11 +7,12 @@ SQLite mailbox never loads a database driver.
 
 from __future__ import annotations
 
-# scheme -> (backend name, module, class, the extra that installs its driver, the driver's module)
+# scheme -> (backend name, module, class, the extra that installs its driver, the driver's module, the family whose
+# report/doctor/locate functions in store/maintenance.py inspect, check and repair its mailboxes)
 BACKENDS = {
-    "sqlite": ("sqlite", "agent_mail.store.sqlite", "SQLiteStore", None, None),
-    "postgresql": ("postgresql", "agent_mail.store.postgres", "PostgresStore", "postgres", "psycopg"),
-    "postgres": ("postgresql", "agent_mail.store.postgres", "PostgresStore", "postgres", "psycopg"),
+    "sqlite": ("sqlite", "agent_mail.store.sqlite", "SQLiteStore", None, None, "sqlite"),
+    "postgresql": ("postgresql", "agent_mail.store.postgres", "PostgresStore", "postgres", "psycopg", "server"),
+    "postgres": ("postgresql", "agent_mail.store.postgres", "PostgresStore", "postgres", "psycopg", "server"),
 }
 
 
@@ -39,7 +40,7 @@ def backend_module(location: str):
         known = ", ".join(f"{s}://" for s in BACKENDS if s != "sqlite")
         raise errors.InvalidInput([("AGENT_MAIL_DB", f"names a {scheme}:// mailbox, which agent-mail cannot open. "
                                                      f"Give a file path (SQLite) or a {known} URL.")])
-    _, module, _, extra, driver = BACKENDS[scheme]
+    _, module, _, extra, driver, _ = BACKENDS[scheme]
     if driver is not None:
         try:
             importlib.import_module(driver)
@@ -48,6 +49,39 @@ def backend_module(location: str):
                 f"AGENT_MAIL_DB names a {scheme}:// mailbox, but its driver ({driver}) is not installed. Run: "
                 f"pip install \"agent-mail[{extra}]\"") from None
     return importlib.import_module(module)
+
+
+class Backend:
+    """The backend a location names, for what is done to a mailbox without opening a store on it: `describe`'s
+    report, `doctor`'s check and repair, reading a location given to `copy`. Never creates a mailbox; an
+    unknown scheme is a server whose report and doctor say it cannot be opened."""
+
+    def __init__(self, location: str):
+        scheme = scheme_of(location) or "sqlite"
+        self.name = backend_name(location)
+        self.family = BACKENDS[scheme][5] if scheme in BACKENDS else "server"
+
+    def _function(self, what: str):
+        from agent_mail.store import maintenance
+
+        return getattr(maintenance, f"{self.family}_{what}")
+
+    def report(self, location: str, source: str, given: str | None) -> dict:
+        """What `describe` says of the mailbox at `location` (chosen by `source`; `given` as written there)."""
+        return self._function("report")(location, source, given)
+
+    def doctor(self, location: str, repair: bool, emit) -> dict:
+        """Check the mailbox at `location` (and with `repair`, rebuild it if damaged); emit and return the report."""
+        return self._function("doctor")(location, repair, emit)
+
+    def locate(self, value: str, field: str) -> str:
+        """The location `value` (given as `field` on the command line) names; InvalidInput if it cannot be one."""
+        return self._function("locate")(value, field)
+
+
+def backend_for(location: str) -> Backend:
+    """The registered backend `location` names (see Backend)."""
+    return Backend(location)
 
 
 def open_store(location: str):

@@ -25,7 +25,144 @@ import time
 from contextlib import AbstractContextManager
 
 
-class Store:
+class WholeMailbox:
+    """What a store answers about every identity's mail at once (search, supervision) and whole tables (copy,
+    export, import): part of Store, declared apart to keep each class readable."""
+
+    # -- search -------------------------------------------------------------
+    def searchable(self) -> bool:
+        """Whether this mailbox has its search index (a SQLite built without FTS5 has none)."""
+        return False
+
+    def index_missing(self) -> int:
+        """Index every message the search index lacks (rows another tool wrote, a copy, a migration); how many."""
+        return 0
+
+    def index_behind(self) -> bool:
+        """Whether messages were stored past the search index's newest entry (by a tool that does not index)."""
+        return False
+
+    def search_rows(self, query, *, subject_only: bool, now: str, limit: int, before: int | None = None,
+                    agent: str | None = None, sender: str | None = None, recipient: str | None = None,
+                    since: str | None = None, thread_ids: list[str] | None = None) -> list[dict]:
+        """Stored rows matching `query` (a search.Query; subject only, if asked), newest stored first, at most
+        `limit`, stored before seq `before`: {seq, id, batch_id, sender, recipient, subject, body, type, created,
+        deliver_at, reply_to, cancelled_at}. Within what `agent` may see when given; from `sender`, to
+        `recipient`, arrived since `since`, among `thread_ids`, when given."""
+        raise NotImplementedError
+
+    # -- supervision (the dashboard): read only, no identity's view -----------------------
+    def recent_rows(self, limit: int, before_seq: int | None = None) -> list[dict]:
+        """The newest `limit` message rows (one per recipient of a fan-out, one per broadcast) stored before seq
+        `before_seq`, newest first, with each row's own state, scheduled and withdrawn ones included."""
+        raise NotImplementedError
+
+    def batch_rows(self, batch_ids: list[str]) -> list[dict]:
+        """Every row of these sends (a send to several recipients is one row each, sharing its batch_id)."""
+        raise NotImplementedError
+
+    def broadcast_tallies(self, message_ids: list[str]) -> dict[str, dict]:
+        """{broadcast id: {"read": n, "acked": n}}: how many identities have read, and acted on, each."""
+        raise NotImplementedError
+
+    def whole_thread(self, message_id: str) -> list[dict]:
+        """Every row of the thread `message_id` belongs to (replies to any copy of a send, and every copy),
+        whoever it was for, in arrival order, with each row's own state."""
+        raise NotImplementedError
+
+    def oldest_unacked(self, now: str, agents: list[str]) -> dict[str, str]:
+        """{identity: when its oldest visible mail not yet acted on arrived}: direct mail for every identity,
+        broadcasts for `agents` (those with something unacked)."""
+        raise NotImplementedError
+
+    def open_bounces(self) -> dict[str, int]:
+        """{sender: bounce events it has not dismissed}."""
+        raise NotImplementedError
+
+    def sends_per_hour(self, since: str) -> list[tuple[str, str, int]]:
+        """[(hour 'YYYY-MM-DDTHH', sender, sends)] of mail that arrived since `since` (a fan-out counts once)."""
+        raise NotImplementedError
+
+    def open_over_time(self, moments: list[str]) -> list[tuple[int, int]]:
+        """[(unread, unacked)] of direct mail at each of `moments` (ascending ISO timestamps), from the rows' own
+        times."""
+        raise NotImplementedError
+
+    # -- whole tables: copy (schema.TABLES names them and their columns) ---------------------
+    def table_counts(self) -> dict[str, int]:
+        """{table: rows} for every table of schema.TABLES."""
+        raise NotImplementedError
+
+    def read_rows(self, table: str, *, with_seq: bool, batch: int):
+        """Yield every row of `table` as stored, in lists of at most `batch` tuples of its schema.TABLES columns
+        (numbered tables in insertion order, with the insertion sequence first when `with_seq`)."""
+        raise NotImplementedError
+
+    def write_rows(self, table: str, rows: list, *, with_seq: bool, attachments_of=None) -> int:
+        """Insert `rows` laid out as read_rows yields them (with_seq: keeping their insertion sequence), skipping
+        those whose key is there; how many were added. A backend that indexes messages as it stores them asks
+        `attachments_of(ids)` (as Store.attachments_of answers) for their attachments' names."""
+        raise NotImplementedError
+
+    def after_bulk_insert(self) -> None:
+        """Called after rows were written with their insertion sequence given: the engine's own numbering
+        continues after them."""
+
+    def after_copy(self) -> None:
+        """Called after a copy committed, outside any transaction: let the engine catch up (statistics)."""
+
+    # -- records: export and import ------------------------------------------------
+    def count_stored(self, *, agent: str | None, since: str | None, now: str) -> int:
+        """How many stored rows stored_messages would list (all of them, however many batches)."""
+        raise NotImplementedError
+
+    def stored_messages(self, *, agent: str | None, since: str | None, now: str, after: int,
+                        limit: int) -> list[dict]:
+        """The next `limit` stored rows after seq `after`, in insertion order: those `agent` may see (all, if
+        None) that arrived since `since`. Each {seq, id, batch_id, type, sender, recipient, subject, body, refs
+        (as stored: JSON text or None), reply_to, ttl_hours, created, deliver_at, cancelled_at, read_at,
+        acked_at, archived_at, deleted_at, broadcast_states: [{agent, read_at, acked_at, archived_at,
+        deleted_at}] (every identity's), attachments: [{name, size, sha256}], schedule: {deliver_at,
+        published_at} or None}."""
+        raise NotImplementedError
+
+    def attachment_blob(self, sha256: str) -> dict | None:
+        """{sha256, size, created, content} of stored attachment content, or None."""
+        raise NotImplementedError
+
+    def blob_size(self, sha256: str) -> int | None:
+        """The size of stored attachment content, or None if there is none (without reading it)."""
+        raise NotImplementedError
+
+    def stored_profiles(self, agent: str | None = None) -> list[dict]:
+        """Profiles (`agent`'s, or all) by identity: {agent, human, mirror_dir, max_entries, updated_at}."""
+        raise NotImplementedError
+
+    def stored_events(self, agent: str | None = None, since: str | None = None) -> list[dict]:
+        """System events (`agent`'s, or all; created since `since`), dismissed ones too, in insertion order:
+        {id, agent, source, payload, created, dismissed_at}."""
+        raise NotImplementedError
+
+    def restore_messages(self, messages: list[dict]) -> int:
+        """Store rows shaped as stored_messages gives them (refs a list or None; no seq), with their
+        attachments, broadcast states and schedule, indexed for search; those whose id is there (or came
+        earlier in `messages`) are skipped. Their recipients are woken on commit. How many were added."""
+        raise NotImplementedError
+
+    def restore_blob(self, sha256: str, content: bytes, created: str) -> bool:
+        """Store attachment content unless it is there; whether it was added."""
+        raise NotImplementedError
+
+    def restore_profile(self, profile: dict) -> bool:
+        """Store a profile (stored_profiles' shape) unless its identity has one; whether it was added."""
+        raise NotImplementedError
+
+    def restore_event(self, event: dict) -> bool:
+        """Store a system event (stored_events' shape) unless its id is there; whether it was added."""
+        raise NotImplementedError
+
+
+class Store(WholeMailbox):
     """A mailbox. Subclasses implement the queries; waiting has a polling default."""
 
     #: What `describe` calls this backend.
@@ -61,8 +198,9 @@ class Store:
     # `now` (ISO UTC) decides visibility: a scheduled message is invisible to its recipients until
     # due, and a cancelled one forever. Per-agent state (read_at, acked_at, archived_at, deleted_at)
     # lives on the row for direct mail and per agent for broadcasts.
-    def insert_message(self, message: dict) -> None:
-        """Store one message row; one with deliver_at is also queued for publication."""
+    def insert_message(self, message: dict, attachment_names=()) -> None:
+        """Store one message row, indexed for search in the same transaction (with its attachments' names);
+        one with deliver_at is also queued for publication. Wakes its recipient's watches on commit."""
         raise NotImplementedError
 
     def get_message(self, message_id: str) -> dict | None:

@@ -270,7 +270,7 @@ class PostgresStore(SQLStore):
         self._connect(first=True)
 
     # -- dialect hooks (see store/sql.py) ------------------------------------------
-    _SEARCH_COLUMN = (", search", ", CAST(:search AS tsvector)")
+    _SEARCH_COLUMN = ("search", "CAST({} AS tsvector)")
     # A walk of 5,000 rows is ~15 ms; a word in more than ~1 % of the mail fills a page of results within it.
     _SEARCH_WINDOW = 5000
 
@@ -312,7 +312,7 @@ class PostgresStore(SQLStore):
         for table in ("messages", "broadcast_acks", "attachments", "scheduled"):
             self._autocommit("analysing the copy", lambda t=table: self._x(f"VACUUM (ANALYZE) {t}"))
 
-    def _after_bulk_insert(self) -> None:
+    def after_bulk_insert(self) -> None:
         for table in ("messages", "system_events"):
             self._x(f"SELECT setval(pg_get_serial_sequence('{table}', 'seq'), GREATEST(COALESCE(MAX(seq), 0), 1), "
                     f"MAX(seq) IS NOT NULL) FROM {table}")
@@ -660,9 +660,9 @@ def inspect(url: str) -> dict:
 def check(url: str) -> dict:
     """What `doctor` reports of a PostgreSQL mailbox, without creating or changing anything: {schema: {...},
     counts: {table: n}}; the server keeps its own integrity, so there is nothing of ours to repair."""
-    from agent_mail import copying
+    from agent_mail.store import schema
 
-    tables = (*copying.TABLES, "schema_migrations")  # every table of a mailbox
+    tables = schema.ALL_TABLES
     conninfo, schema = split_url(url)
     try:
         with psycopg.connect(conninfo, autocommit=True, connect_timeout=os.environ.get("PGCONNECT_TIMEOUT", "5")) as db:

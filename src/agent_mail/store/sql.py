@@ -4,7 +4,8 @@ A backend subclasses `SQLStore` and sets its dialect: the column that orders mes
 (`SEQ`), how a stored timestamp becomes comparable (`_ts`), index hints (`_hint`), and how a
 statement reaches its driver (`_x`, `_many`; queries are written with `:name` and `?` placeholders,
 which a driver of another style translates once per statement text). Everything else (the
-visibility rule, fan-out state, counts, threads, cleanup) is the same text on every engine.
+visibility rule, fan-out state, counts, threads, cleanup) is the same text on every engine; what only
+supervision, search, cleanup, copy, export and import use is in store/sql_overview.py and sql_bulk.py.
 
 Timestamps are ISO 8601 text in UTC with microseconds, so text order is time order; SQLite also
 orders through julianday() because mailboxes of older implementations stored local offsets.
@@ -17,9 +18,6 @@ from contextlib import contextmanager
 from agent_mail.store.base import Store
 
 _FLAG_COLUMNS = {"read": "read_at", "ack": "acked_at", "archive": "archived_at", "delete": "deleted_at"}
-HARNESS_COLUMNS = ("id", "harness", "agent", "pid", "host", "started_at", "last_seen", "told_seq", "told_at",
-                   "told_event", "waiter", "ended_at")
-LIVENESS_TABLES = ("watch_sessions", "watchers", "heartbeats", "harness_sessions")
 
 
 def decode_refs(raw: object) -> list:
@@ -61,6 +59,17 @@ def page(rows: list[dict], limit: int | None, newest: bool) -> list[dict]:
     if limit is not None:
         rows = rows[-limit:] if newest else rows[:limit]
     return rows
+
+
+def _kept_in(module: str, name: str):
+    """A method that is the function `name` of store/`module`.py, imported when first called."""
+
+    def method(self, *args, **kwargs):
+        return getattr(__import__(f"agent_mail.store.{module}", fromlist=[name]), name)(self, *args, **kwargs)
+
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = getattr(Store, name).__doc__
+    return method
 
 
 class _Fragments:
@@ -106,7 +115,227 @@ class _Fragments:
         return direct, broadcast
 
 
-class SQLStore(Store):
+class _BesideTheMail:
+    """The SQL of what sits beside the mail (profiles, system events, every identity's counts, liveness, harness
+    sessions): part of SQLStore, declared apart to keep each class readable; spelled through its dialect hooks."""
+
+    # -- profiles and the system channel ---------------------------------------------
+    def profile(self, agent: str) -> dict | None:
+        rows = self._query("SELECT agent, human, mirror_dir, max_entries, updated_at FROM profiles WHERE agent = ?",
+                           (agent,))
+        if not rows:
+            return None
+        rows[0]["human"] = bool(rows[0]["human"])
+        return rows[0]
+
+    def save_profile(self, profile: dict) -> None:
+        self._x(
+            "INSERT INTO profiles (agent, human, mirror_dir, max_entries, updated_at) "
+            "VALUES (:agent, :human, :mirror_dir, :max_entries, :updated_at) ON CONFLICT (agent) DO UPDATE SET "
+            "human = excluded.human, mirror_dir = excluded.mirror_dir, max_entries = excluded.max_entries, "
+            "updated_at = excluded.updated_at",
+            {**profile, "human": int(bool(profile["human"]))},
+        )
+
+    def mirrored_agents(self) -> list[str]:
+        return [r[0] for r in self._x("SELECT agent FROM profiles WHERE mirror_dir IS NOT NULL ORDER BY agent")]
+
+    def humans(self) -> set[str]:
+        return {r[0] for r in self._x("SELECT agent FROM profiles WHERE human = 1")}
+
+    def add_event(self, event_id: str, agent: str, source: str, payload: dict, at: str) -> None:
+        self._x("INSERT INTO system_events (id, agent, source, payload, created) VALUES (?, ?, ?, ?, ?)",
+                (event_id, agent, source, encode_json(payload), at))
+
+    def events(self, agent: str) -> list[dict]:
+        return [
+            {"id": r[0], "source": r[1], **decode_json(r[2]), "created": r[3]}
+            for r in self._x(f"SELECT id, source, payload, created FROM system_events WHERE agent = ? "
+                             f"AND dismissed_at IS NULL ORDER BY {self.SEQ}", (agent,))
+        ]
+
+    def dismiss_events(self, agent: str, event_ids: list[str], at: str) -> list[str]:
+        """Dismiss these events of `agent`; return the ids that were open."""
+        marks, params = ids_clause(event_ids)
+        found = [r[0] for r in self._x(
+            f"SELECT id FROM system_events WHERE agent = :agent AND dismissed_at IS NULL AND id IN ({marks})",
+            {"agent": agent, **params})]
+        if found:
+            self._many("UPDATE system_events SET dismissed_at = ? WHERE id = ?", [(at, i) for i in found])
+        return found
+
+    # -- overview and maintenance ---------------------------------------------
+    def agent_counts(self, now: str) -> dict[str, dict]:
+        counts: dict[str, dict] = {}
+        params = {"now": now}
+        visible = self.F.visible
+
+        def entry(agent: str) -> dict:
+            return counts.setdefault(agent, {"unread": 0, "unacked": 0})
+
+        # The partial indexes of open mail cover these counts (SQLite is told so: its planner would otherwise
+        # take an arrival-ordered index and read every row).
+        for key, index, condition in (
+            ("unread", "idx_messages_unread", "read_at IS NULL"),
+            ("unacked", "idx_messages_unacked", "acked_at IS NULL AND archived_at IS NULL AND deleted_at IS NULL"),
+        ):
+            for agent, n in self._x(
+                f"SELECT recipient, COUNT(*) FROM messages m {self._hint(index)} WHERE {condition} "
+                f"AND recipient != '*' AND {visible} GROUP BY recipient", params):
+                entry(agent)[key] = n
+        # Separate DISTINCTs: each walks its index skipping duplicates; a UNION would sort every row.
+        for sql in (self._distinct("sender", "messages"),
+                    self._distinct("recipient", f"messages {self._hint('idx_messages_recipient')}"),
+                    self._distinct("agent", "watch_sessions"), "SELECT agent FROM heartbeats",
+                    "SELECT agent FROM profiles"):
+            for (agent,) in self._x(sql):
+                if agent != "*":
+                    entry(agent)
+        sent_broadcasts = dict(self._x(
+            f"SELECT sender, COUNT(*) FROM messages m WHERE recipient = '*' AND {visible} GROUP BY sender", params
+        ).fetchall())
+        total_broadcasts = sum(sent_broadcasts.values())
+        if total_broadcasts:
+            settled = self._broadcast_state(params)
+            for agent, row in counts.items():
+                waiting = total_broadcasts - sent_broadcasts.get(agent, 0)
+                read, done = settled.get(agent, (0, 0))
+                row["unread"] += waiting - read
+                row["unacked"] += waiting - done
+        return counts
+
+    def _broadcast_state(self, params: dict) -> dict[str, tuple[int, int]]:
+        """{agent: (broadcasts read, broadcasts acted on)} over visible broadcasts from others.
+
+        Every broadcast_acks row is made for a visible broadcast by someone else (state is only
+        ever recorded for mail an agent could see, cancelling works only before a message is
+        visible, and cleanup removes a message's rows with it). When a count of the rows that
+        belong to visible broadcasts confirms that, the rows are aggregated per agent straight
+        from an index; otherwise (a mailbox some other writer left inconsistent) they are joined
+        to their messages, which is exact but reads every row's message.
+        """
+        visible = self.F.visible
+        total = belonging = 0
+        if not self._BROADCAST_STATE_BY_JOIN:
+            total = self._value("SELECT COUNT(*) FROM broadcast_acks")
+            belonging = self._value(
+                f"SELECT COUNT(*) FROM messages m {self._hint('idx_messages_broadcasts')} JOIN broadcast_acks b "
+                f"ON b.message_id = m.id WHERE m.recipient = '*' AND {visible}", params)
+        acted = ("CASE WHEN b.acked_at IS NOT NULL OR b.archived_at IS NOT NULL OR b.deleted_at IS NOT NULL "
+                 "THEN 1 ELSE 0 END")
+        if self._BROADCAST_STATE_BY_JOIN or total != belonging:
+            sql = (f"SELECT b.agent, COUNT(b.read_at), SUM({acted}) FROM messages m JOIN broadcast_acks b "
+                   f"ON b.message_id = m.id WHERE m.recipient = '*' AND m.sender != b.agent AND {visible} "
+                   "GROUP BY b.agent")
+            return {agent: (read, int(done)) for agent, read, done in self._x(sql, params)}
+        state: dict[str, tuple[int, int]] = {}
+        for agent, read in self._x("SELECT agent, COUNT(*) FROM broadcast_acks b WHERE read_at IS NOT NULL "
+                                   "GROUP BY agent"):
+            state[agent] = (read, 0)
+        for agent, done in self._x("SELECT agent, COUNT(*) FROM broadcast_acks b WHERE b.acked_at IS NOT NULL "
+                                   "OR b.archived_at IS NOT NULL OR b.deleted_at IS NOT NULL GROUP BY agent"):
+            state[agent] = (state.get(agent, (0, 0))[0], done)
+        return state
+
+    # -- liveness ------------------------------------------------------------
+    def open_session(self, session_id: str, agent: str, at: str) -> None:
+        self._x("INSERT INTO watch_sessions (id, agent, started_at, last_seen, state) VALUES (?, ?, ?, ?, 'armed')",
+                (session_id, agent, at, at))
+
+    def touch_session(self, session_id: str, at: str) -> None:
+        self._x("UPDATE watch_sessions SET last_seen = ? WHERE id = ? AND state = 'armed'", (at, session_id))
+
+    def release_session(self, session_id: str, at: str, reason: str) -> None:
+        self._x("UPDATE watch_sessions SET state = 'released', released_at = :at, released_reason = :reason, "
+                "last_seen = :at WHERE id = :id AND state = 'armed'", {"at": at, "reason": reason, "id": session_id})
+
+    def record_heartbeat(self, agent: str, at: str) -> None:
+        self._x("INSERT INTO heartbeats (agent, last_seen) VALUES (?, ?) "
+                "ON CONFLICT (agent) DO UPDATE SET last_seen = excluded.last_seen", (agent, at))
+
+    def _latest(self, column: str) -> str:
+        """Two columns: the latest `column` of a group, as stored, and anything (its sort key, where used)."""
+        return f"MAX({column}), NULL"
+
+    def liveness(self, agent: str | None = None) -> dict[str, dict]:
+        from agent_mail.model import parse_iso
+
+        where = "agent = :agent" if agent is not None else "1 = 1"
+        # One statement (each part a latest time per identity, and the session count as text), one round trip.
+        parts = (
+            ("session_seen", f"SELECT 'session_seen', agent, {self._latest('last_seen')} FROM watch_sessions "
+                             f"WHERE {where} GROUP BY agent"),
+            ("armed_seen", f"SELECT 'armed_seen', agent, {self._latest('last_seen')} FROM watch_sessions "
+                           f"WHERE state = 'armed' AND {where} GROUP BY agent"),
+            ("released_at", f"SELECT 'released_at', agent, {self._latest('released_at')} FROM watch_sessions "
+                            f"WHERE state = 'released' AND {where} GROUP BY agent"),
+            ("heartbeat", f"SELECT 'heartbeat', agent, {self._latest('last_seen')} FROM heartbeats WHERE {where} "
+                          "GROUP BY agent"),
+            ("sessions", f"SELECT 'sessions', agent, CAST(COUNT(*) AS TEXT), NULL FROM watch_sessions WHERE {where} "
+                         "GROUP BY agent"),
+        )
+        facts: dict[str, dict] = {}
+        for key, name, value, _ in self._x(" UNION ALL ".join(sql for _, sql in parts), {"agent": agent}):
+            self._fact(facts, name)[key] = int(value) if key == "sessions" else parse_iso(value)
+        return facts
+
+    @staticmethod
+    def _fact(facts: dict, name: str) -> dict:
+        return facts.setdefault(name, {"armed_seen": None, "released_at": None, "session_seen": None,
+                                       "heartbeat": None, "sessions": 0})
+
+    # -- harness sessions (hooks) -------------------------------------------
+    def harness_session(self, session_id: str) -> dict | None:
+        from agent_mail.store.schema import HARNESS_COLUMNS
+
+        rows = self._query(f"SELECT {', '.join(HARNESS_COLUMNS)} FROM harness_sessions WHERE id = ?", (session_id,))
+        return rows[0] if rows else None
+
+    def save_harness_session(self, session: dict) -> None:
+        from agent_mail.store.schema import HARNESS_COLUMNS
+
+        self._x(
+            f"INSERT INTO harness_sessions ({', '.join(HARNESS_COLUMNS)}) "
+            f"VALUES ({', '.join(':' + c for c in HARNESS_COLUMNS)}) "
+            f"ON CONFLICT (id) DO UPDATE SET {', '.join(f'{c} = excluded.{c}' for c in HARNESS_COLUMNS[1:])}",
+            {c: session.get(c) for c in HARNESS_COLUMNS})
+
+    def harness_sessions_of(self, agent: str | None = None) -> list[dict]:
+        where = "ended_at IS NULL" + (" AND agent = :agent" if agent is not None else "")
+        return self._query(f"SELECT id, harness, agent, pid, host, started_at, last_seen FROM harness_sessions "
+                           f"WHERE {where}", {"agent": agent})
+
+    def untold(self, agent: str, now: str, told_seq: int, told_at: str | None, limit: int) -> tuple[list[dict], int]:
+        """(the oldest `limit` unread envelopes for `agent` it has not been told of, how many there are): mail
+        committed after message `told_seq` (writers are serialised, so insertion order is commit order), and
+        delayed mail that fell due after `told_at`. Reads only the rows since, and the delayed mail that
+        arrived since (the arrival index)."""
+        F = self.F
+        params = {"agent": agent, "now": now, "seq": told_seq, "since": told_at or now}
+        unread = (f"((m.recipient = :agent AND m.read_at IS NULL) OR (m.recipient = '*' AND m.sender != :agent "
+                  f"AND {F.not_read_by})) AND {F.visible}")
+        rows = self._query(
+            f"SELECT {F.envelope} FROM messages m WHERE m.{self.SEQ} > :seq AND {unread} "
+            f"UNION SELECT {F.envelope} FROM messages m {self._hint('idx_messages_arrival')} WHERE {F.m_arrived} > "
+            f"{self._ts(':since')} AND {F.m_arrived} <= {self._ts(':now')} AND m.deliver_at IS NOT NULL AND {unread}",
+            params)
+        return page(rows, limit, newest=False), len(rows)
+
+    def newest_seq(self) -> int:
+        return self.mail_marker() or 0  # the newest message, as the watch's safety net reads it
+
+    def events_since(self, agent: str, after: int) -> tuple[list[dict], int]:
+        """(undismissed system events of `agent` after event `after`, the newest event in insertion order)."""
+        rows = self._x(f"SELECT {self.SEQ}, id, source, payload, created FROM system_events WHERE agent = ? "
+                       f"AND dismissed_at IS NULL AND {self.SEQ} > ? ORDER BY {self.SEQ}", (agent, after)).fetchall()
+        newest = self._value(f"SELECT COALESCE(MAX({self.SEQ}), 0) FROM system_events")
+        return [{"id": r[1], "source": r[2], **decode_json(r[3]), "created": r[4]} for r in rows], newest
+
+    def mail_marker(self) -> object:
+        return self._value(f"SELECT MAX({self.SEQ}) FROM messages")
+
+
+class SQLStore(_BesideTheMail, Store):
     """The queries of a mailbox in a SQL database; subclasses supply the connection and the dialect."""
 
     #: The column numbering messages (and system events) in insertion order.
@@ -129,7 +358,8 @@ class SQLStore(Store):
     #: How many of the newest rows a search walks in order before asking the full-text index for the rest
     #: (0: the engine's own plan, which SQLite's FTS5 makes in rowid order anyway).
     _SEARCH_WINDOW = 0
-    #: (", column", ", value") added to a message's INSERT to index it there; empty where the index is a table.
+    #: (column, value) of a message's INSERT that indexes it there, the value a format of its placeholder;
+    #: empty where the index is a table of its own.
     _SEARCH_COLUMN = ("", "")
 
     def _index_inserted(self, entry: dict) -> None:
@@ -145,10 +375,6 @@ class SQLStore(Store):
     def _search_text(self, query, subject_only: bool, marks: tuple[tuple[str, ...], ...]) -> str:
         """The backend's query text for `query` and the route marks rows must carry (index.routes)."""
         raise NotImplementedError
-
-    def index_missing(self) -> int:
-        """Index every message the search index lacks (rows another tool wrote, a copy, a migration)."""
-        return 0
 
     def _unindex(self, where: str, params: dict) -> None:
         """Take the messages matching `where` out of the search index, before they are deleted."""
@@ -176,12 +402,6 @@ class SQLStore(Store):
         """A query of the distinct non-null values of `column` in `table`."""
         return f"SELECT DISTINCT {column} FROM {table}"
 
-    def after_copy(self) -> None:
-        """Called after a copy committed, outside any transaction: let the engine catch up (statistics)."""
-
-    def _after_bulk_insert(self) -> None:
-        """Called after rows were inserted with their insertion sequence given (a copy): let the engine's own
-        numbering continue after them."""
 
     def _wake(self, recipient: str) -> None:
         """Queue a wake-up for `recipient`'s watches ('*': everyone), sent if the transaction commits."""
@@ -244,6 +464,7 @@ class SQLStore(Store):
 
         entry = index.document(message, attachment_names)
         column, value = self._SEARCH_COLUMN
+        column, value = (f", {column}", f", {value.format(':search')}") if column else ("", "")
         self._x(
             "INSERT INTO messages (id, sender, recipient, subject, body, refs, reply_to, type, created, deliver_at, "
             f"batch_id{column}) VALUES (:id, :sender, :recipient, :subject, :body, :refs, :reply_to, :type, :created, "
@@ -373,7 +594,6 @@ class SQLStore(Store):
         return page(self._query(direct, params) + self._query(broadcast, params), None, newest=False)
 
     def set_flags(self, agent: str, messages: list[dict], at: str, flags: tuple[str, ...]) -> None:
-        """Stamp this agent's read / ack / archive / delete times (earlier stamps are kept)."""
         columns = [_FLAG_COLUMNS[f] for f in flags]
         updates = ", ".join(f"{c} = COALESCE({c}, :at)" for c in columns)
         direct = [{"at": at, "id": m["id"]} for m in messages if m["recipient"] != "*"]
@@ -467,401 +687,13 @@ class SQLStore(Store):
         row = self._x("SELECT content FROM attachment_blobs WHERE sha256 = ?", (sha256,)).fetchone()
         return None if row is None else bytes(row[0])
 
-    # -- profiles and the system channel ---------------------------------------------
-    def profile(self, agent: str) -> dict | None:
-        rows = self._query("SELECT agent, human, mirror_dir, max_entries, updated_at FROM profiles WHERE agent = ?",
-                           (agent,))
-        if not rows:
-            return None
-        rows[0]["human"] = bool(rows[0]["human"])
-        return rows[0]
 
-    def save_profile(self, profile: dict) -> None:
-        self._x(
-            "INSERT INTO profiles (agent, human, mirror_dir, max_entries, updated_at) "
-            "VALUES (:agent, :human, :mirror_dir, :max_entries, :updated_at) ON CONFLICT (agent) DO UPDATE SET "
-            "human = excluded.human, mirror_dir = excluded.mirror_dir, max_entries = excluded.max_entries, "
-            "updated_at = excluded.updated_at",
-            {**profile, "human": int(bool(profile["human"]))},
-        )
-
-    def mirrored_agents(self) -> list[str]:
-        return [r[0] for r in self._x("SELECT agent FROM profiles WHERE mirror_dir IS NOT NULL ORDER BY agent")]
-
-    def humans(self) -> set[str]:
-        return {r[0] for r in self._x("SELECT agent FROM profiles WHERE human = 1")}
-
-    def add_event(self, event_id: str, agent: str, source: str, payload: dict, at: str) -> None:
-        self._x("INSERT INTO system_events (id, agent, source, payload, created) VALUES (?, ?, ?, ?, ?)",
-                (event_id, agent, source, encode_json(payload), at))
-
-    def events(self, agent: str) -> list[dict]:
-        return [
-            {"id": r[0], "source": r[1], **decode_json(r[2]), "created": r[3]}
-            for r in self._x(f"SELECT id, source, payload, created FROM system_events WHERE agent = ? "
-                             f"AND dismissed_at IS NULL ORDER BY {self.SEQ}", (agent,))
-        ]
-
-    def dismiss_events(self, agent: str, event_ids: list[str], at: str) -> list[str]:
-        """Dismiss these events of `agent`; return the ids that were open."""
-        marks, params = ids_clause(event_ids)
-        found = [r[0] for r in self._x(
-            f"SELECT id FROM system_events WHERE agent = :agent AND dismissed_at IS NULL AND id IN ({marks})",
-            {"agent": agent, **params})]
-        if found:
-            self._many("UPDATE system_events SET dismissed_at = ? WHERE id = ?", [(at, i) for i in found])
-        return found
-
-    # -- supervision (the dashboard): every identity's mail at once, read only ------------------------------
-    def recent_rows(self, limit: int, before_seq: int | None = None) -> list[dict]:
-        """The newest `limit` message rows (one per recipient of a fan-out, one per broadcast), newest first,
-        with each row's own state, scheduled and withdrawn ones included."""
-        where = "WHERE m.{0} < :before".format(self.SEQ) if before_seq is not None else ""
-        return self._query(
-            f"SELECT {self.F.columns}, m.read_at, m.acked_at, m.archived_at, m.deleted_at, m.cancelled_at, "
-            f"m.batch_id FROM messages m {where} ORDER BY m.{self.SEQ} DESC LIMIT :limit",
-            {"limit": limit, "before": before_seq})
-
-    def batch_rows(self, batch_ids: list[str]) -> list[dict]:
-        """Every row of these fan-outs (a send to several recipients is one row each, sharing its batch)."""
-        if not batch_ids:
-            return []
-        marks, params = ids_clause(batch_ids)
-        return self._query(
-            f"SELECT {self.F.columns}, m.read_at, m.acked_at, m.archived_at, m.deleted_at, m.cancelled_at, "
-            f"m.batch_id FROM messages m WHERE m.batch_id IN ({marks}) ORDER BY m.{self.SEQ}", params)
-
-    def broadcast_tallies(self, message_ids: list[str]) -> dict[str, dict]:
-        """{broadcast id: {"read": n, "acked": n}}: how many identities have read and acted on each."""
-        if not message_ids:
-            return {}
-        marks, params = ids_clause(message_ids)
-        return {row[0]: {"read": row[1], "acked": row[2]} for row in self._x(
-            "SELECT message_id, COUNT(read_at), COUNT(CASE WHEN acked_at IS NOT NULL OR archived_at IS NOT NULL "
-            f"OR deleted_at IS NOT NULL THEN 1 END) FROM broadcast_acks WHERE message_id IN ({marks}) "
-            "GROUP BY message_id", params)}
-
-    def whole_thread(self, message_id: str) -> list[dict]:
-        """Every row of the thread `message_id` belongs to, whoever it was for, in arrival order, with each
-        row's own state (what a supervisor sees; no identity's view)."""
-        root = self._thread_root(message_id)
-        return self._query(
-            # Replies to any copy of a fan-out, and every copy of each send: the thread as the whole team has it.
-            "WITH RECURSIVE thread(id, batch_id) AS (SELECT r.id, r.batch_id FROM messages r WHERE r.id = :root "
-            f"UNION SELECT m.id, m.batch_id FROM {self._THREAD_STEP}) "
-            f"SELECT {self.F.columns}, m.read_at, m.acked_at, m.archived_at, m.deleted_at, m.cancelled_at, "
-            "m.batch_id FROM messages m WHERE m.id IN (SELECT id FROM thread) ORDER BY arrival, seq", {"root": root})
-
-    # -- search ---------------------------------------------------------------
-    def search_rows(self, query, *, subject_only: bool, now: str, limit: int, before: int | None = None,
-                    agent: str | None = None, sender: str | None = None, recipient: str | None = None,
-                    since: str | None = None, thread_ids: list[str] | None = None) -> list[dict]:
-        """Stored rows matching `query` (newest stored first, at most `limit`, stored before seq `before`),
-        within what `agent` may see when given."""
-        from agent_mail import index
-
-        source, match, order = self._search_source()
-        marks = index.routes(agent=agent, sender=sender, recipient=recipient)
-        where, params = [match], {"q": self._search_text(query, subject_only, marks), "now": now, "limit": limit}
-        if agent is not None:
-            where.append(self.F.party)
-            params["agent"] = agent
-        if sender is not None:
-            where.append("m.sender = :sender")
-            params["sender"] = sender
-        if recipient is not None:
-            where.append("m.recipient = :recipient")
-            params["recipient"] = recipient
-        if since is not None:
-            where.append(f"{self.F.m_arrived} >= {self._ts(':since')}")
-            params["since"] = since
-        if thread_ids is not None:
-            # A thread's rows by id, and the index read only between its first and last (probing the index row
-            # by row costs ~0.3 ms a row for a common word's subject tier at 200,000 messages).
-            marks, ids = ids_clause(thread_ids or [""], "t")
-            where.append(f"m.id IN ({marks})")
-            params.update(ids)
-            params["lo"], params["hi"] = self._x(
-                f"SELECT MIN({self.SEQ}), MAX({self.SEQ}) FROM messages WHERE id IN ({marks})", ids).fetchone()
-            where.append(f"{order} BETWEEN :lo AND :hi")
-        if before is not None:
-            where.append(f"{order} < :before")
-            params["before"] = before
-        select = (f"SELECT m.{self.SEQ} AS seq, m.id, m.batch_id, m.sender, m.recipient, m.subject, m.body, m.type, "
-                  f"m.created, m.deliver_at, m.reply_to, m.cancelled_at FROM {source} WHERE {' AND '.join(where)}")
-        if not self._SEARCH_WINDOW or thread_ids is not None:
-            return self._query(f"{select} ORDER BY {order} DESC LIMIT :limit", params)
-        # The newest rows first, walked in order, a window of them at most: a common word fills the page there.
-        # Then the rest through the full-text index alone, sorted (the `+ 0` keeps the planner from walking
-        # every older row in order looking for a rare one, which its estimates invite: 2.8 s at a million).
-        top = before if before is not None else (self._value(f"SELECT MAX({self.SEQ}) FROM messages") or 0) + 1
-        params["floor"] = top - self._SEARCH_WINDOW
-        found = self._query(f"{select} AND {order} > :floor ORDER BY {order} DESC LIMIT :limit", params)
-        if len(found) < limit:
-            params["limit"] = limit - len(found)
-            found += self._query(f"{select} AND {order} <= :floor ORDER BY {order} + 0 DESC LIMIT :limit", params)
-        return found
-
-    def oldest_unacked(self, now: str, agents: list[str]) -> dict[str, str]:
-        """{agent: when its oldest visible mail not yet acted on arrived}, direct mail and broadcasts, for
-        `agents` (those with something unacked)."""
-        from agent_mail.model import parse_iso
-
-        oldest: dict[str, str] = {}
-        for agent, arrived in self._x(
-                f"SELECT recipient, MIN(COALESCE(deliver_at, created)) FROM messages m "
-                f"{self._hint('idx_messages_unacked')} WHERE acked_at IS NULL AND archived_at IS NULL AND "
-                f"deleted_at IS NULL AND recipient != '*' AND {self.F.visible} GROUP BY recipient", {"now": now}):
-            oldest[agent] = arrived
-        if not agents or self._x(f"SELECT 1 FROM messages m WHERE m.recipient = '*' AND {self.F.visible} LIMIT 1",
-                                 {"now": now}).fetchone() is None:
-            return oldest  # no broadcast to wait on anyone
-        # Each agent's oldest broadcast it has not acted on, many agents to a statement (one round trip each).
-        for start in range(0, len(agents), 500):
-            chunk = agents[start:start + 500]
-            params: dict = {"now": now, **{f"a{i}": agent for i, agent in enumerate(chunk)}}
-            rows = self._x(
-                f"WITH a(agent) AS (VALUES {', '.join(f'(:a{i})' for i in range(len(chunk)))}) "
-                f"SELECT a.agent, (SELECT COALESCE(m.deliver_at, m.created) FROM messages m WHERE m.recipient = '*' "
-                f"AND m.sender != a.agent AND {self.F.visible} AND m.id NOT IN (SELECT message_id FROM broadcast_acks "
-                f"{self._hint('idx_broadcast_acks_done')} WHERE agent = a.agent AND (acked_at IS NOT NULL OR "
-                f"archived_at IS NOT NULL OR deleted_at IS NOT NULL)) ORDER BY {self.F.m_arrived} LIMIT 1) FROM a",
-                params).fetchall()
-            for agent, arrived in rows:
-                if arrived is not None and (agent not in oldest or parse_iso(arrived) < parse_iso(oldest[agent])):
-                    oldest[agent] = arrived
-        return oldest
-
-    def open_bounces(self) -> dict[str, int]:
-        """{sender: bounces it has not dismissed}."""
-        return dict(self._x("SELECT agent, COUNT(*) FROM system_events WHERE source = 'email.bounce' AND "
-                            "dismissed_at IS NULL GROUP BY agent").fetchall())
-
-    def sends_per_hour(self, since: str) -> list[tuple[str, str, int]]:
-        """[(hour 'YYYY-MM-DDTHH', sender, sends)] for mail that arrived since `since` (a fan-out counts once)."""
-        return [tuple(row) for row in self._x(
-            "SELECT substr(COALESCE(m.deliver_at, m.created), 1, 13) AS hour, m.sender, "
-            "COUNT(DISTINCT COALESCE(m.batch_id, m.id)) FROM messages m "
-            f"WHERE {self.F.m_arrived} >= {self._ts(':since')} AND m.cancelled_at IS NULL "
-            "GROUP BY hour, m.sender", {"since": since})]
-
-    def open_over_time(self, moments: list[str]) -> list[tuple[int, int]]:
-        """[(unread, unacked)] of direct mail at each of `moments` (ascending ISO timestamps), from the rows'
-        own times: what was delivered by then and not yet read (not yet acted on) at that moment."""
-        if not moments:
-            return []
-        arrived, first = "COALESCE(deliver_at, created)", ":t0"
-        settled = "COALESCE(acked_at, archived_at, deleted_at)"
-        columns, params = [], {}
-        for n, moment in enumerate(moments):
-            params[f"t{n}"] = moment
-            t = f":t{n}"
-            columns.append(f"COUNT(CASE WHEN {arrived} <= {t} AND (read_at IS NULL OR read_at > {t}) THEN 1 END)")
-            columns.append(f"COUNT(CASE WHEN {arrived} <= {t} AND ({settled} IS NULL OR {settled} > {t}) THEN 1 END)")
-        row = self._x(
-            f"SELECT {', '.join(columns)} FROM messages WHERE recipient != '*' AND cancelled_at IS NULL AND "
-            f"(read_at IS NULL OR read_at > {first} OR {settled} IS NULL OR {settled} > {first})", params).fetchone()
-        return [(row[2 * n], row[2 * n + 1]) for n in range(len(moments))]
-
-    # -- overview and maintenance ---------------------------------------------
-    def agent_counts(self, now: str) -> dict[str, dict]:
-        counts: dict[str, dict] = {}
-        params = {"now": now}
-        visible = self.F.visible
-
-        def entry(agent: str) -> dict:
-            return counts.setdefault(agent, {"unread": 0, "unacked": 0})
-
-        # The partial indexes of open mail cover these counts (SQLite is told so: its planner would otherwise
-        # take an arrival-ordered index and read every row).
-        for key, index, condition in (
-            ("unread", "idx_messages_unread", "read_at IS NULL"),
-            ("unacked", "idx_messages_unacked", "acked_at IS NULL AND archived_at IS NULL AND deleted_at IS NULL"),
-        ):
-            for agent, n in self._x(
-                f"SELECT recipient, COUNT(*) FROM messages m {self._hint(index)} WHERE {condition} "
-                f"AND recipient != '*' AND {visible} GROUP BY recipient", params):
-                entry(agent)[key] = n
-        # Separate DISTINCTs: each walks its index skipping duplicates; a UNION would sort every row.
-        for sql in (self._distinct("sender", "messages"),
-                    self._distinct("recipient", f"messages {self._hint('idx_messages_recipient')}"),
-                    self._distinct("agent", "watch_sessions"), "SELECT agent FROM heartbeats",
-                    "SELECT agent FROM profiles"):
-            for (agent,) in self._x(sql):
-                if agent != "*":
-                    entry(agent)
-        sent_broadcasts = dict(self._x(
-            f"SELECT sender, COUNT(*) FROM messages m WHERE recipient = '*' AND {visible} GROUP BY sender", params
-        ).fetchall())
-        total_broadcasts = sum(sent_broadcasts.values())
-        if total_broadcasts:
-            settled = self._broadcast_state(params)
-            for agent, row in counts.items():
-                waiting = total_broadcasts - sent_broadcasts.get(agent, 0)
-                read, done = settled.get(agent, (0, 0))
-                row["unread"] += waiting - read
-                row["unacked"] += waiting - done
-        return counts
-
-    def _broadcast_state(self, params: dict) -> dict[str, tuple[int, int]]:
-        """{agent: (broadcasts read, broadcasts acted on)} over visible broadcasts from others.
-
-        Every broadcast_acks row is made for a visible broadcast by someone else (state is only
-        ever recorded for mail an agent could see, cancelling works only before a message is
-        visible, and cleanup removes a message's rows with it). When a count of the rows that
-        belong to visible broadcasts confirms that, the rows are aggregated per agent straight
-        from an index; otherwise (a mailbox some other writer left inconsistent) they are joined
-        to their messages, which is exact but reads every row's message.
-        """
-        visible = self.F.visible
-        total = belonging = 0
-        if not self._BROADCAST_STATE_BY_JOIN:
-            total = self._value("SELECT COUNT(*) FROM broadcast_acks")
-            belonging = self._value(
-                f"SELECT COUNT(*) FROM messages m {self._hint('idx_messages_broadcasts')} JOIN broadcast_acks b "
-                f"ON b.message_id = m.id WHERE m.recipient = '*' AND {visible}", params)
-        acted = ("CASE WHEN b.acked_at IS NOT NULL OR b.archived_at IS NOT NULL OR b.deleted_at IS NOT NULL "
-                 "THEN 1 ELSE 0 END")
-        if self._BROADCAST_STATE_BY_JOIN or total != belonging:
-            sql = (f"SELECT b.agent, COUNT(b.read_at), SUM({acted}) FROM messages m JOIN broadcast_acks b "
-                   f"ON b.message_id = m.id WHERE m.recipient = '*' AND m.sender != b.agent AND {visible} "
-                   "GROUP BY b.agent")
-            return {agent: (read, int(done)) for agent, read, done in self._x(sql, params)}
-        state: dict[str, tuple[int, int]] = {}
-        for agent, read in self._x("SELECT agent, COUNT(*) FROM broadcast_acks b WHERE read_at IS NOT NULL "
-                                   "GROUP BY agent"):
-            state[agent] = (read, 0)
-        for agent, done in self._x("SELECT agent, COUNT(*) FROM broadcast_acks b WHERE b.acked_at IS NOT NULL "
-                                   "OR b.archived_at IS NOT NULL OR b.deleted_at IS NOT NULL GROUP BY agent"):
-            state[agent] = (state.get(agent, (0, 0))[0], done)
-        return state
-
-    def cleanup(self, cutoff: str, dry_run: bool) -> dict:
-        # Age counts from arrival: a delayed message not yet delivered has not arrived, whatever its creation.
-        ts = self._ts
-        arrived = ts("COALESCE(deliver_at, created)")
-        old = f"{arrived} < {ts(':cutoff')}"
-        params = {"cutoff": cutoff}
-        count, oldest, newest = self._x(
-            f"SELECT COUNT(*), (SELECT COALESCE(deliver_at, created) FROM messages WHERE {old} ORDER BY {arrived} "
-            f"LIMIT 1), (SELECT COALESCE(deliver_at, created) FROM messages WHERE {old} ORDER BY {arrived} DESC "
-            f"LIMIT 1) FROM messages WHERE {old}",
-            params,
-        ).fetchone()
-        stale = f"{ts('last_seen')} < {ts(':cutoff')}"
-        sessions = sum(self._value(f"SELECT COUNT(*) FROM {table} WHERE {stale}", params) for table in LIVENESS_TABLES)
-        old_event = f"{ts('created')} < {ts(':cutoff')}"
-        events = self._value(f"SELECT COUNT(*) FROM system_events WHERE {old_event}", params)
-        doomed = f"SELECT id FROM messages WHERE {old}"
-        # Content no message will refer to once these are gone.
-        orphans = (
-            f"SELECT sha256 FROM attachment_blobs WHERE {ts('created')} < {ts(':cutoff')} AND sha256 NOT IN "
-            f"(SELECT sha256 FROM attachments WHERE message_id NOT IN ({doomed}))"
-        )
-        blobs = self._value(f"SELECT COUNT(*) FROM ({orphans}) AS orphans", params)
-        if not dry_run:
-            self._unindex(old, params)
-            for table, column in (("broadcast_acks", "message_id"), ("attachments", "message_id"),
-                                  ("scheduled", "message_id")):
-                self._x(f"DELETE FROM {table} WHERE {column} IN ({doomed})", params)
-            self._x(f"DELETE FROM attachment_blobs WHERE sha256 IN ({orphans})", params)
-            self._x(f"DELETE FROM messages WHERE {old}", params)
-            for table in LIVENESS_TABLES:
-                self._x(f"DELETE FROM {table} WHERE {stale}", params)
-            self._x(f"DELETE FROM system_events WHERE {old_event}", params)
-        return {"deleted_count": count, "oldest_deleted": oldest, "newest_deleted": newest,
-                "sessions_deleted": sessions, "events_deleted": events, "attachments_deleted": blobs}
-
-    # -- liveness ------------------------------------------------------------
-    def open_session(self, session_id: str, agent: str, at: str) -> None:
-        self._x("INSERT INTO watch_sessions (id, agent, started_at, last_seen, state) VALUES (?, ?, ?, ?, 'armed')",
-                (session_id, agent, at, at))
-
-    def touch_session(self, session_id: str, at: str) -> None:
-        self._x("UPDATE watch_sessions SET last_seen = ? WHERE id = ? AND state = 'armed'", (at, session_id))
-
-    def release_session(self, session_id: str, at: str, reason: str) -> None:
-        self._x("UPDATE watch_sessions SET state = 'released', released_at = :at, released_reason = :reason, "
-                "last_seen = :at WHERE id = :id AND state = 'armed'", {"at": at, "reason": reason, "id": session_id})
-
-    def record_heartbeat(self, agent: str, at: str) -> None:
-        self._x("INSERT INTO heartbeats (agent, last_seen) VALUES (?, ?) "
-                "ON CONFLICT (agent) DO UPDATE SET last_seen = excluded.last_seen", (agent, at))
-
-    def _latest(self, column: str) -> str:
-        """Two columns: the latest `column` of a group, as stored, and anything (its sort key, where used)."""
-        return f"MAX({column}), NULL"
-
-    def liveness(self, agent: str | None = None) -> dict[str, dict]:
-        from agent_mail.model import parse_iso
-
-        where = "agent = :agent" if agent is not None else "1 = 1"
-        # One statement (each part a latest time per identity, and the session count as text), one round trip.
-        parts = (
-            ("session_seen", f"SELECT 'session_seen', agent, {self._latest('last_seen')} FROM watch_sessions "
-                             f"WHERE {where} GROUP BY agent"),
-            ("armed_seen", f"SELECT 'armed_seen', agent, {self._latest('last_seen')} FROM watch_sessions "
-                           f"WHERE state = 'armed' AND {where} GROUP BY agent"),
-            ("released_at", f"SELECT 'released_at', agent, {self._latest('released_at')} FROM watch_sessions "
-                            f"WHERE state = 'released' AND {where} GROUP BY agent"),
-            ("heartbeat", f"SELECT 'heartbeat', agent, {self._latest('last_seen')} FROM heartbeats WHERE {where} "
-                          "GROUP BY agent"),
-            ("sessions", f"SELECT 'sessions', agent, CAST(COUNT(*) AS TEXT), NULL FROM watch_sessions WHERE {where} "
-                         "GROUP BY agent"),
-        )
-        facts: dict[str, dict] = {}
-        for key, name, value, _ in self._x(" UNION ALL ".join(sql for _, sql in parts), {"agent": agent}):
-            self._fact(facts, name)[key] = int(value) if key == "sessions" else parse_iso(value)
-        return facts
-
-    @staticmethod
-    def _fact(facts: dict, name: str) -> dict:
-        return facts.setdefault(name, {"armed_seen": None, "released_at": None, "session_seen": None,
-                                       "heartbeat": None, "sessions": 0})
-
-    # -- harness sessions (hooks) -------------------------------------------
-    def harness_session(self, session_id: str) -> dict | None:
-        rows = self._query(f"SELECT {', '.join(HARNESS_COLUMNS)} FROM harness_sessions WHERE id = ?", (session_id,))
-        return rows[0] if rows else None
-
-    def save_harness_session(self, session: dict) -> None:
-        self._x(
-            f"INSERT INTO harness_sessions ({', '.join(HARNESS_COLUMNS)}) "
-            f"VALUES ({', '.join(':' + c for c in HARNESS_COLUMNS)}) "
-            f"ON CONFLICT (id) DO UPDATE SET {', '.join(f'{c} = excluded.{c}' for c in HARNESS_COLUMNS[1:])}",
-            {c: session.get(c) for c in HARNESS_COLUMNS})
-
-    def harness_sessions_of(self, agent: str | None = None) -> list[dict]:
-        """Sessions not ended, of one identity or all."""
-        where = "ended_at IS NULL" + (" AND agent = :agent" if agent is not None else "")
-        return self._query(f"SELECT id, harness, agent, pid, host, started_at, last_seen FROM harness_sessions "
-                           f"WHERE {where}", {"agent": agent})
-
-    def untold(self, agent: str, now: str, told_seq: int, told_at: str | None, limit: int) -> tuple[list[dict], int]:
-        """(the oldest `limit` unread envelopes for `agent` it has not been told of, how many there are): mail
-        committed after message `told_seq` (writers are serialised, so insertion order is commit order), and
-        delayed mail that fell due after `told_at`. Reads only the rows since, and the delayed mail that
-        arrived since (the arrival index)."""
-        F = self.F
-        params = {"agent": agent, "now": now, "seq": told_seq, "since": told_at or now}
-        unread = (f"((m.recipient = :agent AND m.read_at IS NULL) OR (m.recipient = '*' AND m.sender != :agent "
-                  f"AND {F.not_read_by})) AND {F.visible}")
-        rows = self._query(
-            f"SELECT {F.envelope} FROM messages m WHERE m.{self.SEQ} > :seq AND {unread} "
-            f"UNION SELECT {F.envelope} FROM messages m {self._hint('idx_messages_arrival')} WHERE {F.m_arrived} > "
-            f"{self._ts(':since')} AND {F.m_arrived} <= {self._ts(':now')} AND m.deliver_at IS NOT NULL AND {unread}",
-            params)
-        return page(rows, limit, newest=False), len(rows)
-
-    def newest_seq(self) -> int:
-        return self.mail_marker() or 0  # the newest message, as the watch's safety net reads it
-
-    def events_since(self, agent: str, after: int) -> tuple[list[dict], int]:
-        """(undismissed system events of `agent` after event `after`, the newest event in insertion order)."""
-        rows = self._x(f"SELECT {self.SEQ}, id, source, payload, created FROM system_events WHERE agent = ? "
-                       f"AND dismissed_at IS NULL AND {self.SEQ} > ? ORDER BY {self.SEQ}", (agent, after)).fetchall()
-        newest = self._value(f"SELECT COALESCE(MAX({self.SEQ}), 0) FROM system_events")
-        return [{"id": r[1], "source": r[2], **decode_json(r[3]), "created": r[4]} for r in rows], newest
-
-    def mail_marker(self) -> object:
-        return self._value(f"SELECT MAX({self.SEQ}) FROM messages")
+# Statements over every identity's mail at once, and over whole tables: loaded only by the commands that use them.
+KEPT_ELSEWHERE = {"sql_overview": ("recent_rows", "batch_rows", "broadcast_tallies", "whole_thread", "search_rows",
+                                   "oldest_unacked", "open_bounces", "sends_per_hour", "open_over_time", "cleanup"),
+                  "sql_bulk": ("table_counts", "read_rows", "write_rows", "count_stored", "stored_messages",
+                               "attachment_blob", "stored_profiles", "stored_events", "blob_size", "restore_blob",
+                               "restore_profile", "restore_event", "restore_messages")}
+for _module, _names in KEPT_ELSEWHERE.items():
+    for _name in _names:
+        setattr(SQLStore, _name, _kept_in(_module, _name))
