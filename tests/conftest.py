@@ -104,6 +104,21 @@ def new_schema_name() -> str:
     return f"t_{_host_tag()}_{os.getpid()}_{os.urandom(4).hex()}"
 
 
+_STARTED_IN = os.getcwd()
+_TOOLS_OWN = {".pytest_cache", ".hypothesis", "__pycache__"}  # what pytest and hypothesis keep there
+
+
+@pytest.fixture(autouse=True)
+def leaves_no_files_behind():
+    """Fail a test that leaves anything in the directory the suite runs in, which is where the processes a
+    test starts work unless told otherwise (a PostgreSQL URL taken for a file path once left
+    ./postgresql:/postgres@.../test?schema=... there)."""
+    before = set(os.listdir(_STARTED_IN))
+    yield
+    left = sorted(set(os.listdir(_STARTED_IN)) - before - _TOOLS_OWN)
+    assert not left, f"this test left {left} in {_STARTED_IN}"
+
+
 @pytest.fixture
 def backend(request):
     """Which backend this test's mailbox is on."""
