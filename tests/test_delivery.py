@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from agent_mail import model, spec
+from agent_mail import model
 from agent_mail.service import open_mailbox
 from conftest import process_env, raw_db
 
@@ -251,7 +251,7 @@ def test_attachments_are_stored_once_and_outlive_the_original(am, report, tmp_pa
 def test_attachment_validation(am, tmp_path, report):
     big = tmp_path / "big.bin"
     with open(big, "wb") as handle:
-        handle.truncate(spec.ATTACHMENT_MAX_BYTES + 1)
+        handle.truncate(model.ATTACHMENT_MAX_BYTES + 1)
     error = am(*send_args("a:x", "b:y"), "--attach", str(big), "--attach", str(tmp_path / "missing"),
                "--attach", str(tmp_path), "--attach", "/dev/null").error
     messages = [p["message"] for p in error["problems"]]
@@ -261,8 +261,8 @@ def test_attachment_validation(am, tmp_path, report):
 
 
 def test_attachment_total_and_count_caps(am, tmp_path, monkeypatch):
-    monkeypatch.setattr(spec, "ATTACHMENTS_MAX_BYTES_PER_SEND", 10)
-    monkeypatch.setattr(spec, "ATTACHMENTS_MAX_COUNT", 2)
+    monkeypatch.setattr(model, "ATTACHMENTS_MAX_BYTES_PER_SEND", 10)
+    monkeypatch.setattr(model, "ATTACHMENTS_MAX_COUNT", 2)
     files = []
     for i in range(3):
         path = tmp_path / f"f{i}"

@@ -27,7 +27,7 @@ import json
 import os
 import sys
 
-from agent_mail import errors, model, spec
+from agent_mail import errors, model
 from agent_mail.service import live_sessions, pid_alive
 from agent_mail.service import host_name as _host
 
@@ -391,7 +391,7 @@ def run(harness: str, event: str, agent: str | None, emit) -> int:
             hook.stop(emit_once)
         elif event == "end":
             hook.end()
-        elif hook.wait(spec.WATCH_MINUTES_DEFAULT) is not None:
+        elif hook.wait(model.WATCH_MINUTES_DEFAULT) is not None:
             return EXIT_WAKE
     if not printed and harness in QUIET and event != "wait":
         emit(QUIET[harness])

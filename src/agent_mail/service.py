@@ -238,8 +238,8 @@ def prepare_send(values: dict) -> tuple[dict, list[tuple[str, str]]]:
     recipients = list(dict.fromkeys(_as_list(values.get("to"))))
     if model.BROADCAST in recipients and len(recipients) > 1:
         problems.append(("--to", "'*' already means everyone; give it alone, or list the recipients instead."))
-    if len(recipients) > spec.RECIPIENTS_MAX:
-        problems.append(("--to", f"{len(recipients)} recipients; the limit is {spec.RECIPIENTS_MAX} a send. Use '*' "
+    if len(recipients) > model.RECIPIENTS_MAX:
+        problems.append(("--to", f"{len(recipients)} recipients; the limit is {model.RECIPIENTS_MAX} a send. Use '*' "
                                  "or split the send."))
     attachments, attach_problems = _read_attachments(_as_list(values.get("attach")))
     problems += attach_problems
@@ -269,8 +269,8 @@ def _read_attachments(paths: list[str]) -> tuple[list[dict], list[tuple[str, str
         return attachments, problems
     import hashlib  # loads OpenSSL: only when something is attached
     import stat
-    if len(paths) > spec.ATTACHMENTS_MAX_COUNT:
-        problems.append(("--attach", f"{len(paths)} files; the limit is {spec.ATTACHMENTS_MAX_COUNT} a send."))
+    if len(paths) > model.ATTACHMENTS_MAX_COUNT:
+        problems.append(("--attach", f"{len(paths)} files; the limit is {model.ATTACHMENTS_MAX_COUNT} a send."))
         return [], problems
     total, seen = 0, set()
     for path in paths:
@@ -290,18 +290,18 @@ def _read_attachments(paths: list[str]) -> tuple[list[dict], list[tuple[str, str
         if not stat.S_ISREG(info.st_mode):
             problems.append(("--attach", f"{path!r} is not a regular file; attach files, not directories or devices."))
             continue
-        if info.st_size > spec.ATTACHMENT_MAX_BYTES:
-            problems.append(("--attach", f"{path!r} is {info.st_size} bytes; the limit is {spec.ATTACHMENT_MAX_BYTES} "
+        if info.st_size > model.ATTACHMENT_MAX_BYTES:
+            problems.append(("--attach", f"{path!r} is {info.st_size} bytes; the limit is {model.ATTACHMENT_MAX_BYTES} "
                                          "a file. Put it somewhere shared and --ref it instead."))
             continue
         try:
             with open(absolute, "rb") as handle:
-                content = handle.read(spec.ATTACHMENT_MAX_BYTES + 1)
+                content = handle.read(model.ATTACHMENT_MAX_BYTES + 1)
         except OSError as exc:
             problems.append(("--attach", f"cannot read {path!r}: {exc.strerror or exc}."))
             continue
-        if len(content) > spec.ATTACHMENT_MAX_BYTES:  # it grew while we looked
-            problems.append(("--attach", f"{path!r} is over the {spec.ATTACHMENT_MAX_BYTES}-byte limit."))
+        if len(content) > model.ATTACHMENT_MAX_BYTES:  # it grew while we looked
+            problems.append(("--attach", f"{path!r} is over the {model.ATTACHMENT_MAX_BYTES}-byte limit."))
             continue
         total += len(content)
         # A name that is not UTF-8 keeps what it can, so the file still travels; the content is exact.
@@ -312,8 +312,8 @@ def _read_attachments(paths: list[str]) -> tuple[list[dict], list[tuple[str, str
             continue
         attachments.append({"name": name, "content": content, "size": len(content),
                             "sha256": hashlib.sha256(content).hexdigest()})
-    if total > spec.ATTACHMENTS_MAX_BYTES_PER_SEND:
-        problems.append(("--attach", f"{total} bytes in all; the limit is {spec.ATTACHMENTS_MAX_BYTES_PER_SEND} a "
+    if total > model.ATTACHMENTS_MAX_BYTES_PER_SEND:
+        problems.append(("--attach", f"{total} bytes in all; the limit is {model.ATTACHMENTS_MAX_BYTES_PER_SEND} a "
                                      "send. Split it, or --ref large files."))
     return attachments, problems
 
@@ -386,18 +386,18 @@ def describe_liveness(facts: dict | None, at: _dt.datetime) -> dict:
     armed_seen, released_at = facts["armed_seen"], facts["released_at"]
     if not facts["sessions"]:
         state = "never"
-    elif within(armed_seen, spec.STALE_SECONDS):
+    elif within(armed_seen, model.STALE_SECONDS):
         state = "armed"
     elif armed_seen is not None and (released_at is None or armed_seen > released_at):
         state = "stale"  # the newest session stopped refreshing without ever exiting: killed
     else:
         state = "released"
     return {
-        "watching": within(last_seen, spec.LIVENESS_SECONDS),
+        "watching": within(last_seen, model.LIVENESS_SECONDS),
         "last_seen": model.iso(last_seen) if last_seen else None,
         "watch_state": state,
         "released_at": model.iso(released_at) if released_at else None,
-        "reachable": state == "armed" or within(facts["heartbeat"], spec.LIVENESS_SECONDS),
+        "reachable": state == "armed" or within(facts["heartbeat"], model.LIVENESS_SECONDS),
     }
 
 
@@ -613,8 +613,8 @@ class Mailbox:
         problems = _identity_problems(checks) + problems
         if not recipients:
             problems.append(("--to", "give at least one recipient."))
-        if delay_minutes is not None and not 0 <= delay_minutes <= spec.DELAY_MINUTES_MAX:
-            problems.append(("--delay-minutes", f"use a value from 0 to {spec.DELAY_MINUTES_MAX:.0f}."))
+        if delay_minutes is not None and not 0 <= delay_minutes <= model.DELAY_MINUTES_MAX:
+            problems.append(("--delay-minutes", f"use a value from 0 to {model.DELAY_MINUTES_MAX:.0f}."))
         if reply_to is not None and not model.message_id_problem(reply_to) and not model.identity_problem(from_):
             with self.store.transaction():  # found with the other problems, so all are reported at once
                 problems += self._reply_to_problems(from_, reply_to)
@@ -1097,7 +1097,7 @@ class Mailbox:
         wanted(): checked at each refresh, False ends the wait early (the MCP call was cancelled)."""
         if once:
             return self._watch_result(agent, self._envelopes(agent), emit=emit, heartbeat=True)
-        minutes = spec.WATCH_MINUTES_DEFAULT if timeout_minutes is None else timeout_minutes
+        minutes = model.WATCH_MINUTES_DEFAULT if timeout_minutes is None else timeout_minutes
         if timeout_seconds is not None:
             minutes = timeout_seconds / 60.0
         # Handlers first (in wait_armed): a signal that arrives once the session exists must still release it.
@@ -1148,11 +1148,11 @@ class Mailbox:
         now = time.monotonic()
         # A backend whose open connection already tells that the watch is there (PostgreSQL) refreshes its row
         # and looks for lost wake-ups less often (idle_scale): fewer wake-ups for a hundred idle watches.
-        refresh_every = spec.REFRESH_SECONDS * self.store.idle_scale
+        refresh_every = model.REFRESH_SECONDS * self.store.idle_scale
         check_every = SAFETY_CHECK_SECONDS * self.store.idle_scale
         deadline, refresh_at, check_at = now + seconds, now + refresh_every, now + check_every
         # wanted() is asked every REFRESH_SECONDS whatever the backend: it costs no round trip.
-        ask_at = now + spec.REFRESH_SECONDS if wanted is not None else deadline
+        ask_at = now + model.REFRESH_SECONDS if wanted is not None else deadline
         self.store.listen(agent, session)  # before the first look: mail committed after it always wakes us
         marker = self.store.mail_marker()
         look, due_at = True, None
@@ -1173,7 +1173,7 @@ class Mailbox:
             if now >= ask_at:
                 if not wanted():
                     return []
-                ask_at = now + spec.REFRESH_SECONDS
+                ask_at = now + model.REFRESH_SECONDS
             if now >= refresh_at:
                 self.store.refresh_session(session, model.now_iso())
                 refresh_at = now + refresh_every
