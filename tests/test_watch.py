@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from agent_mail import model, service
+from agent_mail import model, waits
 from agent_mail.service import describe_liveness, open_mailbox
 from conftest import mailbox_exists, process_env, raw_db
 
@@ -458,7 +458,7 @@ def test_fifty_watches_all_wake_for_one_broadcast(mailbox_path, reap, am):
 def test_mail_whose_wake_up_was_lost_is_found_at_the_next_refresh(am, send, mailbox_path, monkeypatch):
     """A sender killed between its commit and its wake-up, or another tool writing the mailbox: the
     watch's periodic look at the mailbox finds the mail anyway."""
-    monkeypatch.setattr(service, "SAFETY_CHECK_SECONDS", 0.2)
+    monkeypatch.setattr(waits, "SAFETY_CHECK_SECONDS", 0.2)
     am("status").json
     import threading
 

@@ -28,8 +28,8 @@ import os
 import sys
 
 from agent_mail import errors, model
-from agent_mail.service import live_sessions, pid_alive
-from agent_mail.service import host_name as _host
+from agent_mail.liveness import host_name as _host
+from agent_mail.liveness import live_sessions, pid_alive
 
 HARNESSES = ("claude-code", "codex", "gemini")
 EVENTS = ("context", "stop", "wait", "end")
