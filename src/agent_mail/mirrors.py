@@ -64,8 +64,12 @@ class Mirrors:
             self._journal[(directory, name)] = notify.read_document(directory, name)
         return notify.write_document(directory, name, document)
 
-    def render(self, agents, *, email: bool = True, system: bool = False) -> list[dict]:
-        """Rewrite the notification files of those `agents` that have a mirror directory."""
+    def render(self, agents, *, email: bool = True, system: bool = False, written: dict | None = None) -> list[dict]:
+        """Rewrite the notification files of those `agents` that have a mirror directory.
+
+        written: {id: message} of rows the current transaction stored (each with its attachments'
+        [{name, size, sha256}]): listed from memory rather than read back, once per recipient.
+        """
         from agent_mail import notify
 
         results = []
@@ -80,7 +84,8 @@ class Mirrors:
                 continue
             self._rendered.add(agent)
             if email:
-                outcome = self.write(profile["mirror_dir"], notify.EMAIL_FILE, self.unread_mirror(agent, profile))
+                document = self.unread_mirror(agent, profile, written)
+                outcome = self.write(profile["mirror_dir"], notify.EMAIL_FILE, document)
                 results.append({"agent": agent, **outcome})
             if system:
                 events = self.store.events(agent)
@@ -88,10 +93,11 @@ class Mirrors:
                 results.append({"agent": agent, **self.write(profile["mirror_dir"], notify.SYSTEM_FILE, document)})
         return results
 
-    def render_all(self, except_agent: str | None = None) -> list[dict]:
-        return self.render([a for a in self.store.mirrored_agents() if a != except_agent])
+    def render_all(self, except_agent: str | None = None, written: dict | None = None) -> list[dict]:
+        return self.render([a for a in self.store.mirrored_agents() if a != except_agent], written=written)
 
-    def unread_mirror(self, agent: str, profile: dict | None) -> dict | None:
+    def unread_mirror(self, agent: str, profile: dict | None, written: dict | None = None) -> dict | None:
+        """The unread mirror document of `agent` (None when nothing is unread); see render for `written`."""
         from agent_mail import notify
 
         limit = (profile or {}).get("max_entries") or notify.DEFAULT_MAX_ENTRIES
@@ -100,7 +106,13 @@ class Mirrors:
         listed = [m["id"] for m in reversed(self.store.unread(agent, now, limit=limit, newest=True))]
         if not listed:
             return None
-        found = self.store.addressed(agent, listed, now)
+        written = written or {}
+        earlier = [i for i in listed if i not in written]  # stored before this transaction: read them
+        found = self.store.addressed(agent, earlier, now) if earlier else {}
+        attachments = self.store.attachments_of(earlier) if earlier else {}
+        for message_id in listed:
+            if message_id in written:
+                found[message_id] = written[message_id]
+                attachments[message_id] = written[message_id]["attachments"]
         newest = [found[i] for i in listed]
-        attachments = self.store.attachments_of(listed)
         return notify.unread_mirror(agent, newest, self.store.count_unread(agent, now), attachments)

@@ -150,7 +150,8 @@ class Mailbox:
             if model.BROADCAST in recipients:
                 reachable[model.BROADCAST] = liveness.anyone_reachable(self.store, besides=from_)
             reachable[from_] = True  # a note to yourself needs no check
-            deliveries, published = [], []
+            attached = [{k: a[k] for k in ("name", "size", "sha256")} for a in prepared["attachments"]]
+            deliveries, published, written = [], [], {}
             for recipient in recipients:
                 entry = {"recipient": recipient, "id": None, "status": "delivered",
                          "reachable": reachable[recipient]}
@@ -173,6 +174,7 @@ class Mailbox:
                     self.store.add_attachment(message["id"], position, attachment["name"], attachment["content"],
                                               attachment["sha256"], created)
                 entry["id"] = message["id"]
+                written[message["id"]] = {**message, "attachments": attached}  # mirrors list it from here
                 if deliver_at:
                     entry["status"] = "scheduled"
                     entry["deliver_at"] = deliver_at
@@ -185,8 +187,8 @@ class Mailbox:
                                      if len(refused) < len(deliveries) else (None, []))
             mirrors = []
             if model.BROADCAST in published:
-                mirrors += self.mirrors.render_all(except_agent=from_)
-            mirrors += self.mirrors.render([r for r in published if r != model.BROADCAST] + touched)
+                mirrors += self.mirrors.render_all(except_agent=from_, written=written)
+            mirrors += self.mirrors.render([r for r in published if r != model.BROADCAST] + touched, written=written)
             if refused:
                 mirrors += self.mirrors.render([from_], email=False, system=True)
             presence = liveness.presence(self.store, from_)
@@ -200,7 +202,7 @@ class Mailbox:
                 "type": "broadcast" if recipients == [model.BROADCAST] else "direct",
                 "created": created,
                 "refs": prepared["refs"],
-                "attachments": [{k: a[k] for k in ("name", "size", "sha256")} for a in prepared["attachments"]],
+                "attachments": attached,
                 "reply_to": reply_to,
                 "acknowledged": acknowledged,
                 "batch_id": batch,
