@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from agent_mail import model, spec
+from agent_mail import model
 from agent_mail.service import open_mailbox
 from conftest import process_env, raw_db
 
@@ -251,7 +251,7 @@ def test_attachments_are_stored_once_and_outlive_the_original(am, report, tmp_pa
 def test_attachment_validation(am, tmp_path, report):
     big = tmp_path / "big.bin"
     with open(big, "wb") as handle:
-        handle.truncate(spec.ATTACHMENT_MAX_BYTES + 1)
+        handle.truncate(model.ATTACHMENT_MAX_BYTES + 1)
     error = am(*send_args("a:x", "b:y"), "--attach", str(big), "--attach", str(tmp_path / "missing"),
                "--attach", str(tmp_path), "--attach", "/dev/null").error
     messages = [p["message"] for p in error["problems"]]
@@ -261,8 +261,8 @@ def test_attachment_validation(am, tmp_path, report):
 
 
 def test_attachment_total_and_count_caps(am, tmp_path, monkeypatch):
-    monkeypatch.setattr(spec, "ATTACHMENTS_MAX_BYTES_PER_SEND", 10)
-    monkeypatch.setattr(spec, "ATTACHMENTS_MAX_COUNT", 2)
+    monkeypatch.setattr(model, "ATTACHMENTS_MAX_BYTES_PER_SEND", 10)
+    monkeypatch.setattr(model, "ATTACHMENTS_MAX_COUNT", 2)
     files = []
     for i in range(3):
         path = tmp_path / f"f{i}"
@@ -410,6 +410,39 @@ def test_mirror_follows_every_change(am, send, mirrored):
     assert _mirror(mirrored)["data"]["count"] == 1
     am("read", "w:one").assert_ok()
     assert not mirrored.exists()
+
+
+def test_a_send_renders_its_recipients_mirrors_without_reading_back_what_it_wrote(am, send, tmp_path, report):
+    """A send to N mirrored recipients lists the rows it just stored from memory: the store is asked for
+    the rows (and attachments) of earlier mail only, and the files are what a full read-back renders."""
+    agents = [f"w:n{i}" for i in range(3)]
+    files = {}
+    for agent in agents:
+        directory = tmp_path / agent.replace(":", "-")
+        directory.mkdir()
+        am("profile", agent, "--mirror-dir", str(directory)).assert_ok()
+        files[agent] = directory / ".notification" / "email.json"
+    earlier = send("a:x", agents[0], "earlier", "--attach", str(report))["id"]
+    asked: list[str] = []
+
+    def counting(real, position):  # records the ids a read-back method is asked for
+        def wrapper(*args, **kwargs):
+            asked.extend(args[position])
+            return real(*args, **kwargs)
+        return wrapper
+
+    with open_mailbox() as mailbox:
+        store = mailbox.store
+        store.addressed = counting(store.addressed, 1)  # addressed(agent, message_ids, now)
+        store.attachments_of = counting(store.attachments_of, 0)  # attachments_of(message_ids)
+        receipt = mailbox.send(from_="a:x", to=agents, subject="to all", body="the plan", ref=[str(report)],
+                               attach=[str(report)])
+    written = {d["id"] for d in receipt["deliveries"]}
+    assert len(written) == 3 and {m["status"] for m in receipt["mirrors"]} == {"rendered"}
+    assert written.isdisjoint(asked) and set(asked) == {earlier}  # only the mail that was there before
+    for agent in agents:  # and each file is what reading everything back would have rendered
+        assert _mirror(files[agent]) == am("notifications", agent).json["email"]
+    assert _mirror(files[agents[0]])["data"]["email_ids"][1] == earlier
 
 
 def test_clearing_the_mirror_marks_nothing_read(am, send, mirrored):

@@ -687,7 +687,7 @@ def test_sigterm_ends_a_watch_whose_refresh_is_blocked_on_the_lock(am, mailbox_p
             assert time.monotonic() < deadline
             time.sleep(0.05)
         holder = _hold_write_lock(mailbox_path)
-        time.sleep(spec.REFRESH_SECONDS + 1.0)  # its refresh is now waiting for the lock
+        time.sleep(model.REFRESH_SECONDS + 1.0)  # its refresh is now waiting for the lock
         sent_at = time.monotonic()
         watch.send_signal(signal.SIGTERM)
         out, err = watch.communicate(timeout=15)

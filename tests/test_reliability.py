@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent_mail import model, service, spec
+from agent_mail import model, spec, waits
 from conftest import _run_inprocess, examples, process_env, raw_db
 
 pytestmark = pytest.mark.backends  # every test here runs on SQLite and on PostgreSQL
@@ -254,7 +254,7 @@ def fuzz_room(tmp_path, monkeypatch):
     (tmp_path / "files" / "a.txt").write_text("attachment")
     (tmp_path / "files" / "link").symlink_to("/etc/hostname")
     # a watch that would block for 55 minutes returns at once instead; the parser is what is fuzzed
-    monkeypatch.setattr(service.Mailbox, "_wait_for_mail", lambda self, agent, session, seconds, *more: [])
+    monkeypatch.setattr(waits.Waits, "wait_for_mail", lambda self, agent, session, seconds, *more: [])
     # and a dashboard checks its options and opens the mailbox, but draws nothing and serves nothing
     from agent_mail import dashboard
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from agent_mail import model, service, spec
+from agent_mail import model, waits
 from agent_mail.service import describe_liveness, open_mailbox
 from conftest import mailbox_exists, process_env, raw_db
 
@@ -78,7 +78,7 @@ def test_the_blocking_loop_times_out_on_a_sub_floor_deadline(send):
 
 
 def test_the_blocking_loop_refreshes_its_session(monkeypatch, mailbox_path):
-    monkeypatch.setattr(spec, "REFRESH_SECONDS", 0.1)
+    monkeypatch.setattr(model, "REFRESH_SECONDS", 0.1)
     with open_mailbox() as mailbox:  # PostgreSQL refreshes the row idle_scale times less often
         mailbox.watch(agent="b:y", timeout_minutes=0.01 * mailbox.store.idle_scale)
     db = raw_db(mailbox_path)
@@ -257,7 +257,7 @@ def test_a_blocked_watch_is_woken_by_a_send_from_another_process(mailbox_path, r
     reap(watch)
     first_seen = _wait_until_armed(mailbox_path, watch)
     # while blocked: watching, armed, last_seen advancing, and no lock held
-    time.sleep(spec.REFRESH_SECONDS + 0.7)
+    time.sleep(model.REFRESH_SECONDS + 0.7)
     row = am("status", "--agent", "b:y").json["agents"][0]
     assert row["watching"] is True and row["watch_state"] == "armed" and row["last_seen"] > first_seen
     assert am("status", "--agent", "b:y", "--fields", "agent,watching").json["agents"] == [
@@ -329,7 +329,7 @@ def test_a_killed_watch_goes_stale(mailbox_path, reap, am):
     watch.communicate(timeout=30)
     assert am("status", "--agent", "b:y").json["agents"][0]["watch_state"] == "armed"  # not yet noticed
     # it stops refreshing: age its last refresh past the stale threshold instead of waiting for it
-    aged = (dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=spec.STALE_SECONDS + 5)).isoformat()
+    aged = (dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=model.STALE_SECONDS + 5)).isoformat()
     db = raw_db(mailbox_path)
     db.execute("UPDATE watch_sessions SET last_seen = ?", (aged,))
     db.commit()
@@ -458,7 +458,7 @@ def test_fifty_watches_all_wake_for_one_broadcast(mailbox_path, reap, am):
 def test_mail_whose_wake_up_was_lost_is_found_at_the_next_refresh(am, send, mailbox_path, monkeypatch):
     """A sender killed between its commit and its wake-up, or another tool writing the mailbox: the
     watch's periodic look at the mailbox finds the mail anyway."""
-    monkeypatch.setattr(service, "SAFETY_CHECK_SECONDS", 0.2)
+    monkeypatch.setattr(waits, "SAFETY_CHECK_SECONDS", 0.2)
     am("status").assert_ok()
     import threading
 

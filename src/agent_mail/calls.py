@@ -24,14 +24,14 @@ def run(name: str, values: dict, *, emit=_no_emit, mailbox=None) -> object:
     its result. `emit` is called with the result inside the transaction (the CLI prints there, so a
     result that could not be written is never committed). `mailbox`: an open Mailbox to use (the
     dashboard's and a long-lived server's); otherwise the one this process resolves is opened."""
-    from agent_mail import service as location  # MERGE: location
+    from agent_mail import location
 
     if name == "doctor":
         return location.doctor(**values, emit=emit)
     if name == "copy":
         return location.copy_mailbox(**values, emit=emit)
     if name in ("export", "import"):
-        from agent_mail import service as inputs  # MERGE: inputs
+        from agent_mail import inputs
 
         problems = inputs.input_problems(name, values)
         if problems:  # before the mailbox is opened: a refused export creates nothing

@@ -65,7 +65,7 @@ def check(name: str, given: dict, *, skip: tuple[str, ...] = (), also: list | No
             values[arg.dest] = converted
     problems += rule_problems(command, present)
     if problems and with_inputs:
-        from agent_mail import service as inputs  # MERGE: inputs. Only on the error path: find the other problems too
+        from agent_mail import inputs  # only on the error path: find the other problems too
 
         seen = set(problems)
         problems += [p for p in inputs.input_problems(name, values) if p not in seen]

@@ -313,9 +313,9 @@ def _dispatch(name: str, values: dict, emit_once) -> int:
         _write_text(usage.text(values.get("command")))
         return errors.EXIT_OK
     if name in ("describe", "help"):  # help for a pipe (an agent) is the manual, as JSON
-        from agent_mail import __version__, service  # MERGE: location
+        from agent_mail import __version__, location
 
-        emit(spec.describe_document(service.storage_report(), __version__, values.get("command")))
+        emit(spec.describe_document(location.storage_report(), __version__, values.get("command")))
         return errors.EXIT_OK
     if name == "setup":
         from agent_mail import harness_setup

@@ -13,6 +13,7 @@ import os
 import stat
 
 from agent_mail import errors
+from agent_mail.liveness import pid_alive
 
 _FORBIDDEN = set('<>:"|?*')
 _MAX_NAME_BYTES = 200
@@ -61,16 +62,6 @@ def remove_created_dirs(created: list[str]) -> None:
 
 def _temp_name(name: str) -> str:
     return f".{name}{TEMP_MARK}{os.getpid()}-{os.urandom(4).hex()}{TEMP_SUFFIX}"
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's live process
-    return True
 
 
 def _writer_pid(name: str, mark: str, suffix: str) -> int | None:

@@ -25,7 +25,7 @@ import os
 import sys
 import time
 
-from agent_mail import errors, model, spec
+from agent_mail import errors, model
 from agent_mail.store.schema import STATE_COLUMNS as _STATE
 from agent_mail.store.sql import decode_refs
 
@@ -350,8 +350,8 @@ def _check_message(record: dict, known_blobs, problems, line: int) -> None:
             for field in _STATE:
                 _stamp(state[field], f"broadcast_states.{field}", problems, line)
     files = record["attachments"]
-    if not isinstance(files, list) or len(files) > spec.ATTACHMENTS_MAX_COUNT:
-        problems.add(line, "attachments", f"is a list of at most {spec.ATTACHMENTS_MAX_COUNT}.")
+    if not isinstance(files, list) or len(files) > model.ATTACHMENTS_MAX_COUNT:
+        problems.add(line, "attachments", f"is a list of at most {model.ATTACHMENTS_MAX_COUNT}.")
         return
     for f in files:
         if not isinstance(f, dict) or set(f) != {"name", "size", "sha256"}:
@@ -376,9 +376,9 @@ def _check_blob(record: dict, problems, line: int) -> bytes | None:
     except (ValueError, TypeError):
         problems.add(line, "content_base64", "is not base64.")
         return None
-    if len(content) > spec.ATTACHMENT_MAX_BYTES:
+    if len(content) > model.ATTACHMENT_MAX_BYTES:
         problems.add(line, "content_base64", f"holds {len(content)} bytes; an attachment is at most "
-                                             f"{spec.ATTACHMENT_MAX_BYTES}.")
+                                             f"{model.ATTACHMENT_MAX_BYTES}.")
     if hashlib.sha256(content).hexdigest() != record["sha256"]:
         problems.add(line, "sha256", "is not the SHA-256 of the content.")
     if record["size"] != len(content):
@@ -401,8 +401,8 @@ def _check_profile(record: dict, problems, line: int) -> None:
         problems.add(line, "mirror_dir", "is null or an absolute path.")
     entries = record["max_entries"]
     if entries is not None and (not isinstance(entries, int) or isinstance(entries, bool) or
-                                not 1 <= entries <= spec.MAX_ENTRIES_LIMIT):
-        problems.add(line, "max_entries", f"is null or a whole number from 1 to {spec.MAX_ENTRIES_LIMIT}.")
+                                not 1 <= entries <= model.MAX_ENTRIES_LIMIT):
+        problems.add(line, "max_entries", f"is null or a whole number from 1 to {model.MAX_ENTRIES_LIMIT}.")
     _stamp(record["updated_at"], "updated_at", problems, line, required=True)
 
 

@@ -27,9 +27,9 @@ import json
 import os
 import sys
 
-from agent_mail import calls, errors, model, spec
-from agent_mail.service import live_sessions, pid_alive
-from agent_mail.service import host_name as _host
+from agent_mail import calls, errors, model
+from agent_mail.liveness import host_name as _host
+from agent_mail.liveness import live_sessions, pid_alive
 
 SHOWN = 10  # envelopes listed in one context note; the rest are counted
 INPUT_MAX_BYTES = 4 * 1024 * 1024
@@ -389,7 +389,7 @@ def run(harness: str, event: str, agent: str | None, emit) -> int:
             hook.stop(emit_once)
         elif event == "end":
             hook.end()
-        elif hook.wait(spec.WATCH_MINUTES_DEFAULT) is not None:
+        elif hook.wait(model.WATCH_MINUTES_DEFAULT) is not None:
             return EXIT_WAKE
     if not printed and harness in QUIET and event != "wait":
         emit(QUIET[harness])

@@ -18,6 +18,25 @@ _HEX = frozenset("0123456789abcdef")
 NAME_MAX_CHARS = 64  # each half of an identity: long enough for any real name, short enough to show
 SUBJECT_MAX_CHARS = 200
 BODY_MAX_CHARS = 50_000
+# Limits of a send and of a mirror: the manual quotes them, the checks and the stores enforce them.
+DELAY_MINUTES_MAX = 43_200.0  # 30 days
+ATTACHMENT_MAX_BYTES = 10 * 1024 * 1024
+ATTACHMENTS_MAX_BYTES_PER_SEND = 25 * 1024 * 1024
+ATTACHMENTS_MAX_COUNT = 20
+RECIPIENTS_MAX = 500
+MAX_ENTRIES_LIMIT = 1000
+MAX_ENTRIES_DEFAULT = 10  # newest unread messages listed in the mirror
+
+# Liveness, fixed on purpose: nothing legitimate tunes these, and every knob is a wrong choice waiting.
+WATCH_MINUTES_DEFAULT = 55.0  # the longest wait that still wakes inside a one-hour prompt-cache window
+WATCH_MINUTES_MIN = 5.0
+WATCH_MINUTES_MAX = 240.0
+REFRESH_SECONDS = 5.0  # a blocked watch refreshes its session this often
+LIVENESS_SECONDS = 60.0  # seen this recently = watching; spans the gap between a wake and the re-arm
+STALE_SECONDS = 15.0  # an armed session not refreshed for this long was killed
+POSTGRES_IDLE_SCALE = 6  # on PostgreSQL a watch refreshes its row (and looks for lost wake-ups) 6 times less often
+POSTGRES_PRESENCE_GRACE_SECONDS = 90.0  # ... and its open connection counts while its row is at most this old
+
 # Control characters other than tab, newline and carriage return; DEL and the C1 range too.
 # `re` (and the `enum` it imports, ~2.5 ms) is imported only when a str method finds text that is not
 # plain (a control character, a bidi control) and a pattern must say where: a send of ordinary text,

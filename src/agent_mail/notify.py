@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import os
 
-from agent_mail import jsonout, model, spec
+from agent_mail import jsonout, model
 
 NOTIFICATION_DIR = ".notification"
 EMAIL_FILE = "email.json"
 SYSTEM_FILE = "system.json"
-DEFAULT_MAX_ENTRIES = spec.MAX_ENTRIES_DEFAULT
+DEFAULT_MAX_ENTRIES = model.MAX_ENTRIES_DEFAULT
 
 
 def email_instructions(agent: str) -> str:

@@ -150,24 +150,6 @@ MESSAGE_FIELDS = {
     "attachments": "Attached files: [{name, size, sha256}]. Save them with `agent-mail attachments`.",
 }
 
-# Liveness, fixed on purpose: nothing legitimate tunes these, and every knob is a wrong choice waiting.
-WATCH_MINUTES_DEFAULT = 55.0  # the longest wait that still wakes inside a one-hour prompt-cache window
-WATCH_MINUTES_MIN = 5.0
-WATCH_MINUTES_MAX = 240.0
-REFRESH_SECONDS = 5.0  # a blocked watch refreshes its session this often
-LIVENESS_SECONDS = 60.0  # seen this recently = watching; spans the gap between a wake and the re-arm
-STALE_SECONDS = 15.0  # an armed session not refreshed for this long was killed
-POSTGRES_IDLE_SCALE = 6  # on PostgreSQL a watch refreshes its row (and looks for lost wake-ups) 6 times less often
-POSTGRES_PRESENCE_GRACE_SECONDS = 90.0  # ... and its open connection counts while its row is at most this old
-
-DELAY_MINUTES_MAX = 43_200.0  # 30 days
-ATTACHMENT_MAX_BYTES = 10 * 1024 * 1024
-ATTACHMENTS_MAX_BYTES_PER_SEND = 25 * 1024 * 1024
-ATTACHMENTS_MAX_COUNT = 20
-RECIPIENTS_MAX = 500
-MAX_ENTRIES_LIMIT = 1000
-MAX_ENTRIES_DEFAULT = 10  # newest unread messages listed in the mirror
-
 ENVELOPE_FIELDS = {
     "id": "Message id.",
     "sender": "Who sent it.",
@@ -194,10 +176,10 @@ STATUS_FIELDS = {
     "agent": "The identity.",
     "unread": "Messages waiting for this identity that it has not read.",
     "unacked": "Messages addressed to this identity that it has not acknowledged.",
-    "watching": f"true when a watch or heartbeat of this identity was seen in the last {LIVENESS_SECONDS:.0f} s.",
+    "watching": f"true when a watch or heartbeat of this identity was seen in the last {model.LIVENESS_SECONDS:.0f} s.",
     "last_seen": "When a watch or heartbeat of this identity was last seen, or null.",
     "watch_state": "armed: a watch is blocked now. released: the last watch exited and nothing replaced it "
-    f"(the agent is deaf until it re-arms). stale: a watch stopped refreshing for {STALE_SECONDS:.0f} s without "
+    f"(the agent is deaf until it re-arms). stale: a watch stopped refreshing for {model.STALE_SECONDS:.0f} s without "
     "exiting (killed). never: it has never watched.",
     "released_at": "When the last watch exited cleanly, or null.",
     "sessions": "Live harness sessions (Claude Code, Codex, Gemini CLI, through agent-mail's hooks) holding this "
@@ -205,7 +187,7 @@ STATUS_FIELDS = {
 }
 
 REACHABLE_HELP = ("Whether this identity can be reached right now: a watch is armed, or a heartbeat was seen "
-                  f"in the last {LIVENESS_SECONDS:.0f} s.")
+                  f"in the last {model.LIVENESS_SECONDS:.0f} s.")
 NEXT_HELP = "The literal commands that finish the loop from the state just observed, in order. Run them."
 
 HARNESSES = ("claude-code", "codex", "gemini")
@@ -294,11 +276,11 @@ _register(Command(
         Arg("--no-ack", FLAG, "With --reply-to: do not acknowledge the message you answer (it is still marked read)."),
         Arg("--delay-minutes", NUMBER, "Deliver this many MINUTES from now. Stored in the mailbox: invisible to the "
             "recipient until due, survives restarts, needs no daemon; withdraw it before then with `cancel`.",
-            minimum=0, maximum=DELAY_MINUTES_MAX),
-        Arg("--attach", PATH, f"A file to attach; repeat for several (at most {ATTACHMENTS_MAX_COUNT}). Read and "
-            f"stored in the mailbox when you send, so it travels with the message. At most "
-            f"{ATTACHMENT_MAX_BYTES // (1024 * 1024)} MiB a file, {ATTACHMENTS_MAX_BYTES_PER_SEND // (1024 * 1024)} "
-            "MiB a send.", repeat=True),
+            minimum=0, maximum=model.DELAY_MINUTES_MAX),
+        Arg("--attach", PATH, f"A file to attach; repeat for several (at most {model.ATTACHMENTS_MAX_COUNT}). Read "
+            f"and stored in the mailbox when you send, so it travels with the message. At most "
+            f"{model.ATTACHMENT_MAX_BYTES // (1024 * 1024)} MiB a file, "
+            f"{model.ATTACHMENTS_MAX_BYTES_PER_SEND // (1024 * 1024)} MiB a send.", repeat=True),
         Arg("--require-reachable", FLAG, "Refuse recipients that cannot be reached now (no armed watch, no heartbeat "
             "in the last 60 s, not a human). The others still get it; exit code 3 says some were refused, and "
             "each refusal is recorded in your system channel."),
@@ -325,7 +307,7 @@ _register(Command(
         "mirrors": "Notification files rewritten because of this send: [{agent, path, status}]; a failed "
         "render is listed with status 'failed' and never fails the send.",
         "sender_reachable": ("Whether you, the sender, can be reached for the answer: a watch of yours is armed, or "
-                             f"you sent a heartbeat in the last {LIVENESS_SECONDS:.0f} s."),
+                             f"you sent a heartbeat in the last {model.LIVENESS_SECONDS:.0f} s."),
         "next": "When your own watch has lapsed: the command that re-arms it. Otherwise empty.",
     },
     examples=(
@@ -424,7 +406,7 @@ _register(Command(
         Arg("--timeout-minutes", NUMBER, "MINUTES to wait before returning an empty result (exit 0). Leave it "
             "alone unless you must: the default is the longest wait that still wakes inside a one-hour "
             "prompt-cache window. A timeout is the nudge to resume outstanding work, then re-arm.",
-            default=WATCH_MINUTES_DEFAULT, minimum=WATCH_MINUTES_MIN, maximum=WATCH_MINUTES_MAX),
+            default=model.WATCH_MINUTES_DEFAULT, minimum=model.WATCH_MINUTES_MIN, maximum=model.WATCH_MINUTES_MAX),
         Arg("--once", FLAG, "Check once and return at once, never block. Counts as a heartbeat."),
         Arg("--timeout", REMOVED, "Removed.", removed_because="was removed: it took seconds, and agents passed 30, "
             "waking every half minute to learn nothing. Use --timeout-minutes M (5 to 240, default 55), or "
@@ -450,10 +432,10 @@ _register(Command(
         "signals": "SIGINT, SIGTERM or SIGHUP end the wait: the session is released and a JSON error says so.",
     },
     notes=(
-        f"While blocked, the watch refreshes its liveness session every {REFRESH_SECONDS:.0f} s and holds no lock. "
-        "It wakes when mail for it, or a broadcast, is committed, within milliseconds; nothing else wakes it (other "
-        "watches, heartbeats, reads, mail for others). Every 15 s it also looks at the mailbox itself, in case a "
-        "wake-up was lost.",
+        f"While blocked, the watch refreshes its liveness session every {model.REFRESH_SECONDS:.0f} s and holds no "
+        "lock. It wakes when mail for it, or a broadcast, is committed, within milliseconds; nothing else wakes it "
+        "(other watches, heartbeats, reads, mail for others). Every 15 s it also looks at the mailbox itself, in case "
+        "a wake-up was lost.",
         "The loop: watch (blocks) -> read (take delivery) -> act -> ack -> watch again. Never end a turn "
         "without a watch armed.",
         "A message sent with --delay-minutes wakes the watch when it falls due.",
@@ -566,7 +548,7 @@ _register(Command(
         Arg("--mirror-dir", PATH, "Render the unread mirror to DIR/.notification/email.json (and the system "
             "channel to system.json) on every change. DIR must exist."),
         Arg("--max-entries", INT, "How many of the newest unread messages the mirror lists (count stays the total).",
-            minimum=1, maximum=MAX_ENTRIES_LIMIT),
+            minimum=1, maximum=model.MAX_ENTRIES_LIMIT),
         Arg("--clear", TEXT, "Reset a setting: human, mirror-dir or max-entries; repeatable. Clearing mirror-dir "
             "removes the mirror files it wrote.", repeat=True),
     ),
@@ -574,7 +556,7 @@ _register(Command(
         "agent": "The identity.",
         "human": "Whether it is a person (always reachable).",
         "mirror_dir": "Where its notification files go, or null.",
-        "max_entries": f"Entries in its unread mirror (null: the default, {MAX_ENTRIES_DEFAULT}).",
+        "max_entries": f"Entries in its unread mirror (null: the default, {model.MAX_ENTRIES_DEFAULT}).",
         "updated_at": "When the profile last changed, or null if it has none.",
         "mirrors": "Notification files this call rewrote or removed: [{agent, path, status}].",
         "mirror_problem": "Why the mirror cannot be written now (its directory was removed, or is not writable), "
@@ -1022,23 +1004,23 @@ def describe_document(storage: dict, version: str, command: str | None = None) -
         "limits": {
             "subject_max_chars": model.SUBJECT_MAX_CHARS,
             "body_max_chars": model.BODY_MAX_CHARS,
-            "recipients_max": RECIPIENTS_MAX,
-            "delay_minutes_max": DELAY_MINUTES_MAX,
-            "attachment_max_bytes": ATTACHMENT_MAX_BYTES,
-            "attachments_max_bytes_per_send": ATTACHMENTS_MAX_BYTES_PER_SEND,
-            "attachments_max_count": ATTACHMENTS_MAX_COUNT,
+            "recipients_max": model.RECIPIENTS_MAX,
+            "delay_minutes_max": model.DELAY_MINUTES_MAX,
+            "attachment_max_bytes": model.ATTACHMENT_MAX_BYTES,
+            "attachments_max_bytes_per_send": model.ATTACHMENTS_MAX_BYTES_PER_SEND,
+            "attachments_max_count": model.ATTACHMENTS_MAX_COUNT,
             "identity_part_max_chars": model.NAME_MAX_CHARS,
-            "watch_minutes": [WATCH_MINUTES_MIN, WATCH_MINUTES_MAX],
-            "watch_minutes_default": WATCH_MINUTES_DEFAULT,
+            "watch_minutes": [model.WATCH_MINUTES_MIN, model.WATCH_MINUTES_MAX],
+            "watch_minutes_default": model.WATCH_MINUTES_DEFAULT,
         },
         "liveness": {
-            "refresh_seconds": REFRESH_SECONDS,
-            "watching_within_seconds": LIVENESS_SECONDS,
-            "stale_after_seconds": STALE_SECONDS,
+            "refresh_seconds": model.REFRESH_SECONDS,
+            "watching_within_seconds": model.LIVENESS_SECONDS,
+            "stale_after_seconds": model.STALE_SECONDS,
             "postgresql": "A watch's open connection is its presence (it names its session); its row is refreshed "
-            f"every {REFRESH_SECONDS * POSTGRES_IDLE_SCALE:.0f} s, and a connected watch whose row is older than "
-            f"{POSTGRES_PRESENCE_GRACE_SECONDS:.0f} s no longer counts. A killed watch's connection ends at once, a "
-            "partitioned one within about 10 s.",
+            f"every {model.REFRESH_SECONDS * model.POSTGRES_IDLE_SCALE:.0f} s, and a connected watch whose row is "
+            f"older than {model.POSTGRES_PRESENCE_GRACE_SECONDS:.0f} s no longer counts. A killed watch's connection "
+            "ends at once, a partitioned one within about 10 s.",
         },
         "global_flags": {
             "--version": "Print {name, version} and exit. Takes no arguments.",

@@ -31,7 +31,7 @@ from contextlib import contextmanager
 import psycopg
 from psycopg import errors as pg_errors
 
-from agent_mail import errors, model, spec
+from agent_mail import errors, model
 from agent_mail.store import redact_url as redact
 from agent_mail.store import url_secrets as _secrets
 from agent_mail.store.sql import SQLStore
@@ -42,7 +42,7 @@ BUSY_TIMEOUT_SECONDS = 10.0  # how long a writer waits for the write lock, as on
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _SESSION_ID = re.compile(r"^[0-9a-f-]{1,40}$")
 _WATCH_APP = "agent-mail watch "  # application_name of a watch's connection, followed by its session id
-PRESENCE_GRACE_SECONDS = spec.POSTGRES_PRESENCE_GRACE_SECONDS  # a connected watch counts while its row is this fresh
+PRESENCE_GRACE_SECONDS = model.POSTGRES_PRESENCE_GRACE_SECONDS  # a connected watch counts while its row is this fresh
 # Connection settings we choose unless the URL or the environment does: a dead peer (a partition) is
 # noticed in seconds rather than the kernel's quarter of an hour.
 _DEFAULTS = {"connect_timeout": ("PGCONNECT_TIMEOUT", "5"), "application_name": ("PGAPPNAME", "agent-mail"),
@@ -252,7 +252,7 @@ class PostgresStore(SQLStore):
     # A watch's connection carries its presence (application_name names its session; see liveness()), so its
     # row is refreshed every 30 s instead of 5 and it looks for lost wake-ups (which NOTIFY does not lose) every
     # 90 s: a hundred idle watches cost a sixth of the wake-ups and round trips.
-    idle_scale = spec.POSTGRES_IDLE_SCALE
+    idle_scale = model.POSTGRES_IDLE_SCALE
 
     def __init__(self, url: str):
         self.url = url

@@ -1,0 +1,100 @@
+"""Which mailbox this invocation uses, and how it was chosen: AGENT_MAIL_DB (a SQLite path or a
+postgresql:// URL) or the default file. Also what needs the location but no open mailbox:
+describe's report, doctor and copy.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+
+from agent_mail import errors
+
+DEFAULT_PATH = os.path.join("~", ".agent-mail", "mail.db")
+ENV_VAR = "AGENT_MAIL_DB"
+
+
+def _no_emit(document: dict) -> None:
+    """Used when the caller wants the returned value only."""
+
+
+# Annotations are never evaluated (see the __future__ import); the names they use are
+# imported for type checkers only, so the CLI does not pay for importing typing.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    from agent_mail.service import Mailbox
+
+    Emit = Callable[[dict], None]  # receives the result document, inside the transaction
+
+
+def resolve_location() -> tuple[str, str]:
+    """(where the mailbox is, how it was chosen): a PostgreSQL URL as given, or the real path of a SQLite
+    file (symbolic links resolved, so the permission check and the wake-up both look at the directory the
+    mailbox really lives in)."""
+    from agent_mail.store import scheme_of
+
+    override = os.environ.get(ENV_VAR, "")
+    if override:  # set but empty counts as unset, as shells make it easy to write
+        if not override.strip():
+            raise errors.InvalidInput([(ENV_VAR, f"is set to {override!r}, which names no file. Unset it for the "
+                                                 f"default mailbox ({DEFAULT_PATH}), or give a path.")])
+        if scheme_of(override.strip()) is not None:
+            return override.strip(), ENV_VAR
+        return os.path.realpath(os.path.expanduser(override)), ENV_VAR
+    return os.path.realpath(os.path.expanduser(DEFAULT_PATH)), "default"
+
+
+def storage_report() -> dict:
+    """What `describe` says about the mailbox; never creates it, never shows a password."""
+    from agent_mail.store import backend_for
+
+    try:
+        location, source = resolve_location()
+    except errors.InvalidInput as exc:
+        return {"backend": "sqlite", "path": None, "source": ENV_VAR, "exists": False, "problem": exc.message}
+    given = os.environ.get(ENV_VAR) if source == ENV_VAR else DEFAULT_PATH
+    return backend_for(location).report(location, source, given)
+
+
+def doctor(*, repair: bool = False, emit: Emit = _no_emit) -> dict:
+    """Check the mailbox this invocation resolves (never creating it); rebuild it with `repair` if damaged."""
+    from agent_mail.store import backend_for
+
+    location, _ = resolve_location()
+    return backend_for(location).doctor(location, repair, emit)
+
+
+def copy_mailbox(*, from_: str, to: str | None = None, merge: bool = False, dry_run: bool = False,
+                 emit: Emit = _no_emit) -> dict:
+    """Copy the mailbox at `from_` into `to` (default: the one this invocation resolves)."""
+    from agent_mail import copying
+    from agent_mail.store import backend_for
+
+    def located(value: str, field: str) -> str:
+        if not value.strip():
+            raise errors.InvalidInput([(field, "is empty; give a SQLite file path or a postgresql:// URL.")])
+        return backend_for(value.strip()).locate(value, field)
+
+    source = located(from_, "--from")
+    target = located(to, "--to") if to is not None else resolve_location()[0]
+    result = copying.copy(source, target, merge=merge, dry_run=dry_run)
+    emit(result)
+    return result
+
+
+@contextmanager
+def open_mailbox() -> Iterator["Mailbox"]:
+    """Open (creating on first use) the mailbox this invocation resolves."""
+    from agent_mail.service import Mailbox
+    from agent_mail.store import open_store
+
+    location, _ = resolve_location()
+    store = open_store(location)
+    try:
+        mailbox = Mailbox(store)
+        mailbox.publish_due()
+        yield mailbox
+    finally:
+        store.close()

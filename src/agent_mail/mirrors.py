@@ -1,0 +1,118 @@
+"""The notification files of identities with a mirror directory, kept in step with the mailbox.
+
+Files are rendered inside the transaction that changed what they show, and journaled: if that
+transaction rolls back, every file it wrote gets its earlier bytes back.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+
+from agent_mail import errors, model
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from agent_mail.store.base import Store
+
+
+class Mirrors:
+    """Renders the unread mirror and the system channel, and journals each file written in a transaction."""
+
+    def __init__(self, store: Store):
+        self.store = store
+        self._rendered: set[str] = set()  # agents whose files the current transaction rewrote
+        # (directory, file name) -> its bytes before the current transaction first wrote it
+        self._journal: dict[tuple[str, str], bytes | None] | None = None
+
+    @contextmanager
+    def changing(self, write: bool = True):
+        """A transaction whose notification files are put back if it rolls back.
+
+        Files are rendered inside the transaction (from the state about to be committed, and
+        serialised by the write lock). If the result then cannot be emitted (or the commit
+        fails), every file the transaction wrote gets its earlier bytes back, and the files of
+        identities still mirrored are redrawn from the state that stands: a failed command
+        leaves no file behind, not even in a mirror directory it failed to record.
+        """
+        self._rendered, self._journal = set(), {}
+        try:
+            with self.store.transaction(write=write):
+                yield
+        except BaseException:
+            journal, rendered = self._journal, self._rendered
+            self._journal = None
+            if journal:
+                from agent_mail import notify
+
+                try:
+                    with self.store.transaction(write=True):
+                        for (directory, name), before in journal.items():
+                            notify.write_bytes(directory, name, before)
+                        self.render(rendered, system=True)
+                except errors.AgentMailError:
+                    pass
+            raise
+        finally:
+            self._rendered, self._journal = set(), None
+
+    def write(self, directory: str, name: str, document: dict | None) -> dict:
+        """Write one notification file, remembering what it held in case the transaction rolls back."""
+        from agent_mail import notify
+
+        if self._journal is not None and (directory, name) not in self._journal:
+            self._journal[(directory, name)] = notify.read_document(directory, name)
+        return notify.write_document(directory, name, document)
+
+    def render(self, agents, *, email: bool = True, system: bool = False, written: dict | None = None) -> list[dict]:
+        """Rewrite the notification files of those `agents` that have a mirror directory.
+
+        written: {id: message} of rows the current transaction stored (each with its attachments'
+        [{name, size, sha256}]): listed from memory rather than read back, once per recipient.
+        """
+        from agent_mail import notify
+
+        results = []
+        for agent in sorted(set(agents)):
+            profile = self.store.profile(agent)
+            if not profile or not profile["mirror_dir"]:
+                continue
+            if self.store.kind != "sqlite" and not os.path.isdir(profile["mirror_dir"]):
+                # A shared mailbox: the directory is on the machine of the identity, kept current there by its
+                # watch or `notifications --follow`, not on this one.
+                results.append({"agent": agent, "path": profile["mirror_dir"], "status": "elsewhere"})
+                continue
+            self._rendered.add(agent)
+            if email:
+                document = self.unread_mirror(agent, profile, written)
+                outcome = self.write(profile["mirror_dir"], notify.EMAIL_FILE, document)
+                results.append({"agent": agent, **outcome})
+            if system:
+                events = self.store.events(agent)
+                document = notify.system_channel(events) if events else None
+                results.append({"agent": agent, **self.write(profile["mirror_dir"], notify.SYSTEM_FILE, document)})
+        return results
+
+    def render_all(self, except_agent: str | None = None, written: dict | None = None) -> list[dict]:
+        return self.render([a for a in self.store.mirrored_agents() if a != except_agent], written=written)
+
+    def unread_mirror(self, agent: str, profile: dict | None, written: dict | None = None) -> dict | None:
+        """The unread mirror document of `agent` (None when nothing is unread); see render for `written`."""
+        from agent_mail import notify
+
+        limit = (profile or {}).get("max_entries") or notify.DEFAULT_MAX_ENTRIES
+        now = model.now_iso()
+        # The newest entries through the index, an exact count beside them; whole rows only for those listed.
+        listed = [m["id"] for m in reversed(self.store.unread(agent, now, limit=limit, newest=True))]
+        if not listed:
+            return None
+        written = written or {}
+        earlier = [i for i in listed if i not in written]  # stored before this transaction: read them
+        found = self.store.addressed(agent, earlier, now) if earlier else {}
+        attachments = self.store.attachments_of(earlier) if earlier else {}
+        for message_id in listed:
+            if message_id in written:
+                found[message_id] = written[message_id]
+                attachments[message_id] = written[message_id]["attachments"]
+        newest = [found[i] for i in listed]
+        return notify.unread_mirror(agent, newest, self.store.count_unread(agent, now), attachments)
