@@ -24,7 +24,7 @@ def run(name: str, values: dict, *, emit=_no_emit, mailbox=None) -> object:
     its result. `emit` is called with the result inside the transaction (the CLI prints there, so a
     result that could not be written is never committed). `mailbox`: an open Mailbox to use (the
     dashboard's and a long-lived server's); otherwise the one this process resolves is opened."""
-    from agent_mail import location
+    from agent_mail import location, service
 
     if name == "doctor":
         return location.doctor(**values, emit=emit)
@@ -38,7 +38,7 @@ def run(name: str, values: dict, *, emit=_no_emit, mailbox=None) -> object:
             raise errors.InvalidInput(problems)
     if mailbox is not None:
         return _operate(mailbox, name, values, emit)
-    with location.open_mailbox() as opened:
+    with service.open_mailbox() as opened:
         return _operate(opened, name, values, emit)
 
 

@@ -6,17 +6,17 @@ from __future__ import annotations
 
 from agent_mail import errors, model
 from agent_mail.liveness import presence
-from agent_mail.service import invisible, next_steps, no_emit
+from agent_mail.results import invisible, next_steps, no_emit
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from agent_mail.service import Emit, Mailbox
+    from agent_mail.results import Emit
 
 
 class Handling:
     """The handling operations of one mailbox (Mailbox.ack, .dismiss, ... call these)."""
 
-    def __init__(self, mailbox: Mailbox):
+    def __init__(self, mailbox):  # the agent_mail.service.Mailbox whose operations these are
         self.store = mailbox.store
         self.mirrors = mailbox.mirrors
 

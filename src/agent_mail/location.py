@@ -1,12 +1,11 @@
 """Which mailbox this invocation uses, and how it was chosen: AGENT_MAIL_DB (a SQLite path or a
 postgresql:// URL) or the default file. Also what needs the location but no open mailbox:
-describe's report, doctor and copy.
+describe's report, doctor and copy. (Opening it is agent_mail.service.open_mailbox.)
 """
 
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
 
 from agent_mail import errors
 
@@ -22,9 +21,7 @@ def _no_emit(document: dict) -> None:
 # imported for type checkers only, so the CLI does not pay for importing typing.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
-
-    from agent_mail.service import Mailbox
+    from collections.abc import Callable
 
     Emit = Callable[[dict], None]  # receives the result document, inside the transaction
 
@@ -82,19 +79,3 @@ def copy_mailbox(*, from_: str, to: str | None = None, merge: bool = False, dry_
     result = copying.copy(source, target, merge=merge, dry_run=dry_run)
     emit(result)
     return result
-
-
-@contextmanager
-def open_mailbox() -> Iterator["Mailbox"]:
-    """Open (creating on first use) the mailbox this invocation resolves."""
-    from agent_mail.service import Mailbox
-    from agent_mail.store import open_store
-
-    location, _ = resolve_location()
-    store = open_store(location)
-    try:
-        mailbox = Mailbox(store)
-        mailbox.publish_due()
-        yield mailbox
-    finally:
-        store.close()

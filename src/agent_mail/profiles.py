@@ -7,17 +7,17 @@ from __future__ import annotations
 import os
 
 from agent_mail import errors, inputs, model, notify
-from agent_mail.service import no_emit
+from agent_mail.results import no_emit
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from agent_mail.service import Emit, Mailbox
+    from agent_mail.results import Emit
 
 
 class Profiles:
     """The profile and notification operations of one mailbox (Mailbox.profile and .notifications call these)."""
 
-    def __init__(self, mailbox: Mailbox):
+    def __init__(self, mailbox):  # the agent_mail.service.Mailbox whose operations these are
         self.mailbox = mailbox
         self.store = mailbox.store
         self.mirrors = mailbox.mirrors

@@ -8,11 +8,11 @@ from __future__ import annotations
 import datetime as _dt
 
 from agent_mail import errors, model, spec
-from agent_mail.service import invisible, no_emit
+from agent_mail.results import invisible, no_emit
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from agent_mail.service import Emit, Mailbox
+    from agent_mail.results import Emit
 
 
 class Searching:
@@ -20,7 +20,7 @@ class Searching:
 
     _SEARCH_CHUNK = 200  # rows asked of the index at a time (a send to several is several rows)
 
-    def __init__(self, mailbox: Mailbox):
+    def __init__(self, mailbox):  # the agent_mail.service.Mailbox whose operations these are
         self.store = mailbox.store
 
     def search(self, *, query: str, agent: str | None = None, from_: str | None = None, to: str | None = None,

@@ -13,26 +13,24 @@ Locating the mailbox, checking inputs and reading liveness are agent_mail.locati
 from __future__ import annotations
 
 import datetime as _dt
+from contextlib import contextmanager
 
 from agent_mail import errors, liveness, model, spec
 from agent_mail.liveness import describe_liveness, live_sessions
-from agent_mail.location import (DEFAULT_PATH, ENV_VAR, copy_mailbox, doctor, open_mailbox, resolve_location,
-                                 storage_report)
+from agent_mail.location import DEFAULT_PATH, ENV_VAR, copy_mailbox, doctor, resolve_location, storage_report
 from agent_mail.mirrors import Mirrors
+from agent_mail.results import invisible, next_steps, no_emit
+from agent_mail.results import project as _project
 
 __all__ = ["DEFAULT_PATH", "ENV_VAR", "Mailbox", "copy_mailbox", "describe_liveness", "doctor", "invisible",
            "live_sessions", "next_steps", "no_emit", "open_mailbox", "resolve_location", "storage_report"]
-
-
-def no_emit(document: dict) -> None:
-    """Used when the caller wants the returned value only."""
 
 
 # Annotations are never evaluated (see the __future__ import); the names they use are
 # imported for type checkers only, so the CLI does not pay for importing typing.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
 
     from agent_mail.handling import Handling
     from agent_mail.profiles import Profiles
@@ -50,32 +48,6 @@ def __getattr__(name: str):
 
         return getattr(inputs, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def _project(message: dict, fields: list[str] | None) -> dict:
-    return {f: message.get(f) for f in (fields or spec.MESSAGE_FIELDS)}
-
-
-def next_steps(agent: str, *, unread: int = 0, ack_ids: list[str] | tuple = (), reachable: bool) -> list[str]:
-    """The steps, in order: take delivery, settle what was acted on, re-arm (spec.Step: literal commands
-    to the CLI, tool calls to the MCP server)."""
-    steps = []
-    if unread:
-        steps.append(spec.Step("read", agent=agent))
-    if ack_ids:
-        if len(ack_ids) <= 10:
-            steps.append(spec.Step("ack", agent=agent, ids=list(ack_ids)))
-        else:
-            steps.append(spec.Step("ack", agent=agent, all=True))
-    if not reachable:
-        steps.append(spec.Step("watch", agent=agent))
-    return steps
-
-
-def invisible(message_id: str, agent: str) -> str:
-    """The one answer for a message an identity may not see, whether or not it exists."""
-    return (f"no message {message_id} is visible to {agent} (it does not exist, or {agent} neither sent nor "
-            "received it).")
 
 
 class Mailbox:
@@ -472,3 +444,18 @@ class Mailbox:
     def wait_armed(self, agent: str, seconds: float, look_for=None, wanted=None) -> list[dict]:
         """Block as a watch does until look_for() finds something; see Waits.wait_armed."""
         return self.waits.wait_armed(agent, seconds, look_for, wanted)
+
+
+@contextmanager
+def open_mailbox() -> Iterator["Mailbox"]:
+    """Open (creating on first use) the mailbox this invocation resolves."""
+    from agent_mail.store import open_store
+
+    location, _ = resolve_location()
+    store = open_store(location)
+    try:
+        mailbox = Mailbox(store)
+        mailbox.publish_due()
+        yield mailbox
+    finally:
+        store.close()

@@ -11,8 +11,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from agent_mail.service import Mailbox
-
     Emit = Callable[[dict], None]
 
 # A blocked watch looks at the mailbox itself this often, whatever woke it or not (see Waits.wait_for_mail).
@@ -57,7 +55,7 @@ def restore_handlers(previous: dict) -> None:
 class Waits:
     """The blocking operations of one mailbox."""
 
-    def __init__(self, mailbox: Mailbox):
+    def __init__(self, mailbox):  # the agent_mail.service.Mailbox whose operations these are
         self.mailbox = mailbox
         self.store = mailbox.store
 
