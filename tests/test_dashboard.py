@@ -272,7 +272,7 @@ def test_bad_input_from_the_dashboard_is_shown_and_changes_nothing(am, mailbox_p
         assert await wait_for(pilot, lambda: notes)
 
     run_app(test, human="ops:human")
-    assert notes[0][1] == "error" and "to" in notes[0][0] and "--subject" in notes[0][0]
+    assert notes[0][1] == "error" and "to: " in notes[0][0] and "subject: " in notes[0][0]
     db = raw_db(mailbox_path)
     try:
         assert db.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == 0

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from agent_mail import model, waits
+from agent_mail import errors, model, waits
 from agent_mail.service import describe_liveness, open_mailbox
 from conftest import mailbox_exists, process_env, raw_db
 
@@ -65,7 +65,9 @@ def test_watch_consumes_nothing(am, send):
 def test_the_blocking_loop_times_out_on_a_sub_floor_deadline(send):
     with open_mailbox() as mailbox:
         started = time.monotonic()
-        result = mailbox.watch(agent="b:y", timeout_minutes=0.01)  # 0.6 s: the floor is the parser's
+        with pytest.raises(errors.InvalidInput, match="timeout_minutes"):  # the library keeps the spec's floor
+            mailbox.watch(agent="b:y", timeout_minutes=0.01)
+        result = mailbox.watch(agent="b:y", timeout_seconds=0.6)  # what a bounded MCP wait passes
         elapsed = time.monotonic() - started
     assert result["timeout"] is True and result["messages"] == [] and result["count"] == 0
     assert 0.5 <= elapsed < 5
@@ -80,7 +82,7 @@ def test_the_blocking_loop_times_out_on_a_sub_floor_deadline(send):
 def test_the_blocking_loop_refreshes_its_session(monkeypatch, mailbox_path):
     monkeypatch.setattr(model, "REFRESH_SECONDS", 0.1)
     with open_mailbox() as mailbox:  # PostgreSQL refreshes the row idle_scale times less often
-        mailbox.watch(agent="b:y", timeout_minutes=0.01 * mailbox.store.idle_scale)
+        mailbox.watch(agent="b:y", timeout_seconds=0.6 * mailbox.store.idle_scale)
     db = raw_db(mailbox_path)
     started, last_seen, state, reason = db.execute(
         "SELECT started_at, last_seen, state, released_reason FROM watch_sessions").fetchone()
@@ -180,7 +182,7 @@ def test_read_ack_and_send_carry_reachable_and_next(am, send):
     # a sender that never watched gets no re-arm hint; one whose watch lapsed does
     assert send("b:y", "a:x", "r")["next"] == []
     with open_mailbox() as mailbox:
-        mailbox.watch(agent="b:y", timeout_minutes=0.001)
+        mailbox.watch(agent="b:y", timeout_seconds=0.06)
     receipt = send("b:y", "a:x", "r2")
     assert receipt["sender_reachable"] is False and receipt["next"] == ["agent-mail watch b:y"]
 
@@ -196,7 +198,7 @@ def test_cleanup_sweeps_old_liveness_rows(am, mailbox_path):
     am("heartbeat", "old:agent").assert_ok()
     am("heartbeat", "new:agent").assert_ok()
     with open_mailbox() as mailbox:
-        mailbox.watch(agent="old:agent", timeout_minutes=0.001)
+        mailbox.watch(agent="old:agent", timeout_seconds=0.06)
     db = raw_db(mailbox_path)
     db.execute("UPDATE heartbeats SET last_seen = '2020-01-01T00:00:00+00:00' WHERE agent = 'old:agent'")
     db.execute("UPDATE watch_sessions SET last_seen = '2020-01-01T00:00:00-07:00'")
@@ -474,6 +476,6 @@ def test_mail_whose_wake_up_was_lost_is_found_at_the_next_refresh(am, send, mail
     thread = threading.Thread(target=write_behind_its_back)
     thread.start()
     with open_mailbox() as mailbox:
-        result = mailbox.watch(agent="b:y", timeout_minutes=1)
+        result = mailbox.watch(agent="b:y", timeout_seconds=60)
     thread.join()
     assert [m["subject"] for m in result["messages"]] == ["no bell"]

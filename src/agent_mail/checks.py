@@ -134,6 +134,10 @@ def _one(command: spec.Command, arg: spec.Arg, value: object) -> tuple[object, s
         return value, model.identity_problem(value, allow_broadcast=kind == spec.RECIPIENT)
     if kind == spec.MESSAGE_ID:
         return value.lower(), model.message_id_problem(value)
+    if kind == spec.PROJECT:
+        if model.is_name(value):
+            return value, None
+        return None, f"{value!r} is not a project name: lowercase letters, digits and hyphens."
     if kind == spec.COMMAND:
         if value not in spec.COMMANDS:
             return None, unknown_command(value)
@@ -239,6 +243,8 @@ def guard(name: str, values: dict) -> None:
         if arg.dest not in values or arg.kind == spec.REMOVED:
             continue
         value = values[arg.dest]
+        if arg.default is not None and value == arg.default and not arg.required:
+            continue  # the default, as a front end fills it in: not given
         if value is None or (arg.kind == spec.FLAG and value is False) or (arg.repeat and not value
                                                                            and isinstance(value, (list, tuple))):
             if arg.required:
@@ -259,3 +265,16 @@ def guard(name: str, values: dict) -> None:
     problems += rule_problems(command, present)
     if problems:
         raise errors.InvalidInput(problems)
+
+
+def guarded(name: str):
+    """A Mailbox operation that checks its own arguments (`guard`) before it does anything."""
+    def wrap(operation):
+        def checked(self, **values):
+            guard(name, values)
+            return operation(self, **values)
+        checked.__name__, checked.__qualname__, checked.__doc__ = operation.__name__, operation.__qualname__, \
+            operation.__doc__
+        checked.__wrapped__ = operation
+        return checked
+    return wrap

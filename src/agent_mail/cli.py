@@ -53,9 +53,19 @@ def parse(argv: list[str]) -> tuple[str, dict]:
 
 
 def namer(command: spec.Command):
-    """How the command line names an argument: its flag (`--reply-to`) or the positional's name."""
+    """How the command line names an argument: its flag (`--reply-to`) or the positional's name; an
+    argument of another command that a problem names (`profile`'s mirror_dir, from watch) as its flag."""
     names = {checks.key(a): a.name for a in command.args}
-    return lambda key: names.get(key, key)
+
+    def name(key: str) -> str:
+        if key in names:
+            return names[key]
+        return _every_flag().get(key, key)
+    return name
+
+
+def _every_flag() -> dict[str, str]:
+    return {checks.key(a): a.name for c in spec.COMMANDS.values() for a in c.args if not a.positional}
 
 
 HELP = object()  # what words_to_values returns for values when -h / --help stands where a flag may

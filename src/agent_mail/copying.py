@@ -30,7 +30,7 @@ def copy(source_location: str, target_location: str, *, merge: bool = False, dry
         return location if scheme_of(location) is None else redact_url(location)
 
     if source_location == target_location:
-        raise errors.InvalidInput([("--from", f"is the target mailbox itself ({shown(target_location)}); name "
+        raise errors.InvalidInput([("from", f"is the target mailbox itself ({shown(target_location)}); name "
                                               "another mailbox to copy from.")])
     source = open_store(source_location)
     try:
@@ -52,7 +52,7 @@ def _copy(source, target, source_name: str, target_name: str, merge: bool, dry_r
         with target.transaction(write=True):  # all or nothing
             existing = target.table_counts()
             if any(existing.values()) and not merge:
-                raise errors.InvalidInput([("--merge", f"the target {target_name} already holds "
+                raise errors.InvalidInput([("merge", f"the target {target_name} already holds "
                                                        f"{existing['messages']} messages and other records; nothing "
                                                        "was copied. Copy into an empty mailbox, or give --merge to "
                                                        "add what it lacks (records it has are kept as they are).")])

@@ -269,14 +269,14 @@ def stage_attachments(directory: str, attachments: list[dict], contents: dict[st
         created = make_private_dirs(target)
     except OSError as exc:
         raise errors.InvalidInput(
-            [("--save-to", f"cannot use {directory!r} as a directory: {exc.strerror or exc}.")]
+            [("save_to", f"cannot use {directory!r} as a directory: {exc.strerror or exc}.")]
         ) from None
     try:
         dir_fd = open_dir(target)
     except OSError as exc:
         remove_created_dirs(created)
         raise errors.InvalidInput(
-            [("--save-to", f"cannot use {directory!r} as a directory: {exc.strerror or exc}.")]
+            [("save_to", f"cannot use {directory!r} as a directory: {exc.strerror or exc}.")]
         ) from None
     staged = StagedSave(target, dir_fd, created, overwrite)
     try:
@@ -293,10 +293,10 @@ def stage_attachments(directory: str, attachments: list[dict], contents: dict[st
             except FileNotFoundError:
                 continue
             if not overwrite:
-                problems.append(("--save-to", f"{os.path.join(target, name)} already exists; nothing was saved. "
-                                              "Choose another directory, or pass --overwrite."))
+                problems.append(("save_to", f"{os.path.join(target, name)} already exists; nothing was saved. "
+                                              f"Choose another directory, or pass {errors.arg('overwrite')}."))
             elif not stat.S_ISREG(existing.st_mode):
-                problems.append(("--save-to", f"{os.path.join(target, name)} exists and is not a regular file; "
+                problems.append(("save_to", f"{os.path.join(target, name)} exists and is not a regular file; "
                                               "it is never replaced."))
         if problems:
             raise errors.InvalidInput(problems)

@@ -335,10 +335,10 @@ def setup(harness: str, agent: str, directory: str | None = None, dry_run: bool 
         raise errors.InvalidInput([("harness", f"{harness!r}: agent-mail sets up {', '.join(HARNESSES)}.")])
     problem = model.identity_problem(agent)
     if problem:
-        raise errors.InvalidInput([("--agent", problem)])
+        raise errors.InvalidInput([("agent", problem)])
     root = os.path.realpath(os.path.expanduser(directory or os.getcwd()))
     if not os.path.isdir(root):
-        raise errors.InvalidInput([("--dir", f"{root} is not a directory; give the project directory the harness "
+        raise errors.InvalidInput([("dir", f"{root} is not a directory; give the project directory the harness "
                                               "starts in.")])
     mailbox = _mailbox()
     if harness == "claude-code":

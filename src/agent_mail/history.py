@@ -226,11 +226,11 @@ def export(store, *, format: str, output: str | None, agent: str | None, since_d
     if output is not None and output != "-":
         target = os.path.abspath(os.path.expanduser(output))
         if os.path.lexists(target):
-            raise errors.InvalidInput([("--output", f"{target} exists; nothing was written. Name a new file (an "
+            raise errors.InvalidInput([("output", f"{target} exists; nothing was written. Name a new file (an "
                                                     "export never overwrites one).")])
         directory = os.path.dirname(target)
         if not os.path.isdir(directory):
-            raise errors.InvalidInput([("--output", f"{directory} is not a directory; nothing was written.")])
+            raise errors.InvalidInput([("output", f"{directory} is not a directory; nothing was written.")])
         aside = os.path.join(directory, f".{os.path.basename(target)}.am-{os.getpid()}.part")
         try:
             with open(aside, "xb") as raw:
@@ -240,7 +240,7 @@ def export(store, *, format: str, output: str | None, agent: str | None, since_d
                 os.fsync(raw.fileno())
             os.link(aside, target)  # fails rather than replace a file that appeared meanwhile
         except FileExistsError:
-            raise errors.InvalidInput([("--output", f"{target} exists; nothing was written.")]) from None
+            raise errors.InvalidInput([("output", f"{target} exists; nothing was written.")]) from None
         except OSError as exc:
             raise errors.AgentMailError(f"could not write {target} ({exc.strerror}); nothing was written.") from None
         finally:

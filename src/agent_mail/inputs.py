@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from agent_mail import model
+from agent_mail import errors, model
 
 def _read_body_file(path: str) -> tuple[str | None, str | None]:
     limit = model.BODY_MAX_CHARS * 4 + 3  # UTF-8 needs at most 4 bytes a character, plus a BOM
@@ -16,7 +16,7 @@ def _read_body_file(path: str) -> tuple[str | None, str | None]:
 
             stream = sys.stdin.buffer if sys.stdin is not None else None
             if stream is None:
-                return None, "standard input is closed; pass --body or a file."
+                return None, f"standard input is closed; pass {errors.arg('body')} or a file."
             data = stream.read(limit + 1)
         else:
             if os.path.isdir(path):
@@ -30,7 +30,7 @@ def _read_body_file(path: str) -> tuple[str | None, str | None]:
     if len(data) > limit:
         return None, (
             f"is larger than the {model.BODY_MAX_CHARS}-character body limit. A message is coordination, "
-            "not content: pass the file with --ref instead."
+            f"not content: pass the file with {errors.arg('ref')} instead."
         )
     try:
         text = data.decode("utf-8")
@@ -69,10 +69,10 @@ def prepare_send(values: dict) -> tuple[dict, list[tuple[str, str]]]:
     if subject is not None:
         problem = model.subject_problem(subject)
         if problem:
-            problems.append(("--subject", problem))
-    body, body_flag = values.get("body"), "--body"
+            problems.append(("subject", problem))
+    body, body_flag = values.get("body"), "body"
     if values.get("body_file") is not None:
-        body_flag = "--body-file"
+        body_flag = "body_file"
         body, problem = _read_body_file(values["body_file"])
         if problem:
             problems.append((body_flag, problem))
@@ -84,7 +84,7 @@ def prepare_send(values: dict) -> tuple[dict, list[tuple[str, str]]]:
     for path in values.get("ref") or []:
         absolute, problem = _resolve_ref(path)
         if problem:
-            problems.append(("--ref", problem))
+            problems.append(("ref", problem))
         else:
             refs.append(absolute)
     if values.get("refs") is not None:
@@ -94,27 +94,27 @@ def prepare_send(values: dict) -> tuple[dict, list[tuple[str, str]]]:
             listed = json.loads(values["refs"])
         except ValueError as exc:
             listed = None
-            problems.append(("--refs", f"is not valid JSON ({exc}). Prefer --ref PATH, once per path."))
+            problems.append(("refs", f"is not valid JSON ({exc}). Prefer {errors.arg('ref')} PATH, once per path."))
         except RecursionError:
             listed = None
-            problems.append(("--refs", "is nested too deeply; give a flat JSON array of paths, e.g. "
-                                       "[\"docs/plan.md\"] (or --ref PATH, once per path)."))
+            problems.append(("refs", "is nested too deeply; give a flat JSON array of paths, e.g. "
+                                       f"[\"docs/plan.md\"] (or {errors.arg('ref')} PATH, once per path)."))
         if listed is not None and not isinstance(listed, list):
-            problems.append(("--refs", "must be a JSON array of paths, e.g. [\"docs/plan.md\"]."))
+            problems.append(("refs", "must be a JSON array of paths, e.g. [\"docs/plan.md\"]."))
             listed = None
         for path in listed or []:
             absolute, problem = _resolve_ref(path)
             if problem:
-                problems.append(("--refs", problem))
+                problems.append(("refs", problem))
             else:
                 refs.append(absolute)
     if values.get("no_ack") and not values.get("reply_to"):
-        problems.append(("--no-ack", "only applies with --reply-to; drop it."))
+        problems.append(("no_ack", f"only applies with {errors.arg('reply_to')}; drop it."))
     recipients = list(dict.fromkeys(as_list(values.get("to"))))
     if model.BROADCAST in recipients and len(recipients) > 1:
-        problems.append(("--to", "'*' already means everyone; give it alone, or list the recipients instead."))
+        problems.append(("to", "'*' already means everyone; give it alone, or list the recipients instead."))
     if len(recipients) > model.RECIPIENTS_MAX:
-        problems.append(("--to", f"{len(recipients)} recipients; the limit is {model.RECIPIENTS_MAX} a send. Use '*' "
+        problems.append(("to", f"{len(recipients)} recipients; the limit is {model.RECIPIENTS_MAX} a send. Use '*' "
                                  "or split the send."))
     attachments, attach_problems = _read_attachments(as_list(values.get("attach")))
     problems += attach_problems
@@ -145,7 +145,7 @@ def _read_attachments(paths: list[str]) -> tuple[list[dict], list[tuple[str, str
     import hashlib  # loads OpenSSL: only when something is attached
     import stat
     if len(paths) > model.ATTACHMENTS_MAX_COUNT:
-        problems.append(("--attach", f"{len(paths)} files; the limit is {model.ATTACHMENTS_MAX_COUNT} a send."))
+        problems.append(("attach", f"{len(paths)} files; the limit is {model.ATTACHMENTS_MAX_COUNT} a send."))
         return [], problems
     total, seen = 0, set()
     for path in paths:
@@ -157,39 +157,39 @@ def _read_attachments(paths: list[str]) -> tuple[list[dict], list[tuple[str, str
         try:
             info = os.stat(absolute)
         except FileNotFoundError:
-            problems.append(("--attach", f"{path!r} does not exist (resolved to {absolute})."))
+            problems.append(("attach", f"{path!r} does not exist (resolved to {absolute})."))
             continue
         except OSError as exc:
-            problems.append(("--attach", f"cannot read {path!r}: {exc.strerror or exc}."))
+            problems.append(("attach", f"cannot read {path!r}: {exc.strerror or exc}."))
             continue
         if not stat.S_ISREG(info.st_mode):
-            problems.append(("--attach", f"{path!r} is not a regular file; attach files, not directories or devices."))
+            problems.append(("attach", f"{path!r} is not a regular file; attach files, not directories or devices."))
             continue
         if info.st_size > model.ATTACHMENT_MAX_BYTES:
-            problems.append(("--attach", f"{path!r} is {info.st_size} bytes; the limit is {model.ATTACHMENT_MAX_BYTES} "
-                                         "a file. Put it somewhere shared and --ref it instead."))
+            problems.append(("attach", f"{path!r} is {info.st_size} bytes; the limit is {model.ATTACHMENT_MAX_BYTES} "
+                                         f"a file. Put it somewhere shared and {errors.arg('ref')} it instead."))
             continue
         try:
             with open(absolute, "rb") as handle:
                 content = handle.read(model.ATTACHMENT_MAX_BYTES + 1)
         except OSError as exc:
-            problems.append(("--attach", f"cannot read {path!r}: {exc.strerror or exc}."))
+            problems.append(("attach", f"cannot read {path!r}: {exc.strerror or exc}."))
             continue
         if len(content) > model.ATTACHMENT_MAX_BYTES:  # it grew while we looked
-            problems.append(("--attach", f"{path!r} is over the {model.ATTACHMENT_MAX_BYTES}-byte limit."))
+            problems.append(("attach", f"{path!r} is over the {model.ATTACHMENT_MAX_BYTES}-byte limit."))
             continue
         total += len(content)
         # A name that is not UTF-8 keeps what it can, so the file still travels; the content is exact.
         name = os.fsencode(os.path.basename(absolute)).decode("utf-8", "replace") or "attachment"
         problem = model.bidi_problem(name)
         if problem:
-            problems.append(("--attach", f"the file name {name!r} {problem}"))
+            problems.append(("attach", f"the file name {name!r} {problem}"))
             continue
         attachments.append({"name": name, "content": content, "size": len(content),
                             "sha256": hashlib.sha256(content).hexdigest()})
     if total > model.ATTACHMENTS_MAX_BYTES_PER_SEND:
-        problems.append(("--attach", f"{total} bytes in all; the limit is {model.ATTACHMENTS_MAX_BYTES_PER_SEND} a "
-                                     "send. Split it, or --ref large files."))
+        problems.append(("attach", f"{total} bytes in all; the limit is {model.ATTACHMENTS_MAX_BYTES_PER_SEND} a "
+                                     f"send. Split it, or {errors.arg('ref')} large files."))
     return attachments, problems
 
 
@@ -197,13 +197,8 @@ def input_problems(command: str, values: dict) -> list[tuple[str, str]]:
     """Problems found without the mailbox, for reporting alongside parse errors."""
     if command == "send":
         return prepare_send(values)[1]
-    if command == "status" and values.get("project") is not None:
-        return project_problems(values["project"])
     if command == "profile":
         return profile_problems(values)
-    if command == "export" and values.get("format") not in ("jsonl", "mbox"):
-        return [("--format", f"{values.get('format')!r} is not a format: jsonl (to import elsewhere) or mbox (for a "
-                             "mail client).")]
     return []
 
 
@@ -214,37 +209,31 @@ def profile_problems(values: dict) -> list[tuple[str, str]]:
     problems = []
     for name in values.get("clear") or []:
         if name not in PROFILE_SETTINGS:
-            problems.append(("--clear", f"{name!r} is not a setting; use one of: {', '.join(PROFILE_SETTINGS)}."))
+            problems.append(("clear", f"{name!r} is not a setting; use one of: {', '.join(PROFILE_SETTINGS)}."))
         elif values.get(name.replace("-", "_")):
-            problems.append(("--clear", f"cannot both set and clear {name}."))
+            problems.append(("clear", f"cannot both set and clear {name}."))
     directory = values.get("mirror_dir")
     if directory is not None:
         from agent_mail import notify
 
         expanded = os.path.expanduser(directory)
         if not os.path.isdir(expanded):
-            problems.append(("--mirror-dir", f"{directory!r} is not an existing directory; create it first."))
+            problems.append(("mirror_dir", f"{directory!r} is not an existing directory; create it first."))
         elif model.has_surrogates(expanded):
-            problems.append(("--mirror-dir", f"{directory!r} is not a UTF-8 path; choose a directory with a UTF-8 "
+            problems.append(("mirror_dir", f"{directory!r} is not a UTF-8 path; choose a directory with a UTF-8 "
                                              "name."))
         else:
             problem = notify.mirror_problem(os.path.realpath(expanded))
             if problem:
-                problems.append(("--mirror-dir", problem))
+                problems.append(("mirror_dir", problem))
     return problems
-
-
-def project_problems(project: str) -> list[tuple[str, str]]:
-    if model.is_name(project):
-        return []
-    return [("--project", f"{project!r} is not a project name: lowercase letters, digits and hyphens.")]
 
 
 def identity_problems(identities: list[tuple[str, str]]) -> list[tuple[str, str]]:
     """Identity checks for callers that bypass the CLI parser (library use)."""
     problems = []
     for flag, value in identities:
-        problem = model.identity_problem(value, allow_broadcast=flag == "--to")
+        problem = model.identity_problem(value, allow_broadcast=flag == "to")
         if problem:
             problems.append((flag, problem))
     return problems

@@ -74,8 +74,8 @@ def copy_mailbox(*, from_: str, to: str | None = None, merge: bool = False, dry_
             raise errors.InvalidInput([(field, "is empty; give a SQLite file path or a postgresql:// URL.")])
         return backend_for(value.strip()).locate(value, field)
 
-    source = located(from_, "--from")
-    target = located(to, "--to") if to is not None else resolve_location()[0]
+    source = located(from_, "from")
+    target = located(to, "to") if to is not None else resolve_location()[0]
     result = copying.copy(source, target, merge=merge, dry_run=dry_run)
     emit(result)
     return result

@@ -64,8 +64,8 @@ class Profiles:
         or (follow) keep its mirror current until stopped."""
         if follow:
             if dismiss or clear_email:
-                raise errors.InvalidInput([("--follow", "runs until stopped; give --dismiss and --clear-email in a "
-                                                        "call of their own.")])
+                raise errors.InvalidInput([("follow", f"runs until stopped; give {errors.arg('dismiss')} and "
+                                                        f"{errors.arg('clear_email')} in a call of their own.")])
             return self.mailbox.waits.follow(agent, emit)
         wanted = list(dict.fromkeys(dismiss))
         with self.mirrors.changing(write=bool(wanted)):
@@ -74,7 +74,7 @@ class Profiles:
                 dismissed = self.store.dismiss_events(agent, wanted, model.now_iso())
                 unknown = [i for i in wanted if i not in dismissed]
                 if unknown:
-                    raise errors.NotFound([("--dismiss", f"{i} is not an open event of {agent}; nothing was "
+                    raise errors.NotFound([("dismiss", f"{i} is not an open event of {agent}; nothing was "
                                                          "dismissed.") for i in unknown])
                 self.mirrors.render([agent], email=False, system=True)
             profile = self.store.profile(agent)

@@ -43,10 +43,10 @@ class Searching:
             thread_ids = None
             if thread is not None:
                 if agent is not None and not self.store.visible_to(agent, [thread], now):
-                    raise errors.NotFound([("--thread", invisible(thread, agent))])
+                    raise errors.NotFound([("thread", invisible(thread, agent))])
                 thread_ids = [row["id"] for row in self.store.whole_thread(thread)]
                 if thread not in thread_ids:
-                    raise errors.NotFound([("--thread", f"no message {thread} exists in this mailbox.")])
+                    raise errors.NotFound([("thread", f"no message {thread} exists in this mailbox.")])
             found: dict[str, tuple[dict, str]] = {}  # one per send (its batch), in ranked order
             more = False
             for subject_only in (True, False):

@@ -16,6 +16,7 @@ import datetime as _dt
 from contextlib import contextmanager
 
 from agent_mail import errors, liveness, model, spec
+from agent_mail.checks import guarded
 from agent_mail.liveness import describe_liveness, live_sessions
 from agent_mail.location import DEFAULT_PATH, ENV_VAR, copy_mailbox, doctor, resolve_location, storage_report
 from agent_mail.mirrors import Mirrors
@@ -84,6 +85,7 @@ class Mailbox:
             return self.mirrors.render(direct)
 
     # -- send ----------------------------------------------------------------
+    @guarded("send")
     def send(self, *, from_: str, to, subject: str, body: str | None = None, body_file: str | None = None,
              ref=(), refs: str | None = None, reply_to: str | None = None, no_ack: bool = False,
              delay_minutes: float | None = None, attach=(), require_reachable: bool = False,
@@ -98,12 +100,12 @@ class Mailbox:
             "subject": subject, "body": body, "body_file": body_file, "ref": ref, "refs": refs,
             "reply_to": reply_to, "no_ack": no_ack, "to": recipients, "attach": attach,
         })
-        checks = [("--from", from_)] + [("--to", r) for r in recipients]
+        checks = [("from", from_)] + [("to", r) for r in recipients]
         problems = inputs.identity_problems(checks) + problems
         if not recipients:
-            problems.append(("--to", "give at least one recipient."))
+            problems.append(("to", "give at least one recipient."))
         if delay_minutes is not None and not 0 <= delay_minutes <= model.DELAY_MINUTES_MAX:
-            problems.append(("--delay-minutes", f"use a value from 0 to {model.DELAY_MINUTES_MAX:.0f}."))
+            problems.append(("delay_minutes", f"use a value from 0 to {model.DELAY_MINUTES_MAX:.0f}."))
         if reply_to is not None and not model.message_id_problem(reply_to) and not model.identity_problem(from_):
             with self.store.transaction():  # found with the other problems, so all are reported at once
                 problems += self._reply_to_problems(from_, reply_to)
@@ -192,7 +194,7 @@ class Mailbox:
     def _reply_to_problems(self, replier: str, reply_to: str) -> list[tuple[str, str]]:
         if self.store.visible_to(replier, [reply_to], model.now_iso()):
             return []
-        return [("--reply-to", invisible(reply_to, replier) + " Use an id from read.")]
+        return [("reply_to", invisible(reply_to, replier) + " Use an id from read.")]
 
     def _settle_reply(self, replier: str, reply_to: str | None, no_ack: bool, at: str) -> tuple[str | None, list]:
         """A reply marks the answered message read and acknowledged for the replier."""
@@ -218,6 +220,7 @@ class Mailbox:
                f"re-armed{seen}."
 
     # -- read --------------------------------------------------------------------
+    @guarded("read")
     def read(self, *, agent: str, all: bool = False, from_: str | None = None, limit: int = 50,
              thread: str | None = None, archived: bool = False, no_mark_read: bool = False, ack: bool = False,
              fields: list[str] | None = None, emit: Emit = no_emit) -> dict:
@@ -227,7 +230,7 @@ class Mailbox:
             with self.store.transaction():
                 if thread is not None:
                     if not self.store.visible_to(agent, [thread], now):
-                        raise errors.NotFound([("--thread", invisible(thread, agent))])
+                        raise errors.NotFound([("thread", invisible(thread, agent))])
                     messages = self.store.thread(thread, agent, now)
                 else:
                     messages = self.store.archived(agent, now, sender=from_)[-limit:]
@@ -282,6 +285,7 @@ class Mailbox:
                 "next": next_steps(agent, unread=remaining, ack_ids=to_ack, reachable=reachable)}
 
     # -- liveness ----------------------------------------------------------------
+    @guarded("heartbeat")
     def heartbeat(self, *, agent: str, emit: Emit = no_emit) -> dict:
         """Record that `agent` is present without a blocked watch."""
         at = model.now_iso()
@@ -294,6 +298,7 @@ class Mailbox:
             emit(result)
         return result
 
+    @guarded("watch")
     def watch(self, *, agent: str, timeout_minutes: float | None = None, once: bool = False,
               timeout_seconds: float | None = None, wanted=None, emit: Emit = no_emit) -> dict:
         """Block until `agent` has unread mail (or the timeout passes); return envelopes, consume nothing.
@@ -335,15 +340,10 @@ class Mailbox:
         return result
 
     # -- overview -----------------------------------------------------------------
+    @guarded("status")
     def status(self, *, agent: str | None = None, project: str | None = None, fields: list[str] | None = None,
                emit: Emit = no_emit) -> dict:
         """One row per identity seen in traffic, watches, heartbeats or profiles (or just `agent`)."""
-        if project is not None:
-            from agent_mail import inputs
-
-            problems = inputs.project_problems(project)
-            if problems:
-                raise errors.InvalidInput(problems)
         now = model.now_iso()
         with self.store.transaction():
             if agent is not None:  # one identity: its own counts, not everyone's
@@ -374,6 +374,7 @@ class Mailbox:
         emit(result)
         return result
 
+    @guarded("cleanup")
     def cleanup(self, *, older_than: int, dry_run: bool = False, emit: Emit = no_emit) -> dict:
         """Delete messages (and what hangs off them, and old liveness rows and events) older than `older_than` days."""
         cutoff = model.iso(model.now() - _dt.timedelta(days=older_than))
@@ -405,38 +406,47 @@ class Mailbox:
 
         return Searching(self)
 
+    @guarded("ack")
     def ack(self, **options) -> dict:
         """Record that an agent acted on messages; see Handling.ack for the options."""
         return self._handling().ack(**options)
 
+    @guarded("dismiss")
     def dismiss(self, **options) -> dict:
         """Mark messages read without returning them; see Handling.dismiss."""
         return self._handling().dismiss(**options)
 
+    @guarded("archive")
     def archive(self, **options) -> dict:
         """Take messages out of the inbox; see Handling.archive."""
         return self._handling().archive(**options)
 
+    @guarded("delete")
     def delete(self, **options) -> dict:
         """Remove messages from every view of an agent; see Handling.delete."""
         return self._handling().delete(**options)
 
+    @guarded("cancel")
     def cancel(self, **options) -> dict:
         """Withdraw scheduled messages that have not fallen due; see Handling.cancel."""
         return self._handling().cancel(**options)
 
+    @guarded("attachments")
     def attachments(self, **options) -> dict:
         """List a message's attachments, or save them; see Handling.attachments."""
         return self._handling().attachments(**options)
 
+    @guarded("profile")
     def profile(self, **options) -> dict:
         """Show, or change, an agent's optional settings; see Profiles.profile."""
         return self._profiles().profile(**options)
 
+    @guarded("notifications")
     def notifications(self, **options) -> dict:
         """An agent's unread mirror and system channel; see Profiles.notifications."""
         return self._profiles().notifications(**options)
 
+    @guarded("search")
     def search(self, **options) -> dict:
         """Messages matching a query, ranked; see Searching.search."""
         return self._searching().search(**options)

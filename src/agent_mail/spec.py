@@ -12,6 +12,7 @@ from agent_mail import model
 IDENTITY = "identity"  # project:name
 RECIPIENT = "recipient"  # project:name or '*'
 MESSAGE_ID = "message_id"  # a UUID as printed by send/read
+PROJECT = "project"  # the part of an identity before ':'
 TEXT = "text"
 PATH = "path"
 JSON = "json"
@@ -604,7 +605,7 @@ _register(Command(
     "and whether it is listening.",
     args=(
         Arg("--agent", IDENTITY, "Only this identity (listed even if it has never been seen)."),
-        Arg("--project", TEXT, "Only identities of this project (the part before ':')."),
+        Arg("--project", PROJECT, "Only identities of this project (the part before ':')."),
         Arg("--fields", FIELDS, "Comma-separated subset of the row fields to return."),
     ),
     exclusive=(("--agent", "--project"),),
@@ -864,7 +865,7 @@ _register(Command(
     "send, reply, broadcast, cancel, and ack/dismiss/archive its own mail. Updates ride the same wake-up a watch "
     "uses. Needs the tui extra: pip install 'agent-mail[tui]'. Press ? inside for the keys.",
     args=(
-        Arg("--project", TEXT, "Show only this project's identities and traffic."),
+        Arg("--project", PROJECT, "Show only this project's identities and traffic."),
         Arg("--as", IDENTITY, "Step in as this identity (project:name): its profile is marked human, and the "
             "send, reply, broadcast, cancel, ack, dismiss and archive keys act as it. Without it the dashboard "
             "only looks."),

@@ -176,7 +176,7 @@ class Waits:
         with self.store.transaction():
             profile = self.store.profile(agent)
         if not profile or not profile["mirror_dir"]:
-            raise errors.InvalidInput([("--follow", f"{agent} has no mirror directory to keep current; set one "
+            raise errors.InvalidInput([("follow", f"{agent} has no mirror directory to keep current; set one "
                                                     f"first: agent-mail profile {agent} --mirror-dir DIR")])
         previous = install_stop_handlers()
         updates = 0

@@ -96,7 +96,7 @@ def serve(*, human: str | None, project: str | None, overdue_minutes: float | No
         try:
             probe.bind(("127.0.0.1", port))
         except OSError as exc:
-            raise errors.InvalidInput([("--port", f"127.0.0.1:{port} cannot be used ({exc.strerror}); pick another "
+            raise errors.InvalidInput([("port", f"127.0.0.1:{port} cannot be used ({exc.strerror}); pick another "
                                                   "port with --port N.")]) from None
     from agent_mail import service
 

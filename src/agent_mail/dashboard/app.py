@@ -330,7 +330,7 @@ class Dashboard(App):
                 # Saved as a party to the message (its sender sees it always), with the CLI's checks: no path
                 # leaves the directory, nothing is overwritten, nothing is left half written.
                 agent, directory = send["sender"] if send else self.inbox_agent, directory.strip()
-                self._act(lambda s: s.mailbox.attachments(agent=agent, id=message_id, save_to=directory),
+                self._act(lambda s: s.call("attachments", {"agent": agent, "id": message_id, "save_to": directory}),
                           lambda result: f"Saved {', '.join(s['name'] for s in result['saved'])} in {directory}")
 
         self.push_screen(Ask(f"Save {len(attached)} attachment(s) into directory:", "."), done)
@@ -380,8 +380,8 @@ class Dashboard(App):
                                                if d["status"] == "refused"), "warning"
             return f"Sent {form['subject']!r} to {', '.join(form['to'])}"
 
-        self._act(lambda s: s.mailbox.send(from_=self.human, to=form["to"], subject=form["subject"],
-                                           body=form["body"], reply_to=form["reply_to"]), said)
+        self._act(lambda s: s.call("send", {"from": self.human, "to": form["to"], "subject": form["subject"],
+                                            "body": form["body"], "reply_to": form["reply_to"]}), said)
 
     def action_cancel(self) -> None:
         if not self._need_human():
@@ -392,7 +392,8 @@ class Dashboard(App):
             self.notify("Select a scheduled message you sent (Traffic) to cancel it.", severity="warning")
             return
         ids = send["ids"]
-        self._act(lambda s: s.mailbox.cancel(sender=self.human, ids=ids), lambda _: f"Cancelled {len(ids)} message(s)")
+        self._act(lambda s: s.call("cancel", {"sender": self.human, "ids": ids}),
+                  lambda _: f"Cancelled {len(ids)} message(s)")
 
     def _own_mail(self) -> str | None:
         if not self._need_human():
@@ -417,7 +418,7 @@ class Dashboard(App):
     def _handle(self, verb: str) -> None:
         message_id = self._own_mail()
         if message_id is not None:
-            self._act(lambda s: getattr(s.mailbox, verb)(agent=self.human, ids=[message_id]),
+            self._act(lambda s: s.call(verb, {"agent": self.human, "ids": [message_id]}),
                       lambda _: f"{verb}: done", then=lambda: self.load_inbox(self.human))
 
     @work(thread=True, group="act")

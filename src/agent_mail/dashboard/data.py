@@ -65,6 +65,13 @@ class Supervisor:
             self._identities = len(self.store.agent_counts(now))
         return self._identities
 
+    def call(self, name: str, values: dict) -> object:
+        """One of the human's actions (send, ack, cancel, ...), by argument name through the call layer: the
+        same checks and problems as every front end, on this supervisor's mailbox."""
+        from agent_mail import calls
+
+        return calls.call(name, values, mailbox=self.mailbox)
+
     # -- fleet ----------------------------------------------------------------------------------------
     def fleet(self, overdue_minutes: float = DEFAULT_OVERDUE_MINUTES) -> list[dict]:
         """One row per identity, problems first (deaf with mail, overdue, stale, bounced), then by name."""
