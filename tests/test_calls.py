@@ -195,3 +195,66 @@ def test_mcp_watch_wait_is_checked_by_the_same_rules():
     problems = _mcp_problems("watch", {"agent": "p:a", "wait_seconds": 601})
     assert problems == [{"field": "wait_seconds", "message": "601 is out of range; use a value from 0 to 600."}]
     assert threading.active_count() >= 1
+
+
+# ---- The library guards itself: each public operation, called from Python, refuses what the spec refuses.
+
+MAILBOX_OPERATIONS = ("send", "read", "ack", "watch", "heartbeat", "dismiss", "archive", "delete", "cancel",
+                      "attachments", "profile", "notifications", "status", "search", "cleanup")
+
+
+def _library_call(name: str, values: dict):
+    """Call operation `name` as Python code would (keywords, typed values), on this test's mailbox."""
+    from agent_mail import history, location, service
+
+    if name in MAILBOX_OPERATIONS:
+        with service.open_mailbox() as mailbox:
+            return getattr(mailbox, name)(**values)
+    if name == "export":
+        with service.open_mailbox() as mailbox:
+            return history.export(mailbox.store, **{k: values.get(k) for k in ("format", "output", "agent",
+                                                                                 "since_days")})
+    if name == "import":
+        with service.open_mailbox() as mailbox:
+            return history.import_file(mailbox.store, values.get("file"), values.get("dry_run", False))
+    if name == "doctor":
+        return location.doctor(**values)
+    if name == "copy":
+        return location.copy_mailbox(**values)
+    raise AssertionError(name)
+
+
+LIBRARY = MAILBOX_OPERATIONS + ("export", "import", "doctor", "copy")
+
+
+@pytest.mark.parametrize("name,key,bad", [c for c in _cases() if c.values[0] in LIBRARY])
+def test_each_public_operation_refuses_a_bad_value_from_python_naming_the_argument(name, key, bad):
+    command = spec.COMMANDS[name]
+    arg = checks.by_key(command)[key]
+    values = {}
+    for given_key, value in {**_baseline(command), key: bad}.items():
+        spec_arg = checks.by_key(command)[given_key]
+        if spec_arg.kind == spec.MESSAGE_ID and spec_arg.repeat and not isinstance(value, list):
+            value = [value]
+        values[spec_arg.dest] = value
+    if arg.repeat and not isinstance(values[arg.dest], list):
+        values[arg.dest] = [values[arg.dest]]
+    with pytest.raises(errors.InvalidInput) as refused:
+        _library_call(name, values)
+    assert key in {p["field"] for p in refused.value.problems()}, refused.value.problems()
+
+
+def test_the_library_refuses_what_the_issue_found_it_accepting():
+    from agent_mail import service
+
+    with service.open_mailbox() as mailbox:
+        with pytest.raises(errors.InvalidInput) as read:
+            mailbox.read(agent="NOT A VALID ID", limit=-5)
+        assert {p["field"] for p in read.value.problems()} == {"agent", "limit"}
+        with pytest.raises(errors.InvalidInput) as status:
+            mailbox.status(agent="also bad")
+        assert status.value.problems()[0]["field"] == "agent"
+        with pytest.raises(errors.InvalidInput):
+            mailbox.ack(agent="p:a")  # neither ids nor all
+        with pytest.raises(errors.InvalidInput):
+            mailbox.send(from_="p:a", to=[], subject="s")

@@ -226,3 +226,31 @@ def test_a_cancelled_watch_call_releases_its_session():
             await anyio.sleep(0.2)
 
     assert session(body, "--agent", ME) == "released"
+
+
+def test_numbers_are_judged_as_numbers_and_raw_infinity_or_nan_is_refused():
+    async def body(client):
+        tiny = await call(client, "send", to=["p:b"], subject="soon", delay_minutes=1e-300)
+        huge = await call(client, "read", limit=10**30)
+        return tiny, huge
+
+    tiny, huge = session(body, "--agent", ME)
+    assert tiny[0] == "ok"
+    assert huge[0] == "error" and huge[1]["problems"][0]["field"] == "limit"
+    assert "out of range" in huge[1]["problems"][0]["message"]
+    # The SDK client sends Infinity/NaN as null (not given); a raw token, which Python's JSON reader takes, is
+    # refused as a number that is not finite, naming the argument.
+    lines = [{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}},
+             {"jsonrpc": "2.0", "method": "notifications/initialized"}]
+    raw = "\n".join(json.dumps(line) for line in lines) + "\n" + \
+        '{"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "read", "arguments": ' \
+        '{"limit": Infinity}}}\n'
+    proc = subprocess.run([sys.executable, "-m", "agent_mail", "mcp", "--agent", ME], input=raw, text=True,
+                          capture_output=True, env=process_env(), timeout=60)
+    answers = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+    answer = [a for a in answers if a.get("id") == 2][0]
+    assert answer["result"]["isError"] is True
+    problems = json.loads(answer["result"]["content"][0]["text"])["problems"]
+    assert problems == [{"field": "limit", "message": "must be a whole number, not inf."}]
+    assert am_process("read", ME).json["count"] == 0  # nothing was read

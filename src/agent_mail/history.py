@@ -25,7 +25,7 @@ import os
 import sys
 import time
 
-from agent_mail import errors, model
+from agent_mail import checks, errors, model
 from agent_mail.store.schema import STATE_COLUMNS as _STATE
 from agent_mail.store.sql import decode_refs
 
@@ -222,6 +222,7 @@ def _plain_mail(headers: list[tuple[str, str]], body: str) -> bytes | None:
 
 def export(store, *, format: str, output: str | None, agent: str | None, since_days: float | None) -> dict | None:
     """Write the export to `output` (a new file, written aside and renamed into place) or to stdout (None)."""
+    checks.guard("export", {"format": format, "output": output, "agent": agent, "since_days": since_days})
     since = model.iso(model.now() - datetime.timedelta(days=since_days)) if since_days is not None else None
     if output is not None and output != "-":
         target = os.path.abspath(os.path.expanduser(output))
@@ -425,6 +426,7 @@ def _check_event(record: dict, problems, line: int) -> None:
 
 def import_file(store, path: str, dry_run: bool) -> dict:
     """Import a JSON Lines export into `store`: all or nothing, existing records (by id) left as they are."""
+    checks.guard("import", {"file": path, "dry_run": dry_run})
     if path == "-":
         source, shown = sys.stdin.buffer, "stdin"
     else:

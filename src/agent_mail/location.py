@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from agent_mail import errors
+from agent_mail import checks, errors
 
 DEFAULT_PATH = os.path.join("~", ".agent-mail", "mail.db")
 ENV_VAR = "AGENT_MAIL_DB"
@@ -57,6 +57,7 @@ def storage_report() -> dict:
 
 def doctor(*, repair: bool = False, emit: Emit = _no_emit) -> dict:
     """Check the mailbox this invocation resolves (never creating it); rebuild it with `repair` if damaged."""
+    checks.guard("doctor", {"repair": repair})
     from agent_mail.store import backend_for
 
     location, _ = resolve_location()
@@ -66,6 +67,7 @@ def doctor(*, repair: bool = False, emit: Emit = _no_emit) -> dict:
 def copy_mailbox(*, from_: str, to: str | None = None, merge: bool = False, dry_run: bool = False,
                  emit: Emit = _no_emit) -> dict:
     """Copy the mailbox at `from_` into `to` (default: the one this invocation resolves)."""
+    checks.guard("copy", {"from_": from_, "to": to, "merge": merge, "dry_run": dry_run})
     from agent_mail import copying
     from agent_mail.store import backend_for
 
