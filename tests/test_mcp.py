@@ -253,4 +253,4 @@ def test_numbers_are_judged_as_numbers_and_raw_infinity_or_nan_is_refused():
     assert answer["result"]["isError"] is True
     problems = json.loads(answer["result"]["content"][0]["text"])["problems"]
     assert problems == [{"field": "limit", "message": "must be a whole number, not inf."}]
-    assert am_process("read", ME).json["count"] == 0  # nothing was read
+    assert json.loads(am_process("read", ME).stdout)["count"] == 0
