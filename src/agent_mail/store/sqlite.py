@@ -382,7 +382,7 @@ class SQLiteStore(SQLStore):
     # -- opening ----------------------------------------------------------
     def _fail(self, exc: Exception, doing: str) -> errors.StorageError:
         text = str(exc)
-        if _is_damage(exc) and self._identity is not None:
+        if is_damage(exc) and self._identity is not None:
             return self._damaged(text, doing)
         if "locked" in text or "busy" in text:
             return errors.StorageError(
@@ -832,7 +832,7 @@ _CREATION_MARK = ".am-"  # .NAME.am-PID-RANDOM.new: a new mailbox being built as
 _CREATION_SUFFIX = ".new"
 
 
-def _is_damage(exc: Exception) -> bool:
+def is_damage(exc: Exception) -> bool:
     """Whether SQLite (or the decoding of what it returned) says the file's content is damaged."""
     code = getattr(exc, "sqlite_errorcode", None)
     if code in (11, 26):  # SQLITE_CORRUPT, SQLITE_NOTADB
@@ -927,7 +927,7 @@ def permission_problem(path: str) -> str | None:
 
     Refused: a mailbox file writable by other users, or a directory writable by them without
     the sticky bit (which would let them swap the file). Merely readable by others is reported
-    by `describe` (see permissions()) instead: the mail is exposed, but nothing can be forged.
+    by `describe` (sqlite_checks.permissions) instead: the mail is exposed, but nothing can be forged.
     """
     import stat
 
@@ -940,74 +940,3 @@ def permission_problem(path: str) -> str | None:
         return (f"the mailbox {path} is writable by every user (mode {stat.S_IMODE(os.stat(path).st_mode):04o}), so "
                 f"anyone could rewrite your mail; nothing was done. Run: chmod 600 {path}")
     return None
-
-
-def permissions(path: str) -> dict:
-    """The mailbox's and its directory's modes, and whether only the owner can read them."""
-    import stat
-
-    directory = os.path.dirname(os.path.abspath(path))
-    modes = {}
-    for key, target in (("directory", directory), ("file", path)):
-        try:
-            modes[key] = stat.S_IMODE(os.stat(target).st_mode)
-        except OSError:
-            modes[key] = None
-    exposed = [k for k, mode in modes.items() if mode is not None and mode & 0o077 and
-               not (k == "directory" and mode & stat.S_ISVTX)]
-    report = {k: (f"{v:04o}" if v is not None else None) for k, v in modes.items()}
-    report["private"] = not exposed
-    if exposed:
-        report["warning"] = (f"the mailbox {' and its '.join(exposed)} can be read by other users; "
-                             f"run: chmod 700 {directory}" + (f" && chmod 600 {path}" if "file" in exposed else ""))
-    return report
-
-
-INSPECT_CHECK_MAX_BYTES = 32 * 1024 * 1024  # describe checks the file's integrity up to this size
-
-
-def inspect(path: str) -> dict:
-    """Facts about a mailbox file for `describe`, without creating or changing it."""
-    import stat
-
-    report: dict = {"exists": os.path.isfile(path), "messages": None, "size_bytes": None}
-    if os.path.isdir(os.path.dirname(os.path.abspath(path))):
-        report["permissions"] = permissions(path)
-    try:
-        info = os.stat(path)
-    except OSError:
-        info = None
-    if info is not None and not stat.S_ISREG(info.st_mode):
-        report["problem"] = not_a_file(path, info.st_mode)
-        return report
-    damage = read_damage_record(path)
-    if damage:
-        report["damaged"] = damage
-    if not report["exists"]:
-        return report
-    report["size_bytes"] = info.st_size
-    try:
-        db = sqlite3.connect(f"file:{_uri_path(path)}?mode=ro", uri=True, timeout=2.0)
-        try:
-            report["messages"] = db.execute("SELECT COUNT(*) FROM messages").fetchone()[0]
-            if info.st_size <= INSPECT_CHECK_MAX_BYTES:
-                found = [r[0] for r in db.execute("PRAGMA quick_check(5)")]
-                report["integrity"] = "ok" if found == ["ok"] else "damaged: " + "; ".join(found)
-            else:
-                report["integrity"] = "not checked (large mailbox): run agent-mail doctor"
-        finally:
-            db.close()
-    except sqlite3.Error as exc:
-        report["problem"] = f"cannot read it as a mailbox: {exc}"
-        if _is_damage(exc):
-            report["integrity"] = f"damaged: {exc}"
-    if report.get("integrity", "ok").startswith("damaged"):
-        report["problem"] = damaged_error(path, report["integrity"]).message
-    return report
-
-
-def _uri_path(path: str) -> str:
-    from urllib.parse import quote
-
-    return quote(os.fsencode(os.path.abspath(path)))
-
