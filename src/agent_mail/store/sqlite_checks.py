@@ -17,7 +17,7 @@ import os
 import sqlite3
 
 from agent_mail import errors, model, spec
-from agent_mail.store import schema
+from agent_mail.store import schema, sqlite_schema
 from agent_mail.store import sqlite as sqlite_store
 from agent_mail.store.maintenance import doctor_report
 
@@ -128,7 +128,7 @@ def doctor(path: str, repair: bool, emit) -> dict:
     if info is not None and not stat.S_ISREG(info.st_mode):
         raise errors.StorageError(sqlite_store.not_a_file(path, info.st_mode))
     marker = sqlite_store.read_damage_record(path)
-    leftovers = sqlite_store.creation_leftovers(path)
+    leftovers = sqlite_schema.creation_leftovers(path)
     if info is None:
         report = doctor_report(path, ok=marker is None, integrity=[], schema=None, counts={}, marker=marker,
                          leftovers=leftovers)
@@ -226,7 +226,7 @@ def _decodes(value: bytes) -> bool:
 
 
 def _schema(db: sqlite3.Connection, tables: list[str]) -> dict:
-    expected = [m.__name__ for m in sqlite_store.MIGRATIONS]
+    expected = [m.__name__ for m in sqlite_schema.MIGRATIONS]
     try:
         applied = {r[0].decode() for r in db.execute(f"SELECT name FROM {schema.MIGRATIONS_TABLE}")}
     except sqlite3.Error:
@@ -268,8 +268,8 @@ def _repair(path: str) -> dict:
                 if table == schema.MIGRATIONS_TABLE or table not in source_tables:
                     continue
                 saved[table] = _copy_table(damaged, fresh, table, unsaved, altered)
-            if sqlite_store.has_table(fresh, schema.SQLITE_SEARCH_TABLE):
-                sqlite_store.index_missing(fresh)  # the search index of what was saved
+            if sqlite_schema.has_table(fresh, schema.SQLITE_SEARCH_TABLE):
+                sqlite_schema.index_missing(fresh)  # the search index of what was saved
             fresh.execute("COMMIT")
             check = [r[0] for r in fresh.execute("PRAGMA integrity_check")]
         finally:
