@@ -157,8 +157,7 @@ class SQLiteStore(SQLStore):
 
     def __init__(self, path: str):
         self.path = path
-        self._pipe: tuple[str, int, int] | None = None  # (path, read end, write end) of our wake-up, if waiting
-        self._pipe_session: str | None = None  # the watch session that pipe belongs to
+        self._pipe: WakePipe | None = None  # our wake-up, while waiting
         self._wakes: set[str] = set()  # identities to wake once the current transaction commits
         self._has_search: bool | None = None  # whether the mailbox has its search index (asked once)
         self._identity = None  # (st_dev, st_ino) of the file opened, to notice it being replaced
@@ -335,15 +334,11 @@ class SQLiteStore(SQLStore):
         return SQLiteStore._json_functions
 
     def refresh_session(self, session_id: str, at: str) -> None:
-        if self._pipe is not None and self._pipe_session == session_id:
+        if self._pipe is not None and self._pipe.session == session_id and self._pipe.touch():
             # The session's pipe carries its refreshes: touching it writes nothing into the mailbox, so
             # no other process's cache is invalidated, and liveness() reads it back (a killed watch's
             # pipe no longer counts, so the session still turns stale).
-            try:
-                os.utime(self._pipe[1] if os.utime in os.supports_fd else self._pipe[0])
-                return
-            except OSError:
-                pass  # fall back to the row
+            return
         # One autocommit statement instead of BEGIN, UPDATE and COMMIT: a blocked watch runs this every
         # few seconds with cold caches, where every statement costs tens of microseconds.
         sql = "UPDATE watch_sessions SET last_seen = ? WHERE id = ? AND state = 'armed'"
@@ -392,67 +387,25 @@ class SQLiteStore(SQLStore):
             )
 
     def listen(self, agent: str, session: str | None = None) -> None:
-        """Open this process's own wake-up: a named pipe in the private directory beside the mailbox,
-        called IDENTITY@PID-SESSION. A sender that commits mail for IDENTITY (or a broadcast) writes a byte
-        into every such pipe of its recipients; nothing else does. So a blocked watch is woken by its own
-        mail only, and sleeps in the kernel otherwise. Where a pipe cannot be made (AGENT_MAIL_POLL set,
-        or a file system without them), the polling default of the base class stands in."""
-        from agent_mail import files
-
+        """Wait on this process's own wake-up pipe (WakePipe), so a blocked watch is woken by its own mail
+        only. Where a pipe cannot be made (AGENT_MAIL_POLL set, or a file system without them), the polling
+        default of the base class stands in."""
         self._stop_listening()
-        if os.environ.get("AGENT_MAIL_POLL"):
-            return super().listen(agent)
-        bells = bell_dir(self.path)
-        pipe = os.path.join(bells, f"{agent}@{os.getpid()}-{session or os.urandom(4).hex()}")
-        try:
-            files.make_private_dirs(bells)
-            os.mkfifo(pipe, 0o600)
-        except OSError:
-            return super().listen(agent)
-        try:
-            reader = os.open(pipe, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-            # Our own writer end keeps the pipe from reading as closed (EOF) between senders.
-            writer = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError:
-            os.unlink(pipe)
-            return super().listen(agent)
-        self._pipe = (pipe, reader, writer)
-        self._pipe_session = session
+        if not os.environ.get("AGENT_MAIL_POLL"):
+            self._pipe = WakePipe.open(self.path, agent, session)
+        if self._pipe is None:
+            super().listen(agent)
 
     def wait_for_wake(self, timeout: float) -> bool:
         """Sleep until our pipe is written to (True) or `timeout` passes (False)."""
         if self._pipe is None:
             return super().wait_for_wake(timeout)
-        import select
-
-        reader = self._pipe[1]
-        try:
-            ready, _, _ = select.select([reader], [], [], max(0.0, timeout))
-        except InterruptedError:
-            return False
-        if not ready:
-            return False
-        try:
-            while os.read(reader, 4096):
-                pass
-        except (BlockingIOError, InterruptedError):
-            pass
-        return True
+        return self._pipe.wait(timeout)
 
     def _stop_listening(self) -> None:
-        if self._pipe is None:
-            return
-        pipe, reader, writer = self._pipe
-        self._pipe = None
-        for fd in (reader, writer):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        try:
-            os.unlink(pipe)
-        except OSError:
-            pass
+        pipe, self._pipe = self._pipe, None
+        if pipe is not None:
+            pipe.close()
 
     def close(self) -> None:
         self._stop_listening()
@@ -461,6 +414,73 @@ class SQLiteStore(SQLStore):
 
 # The pipe name's identity of a listener woken by every message (a supervisor's dashboard): no identity is empty.
 EVERYTHING = ""
+
+
+class WakePipe:
+    """This process's own wake-up: a named pipe in the private directory beside the mailbox, called
+    IDENTITY@PID-SESSION. A sender that commits mail for IDENTITY (or a broadcast) writes a byte into every
+    such pipe of its recipients (ring_bells); nothing else does. So a blocked watch sleeps in the kernel
+    until its own mail comes."""
+
+    def __init__(self, path: str, reader: int, writer: int, session: str | None):
+        self.path, self.reader, self.writer, self.session = path, reader, writer, session
+
+    @classmethod
+    def open(cls, mailbox: str, agent: str, session: str | None) -> WakePipe | None:
+        """The pipe of `agent`'s watch `session` on the mailbox at `mailbox`; None where one cannot be made."""
+        from agent_mail import files
+
+        bells = bell_dir(mailbox)
+        pipe = os.path.join(bells, f"{agent}@{os.getpid()}-{session or os.urandom(4).hex()}")
+        try:
+            files.make_private_dirs(bells)
+            os.mkfifo(pipe, 0o600)
+        except OSError:
+            return None
+        try:
+            reader = os.open(pipe, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            # Our own writer end keeps the pipe from reading as closed (EOF) between senders.
+            writer = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            os.unlink(pipe)
+            return None
+        return cls(pipe, reader, writer, session)
+
+    def wait(self, timeout: float) -> bool:
+        """Sleep until the pipe is written to (True) or `timeout` passes (False)."""
+        import select
+
+        try:
+            ready, _, _ = select.select([self.reader], [], [], max(0.0, timeout))
+        except InterruptedError:
+            return False
+        if not ready:
+            return False
+        try:
+            while os.read(self.reader, 4096):
+                pass
+        except (BlockingIOError, InterruptedError):
+            pass
+        return True
+
+    def touch(self) -> bool:
+        """Mark the pipe refreshed now (its mtime); False if it cannot be."""
+        try:
+            os.utime(self.reader if os.utime in os.supports_fd else self.path)
+            return True
+        except OSError:
+            return False
+
+    def close(self) -> None:
+        for fd in (self.reader, self.writer):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
 
 
 def bell_dir(path: str) -> str:
