@@ -46,8 +46,6 @@ KNOWN_OVERSIZE: set[str] = {
     "agent_mail/spec.py",
     "agent_mail/store/sql.py",
     "agent_mail/store/sql.py::SQLStore",
-    "agent_mail/store/sqlite.py",
-    "agent_mail/store/sqlite.py::SQLiteStore",
 }
 
 
