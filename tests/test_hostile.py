@@ -382,7 +382,7 @@ def test_a_watch_through_a_symlink_listens_beside_the_real_file(monkeypatch, tmp
     monkeypatch.setenv("AGENT_MAIL_DB", str(tmp_path / "mail.db"))
     with service.open_mailbox() as mailbox:
         mailbox.store.listen("b:y")
-        pipe = mailbox.store._pipe[0]
+        pipe = mailbox.store._pipe.path
         mailbox.send(from_="a:x", to=["b:y"], subject="wake")
         assert mailbox.store.wait_for_wake(10) is True
     assert os.path.dirname(os.path.dirname(pipe)) == str(real_dir)

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from agent_mail import jsonout, model
 from agent_mail.store import sqlite as sqlite_store
+from agent_mail.store import sqlite_schema
 from conftest import _run_inprocess, examples
 
 AGENTS = ["t:a", "t:b", "t:c", "u:d"]
@@ -133,7 +134,7 @@ def test_a_broadcast_backlog_counts_exactly_and_reads_page_by_page(am, mailbox_p
 def test_counts_stay_exact_across_the_migration_that_added_the_indexes(mailbox_path, monkeypatch):
     """A mailbox made before m006 (the arrival indexes), holding a backlog and every kind of state."""
     with monkeypatch.context() as before:
-        before.setattr(sqlite_store, "MIGRATIONS", sqlite_store.MIGRATIONS[:5])
+        before.setattr(sqlite_schema, "MIGRATIONS", sqlite_schema.MIGRATIONS[:5])
         for i in range(40):
             ok("send", "--from", "boss:main", "--to", "*", "--subject", f"b{i}")
         for agent in AGENTS:

@@ -15,6 +15,7 @@ import pytest
 
 
 from agent_mail.store import sqlite as sqlite_store
+from agent_mail.store import sqlite_schema
 from conftest import process_env
 
 LEGACY_SCHEMA = """
@@ -77,10 +78,16 @@ def test_migrations_are_recorded_and_the_mailbox_is_marked(am, send, mailbox_pat
     send("a:x", "b:y", "hi")
     db = sqlite3.connect(mailbox_path)
     names = [r[0] for r in db.execute("SELECT name FROM schema_migrations ORDER BY name")]
-    assert names == [m.__name__ for m in sqlite_store.MIGRATIONS]
-    assert db.execute("PRAGMA user_version").fetchone()[0] == len(sqlite_store.MIGRATIONS)
+    assert names == [m.__name__ for m in sqlite_schema.MIGRATIONS]
+    assert db.execute("PRAGMA user_version").fetchone()[0] == len(sqlite_schema.MIGRATIONS)
     assert db.execute("PRAGMA application_id").fetchone()[0] == sqlite_store.APPLICATION_ID
     assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_the_schema_version_counts_the_migrations():
+    """A mailbox at SCHEMA_VERSION opens without importing the migrations: a migration added without raising it
+    would never reach the mailboxes already there."""
+    assert sqlite_store.SCHEMA_VERSION == len(sqlite_schema.MIGRATIONS)
 
 
 def test_legacy_mailbox_opens_unchanged_and_every_message_is_readable(am, mailbox_path):
@@ -224,7 +231,7 @@ def test_first_use_by_many_processes_at_once(mailbox_path):
         assert proc.returncode == 0, err
     db = sqlite3.connect(mailbox_path)
     assert db.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == 6
-    assert db.execute("SELECT COUNT(*) FROM schema_migrations").fetchone()[0] == len(sqlite_store.MIGRATIONS)
+    assert db.execute("SELECT COUNT(*) FROM schema_migrations").fetchone()[0] == len(sqlite_schema.MIGRATIONS)
 
 
 def test_a_new_mailbox_opened_by_many_processes_in_the_same_instant(tmp_path):

@@ -24,7 +24,7 @@ class Rendered:
     of the array's members): `dumps` inserts them as they are when the array sits at that depth.
 
     A watch over a backlog lists tens of thousands of envelopes; SQLite lays each out while it
-    reads the index (`store.sqlite._laid_out`), which spares a Python object per value. To Python
+    reads the index (`sqlite_lean_layout`), which spares a Python object per value. To Python
     code it is the list of objects, decoded when first used.
     """
 
@@ -64,6 +64,19 @@ def lean_layout(level: int) -> tuple[str, ...]:
     inner = ",\n" + "  " * (level + 1)
     keys = [_quote(key) + ": " for key in _LEAN_KEYS]
     return ("{" + inner[1:] + keys[0], *(inner + key for key in keys[1:]), "\n" + "  " * level + "}")
+
+
+WATCH_LEVEL = 2  # where a watch result's envelopes sit: result["messages"][i]
+
+
+def sqlite_lean_layout(level: int, alias: str = "m.") -> str:
+    """SQL for SQLite laying out a message's envelope as `dumps` does at nesting depth `level` (`alias`: the
+    messages table's, with its dot): json_quote escapes exactly what the json module does (quote, backslash,
+    control characters; \\b \\f \\n \\r \\t short), and keeps other characters as they are (tests compare
+    the two). The SQLite store reads it per row, or from the index that holds it at a watch's depth."""
+    pieces = [f"'{piece}'" for piece in lean_layout(level)]
+    values = [f"json_quote({alias}{key})" for key in _LEAN_KEYS]  # each key is its column's name
+    return " || ".join(p for pair in zip(pieces[:-1], values, strict=True) for p in pair) + " || " + pieces[-1]
 
 
 class OneLine(dict):

@@ -7,13 +7,17 @@ SQLite mailbox never loads a database driver.
 
 from __future__ import annotations
 
-# scheme -> (backend name, module, class, the extra that installs its driver, the driver's module, the family whose
-# report/doctor/locate functions in store/maintenance.py inspect, check and repair its mailboxes)
+# scheme -> (backend name, module, class, the extra that installs its driver, the driver's module, the module whose
+# report/doctor/locate functions inspect, check and repair its mailboxes)
 BACKENDS = {
-    "sqlite": ("sqlite", "agent_mail.store.sqlite", "SQLiteStore", None, None, "sqlite"),
-    "postgresql": ("postgresql", "agent_mail.store.postgres", "PostgresStore", "postgres", "psycopg", "server"),
-    "postgres": ("postgresql", "agent_mail.store.postgres", "PostgresStore", "postgres", "psycopg", "server"),
+    "sqlite": ("sqlite", "agent_mail.store.sqlite", "SQLiteStore", None, None, "agent_mail.store.sqlite_checks"),
+    "postgresql": ("postgresql", "agent_mail.store.postgres", "PostgresStore", "postgres", "psycopg",
+                   "agent_mail.store.maintenance"),
+    "postgres": ("postgresql", "agent_mail.store.postgres", "PostgresStore", "postgres", "psycopg",
+                 "agent_mail.store.maintenance"),
 }
+# Where a location of a scheme not registered is reported on: as a server mailbox that cannot be opened.
+_UNKNOWN_SCHEME_CHECKS = "agent_mail.store.maintenance"
 
 
 def scheme_of(location: str) -> str | None:
@@ -59,12 +63,12 @@ class Backend:
     def __init__(self, location: str):
         scheme = scheme_of(location) or "sqlite"
         self.name = backend_name(location)
-        self.family = BACKENDS[scheme][5] if scheme in BACKENDS else "server"
+        self.checks = BACKENDS[scheme][5] if scheme in BACKENDS else _UNKNOWN_SCHEME_CHECKS
 
     def _function(self, what: str):
-        from agent_mail.store import maintenance
+        import importlib
 
-        return getattr(maintenance, f"{self.family}_{what}")
+        return getattr(importlib.import_module(self.checks), what)
 
     def report(self, location: str, source: str, given: str | None) -> dict:
         """What `describe` says of the mailbox at `location` (chosen by `source`; `given` as written there)."""

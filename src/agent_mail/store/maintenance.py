@@ -1,69 +1,53 @@
-"""Inspect, check and repair a mailbox of each backend: what `describe`, `doctor` and `copy` need beyond a store.
+"""A mailbox on a database server inspected and checked, and the report `doctor` gives of any backend's mailbox.
 
-The registry (store/__init__.py) names each backend's family here ("sqlite": a file; "server": a database
-server reached by URL), and `backend_for(location)` calls `<family>_report`, `<family>_doctor` and
-`<family>_locate`. None of them creates a mailbox; all of them are imported only by those commands.
+The registry (store/__init__.py) names this module for every server location (postgresql://..., and a scheme
+it does not know, which is reported as a mailbox that cannot be opened); `backend_for(location)` calls its
+`report`, `doctor` and `locate`. SQLite files have theirs in store/sqlite_checks.py. None of them creates a
+mailbox; only `describe`, `doctor` and `copy` import them.
 """
 
 from __future__ import annotations
 
-import os
-
-from agent_mail import errors
+from agent_mail import errors, spec
 
 
-# ---------------------------------------------------------------- a SQLite file
+def doctor_report(path: str, *, ok: bool, integrity: list, schema: dict | None, counts: dict, marker: dict | None,
+                  leftovers: list[str]) -> dict:
+    """What `doctor` reports of a mailbox, on every backend (`repair` and `next` filled in by the caller)."""
+    return {"path": path, "ok": ok, "integrity": integrity, "schema": schema, "counts": counts,
+            "damage_marker": marker, "temporary_files": leftovers, "repair": None, "next": []}
 
 
-def sqlite_report(location: str, source: str, given: str | None) -> dict:
-    """What `describe` says of the SQLite mailbox at `location` (resolved from `given`, as written)."""
-    from agent_mail.store import sqlite
-
-    report = {"backend": "sqlite", "path": location, "source": source}
-    if given and os.path.abspath(os.path.expanduser(given)) != location:
-        report["link"] = os.path.abspath(os.path.expanduser(given))
-    return {**report, **sqlite.inspect(location)}
-
-
-def sqlite_doctor(location: str, repair: bool, emit) -> dict:
-    from agent_mail import doctor
-
-    return doctor.doctor(location, repair, emit)
-
-
-def sqlite_locate(value: str, field: str) -> str:
-    """The mailbox file `value` names on the command line; the one to copy from (--from) must exist."""
-    path = os.path.realpath(os.path.expanduser(value))
-    if field == "from" and not os.path.isfile(path):
-        raise errors.InvalidInput([(field, f"{path} is not a mailbox file; nothing was copied.")])
-    return path
-
-
-# ---------------------------------------------------------------- a database server
-
-
-def server_report(location: str, source: str, given: str | None) -> dict:
+def report(location: str, source: str, given: str | None) -> dict:
     """What `describe` says of a server mailbox, its password never shown; a missing driver or an unknown
     scheme is reported as the problem."""
     from agent_mail.store import backend_module, backend_name, redact_url
 
-    report = {"backend": backend_name(location), "url": redact_url(location), "source": source}
+    found = {"backend": backend_name(location), "url": redact_url(location), "source": source}
     try:
         module = backend_module(location)
     except errors.AgentMailError as exc:
-        return {**report, "exists": None, "problem": exc.message}
+        return {**found, "exists": None, "problem": exc.message}
     try:
-        return {**report, **module.inspect(location)}
+        return {**found, **module.inspect(location)}
     except errors.InvalidInput as exc:
-        return {**report, "exists": None, "problem": exc.message}
+        return {**found, "exists": None, "problem": exc.message}
 
 
-def server_doctor(location: str, repair: bool, emit) -> dict:
-    from agent_mail import doctor
-    from agent_mail.store import backend_module
+def doctor(location: str, repair: bool, emit) -> dict:
+    """Check a mailbox on a database server: its schema and counts. Integrity is the server's own business
+    (a damaged server is repaired with its tools), so --repair has nothing to do there and repair stays null."""
+    from agent_mail.store import backend_module, redact_url
 
-    return doctor.doctor_server(location, backend_module(location), emit)
+    found = backend_module(location).check(location)
+    schema = found["schema"]
+    ok = schema is None or schema["complete"]
+    result = doctor_report(redact_url(location), ok=ok, integrity=[], schema=schema, counts=found["counts"],
+                           marker=None, leftovers=[])
+    result["next"] = [] if ok else [spec.Step("status")]  # any command applies migrations
+    emit(result)
+    return result
 
 
-def server_locate(value: str, field: str) -> str:
+def locate(value: str, field: str) -> str:
     return value.strip()

@@ -1,6 +1,6 @@
 """The tables and columns of a mailbox, named once: what copy, export, import and doctor move and check.
 
-Each backend creates these tables through its own migrations (store/sqlite.py, store/postgres.py); this
+Each backend creates these tables through its own migrations (store/sqlite_schema.py, store/postgres.py); this
 module only names them. Imported where a whole table is handled, never on the send/read path.
 """
 

@@ -1,9 +1,9 @@
 """The embedded default: one SQLite file in WAL mode.
 
-Schema changes are an ordered list of small named migrations, recorded in
-`schema_migrations` and applied when the mailbox is opened, so a new mailbox and
-one written by an earlier implementation take the same path. Migrations only
-add (tables, indexes, nullable columns); they never rewrite or drop data.
+What every command needs is here: opening a mailbox, the dialect of the shared SQL, transactions, the
+wake-up pipes rung after a commit, and the checks that refuse a damaged or exposed mailbox. What only
+some do is imported when needed: the migrations and the making of a new file (store/sqlite_schema.py),
+and describe's, doctor's and copy's look at a file (store/sqlite_checks.py).
 """
 
 from __future__ import annotations
@@ -17,6 +17,9 @@ from agent_mail.store.sql import SQLStore, ids_clause
 
 # Marks a file as an agent-mail mailbox ("AGML"). Older mailboxes carry 0.
 APPLICATION_ID = 0x41474D4C
+# How many migrations sqlite_schema.MIGRATIONS holds, so the user_version of a mailbox that has them all: such a
+# mailbox opens without importing them (a test holds the two equal).
+SCHEMA_VERSION = 11
 BUSY_TIMEOUT_SECONDS = 10.0
 # SQLite's own busy handler sleeps in C, where a signal cannot act; it waits this long at most before
 # control comes back to Python, which keeps waiting up to BUSY_TIMEOUT_SECONDS, signals acted on at once.
@@ -24,229 +27,7 @@ BUSY_SLICE_SECONDS = 0.02
 # Beside the mailbox: written when a command meets damage, so that nothing more is written into it.
 DAMAGE_MARKER_SUFFIX = ".damaged"
 
-# Columns the seed lineage's `messages` table has; anything without them is not a mailbox.
-_REQUIRED_MESSAGE_COLUMNS = {
-    "id", "sender", "recipient", "subject", "body", "refs", "reply_to", "type", "created", "read_at", "acked_at",
-}
 
-
-def m001_seed_schema(db: sqlite3.Connection) -> None:
-    """The tables of the seed lineage, exactly, so its mailboxes open unchanged."""
-    db.execute("""CREATE TABLE IF NOT EXISTS messages (
-        id TEXT PRIMARY KEY, sender TEXT NOT NULL, recipient TEXT NOT NULL, subject TEXT NOT NULL,
-        body TEXT NOT NULL DEFAULT '', refs TEXT, reply_to TEXT, type TEXT NOT NULL DEFAULT 'direct',
-        ttl_hours INTEGER NOT NULL DEFAULT 24, created TEXT NOT NULL, read_at TEXT, acked_at TEXT)""")
-    db.execute("CREATE INDEX IF NOT EXISTS idx_messages_recipient ON messages(recipient)")
-    db.execute("CREATE INDEX IF NOT EXISTS idx_messages_sender ON messages(sender)")
-    db.execute("CREATE INDEX IF NOT EXISTS idx_messages_created ON messages(created)")
-    db.execute("""CREATE TABLE IF NOT EXISTS broadcast_acks (
-        message_id TEXT NOT NULL, agent TEXT NOT NULL, read_at TEXT, acked_at TEXT,
-        PRIMARY KEY (message_id, agent))""")
-    db.execute("""CREATE TABLE IF NOT EXISTS watchers (
-        agent TEXT PRIMARY KEY, started_at TEXT NOT NULL, last_seen TEXT NOT NULL)""")
-    db.execute("""CREATE TABLE IF NOT EXISTS watch_sessions (
-        id TEXT PRIMARY KEY, agent TEXT NOT NULL, started_at TEXT NOT NULL, last_seen TEXT NOT NULL,
-        state TEXT NOT NULL DEFAULT 'armed', released_at TEXT, released_reason TEXT)""")
-    db.execute("CREATE INDEX IF NOT EXISTS idx_watch_sessions_agent ON watch_sessions(agent)")
-
-
-def m002_inbox_indexes(db: sqlite3.Connection) -> None:
-    """Indexes that make the inbox, per-agent counts and thread walks index-only."""
-    db.execute("CREATE INDEX IF NOT EXISTS idx_messages_inbox ON messages(recipient, read_at, acked_at)")
-    db.execute("CREATE INDEX IF NOT EXISTS idx_messages_reply_to ON messages(reply_to)")
-    db.execute("CREATE INDEX IF NOT EXISTS idx_broadcast_acks_agent ON broadcast_acks(agent)")
-
-
-def m003_liveness(db: sqlite3.Connection) -> None:
-    """Presence without a blocked watch (heartbeat), and per-agent session lookups."""
-    db.execute("CREATE TABLE IF NOT EXISTS heartbeats (agent TEXT PRIMARY KEY, last_seen TEXT NOT NULL)")
-    db.execute("CREATE INDEX IF NOT EXISTS idx_watch_sessions_agent_state ON watch_sessions(agent, state)")
-
-
-def m004_delivery(db: sqlite3.Connection) -> None:
-    """Fan-out, scheduled delivery, per-agent archive/delete, attachments, profiles, the system channel."""
-    for column in ("deliver_at", "cancelled_at", "batch_id", "archived_at", "deleted_at"):
-        db.execute(f"ALTER TABLE messages ADD COLUMN {column} TEXT")
-    for column in ("archived_at", "deleted_at"):
-        db.execute(f"ALTER TABLE broadcast_acks ADD COLUMN {column} TEXT")
-    # Supersedes m002's inbox index (an index holds no data): counts and inbox reads stay index-only.
-    db.execute("DROP INDEX IF EXISTS idx_messages_inbox")
-    db.execute("CREATE INDEX IF NOT EXISTS idx_messages_state ON messages(recipient, read_at, acked_at, archived_at, "
-               "deleted_at, cancelled_at, deliver_at)")
-    db.execute("""CREATE TABLE IF NOT EXISTS scheduled (
-        message_id TEXT PRIMARY KEY, recipient TEXT NOT NULL, deliver_at TEXT NOT NULL, published_at TEXT)""")
-    db.execute("CREATE INDEX IF NOT EXISTS idx_scheduled_pending ON scheduled(deliver_at) WHERE published_at IS NULL")
-    db.execute("""CREATE TABLE IF NOT EXISTS attachment_blobs (
-        sha256 TEXT PRIMARY KEY, size INTEGER NOT NULL, content BLOB NOT NULL, created TEXT NOT NULL)""")
-    db.execute("""CREATE TABLE IF NOT EXISTS attachments (
-        message_id TEXT NOT NULL, position INTEGER NOT NULL, name TEXT NOT NULL, size INTEGER NOT NULL,
-        sha256 TEXT NOT NULL, PRIMARY KEY (message_id, position))""")
-    db.execute("CREATE INDEX IF NOT EXISTS idx_attachments_sha256 ON attachments(sha256)")
-    db.execute("""CREATE TABLE IF NOT EXISTS profiles (
-        agent TEXT PRIMARY KEY, human INTEGER NOT NULL DEFAULT 0, mirror_dir TEXT, max_entries INTEGER,
-        updated_at TEXT NOT NULL)""")
-    db.execute("""CREATE TABLE IF NOT EXISTS system_events (
-        id TEXT PRIMARY KEY, agent TEXT NOT NULL, source TEXT NOT NULL, payload TEXT NOT NULL,
-        created TEXT NOT NULL, dismissed_at TEXT)""")
-    db.execute("CREATE INDEX IF NOT EXISTS idx_system_events_agent ON system_events(agent, dismissed_at)")
-
-
-def m005_count_indexes(db: sqlite3.Connection) -> None:
-    """Partial indexes holding only open mail, so per-agent counts read thousands of entries, not every message."""
-    db.execute("CREATE INDEX IF NOT EXISTS idx_messages_unread ON messages(recipient, cancelled_at, deliver_at) "
-               "WHERE read_at IS NULL")
-    db.execute("CREATE INDEX IF NOT EXISTS idx_messages_unacked ON messages(recipient, cancelled_at, deliver_at) "
-               "WHERE acked_at IS NULL AND archived_at IS NULL AND deleted_at IS NULL")
-    db.execute("CREATE INDEX IF NOT EXISTS idx_broadcast_acks_read ON broadcast_acks(agent, message_id) "
-               "WHERE read_at IS NOT NULL")
-    db.execute("CREATE INDEX IF NOT EXISTS idx_messages_broadcasts ON messages(recipient, sender, cancelled_at, "
-               "deliver_at, id) WHERE recipient = '*'")
-    db.execute("CREATE INDEX IF NOT EXISTS idx_broadcast_acks_done ON broadcast_acks(agent) "
-               "WHERE acked_at IS NOT NULL OR archived_at IS NOT NULL OR deleted_at IS NOT NULL")
-    # Superseded by the three above (an index holds no data).
-    db.execute("DROP INDEX IF EXISTS idx_messages_state")
-    db.execute("DROP INDEX IF EXISTS idx_broadcast_acks_agent")
-
-
-# When a message arrived in its recipients' inbox: a delayed one when it fell due. julianday(), because
-# older mailboxes stored local-offset timestamps. Index expressions and queries must spell it alike.
-_ARRIVED = "julianday(COALESCE(deliver_at, created))"
-
-
-def m006_arrival_indexes(db: sqlite3.Connection) -> None:
-    """Indexes in arrival order, so per-agent work reads a page, not the backlog: a page of unread mail,
-    the newest messages, unread broadcasts (covering the columns that decide visibility, so the walk never
-    reads a row it skips), read broadcasts not yet acted on, and arrival ranges for cleanup."""
-    db.execute(f"CREATE INDEX IF NOT EXISTS idx_messages_arrival ON messages({_ARRIVED})")
-    db.execute(f"CREATE INDEX IF NOT EXISTS idx_messages_recipient_arrival ON messages(recipient, {_ARRIVED})")
-    db.execute(f"CREATE INDEX IF NOT EXISTS idx_messages_unread_arrival ON messages(recipient, {_ARRIVED}) "
-               "WHERE read_at IS NULL")
-    # Broadcasts also carry their envelope, so listing a backlog of them never reads the table.
-    db.execute(f"CREATE INDEX IF NOT EXISTS idx_messages_broadcast_arrival ON messages({_ARRIVED}, recipient, "
-               "sender, cancelled_at, deliver_at, id, subject, type, created) WHERE recipient = '*'")
-    db.execute("CREATE INDEX IF NOT EXISTS idx_broadcast_acks_open ON broadcast_acks(agent, message_id) "
-               "WHERE read_at IS NOT NULL AND acked_at IS NULL AND archived_at IS NULL AND deleted_at IS NULL")
-
-
-def m007_harness_sessions(db: sqlite3.Connection) -> None:
-    """Harness sessions (a Claude Code, Codex or Gemini CLI session reached through hooks): which identity
-    each holds, and how far its context has been told about mail (told_seq: the newest message row it was
-    told of; told_at: when, for delayed mail falling due since; told_event: the newest system event)."""
-    db.execute("""CREATE TABLE IF NOT EXISTS harness_sessions (
-        id TEXT PRIMARY KEY, harness TEXT NOT NULL, agent TEXT NOT NULL, pid INTEGER, host TEXT,
-        started_at TEXT NOT NULL, last_seen TEXT NOT NULL, told_seq INTEGER NOT NULL DEFAULT 0, told_at TEXT,
-        told_event INTEGER NOT NULL DEFAULT 0, waiter TEXT, ended_at TEXT)""")
-    db.execute("CREATE INDEX IF NOT EXISTS idx_harness_sessions_agent ON harness_sessions(agent) "
-               "WHERE ended_at IS NULL")
-
-
-WATCH_LEVEL = 2  # where a watch result's envelopes sit: result["messages"][i]
-
-
-def m008_envelope_indexes(db: sqlite3.Connection) -> None:
-    """Broadcasts indexed with each envelope already laid out as a watch prints it, so a watch over a
-    backlog of tens of thousands of unread broadcasts reads the text from the index instead of building
-    it per row (2.5x faster). Only broadcasts: the index costs their sends, never a read (marking a
-    broadcast read writes broadcast_acks, not this index); direct mail, whose reads would have to update
-    it, keeps m006's index. A SQLite without JSON functions skips it, and watch lays envelopes out itself."""
-    try:
-        db.execute("SELECT json_quote('')").fetchone()
-    except sqlite3.OperationalError:
-        return
-    db.execute(f"CREATE INDEX IF NOT EXISTS idx_messages_broadcast_envelopes ON messages({_ARRIVED}, recipient, "
-               f"sender, cancelled_at, deliver_at, id, ({_laid_out(WATCH_LEVEL, alias='')})) WHERE recipient = '*'")
-
-
-def m009_batch_index(db: sqlite3.Connection) -> None:
-    """The rows of one send (a fan-out stores one per recipient) found together: the dashboard shows a send
-    as one line with every recipient's state, and a thread with every copy of each message."""
-    db.execute("CREATE INDEX IF NOT EXISTS idx_messages_batch ON messages(batch_id)")
-
-
-SEARCH_TABLE = ("CREATE VIRTUAL TABLE IF NOT EXISTS message_search USING fts5(subject, people, files, body, "
-                "tokenize = 'unicode61 remove_diacritics 0', columnsize = 0)")
-
-
-def m010_search(db: sqlite3.Connection) -> None:
-    """Full-text search: an FTS5 table of each message's words (agent_mail.index cuts them, the same as on
-    PostgreSQL), rowid = the message's rowid, and every message already stored indexed now. A SQLite built
-    without FTS5 skips it; `search` then says so."""
-    try:
-        db.execute(SEARCH_TABLE)
-    except sqlite3.OperationalError:
-        return
-    index_missing(db)
-
-
-def m011_route_marks(db: sqlite3.Connection) -> None:
-    """Each index entry carries its route (agent_mail.index's marks, which --from/--to/--agent match); an index
-    written before they were (m010 as it first shipped) is rebuilt. Checked on the newest indexed message: a
-    mailbox m010 has just indexed has them, and costs two lookups here."""
-    if not has_table(db, "message_search"):
-        return
-    newest = db.execute("SELECT m.rowid, m.sender FROM message_search s JOIN messages m ON m.rowid = s.rowid "
-                        "ORDER BY s.rowid DESC LIMIT 1").fetchone()
-    if newest is None:
-        return
-    from agent_mail import index
-
-    marked = db.execute("SELECT 1 FROM message_search WHERE message_search MATCH ? AND rowid = ?",
-                        (f'"{index.mark("f", newest[1])}"', newest[0])).fetchone()
-    if marked is None:
-        db.execute("DELETE FROM message_search")
-        index_missing(db)
-
-
-def has_table(db: sqlite3.Connection, name: str) -> bool:
-    return db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).fetchone() is not None
-
-
-MIGRATIONS = (m001_seed_schema, m002_inbox_indexes, m003_liveness, m004_delivery, m005_count_indexes,
-              m006_arrival_indexes, m007_harness_sessions, m008_envelope_indexes, m009_batch_index, m010_search,
-              m011_route_marks)
-
-
-def index_missing(db: sqlite3.Connection) -> int:
-    """Index the messages message_search lacks, a batch at a time; how many. A bulk run (a migration, a
-    copy) gets a 64 MB page cache while it lasts: FTS5 merges its segments through it (40 % faster at
-    200,000 messages than the default 2 MB)."""
-    total, after, cache = 0, 0, None
-    try:
-        while True:
-            rows = db.execute(
-                "SELECT m.rowid, m.sender, m.recipient, m.subject, m.body, (SELECT group_concat(name, char(10)) "
-                "FROM (SELECT name FROM attachments a WHERE a.message_id = m.id ORDER BY position)) FROM messages m "
-                "WHERE m.rowid > ? AND NOT EXISTS (SELECT 1 FROM message_search s WHERE s.rowid = m.rowid) "
-                "ORDER BY m.rowid LIMIT 2000", (after,)).fetchall()
-            if not rows:
-                return total
-            from agent_mail import index  # only when there is something to index (a new mailbox has nothing)
-
-            if cache is None and len(rows) == 2000:  # more than a trickle: a bulk run
-                cache = db.execute("PRAGMA cache_size").fetchone()[0]
-                db.execute("PRAGMA cache_size = -65536")
-            entries = []
-            for seq, sender, recipient, subject, body, names in rows:
-                entry = index.document({"sender": sender, "recipient": recipient, "subject": subject,
-                                         "body": body}, names.split("\n") if names else ())
-                entries.append((seq, entry["subject"], entry["people"], entry["files"], entry["body"]))
-            db.executemany("INSERT INTO message_search (rowid, subject, people, files, body) VALUES "
-                           "(?, ?, ?, ?, ?)", entries)
-            total, after = total + len(rows), rows[-1][0]
-    finally:
-        if cache is not None:
-            db.execute(f"PRAGMA cache_size = {int(cache)}")
-
-def _laid_out(level: int, alias: str = "m.") -> str:
-    """SQL laying out the envelope of a message as jsonout.dumps does at nesting depth `level`: json_quote
-    escapes exactly what the json module does (quote, backslash, control characters; \\b \\f \\n \\r
-    \\t short), and keeps other characters as they are (tests compare the two)."""
-    pieces = [f"'{piece}'" for piece in jsonout.lean_layout(level)]
-    values = [f"json_quote({alias}{column})" for column in ("id", "sender", "subject", "type", "created")]
-    return " || ".join(p for pair in zip(pieces[:-1], values, strict=True) for p in pair) + " || " + pieces[-1]
-
-
-# The arrival expression over the `m` alias; SQLite matches it to the index expressions above.
 
 class SQLiteStore(SQLStore):
     """A mailbox in one SQLite file.
@@ -278,7 +59,8 @@ class SQLiteStore(SQLStore):
     # -- search: an FTS5 table of its own, keyed by the message's rowid --------------------------------
     def searchable(self) -> bool:
         if self._has_search is None:
-            self._has_search = has_table(self.db, "message_search")
+            self._has_search = self.db.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'message_search'").fetchone() is not None
         return self._has_search
 
     def _index_inserted(self, entry: dict) -> None:
@@ -302,7 +84,11 @@ class SQLiteStore(SQLStore):
         return query.fts5(subject_only, marks)
 
     def index_missing(self) -> int:
-        return index_missing(self.db) if self.searchable() else 0
+        if not self.searchable():
+            return 0
+        from agent_mail.store import sqlite_schema
+
+        return sqlite_schema.index_missing(self.db)
 
     def index_behind(self) -> bool:
         """Whether messages were stored past the index's newest entry (by a tool that does not index)."""
@@ -344,8 +130,8 @@ class SQLiteStore(SQLStore):
         the text is read from the indexes that hold it (m008), not built per row."""
         if not self._lays_out_json():
             return None
-        laid_out = f"{self.F.m_arrived}, m.rowid, {_laid_out(layout_level)}"
-        if layout_level == WATCH_LEVEL and self._envelope_index():
+        laid_out = f"{self.F.m_arrived}, m.rowid, {jsonout.sqlite_lean_layout(layout_level)}"
+        if layout_level == jsonout.WATCH_LEVEL and self._envelope_index():
             broadcast = broadcast.replace("idx_messages_broadcast_arrival", "idx_messages_broadcast_envelopes")
         found = (self._tuples(direct.replace(lean_columns, laid_out, 1), params)
                  + self._tuples(broadcast.replace(lean_columns, laid_out, 1), params))
@@ -371,8 +157,7 @@ class SQLiteStore(SQLStore):
 
     def __init__(self, path: str):
         self.path = path
-        self._pipe: tuple[str, int, int] | None = None  # (path, read end, write end) of our wake-up, if waiting
-        self._pipe_session: str | None = None  # the watch session that pipe belongs to
+        self._pipe: WakePipe | None = None  # our wake-up, while waiting
         self._wakes: set[str] = set()  # identities to wake once the current transaction commits
         self._has_search: bool | None = None  # whether the mailbox has its search index (asked once)
         self._identity = None  # (st_dev, st_ino) of the file opened, to notice it being replaced
@@ -382,7 +167,7 @@ class SQLiteStore(SQLStore):
     # -- opening ----------------------------------------------------------
     def _fail(self, exc: Exception, doing: str) -> errors.StorageError:
         text = str(exc)
-        if _is_damage(exc) and self._identity is not None:
+        if is_damage(exc) and self._identity is not None:
             return self._damaged(text, doing)
         if "locked" in text or "busy" in text:
             return errors.StorageError(
@@ -425,7 +210,12 @@ class SQLiteStore(SQLStore):
             if problem:
                 raise errors.StorageError(problem)
             if info is None:
-                self._create(directory)
+                from agent_mail.store import sqlite_schema
+
+                try:
+                    sqlite_schema.create(self.path, APPLICATION_ID, BUSY_TIMEOUT_SECONDS)
+                except sqlite3.Error as exc:
+                    raise self._fail(exc, "creating it") from None
             problem = permission_problem(self.path)
             if problem:
                 raise errors.StorageError(problem)
@@ -450,43 +240,6 @@ class SQLiteStore(SQLStore):
         self._identity = (info.st_dev, info.st_ino)
         return db
 
-    def _create(self, directory: str) -> None:
-        """Build a new mailbox aside and link it into place whole.
-
-        Nobody ever sees a half-made mailbox: the schema and WAL mode are set up in a private
-        file, which a hard link then publishes under the real name only if that name is still
-        free. When several processes start on a new mailbox at once, one link wins and the
-        others simply open the winner's file.
-        """
-        sweep_creation_leftovers(self.path)
-        private = os.path.join(directory, f".{os.path.basename(self.path)}{_CREATION_MARK}{os.getpid()}-"
-                                          f"{os.urandom(4).hex()}{_CREATION_SUFFIX}")
-        os.close(os.open(private, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-        try:
-            db = sqlite3.connect(os.fsencode(private), timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None)
-            try:
-                self._prepare(db)
-            finally:
-                db.close()
-            try:
-                os.link(private, self.path)
-            except FileExistsError:
-                pass  # another process published its mailbox first: that one is used
-            except OSError:
-                # no hard links on this file system: claim the name directly, as a last resort
-                try:
-                    os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-                except FileExistsError:
-                    pass
-        except sqlite3.Error as exc:
-            raise self._fail(exc, "creating it") from None
-        finally:
-            for leftover in (private, private + "-wal", private + "-shm"):
-                try:
-                    os.unlink(leftover)
-                except FileNotFoundError:
-                    pass
-
     def _prepare_patiently(self, db: sqlite3.Connection) -> None:
         """_prepare, retried while another process holds the lock it needs.
 
@@ -509,52 +262,11 @@ class SQLiteStore(SQLStore):
     def _prepare(self, db: sqlite3.Connection) -> None:
         version = db.execute("PRAGMA user_version").fetchone()[0]
         app_id = db.execute("PRAGMA application_id").fetchone()[0]
-        if app_id == APPLICATION_ID and version >= len(MIGRATIONS):
+        if app_id == APPLICATION_ID and version >= SCHEMA_VERSION:
             return  # the common case: one header read, nothing to do
-        self._check_is_mailbox(db, app_id)
-        if db.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
-            db.execute("PRAGMA journal_mode=WAL")
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            db.execute("CREATE TABLE IF NOT EXISTS schema_migrations (name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)")
-            applied = {r[0] for r in db.execute("SELECT name FROM schema_migrations")}
-            for migration in MIGRATIONS:
-                if migration.__name__ not in applied:
-                    migration(db)
-                    db.execute(
-                        "INSERT INTO schema_migrations (name, applied_at) VALUES (?, strftime('%Y-%m-%dT%H:%M:%fZ'))",
-                        (migration.__name__,),
-                    )
-            if db.execute("PRAGMA user_version").fetchone()[0] < len(MIGRATIONS):
-                db.execute(f"PRAGMA user_version = {len(MIGRATIONS)}")
-            db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-            db.execute("COMMIT")
-        except BaseException:
-            # SQLite may have rolled back by itself (a full disk does that); then the original error
-            # is the one to report, not "cannot rollback - no transaction is active".
-            if db.in_transaction:
-                try:
-                    db.execute("ROLLBACK")
-                except sqlite3.Error:
-                    pass
-            raise
+        from agent_mail.store import sqlite_schema
 
-    def _check_is_mailbox(self, db: sqlite3.Connection, app_id: int) -> None:
-        """Refuse to touch a database that belongs to something else."""
-        if app_id not in (0, APPLICATION_ID):
-            raise errors.StorageError(
-                f"{self.path} is a SQLite database of another application; it was left untouched. "
-                "Point AGENT_MAIL_DB at an agent-mail mailbox or a new file."
-            )
-        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        if not tables:
-            return
-        columns = {r[1] for r in db.execute("PRAGMA table_info(messages)")}
-        if not _REQUIRED_MESSAGE_COLUMNS <= columns:
-            raise errors.StorageError(
-                f"{self.path} is a SQLite database but not an agent-mail mailbox (it has no usable "
-                "messages table); it was left untouched. Point AGENT_MAIL_DB at a mailbox or a new file."
-            )
+        sqlite_schema.migrate(db, self.path, APPLICATION_ID)
 
     def relax_durability(self) -> None:
         # In WAL mode, NORMAL syncs at checkpoints only: a crash keeps the database intact.
@@ -622,15 +334,11 @@ class SQLiteStore(SQLStore):
         return SQLiteStore._json_functions
 
     def refresh_session(self, session_id: str, at: str) -> None:
-        if self._pipe is not None and self._pipe_session == session_id:
+        if self._pipe is not None and self._pipe.session == session_id and self._pipe.touch():
             # The session's pipe carries its refreshes: touching it writes nothing into the mailbox, so
             # no other process's cache is invalidated, and liveness() reads it back (a killed watch's
             # pipe no longer counts, so the session still turns stale).
-            try:
-                os.utime(self._pipe[1] if os.utime in os.supports_fd else self._pipe[0])
-                return
-            except OSError:
-                pass  # fall back to the row
+            return
         # One autocommit statement instead of BEGIN, UPDATE and COMMIT: a blocked watch runs this every
         # few seconds with cold caches, where every statement costs tens of microseconds.
         sql = "UPDATE watch_sessions SET last_seen = ? WHERE id = ? AND state = 'armed'"
@@ -654,7 +362,9 @@ class SQLiteStore(SQLStore):
             raise self._fail(exc, "waiting") from None
 
     def leftovers(self) -> list[str]:
-        return creation_leftovers(self.path)
+        from agent_mail.store import sqlite_schema
+
+        return sqlite_schema.creation_leftovers(self.path)
 
     def remove_leftovers(self, names: list[str]) -> None:
         from agent_mail import files
@@ -677,67 +387,25 @@ class SQLiteStore(SQLStore):
             )
 
     def listen(self, agent: str, session: str | None = None) -> None:
-        """Open this process's own wake-up: a named pipe in the private directory beside the mailbox,
-        called IDENTITY@PID-SESSION. A sender that commits mail for IDENTITY (or a broadcast) writes a byte
-        into every such pipe of its recipients; nothing else does. So a blocked watch is woken by its own
-        mail only, and sleeps in the kernel otherwise. Where a pipe cannot be made (AGENT_MAIL_POLL set,
-        or a file system without them), the polling default of the base class stands in."""
-        from agent_mail import files
-
+        """Wait on this process's own wake-up pipe (WakePipe), so a blocked watch is woken by its own mail
+        only. Where a pipe cannot be made (AGENT_MAIL_POLL set, or a file system without them), the polling
+        default of the base class stands in."""
         self._stop_listening()
-        if os.environ.get("AGENT_MAIL_POLL"):
-            return super().listen(agent)
-        bells = bell_dir(self.path)
-        pipe = os.path.join(bells, f"{agent}@{os.getpid()}-{session or os.urandom(4).hex()}")
-        try:
-            files.make_private_dirs(bells)
-            os.mkfifo(pipe, 0o600)
-        except OSError:
-            return super().listen(agent)
-        try:
-            reader = os.open(pipe, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-            # Our own writer end keeps the pipe from reading as closed (EOF) between senders.
-            writer = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError:
-            os.unlink(pipe)
-            return super().listen(agent)
-        self._pipe = (pipe, reader, writer)
-        self._pipe_session = session
+        if not os.environ.get("AGENT_MAIL_POLL"):
+            self._pipe = WakePipe.open(self.path, agent, session)
+        if self._pipe is None:
+            super().listen(agent)
 
     def wait_for_wake(self, timeout: float) -> bool:
         """Sleep until our pipe is written to (True) or `timeout` passes (False)."""
         if self._pipe is None:
             return super().wait_for_wake(timeout)
-        import select
-
-        reader = self._pipe[1]
-        try:
-            ready, _, _ = select.select([reader], [], [], max(0.0, timeout))
-        except InterruptedError:
-            return False
-        if not ready:
-            return False
-        try:
-            while os.read(reader, 4096):
-                pass
-        except (BlockingIOError, InterruptedError):
-            pass
-        return True
+        return self._pipe.wait(timeout)
 
     def _stop_listening(self) -> None:
-        if self._pipe is None:
-            return
-        pipe, reader, writer = self._pipe
-        self._pipe = None
-        for fd in (reader, writer):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        try:
-            os.unlink(pipe)
-        except OSError:
-            pass
+        pipe, self._pipe = self._pipe, None
+        if pipe is not None:
+            pipe.close()
 
     def close(self) -> None:
         self._stop_listening()
@@ -746,6 +414,73 @@ class SQLiteStore(SQLStore):
 
 # The pipe name's identity of a listener woken by every message (a supervisor's dashboard): no identity is empty.
 EVERYTHING = ""
+
+
+class WakePipe:
+    """This process's own wake-up: a named pipe in the private directory beside the mailbox, called
+    IDENTITY@PID-SESSION. A sender that commits mail for IDENTITY (or a broadcast) writes a byte into every
+    such pipe of its recipients (ring_bells); nothing else does. So a blocked watch sleeps in the kernel
+    until its own mail comes."""
+
+    def __init__(self, path: str, reader: int, writer: int, session: str | None):
+        self.path, self.reader, self.writer, self.session = path, reader, writer, session
+
+    @classmethod
+    def open(cls, mailbox: str, agent: str, session: str | None) -> WakePipe | None:
+        """The pipe of `agent`'s watch `session` on the mailbox at `mailbox`; None where one cannot be made."""
+        from agent_mail import files
+
+        bells = bell_dir(mailbox)
+        pipe = os.path.join(bells, f"{agent}@{os.getpid()}-{session or os.urandom(4).hex()}")
+        try:
+            files.make_private_dirs(bells)
+            os.mkfifo(pipe, 0o600)
+        except OSError:
+            return None
+        try:
+            reader = os.open(pipe, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            # Our own writer end keeps the pipe from reading as closed (EOF) between senders.
+            writer = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            os.unlink(pipe)
+            return None
+        return cls(pipe, reader, writer, session)
+
+    def wait(self, timeout: float) -> bool:
+        """Sleep until the pipe is written to (True) or `timeout` passes (False)."""
+        import select
+
+        try:
+            ready, _, _ = select.select([self.reader], [], [], max(0.0, timeout))
+        except InterruptedError:
+            return False
+        if not ready:
+            return False
+        try:
+            while os.read(self.reader, 4096):
+                pass
+        except (BlockingIOError, InterruptedError):
+            pass
+        return True
+
+    def touch(self) -> bool:
+        """Mark the pipe refreshed now (its mtime); False if it cannot be."""
+        try:
+            os.utime(self.reader if os.utime in os.supports_fd else self.path)
+            return True
+        except OSError:
+            return False
+
+    def close(self) -> None:
+        for fd in (self.reader, self.writer):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
 
 
 def bell_dir(path: str) -> str:
@@ -828,11 +563,7 @@ def _sweep_pipe(pipe: str, owner: str) -> None:
 
 # ---------------------------------------------------------------- damage and odd files
 
-_CREATION_MARK = ".am-"  # .NAME.am-PID-RANDOM.new: a new mailbox being built aside
-_CREATION_SUFFIX = ".new"
-
-
-def _is_damage(exc: Exception) -> bool:
+def is_damage(exc: Exception) -> bool:
     """Whether SQLite (or the decoding of what it returned) says the file's content is damaged."""
     code = getattr(exc, "sqlite_errorcode", None)
     if code in (11, 26):  # SQLITE_CORRUPT, SQLITE_NOTADB
@@ -903,31 +634,12 @@ def damage_problem(path: str) -> str | None:
     return damaged_error(path, f"found{when}: {record.get('error')}").message
 
 
-def creation_leftovers(path: str) -> list[str]:
-    """Files of mailbox creations that were killed before they finished (their process is gone)."""
-    from agent_mail import files
-
-    directory = os.path.dirname(os.path.abspath(path))
-    base = f".{os.path.basename(path)}"
-    return files.stale_temporary_files(directory, mark=_CREATION_MARK, suffix=_CREATION_SUFFIX, prefix=base) + \
-        files.stale_temporary_files(directory, mark=base + ".", suffix=_CREATION_SUFFIX, prefix=base)  # older naming
-
-
-def sweep_creation_leftovers(path: str, dry_run: bool = False) -> list[str]:
-    from agent_mail import files
-
-    found = creation_leftovers(path)
-    if dry_run:
-        return found
-    return files.sweep(os.path.dirname(os.path.abspath(path)), found)
-
-
 def permission_problem(path: str) -> str | None:
     """Why the mailbox must not be used as it is: anyone else could rewrite or replace it.
 
     Refused: a mailbox file writable by other users, or a directory writable by them without
     the sticky bit (which would let them swap the file). Merely readable by others is reported
-    by `describe` (see permissions()) instead: the mail is exposed, but nothing can be forged.
+    by `describe` (sqlite_checks.permissions) instead: the mail is exposed, but nothing can be forged.
     """
     import stat
 
@@ -940,74 +652,3 @@ def permission_problem(path: str) -> str | None:
         return (f"the mailbox {path} is writable by every user (mode {stat.S_IMODE(os.stat(path).st_mode):04o}), so "
                 f"anyone could rewrite your mail; nothing was done. Run: chmod 600 {path}")
     return None
-
-
-def permissions(path: str) -> dict:
-    """The mailbox's and its directory's modes, and whether only the owner can read them."""
-    import stat
-
-    directory = os.path.dirname(os.path.abspath(path))
-    modes = {}
-    for key, target in (("directory", directory), ("file", path)):
-        try:
-            modes[key] = stat.S_IMODE(os.stat(target).st_mode)
-        except OSError:
-            modes[key] = None
-    exposed = [k for k, mode in modes.items() if mode is not None and mode & 0o077 and
-               not (k == "directory" and mode & stat.S_ISVTX)]
-    report = {k: (f"{v:04o}" if v is not None else None) for k, v in modes.items()}
-    report["private"] = not exposed
-    if exposed:
-        report["warning"] = (f"the mailbox {' and its '.join(exposed)} can be read by other users; "
-                             f"run: chmod 700 {directory}" + (f" && chmod 600 {path}" if "file" in exposed else ""))
-    return report
-
-
-INSPECT_CHECK_MAX_BYTES = 32 * 1024 * 1024  # describe checks the file's integrity up to this size
-
-
-def inspect(path: str) -> dict:
-    """Facts about a mailbox file for `describe`, without creating or changing it."""
-    import stat
-
-    report: dict = {"exists": os.path.isfile(path), "messages": None, "size_bytes": None}
-    if os.path.isdir(os.path.dirname(os.path.abspath(path))):
-        report["permissions"] = permissions(path)
-    try:
-        info = os.stat(path)
-    except OSError:
-        info = None
-    if info is not None and not stat.S_ISREG(info.st_mode):
-        report["problem"] = not_a_file(path, info.st_mode)
-        return report
-    damage = read_damage_record(path)
-    if damage:
-        report["damaged"] = damage
-    if not report["exists"]:
-        return report
-    report["size_bytes"] = info.st_size
-    try:
-        db = sqlite3.connect(f"file:{_uri_path(path)}?mode=ro", uri=True, timeout=2.0)
-        try:
-            report["messages"] = db.execute("SELECT COUNT(*) FROM messages").fetchone()[0]
-            if info.st_size <= INSPECT_CHECK_MAX_BYTES:
-                found = [r[0] for r in db.execute("PRAGMA quick_check(5)")]
-                report["integrity"] = "ok" if found == ["ok"] else "damaged: " + "; ".join(found)
-            else:
-                report["integrity"] = "not checked (large mailbox): run agent-mail doctor"
-        finally:
-            db.close()
-    except sqlite3.Error as exc:
-        report["problem"] = f"cannot read it as a mailbox: {exc}"
-        if _is_damage(exc):
-            report["integrity"] = f"damaged: {exc}"
-    if report.get("integrity", "ok").startswith("damaged"):
-        report["problem"] = damaged_error(path, report["integrity"]).message
-    return report
-
-
-def _uri_path(path: str) -> str:
-    from urllib.parse import quote
-
-    return quote(os.fsencode(os.path.abspath(path)))
-

@@ -1,6 +1,9 @@
-"""`agent-mail doctor`: check a SQLite mailbox thoroughly, and rebuild a damaged one from what can be read.
+"""A SQLite mailbox file inspected, checked and repaired: what `describe`, `doctor` and `copy` do to one.
 
-The check is SQLite's integrity_check (the file's structure) plus a read of every row (its
+The registry (store/__init__.py) names this module for SQLite locations; `backend_for(location)` calls its
+`report`, `doctor` and `locate`. None of them creates a mailbox, and only those commands import it.
+
+`doctor`'s check is SQLite's integrity_check (the file's structure) plus a read of every row (its
 content: text that no longer decodes is damage integrity_check does not see), the schema's
 migrations, and row counts. The repair copies every row that can still be read, table by
 table in rowid order, into a fresh mailbox; where a damaged page stops a scan, it finds the
@@ -14,11 +17,104 @@ import os
 import sqlite3
 
 from agent_mail import errors, model, spec
-from agent_mail.store import schema
+from agent_mail.store import schema, sqlite_schema
 from agent_mail.store import sqlite as sqlite_store
+from agent_mail.store.maintenance import doctor_report
 
 INTEGRITY_LIST_MAX = 100
 _ROWID_MIN, _ROWID_MAX = -(2 ** 63), 2 ** 63 - 1
+
+
+# ---------------------------------------------------------------- describe and copy
+
+
+def report(location: str, source: str, given: str | None) -> dict:
+    """What `describe` says of the SQLite mailbox at `location` (resolved from `given`, as written)."""
+    found = {"backend": "sqlite", "path": location, "source": source}
+    if given and os.path.abspath(os.path.expanduser(given)) != location:
+        found["link"] = os.path.abspath(os.path.expanduser(given))
+    return {**found, **inspect(location)}
+
+
+def locate(value: str, field: str) -> str:
+    """The mailbox file `value` names on the command line; the one to copy from (--from) must exist."""
+    path = os.path.realpath(os.path.expanduser(value))
+    if field == "--from" and not os.path.isfile(path):
+        raise errors.InvalidInput([(field, f"{path} is not a mailbox file; nothing was copied.")])
+    return path
+
+
+INSPECT_CHECK_MAX_BYTES = 32 * 1024 * 1024  # describe checks the file's integrity up to this size
+
+
+def inspect(path: str) -> dict:
+    """Facts about a mailbox file for `describe`, without creating or changing it."""
+    import stat
+
+    report: dict = {"exists": os.path.isfile(path), "messages": None, "size_bytes": None}
+    if os.path.isdir(os.path.dirname(os.path.abspath(path))):
+        report["permissions"] = permissions(path)
+    try:
+        info = os.stat(path)
+    except OSError:
+        info = None
+    if info is not None and not stat.S_ISREG(info.st_mode):
+        report["problem"] = sqlite_store.not_a_file(path, info.st_mode)
+        return report
+    damage = sqlite_store.read_damage_record(path)
+    if damage:
+        report["damaged"] = damage
+    if not report["exists"]:
+        return report
+    report["size_bytes"] = info.st_size
+    try:
+        db = sqlite3.connect(f"file:{_uri_path(path)}?mode=ro", uri=True, timeout=2.0)
+        try:
+            report["messages"] = db.execute("SELECT COUNT(*) FROM messages").fetchone()[0]
+            if info.st_size <= INSPECT_CHECK_MAX_BYTES:
+                found = [r[0] for r in db.execute("PRAGMA quick_check(5)")]
+                report["integrity"] = "ok" if found == ["ok"] else "damaged: " + "; ".join(found)
+            else:
+                report["integrity"] = "not checked (large mailbox): run agent-mail doctor"
+        finally:
+            db.close()
+    except sqlite3.Error as exc:
+        report["problem"] = f"cannot read it as a mailbox: {exc}"
+        if sqlite_store.is_damage(exc):
+            report["integrity"] = f"damaged: {exc}"
+    if report.get("integrity", "ok").startswith("damaged"):
+        report["problem"] = sqlite_store.damaged_error(path, report["integrity"]).message
+    return report
+
+
+def permissions(path: str) -> dict:
+    """The mailbox's and its directory's modes, and whether only the owner can read them."""
+    import stat
+
+    directory = os.path.dirname(os.path.abspath(path))
+    modes = {}
+    for key, target in (("directory", directory), ("file", path)):
+        try:
+            modes[key] = stat.S_IMODE(os.stat(target).st_mode)
+        except OSError:
+            modes[key] = None
+    exposed = [k for k, mode in modes.items() if mode is not None and mode & 0o077 and
+               not (k == "directory" and mode & stat.S_ISVTX)]
+    report = {k: (f"{v:04o}" if v is not None else None) for k, v in modes.items()}
+    report["private"] = not exposed
+    if exposed:
+        report["warning"] = (f"the mailbox {' and its '.join(exposed)} can be read by other users; "
+                             f"run: chmod 700 {directory}" + (f" && chmod 600 {path}" if "file" in exposed else ""))
+    return report
+
+
+def _uri_path(path: str) -> str:
+    from urllib.parse import quote
+
+    return quote(os.fsencode(os.path.abspath(path)))
+
+
+# ---------------------------------------------------------------- doctor
 
 
 def doctor(path: str, repair: bool, emit) -> dict:
@@ -32,9 +128,9 @@ def doctor(path: str, repair: bool, emit) -> dict:
     if info is not None and not stat.S_ISREG(info.st_mode):
         raise errors.StorageError(sqlite_store.not_a_file(path, info.st_mode))
     marker = sqlite_store.read_damage_record(path)
-    leftovers = sqlite_store.creation_leftovers(path)
+    leftovers = sqlite_schema.creation_leftovers(path)
     if info is None:
-        report = _report(path, ok=marker is None, integrity=[], schema=None, counts={}, marker=marker,
+        report = doctor_report(path, ok=marker is None, integrity=[], schema=None, counts={}, marker=marker,
                          leftovers=leftovers)
         report["next"] = [] if marker is None else [spec.Step("doctor", repair=True)]
         emit(report)
@@ -42,7 +138,7 @@ def doctor(path: str, repair: bool, emit) -> dict:
     findings, schema, counts = _check(path)
     healthy = not findings
     ok = healthy and schema is not None and schema["complete"]
-    report = _report(path, ok=ok, integrity=findings, schema=schema, counts=counts, marker=marker,
+    report = doctor_report(path, ok=ok, integrity=findings, schema=schema, counts=counts, marker=marker,
                      leftovers=leftovers)
     if repair and not healthy:
         report["repair"] = _repair(path)
@@ -59,27 +155,6 @@ def doctor(path: str, repair: bool, emit) -> dict:
         except FileNotFoundError:
             pass
     return report
-
-
-def doctor_server(url: str, backend, emit) -> dict:
-    """Check a mailbox on a database server: its schema and counts. Integrity is the server's own business
-    (a damaged server is repaired with its tools), so --repair has nothing to do there and repair stays null."""
-    from agent_mail.store import redact_url
-
-    found = backend.check(url)
-    schema = found["schema"]
-    ok = schema is None or schema["complete"]
-    report = _report(redact_url(url), ok=ok, integrity=[], schema=schema, counts=found["counts"], marker=None,
-                     leftovers=[])
-    report["next"] = [] if ok else [spec.Step("status")]  # any command applies migrations
-    emit(report)
-    return report
-
-
-def _report(path: str, *, ok: bool, integrity: list, schema: dict | None, counts: dict, marker: dict | None,
-            leftovers: list[str]) -> dict:
-    return {"path": path, "ok": ok, "integrity": integrity, "schema": schema, "counts": counts,
-            "damage_marker": marker, "temporary_files": leftovers, "repair": None, "next": []}
 
 
 def _connect(path: str) -> sqlite3.Connection:
@@ -151,7 +226,7 @@ def _decodes(value: bytes) -> bool:
 
 
 def _schema(db: sqlite3.Connection, tables: list[str]) -> dict:
-    expected = [m.__name__ for m in sqlite_store.MIGRATIONS]
+    expected = [m.__name__ for m in sqlite_schema.MIGRATIONS]
     try:
         applied = {r[0].decode() for r in db.execute(f"SELECT name FROM {schema.MIGRATIONS_TABLE}")}
     except sqlite3.Error:
@@ -193,8 +268,8 @@ def _repair(path: str) -> dict:
                 if table == schema.MIGRATIONS_TABLE or table not in source_tables:
                     continue
                 saved[table] = _copy_table(damaged, fresh, table, unsaved, altered)
-            if sqlite_store.has_table(fresh, schema.SQLITE_SEARCH_TABLE):
-                sqlite_store.index_missing(fresh)  # the search index of what was saved
+            if sqlite_schema.has_table(fresh, schema.SQLITE_SEARCH_TABLE):
+                sqlite_schema.index_missing(fresh)  # the search index of what was saved
             fresh.execute("COMMIT")
             check = [r[0] for r in fresh.execute("PRAGMA integrity_check")]
         finally:
