@@ -33,9 +33,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
-    from agent_mail.handling import Handling
-    from agent_mail.profiles import Profiles
-    from agent_mail.searching import Searching
     from agent_mail.store.base import Store
     from agent_mail.waits import Waits
 
@@ -391,65 +388,60 @@ class Mailbox:
         return result
 
     # -- handling, attachments, profiles and search: operations of their own modules ----------
-    def _handling(self) -> Handling:
-        from agent_mail.handling import Handling
-
-        return Handling(self)
-
-    def _profiles(self) -> Profiles:
-        from agent_mail.profiles import Profiles
-
-        return Profiles(self)
-
-    def _searching(self) -> Searching:
-        from agent_mail.searching import Searching
-
-        return Searching(self)
+    def _group(self, module: str):
+        """The operations of a module of their own (handling, profiles, searching), imported when first used."""
+        if module == "handling":
+            from agent_mail.handling import Handling as group
+        elif module == "profiles":
+            from agent_mail.profiles import Profiles as group
+        else:
+            from agent_mail.searching import Searching as group
+        return group(self)
 
     @guarded("ack")
     def ack(self, **options) -> dict:
         """Record that an agent acted on messages; see Handling.ack for the options."""
-        return self._handling().ack(**options)
+        return self._group("handling").ack(**options)
 
     @guarded("dismiss")
     def dismiss(self, **options) -> dict:
         """Mark messages read without returning them; see Handling.dismiss."""
-        return self._handling().dismiss(**options)
+        return self._group("handling").dismiss(**options)
 
     @guarded("archive")
     def archive(self, **options) -> dict:
         """Take messages out of the inbox; see Handling.archive."""
-        return self._handling().archive(**options)
+        return self._group("handling").archive(**options)
 
     @guarded("delete")
     def delete(self, **options) -> dict:
         """Remove messages from every view of an agent; see Handling.delete."""
-        return self._handling().delete(**options)
+        return self._group("handling").delete(**options)
 
     @guarded("cancel")
     def cancel(self, **options) -> dict:
         """Withdraw scheduled messages that have not fallen due; see Handling.cancel."""
-        return self._handling().cancel(**options)
+        return self._group("handling").cancel(**options)
 
     @guarded("attachments")
     def attachments(self, **options) -> dict:
         """List a message's attachments, or save them; see Handling.attachments."""
-        return self._handling().attachments(**options)
+        return self._group("handling").attachments(**options)
 
     @guarded("profile")
     def profile(self, **options) -> dict:
         """Show, or change, an agent's optional settings; see Profiles.profile."""
-        return self._profiles().profile(**options)
+        return self._group("profiles").profile(**options)
 
     @guarded("notifications")
     def notifications(self, **options) -> dict:
         """An agent's unread mirror and system channel; see Profiles.notifications."""
-        return self._profiles().notifications(**options)
+        return self._group("profiles").notifications(**options)
 
     @guarded("search")
     def search(self, **options) -> dict:
         """Messages matching a query, ranked; see Searching.search."""
-        return self._searching().search(**options)
+        return self._group("searching").search(**options)
 
     def wait_armed(self, agent: str, seconds: float, look_for=None, wanted=None) -> list[dict]:
         """Block as a watch does until look_for() finds something; see Waits.wait_armed."""

@@ -39,7 +39,7 @@ def report(location: str, source: str, given: str | None) -> dict:
 def locate(value: str, field: str) -> str:
     """The mailbox file `value` names on the command line; the one to copy from (--from) must exist."""
     path = os.path.realpath(os.path.expanduser(value))
-    if field == "--from" and not os.path.isfile(path):
+    if field == "from" and not os.path.isfile(path):
         raise errors.InvalidInput([(field, f"{path} is not a mailbox file; nothing was copied.")])
     return path
 
