@@ -39,7 +39,6 @@ KNOWN_FRONT_END_IMPORTS: set[tuple[str, str]] = set()
 KNOWN_NOT_ON_CALL_LAYER: set[str] = set()
 # Files ("agent_mail/service.py") and classes ("agent_mail/service.py::Mailbox") over the limits.
 KNOWN_OVERSIZE: set[str] = {
-    "agent_mail/spec.py",
 }
 
 

@@ -1,6 +1,6 @@
 """`agent-mail mcp`: the mailbox as MCP tools over stdio, on the official MCP SDK (`MCPServer`).
 
-Imported only by that command (the `mcp` extra). The tools are made from spec.py: one per command a
+Imported only by that command (the `mcp` extra). The tools are made from the spec: one per command a
 model should call, the same names, arguments named without dashes, JSON Schema types, ranges and
 descriptions from the spec. A call's JSON arguments go straight into the call layer (agent_mail.calls),
 which checks them by the same rules as every front end's and carries out the same Mailbox operation;
@@ -135,7 +135,7 @@ def render_steps(document: object, agent: str | None) -> object:
 
 
 class AgentMailServer(MCPServer):
-    """MCPServer whose tools are declared by spec.py rather than by Python signatures."""
+    """MCPServer whose tools are declared by the spec rather than by Python signatures."""
 
     def __init__(self, agent: str | None, save_root: str):
         super().__init__(name="agent-mail", version=__version__, instructions=_INSTRUCTIONS)

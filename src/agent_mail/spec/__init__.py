@@ -1,0 +1,127 @@
+"""Every command, argument, default, output field and example, declared once.
+
+The argument parser (cli.py), the call layer's checks, `describe`, the MCP tool schemas and the usage
+text are all built from these definitions, so the manual cannot disagree with what is accepted. The
+pieces are in .base; the commands are declared in .mail and .tools; the manual's whole-tool parts
+(invariants, exit codes, describe's document) are here.
+"""
+
+from __future__ import annotations
+
+from agent_mail import model
+from agent_mail.spec import mail as _mail  # noqa: F401  (declares its commands)
+from agent_mail.spec import tools as _tools  # noqa: F401  (declares its commands)
+from agent_mail.spec.base import (COMMAND, COMMANDS, ENVELOPE_FIELDS, FIELDS, FIELDS_HELP, FLAG, HARNESSES, IDENTITY,
+                                  INT, JSON, MESSAGE_FIELDS, MESSAGE_ID, MIRROR_ENTRY_FIELDS, NEXT_HELP, NUMBER,
+                                  PATH, PROJECT, REACHABLE_HELP, RECIPIENT, REMOVED, STATUS_FIELDS, TEXT, Arg,
+                                  Command, Step)
+from agent_mail.spec.tools import EXPORT_FORMAT, SEARCH_FIELDS, SEARCH_QUERY_HELP
+
+__all__ = ["COMMAND", "COMMANDS", "DESCRIPTION", "ENVELOPE_FIELDS", "EXIT_CODES", "EXPORT_FORMAT", "FIELDS",
+           "FIELDS_HELP", "FLAG", "HARNESSES", "IDENTITY", "INT", "INVARIANTS", "JSON", "MESSAGE_FIELDS",
+           "MESSAGE_ID", "MIRROR_ENTRY_FIELDS", "NEXT_HELP", "NUMBER", "PATH", "PROJECT", "REACHABLE_HELP",
+           "RECIPIENT", "REMOVED", "SEARCH_FIELDS", "SEARCH_QUERY_HELP", "STATUS_FIELDS", "TEXT", "Arg", "Command",
+           "Step", "describe_document"]
+
+
+INVARIANTS = (
+    "Every command prints exactly one JSON document on stdout on success, and {\"error\": ...} on stderr "
+    "with a non-zero exit on failure. A failed command changed nothing.",
+    "Messages never expire. Only `cleanup --older-than DAYS` deletes them, and it has no default age.",
+    "A send is all or nothing per recipient and published in one transaction: every recipient gets its own "
+    "copy with its own id and state; a refused recipient gets nothing, and the receipt says so.",
+    "Reading the unread mirror or the system channel never marks anything read.",
+    "A mutating command commits only after its output reached stdout: if printing fails, nothing changed.",
+    "read marks read only what it printed; --thread and --no-mark-read mark nothing.",
+    "Identities are project:name, lowercase letters, digits and hyphens. No registration is needed.",
+    "A direct message to yourself reaches you; your own broadcasts do not.",
+    "Replying with --reply-to marks the answered message read and acknowledged for you (--no-ack keeps it "
+    "unacknowledged).",
+    "All problems of one call are reported together, each naming its field, including those only the mailbox "
+    "can tell (an unknown --reply-to beside an empty subject).",
+    "The exit status decides. If the result reached stdout but the commit then failed (a full disk), the command "
+    "exits non-zero with output_discarded in its error: what was printed did not happen.",
+    "A message is visible to its sender and its recipients (everyone but the sender, for a broadcast) and to "
+    "nobody else: read --thread, attachments and --reply-to apply the same rule.",
+    "Messages are ordered by when they arrived in the inbox: a delayed message sorts at its delivery time.",
+    "Text a person or model is shown (subjects, bodies, refs, attachment names) never carries bidirectional "
+    "override or isolate characters (U+202A-U+202E, U+2066-U+2069): they are refused.",
+    "watch never marks anything read, never returns bodies, never deletes anything; the set it reports is "
+    "the set that following `read`s deliver (a page of --limit at a time). Follow every wake with `read`, and "
+    "re-arm with `watch`.",
+    "Results that leave you something to do carry `reachable` and `next`: literal commands computed from the "
+    "current state. Run them.",
+)
+
+EXIT_CODES = {
+    "0": "Success: the JSON document on stdout is the result.",
+    "1": "The call was well formed but could not be carried out (mailbox unreadable or locked, output "
+    "could not be written). Nothing changed.",
+    "2": "The call was wrong (unknown flag, bad value, unknown message). Nothing changed; fix it as the "
+    "error says.",
+    "3": "send: some recipients were refused (--require-reachable); the receipt on stdout says which. "
+    "The others got the message.",
+    "130": "Interrupted by SIGINT (any command); 143: SIGTERM, 129: SIGHUP. Nothing was changed; a stopped watch "
+    "released its session.",
+}
+
+DESCRIPTION = (
+    "agent-mail is a local mailbox for AI coding agents: send a message, take delivery, say you acted on "
+    "it, and see what is waiting for whom. One SQLite file, JSON in and out."
+)
+
+
+def describe_document(storage: dict, version: str, command: str | None = None) -> dict:
+    """The manual: the whole of it, or one command's part."""
+    if command is not None:
+        return {"name": command, "storage": storage, "command": COMMANDS[command].describe()}
+    return {
+        "name": "agent-mail",
+        "version": version,
+        "description": DESCRIPTION,
+        "identity": f"project:name, each half [a-z0-9][a-z0-9-]* of at most {model.NAME_MAX_CHARS} characters; "
+        "'*' as a recipient means everyone.",
+        "invariants": list(INVARIANTS),
+        "exit_codes": dict(EXIT_CODES),
+        "limits": {
+            "subject_max_chars": model.SUBJECT_MAX_CHARS,
+            "body_max_chars": model.BODY_MAX_CHARS,
+            "recipients_max": model.RECIPIENTS_MAX,
+            "delay_minutes_max": model.DELAY_MINUTES_MAX,
+            "attachment_max_bytes": model.ATTACHMENT_MAX_BYTES,
+            "attachments_max_bytes_per_send": model.ATTACHMENTS_MAX_BYTES_PER_SEND,
+            "attachments_max_count": model.ATTACHMENTS_MAX_COUNT,
+            "identity_part_max_chars": model.NAME_MAX_CHARS,
+            "watch_minutes": [model.WATCH_MINUTES_MIN, model.WATCH_MINUTES_MAX],
+            "watch_minutes_default": model.WATCH_MINUTES_DEFAULT,
+        },
+        "liveness": {
+            "refresh_seconds": model.REFRESH_SECONDS,
+            "watching_within_seconds": model.LIVENESS_SECONDS,
+            "stale_after_seconds": model.STALE_SECONDS,
+            "postgresql": "A watch's open connection is its presence (it names its session); its row is refreshed "
+            f"every {model.REFRESH_SECONDS * model.POSTGRES_IDLE_SCALE:.0f} s, and a connected watch whose row is "
+            f"older than {model.POSTGRES_PRESENCE_GRACE_SECONDS:.0f} s no longer counts. A killed watch's connection "
+            "ends at once, a partitioned one within about 10 s.",
+        },
+        "global_flags": {
+            "--version": "Print {name, version} and exit. Takes no arguments.",
+            "--help": "Print this manual as JSON (also -h, help, or no arguments at all); after a command, that "
+            "command's manual. At a terminal (stdout a TTY) a short usage text instead, for a person.",
+        },
+        "environment": {
+            "AGENT_MAIL_DB": "Path of the mailbox file (default ~/.agent-mail/mail.db). A symbolic link is followed "
+            "to the real file. Empty means unset; a value of only spaces is refused. Or a team mailbox on "
+            "PostgreSQL: postgresql://USER@HOST[:PORT]/DATABASE (also postgres://), any libpq parameter allowed, "
+            "plus schema=NAME (default agent_mail); needs pip install 'agent-mail[postgres]'. Keep the password "
+            "in ~/.pgpass or PGPASSFILE: it is never shown, and setup never writes it.",
+            "AGENT_MAIL_PG_SCHEMA": "The PostgreSQL schema of the mailbox when the URL has no schema= parameter "
+            "(default agent_mail).",
+            "PG*": "libpq's own variables (PGPASSFILE, PGSSLMODE, PGSERVICE, PGCONNECT_TIMEOUT, ...) apply to a "
+            "PostgreSQL mailbox as to any libpq client.",
+            "AGENT_MAIL_POLL": "Set to any value to make watch poll the mailbox (every 25 ms) instead of sleeping on "
+            "its wake-up pipe, for a file system that cannot hold named pipes. Any new message then wakes every watch.",
+        },
+        "storage": storage,
+        "commands": {name: c.describe() for name, c in COMMANDS.items()},
+    }

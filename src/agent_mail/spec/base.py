@@ -1,0 +1,223 @@
+"""The pieces the manual is written with: argument kinds, Arg, Command, Step, the fields many commands
+share, and the registry every command is declared into (agent_mail.spec.mail and .tools declare them)."""
+
+from __future__ import annotations
+
+from agent_mail import model
+
+# Argument kinds. The parser converts and checks each value by its kind.
+IDENTITY = "identity"  # project:name
+RECIPIENT = "recipient"  # project:name or '*'
+MESSAGE_ID = "message_id"  # a UUID as printed by send/read
+PROJECT = "project"  # the part of an identity before ':'
+TEXT = "text"
+PATH = "path"
+JSON = "json"
+INT = "int"
+NUMBER = "number"
+FLAG = "flag"
+FIELDS = "fields"  # comma-separated subset of a command's fields
+COMMAND = "command"  # the name of a command
+REMOVED = "removed"  # accepted only to be rejected with a message naming the replacement
+
+
+class Arg:
+    """One positional argument or flag of a command.
+
+    A plain class rather than a dataclass: building dataclasses costs ~10 ms of
+    imports and code generation on every invocation of a short-lived CLI.
+    """
+
+    __slots__ = ("name", "kind", "help", "required", "default", "repeat", "minimum", "maximum", "removed_because",
+                 "choices")
+
+    def __init__(self, name: str, kind: str, help: str, *, required: bool = False, default: object = None,
+                 repeat: bool = False, minimum: float | None = None, maximum: float | None = None,
+                 removed_because: str = "", choices: tuple[str, ...] = ()):
+        self.name = name  # positional name, or the flag itself ("--to")
+        self.kind = kind
+        self.help = help
+        self.required = required
+        self.default = default
+        self.repeat = repeat  # flag may be given many times / positional takes many values
+        self.minimum = minimum
+        self.maximum = maximum
+        self.removed_because = removed_because  # for REMOVED flags: the replacement and why
+        self.choices = choices  # the only values a TEXT argument takes, if it names them
+
+    @property
+    def positional(self) -> bool:
+        return not self.name.startswith("-")
+
+    @property
+    def dest(self) -> str:
+        dest = self.name.lstrip("-").replace("-", "_")
+        return "from_" if dest == "from" else dest  # `from` is a Python keyword
+
+    def describe(self) -> dict:
+        doc: dict = {"type": self.kind, "required": self.required, "description": self.help}
+        if self.positional:
+            doc["positional"] = True
+        if self.repeat:
+            doc["repeatable"] = True
+        if self.default is not None:
+            doc["default"] = self.default
+        if self.minimum is not None or self.maximum is not None:
+            doc["range"] = [self.minimum, self.maximum]
+        if self.choices:
+            doc["choices"] = list(self.choices)
+        if self.kind == REMOVED:
+            doc["removed"] = self.removed_because
+        return doc
+
+
+class Command:
+    """A command: its arguments, rules between them, and what it prints."""
+
+    def __init__(self, name: str, summary: str, args: tuple, output: dict, examples: tuple, *,
+                 mutating: bool = False, item_fields: dict | None = None, items_key: str = "",
+                 exclusive: tuple = (), one_of: tuple = (), requires: tuple = (), modes: dict | None = None,
+                 notes: tuple = (), needs_mailbox: bool = True, documents: dict | None = None,
+                 front_end: str = "", extra: str = ""):
+        self.name = name
+        self.summary = summary
+        self.args: tuple[Arg, ...] = args
+        self.output = output  # top-level field -> meaning
+        self.examples = examples
+        self.mutating = mutating
+        self.item_fields = item_fields or {}  # fields of each listed item
+        self.items_key = items_key  # which output field holds the list of items
+        self.exclusive = exclusive  # at most one of each group
+        self.one_of = one_of  # exactly one of each group
+        self.requires = requires  # (flag, flag it only applies with)
+        self.modes = modes or {}  # how output differs per mode
+        self.notes = notes
+        self.needs_mailbox = needs_mailbox
+        self.documents = documents or {}  # fields of nested documents the output carries
+        # A command that starts another front end names its module, whose main(values, emit) runs it and
+        # returns the exit status; the command line starts it by name and so imports no other front end.
+        self.front_end = front_end
+        self.extra = extra  # the optional extra that module needs (pip install 'agent-mail[EXTRA]')
+
+    def arg(self, name: str) -> Arg:
+        for candidate in self.args:
+            if candidate.name == name:
+                return candidate
+        raise KeyError(name)
+
+    def describe(self) -> dict:
+        doc: dict = {
+            "description": self.summary,
+            "mutating": self.mutating,
+            "args": {a.name: a.describe() for a in self.args},
+            "output_fields": dict(self.output),
+        }
+        if self.items_key:
+            doc["item_fields"] = {"in": self.items_key, "fields": dict(self.item_fields)}
+        if self.exclusive:
+            doc["mutually_exclusive"] = [list(g) for g in self.exclusive]
+        if self.one_of:
+            doc["exactly_one_of"] = [list(g) for g in self.one_of]
+        if self.requires:
+            doc["requires"] = {flag: needed for flag, needed in self.requires}
+        if self.modes:
+            doc["modes"] = dict(self.modes)
+        if self.notes:
+            doc["notes"] = list(self.notes)
+        if self.documents:
+            doc["documents"] = {k: dict(v) for k, v in self.documents.items()}
+        doc["examples"] = [f"agent-mail {e}" for e in self.examples]
+        return doc
+
+
+MESSAGE_FIELDS = {
+    "id": "Message id (UUID). Pass it to ack, --reply-to or --thread.",
+    "sender": "Identity that sent it.",
+    "recipient": "Identity it was addressed to, or '*' for a broadcast.",
+    "subject": "One-line subject.",
+    "body": "Body text (may be empty).",
+    "refs": "Absolute paths the sender pointed at, as a JSON array.",
+    "reply_to": "Id of the message this answers, or null.",
+    "type": "'direct' or 'broadcast'.",
+    "created": "When it was sent (ISO 8601).",
+    "deliver_at": "For a message sent with --delay-minutes: when it fell (or falls) due. Otherwise null.",
+    "read_at": "When this agent took delivery, or null. Always this agent's own state: null on a message it "
+    "sent to someone else (its recipients' state is theirs).",
+    "acked_at": "When this agent acknowledged it, or null (this agent's own state, as read_at).",
+    "archived_at": "When this agent archived it, or null (this agent's own state, as read_at).",
+    "attachments": "Attached files: [{name, size, sha256}]. Save them with `agent-mail attachments`.",
+}
+
+ENVELOPE_FIELDS = {
+    "id": "Message id.",
+    "sender": "Who sent it.",
+    "subject": "Its subject.",
+    "type": "'direct' or 'broadcast'.",
+    "created": "When it was sent.",
+}
+
+# The unread mirror's entries keep the contract's names (from, message); what each is in `read`'s terms:
+MIRROR_ENTRY_FIELDS = {
+    "id": "Message id (read's id).",
+    "from": "Who sent it (read's sender).",
+    "subject": "Its subject.",
+    "message": "The whole body (read's body).",
+    "message_chars": "Length of the body in characters.",
+    "message_truncated": "true only for a body longer than the send cap, written by an older tool.",
+    "received_at": "When it arrived in the inbox: read's deliver_at for a delayed message, else created.",
+    "type": "'direct' or 'broadcast'.",
+    "refs": "Paths the sender pointed at (read's refs).",
+    "attachments": "Names of the attached files; save them with `agent-mail attachments`.",
+}
+
+STATUS_FIELDS = {
+    "agent": "The identity.",
+    "unread": "Messages waiting for this identity that it has not read.",
+    "unacked": "Messages addressed to this identity that it has not acknowledged.",
+    "watching": f"true when a watch or heartbeat of this identity was seen in the last {model.LIVENESS_SECONDS:.0f} s.",
+    "last_seen": "When a watch or heartbeat of this identity was last seen, or null.",
+    "watch_state": "armed: a watch is blocked now. released: the last watch exited and nothing replaced it "
+    f"(the agent is deaf until it re-arms). stale: a watch stopped refreshing for {model.STALE_SECONDS:.0f} s without "
+    "exiting (killed). never: it has never watched.",
+    "released_at": "When the last watch exited cleanly, or null.",
+    "sessions": "Live harness sessions (Claude Code, Codex, Gemini CLI, through agent-mail's hooks) holding this "
+    "identity. More than 1: they share one inbox and take each other's unread mail.",
+}
+
+REACHABLE_HELP = ("Whether this identity can be reached right now: a watch is armed, or a heartbeat was seen "
+                  f"in the last {model.LIVENESS_SECONDS:.0f} s.")
+NEXT_HELP = "The literal commands that finish the loop from the state just observed, in order. Run them."
+
+HARNESSES = ("claude-code", "codex", "gemini")
+
+FIELDS_HELP = "Comma-separated subset of the item fields to return (e.g. id,sender,subject). Saves context."
+
+COMMANDS: dict[str, Command] = {}
+
+
+class Step(str):
+    """One `next` step: a command to run, as data (`command`, `arguments` by argument name) that each
+    front end renders its own way. As a string it is the CLI's rendering, `agent-mail read p:me`,
+    which is what the CLI prints; the MCP server turns it into the tool call instead."""
+
+    __slots__ = ("command", "arguments")
+
+    def __new__(cls, command: str, **arguments: object) -> Step:
+        words = ["agent-mail", command]
+        for arg in COMMANDS[command].args:
+            value = arguments.get(arg.dest)
+            if value is None or value is False or value == []:
+                continue
+            if not arg.positional:
+                words.append(arg.name)
+                if value is True:
+                    continue
+            words.extend(str(v) for v in value) if isinstance(value, (list, tuple)) else words.append(str(value))
+        step = super().__new__(cls, " ".join(words))
+        step.command, step.arguments = command, arguments
+        return step
+
+
+def register(command: Command) -> None:
+    """Declare `command`: the parser, describe, MCP and the usage text all read it from COMMANDS."""
+    COMMANDS[command.name] = command

@@ -1,0 +1,332 @@
+"""The commands around the mail declared: search, export, import, cleanup, copy, doctor, and those that
+start or connect another front end (mcp, dashboard, hook, setup)."""
+
+from __future__ import annotations
+
+from agent_mail.spec.base import (FIELDS, FLAG, HARNESSES, IDENTITY, INT, MESSAGE_ID, NUMBER, PATH, PROJECT,
+                                  RECIPIENT, TEXT, Arg, Command, register)
+
+
+SEARCH_FIELDS = {
+    "id": "Message id: the searcher's own copy, or the first copy of a send to several. Pass it to read --thread.",
+    "sender": "Identity that sent it.",
+    "recipients": "Who it went to: ['*'] for a broadcast; with --agent as one recipient of a send to several, "
+    "only that agent.",
+    "subject": "Its subject.",
+    "snippet": "A short stretch of the body (or the subject) around the first match, the matching words marked "
+    "**like this**.",
+    "matched": "'subject' when the query matches within the subject alone (ranked first), else 'text'.",
+    "type": "'direct' or 'broadcast'.",
+    "created": "When it was sent (ISO 8601).",
+    "deliver_at": "For a delayed message, when it fell (or falls) due; else null.",
+    "reply_to": "The message it answers, or null.",
+    "attachments": "Names of the attached files.",
+    "withdrawn": "true for a scheduled message its sender cancelled (only without --agent: nobody receives it).",
+}
+SEARCH_QUERY_HELP = ('What to look for: words (all must match), "exact phrases", a OR b, -excluded (word or '
+                     'phrase), prefix*. Case and accents do not matter; identities and file names are words too '
+                     '(ops:lead is the phrase "ops lead"). At most 1000 characters and 32 terms; a term that begins '
+                     'with - may stand first (search -fix) or after --.')
+
+register(Command(
+    name="search",
+    summary="Find messages by their words: subjects, bodies, sender and recipient identities, attachment names. "
+    "Ranked (subject matches first), newest first. Marks nothing read.",
+    args=(
+        Arg("query", TEXT, SEARCH_QUERY_HELP, required=True),
+        Arg("--agent", IDENTITY, "Only what this identity can see: its inbox (archived too), what it sent, "
+            "broadcasts. Without it: every message in the mailbox (the supervisor's view)."),
+        Arg("--from", IDENTITY, "Only messages from this sender."),
+        Arg("--to", RECIPIENT, "Only messages addressed to this identity ('*': broadcasts)."),
+        Arg("--since-days", NUMBER, "Only messages that arrived in the last N days.", minimum=0, maximum=36_500),
+        Arg("--thread", MESSAGE_ID, "Only messages of the thread holding this message."),
+        Arg("--limit", INT, "At most this many results.", default=20, minimum=1, maximum=1000),
+        Arg("--fields", FIELDS, "Comma-separated subset of the result fields to return."),
+    ),
+    output={
+        "query": "The query as understood: its terms, each group of alternatives joined by OR, exclusions with -.",
+        "results": "The matches, most relevant first: those matching in the subject, then the rest; newest "
+        "first within each. A send to several recipients is one result.",
+        "count": "How many results.",
+        "more": "true when more messages match than --limit let through.",
+        "next": "Commands to read the first result's thread.",
+    },
+    items_key="results",
+    item_fields=SEARCH_FIELDS,
+    notes=("The query language is the same on SQLite (FTS5) and PostgreSQL (a GIN-indexed tsvector): both "
+           "index the words agent-mail cuts, so they match the same messages.",
+           "Anything else in a query (parentheses, AND, NOT, a * inside a word, an unclosed quote) is refused "
+           "with the accepted forms."),
+    examples=('search "deploy failed"', 'search \'"release notes" -staging\' --agent deploy:worker',
+              "search 'rollback OR revert' --from ops:lead --since-days 7",
+              "search deplo* --thread 9f1c2e34-5678-4abc-9def-0123456789ab --fields id,subject,snippet"),
+))
+
+EXPORT_FORMAT = {  # the JSON Lines export, version 1 (agent_mail.history writes and reads it)
+    "header": "The first line: {\"agent_mail_export\": 1} (the format's version).",
+    "blob": "{type: 'blob', sha256, size, created, content_base64}: an attachment's content, once, before the "
+    "first message that uses it.",
+    "message": "{type: 'message', id, batch_id, kind ('direct' | 'broadcast'), sender, recipient ('*' for a "
+    "broadcast), subject, body, refs (list or null), reply_to, ttl_hours, created, deliver_at, cancelled_at, "
+    "read_at, acked_at, archived_at, deleted_at (the recipient's state, on a direct row), schedule ({deliver_at, "
+    "published_at} or null), broadcast_states ([{agent, read_at, acked_at, archived_at, deleted_at}], each "
+    "recipient's state of a broadcast), attachments ([{name, size, sha256}])}: one stored row, in stored order.",
+    "profile": "{type: 'profile', agent, human, mirror_dir, max_entries, updated_at}.",
+    "event": "{type: 'event', id, agent, source ('email.bounce'), payload, created, dismissed_at}.",
+}
+
+register(Command(
+    name="export",
+    summary="Write the mailbox's history out: JSON Lines that rebuild it exactly (import), or mbox for a mail "
+    "client. Whole, or one identity's, or recent. Marks nothing read.",
+    args=(
+        Arg("--format", TEXT, "jsonl (default): every record, to import elsewhere. mbox: the mail as standard "
+            "email (threads, attachments as MIME parts), to open in a mail client.", default="jsonl",
+            choices=("jsonl", "mbox")),
+        Arg("--output", TEXT, "A new file to write (never overwritten; written aside and renamed into place). "
+            "Default: stdout."),
+        Arg("--agent", IDENTITY, "Only what this identity can see (its mail, what it sent, broadcasts), with only "
+            "its own state of broadcasts, its profile and its events."),
+        Arg("--since-days", NUMBER, "Only messages that arrived in the last N days.", minimum=0, maximum=36_500),
+    ),
+    output={
+        "file": "The file written (with --output; to stdout the export itself is all that is printed).",
+        "format": "jsonl or mbox.",
+        "bytes": "Its size.",
+        "messages": "Message records (stored rows: a send to several is one per recipient) written.",
+        "blobs": "jsonl: attachment contents written (each once).",
+        "profiles": "jsonl: profiles written.",
+        "events": "jsonl: system-channel events (bounces) written.",
+        "next": "jsonl: the command that checks the file as an import would.",
+    },
+    documents={"jsonl": EXPORT_FORMAT},
+    notes=("Progress goes to stderr when stderr is a terminal. Both formats stream: memory stays flat whatever "
+           "the mailbox's size.",
+           "mbox: identities become addresses (\"ops:lead\" <lead@ops.agent-mail.invalid>, everyone@agent-mail"
+           ".invalid for a broadcast), Message-ID/In-Reply-To/References make threads, X-Agent-Mail-* headers "
+           "carry the id, batch, type and state; lines beginning with From are quoted (mboxrd)."),
+    examples=("export --output team.jsonl", "export --format mbox --output team.mbox",
+              "export --agent deploy:worker --since-days 7 --output worker-week.jsonl"),
+))
+
+register(Command(
+    name="import",
+    summary="Bring an export (jsonl) into this mailbox: all or nothing, every record checked as send checks it; "
+    "what is already there (by id) is left as it is, so importing twice changes nothing.",
+    mutating=True,
+    args=(
+        Arg("file", TEXT, "The export to read (a path, or - for stdin).", required=True),
+        Arg("--dry-run", FLAG, "Check everything and count what would be added; change nothing."),
+    ),
+    output={
+        "file": "The file read.",
+        "dry_run": "true when nothing was changed because --dry-run was given.",
+        "format_version": "The export format's version.",
+        "added": "{messages, blobs, profiles, events} added (or that would be).",
+        "already_there": "{messages, blobs, profiles, events} whose id the mailbox already had: left as they are.",
+        "next": "After a dry run that would add something: the command that imports it.",
+    },
+    notes=("A bad file is a JSON error listing each bad line (up to 50) and what is wrong with it; nothing is "
+           "imported. Watches waiting for imported unread mail are woken.",
+           "This is also how a mailbox moves between backends record by record; `copy` moves a whole mailbox in "
+           "one step."),
+    examples=("import team.jsonl --dry-run", "import team.jsonl", "import -"),
+))
+
+register(Command(
+    name="cleanup",
+    summary="Delete messages older than an age you choose. The only bulk deletion; there is no default "
+    "age, and nothing else ever deletes a message.",
+    mutating=True,
+    args=(
+        Arg("--older-than", INT, "Age in DAYS. Required: a default would be a retention policy nobody "
+            "chose. 0 means everything sent before now.", required=True, minimum=0, maximum=36_500),
+        Arg("--dry-run", FLAG, "Report what would be deleted, delete nothing."),
+    ),
+    output={
+        "dry_run": "true when nothing was deleted because --dry-run was given.",
+        "cutoff": "Messages that arrived before this time are (or would be) deleted. A delayed message arrives "
+        "at its delivery time, so one not yet delivered is never deleted.",
+        "deleted_count": "Messages deleted (or that would be).",
+        "oldest_deleted": "Arrival time of the oldest of them, or null.",
+        "newest_deleted": "Arrival time of the newest of them, or null.",
+        "sessions_deleted": "Liveness records (watch sessions, heartbeats, harness sessions) last seen before the "
+        "cutoff, deleted (or that would be).",
+        "events_deleted": "System-channel events older than the cutoff deleted (or that would be).",
+        "attachments_deleted": "Stored attachment contents no remaining message refers to, deleted (or that "
+        "would be).",
+        "temporary_files_deleted": "Files left beside the mailbox by a mailbox creation that was killed, "
+        "removed (or that would be).",
+    },
+    modes={"--dry-run": "Same fields, counting what would be deleted; dry_run is true."},
+    examples=("cleanup --older-than 30 --dry-run", "cleanup --older-than 30"),
+))
+
+register(Command(
+    name="copy",
+    summary="Copy a whole mailbox into this one (AGENT_MAIL_DB, or --to): how a team moves its SQLite mailbox onto "
+    "PostgreSQL, or takes a PostgreSQL one back to a file. Message ids, insertion order, threads, every "
+    "recipient's read/ack/archive/delete state, schedules, attachments, profiles, system events and sessions, "
+    "in one transaction, then counted against the source. Refuses a target that holds anything unless --merge.",
+    mutating=True,
+    args=(
+        Arg("--from", TEXT, "The mailbox to copy: a SQLite file path or a postgresql:// URL.", required=True),
+        Arg("--to", TEXT, "The mailbox to copy into (default: the one AGENT_MAIL_DB names, created if new)."),
+        Arg("--merge", FLAG, "Copy into a target that already holds mail: records it lacks are added (appended "
+            "in insertion order), records it has (same id) are kept as they are."),
+        Arg("--dry-run", FLAG, "Open both and count, copy nothing."),
+    ),
+    output={
+        "source": "The mailbox copied from (a URL without its password).",
+        "target": "The mailbox copied into.",
+        "dry_run": "true when nothing was copied.",
+        "merge": "Whether --merge was given.",
+        "source_counts": "{table: rows} in the source.",
+        "target_counts_before": "{table: rows} in the target before the copy.",
+        "target_counts": "{table: rows} in the target after the copy.",
+        "copied": "{table: rows added}.",
+        "verified": "true when the target now holds at least as many rows of every table as the source (into "
+        "an empty target: exactly as many, or the copy is rolled back).",
+    },
+    examples=("copy --from ~/.agent-mail/mail.db", "copy --from ~/.agent-mail/mail.db --dry-run",
+              "copy --from postgresql://agents@db.internal/team --to ./team-backup.db"),
+))
+
+register(Command(
+    name="doctor",
+    summary="Check the mailbox: integrity of the file, schema, counts. With --repair, save every readable "
+    "record of a damaged mailbox into a fresh one, keep the damaged file aside, and report what could not be "
+    "saved.",
+    mutating=True,
+    args=(
+        Arg("--repair", FLAG, "Rebuild the mailbox from what can still be read. Stop other agent-mail processes "
+            "first; their open handles keep the damaged file."),
+    ),
+    output={
+        "path": "The mailbox checked.",
+        "ok": "true when the file passed SQLite's integrity check and the schema is complete.",
+        "integrity": "SQLite's integrity_check findings: [] when clean (at most 100 listed).",
+        "schema": "{migrations_applied, migrations_expected, application_id_ok, missing_tables}.",
+        "counts": "Rows per table, as far as they could be counted ({table: n or null}).",
+        "damage_marker": "The record left when a command met damage ({path, found_at, command, error}), or null.",
+        "temporary_files": "Leftover files of killed mailbox creations beside the mailbox.",
+        "repair": "With --repair: {saved: {table: n}, unsaved: [{table, rowid, id, reason}], unsaved_count, "
+        "damaged_copy, mailbox}. Without: null.",
+        "next": "What to do about what was found, as literal commands.",
+    },
+    modes={"--repair": "Only when the mailbox is damaged; a healthy mailbox is left as it is (repair is null)."},
+    notes=("A command that meets damage refuses to write anything more into the mailbox and leaves a marker beside "
+           "it (NAME.damaged); every command but describe and doctor then refuses until doctor finds the file "
+           "healthy or --repair has rebuilt it.",),
+    examples=("doctor", "doctor --repair"),
+))
+
+
+register(Command(
+    name="mcp",
+    front_end="agent_mail.mcp_server", extra="mcp",
+    summary="Serve this mailbox to a model as MCP tools over stdio (for a harness: Claude Code, Codex, Gemini CLI). "
+    "One tool per command a model needs (send, read, ack, watch with a bounded wait, status, heartbeat, dismiss, "
+    "archive, delete, cancel, notifications, attachments), the same arguments without dashes, the same checks and "
+    "the same JSON results, with `next` steps given as tool calls. Needs the mcp extra: pip install "
+    "'agent-mail[mcp]'.",
+    args=(
+        Arg("--agent", IDENTITY, "This session's identity (project:name): the tools' agent / from default to it, "
+            "so the model need not repeat it."),
+        Arg("--save-root", PATH, "The directory under which the attachments tool may save files (default: the "
+            "directory the server starts in); save_to is taken relative to it and may not leave it."),
+    ),
+    output={},
+    notes=("Speaks JSON-RPC on stdin/stdout until the client closes them; prints nothing else on stdout. A setup "
+           "that cannot start (the extra missing) is a JSON error on stderr, exit 1.",),
+    examples=("mcp --agent deploy:worker",),
+))
+
+
+register(Command(
+    name="dashboard",
+    front_end="agent_mail.dashboard",
+    summary="The supervisor's live view of this mailbox in the terminal (or a browser tab with --web): Fleet (one "
+    "row per identity: watch state, live sessions, unread, unacked, age of the oldest unacked, last seen; problems "
+    "first: deaf with mail, overdue, stale, bounced), Traffic (sends as they land, per-recipient state, threads, "
+    "bodies, refs, attachments), each identity's Inbox as it would see it, and Charts (sends per hour, unread and "
+    "unacked over the last day). Looking marks nothing read. With --as, step in as that identity (marked human): "
+    "send, reply, broadcast, cancel, and ack/dismiss/archive its own mail. Updates ride the same wake-up a watch "
+    "uses. Needs the tui extra: pip install 'agent-mail[tui]'. Press ? inside for the keys.",
+    args=(
+        Arg("--project", PROJECT, "Show only this project's identities and traffic."),
+        Arg("--as", IDENTITY, "Step in as this identity (project:name): its profile is marked human, and the "
+            "send, reply, broadcast, cancel, ack, dismiss and archive keys act as it. Without it the dashboard "
+            "only looks."),
+        Arg("--overdue-minutes", NUMBER, "Unacked mail older than this makes its identity overdue (default 30; "
+            "+ and - change it on screen).", minimum=1, maximum=10080),
+        Arg("--web", FLAG, "Serve the dashboard to a browser on 127.0.0.1 instead of drawing it in this terminal "
+            "(textual-serve; each browser tab runs its own dashboard)."),
+        Arg("--port", INT, "The port --web listens on (default 8000).", minimum=1, maximum=65535),
+    ),
+    requires=(("--port", "--web"),),
+    output={},
+    notes=("Draws in the terminal until q (or ctrl+c); prints nothing on stdout. A mailbox that cannot be opened, "
+           "or the extra missing, is a JSON error on stderr (exit 1) before anything is drawn. A lost PostgreSQL "
+           "connection is shown on screen and retried. Honours NO_COLOR. --web listens on 127.0.0.1 only.",),
+    examples=("dashboard", "dashboard --as ops:human", "dashboard --project deploy --overdue-minutes 10",
+              "dashboard --web --port 8080"),
+))
+
+register(Command(
+    name="hook",
+    front_end="agent_mail.hooks",
+    summary="Run by a harness's hooks (set up by `agent-mail setup`), never by hand: reads the hook's JSON input "
+    "on stdin. context (SessionStart, UserPromptSubmit / BeforeAgent, PostToolUse / AfterTool): adds the "
+    "envelopes of mail new to this session, the unread count, bounces and the next steps to the model's "
+    "context, quiet when nothing is new, marking nothing read. stop: holds the stop once when mail the "
+    "session was not told of arrived. wait: the asyncRewake waiter (Claude Code only), blocking like watch "
+    "until such mail arrives, then exit 2 with the envelopes on stderr (wakes an idle session). end: the "
+    "session ended.",
+    args=(
+        Arg("harness", TEXT, "claude-code, codex or gemini.", required=True, choices=HARNESSES),
+        Arg("event", TEXT, "context, stop, wait or end.", required=True, choices=("context", "stop", "wait", "end")),
+        Arg("--agent", IDENTITY, "This session's identity (project:name); default AGENT_MAIL_AGENT."),
+    ),
+    output={"hookSpecificOutput": "context: {hookEventName, additionalContext} for the harness (printed only when "
+            "there is something new).",
+            "decision": "stop: \"block\" (Claude Code, Codex) or \"deny\" (Gemini CLI's AfterAgent) when the stop "
+            "is held (printed only then; Gemini CLI gets {} when there is nothing to say).",
+            "reason": "stop: the envelopes and what to do, shown to the model as its next turn."},
+    modes={"wait": "Prints nothing on stdout; exit 2 with the note on stderr when mail arrives, 0 when the wait ends "
+                   "(55 minutes, a newer waiter, the harness gone, or a run nobody waits on: claude -p, the SDK)."},
+    examples=("hook claude-code context --agent deploy:worker",),
+))
+
+
+register(Command(
+    name="setup",
+    summary="Connect a harness to this mailbox in one step: its hooks (mail in the model's context, a stop held "
+    "once for mail that arrived, and for Claude Code an idle session woken when mail arrives) and the agent-mail "
+    "MCP server, already allowed. Merges into existing settings (nothing else touched), idempotent, atomic; --dry-run "
+    "shows the diff, --remove takes out only what it added. Records the identity and the mailbox resolved now.",
+    args=(
+        Arg("harness", TEXT, "The harness: claude-code (.mcp.json, .claude/settings.local.json), codex "
+            "(.codex/config.toml, .codex/hooks.json) or gemini (.gemini/settings.json).", required=True,
+            choices=HARNESSES),
+        Arg("--agent", IDENTITY, "The identity the harness's sessions use (project:name).", required=True),
+        Arg("--dir", PATH, "The project directory the harness starts in (default: the current directory)."),
+        Arg("--dry-run", FLAG, "Show what would change (a diff per file); write nothing."),
+        Arg("--remove", FLAG, "Take out what setup added; leave everything else."),
+    ),
+    output={
+        "harness": "The harness set up.",
+        "agent": "The identity recorded.",
+        "mailbox": "The mailbox file recorded (where AGENT_MAIL_DB points now, or the default).",
+        "dir": "The project directory.",
+        "removed": "true with --remove.",
+        "dry_run": "true when nothing was written.",
+        "files": "Per file: path, action (create, update, remove, unchanged) and diff (unified).",
+        "wakes_idle_session": "Whether this harness's idle session is woken when mail arrives.",
+        "notes": "What the harness now does, and what it does not.",
+    },
+    examples=("setup claude-code --agent deploy:worker", "setup claude-code --agent deploy:worker --dry-run",
+              "setup claude-code --agent deploy:worker --remove"),
+    mutating=True,
+    needs_mailbox=False,
+))
