@@ -67,7 +67,8 @@ EXIT_CODES = {
 
 DESCRIPTION = (
     "agent-mail is a local mailbox for AI coding agents: send a message, take delivery, say you acted on "
-    "it, and see what is waiting for whom. One SQLite file, JSON in and out."
+    "it, and see what is waiting for whom. JSON in and out; one SQLite file by default, or a team's PostgreSQL "
+    "database."
 )
 
 
