@@ -311,3 +311,129 @@ def test_a_filtered_import_into_a_live_mailbox_wakes_its_watch(am, history, tmp_
             if watch.poll() is None:
                 watch.kill()
                 watch.communicate()
+
+
+# ---------------------------------------------------------------- issue 20, finding 9: what import must refuse
+
+
+def _a_message(am) -> tuple[str, dict]:
+    """The export's header line and a direct message record without attachments, to vary."""
+    lines = export(am).decode().splitlines()
+    return lines[0], json.loads(next(line for line in lines if '"type":"message"' in line and
+                                      '"kind":"direct"' in line and '"attachments":[]' in line))
+
+
+@pytest.fixture
+def fresh(backend, tmp_path):
+    """An empty mailbox on the backend under test, to import into."""
+    if backend == "sqlite":
+        yield str(tmp_path / "fresh.db")
+        return
+    schema = new_schema_name()
+    try:
+        yield pg_url(schema)
+    finally:
+        drop_schema(schema)
+
+
+def _import(am, fresh, tmp_path, lines: list[str]):
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with _using(fresh):
+        result = am("import", str(path))
+        assert am("status").json["count"] == 0  # a refused import changes nothing
+    return result
+
+
+def test_import_refuses_records_no_export_holds_naming_line_and_field(am, history, fresh, tmp_path):
+    header, message = _a_message(am)
+    broadcast = json.loads(next(line for line in export(am).decode().splitlines() if '"kind":"broadcast"' in line))
+    state = {"agent": "api:worker", "read_at": None, "acked_at": None, "archived_at": None, "deleted_at": None}
+    upper = "891279D2-FBBB-4ABC-9DEF-0123456789AB"
+    same = "77777777-7777-4777-8777-777777777777"
+
+    def one(n, **changes):
+        return json.dumps({**message, "id": f"{n}{n}{n}{n}{n}{n}{n}{n}-0000-4000-8000-000000000000", **changes})
+
+    bad = [header,
+           json.dumps({**message, "id": upper}),                                         # 2
+           one(1, created="2026-12-03T12:00:00"),                                      # 3: no offset
+           one(2, created="2026-07-01T10:00:00+00:00", read_at="2026-07-01T09:00:00+00:00"),  # 4
+           one(3, created="9999-12-31T23:59:59+00:00"),                                # 5
+           one(4, reply_to="44444444-0000-4000-8000-000000000000"),                    # 6: to itself
+           json.dumps({**broadcast, "id": "55555555-0000-4000-8000-000000000000",
+                       "broadcast_states": [state, {**state, "read_at": broadcast["created"]}]}),  # 7
+           json.dumps({**message, "id": same}),                                        # 8
+           json.dumps({**message, "id": same, "body": "something else"}),              # 9: same id, other content
+           one(6, reply_to=upper),                                                      # 10
+           json.dumps({**message, "id": same})]                                         # 11: the same again: fine
+    result = _import(am, fresh, tmp_path, bad)
+    assert result.code == 2, result.err
+    fields = [p["field"] for p in result.error["problems"]]
+    assert fields[:-1] == ["line 2: id", "line 3: created", "line 4: read_at", "line 5: created", "line 6: reply_to",
+                           "line 7: broadcast_states.agent", "line 9: id", "line 10: reply_to"], fields
+    said = {p["field"]: p["message"] for p in result.error["problems"]}
+    assert "lower case" in said["line 2: id"] and "offset" in said["line 3: created"]
+    assert "before created" in said["line 4: read_at"] and "itself" in said["line 6: reply_to"]
+    assert "line 8" in said["line 9: id"]
+
+
+@pytest.mark.parametrize("ttl", [-1, 10**30, 2**31, 1.5, True])
+def test_a_bad_ttl_hours_of_an_older_export_is_a_clear_problem(am, history, fresh, tmp_path, ttl):
+    header, message = _a_message(am)
+    result = _import(am, fresh, tmp_path, [header, json.dumps({**message, "ttl_hours": ttl})])
+    assert result.code == 2, result.err
+    assert [p["field"] for p in result.error["problems"]][0] == "line 2: ttl_hours"
+
+
+def test_a_deeply_nested_line_is_a_clear_problem(am, history, fresh, tmp_path):
+    header, message = _a_message(am)
+    result = _import(am, fresh, tmp_path, [header, json.dumps(message), "[" * 100_000 + "]" * 100_000])
+    assert result.code == 2, result.err
+    problem = result.error["problems"][0]
+    assert problem["field"] == "line 3" and "nested" in problem["message"], problem
+    assert "internal error" not in result.err
+
+
+def test_importing_an_mbox_export_says_it_is_one(am, history, fresh, tmp_path):
+    path = tmp_path / "team.mbox"
+    am("export", "--format", "mbox", "--output", str(path)).assert_ok()
+    with _using(fresh):
+        result = am("import", str(path))
+        assert result.code == 2 and am("status").json["count"] == 0
+    assert "import reads JSON Lines; this is an mbox file" in result.error["error"], result.error
+    assert len(result.error["problems"]) == 1
+
+
+def test_a_reply_to_a_message_gone_from_the_file_still_imports(am, history, fresh, tmp_path):
+    """A reply whose original was cleaned up, or left out by --agent or --since-days, is as the mailbox holds it:
+    the thread starts at the reply (as it does in the mailbox the file came from)."""
+    header, message = _a_message(am)
+    gone = json.dumps({**message, "id": "88888888-0000-4000-8000-000000000000",
+                       "reply_to": "99999999-0000-4000-8000-000000000000"}, ensure_ascii=False, separators=(",", ":"))
+    path = tmp_path / "partial.jsonl"
+    path.write_text(f"{header}\n{gone}\n")
+    with _using(fresh):
+        assert am("import", str(path)).json["added"]["messages"] == 1
+        assert export(am).decode() == path.read_text()
+
+
+# ---------------------------------------------------------------- issue 20, finding 10: no lifetime in an export
+
+
+def test_an_export_carries_no_lifetime_and_describe_documents_none(am, history, fresh, tmp_path):
+    records = [json.loads(line) for line in export(am).splitlines()[1:]]
+    assert all("ttl_hours" not in r for r in records)
+    assert "ttl" not in json.dumps(am("describe", "export").json)
+    assert "ttl" not in json.dumps(am("describe").json)
+
+
+def test_an_older_export_with_ttl_hours_still_imports_and_the_field_is_dropped(am, history, fresh, tmp_path):
+    lines = export(am).decode().splitlines()
+    older = [json.dumps({**r, "ttl_hours": 24}) if r.get("type") == "message" else json.dumps(r)
+             for r in map(json.loads, lines)]
+    path = tmp_path / "older.jsonl"
+    path.write_text("\n".join(older) + "\n")
+    with _using(fresh):
+        assert am("import", str(path)).json["added"]["messages"] == 7
+        assert export(am).decode().splitlines() == lines

@@ -397,18 +397,20 @@ class StoreContract:
         finally:
             other.close()
 
-    @exercises("restore_messages", "restore_blob", "restore_profile", "restore_event")
+    @exercises("restore_messages", "restore_blob", "restore_profile", "restore_event", "last_seq")
     def test_restoring_records(self, store):
         from agent_mail import search
 
         now = model.now_iso()
         content = b"blob"
         sha = hashlib.sha256(content).hexdigest()
-        record = {**_message(1, "*", type="broadcast", refs=["/tmp/r"]), "batch_id": None, "ttl_hours": 24,
+        record = {**_message(1, "*", type="broadcast", refs=["/tmp/r"]), "batch_id": None,
                   "deliver_at": None, "cancelled_at": None, "read_at": None, "acked_at": None, "archived_at": None,
                   "deleted_at": None, "attachments": [{"name": "b.txt", "size": 4, "sha256": sha}],
                   "broadcast_states": [{"agent": "b:y", "read_at": now, "acked_at": None, "archived_at": None,
                                         "deleted_at": None}], "schedule": None}
+        with store.transaction():
+            before = store.last_seq()
         with store.transaction(write=True):
             assert store.restore_blob(sha, content, now) and not store.restore_blob(sha, content, now)
             assert store.restore_messages([record, record]) == 1 and store.restore_messages([record]) == 0
@@ -419,7 +421,13 @@ class StoreContract:
             assert store.restore_event(event) and not store.restore_event(event)
         with store.transaction():
             stored = store.stored_messages(agent=None, since=None, now=model.now_iso(), after=-1, limit=10)
-            assert stored[0]["broadcast_states"] == record["broadcast_states"]
+            assert stored[0]["broadcast_states"] == record["broadcast_states"] and "ttl_hours" not in stored[0]
+            assert store.last_seq() == stored[-1]["seq"] > before
+            # what was stored after a point, by id
+            assert [r["id"] for r in store.stored_messages(agent=None, since=None, now=now, after=before, limit=5,
+                                                           ids=[record["id"], "nothing"])] == [record["id"]]
+            assert store.stored_messages(agent=None, since=None, now=now, after=stored[-1]["seq"], limit=5,
+                                         ids=[record["id"]]) == []
             assert stored[0]["attachments"] == record["attachments"]
             assert store.count_unread("b:y", model.now_iso()) == 0 and store.count_unread("c:z", model.now_iso()) == 1
             assert store.stored_profiles() == [profile] and store.stored_events()[0]["payload"] == {"k": 1}

@@ -11,8 +11,9 @@ empty mailbox and exporting again gives the same bytes, on either backend:
     {"type": "event", ...}      system-channel events (bounces), in stored order
 
 Both directions stream: a batch of rows at a time, so memory stays flat however large the mailbox.
-Import is one transaction (all or nothing), validates every record with the same rules as `send`,
-and skips what is already there by its id (importing the same file twice changes nothing).
+Import is one transaction (all or nothing), validates every record with the same rules as `send` (and
+refuses what no export holds: ids in upper case, times without an offset or out of their order, one id with two
+contents), and skips what is already there by its id (importing the same file twice changes nothing).
 """
 
 from __future__ import annotations
@@ -33,8 +34,15 @@ VERSION = 1
 BATCH = 500
 MAX_PROBLEMS = 50
 MESSAGE_KEYS = ("type", "id", "batch_id", "kind", "sender", "recipient", "subject", "body", "refs", "reply_to",
-                "ttl_hours", "created", "deliver_at", "cancelled_at", *_STATE, "schedule", "broadcast_states",
-                "attachments")
+                "created", "deliver_at", "cancelled_at", *_STATE, "schedule", "broadcast_states", "attachments")
+#: What exports of earlier builds also carried in each message: the seed lineage's inert per-message lifetime (spec
+#: 008: no record carries one). Such files still import; the value is checked (what its column could hold) and dropped.
+LEGACY_MESSAGE_KEY = "ttl_hours"
+LEGACY_TTL_MAX = 2**31 - 1
+#: The times a record may hold: none before this, none (but a schedule's) later than a day from now.
+EARLIEST = datetime.datetime(2000, 1, 1, tzinfo=datetime.timezone.utc)
+#: Processes sample the server's clock on connecting: a state may read a little before its message's creation.
+CLOCK_SLACK = datetime.timedelta(minutes=1)
 BLOB_KEYS = ("type", "sha256", "size", "created", "content_base64")
 PROFILE_KEYS = ("type", "agent", "human", "mirror_dir", "max_entries", "updated_at")
 EVENT_KEYS = ("type", "id", "agent", "source", "payload", "created", "dismissed_at")
@@ -116,9 +124,7 @@ def export_jsonl(store, out, agent: str | None, since: str | None) -> dict:
                                                 "created": blob["created"],
                                                 "content_base64": base64.b64encode(blob["content"]).decode()}))
                     counts["blobs"] += 1
-        out.write(_line(MESSAGE_KEYS, {
-            **row, "type": "message", "kind": row["type"], "refs": decode_refs(row["refs"]) if row["refs"] else None,
-            "schedule": schedule, "broadcast_states": states, "attachments": files}))
+        out.write(_line(MESSAGE_KEYS, _record(row, states, files, schedule)))
         counts["messages"] += 1
         progress.step()
     progress.end()
@@ -129,6 +135,12 @@ def export_jsonl(store, out, agent: str | None, since: str | None) -> dict:
         out.write(_line(EVENT_KEYS, record))
         counts["events"] += 1
     return counts
+
+
+def _record(row: dict, states: list, files: list, schedule) -> dict:
+    """A stored row as a message record."""
+    return {**row, "type": "message", "kind": row["type"], "refs": decode_refs(row["refs"]) if row["refs"] else None,
+            "schedule": schedule, "broadcast_states": states, "attachments": files}
 
 
 def address(identity: str) -> str:
@@ -276,25 +288,72 @@ def _write(store, raw, format: str, agent, since) -> dict:
 
 class _Problems:
     def __init__(self):
-        self.listed: list[tuple[str, str]] = []
+        self.found: list[tuple[int, str, str]] = []
         self.total = 0
 
     def add(self, line: int, field: str | None, message: str) -> None:
         self.total += 1
-        if len(self.listed) < MAX_PROBLEMS:
-            self.listed.append((f"line {line}" + (f": {field}" if field else ""), message))
+        if len(self.found) < MAX_PROBLEMS:
+            self.found.append((line, f"line {line}" + (f": {field}" if field else ""), message))
+
+    @property
+    def listed(self) -> list[tuple[str, str]]:
+        """In line order (an id seen twice is found when its batch is compared, after later lines)."""
+        return [(field, message) for _, field, message in sorted(self.found, key=lambda p: p[0])]
 
 
-def _stamp(value, field: str, problems, line: int, required: bool = False) -> None:
+def _stamp(value, field: str, problems, line: int, required: bool = False, *, after=None,
+           latest: datetime.datetime | None = None) -> datetime.datetime | None:
+    """The moment `value` names, or None (a problem added when it is not a time an export holds): an ISO 8601
+    time with its UTC offset, from 2000 on, not later than `latest` (a day from now unless given), and not
+    before `after` (a message's creation, give or take the slack of sampled clocks)."""
     if value is None:
         if required:
             problems.add(line, field, "is missing; give an ISO 8601 time such as 2026-12-01T09:30:00+00:00.")
-        return
-    if not isinstance(value, str) or model.parse_iso(value) is None:
-        problems.add(line, field, f"{value!r} is not an ISO 8601 time with its offset.")
+        return None
+    try:
+        moment = datetime.datetime.fromisoformat(value) if isinstance(value, str) else None
+    except ValueError:
+        moment = None
+    if moment is None:
+        problems.add(line, field, f"{value!r} is not an ISO 8601 time such as 2026-12-01T09:30:00+00:00.")
+        return None
+    if moment.tzinfo is None:
+        problems.add(line, field, f"{value!r} has no UTC offset (such as +00:00): it names no one moment. agent-mail "
+                                  "writes every time with its offset.")
+        return None
+    latest = latest or datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(days=1)
+    try:
+        if not EARLIEST <= moment <= latest:
+            problems.add(line, field, f"{value!r} is not a time an export holds (from 2000 to "
+                                      f"{latest.date().isoformat()}).")
+            return None
+        if after is not None and moment < after - CLOCK_SLACK:
+            problems.add(line, field, f"{value!r} is before created: nothing happens to a message before it exists.")
+    except OverflowError:  # an offset that takes it past year 1 or 9999
+        problems.add(line, field, f"{value!r} is not a time an export holds.")
+        return None
+    return moment
+
+
+def _id_problem(value) -> str | None:
+    """Why `value` is not an id as agent-mail writes them (a UUID in lower case), or None."""
+    if not isinstance(value, str) or model.message_id_problem(value) is not None:
+        return f"{value!r} is not an id (a UUID such as 9f1c2e34-5678-4abc-9def-0123456789ab)."
+    if value != value.lower():
+        # Refused, not lowered: lowering could make it another message's id, and the file would not be what the
+        # mailbox holds. As it is, nothing could ever name it (ids given to commands are read in lower case).
+        return (f"{value!r} is in upper case; agent-mail writes ids in lower case and finds them so (stored as "
+                "given, no command could ever name it). Lower-case it if it is meant to be that message.")
+    return None
 
 
 def _check_message(record: dict, known_blobs, problems, line: int) -> None:
+    if LEGACY_MESSAGE_KEY in record:  # an export written before lifetimes left the format
+        ttl = record.pop(LEGACY_MESSAGE_KEY)
+        if not isinstance(ttl, int) or isinstance(ttl, bool) or not 0 <= ttl <= LEGACY_TTL_MAX:
+            problems.add(line, LEGACY_MESSAGE_KEY, f"{ttl!r} is not what an older export holds here (a whole number "
+                                                   f"from 0 to {LEGACY_TTL_MAX}; it is dropped on import).")
     if set(record) != set(MESSAGE_KEYS):
         missing, extra = set(MESSAGE_KEYS) - set(record), set(record) - set(MESSAGE_KEYS)
         problems.add(line, None, f"a message record has exactly the keys {', '.join(MESSAGE_KEYS)}"
@@ -303,9 +362,11 @@ def _check_message(record: dict, known_blobs, problems, line: int) -> None:
         return
     for field in ("id", "batch_id", "reply_to"):
         value = record[field]
-        if (value is not None or field == "id") and not (isinstance(value, str) and
-                                                          model.message_id_problem(value) is None):
-            problems.add(line, field, f"{value!r} is not a message id (a UUID).")
+        problem = _id_problem(value) if value is not None or field == "id" else None
+        if problem:
+            problems.add(line, field, problem)
+    if record["reply_to"] is not None and record["reply_to"] == record["id"]:
+        problems.add(line, "reply_to", "is the message's own id: a message cannot answer itself.")
     if record["kind"] not in ("direct", "broadcast"):
         problems.add(line, "kind", f"{record['kind']!r} is neither 'direct' nor 'broadcast'.")
     for field, broadcast in (("sender", False), ("recipient", True)):
@@ -325,22 +386,25 @@ def _check_message(record: dict, known_blobs, problems, line: int) -> None:
     if refs is not None and not (isinstance(refs, list) and refs and
                                  all(isinstance(r, str) and os.path.isabs(r) for r in refs)):
         problems.add(line, "refs", "is null or a non-empty list of absolute paths (as send stores them).")
-    if not isinstance(record["ttl_hours"], int) or isinstance(record["ttl_hours"], bool):
-        problems.add(line, "ttl_hours", f"{record['ttl_hours']!r} is not a whole number.")
-    _stamp(record["created"], "created", problems, line, required=True)
-    for field in ("deliver_at", "cancelled_at", *_STATE):
-        _stamp(record[field], field, problems, line)
+    created = _stamp(record["created"], "created", problems, line, required=True)
+    # a delayed message falls due at most the longest delay after it was sent
+    due_by = created + datetime.timedelta(minutes=model.DELAY_MINUTES_MAX, seconds=1) if created else None
+    _stamp(record["deliver_at"], "deliver_at", problems, line, after=created, latest=due_by)
+    for field in ("cancelled_at", *_STATE):
+        _stamp(record[field], field, problems, line, after=created)
     schedule = record["schedule"]
     if schedule is not None:
         if not isinstance(schedule, dict) or set(schedule) != {"deliver_at", "published_at"}:
             problems.add(line, "schedule", "is null or {deliver_at, published_at}.")
         else:
-            _stamp(schedule["deliver_at"], "schedule.deliver_at", problems, line, required=True)
-            _stamp(schedule["published_at"], "schedule.published_at", problems, line)
+            _stamp(schedule["deliver_at"], "schedule.deliver_at", problems, line, required=True, after=created,
+                   latest=due_by)
+            _stamp(schedule["published_at"], "schedule.published_at", problems, line, after=created)
     states = record["broadcast_states"]
     if not isinstance(states, list) or (states and record["kind"] != "broadcast"):
         problems.add(line, "broadcast_states", "is a list, and empty unless kind is 'broadcast'.")
     else:
+        seen: set[str] = set()
         for state in states:
             if not isinstance(state, dict) or set(state) != {"agent", *_STATE}:
                 problems.add(line, "broadcast_states", "each is {agent, read_at, acked_at, archived_at, deleted_at}.")
@@ -348,8 +412,13 @@ def _check_message(record: dict, known_blobs, problems, line: int) -> None:
             problem = model.identity_problem(state["agent"]) if isinstance(state["agent"], str) else "is not text"
             if problem:
                 problems.add(line, "broadcast_states.agent", problem)
+            elif state["agent"] in seen:
+                problems.add(line, "broadcast_states.agent", f"{state['agent']} has two states; each recipient of a "
+                                                             "broadcast has one.")
+            else:
+                seen.add(state["agent"])
             for field in _STATE:
-                _stamp(state[field], f"broadcast_states.{field}", problems, line)
+                _stamp(state[field], f"broadcast_states.{field}", problems, line, after=created)
     files = record["attachments"]
     if not isinstance(files, list) or len(files) > model.ATTACHMENTS_MAX_COUNT:
         problems.add(line, "attachments", f"is a list of at most {model.ATTACHMENTS_MAX_COUNT}.")
@@ -411,8 +480,9 @@ def _check_event(record: dict, problems, line: int) -> None:
     if set(record) != set(EVENT_KEYS):
         problems.add(line, None, f"an event record has exactly the keys {', '.join(EVENT_KEYS)}.")
         return
-    if not (isinstance(record["id"], str) and model.message_id_problem(record["id"]) is None):
-        problems.add(line, "id", f"{record['id']!r} is not an id (a UUID).")
+    problem = _id_problem(record["id"])
+    if problem:
+        problems.add(line, "id", problem)
     problem = model.identity_problem(record["agent"]) if isinstance(record["agent"], str) else "is not text"
     if problem:
         problems.add(line, "agent", problem)
@@ -420,8 +490,8 @@ def _check_event(record: dict, problems, line: int) -> None:
         problems.add(line, "source", "is a non-empty text.")
     if not isinstance(record["payload"], dict):
         problems.add(line, "payload", "is a JSON object.")
-    _stamp(record["created"], "created", problems, line, required=True)
-    _stamp(record["dismissed_at"], "dismissed_at", problems, line)
+    created = _stamp(record["created"], "created", problems, line, required=True)
+    _stamp(record["dismissed_at"], "dismissed_at", problems, line, after=created)
 
 
 def import_file(store, path: str, dry_run: bool) -> dict:
@@ -444,12 +514,21 @@ def import_file(store, path: str, dry_run: bool) -> dict:
         with store.transaction(write=True):
             known: dict[str, int] = {}  # sha256 -> size, of blobs in the file so far or in the mailbox
             number = 0
-            pending: list[dict] = []  # checked messages, stored a batch at a time
+            pending: list[tuple[int, dict]] = []  # checked messages and their lines, stored a batch at a time
+            before = store.last_seq()  # messages stored after this one came from this file
             for number, raw in enumerate(source, start=1):
+                if number == 1 and raw.startswith(b"From "):
+                    raise errors.InvalidInput([("file", "import reads JSON Lines; this is an mbox file (export "
+                                                        "--format mbox, for mail clients). Import an export made "
+                                                        "with --format jsonl, the default; nothing was imported.")])
                 try:
                     record = json.loads(raw)
                 except (ValueError, UnicodeDecodeError) as exc:
                     problems.add(number, None, f"is not a JSON document ({str(exc)[:80]}).")
+                    continue
+                except RecursionError:
+                    problems.add(number, None, "is nested too deeply to be a record of an export (a record is an "
+                                               "object of values, lists and objects a few levels deep).")
                     continue
                 if number == 1:
                     if not (isinstance(record, dict) and record.get("agent_mail_export") == VERSION):
@@ -471,11 +550,12 @@ def import_file(store, path: str, dry_run: bool) -> dict:
                             size = store.blob_size(sha)
                             if size is not None:
                                 known[sha] = size
+                    so_far = problems.total
                     _check_message(record, known, problems, number)
-                    if not problems.total:
-                        pending.append(record)
+                    if problems.total == so_far:  # compared with the others even when an earlier line was bad
+                        pending.append((number, record))
                         if len(pending) >= BATCH:
-                            _store_batch(store, pending, added, present)
+                            _store_batch(store, pending, added, present, problems, before)
                             progress.step(len(pending))
                             pending.clear()
                 elif kind == "profile":
@@ -492,8 +572,8 @@ def import_file(store, path: str, dry_run: bool) -> dict:
                     problems.add(number, "type", f"{kind!r} is not a record type (blob, message, profile, event).")
             if number == 0:
                 problems.add(1, None, "the file is empty; an export starts with {\"agent_mail_export\": 1}.")
-            if pending and not problems.total:
-                _store_batch(store, pending, added, present)
+            if pending:
+                _store_batch(store, pending, added, present, problems, before)
             if problems.total:
                 raise errors.InvalidInput(problems.listed + ([(None, f"... and {problems.total - len(problems.listed)}"
                                                                      " more problems")]
@@ -515,9 +595,35 @@ class _DryRun(Exception):
     """Raised inside the import's transaction to roll it back after counting what would change."""
 
 
-def _store_batch(store, records: list[dict], added: dict, present: dict) -> None:
+def _store_batch(store, records: list[tuple[int, dict]], added: dict, present: dict, problems, before: int) -> None:
     """Store checked message records, in file order (a statement per table: one round trip each on
-    PostgreSQL); those whose id the mailbox has (or that came earlier in the file) are left out."""
-    new = store.restore_messages([{**record, "type": record["kind"]} for record in records])
+    PostgreSQL); those whose id the mailbox has (or that came earlier in the file) are left out. An id that came
+    earlier in the file with other content is a problem: which of the two is the message? Once there is a
+    problem, nothing more is stored (the import will be refused), but records are still compared."""
+    earlier: dict[str, tuple[int | None, dict]] = {}
+    ids = list({record["id"] for _, record in records})
+    for start in range(0, len(ids), BATCH):
+        for row in store.stored_messages(agent=None, since=None, now=model.now_iso(), after=before, limit=BATCH,
+                                         ids=ids[start:start + BATCH]):
+            row.pop("seq")
+            earlier[row["id"]] = (None, _record(row, row.pop("broadcast_states"), row.pop("attachments"),
+                                                row.pop("schedule")))
+    for number, record in records:
+        if record["id"] not in earlier:
+            earlier[record["id"]] = (number, record)
+        elif _same(earlier[record["id"]][1], record) is False:
+            first = earlier[record["id"]][0]
+            problems.add(number, "id", f"{record['id']} came earlier in the file"
+                         + (f" (line {first})" if first else "") + " with other content: one id is one message.")
+    if problems.total:
+        return
+    new = store.restore_messages([{**record, "type": record["kind"]} for _, record in records])
     added["messages"] += new
     present["messages"] += len(records) - new
+
+
+def _same(one: dict, other: dict) -> bool:
+    """Whether two message records are the same (broadcast states in any order)."""
+    def key(record):
+        return {**record, "broadcast_states": sorted(record["broadcast_states"], key=lambda s: s["agent"])}
+    return key(one) == key(other)

@@ -67,12 +67,16 @@ EXPORT_FORMAT = {  # the JSON Lines export, version 1 (agent_mail.history writes
     "blob": "{type: 'blob', sha256, size, created, content_base64}: an attachment's content, once, before the "
     "first message that uses it.",
     "message": "{type: 'message', id, batch_id, kind ('direct' | 'broadcast'), sender, recipient ('*' for a "
-    "broadcast), subject, body, refs (list or null), reply_to, ttl_hours, created, deliver_at, cancelled_at, "
+    "broadcast), subject, body, refs (list or null), reply_to, created, deliver_at, cancelled_at, "
     "read_at, acked_at, archived_at, deleted_at (the recipient's state, on a direct row), schedule ({deliver_at, "
     "published_at} or null), broadcast_states ([{agent, read_at, acked_at, archived_at, deleted_at}], each "
     "recipient's state of a broadcast), attachments ([{name, size, sha256}])}: one stored row, in stored order.",
     "profile": "{type: 'profile', agent, human, mirror_dir, max_entries, updated_at}.",
     "event": "{type: 'event', id, agent, source ('email.bounce'), payload, created, dismissed_at}.",
+    "values": "Ids are UUIDs in lower case, one record each (the same id twice holds the same record). Times are "
+    "ISO 8601 with their UTC offset, from 2000 to a day from now (deliver_at: at most 30 days after created), and "
+    "no state or event of a message comes before its created. reply_to names another message (one the file or "
+    "mailbox may no longer hold: cleanup and --agent/--since-days leave replies whose original is not there).",
 }
 
 register(Command(
@@ -128,6 +132,9 @@ register(Command(
     },
     notes=("A bad file is a JSON error listing each bad line (up to 50) and what is wrong with it; nothing is "
            "imported. Watches waiting for imported unread mail are woken.",
+           "Reads JSON Lines only (describe export documents every record); an mbox export is refused as one. "
+           "Exports written by earlier versions still import: a field the format has since dropped is checked "
+           "and left out.",
            "This is also how a mailbox moves between backends record by record; `copy` moves a whole mailbox in "
            "one step."),
     examples=("import team.jsonl --dry-run", "import team.jsonl", "import -"),

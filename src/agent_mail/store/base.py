@@ -117,13 +117,18 @@ class WholeMailbox:
         raise NotImplementedError
 
     def stored_messages(self, *, agent: str | None, since: str | None, now: str, after: int,
-                        limit: int) -> list[dict]:
+                        limit: int, ids: list[str] | None = None) -> list[dict]:
         """The next `limit` stored rows after seq `after`, in insertion order: those `agent` may see (all, if
-        None) that arrived since `since`. Each {seq, id, batch_id, type, sender, recipient, subject, body, refs
-        (as stored: JSON text or None), reply_to, ttl_hours, created, deliver_at, cancelled_at, read_at,
-        acked_at, archived_at, deleted_at, broadcast_states: [{agent, read_at, acked_at, archived_at,
-        deleted_at}] (every identity's), attachments: [{name, size, sha256}], schedule: {deliver_at,
-        published_at} or None}."""
+        None) that arrived since `since` (and have one of `ids`, when given). Each {seq, id, batch_id, type,
+        sender, recipient, subject, body, refs (as stored: JSON text or None), reply_to, created, deliver_at,
+        cancelled_at, read_at, acked_at, archived_at, deleted_at, broadcast_states: [{agent, read_at, acked_at,
+        archived_at, deleted_at}] (every identity's), attachments: [{name, size, sha256}], schedule:
+        {deliver_at, published_at} or None}. Never the seed lineage's inert ttl_hours."""
+        raise NotImplementedError
+
+    def last_seq(self) -> int:
+        """The insertion number of the newest stored message (0 if there is none): what is stored after
+        this has higher ones."""
         raise NotImplementedError
 
     def attachment_blob(self, sha256: str) -> dict | None:
@@ -145,8 +150,9 @@ class WholeMailbox:
 
     def restore_messages(self, messages: list[dict]) -> int:
         """Store rows shaped as stored_messages gives them (refs a list or None; no seq), with their
-        attachments, broadcast states and schedule, indexed for search; those whose id is there (or came
-        earlier in `messages`) are skipped. Their recipients are woken on commit. How many were added."""
+        attachments, broadcast states and schedule, indexed for search (the inert ttl_hours column takes its
+        default); those whose id is there (or came earlier in `messages`) are skipped. Their recipients are
+        woken on commit. How many were added."""
         raise NotImplementedError
 
     def restore_blob(self, sha256: str, content: bytes, created: str) -> bool:

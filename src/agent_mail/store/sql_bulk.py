@@ -75,26 +75,36 @@ def count_stored(store, *, agent: str | None, since: str | None, now: str) -> in
     return store._value(f"SELECT COUNT(*) FROM messages m WHERE {where}", params)
 
 
-_STORED = ("seq", "id", "batch_id", "type", "sender", "recipient", "subject", "body", "refs", "reply_to", "ttl_hours",
-           "created", "deliver_at", "cancelled_at", *_STATE)
+# (not the seed lineage's inert ttl_hours: it stays in the mailbox, and no record carries a lifetime)
+_STORED = ("seq", "id", "batch_id", "type", "sender", "recipient", "subject", "body", "refs", "reply_to", "created",
+           "deliver_at", "cancelled_at", *_STATE)
 
 
-def stored_messages(store, *, agent: str | None, since: str | None, now: str, after: int, limit: int) -> list[dict]:
+def last_seq(store) -> int:
+    return store._value(f"SELECT COALESCE(MAX({store.SEQ}), 0) FROM messages")
+
+
+def stored_messages(store, *, agent: str | None, since: str | None, now: str, after: int, limit: int,
+                    ids: list[str] | None = None) -> list[dict]:
     where, params = _scope(store, agent, since, now)
+    if ids is not None:
+        marks, named = ids_clause(ids)
+        where += f" AND m.id IN ({marks})"
+        params.update(named)
     seq = store.SEQ
     rows = [dict(zip(_STORED, r, strict=True)) for r in store._x(
         f"SELECT m.{seq}, {', '.join('m.' + c for c in _STORED[1:])} FROM messages m WHERE {where} "
         f"AND m.{seq} > :after ORDER BY m.{seq} LIMIT {int(limit)}", {**params, "after": after}).fetchall()]
     if not rows:
         return rows
-    marks, ids = ids_clause([r["id"] for r in rows])
+    marks, found = ids_clause([r["id"] for r in rows])
     states: dict[str, list[dict]] = {}
     for r in store._x(f"SELECT message_id, agent, {', '.join(_STATE)} FROM broadcast_acks WHERE message_id IN "
-                      f"({marks}) ORDER BY message_id, agent", ids):
+                      f"({marks}) ORDER BY message_id, agent", found):
         states.setdefault(r[0], []).append(dict(zip(("agent", *_STATE), r[1:], strict=True)))
     files = store.attachments_of([r["id"] for r in rows])
     schedules = {r[0]: {"deliver_at": r[1], "published_at": r[2]} for r in store._x(
-        f"SELECT message_id, deliver_at, published_at FROM scheduled WHERE message_id IN ({marks})", ids)}
+        f"SELECT message_id, deliver_at, published_at FROM scheduled WHERE message_id IN ({marks})", found)}
     for row in rows:
         row["broadcast_states"] = states.get(row["id"], [])
         row["attachments"] = files.get(row["id"], [])
@@ -156,6 +166,10 @@ def restore_event(store, event: dict) -> bool:
                                         event["created"], event["dismissed_at"])).rowcount)
 
 
+# Every column a record fills: the inert ttl_hours takes its default.
+_RESTORED = tuple(c for c in schema.MESSAGE_COLUMNS if c != "ttl_hours")
+
+
 def restore_messages(store, messages: list[dict]) -> int:
     from agent_mail import index
 
@@ -168,7 +182,7 @@ def restore_messages(store, messages: list[dict]) -> int:
             fresh.append(message)
     if not fresh:
         return 0
-    columns = schema.MESSAGE_COLUMNS
+    columns = _RESTORED
     search_column, search_value = store._SEARCH_COLUMN
     rows, entries = [], {}
     for message in fresh:
