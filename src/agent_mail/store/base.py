@@ -1,7 +1,8 @@
 """The storage interface every backend implements, and the contracts each keeps.
 
 Every other module (the operations, history, copy, the dashboard's reads) speaks only to this interface;
-SQLite and PostgreSQL implement it through the shared SQL of store/sql.py and its siblings. Methods work on plain dicts and must be called inside `transaction()`.
+SQLite and PostgreSQL implement it through the shared SQL of store/sql.py and its siblings. Methods work on
+plain dicts and must be called inside `transaction()`.
 
 Contracts (tests/test_store_contract.py proves them on every backend):
 - Writers are serialised: a `transaction(write=True)` holds the mailbox's one write lock from its
