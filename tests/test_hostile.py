@@ -315,6 +315,32 @@ def test_doctor_finds_the_damage_and_repair_saves_every_readable_message(am, mai
     am("send", "--from", "a:x", "--to", "b:y", "--subject", "after repair").assert_ok()
 
 
+def test_repair_of_a_mailbox_cut_short_saves_what_remains_and_counts_what_was_lost(am, mailbox_path):
+    """A 1,500-message mailbox cut at 300,000, 600,000 and 900,000 bytes (`head -c`): SQLite refuses the whole
+    file (its header counts pages that are gone), yet the pages before the cut still hold mail."""
+    for i in range(1500):
+        am("send", "--from", f"p:s{i % 7}", "--to", f"p:r{i % 11}", "--subject", f"m{i}",
+           "--body", "b" * 400).assert_ok()
+    db = sqlite3.connect(mailbox_path)
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    db.close()
+    whole = mailbox_path.read_bytes()
+    for cut in (300_000, 600_000, 900_000):
+        mailbox_path.write_bytes(whole[:cut])
+        check = am("doctor").json
+        assert check["ok"] is False and any("cut short" in finding for finding in check["integrity"]), check
+        report = am("doctor", "--repair").json["repair"]
+        assert report["complete"] is False and report["damaged_file"] == {
+            "size_bytes": cut, "size_in_header_bytes": len(whole), "cut_short": True}, report
+        saved, lost = report["saved"]["messages"], report["lost"]["messages"]
+        assert saved > 0 and lost["more_unknown"] is True, report
+        assert saved + lost["rows_estimated"] <= 1500 <= saved + lost["rows_estimated"] + 50, report
+        assert report["unsaved_count"] > 0 and "lost" in report["summary"], report
+        assert am("read", "p:r0", "--all", "--limit", "10000", "--no-mark-read").json["count"] > 0
+        assert am("status").json["count"] > 0
+        assert am("doctor").json["ok"] is True
+
+
 def test_doctor_on_a_healthy_mailbox_lifts_a_stale_marker(am, send, mailbox_path):
     send("a:x", "b:y", "fine")
     (mailbox_path.parent / "mail.db.damaged").write_text('{"error": "found earlier"}')

@@ -210,8 +210,12 @@ register(Command(
         "counts": "Rows per table, as far as they could be counted ({table: n or null}).",
         "damage_marker": "The record left when a command met damage ({path, found_at, command, error}), or null.",
         "temporary_files": "Leftover files of killed mailbox creations beside the mailbox.",
-        "repair": "With --repair: {saved: {table: n}, unsaved: [{table, rowid, id, reason}], unsaved_count, "
-        "damaged_copy, mailbox}. Without: null.",
+        "repair": "With --repair: {complete, summary, saved: {table: n}, lost: {table: {rows_estimated, "
+        "more_unknown}} (null when the damaged file's list of tables is lost, so what it held cannot be told), "
+        "unsaved: [{table, rowid, id, reason} or {table, after_rowid, up_to_rowid, ids, reason}], unsaved_count, "
+        "altered, altered_count, damaged_file: {size_bytes, size_in_header_bytes, cut_short}, damaged_copy, mailbox}. "
+        "complete is true only when every row the damaged file held was saved; a file cut short is read as far as "
+        "it goes and its lost rows are estimated from the rowids its surviving pages name. Without: null.",
         "next": "What to do about what was found, as literal commands.",
     },
     modes={"--repair": "Only when the mailbox is damaged; a healthy mailbox is left as it is (repair is null)."},
