@@ -447,6 +447,22 @@ def test_a_removed_mirror_directory_is_never_recreated(am, tmp_path):
     assert "no longer exists" in am("profile", "p:n").json["mirror_problem"]
 
 
+def test_a_profile_that_failed_to_commit_leaves_nothing_in_the_mirror_directory(am, send, tmp_path, monkeypatch):
+    """A full disk at COMMIT: `profile --mirror-dir` exits 1, "nothing was changed", and so it is: not even the
+    .notification folder its render made is left (it held only files the rollback took back)."""
+    send("a:x", "c:d", "unread", "--body", "waiting")
+    send("c:d", "c:d", "a bounce-free note")
+    mirror = tmp_path / "m"
+    mirror.mkdir()
+    connect = sqlite_store.SQLiteStore._connect
+    with monkeypatch.context() as patch:
+        patch.setattr(sqlite_store.SQLiteStore, "_connect", lambda self: _FailingCommit(connect(self)))
+        result = _run_inprocess("profile", "c:d", "--mirror-dir", str(mirror))
+    assert result.code == 1 and "nothing was changed" in json.loads(result.err)["error"], result
+    assert os.listdir(mirror) == []
+    assert am("profile", "c:d").json["mirror_dir"] is None
+
+
 def test_a_planted_notification_link_is_never_followed(am, tmp_path):
     mirror, elsewhere = tmp_path / "mirror", tmp_path / "elsewhere"
     mirror.mkdir()
