@@ -528,6 +528,23 @@ def test_files_of_killed_mailbox_creations_are_swept_safely(am, send, mailbox_pa
     assert am("doctor").json["temporary_files"] == []
 
 
+def test_doctor_names_the_step_that_removes_leftover_files_and_that_step_removes_them(am, send, mailbox_path):
+    send("a:x", "b:y", "exists")
+    directory = mailbox_path.parent
+    stale = [f".mail.db.am-{_dead_pid()}-0badf00d.new", f".mail.db.am-{_dead_pid()}-0badf00d.new-wal"]
+    for name in stale:
+        (directory / name).write_bytes(b"x")
+        os.utime(directory / name, (time.time() - 3600, time.time() - 3600))
+    found = am("doctor").json
+    assert sorted(found["temporary_files"]) == sorted(stale) and found["ok"] is True
+    assert found["next"] == ["agent-mail doctor --repair"], found
+    fixed = am("doctor", "--repair").json
+    assert sorted(fixed["temporary_files_removed"]) == sorted(stale) and fixed["temporary_files"] == []
+    assert fixed["repair"] is None and fixed["next"] == []  # the healthy mailbox itself was left as it is
+    assert not any((directory / name).exists() for name in stale)
+    assert am("read", "b:y").json["count"] == 1
+
+
 def test_kill_9_during_mailbox_creation_leaves_nothing_that_is_not_swept(tmp_path):
     rng = random.Random(15)
     for attempt in range(6):

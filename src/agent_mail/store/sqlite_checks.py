@@ -122,7 +122,8 @@ def _uri_path(path: str) -> str:
 
 
 def doctor(path: str, repair: bool, emit) -> dict:
-    """Check the mailbox at `path` (and with `repair`, rebuild it if damaged); emit and return the report."""
+    """Check the mailbox at `path` (and with `repair`, rebuild it if damaged and remove what killed processes
+    left beside it); emit and return the report."""
     import stat
 
     try:
@@ -132,23 +133,29 @@ def doctor(path: str, repair: bool, emit) -> dict:
     if info is not None and not stat.S_ISREG(info.st_mode):
         raise errors.StorageError(sqlite_store.not_a_file(path, info.st_mode))
     marker = sqlite_store.read_damage_record(path)
+    # Files of mailbox creations whose process is gone: never the mailbox, safe to remove whatever its state.
+    removed = sqlite_schema.sweep_creation_leftovers(path) if repair else []
     leftovers = sqlite_schema.creation_leftovers(path)
     if info is None:
         report = doctor_report(path, ok=marker is None, integrity=[], schema=None, counts={}, marker=marker,
-                         leftovers=leftovers)
-        report["next"] = [] if marker is None else [spec.Step("doctor", repair=True)]
+                               leftovers=leftovers)
+        report["temporary_files_removed"] = removed
+        report["next"] = [] if marker is None and not leftovers else [spec.Step("doctor", repair=True)]
         emit(report)
         return report
     findings, schema, counts = _check(path)
     healthy = not findings
     ok = healthy and schema is not None and schema["complete"]
     report = doctor_report(path, ok=ok, integrity=findings, schema=schema, counts=counts, marker=marker,
-                     leftovers=leftovers)
+                           leftovers=leftovers)
+    report["temporary_files_removed"] = removed
     if repair and not healthy:
         report["repair"] = _repair(path)
         report["next"] = [spec.Step("doctor")]
     elif healthy:
         report["next"] = [] if ok or schema is None else [spec.Step("status")]  # any command applies migrations
+        if leftovers:
+            report["next"].append(spec.Step("doctor", repair=True))
     else:
         report["next"] = [spec.Step("doctor", repair=True)]
     emit(report)
