@@ -315,6 +315,32 @@ def test_doctor_finds_the_damage_and_repair_saves_every_readable_message(am, mai
     am("send", "--from", "a:x", "--to", "b:y", "--subject", "after repair").assert_ok()
 
 
+def test_repair_of_a_mailbox_cut_short_saves_what_remains_and_counts_what_was_lost(am, mailbox_path):
+    """A 1,500-message mailbox cut at 300,000, 600,000 and 900,000 bytes (`head -c`): SQLite refuses the whole
+    file (its header counts pages that are gone), yet the pages before the cut still hold mail."""
+    for i in range(1500):
+        am("send", "--from", f"p:s{i % 7}", "--to", f"p:r{i % 11}", "--subject", f"m{i}",
+           "--body", "b" * 400).assert_ok()
+    db = sqlite3.connect(mailbox_path)
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    db.close()
+    whole = mailbox_path.read_bytes()
+    for cut in (300_000, 600_000, 900_000):
+        mailbox_path.write_bytes(whole[:cut])
+        check = am("doctor").json
+        assert check["ok"] is False and any("cut short" in finding for finding in check["integrity"]), check
+        report = am("doctor", "--repair").json["repair"]
+        assert report["complete"] is False and report["damaged_file"] == {
+            "size_bytes": cut, "size_in_header_bytes": len(whole), "cut_short": True}, report
+        saved, lost = report["saved"]["messages"], report["lost"]["messages"]
+        assert saved > 0 and lost["more_unknown"] is True, report
+        assert saved + lost["rows_estimated"] <= 1500 <= saved + lost["rows_estimated"] + 50, report
+        assert report["unsaved_count"] > 0 and "lost" in report["summary"], report
+        assert am("read", "p:r0", "--all", "--limit", "10000", "--no-mark-read").json["count"] > 0
+        assert am("status").json["count"] > 0
+        assert am("doctor").json["ok"] is True
+
+
 def test_doctor_on_a_healthy_mailbox_lifts_a_stale_marker(am, send, mailbox_path):
     send("a:x", "b:y", "fine")
     (mailbox_path.parent / "mail.db.damaged").write_text('{"error": "found earlier"}')
@@ -421,6 +447,22 @@ def test_a_removed_mirror_directory_is_never_recreated(am, tmp_path):
     assert "no longer exists" in am("profile", "p:n").json["mirror_problem"]
 
 
+def test_a_profile_that_failed_to_commit_leaves_nothing_in_the_mirror_directory(am, send, tmp_path, monkeypatch):
+    """A full disk at COMMIT: `profile --mirror-dir` exits 1, "nothing was changed", and so it is: not even the
+    .notification folder its render made is left (it held only files the rollback took back)."""
+    send("a:x", "c:d", "unread", "--body", "waiting")
+    send("c:d", "c:d", "a bounce-free note")
+    mirror = tmp_path / "m"
+    mirror.mkdir()
+    connect = sqlite_store.SQLiteStore._connect
+    with monkeypatch.context() as patch:
+        patch.setattr(sqlite_store.SQLiteStore, "_connect", lambda self: _FailingCommit(connect(self)))
+        result = _run_inprocess("profile", "c:d", "--mirror-dir", str(mirror))
+    assert result.code == 1 and "nothing was changed" in json.loads(result.err)["error"], result
+    assert os.listdir(mirror) == []
+    assert am("profile", "c:d").json["mirror_dir"] is None
+
+
 def test_a_planted_notification_link_is_never_followed(am, tmp_path):
     mirror, elsewhere = tmp_path / "mirror", tmp_path / "elsewhere"
     mirror.mkdir()
@@ -484,6 +526,23 @@ def test_files_of_killed_mailbox_creations_are_swept_safely(am, send, mailbox_pa
     assert not any((directory / name).exists() for name in stale)
     assert all((directory / name).exists() for name in kept) and fresh.exists()
     assert am("doctor").json["temporary_files"] == []
+
+
+def test_doctor_names_the_step_that_removes_leftover_files_and_that_step_removes_them(am, send, mailbox_path):
+    send("a:x", "b:y", "exists")
+    directory = mailbox_path.parent
+    stale = [f".mail.db.am-{_dead_pid()}-0badf00d.new", f".mail.db.am-{_dead_pid()}-0badf00d.new-wal"]
+    for name in stale:
+        (directory / name).write_bytes(b"x")
+        os.utime(directory / name, (time.time() - 3600, time.time() - 3600))
+    found = am("doctor").json
+    assert sorted(found["temporary_files"]) == sorted(stale) and found["ok"] is True
+    assert found["next"] == ["agent-mail doctor --repair"], found
+    fixed = am("doctor", "--repair").json
+    assert sorted(fixed["temporary_files_removed"]) == sorted(stale) and fixed["temporary_files"] == []
+    assert fixed["repair"] is None and fixed["next"] == []  # the healthy mailbox itself was left as it is
+    assert not any((directory / name).exists() for name in stale)
+    assert am("read", "b:y").json["count"] == 1
 
 
 def test_kill_9_during_mailbox_creation_leaves_nothing_that_is_not_swept(tmp_path):

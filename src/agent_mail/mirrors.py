@@ -24,6 +24,7 @@ class Mirrors:
         self._rendered: set[str] = set()  # agents whose files the current transaction rewrote
         # (directory, file name) -> its bytes before the current transaction first wrote it
         self._journal: dict[tuple[str, str], bytes | None] | None = None
+        self._new_folders: set[str] = set()  # mirror directories whose .notification this transaction may make
 
     @contextmanager
     def changing(self, write: bool = True):
@@ -35,26 +36,34 @@ class Mirrors:
         identities still mirrored are redrawn from the state that stands: a failed command
         leaves no file behind, not even in a mirror directory it failed to record.
         """
-        self._rendered, self._journal = set(), {}
+        self._rendered, self._journal, self._new_folders = set(), {}, set()
         try:
             with self.store.transaction(write=write):
                 yield
         except BaseException:
-            journal, rendered = self._journal, self._rendered
+            journal, rendered, new_folders = self._journal, self._rendered, self._new_folders
             self._journal = None
             if journal:
                 from agent_mail import notify
 
+                def put_back():
+                    for (directory, name), before in journal.items():
+                        notify.write_bytes(directory, name, before)
+                    for directory in new_folders:  # made by this transaction: gone with it (if left empty)
+                        notify.remove_empty_folder(directory)
+
+                put_back_done = False
                 try:
                     with self.store.transaction(write=True):
-                        for (directory, name), before in journal.items():
-                            notify.write_bytes(directory, name, before)
+                        put_back()
+                        put_back_done = True
                         self.render(rendered, system=True)
                 except errors.AgentMailError:
-                    pass
+                    if not put_back_done:  # the lock could not be had: the files go back all the same
+                        put_back()
             raise
         finally:
-            self._rendered, self._journal = set(), None
+            self._rendered, self._journal, self._new_folders = set(), None, set()
 
     def write(self, directory: str, name: str, document: dict | None) -> dict:
         """Write one notification file, remembering what it held in case the transaction rolls back."""
@@ -62,6 +71,8 @@ class Mirrors:
 
         if self._journal is not None and (directory, name) not in self._journal:
             self._journal[(directory, name)] = notify.read_document(directory, name)
+            if not notify.has_folder(directory):
+                self._new_folders.add(directory)
         return notify.write_document(directory, name, document)
 
     def render(self, agents, *, email: bool = True, system: bool = False, written: dict | None = None) -> list[dict]:

@@ -120,6 +120,31 @@ def _notification_dir(directory: str, create: bool) -> int | None:
         os.close(outer)
 
 
+def has_folder(directory: str) -> bool:
+    """Whether DIRECTORY/.notification exists (as anything: what is there is not ours to judge here)."""
+    try:
+        os.lstat(os.path.join(directory, NOTIFICATION_DIR))
+    except OSError:
+        return False
+    return True
+
+
+def remove_empty_folder(directory: str) -> None:
+    """Remove DIRECTORY/.notification if it is an empty directory; anything else stays as it is."""
+    from agent_mail import files
+
+    try:
+        outer = files.open_dir(directory)
+    except OSError:
+        return
+    try:
+        os.rmdir(NOTIFICATION_DIR, dir_fd=outer)  # fails on a file, a link, or a folder with anything in it
+    except OSError:
+        pass
+    finally:
+        os.close(outer)
+
+
 def _failure(directory: str, exc: OSError) -> str:
     problem = mirror_problem(directory)
     return problem or f"{exc.strerror or exc}"

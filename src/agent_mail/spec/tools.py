@@ -201,13 +201,14 @@ register(Command(
 
 register(Command(
     name="doctor",
-    summary="Check the mailbox: integrity of the file, schema, counts. With --repair, save every readable "
-    "record of a damaged mailbox into a fresh one, keep the damaged file aside, and report what could not be "
-    "saved.",
+    summary="Check the mailbox: integrity of the file, schema, counts, leftover temporary files. With --repair, "
+    "save every readable record of a damaged mailbox into a fresh one, keep the damaged file aside, and report "
+    "what could not be saved; and remove the leftover temporary files.",
     mutating=True,
     args=(
-        Arg("--repair", FLAG, "Rebuild the mailbox from what can still be read. Stop other agent-mail processes "
-            "first; their open handles keep the damaged file."),
+        Arg("--repair", FLAG, "Rebuild the mailbox from what can still be read, and remove the temporary files "
+            "killed processes left beside it. Stop other agent-mail processes first; their open handles keep the "
+            "damaged file."),
     ),
     output={
         "path": "The mailbox checked.",
@@ -216,12 +217,19 @@ register(Command(
         "schema": "{migrations_applied, migrations_expected, application_id_ok, missing_tables}.",
         "counts": "Rows per table, as far as they could be counted ({table: n or null}).",
         "damage_marker": "The record left when a command met damage ({path, found_at, command, error}), or null.",
-        "temporary_files": "Leftover files of killed mailbox creations beside the mailbox.",
-        "repair": "With --repair: {saved: {table: n}, unsaved: [{table, rowid, id, reason}], unsaved_count, "
-        "damaged_copy, mailbox}. Without: null.",
+        "temporary_files": "Leftover files of killed mailbox creations beside the mailbox (their process is gone); "
+        "doctor --repair removes them (so does cleanup).",
+        "temporary_files_removed": "With --repair: the leftover files it removed. Without: [].",
+        "repair": "With --repair: {complete, summary, saved: {table: n}, lost: {table: {rows_estimated, "
+        "more_unknown}} (null when the damaged file's list of tables is lost, so what it held cannot be told), "
+        "unsaved: [{table, rowid, id, reason} or {table, after_rowid, up_to_rowid, ids, reason}], unsaved_count, "
+        "altered, altered_count, damaged_file: {size_bytes, size_in_header_bytes, cut_short}, damaged_copy, mailbox}. "
+        "complete is true only when every row the damaged file held was saved; a file cut short is read as far as "
+        "it goes and its lost rows are estimated from the rowids its surviving pages name. Without: null.",
         "next": "What to do about what was found, as literal commands.",
     },
-    modes={"--repair": "Only when the mailbox is damaged; a healthy mailbox is left as it is (repair is null)."},
+    modes={"--repair": "Rebuilds only a damaged mailbox; a healthy one is left as it is (repair is null). Leftover "
+           "temporary files are removed either way."},
     notes=("A command that meets damage refuses to write anything more into the mailbox and leaves a marker beside "
            "it (NAME.damaged); every command but describe and doctor then refuses until doctor finds the file "
            "healthy or --repair has rebuilt it.",),

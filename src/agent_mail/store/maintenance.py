@@ -15,7 +15,8 @@ def doctor_report(path: str, *, ok: bool, integrity: list, schema: dict | None, 
                   leftovers: list[str]) -> dict:
     """What `doctor` reports of a mailbox, on every backend (`repair` and `next` filled in by the caller)."""
     return {"path": path, "ok": ok, "integrity": integrity, "schema": schema, "counts": counts,
-            "damage_marker": marker, "temporary_files": leftovers, "repair": None, "next": []}
+            "damage_marker": marker, "temporary_files": leftovers, "temporary_files_removed": [], "repair": None,
+            "next": []}
 
 
 def report(location: str, source: str, given: str | None) -> dict:

@@ -9,6 +9,10 @@ migrations, and row counts. The repair copies every row that can still be read, 
 table in rowid order, into a fresh mailbox; where a damaged page stops a scan, it finds the
 first rowid past the damage and carries on, and reports the rowids (and, from the id index
 where it survived, the message ids) it could not save. The damaged file is kept aside.
+
+A file cut short (its header counts pages that are gone) is read as far as it goes, and what it
+held is counted from the file itself: the size its header records, and the rowids its surviving
+b-tree pages name, so a repair never passes off what it could not read as nothing lost.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import os
 import sqlite3
 
 from agent_mail import errors, model, spec
-from agent_mail.store import schema, sqlite_schema
+from agent_mail.store import schema, sqlite_pages, sqlite_schema
 from agent_mail.store import sqlite as sqlite_store
 from agent_mail.store.maintenance import doctor_report
 
@@ -118,7 +122,8 @@ def _uri_path(path: str) -> str:
 
 
 def doctor(path: str, repair: bool, emit) -> dict:
-    """Check the mailbox at `path` (and with `repair`, rebuild it if damaged); emit and return the report."""
+    """Check the mailbox at `path` (and with `repair`, rebuild it if damaged and remove what killed processes
+    left beside it); emit and return the report."""
     import stat
 
     try:
@@ -128,23 +133,29 @@ def doctor(path: str, repair: bool, emit) -> dict:
     if info is not None and not stat.S_ISREG(info.st_mode):
         raise errors.StorageError(sqlite_store.not_a_file(path, info.st_mode))
     marker = sqlite_store.read_damage_record(path)
+    # Files of mailbox creations whose process is gone: never the mailbox, safe to remove whatever its state.
+    removed = sqlite_schema.sweep_creation_leftovers(path) if repair else []
     leftovers = sqlite_schema.creation_leftovers(path)
     if info is None:
         report = doctor_report(path, ok=marker is None, integrity=[], schema=None, counts={}, marker=marker,
-                         leftovers=leftovers)
-        report["next"] = [] if marker is None else [spec.Step("doctor", repair=True)]
+                               leftovers=leftovers)
+        report["temporary_files_removed"] = removed
+        report["next"] = [] if marker is None and not leftovers else [spec.Step("doctor", repair=True)]
         emit(report)
         return report
     findings, schema, counts = _check(path)
     healthy = not findings
     ok = healthy and schema is not None and schema["complete"]
     report = doctor_report(path, ok=ok, integrity=findings, schema=schema, counts=counts, marker=marker,
-                     leftovers=leftovers)
+                           leftovers=leftovers)
+    report["temporary_files_removed"] = removed
     if repair and not healthy:
         report["repair"] = _repair(path)
         report["next"] = [spec.Step("doctor")]
     elif healthy:
         report["next"] = [] if ok or schema is None else [spec.Step("status")]  # any command applies migrations
+        if leftovers:
+            report["next"].append(spec.Step("doctor", repair=True))
     else:
         report["next"] = [spec.Step("doctor", repair=True)]
     emit(report)
@@ -160,6 +171,9 @@ def doctor(path: str, repair: bool, emit) -> dict:
 def _connect(path: str) -> sqlite3.Connection:
     db = sqlite3.connect(os.fsencode(path), timeout=sqlite_store.BUSY_TIMEOUT_SECONDS, isolation_level=None)
     db.text_factory = bytes  # decode ourselves, so text that no longer decodes is found, not fatal
+    # SQLite refuses a whole file whose header counts more pages than it has (a copy cut short) unless
+    # writable_schema is on; then it reads the pages that remain. Nothing is written through this connection.
+    db.execute("PRAGMA writable_schema = ON")
     return db
 
 
@@ -179,10 +193,14 @@ def _text_columns(db: sqlite3.Connection, table: str) -> list[tuple[str, bool]]:
 
 def _check(path: str) -> tuple[list[str], dict | None, dict]:
     findings: list[str] = []
+    extent = sqlite_pages.extent(path)
+    if extent and extent["cut_short"]:
+        findings.append(f"the file is cut short: {extent['size_bytes']} bytes of the {extent['size_in_header_bytes']} "
+                        "its header records; what was past the cut is lost")
     try:
         db = _connect(path)
     except sqlite3.Error as exc:
-        return [f"cannot open: {exc}"], None, {}
+        return findings + [f"cannot open: {exc}"], None, {}
     try:
         try:
             check = db.execute(f"PRAGMA integrity_check({INTEGRITY_LIST_MAX})")
@@ -190,7 +208,7 @@ def _check(path: str) -> tuple[list[str], dict | None, dict]:
             if found != ["ok"]:
                 findings += found
         except sqlite3.Error as exc:
-            return [f"integrity_check failed: {exc}"], None, {}
+            return findings + [f"integrity_check failed: {exc}"], None, {}
         counts: dict = {}
         try:
             tables = _tables(db)
@@ -259,19 +277,20 @@ def _repair(path: str) -> dict:
         fresh = sqlite3.connect(os.fsencode(fresh_path), isolation_level=None)
         try:
             fresh.execute("BEGIN IMMEDIATE")
-            saved, unsaved, altered = {}, [], []
+            saved, unsaved, altered, walked = {}, [], [], {}
             try:
                 source_tables = set(_tables(damaged))
             except sqlite3.Error:
-                source_tables = set()
+                source_tables = None
             for table in _tables(fresh):
-                if table == schema.MIGRATIONS_TABLE or table not in source_tables:
+                if table == schema.MIGRATIONS_TABLE or table not in (source_tables or ()):
                     continue
-                saved[table] = _copy_table(damaged, fresh, table, unsaved, altered)
+                saved[table] = _copy_table(damaged, fresh, table, unsaved, altered, walked)
             if sqlite_schema.has_table(fresh, schema.SQLITE_SEARCH_TABLE):
                 sqlite_schema.index_missing(fresh)  # the search index of what was saved
             fresh.execute("COMMIT")
             check = [r[0] for r in fresh.execute("PRAGMA integrity_check")]
+            lost = _lost(unsaved, walked)
         finally:
             fresh.close()
         if check != ["ok"]:
@@ -295,25 +314,68 @@ def _repair(path: str) -> dict:
     except OSError:
         pass
     os.replace(fresh_path, path)
-    return {"saved": saved, "unsaved": unsaved[:INTEGRITY_LIST_MAX], "unsaved_count": len(unsaved),
-            "altered": altered[:INTEGRITY_LIST_MAX], "altered_count": len(altered), "damaged_copy": aside,
-            "mailbox": path}
+    extent = sqlite_pages.extent(aside)
+    complete = source_tables is not None and not unsaved and not (extent and extent["cut_short"])
+    return {"complete": complete, "summary": _summary(saved, lost, extent, source_tables is not None, aside),
+            "saved": saved, "lost": lost if source_tables is not None else None,
+            "unsaved": unsaved[:INTEGRITY_LIST_MAX], "unsaved_count": len(unsaved),
+            "altered": altered[:INTEGRITY_LIST_MAX], "altered_count": len(altered), "damaged_file": extent,
+            "damaged_copy": aside, "mailbox": path}
+
+
+def _lost(unsaved: list, walked: dict) -> dict:
+    """{table: {rows_estimated, more_unknown}} for each table that lost rows. A lost range's rows are counted
+    from its rowids (rowids are given in order, so a range holds about that many); a scan that never read again
+    is counted up to the highest rowid the surviving pages name, and what lay past that cannot be counted."""
+    lost: dict = {}
+    for entry in unsaved:
+        counted = lost.setdefault(entry["table"], {"rows_estimated": 0, "more_unknown": False})
+        if "rowid" in entry:
+            counted["rows_estimated"] += 1
+            continue
+        after = entry["after_rowid"] or 0
+        if entry["up_to_rowid"] is not None:
+            counted["rows_estimated"] += max(0, entry["up_to_rowid"] - after)
+            continue
+        counted["more_unknown"] = True
+        highest = walked[entry["table"]].highest
+        if highest is not None:
+            counted["rows_estimated"] += max(0, highest - after)
+    return lost
+
+
+def _summary(saved: dict, lost: dict, extent: dict | None, schema_read: bool, aside: str) -> str:
+    """One sentence a person can act on: what was saved, what was lost, where the damaged file is."""
+    if not schema_read:
+        return (f"nothing could be read: the damaged file's list of tables is lost, so what it held cannot be told "
+                f"and the mailbox is now empty. The damaged file is kept at {aside}; restore a backup if you have one.")
+    words = [f"saved {sum(saved.values())} rows ({saved.get('messages', 0)} messages)"]
+    for table, counted in lost.items():
+        more = "; more past the last readable page, which cannot be counted" if counted["more_unknown"] else ""
+        words.append(f"lost about {counted['rows_estimated']} rows of {table}{more}")
+    if extent and extent["cut_short"]:
+        words.append(f"the file was cut short ({extent['size_bytes']} of the {extent['size_in_header_bytes']} bytes "
+                     "its header records)")
+    if not lost and not (extent and extent["cut_short"]):
+        words.append("nothing was lost")
+    return "; ".join(words) + f". The damaged file is kept at {aside}."
 
 
 def _copy_table(damaged: sqlite3.Connection, fresh: sqlite3.Connection, table: str, unsaved: list,
-                altered: list) -> int:
-    """Copy every readable row of `table`; note what could not be read or stored. Returns how many were saved."""
+                altered: list, walked: dict) -> int:
+    """Copy every readable row of `table`; note what could not be read or stored. Returns how many were saved.
+    `walked` gets what the table's surviving pages say of its rowids, once a scan meets damage."""
     is_text = dict(_text_columns(damaged, table))
     have = {r[1] for r in fresh.execute(f'PRAGMA table_info("{table}")')}
     columns = [c for c in is_text if c in have]
     select = f'SELECT rowid, {", ".join(f"{chr(34)}{c}{chr(34)}" for c in columns)} FROM "{table}" ' \
-             "WHERE rowid > ? ORDER BY rowid"
+             "WHERE rowid >= ? ORDER BY rowid"
     marks = ", ".join("?" * (len(columns) + 1))
     insert = f'INSERT OR IGNORE INTO "{table}" (rowid, {", ".join(columns)}) VALUES ({marks})'
     saved, last = 0, _ROWID_MIN
-    while True:
+    while last < _ROWID_MAX:
         try:
-            for row in damaged.execute(select, (last,)):
+            for row in damaged.execute(select, (last + 1,)):
                 last = row[0]
                 values, changed = [row[0]], []
                 for column, value in zip(columns, row[1:], strict=True):
@@ -335,7 +397,9 @@ def _copy_table(damaged: sqlite3.Connection, fresh: sqlite3.Connection, table: s
                                     "reason": "text was not UTF-8; damaged bytes replaced by U+FFFD"})
             return saved
         except sqlite3.Error as exc:
-            resume = _next_readable(damaged, table, last)
+            if table not in walked:
+                walked[table] = _walk(damaged, table)
+            resume = _next_readable(damaged, table, last, walked[table].leaf_starts)
             lost = {"table": table, "after_rowid": last if last != _ROWID_MIN else None,
                     "up_to_rowid": resume, "reason": f"unreadable ({exc})"}
             ids = _ids_in_range(damaged, table, last, resume)
@@ -345,6 +409,7 @@ def _copy_table(damaged: sqlite3.Connection, fresh: sqlite3.Connection, table: s
             if resume is None:
                 return saved
             last = resume
+    return saved
 
 
 def _id_of(columns: list[str], values: list) -> object:
@@ -352,18 +417,36 @@ def _id_of(columns: list[str], values: list) -> object:
 
 
 def _readable_after(db: sqlite3.Connection, table: str, start: int) -> bool:
+    # `rowid >= start + 1`, not `rowid > start`: SQLite seeks to the key it is given, and `> start` seeks into
+    # the page that holds `start`, which may be the lost one just before a surviving page.
+    if start >= _ROWID_MAX:
+        return False
     try:
-        db.execute(f'SELECT rowid FROM "{table}" WHERE rowid > ? ORDER BY rowid LIMIT 1', (start,)).fetchall()
+        db.execute(f'SELECT rowid FROM "{table}" WHERE rowid >= ? ORDER BY rowid LIMIT 1', (start + 1,)).fetchall()
         return True
     except sqlite3.Error:
         return False
 
 
-def _next_readable(db: sqlite3.Connection, table: str, failed_after: int) -> int | None:
+def _walk(db: sqlite3.Connection, table: str) -> sqlite_pages.TableKeys:
+    """What the surviving pages of `table`'s b-tree in the damaged file say of its rowids."""
+    try:
+        root = db.execute("SELECT rootpage FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)).fetchone()
+        path = db.execute("PRAGMA database_list").fetchone()[2]
+    except sqlite3.Error:
+        return sqlite_pages.TableKeys()
+    if not root or not root[0] or not path:
+        return sqlite_pages.TableKeys()
+    return sqlite_pages.table_keys(path.decode() if isinstance(path, bytes) else path, root[0])
+
+
+def _next_readable(db: sqlite3.Connection, table: str, failed_after: int, leaf_starts: list[int]) -> int | None:
     """The smallest start past `failed_after` from which a scan of `table` reads again, or None.
 
     Probes forward with doubling steps until a scan works, then narrows the boundary, so the rows
-    given up are (about) those of the damaged pages only.
+    given up are (about) those of the damaged pages only. Readable pages need not follow each other
+    (a file cut short keeps pages of every part of the table), so the first surviving leaf past the
+    damage, found by walking the file's pages, is tried too, and the nearer of the two wins.
     """
     low, step = failed_after, 1
     high = None
@@ -373,14 +456,22 @@ def _next_readable(db: sqlite3.Connection, table: str, failed_after: int) -> int
             high = candidate
             break
         if candidate >= _ROWID_MAX:
-            return None
+            break
         low, step = candidate, step * 2
-    while high - low > 1:
-        middle = (low + high) // 2
-        if _readable_after(db, table, middle):
-            high = middle
-        else:
-            low = middle
+    if high is not None:
+        while high - low > 1:
+            middle = (low + high) // 2
+            if _readable_after(db, table, middle):
+                high = middle
+            else:
+                low = middle
+    from bisect import bisect_right
+
+    for start in leaf_starts[bisect_right(leaf_starts, failed_after + 1):]:
+        if high is not None and start - 1 >= high:
+            break
+        if _readable_after(db, table, start - 1):
+            return start - 1
     return high
 
 
@@ -388,9 +479,13 @@ def _ids_in_range(db: sqlite3.Connection, table: str, after: int, up_to: int | N
     """Message ids of lost rows, from the id index where it survived the damage."""
     if table != "messages":
         return []
-    try:
-        rows = db.execute("SELECT id FROM messages INDEXED BY sqlite_autoindex_messages_1 WHERE id IS NOT NULL "
-                          "AND rowid > ? AND rowid <= ?", (after, _ROWID_MAX if up_to is None else up_to)).fetchall()
+    rows = []
+    try:  # the index may be damaged too: keep what it gave before the damage
+        for row in db.execute("SELECT id FROM messages INDEXED BY sqlite_autoindex_messages_1 WHERE id IS NOT NULL "
+                              "AND rowid > ? AND rowid <= ?", (after, _ROWID_MAX if up_to is None else up_to)):
+            rows.append(row)
+            if len(rows) >= INTEGRITY_LIST_MAX:
+                break
     except sqlite3.Error:
-        return []
-    return [r[0].decode("utf-8", "replace") if isinstance(r[0], bytes) else r[0] for r in rows][:INTEGRITY_LIST_MAX]
+        pass
+    return [r[0].decode("utf-8", "replace") if isinstance(r[0], bytes) else r[0] for r in rows]
