@@ -138,6 +138,17 @@ def test_a_second_session_with_the_same_identity_is_warned_and_counted():
     assert json.loads(am_process("status", "--agent", AGENT).stdout)["agents"][0]["sessions"] == 1
 
 
+def test_a_hook_acts_only_for_its_own_identity():
+    """A hook given another --agent (a session id it does not own) cannot end that identity's session."""
+    assert context("SessionStart", "mine") is not None
+    done = hook("end", claude_input("SessionEnd", "mine"), agent="proj:intruder")
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(am_process("status", "--agent", AGENT).stdout)["agents"]
+    assert rows[0]["sessions"] == 1  # still live: only its own end hook ends it
+    assert hook("end", claude_input("SessionEnd", "mine")).returncode == 0
+    assert json.loads(am_process("status", "--agent", AGENT).stdout)["agents"][0]["sessions"] == 0
+
+
 def test_cleanup_sweeps_harness_sessions_last_seen_before_its_cutoff():
     context("SessionStart", session="old")
     assert json.loads(am_process("status", "--agent", AGENT).stdout)["agents"][0]["sessions"] == 1
