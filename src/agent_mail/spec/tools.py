@@ -315,7 +315,9 @@ register(Command(
     summary="Connect a harness to this mailbox in one step: its hooks (mail in the model's context, a stop held "
     "once for mail that arrived, and for Claude Code an idle session woken when mail arrives) and the agent-mail "
     "MCP server, already allowed. Merges into existing settings (nothing else touched), idempotent, atomic; --dry-run "
-    "shows the diff, --remove takes out only what it added. Records the identity and the mailbox resolved now.",
+    "shows the diff, --remove takes out only what it added. Records the identity and the mailbox resolved now, "
+    "after checking that the mailbox can be opened (it creates nothing there); for Claude Code the personal values "
+    "(interpreter, identity, mailbox) go in .claude/settings.local.json, not the .mcp.json a team commits.",
     args=(
         Arg("harness", TEXT, "The harness: claude-code (.mcp.json, .claude/settings.local.json), codex "
             "(.codex/config.toml, .codex/hooks.json) or gemini (.gemini/settings.json).", required=True,
@@ -332,7 +334,9 @@ register(Command(
         "dir": "The project directory.",
         "removed": "true with --remove.",
         "dry_run": "true when nothing was written.",
-        "files": "Per file: path, action (create, update, remove, unchanged) and diff (unified).",
+        "files": "Per file: path, action (create, update, remove, unchanged) and diff (unified). The last is "
+        "DIR/.agent-mail-db, which names the mailbox for any agent-mail command run in DIR or below; --remove takes "
+        "it out once no other harness set up there uses it, and removes a harness directory it left empty.",
         "wakes_idle_session": "Whether this harness's idle session is woken when mail arrives.",
         "notes": "What the harness now does, and what it does not.",
     },
