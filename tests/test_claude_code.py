@@ -135,11 +135,11 @@ def test_setup_is_idempotent_and_removable(project):
     servers = project / ".mcp.json"
     before = settings.read_bytes(), servers.read_bytes()
     again = json.loads(am_process("setup", "claude-code", "--agent", AGENT, "--dir", str(project)).stdout)
-    assert [f["action"] for f in again["files"]] == ["unchanged", "unchanged"]
+    assert [f["action"] for f in again["files"]] == ["unchanged", "unchanged", "unchanged"]
     assert (settings.read_bytes(), servers.read_bytes()) == before
     removed = json.loads(am_process("setup", "claude-code", "--agent", AGENT, "--dir", str(project),
                                     "--remove").stdout)
-    assert [f["action"] for f in removed["files"]] == ["remove", "remove"]
+    assert [f["action"] for f in removed["files"]] == ["remove", "remove", "remove"]
     assert not servers.exists() and not settings.exists()
 
 

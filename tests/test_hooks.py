@@ -138,6 +138,17 @@ def test_a_second_session_with_the_same_identity_is_warned_and_counted():
     assert json.loads(am_process("status", "--agent", AGENT).stdout)["agents"][0]["sessions"] == 1
 
 
+def test_a_hook_acts_only_for_its_own_identity():
+    """A hook given another --agent (a session id it does not own) cannot end that identity's session."""
+    assert context("SessionStart", "mine") is not None
+    done = hook("end", claude_input("SessionEnd", "mine"), agent="proj:intruder")
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(am_process("status", "--agent", AGENT).stdout)["agents"]
+    assert rows[0]["sessions"] == 1  # still live: only its own end hook ends it
+    assert hook("end", claude_input("SessionEnd", "mine")).returncode == 0
+    assert json.loads(am_process("status", "--agent", AGENT).stdout)["agents"][0]["sessions"] == 0
+
+
 def test_cleanup_sweeps_harness_sessions_last_seen_before_its_cutoff():
     context("SessionStart", session="old")
     assert json.loads(am_process("status", "--agent", AGENT).stdout)["agents"][0]["sessions"] == 1
@@ -282,7 +293,7 @@ def test_setup_merges_into_existing_settings_and_leaves_the_rest(tmp_path):
     assert done.returncode == 0, done.stderr
     merged = json.loads(settings.read_text())
     assert list(merged)[:4] == ["model", "env", "permissions", "hooks"]  # their order kept
-    assert merged["env"] == {"FOO": "1"} and merged["permissions"]["deny"] == ["Read(.env)"]
+    assert merged["env"]["FOO"] == "1" and merged["permissions"]["deny"] == ["Read(.env)"]
     assert merged["permissions"]["allow"] == ["Bash(ls)", "mcp__agent-mail"]
     assert merged["hooks"]["PostToolUse"][0] == mine["hooks"]["PostToolUse"][0]
     assert set(merged["hooks"]) == {"PostToolUse", "SessionStart", "UserPromptSubmit", "Stop", "SessionEnd"}
@@ -291,22 +302,29 @@ def test_setup_merges_into_existing_settings_and_leaves_the_rest(tmp_path):
     assert merged["enabledMcpjsonServers"] == ["agent-mail"]
     servers = json.loads((tmp_path / ".mcp.json").read_text())["mcpServers"]
     assert list(servers) == ["other", "agent-mail"]
-    assert servers["agent-mail"]["args"][-3:] == ["mcp", "--agent", AGENT]
     given = os.environ["AGENT_MAIL_DB"]
-    assert servers["agent-mail"]["env"]["AGENT_MAIL_DB"] == (given if "://" in given else os.path.realpath(given))
+    recorded = given if "://" in given else os.path.realpath(given)
+    # The file a team commits holds nothing personal: the interpreter, identity and mailbox are in the
+    # personal settings' env, which the session (and the server it starts) inherits.
+    assert servers["agent-mail"]["command"] == "sh" and "/" not in servers["agent-mail"]["args"][1].split(";")[-1]
+    assert "AGENT_MAIL_DB" not in json.dumps(servers) and AGENT not in json.dumps(servers)
+    assert merged["env"] == {"FOO": "1", "AGENT_MAIL_PYTHON": sys.executable, "AGENT_MAIL_AGENT": AGENT,
+                             "AGENT_MAIL_DB": recorded}
+    assert (tmp_path / ".agent-mail-db").read_text().splitlines()[-1] == recorded
     # Another identity replaces ours, not theirs; --remove takes out only ours.
     assert am_process("setup", "claude-code", "--agent", "proj:other", "--dir", str(tmp_path)).returncode == 0
     again = json.loads(settings.read_text())
-    assert "proj:coder" not in json.dumps(again) and json.dumps(again).count("proj:other") == 6
+    assert "proj:coder" not in json.dumps(again) and json.dumps(again).count("proj:other") == 7
     assert setup(tmp_path, "--remove").returncode == 0
     assert json.loads(settings.read_text()) == mine
     assert json.loads((tmp_path / ".mcp.json").read_text()) == {"mcpServers": {"other": {"command": "x"}}}
+    assert not (tmp_path / ".agent-mail-db").exists()
 
 
 def test_setup_dry_run_shows_the_diff_and_writes_nothing(tmp_path):
     done = setup(tmp_path, "--dry-run")
     result = json.loads(done.stdout)
-    assert result["dry_run"] is True and [f["action"] for f in result["files"]] == ["create", "create"]
+    assert result["dry_run"] is True and [f["action"] for f in result["files"]] == ["create", "create", "create"]
     assert "+    \"agent-mail\": {" in result["files"][0]["diff"]
     assert list(tmp_path.iterdir()) == []
 
@@ -430,7 +448,8 @@ def test_setup_codex_writes_its_toml_and_hooks_and_takes_out_only_its_own(tmp_pa
     config.write_text(original)
     done = am_process("setup", "codex", "--agent", AGENT, "--dir", str(tmp_path))
     result = json.loads(done.stdout)
-    assert [f["action"] for f in result["files"]] == ["update", "create"] and result["wakes_idle_session"] is False
+    assert [f["action"] for f in result["files"]] == ["update", "create", "create"]
+    assert result["wakes_idle_session"] is False
     assert any("cannot wake an idle session" in note for note in result["notes"])
     parsed = tomllib.loads(config.read_text())
     assert parsed["model"] == "o3" and parsed["mcp_servers"]["other"] == {"command": "x"}
@@ -439,7 +458,7 @@ def test_setup_codex_writes_its_toml_and_hooks_and_takes_out_only_its_own(tmp_pa
     assert set(hooks) == {"SessionStart", "UserPromptSubmit", "PostToolUse", "Stop"}
     assert " hook codex stop " in hooks["Stop"][0]["hooks"][0]["command"] + " "
     again = json.loads(am_process("setup", "codex", "--agent", AGENT, "--dir", str(tmp_path)).stdout)
-    assert [f["action"] for f in again["files"]] == ["unchanged", "unchanged"]
+    assert [f["action"] for f in again["files"]] == ["unchanged", "unchanged", "unchanged"]
     assert am_process("setup", "codex", "--agent", AGENT, "--dir", str(tmp_path), "--remove").returncode == 0
     assert config.read_text() == original and not (tmp_path / ".codex" / "hooks.json").exists()
     # A table of that name the user wrote is not overwritten; malformed TOML is refused. Nothing written.
@@ -465,3 +484,70 @@ def test_setup_gemini_writes_one_settings_file(tmp_path):
     assert merged["hooks"]["AfterAgent"][0]["hooks"][0]["name"] == "agent-mail-stop"
     assert am_process("setup", "gemini", "--agent", AGENT, "--dir", str(tmp_path), "--remove").returncode == 0
     assert json.loads(settings.read_text()) == {"theme": "Dracula", "mcpServers": {"other": {"command": "x"}}}
+
+
+@pytest.mark.parametrize("harness", ["claude-code", "codex", "gemini"])
+def test_setup_then_remove_in_an_empty_directory_leaves_it_empty(tmp_path, harness):
+    tmp_path = tmp_path / "project"  # beside the test's mailbox
+    tmp_path.mkdir()
+    done = am_process("setup", harness, "--agent", AGENT, "--dir", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    removed = json.loads(am_process("setup", harness, "--agent", AGENT, "--dir", str(tmp_path), "--remove").stdout)
+    assert {f["action"] for f in removed["files"]} == {"remove"}, removed["files"]
+    assert list(tmp_path.iterdir()) == []  # no empty file, no empty .claude/.codex/.gemini, no .agent-mail-db
+    # A directory that holds something else stays, and so does the project file another harness still uses.
+    (tmp_path / ".codex").mkdir()
+    (tmp_path / ".codex" / "notes").write_text("mine")
+    assert am_process("setup", "codex", "--agent", AGENT, "--dir", str(tmp_path)).returncode == 0
+    assert am_process("setup", "gemini", "--agent", AGENT, "--dir", str(tmp_path)).returncode == 0
+    assert am_process("setup", "codex", "--agent", AGENT, "--dir", str(tmp_path), "--remove").returncode == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".agent-mail-db", ".codex", ".gemini"]
+    assert [p.name for p in (tmp_path / ".codex").iterdir()] == ["notes"]
+    assert am_process("setup", "gemini", "--agent", AGENT, "--dir", str(tmp_path), "--remove").returncode == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".codex"]
+
+
+def test_setup_refuses_a_mailbox_that_cannot_be_opened_and_writes_nothing(tmp_path):
+    (tmp_path / "afile").write_text("a regular file where a directory would have to be")
+    project = tmp_path / "project"
+    project.mkdir()
+    env = process_env(AGENT_MAIL_DB=str(tmp_path / "afile" / "mail.db"))
+    done = am_process("setup", "claude-code", "--agent", AGENT, "--dir", str(project), env=env)
+    assert done.returncode == 2 and done.stdout == b""
+    error = json.loads(done.stderr)
+    assert error["problems"][0]["field"] == "AGENT_MAIL_DB" and "is a file, not a directory" in error["error"]
+    assert list(project.iterdir()) == []
+    # A mailbox not made yet is fine where it can be made, and setup does not make it.
+    fresh = tmp_path / "new" / "dir" / "mail.db"
+    done = am_process("setup", "codex", "--agent", AGENT, "--dir", str(project),
+                      env=process_env(AGENT_MAIL_DB=str(fresh)))
+    assert done.returncode == 0, done.stderr
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_plain_shell_in_the_project_finds_the_mailbox_setup_recorded(tmp_path):
+    recorded = tmp_path / "team" / "mail.db"
+    project = tmp_path / "project"
+    (project / "src" / "deep").mkdir(parents=True)
+    env = process_env(AGENT_MAIL_DB=str(recorded))
+    assert am_process("status", env=env).returncode == 0
+    assert am_process("setup", "claude-code", "--agent", AGENT, "--dir", str(project), env=env).returncode == 0
+    bare = {k: v for k, v in process_env().items() if k != "AGENT_MAIL_DB"}
+    bare["HOME"] = str(tmp_path / "home")  # the default mailbox, if it were used, is not the user's
+    sent = am_process("send", "--from", "boss:lead", "--to", AGENT, "--subject", "found by walking up",
+                      cwd=str(project / "src" / "deep"), env=bare)
+    assert sent.returncode == 0, sent.stderr
+    assert json.loads(am_process("read", AGENT, env=env).stdout)["messages"][0]["subject"] == "found by walking up"
+    storage = json.loads(am_process("describe", cwd=str(project / "src"), env=bare).stdout)["storage"]
+    assert storage["path"] == str(recorded) and storage["source"] == str(project / ".agent-mail-db")
+    # AGENT_MAIL_DB still wins; outside the project the default is used.
+    other = tmp_path / "other.db"
+    storage = json.loads(am_process("describe", cwd=str(project),
+                                    env={**bare, "AGENT_MAIL_DB": str(other)}).stdout)["storage"]
+    assert storage["path"] == str(other) and storage["source"] == "AGENT_MAIL_DB"
+    storage = json.loads(am_process("describe", cwd=str(tmp_path), env=bare).stdout)["storage"]
+    assert storage["source"] == "default" and not (tmp_path / "home").exists()
+    # A project file that names nothing is a clear error.
+    (project / ".agent-mail-db").write_text("# nothing\n")
+    refused = am_process("read", AGENT, cwd=str(project), env=bare)
+    assert refused.returncode == 2 and "names no mailbox" in json.loads(refused.stderr)["error"]

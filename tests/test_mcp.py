@@ -73,8 +73,8 @@ def test_tools_are_the_spec_commands_with_schemas_and_stay_small():
     assert "timeout_minutes" not in watch.input_schema["properties"]
     assert watch.input_schema["properties"]["wait_seconds"]["maximum"] == 600
 
-    # Without --agent, the identity is a required argument.
-    tools = session(body)
+    # A supervisor's server without --agent: the identity is a required argument.
+    tools = session(body, "--supervisor")
     assert "from" in next(t for t in tools if t.name == "send").input_schema["required"]
     assert "agent" in next(t for t in tools if t.name == "read").input_schema["required"]
 
@@ -108,7 +108,7 @@ def test_every_tool_answers_with_the_cli_document_and_next_steps_as_tool_calls(t
         seen["_private"] = private
         return seen
 
-    seen = session(body, "--agent", ME, cwd=str(tmp_path))
+    seen = session(body, "--agent", ME, "--supervisor", cwd=str(tmp_path))  # it sends as boss:lead too
     outcome, narrow = seen.pop("_narrow")
     assert seen.pop("_private") == ("ok", {"query": "do it", "results": [], "count": 0, "more": False, "next": []})
     assert outcome == "ok" and set(narrow["messages"][0]) == {"id", "subject"}
@@ -198,7 +198,8 @@ def test_the_server_says_what_to_install_when_the_sdk_is_missing():
 
 
 def test_the_server_ends_when_its_client_goes_away():
-    proc = subprocess.Popen([sys.executable, "-m", "agent_mail", "mcp"], env=process_env(), stdin=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "agent_mail", "mcp", "--agent", ME], env=process_env(),
+                            stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         proc.stdin.close()
@@ -254,3 +255,85 @@ def test_numbers_are_judged_as_numbers_and_raw_infinity_or_nan_is_refused():
     problems = json.loads(answer["result"]["content"][0]["text"])["problems"]
     assert problems == [{"field": "limit", "message": "must be a whole number, not inf."}]
     assert json.loads(am_process("read", ME).stdout)["count"] == 0
+
+
+def test_a_session_acts_only_as_its_own_identity_unless_started_for_a_supervisor():
+    other = "boss:lead"
+    theirs = json.loads(am_process("send", "--from", "x:y", "--to", other, "--subject", "for boss only").stdout)["id"]
+
+    async def body(client):
+        return [
+            await call(client, "send", **{"from": other}, to=[ME], subject="forged"),
+            await call(client, "read", agent=other),
+            await call(client, "ack", agent=other, ids=[theirs]),
+            await call(client, "watch", agent=other, wait_seconds=0),
+            await call(client, "dismiss", agent=other, ids=[theirs]),
+            await call(client, "cancel", sender=other, ids=[theirs]),
+            await call(client, "attachments", agent=other, id=theirs),
+            await call(client, "search", query="boss", agent=other),
+            await call(client, "heartbeat", agent=other),
+            await call(client, "read", agent=None),  # null is "not given": the session's own
+            await call(client, "send", **{"from": ME}, to=[other], subject="mine"),  # its own name, said aloud
+        ]
+
+    *refused, own_read, own_send = session(body, "--agent", ME)
+    for (outcome, document), field in zip(refused, ["from", "agent", "agent", "agent", "agent", "sender", "agent",
+                                                    "agent", "agent"], strict=True):
+        assert outcome == "error", document
+        assert [p["field"] for p in document["problems"]] == [field]
+        assert "acts as deploy:worker only" in document["error"] and "--supervisor" in document["error"]
+    assert own_read[0] == "ok" and own_read[1]["agent"] == ME and own_send[0] == "ok"
+    state = json.loads(am_process("read", other, "--no-mark-read").stdout)
+    assert [m["subject"] for m in state["messages"]] == ["for boss only", "mine"]  # untouched, still unread
+    assert json.loads(am_process("read", ME, "--no-mark-read").stdout)["count"] == 0  # nothing forged
+
+    # A supervisor's server may name any identity; setup never writes one.
+    async def supervise(client):
+        return await call(client, "read", agent=other, no_mark_read=True)
+
+    outcome, document = session(supervise, "--agent", "ops:human", "--supervisor")
+    assert outcome == "ok" and document["count"] == 2
+    # Neither an identity nor --supervisor: the server refuses to start, naming the argument.
+    env = {k: v for k, v in process_env().items() if k != "AGENT_MAIL_AGENT"}
+    proc = subprocess.run([sys.executable, "-m", "agent_mail", "mcp"], env=env, capture_output=True, text=True,
+                          timeout=30, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert json.loads(proc.stderr)["problems"][0]["field"] == "--agent"
+
+
+def test_a_send_may_name_only_files_inside_the_working_tree_or_a_listed_root(tmp_path):
+    project, shared, outside = tmp_path / "project", tmp_path / "shared", tmp_path / "outside"
+    for directory in (project, shared, outside):
+        directory.mkdir()
+    (project / "notes.txt").write_text("inside")
+    (shared / "spec.md").write_text("listed root")
+    (outside / "secret.txt").write_text("not yours")
+    (project / "link.txt").symlink_to(outside / "secret.txt")  # a link inside that leads outside
+    (project / "sub").mkdir()
+
+    async def body(client):
+        return [
+            await call(client, "send", to=["p:b"], subject="a", attach=["/etc/passwd"]),
+            await call(client, "send", to=["p:b"], subject="b", attach=["link.txt"]),
+            await call(client, "send", to=["p:b"], subject="c", ref=["../outside/secret.txt"]),
+            await call(client, "send", to=["p:b"], subject="d", refs=json.dumps([str(outside / "secret.txt")])),
+            await call(client, "send", to=["p:b"], subject="e", body_file=str(outside / "secret.txt")),
+            await call(client, "send", to=["p:b"], subject="f", body_file="-"),
+            await call(client, "send", to=["p:b"], subject="g", attach=[str(outside / "nothing-here")]),
+            await call(client, "send", to=["p:b"], subject="ok", attach=["notes.txt", str(shared / "spec.md")],
+                       ref=["sub"], body_file="notes.txt"),
+        ]
+
+    results = session(body, "--agent", ME, "--root", str(shared), cwd=str(project))
+    *refused, accepted = results
+    fields = ["attach", "attach", "ref", "refs", "body_file", "body_file", "attach"]
+    for (outcome, document), field in zip(refused, fields, strict=True):
+        assert outcome == "error", document
+        assert [p["field"] for p in document["problems"]] == [field], document
+    assert "outside the directories this session may read files from" in refused[0][1]["error"]
+    assert "does not exist" not in refused[6][1]["error"]  # what lies outside is not even looked at
+    assert "standard input" in refused[5][1]["error"]
+    assert accepted[0] == "ok", accepted
+    stored = json.loads(am_process("read", "p:b").stdout)["messages"]
+    assert [m["subject"] for m in stored] == ["ok"] and stored[0]["body"] == "inside"
+    assert sorted(stored[0]["attachments"][i]["name"] for i in range(2)) == ["notes.txt", "spec.md"]

@@ -2,13 +2,17 @@
 
 For a project directory DIR, the MCP server `agent-mail` (this interpreter running `agent_mail mcp
 --agent P:N`, with the mailbox it resolved in its environment) and the hooks (`agent_mail hook ...`):
-- Claude Code: DIR/.mcp.json (the server) and DIR/.claude/settings.local.json (personal, not committed:
+- Claude Code: DIR/.mcp.json (the server, nothing personal in it: teams commit it) and
+  DIR/.claude/settings.local.json (personal, not committed: the interpreter, identity and mailbox in `env`;
   context on SessionStart, UserPromptSubmit and PostToolUse; the stop guard and the asyncRewake waiter
   on Stop; end on SessionEnd; `mcp__agent-mail` allowed and the server enabled, so no prompt asks).
 - Codex: DIR/.codex/config.toml (the server, its tools approved, between two marker lines) and
   DIR/.codex/hooks.json (context on SessionStart, UserPromptSubmit, PostToolUse; the stop guard on Stop).
 - Gemini CLI: DIR/.gemini/settings.json (the server, trusted; context on SessionStart, BeforeAgent,
   AfterTool; the stop guard on AfterAgent; end on SessionEnd).
+
+All three: DIR/.agent-mail-db, the file by which any agent-mail command run in DIR or below finds the
+mailbox (agent_mail.location). Setup first checks that the mailbox can be opened (without creating it).
 
 Files are merged, not replaced: other keys, hooks and servers stay as they were, in their order. Our
 entries are recognised by their command (`agent_mail hook` / `agent_mail mcp`), so a second run changes
@@ -49,12 +53,38 @@ def _ours(command: object) -> bool:
 def _mailbox() -> str:
     """The mailbox the harness's commands should use: the resolved SQLite path, or the PostgreSQL URL with
     any password removed (settings files get committed and shared: the password belongs in ~/.pgpass or
-    PGPASSFILE, which libpq reads)."""
-    from agent_mail import service
+    PGPASSFILE, which libpq reads). Refused if it could not be opened: every hook would fail."""
+    from agent_mail import location as located
     from agent_mail.store import redact_url, scheme_of
 
-    location, _ = service.resolve_location()
+    location, _ = located.resolve_location()
+    problem = _mailbox_problem(location)
+    if problem:
+        raise errors.InvalidInput([(located.ENV_VAR, f"{problem} Every hook of the session would fail; fix it (or "
+                                                     f"point {located.ENV_VAR} at another mailbox) and run setup "
+                                                     "again. Nothing was written.")])
     return location if scheme_of(location) is None else redact_url(location)
+
+
+def _mailbox_problem(location: str) -> str | None:
+    """Why the mailbox at `location` could not be opened, or None; found without creating it (no file, no
+    directory, no PostgreSQL schema): describe's report of it, and for a file not made yet, whether the
+    nearest directory that exists above it is a directory this user can create it in."""
+    from agent_mail.store import backend_for, scheme_of
+
+    report = backend_for(location).report(location, "", location)
+    if report.get("problem"):
+        return f"the mailbox {report.get('url') or location} cannot be opened: {report['problem']}"
+    if scheme_of(location) is not None or report.get("exists"):
+        return None
+    above = os.path.dirname(location)
+    while not os.path.lexists(above) and os.path.dirname(above) != above:
+        above = os.path.dirname(above)
+    if not os.path.isdir(above):
+        return f"the mailbox {location} cannot be created: {above} is a file, not a directory."
+    if not os.access(above, os.W_OK | os.X_OK):
+        return f"the mailbox {location} cannot be created: {above} is not writable by this user."
+    return None
 
 
 def _load(path: str) -> tuple[dict | None, str | None]:
@@ -152,8 +182,25 @@ def _hooks_merged(document: dict, harness: str, agent: str, mailbox: str, remove
     return document
 
 
+def _personal_env(agent: str, mailbox: str) -> dict[str, str]:
+    """What Claude Code's settings.local.json `env` gives the session (and so its MCP server, which inherits
+    it): the values that differ per person, kept out of the .mcp.json a team commits."""
+    return {"AGENT_MAIL_PYTHON": sys.executable, "AGENT_MAIL_AGENT": agent, "AGENT_MAIL_DB": mailbox}
+
+
 def _claude_settings(document: dict, agent: str, mailbox: str, remove: bool) -> dict:
     document = _hooks_merged(document, "claude-code", agent, mailbox, remove)
+    env = document.get("env", {})
+    if not isinstance(env, dict):
+        raise errors.InvalidInput([("env", "in the settings is not an object; fix it, then run setup again.")])
+    mine = _personal_env(agent, mailbox)
+    env = {name: value for name, value in env.items() if name not in mine}
+    if not remove:
+        env.update(mine)
+    if env:
+        document["env"] = env
+    else:
+        document.pop("env", None)
     permissions = dict(document.get("permissions") or {})
     allow = [rule for rule in permissions.get("allow", []) if rule != f"mcp__{SERVER}"]
     if not remove:
@@ -181,6 +228,15 @@ def _server_entry(agent: str, mailbox: str) -> dict:
     return {"command": base[0], "args": base[1:] + ["mcp", "--agent", agent], "env": {"AGENT_MAIL_DB": mailbox}}
 
 
+# Claude Code's .mcp.json is the file a team commits: nothing personal in it. The interpreter, identity and
+# mailbox come from the session's environment, which .claude/settings.local.json's `env` sets and the server
+# inherits. (Claude Code expands ${VAR} in .mcp.json before that env applies, so the shell reads $VAR instead.)
+SHARED_SERVER = {"type": "stdio", "command": "sh", "args": [
+    "-c", 'test -n "$AGENT_MAIL_PYTHON" || { echo "agent-mail: run agent-mail setup claude-code --agent P:N in this '
+    'directory (it sets AGENT_MAIL_PYTHON in .claude/settings.local.json)" >&2; exit 1; }; '
+    'exec "$AGENT_MAIL_PYTHON" -m agent_mail mcp']}
+
+
 def _servers(document: dict, agent: str, mailbox: str, remove: bool, **extra) -> dict:
     document = dict(document)
     servers = document.get("mcpServers", {})
@@ -188,8 +244,7 @@ def _servers(document: dict, agent: str, mailbox: str, remove: bool, **extra) ->
         raise errors.InvalidInput([("mcpServers", "is not an object; fix it, then run setup again.")])
     servers = {name: spec for name, spec in servers.items() if name != SERVER}
     if not remove:
-        servers[SERVER] = {**extra, **_server_entry(agent, mailbox)} if "type" in extra else {
-            **_server_entry(agent, mailbox), **extra}
+        servers[SERVER] = dict(SHARED_SERVER) if "type" in extra else {**_server_entry(agent, mailbox), **extra}
     if servers:
         document["mcpServers"] = servers
     else:
@@ -243,7 +298,7 @@ def _codex_config(path: str, agent: str, mailbox: str, remove: bool) -> dict:
         except tomllib.TOMLDecodeError as exc:
             raise errors.InvalidInput([(path, f"cannot take the [mcp_servers.{SERVER}] table ({exc}); add it by "
                                               "hand. Nothing was written.")]) from None
-    after = kept if kept.strip() else (None if before is None or not before.strip() else kept)
+    after = kept if kept.strip() else None  # a file left with nothing (setup made it, or it held only ours) goes
     if after == before or (after is None and before is None):
         action, after = "unchanged", before
     elif after is None:
@@ -273,6 +328,57 @@ def _plan(path: str, change) -> dict:
     else:
         action = "create" if document is None else "update"
     return _planned(path, action, before, after)
+
+
+_PROJECT_NOTE = ("# The agent-mail mailbox of this directory tree (written by `agent-mail setup`; AGENT_MAIL_DB "
+                 "overrides it).\n")
+_HARNESS_FILES = {"claude-code": (".mcp.json", SERVER), "codex": (os.path.join(".codex", "config.toml"), _BEGIN),
+                  "gemini": (os.path.join(".gemini", "settings.json"), SERVER)}
+
+
+def _project_file_plan(root: str, harness: str, mailbox: str, remove: bool) -> dict:
+    """The plan for DIR/.agent-mail-db, the file by which a plain shell in the project finds the mailbox the
+    harness uses: written with the mailbox; on --remove taken out once no other harness set up here uses it
+    (and only if it still names what setup wrote)."""
+    from agent_mail import location
+
+    path = os.path.join(root, location.PROJECT_FILE)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            before: str | None = handle.read(location.PROJECT_FILE_MAX_BYTES + 1)
+    except FileNotFoundError:
+        before = None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise errors.AgentMailError(f"cannot read {path}: {exc}. Nothing was written.") from None
+    text = _PROJECT_NOTE + mailbox + "\n"
+    if remove:
+        others = [h for h, (name, mark) in _HARNESS_FILES.items() if h != harness and _mentions(
+            os.path.join(root, name), mark)]
+        after = None if before == text and not others else before
+    else:
+        after = text
+    action = "unchanged" if after == before else ("remove" if after is None else
+                                                  ("create" if before is None else "update"))
+    return _planned(path, action, before, after)
+
+
+def _mentions(path: str, mark: str) -> bool:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return mark in handle.read()
+    except OSError:
+        return False
+
+
+def _remove_emptied_directories(root: str, plans: list[dict]) -> None:
+    """A harness directory (.claude, .codex, .gemini) left empty by --remove goes too: setup made it."""
+    for plan in plans:
+        directory = os.path.dirname(plan["path"])
+        if plan["action"] == "remove" and directory != root:
+            try:
+                os.rmdir(directory)  # only when empty
+            except OSError:
+                pass
 
 
 def _write(path: str, text: str | None) -> None:
@@ -341,6 +447,7 @@ def setup(harness: str, agent: str, directory: str | None = None, dry_run: bool 
         raise errors.InvalidInput([("dir", f"{root} is not a directory; give the project directory the harness "
                                               "starts in.")])
     mailbox = _mailbox()
+    project_file = _project_file_plan(root, harness, mailbox, remove)
     if harness == "claude-code":
         plans = [
             _plan(os.path.join(root, ".mcp.json"), lambda d: _servers(d, agent, mailbox, remove, type="stdio")),
@@ -357,12 +464,16 @@ def setup(harness: str, agent: str, directory: str | None = None, dry_run: bool 
         plans = [_plan(os.path.join(root, ".gemini", "settings.json"),
                        lambda d: _hooks_merged(_servers(d, agent, mailbox, remove, trust=True), "gemini", agent,
                                                mailbox, remove))]
+    plans.append(project_file)
     files = [{k: v for k, v in plan.items() if not k.startswith("_")} for plan in plans]
     result = {
         "harness": harness, "agent": agent, "mailbox": mailbox, "dir": root, "removed": remove,
         "dry_run": dry_run, "files": files,
         "wakes_idle_session": harness == "claude-code" and not remove,
-        "notes": [] if remove else NOTES[harness],
+        "notes": [] if remove else NOTES[harness] + [
+            f"A plain shell in {root} or below now uses this mailbox too: {os.path.basename(project_file['path'])} "
+            "names it (AGENT_MAIL_DB still wins). It is personal, like .claude/settings.local.json: keep it out of "
+            "version control unless it names a shared mailbox."],
     }
     if emit is not None:
         emit(result)  # printed first, then written: a result that could not be printed changed nothing
@@ -373,6 +484,7 @@ def setup(harness: str, agent: str, directory: str | None = None, dry_run: bool 
                 if plan["action"] != "unchanged":
                     _write(plan["path"], plan["_text"])
                     done.append(plan)
+            _remove_emptied_directories(root, plans)
         except OSError as exc:
             for plan in reversed(done):  # all or nothing: put back what was already written
                 try:

@@ -257,8 +257,8 @@ class Hook:
         now = model.now_iso()
         with self.store.transaction(write=True):
             session = self.store.harness_session(self.key)
-            if session is None:
-                return
+            if session is None or session["agent"] != self.agent:
+                return  # a hook acts only for its own identity: another's session and waiter are left alone
             waiter = session["waiter"]
             session["ended_at"], session["last_seen"], session["waiter"] = now, now, None
             self.store.save_harness_session(session)

@@ -193,6 +193,52 @@ def _read_attachments(paths: list[str]) -> tuple[list[dict], list[tuple[str, str
     return attachments, problems
 
 
+def confine_paths(given: dict, roots: tuple[str, ...]) -> list[tuple[str, str]]:
+    """A send's paths (attach, ref, refs, body_file; given by argument name, as a front end has them) that
+    lie outside every directory in `roots` (real paths), as problems; those paths are taken out of `given`,
+    so nothing outside is ever opened or said to exist. Each path is resolved as the send will resolve it,
+    links included, before it is compared."""
+    problems: list[tuple[str, str]] = []
+
+    def inside(path: object) -> bool:
+        if not isinstance(path, str) or not path or "\x00" in path:
+            return True  # not a path: the send's own checks say what is wrong with it
+        real = os.path.realpath(os.path.abspath(os.path.expanduser(path)))
+        return any(real == root or real.startswith(root.rstrip(os.sep) + os.sep) for root in roots)
+
+    where = " or ".join(roots)
+
+    def refused(field: str, path: str) -> tuple[str, str]:
+        return (field, f"{path!r} is outside the directories this session may read files from ({where}); "
+                       "copy it inside, or start the server with --root for its directory.")
+
+    for field in ("attach", "ref"):
+        paths = given.get(field)
+        listed = [paths] if isinstance(paths, str) else paths
+        if isinstance(listed, list):
+            problems += [refused(field, p) for p in listed if not inside(p)]
+            given[field] = [p for p in listed if inside(p)]
+    if isinstance(given.get("refs"), str):
+        import json
+
+        try:
+            listed = json.loads(given["refs"])
+        except (ValueError, RecursionError):
+            listed = None  # the send's own checks say why
+        if isinstance(listed, list):
+            problems += [refused("refs", p) for p in listed if not inside(p)]
+            given["refs"] = json.dumps([p for p in listed if inside(p)])
+    body_file = given.get("body_file")
+    if body_file == "-":
+        problems.append(("body_file", f"'-' (standard input) is this server's connection, not a body; give the "
+                                      f"body as {errors.arg('body')}, or a file."))
+        del given["body_file"]
+    elif isinstance(body_file, str) and not inside(body_file):
+        problems.append(refused("body_file", body_file))
+        del given["body_file"]
+    return problems
+
+
 def input_problems(command: str, values: dict) -> list[tuple[str, str]]:
     """Problems found without the mailbox, for reporting alongside parse errors."""
     if command == "send":

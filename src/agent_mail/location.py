@@ -1,6 +1,8 @@
 """Which mailbox this invocation uses, and how it was chosen: AGENT_MAIL_DB (a SQLite path or a
-postgresql:// URL) or the default file. Also what needs the location but no open mailbox:
-describe's report, doctor and copy. (Opening it is agent_mail.service.open_mailbox.)
+postgresql:// URL), else the project's `.agent-mail-db` file (found as git finds its repository: in the
+working directory or the nearest directory above it that has one; `agent-mail setup` writes it), else the
+default file. Also what needs the location but no open mailbox: describe's report, doctor and copy.
+(Opening it is agent_mail.service.open_mailbox.)
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from agent_mail import checks, errors
 
 DEFAULT_PATH = os.path.join("~", ".agent-mail", "mail.db")
 ENV_VAR = "AGENT_MAIL_DB"
+PROJECT_FILE = ".agent-mail-db"  # one line: the mailbox of this directory tree (a path, relative to it, or a URL)
+PROJECT_FILE_MAX_BYTES = 4096
 
 
 def _no_emit(document: dict) -> None:
@@ -29,7 +33,13 @@ if TYPE_CHECKING:
 def resolve_location() -> tuple[str, str]:
     """(where the mailbox is, how it was chosen): a PostgreSQL URL as given, or the real path of a SQLite
     file (symbolic links resolved, so the permission check and the wake-up both look at the directory the
-    mailbox really lives in)."""
+    mailbox really lives in). How: AGENT_MAIL_DB, the path of the project file that named it, or "default"."""
+    location, source, _ = _located()
+    return location, source
+
+
+def _located() -> tuple[str, str, str]:
+    """(location, source, the value as it was written)."""
     from agent_mail.store import scheme_of
 
     override = os.environ.get(ENV_VAR, "")
@@ -38,9 +48,49 @@ def resolve_location() -> tuple[str, str]:
             raise errors.InvalidInput([(ENV_VAR, f"is set to {override!r}, which names no file. Unset it for the "
                                                  f"default mailbox ({DEFAULT_PATH}), or give a path.")])
         if scheme_of(override.strip()) is not None:
-            return override.strip(), ENV_VAR
-        return os.path.realpath(os.path.expanduser(override)), ENV_VAR
-    return os.path.realpath(os.path.expanduser(DEFAULT_PATH)), "default"
+            return override.strip(), ENV_VAR, override
+        return os.path.realpath(os.path.expanduser(override)), ENV_VAR, override
+    found = find_project_file()
+    if found is not None:
+        value = read_project_file(found)
+        if scheme_of(value) is not None:
+            return value, found, value
+        given = os.path.join(os.path.dirname(found), os.path.expanduser(value))
+        return os.path.realpath(given), found, given
+    return os.path.realpath(os.path.expanduser(DEFAULT_PATH)), "default", DEFAULT_PATH
+
+
+def find_project_file(start: str | None = None) -> str | None:
+    """The `.agent-mail-db` in `start` (default: the working directory) or the nearest directory above it, or
+    None. One stat a directory: a command's start-up pays a handful."""
+    try:
+        directory = os.path.abspath(start or os.getcwd())
+    except OSError:  # the working directory was removed
+        return None
+    while True:
+        candidate = os.path.join(directory, PROJECT_FILE)
+        if os.path.isfile(candidate):
+            return candidate
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            return None
+        directory = parent
+
+
+def read_project_file(path: str) -> str:
+    """The mailbox a project file names: its first line that is neither empty nor a # comment."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read(PROJECT_FILE_MAX_BYTES)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise errors.InvalidInput([(path, f"cannot be read ({exc}); it names this directory's mailbox. Fix or "
+                                          f"remove it, or set {ENV_VAR}.")]) from None
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            return line
+    raise errors.InvalidInput([(path, f"names no mailbox: write its path (or a postgresql:// URL) on one line, "
+                                      f"or remove the file, or set {ENV_VAR}.")])
 
 
 def storage_report() -> dict:
@@ -48,10 +98,10 @@ def storage_report() -> dict:
     from agent_mail.store import backend_for
 
     try:
-        location, source = resolve_location()
+        location, source, given = _located()
     except errors.InvalidInput as exc:
-        return {"backend": "sqlite", "path": None, "source": ENV_VAR, "exists": False, "problem": exc.message}
-    given = os.environ.get(ENV_VAR) if source == ENV_VAR else DEFAULT_PATH
+        source = ENV_VAR if os.environ.get(ENV_VAR) else (find_project_file() or ENV_VAR)
+        return {"backend": "sqlite", "path": None, "source": source, "exists": False, "problem": exc.message}
     return backend_for(location).report(location, source, given)
 
 

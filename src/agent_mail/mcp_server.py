@@ -137,10 +137,14 @@ def render_steps(document: object, agent: str | None) -> object:
 class AgentMailServer(MCPServer):
     """MCPServer whose tools are declared by the spec rather than by Python signatures."""
 
-    def __init__(self, agent: str | None, save_root: str):
+    def __init__(self, agent: str | None, save_root: str, *, supervisor: bool = False, roots: tuple[str, ...] = ()):
         super().__init__(name="agent-mail", version=__version__, instructions=_INSTRUCTIONS)
         self.agent = agent
+        self.supervisor = supervisor
         self.save_root = save_root
+        # The trees whose files a call may attach, reference or read a body from: the working directory and
+        # those listed (--root), links resolved, so a link inside cannot lead a path outside.
+        self.roots = tuple(dict.fromkeys(os.path.realpath(os.path.expanduser(r)) for r in (os.getcwd(), *roots)))
         self._tools = tool_definitions(agent)
 
     async def list_tools(self) -> list[Tool]:
@@ -168,10 +172,11 @@ class AgentMailServer(MCPServer):
 
     def _prepare(self, name: str, arguments: dict, cancelled: threading.Event):
         command = spec.COMMANDS[name]
-        identity = _identity_arg(command)
-        if identity is not None and self.agent is not None:
-            arguments.setdefault(checks.key(identity), self.agent)
-        problems: list[tuple[str | None, str]] = []
+        problems: list[tuple[str | None, str]] = self._bound(command, arguments)
+        if name == "send":
+            from agent_mail import inputs
+
+            problems += inputs.confine_paths(arguments, self.roots)
         wait = arguments.pop("wait_seconds", None) if name == "watch" else None
         if wait is not None:
             wait, problem = checks.convert(command, WAIT_ARG, wait)
@@ -190,6 +195,22 @@ class AgentMailServer(MCPServer):
                 values["timeout_seconds"] = float(wait)
                 values["wanted"] = lambda: not cancelled.is_set()
         return lambda: calls.run(name, values)
+
+    def _bound(self, command: spec.Command, arguments: dict) -> list[tuple[str, str]]:
+        """The session's identity filled in where the call names the caller; another identity refused unless
+        this server was started for a supervisor."""
+        identity = _identity_arg(command)
+        if identity is None or self.agent is None:
+            return []
+        key = checks.key(identity)
+        given = arguments.get(key)
+        if given is None:
+            arguments[key] = self.agent
+        elif given != self.agent and not self.supervisor:
+            return [(key, f"{given!r}: this session acts as {self.agent} only (its server was started with "
+                          f"--agent {self.agent}); leave {key} out. Acting as another identity needs a "
+                          "supervisor's server: agent-mail mcp --agent P:N --supervisor.")]
+        return []
 
     def _inside_save_root(self, path: str) -> str:
         root = os.path.realpath(self.save_root)
@@ -212,12 +233,25 @@ def _error(payload: dict) -> CallToolResult:
     return CallToolResult(content=[TextContent(type="text", text=jsonout.dumps(payload))], is_error=True)
 
 
-def serve(agent: str | None = None, save_root: str | None = None) -> None:
-    """Run the server on stdin/stdout until the client closes it."""
-    AgentMailServer(agent, save_root or os.getcwd()).run("stdio")
+def serve(agent: str | None = None, save_root: str | None = None, supervisor: bool = False,
+          root: list[str] | tuple[str, ...] = ()) -> None:
+    """Run the server on stdin/stdout until the client closes it. A session is bound to `agent` (default
+    AGENT_MAIL_AGENT): it acts as no other identity unless `supervisor`; a supervisor may also run without one."""
+    agent = agent or os.environ.get("AGENT_MAIL_AGENT") or None
+    if agent is not None:
+        calls.check("mcp", {"agent": agent}, with_inputs=False)
+    elif not supervisor:
+        raise errors.InvalidInput([("agent", "is required: the identity this session acts as (project:name; or "
+                                             "AGENT_MAIL_AGENT). A server that may act as any identity is a "
+                                             "supervisor's: add --supervisor.")])
+    problems = [("root", f"{r!r} is not a directory.") for r in root if not os.path.isdir(os.path.expanduser(r))]
+    if problems:
+        raise errors.InvalidInput(problems)
+    AgentMailServer(agent, save_root or os.getcwd(), supervisor=supervisor, roots=tuple(root)).run("stdio")
 
 
 def main(values: dict, emit) -> int:
-    """`agent-mail mcp [--agent P:N] [--save-root DIR]`, as the command line starts it."""
+    """`agent-mail mcp [--agent P:N] [--supervisor] [--root DIR]... [--save-root DIR]`, as the command line
+    starts it."""
     serve(**values)
     return errors.EXIT_OK

@@ -115,7 +115,12 @@ def describe_document(storage: dict, version: str, command: str | None = None) -
             "to the real file. Empty means unset; a value of only spaces is refused. Or a team mailbox on "
             "PostgreSQL: postgresql://USER@HOST[:PORT]/DATABASE (also postgres://), any libpq parameter allowed, "
             "plus schema=NAME (default agent_mail); needs pip install 'agent-mail[postgres]'. Keep the password "
-            "in ~/.pgpass or PGPASSFILE: it is never shown, and setup never writes it.",
+            "in ~/.pgpass or PGPASSFILE: it is never shown, and setup never writes it. Unset, the mailbox is the "
+            "one named by the nearest .agent-mail-db file (in the working directory or above it, as git finds its "
+            "repository: one line, a path relative to the file's directory or a URL; agent-mail setup writes it), "
+            "else the default.",
+            "AGENT_MAIL_AGENT": "The identity of a harness session, for agent-mail mcp and hook when they are not "
+            "given --agent (agent-mail setup sets it for Claude Code in .claude/settings.local.json).",
             "AGENT_MAIL_PG_SCHEMA": "The PostgreSQL schema of the mailbox when the URL has no schema= parameter "
             "(default agent_mail).",
             "PG*": "libpq's own variables (PGPASSFILE, PGSSLMODE, PGSERVICE, PGCONNECT_TIMEOUT, ...) apply to a "

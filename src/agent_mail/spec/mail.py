@@ -31,7 +31,9 @@ register(Command(
         "size_bytes, and permissions {directory, file, private, warning}: a mailbox other users can read is "
         "reported here; one they can write is refused by every other command. PostgreSQL: url (never with its "
         "password), source, schema, exists, messages, server_version, migrations, or problem when it cannot be "
-        "reached.",
+        "reached. source says how it was chosen: AGENT_MAIL_DB (set in the environment), the path of the "
+        ".agent-mail-db file that named it (the working directory's, or the nearest one above it: agent-mail "
+        "setup writes it), or default.",
         "commands": "Every command's manual, keyed by name.",
     },
     modes={"describe COMMAND": "Prints {name, storage, command: <that command's manual>} instead."},

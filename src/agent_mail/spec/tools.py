@@ -246,15 +246,26 @@ register(Command(
     "the same JSON results, with `next` steps given as tool calls. Needs the mcp extra: pip install "
     "'agent-mail[mcp]'.",
     args=(
-        Arg("--agent", IDENTITY, "This session's identity (project:name): the tools' agent / from default to it, "
-            "so the model need not repeat it."),
+        Arg("--agent", IDENTITY, "This session's identity (project:name; default AGENT_MAIL_AGENT): the tools' "
+            "agent / from default to it, and the session acts as no other (a call naming another identity is "
+            "refused) unless --supervisor. Required without --supervisor."),
+        Arg("--supervisor", FLAG, "A supervisor's server: calls may name any identity (read, handle and send as "
+            "it). Without --agent every call names its identity. agent-mail setup never writes this."),
+        Arg("--root", PATH, "Another directory tree whose files send may attach, reference (ref, refs) or read a "
+            "body from (repeatable). The directory the server starts in is always one; paths are resolved, links "
+            "included, before they are checked.", repeat=True),
         Arg("--save-root", PATH, "The directory under which the attachments tool may save files (default: the "
             "directory the server starts in); save_to is taken relative to it and may not leave it."),
     ),
     output={},
     notes=("Speaks JSON-RPC on stdin/stdout until the client closes them; prints nothing else on stdout. A setup "
-           "that cannot start (the extra missing) is a JSON error on stderr, exit 1.",),
-    examples=("mcp --agent deploy:worker",),
+           "that cannot start (the extra missing) is a JSON error on stderr, exit 1.",
+           "A session is bound to its identity: a call that names another (send's from, the agent of read, ack, "
+           "watch and the others, cancel's sender, search's agent) is refused naming that argument, unless the "
+           "server is a supervisor's. Files a send names (attach, ref, refs, body_file) must lie inside the "
+           "working directory or a --root; body_file - (standard input) is refused: stdin is the connection.",),
+    examples=("mcp --agent deploy:worker", "mcp --agent deploy:worker --root ~/shared-specs",
+              "mcp --agent ops:human --supervisor"),
 ))
 
 
@@ -319,7 +330,9 @@ register(Command(
     summary="Connect a harness to this mailbox in one step: its hooks (mail in the model's context, a stop held "
     "once for mail that arrived, and for Claude Code an idle session woken when mail arrives) and the agent-mail "
     "MCP server, already allowed. Merges into existing settings (nothing else touched), idempotent, atomic; --dry-run "
-    "shows the diff, --remove takes out only what it added. Records the identity and the mailbox resolved now.",
+    "shows the diff, --remove takes out only what it added. Records the identity and the mailbox resolved now, "
+    "after checking that the mailbox can be opened (it creates nothing there); for Claude Code the personal values "
+    "(interpreter, identity, mailbox) go in .claude/settings.local.json, not the .mcp.json a team commits.",
     args=(
         Arg("harness", TEXT, "The harness: claude-code (.mcp.json, .claude/settings.local.json), codex "
             "(.codex/config.toml, .codex/hooks.json) or gemini (.gemini/settings.json).", required=True,
@@ -336,7 +349,9 @@ register(Command(
         "dir": "The project directory.",
         "removed": "true with --remove.",
         "dry_run": "true when nothing was written.",
-        "files": "Per file: path, action (create, update, remove, unchanged) and diff (unified).",
+        "files": "Per file: path, action (create, update, remove, unchanged) and diff (unified). The last is "
+        "DIR/.agent-mail-db, which names the mailbox for any agent-mail command run in DIR or below; --remove takes "
+        "it out once no other harness set up there uses it, and removes a harness directory it left empty.",
         "wakes_idle_session": "Whether this harness's idle session is woken when mail arrives.",
         "notes": "What the harness now does, and what it does not.",
     },
