@@ -138,6 +138,46 @@ def test_a_second_session_with_the_same_identity_is_warned_and_counted():
     assert json.loads(am_process("status", "--agent", AGENT).stdout)["agents"][0]["sessions"] == 1
 
 
+def _status(agent: str = AGENT) -> dict:
+    return json.loads(am_process("status", "--agent", agent).stdout)["agents"][0]
+
+
+def _require_reachable(to: str = AGENT) -> subprocess.CompletedProcess:
+    return am_process("send", "--from", "team:carl", "--to", to, "--subject", "still there?", "--require-reachable")
+
+
+@pytest.mark.parametrize("harness", ["claude-code", "codex", "gemini"])
+def test_a_live_harness_session_is_reachable_while_it_works_and_says_how(harness):
+    """Issue 20 #1: a session at work (no watch armed: its last one was released) will be told at its next tool
+    call or stop, so it is listening: status, the send receipt, --require-reachable and the dashboard agree, in
+    words that say how; once the session ends, it is not."""
+    env = process_env(CLAUDE_PID=str(os.getpid()))
+    document = json.dumps(claude_input("SessionStart", "live")).encode()
+    assert am_process("hook", harness, "context", "--agent", AGENT, input=document, env=env).returncode == 0
+    row = _status()
+    assert row["watch_state"] != "armed" and row["sessions"] == 1  # at work: no watch armed
+    assert row["reachable"] is True
+    words = {"claude-code": "Claude Code session: told at its next tool call or stop, woken when idle",
+             "codex": "Codex session: told at its next prompt or tool call (Codex cannot wake an idle session)",
+             "gemini": "Gemini CLI session: told at its next prompt or tool call"}[harness]
+    assert words in row["reached_by"]
+    done = _require_reachable()
+    assert done.returncode == 0, done.stderr
+    delivery = json.loads(done.stdout)["deliveries"][0]
+    assert delivery["status"] == "delivered" and delivery["reachable"] is True and words in delivery["reached_by"]
+    from agent_mail import service
+    from agent_mail.dashboard.data import Supervisor
+
+    with service.open_mailbox() as mailbox:
+        fleet = {r["agent"]: r for r in Supervisor(mailbox).fleet()}
+    assert fleet[AGENT]["listening"] is True and words in fleet[AGENT]["reached_by"]
+    # The session ends: nobody will tell the model any more.
+    end = json.dumps(claude_input("SessionEnd", "live")).encode()
+    assert am_process("hook", harness, "end", "--agent", AGENT, input=end, env=env).returncode == 0
+    assert _status()["reachable"] is False and _status()["reached_by"] is None
+    assert _require_reachable().returncode == 3
+
+
 def test_cleanup_sweeps_harness_sessions_last_seen_before_its_cutoff():
     context("SessionStart", session="old")
     assert json.loads(am_process("status", "--agent", AGENT).stdout)["agents"][0]["sessions"] == 1
