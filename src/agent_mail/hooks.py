@@ -321,6 +321,33 @@ class Hook:
             pass
 
 
+def told_by_tool(store, agent: str, shown: list[str]) -> int:
+    """What a tool result showed the model (the MCP server's watch or read, in a harness session) counts as
+    told to that session: the live sessions of `agent` whose harness process is this process's (the server is
+    the harness's child, as each hook is) are marked told, so no hook tells the same mail again. Only when
+    the result showed everything the session had not been told of (mail that came after it stays untold).
+    How many sessions were marked."""
+    if not shown:
+        return 0
+    pid, host, shown_ids, marked = _harness_pid(), _host(), set(shown), 0
+    if pid is None:
+        return 0
+    now = model.now_iso()
+    with store.transaction(write=True):
+        for row in store.harness_sessions_of(agent):
+            if row["host"] != host or row["pid"] != pid:
+                continue
+            session = store.harness_session(row["id"])
+            envelopes, new = store.untold(agent, now, session["told_seq"], session["told_at"], SHOWN + 1)
+            if new > len(envelopes) or any(e["id"] not in shown_ids for e in envelopes):
+                continue
+            session["told_seq"] = max(session["told_seq"], store.newest_seq())
+            session["told_at"] = session["last_seen"] = now
+            store.save_harness_session(session)
+            marked += 1
+    return marked
+
+
 class _Superseded(Exception):
     """A newer waiter took over this session."""
 
