@@ -123,6 +123,35 @@ def test_the_stop_is_held_once_for_mail_the_session_was_not_told_of():
     assert hook("stop", claude_input("Stop")).stdout == b""
 
 
+@pytest.mark.parametrize("harness", ["claude-code", "codex", "gemini"])
+def test_a_held_stop_shows_the_user_who_wrote_and_tells_the_model_it_is_mail(harness):
+    """Issue 20 #4: the stop hold's systemMessage is the line each harness shows the user (who wrote, the
+    subject); the reason, the model's next prompt, says it is mail, not an error."""
+    def run(event: str, name: str, **extra) -> dict:
+        document = {**claude_input(name, "framed"), "hook_event_name": name, **extra}
+        done = am_process("hook", harness, event, "--agent", AGENT, input=json.dumps(document).encode())
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout or b"{}")
+
+    run("context", "SessionStart")
+    send("Stop the deploy")
+    held = run("stop", "AfterAgent" if harness == "gemini" else "Stop", stop_hook_active=False)
+    assert held["decision"] in ("block", "deny")
+    assert held["systemMessage"] == f'agent-mail: mail for {AGENT} from boss:lead: "Stop the deploy"'
+    assert "it is mail for you, not an error" in held["reason"] and "Stop the deploy" in held["reason"]
+
+
+def test_the_claude_code_waiter_is_framed_as_mail_not_a_stop_hook_error(tmp_path):
+    """Issue 20 #4: Claude Code frames an asyncRewake wake as "Stop hook blocking error from command ..." to the
+    model and "Stop hook feedback" to the user unless the hook's settings give rewakeMessage / rewakeSummary."""
+    assert am_process("setup", "claude-code", "--agent", AGENT, "--dir", str(tmp_path)).returncode == 0
+    settings = json.loads((tmp_path / ".claude" / "settings.local.json").read_text())
+    waiter = next(h for group in settings["hooks"]["Stop"] for h in group["hooks"] if h.get("asyncRewake"))
+    assert waiter["rewakeMessage"].startswith("agent-mail: new mail arrived while you were idle")
+    assert "not an error" in waiter["rewakeMessage"]
+    assert waiter["rewakeSummary"] == f"agent-mail: new mail for {AGENT}"
+
+
 def test_a_second_session_with_the_same_identity_is_warned_and_counted():
     env = process_env(CLAUDE_PID=str(os.getpid()))
     assert hook("context", claude_input("SessionStart", "s-a"), env=env).returncode == 0
@@ -337,7 +366,7 @@ def test_setup_merges_into_existing_settings_and_leaves_the_rest(tmp_path):
     # Another identity replaces ours, not theirs; --remove takes out only ours.
     assert am_process("setup", "claude-code", "--agent", "proj:other", "--dir", str(tmp_path)).returncode == 0
     again = json.loads(settings.read_text())
-    assert "proj:coder" not in json.dumps(again) and json.dumps(again).count("proj:other") == 6
+    assert "proj:coder" not in json.dumps(again) and json.dumps(again).count("proj:other") == 7  # + summary
     assert setup(tmp_path, "--remove").returncode == 0
     assert json.loads(settings.read_text()) == mine
     assert json.loads((tmp_path / ".mcp.json").read_text()) == {"mcpServers": {"other": {"command": "x"}}}
@@ -476,8 +505,10 @@ def test_setup_codex_writes_its_toml_and_hooks_and_takes_out_only_its_own(tmp_pa
     assert parsed["model"] == "o3" and parsed["mcp_servers"]["other"] == {"command": "x"}
     assert parsed["mcp_servers"]["agent-mail"]["args"][-3:] == ["mcp", "--agent", AGENT]
     hooks = json.loads((tmp_path / ".codex" / "hooks.json").read_text())["hooks"]
-    assert set(hooks) == {"SessionStart", "UserPromptSubmit", "PostToolUse", "Stop"}
+    # Issue 20 #3: Codex 0.171 fires SessionEnd (under `codex exec` too): the session ends when Codex says so.
+    assert set(hooks) == {"SessionStart", "UserPromptSubmit", "PostToolUse", "Stop", "SessionEnd"}
     assert " hook codex stop " in hooks["Stop"][0]["hooks"][0]["command"] + " "
+    assert " hook codex end " in hooks["SessionEnd"][0]["hooks"][0]["command"] + " "
     again = json.loads(am_process("setup", "codex", "--agent", AGENT, "--dir", str(tmp_path)).stdout)
     assert [f["action"] for f in again["files"]] == ["unchanged", "unchanged"]
     assert am_process("setup", "codex", "--agent", AGENT, "--dir", str(tmp_path), "--remove").returncode == 0
