@@ -193,12 +193,17 @@ def test_an_idle_interactive_session_is_woken_by_a_send(project):
                 assert time.monotonic() < deadline, "the waiter never armed"
                 time.sleep(0.2)
             assert status()["sessions"] == 1
+            # Issue 20 #1: the live session is reachable and says how.
+            assert status()["reachable"] is True and "woken when idle" in status()["reached_by"]
             turns = len([r for r in model.requests if _main_loop(r)])
             assert am_process("send", "--from", "boss:lead", "--to", AGENT, "--subject", "Wake up, review PR 7",
                               env=process_env()).returncode == 0
             woken = model.wait_for(lambda r: _main_loop(r) and "Wake up, review PR 7" in json.dumps(r["messages"]),
                                    timeout=30)
             assert woken is not None, "the idle session was not woken"
+            # Issue 20 #4: the wake reads as mail, not as a Stop hook error.
+            woke = json.dumps(woken["messages"])
+            assert "agent-mail: new mail arrived while you were idle" in woke and "blocking error" not in woke
             assert len([r for r in model.requests if _main_loop(r)]) == turns + 1
             # Woken once, then it re-arms for the next mail.
             deadline = time.monotonic() + 60

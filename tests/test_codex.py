@@ -92,3 +92,8 @@ def test_mail_during_a_codex_turn_holds_the_stop_once(project):
                 and e["item"].get("type") == "agent_message"]
     assert messages[-1] == "I will handle it next."
     assert json.loads(am_process("read", AGENT, "--no-mark-read").stdout)["count"] == 1  # told, not consumed
+    # Issue 20 #4: the model is told it is mail, not an error. #3: Codex's SessionEnd ended the session, so
+    # the identity has no live session once `codex exec` is over.
+    assert "it is mail for you, not an error" in json.dumps(held[0]["input"])
+    row = json.loads(am_process("status", "--agent", AGENT).stdout)["agents"][0]
+    assert row["sessions"] == 0 and row["reachable"] is False

@@ -90,3 +90,7 @@ def test_mail_during_a_gemini_turn_is_sent_back_once(project):
     assert len(held) == 1 and URGENT in json.dumps(held[0]["contents"])
     assert "I will handle it next." in result["response"]
     assert json.loads(am_process("read", AGENT, "--no-mark-read").stdout)["count"] == 1  # told, not consumed
+    # Issue 20 #4: the user is shown who wrote and the subject (Gemini CLI prefixes "Agent execution blocked:"),
+    # the model is told it is mail, not an error.
+    assert "it is mail for you, not an error" in json.dumps(held[0]["contents"])
+    assert any(f'from boss:lead: "{URGENT}"' in w for w in result.get("warnings", [])), result.get("warnings")

@@ -123,6 +123,35 @@ def test_the_stop_is_held_once_for_mail_the_session_was_not_told_of():
     assert hook("stop", claude_input("Stop")).stdout == b""
 
 
+@pytest.mark.parametrize("harness", ["claude-code", "codex", "gemini"])
+def test_a_held_stop_shows_the_user_who_wrote_and_tells_the_model_it_is_mail(harness):
+    """Issue 20 #4: the stop hold's systemMessage is the line each harness shows the user (who wrote, the
+    subject); the reason, the model's next prompt, says it is mail, not an error."""
+    def run(event: str, name: str, **extra) -> dict:
+        document = {**claude_input(name, "framed"), "hook_event_name": name, **extra}
+        done = am_process("hook", harness, event, "--agent", AGENT, input=json.dumps(document).encode())
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout or b"{}")
+
+    run("context", "SessionStart")
+    send("Stop the deploy")
+    held = run("stop", "AfterAgent" if harness == "gemini" else "Stop", stop_hook_active=False)
+    assert held["decision"] in ("block", "deny")
+    assert held["systemMessage"] == f'agent-mail: mail for {AGENT} from boss:lead: "Stop the deploy"'
+    assert "it is mail for you, not an error" in held["reason"] and "Stop the deploy" in held["reason"]
+
+
+def test_the_claude_code_waiter_is_framed_as_mail_not_a_stop_hook_error(tmp_path):
+    """Issue 20 #4: Claude Code frames an asyncRewake wake as "Stop hook blocking error from command ..." to the
+    model and "Stop hook feedback" to the user unless the hook's settings give rewakeMessage / rewakeSummary."""
+    assert am_process("setup", "claude-code", "--agent", AGENT, "--dir", str(tmp_path)).returncode == 0
+    settings = json.loads((tmp_path / ".claude" / "settings.local.json").read_text())
+    waiter = next(h for group in settings["hooks"]["Stop"] for h in group["hooks"] if h.get("asyncRewake"))
+    assert waiter["rewakeMessage"].startswith("agent-mail: new mail arrived while you were idle")
+    assert "not an error" in waiter["rewakeMessage"]
+    assert waiter["rewakeSummary"] == f"agent-mail: new mail for {AGENT}"
+
+
 def test_a_second_session_with_the_same_identity_is_warned_and_counted():
     env = process_env(CLAUDE_PID=str(os.getpid()))
     assert hook("context", claude_input("SessionStart", "s-a"), env=env).returncode == 0
@@ -147,6 +176,46 @@ def test_a_hook_acts_only_for_its_own_identity():
     assert rows[0]["sessions"] == 1  # still live: only its own end hook ends it
     assert hook("end", claude_input("SessionEnd", "mine")).returncode == 0
     assert json.loads(am_process("status", "--agent", AGENT).stdout)["agents"][0]["sessions"] == 0
+
+
+def _status(agent: str = AGENT) -> dict:
+    return json.loads(am_process("status", "--agent", agent).stdout)["agents"][0]
+
+
+def _require_reachable(to: str = AGENT) -> subprocess.CompletedProcess:
+    return am_process("send", "--from", "team:carl", "--to", to, "--subject", "still there?", "--require-reachable")
+
+
+@pytest.mark.parametrize("harness", ["claude-code", "codex", "gemini"])
+def test_a_live_harness_session_is_reachable_while_it_works_and_says_how(harness):
+    """Issue 20 #1: a session at work (no watch armed: its last one was released) will be told at its next tool
+    call or stop, so it is listening: status, the send receipt, --require-reachable and the dashboard agree, in
+    words that say how; once the session ends, it is not."""
+    env = process_env(CLAUDE_PID=str(os.getpid()))
+    document = json.dumps(claude_input("SessionStart", "live")).encode()
+    assert am_process("hook", harness, "context", "--agent", AGENT, input=document, env=env).returncode == 0
+    row = _status()
+    assert row["watch_state"] != "armed" and row["sessions"] == 1  # at work: no watch armed
+    assert row["reachable"] is True
+    words = {"claude-code": "Claude Code session: told at its next tool call or stop, woken when idle",
+             "codex": "Codex session: told at its next prompt or tool call (Codex cannot wake an idle session)",
+             "gemini": "Gemini CLI session: told at its next prompt or tool call"}[harness]
+    assert words in row["reached_by"]
+    done = _require_reachable()
+    assert done.returncode == 0, done.stderr
+    delivery = json.loads(done.stdout)["deliveries"][0]
+    assert delivery["status"] == "delivered" and delivery["reachable"] is True and words in delivery["reached_by"]
+    from agent_mail import service
+    from agent_mail.dashboard.data import Supervisor
+
+    with service.open_mailbox() as mailbox:
+        fleet = {r["agent"]: r for r in Supervisor(mailbox).fleet()}
+    assert fleet[AGENT]["listening"] is True and words in fleet[AGENT]["reached_by"]
+    # The session ends: nobody will tell the model any more.
+    end = json.dumps(claude_input("SessionEnd", "live")).encode()
+    assert am_process("hook", harness, "end", "--agent", AGENT, input=end, env=env).returncode == 0
+    assert _status()["reachable"] is False and _status()["reached_by"] is None
+    assert _require_reachable().returncode == 3
 
 
 def test_cleanup_sweeps_harness_sessions_last_seen_before_its_cutoff():
@@ -314,7 +383,7 @@ def test_setup_merges_into_existing_settings_and_leaves_the_rest(tmp_path):
     # Another identity replaces ours, not theirs; --remove takes out only ours.
     assert am_process("setup", "claude-code", "--agent", "proj:other", "--dir", str(tmp_path)).returncode == 0
     again = json.loads(settings.read_text())
-    assert "proj:coder" not in json.dumps(again) and json.dumps(again).count("proj:other") == 7
+    assert "proj:coder" not in json.dumps(again) and json.dumps(again).count("proj:other") == 7  # + summary
     assert setup(tmp_path, "--remove").returncode == 0
     assert json.loads(settings.read_text()) == mine
     assert json.loads((tmp_path / ".mcp.json").read_text()) == {"mcpServers": {"other": {"command": "x"}}}
@@ -455,8 +524,10 @@ def test_setup_codex_writes_its_toml_and_hooks_and_takes_out_only_its_own(tmp_pa
     assert parsed["model"] == "o3" and parsed["mcp_servers"]["other"] == {"command": "x"}
     assert parsed["mcp_servers"]["agent-mail"]["args"][-3:] == ["mcp", "--agent", AGENT]
     hooks = json.loads((tmp_path / ".codex" / "hooks.json").read_text())["hooks"]
-    assert set(hooks) == {"SessionStart", "UserPromptSubmit", "PostToolUse", "Stop"}
+    # Issue 20 #3: Codex 0.171 fires SessionEnd (under `codex exec` too): the session ends when Codex says so.
+    assert set(hooks) == {"SessionStart", "UserPromptSubmit", "PostToolUse", "Stop", "SessionEnd"}
     assert " hook codex stop " in hooks["Stop"][0]["hooks"][0]["command"] + " "
+    assert " hook codex end " in hooks["SessionEnd"][0]["hooks"][0]["command"] + " "
     again = json.loads(am_process("setup", "codex", "--agent", AGENT, "--dir", str(tmp_path)).stdout)
     assert [f["action"] for f in again["files"]] == ["unchanged", "unchanged", "unchanged"]
     assert am_process("setup", "codex", "--agent", AGENT, "--dir", str(tmp_path), "--remove").returncode == 0

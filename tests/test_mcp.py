@@ -337,3 +337,31 @@ def test_a_send_may_name_only_files_inside_the_working_tree_or_a_listed_root(tmp
     stored = json.loads(am_process("read", "p:b").stdout)["messages"]
     assert [m["subject"] for m in stored] == ["ok"] and stored[0]["body"] == "inside"
     assert sorted(stored[0]["attachments"][i]["name"] for i in range(2)) == ["notes.txt", "spec.md"]
+
+
+def test_what_a_watch_or_read_result_showed_the_model_is_not_told_again_by_the_hooks():
+    """Issue 20 #2: in a harness session (the hooks and this server children of one harness process) mail the
+    model saw in a watch or read result counts as told: no PostToolUse context and no held stop repeat it;
+    mail that came after the result is still told."""
+    def hook(event: str, name: str, **extra) -> bytes:
+        document = {"session_id": "s-mcp", "transcript_path": "/tmp/t.jsonl", "cwd": "/tmp",
+                    "hook_event_name": name, "permission_mode": "default", **extra}
+        done = am_process("hook", "claude-code", event, "--agent", ME, input=json.dumps(document).encode())
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    hook("context", "SessionStart", source="startup")
+    am_process("send", "--from", "boss:lead", "--to", ME, "--subject", "seen in the watch")
+
+    async def body(client):
+        return await call(client, "watch", wait_seconds=0)
+
+    status, result = session(body, "--agent", ME)
+    assert status == "ok" and [m["subject"] for m in result["messages"]] == ["seen in the watch"]
+    assert hook("context", "PostToolUse", tool_name="mcp__agent-mail__watch", tool_input={},
+                tool_response={}) == b""
+    assert hook("stop", "Stop", stop_hook_active=False) == b""
+    am_process("send", "--from", "boss:lead", "--to", ME, "--subject", "arrived later")
+    note = json.loads(hook("context", "PostToolUse", tool_name="Bash", tool_input={}, tool_response={}))
+    text = note["hookSpecificOutput"]["additionalContext"]
+    assert "arrived later" in text and "seen in the watch" not in text

@@ -7,7 +7,8 @@ For a project directory DIR, the MCP server `agent-mail` (this interpreter runni
   context on SessionStart, UserPromptSubmit and PostToolUse; the stop guard and the asyncRewake waiter
   on Stop; end on SessionEnd; `mcp__agent-mail` allowed and the server enabled, so no prompt asks).
 - Codex: DIR/.codex/config.toml (the server, its tools approved, between two marker lines) and
-  DIR/.codex/hooks.json (context on SessionStart, UserPromptSubmit, PostToolUse; the stop guard on Stop).
+  DIR/.codex/hooks.json (context on SessionStart, UserPromptSubmit, PostToolUse; the stop guard on Stop;
+  end on SessionEnd).
 - Gemini CLI: DIR/.gemini/settings.json (the server, trusted; context on SessionStart, BeforeAgent,
   AfterTool; the stop guard on AfterAgent; end on SessionEnd).
 
@@ -35,6 +36,7 @@ _BEGIN = "# agent-mail setup: begin (written by `agent-mail setup codex`; `--rem
 _END = "# agent-mail setup: end"
 SERVER = "agent-mail"
 WAITER_TIMEOUT_SECONDS = 3600  # above the waiter's 55-minute wait
+REWAKE_MESSAGE = "agent-mail: new mail arrived while you were idle (this is mail for you, not an error):"
 _MARK = " -m agent_mail "  # in every command we write: how our entries are told from the user's
 
 
@@ -143,8 +145,14 @@ def _hook_entries(harness: str, agent: str, mailbox: str) -> dict[str, list[dict
         "Stop": [{"hooks": [hook("stop")]}],
     }
     if harness == "claude-code":
-        entries["Stop"][0]["hooks"].append(hook("wait", asyncRewake=True, timeout=WAITER_TIMEOUT_SECONDS))
-        entries["SessionEnd"] = [{"hooks": [hook("end")]}]
+        # rewakeMessage and rewakeSummary (Claude Code's settings schema, marked internal there) replace what a
+        # wake is framed as: "Stop hook blocking error from command ..." to the model and "Stop hook feedback" to
+        # the user. Only a plugin's hook may set the summary per wake, so the user's line cannot name the sender.
+        entries["Stop"][0]["hooks"].append(hook("wait", asyncRewake=True, timeout=WAITER_TIMEOUT_SECONDS,
+                                                rewakeMessage=REWAKE_MESSAGE, rewakeSummary=f"agent-mail: new mail "
+                                                f"for {agent}"))
+    # Codex 0.171 fires SessionEnd too (its session-end.command.input schema; seen under `codex exec`).
+    entries["SessionEnd"] = [{"hooks": [hook("end")]}]
     return entries
 
 

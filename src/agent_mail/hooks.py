@@ -133,6 +133,16 @@ def render(harness: str, agent: str, envelopes: list[dict], new: int, unread: in
     return "\n".join(lines)
 
 
+def user_line(agent: str, envelopes: list[dict]) -> str:
+    """The one line a person watching the session is shown: who wrote and the subject."""
+    if not envelopes:
+        return f"agent-mail: news for {agent} (a bounce): see the model's next turn."
+    first = envelopes[0]
+    more = len(envelopes) - 1
+    return (f"agent-mail: mail for {agent} from {first['sender']}: {json.dumps(first['subject'], ensure_ascii=False)}"
+            + (f" (+{more} more)" if more else ""))
+
+
 # Where each harness takes the hooks' output. All three read hookSpecificOutput.additionalContext on their
 # context events (Claude Code and Codex: SessionStart, UserPromptSubmit, PostToolUse; Gemini CLI:
 # SessionStart, BeforeAgent, AfterTool); a held stop is {"decision": "block"} on Stop (Claude Code, Codex)
@@ -225,14 +235,17 @@ class Hook:
         self.store.save_harness_session(session)
         return render(self.harness, self.agent, envelopes, unread, unread, events, len(others), start=True)
 
-    def _tell(self, session: dict, now: str) -> str | None:
-        """Mark what is new as told (in the caller's write transaction); the note, or None."""
+    def _tell(self, session: dict, now: str, told: list | None = None) -> str | None:
+        """Mark what is new as told (in the caller's write transaction); the note, or None. `told`, when given,
+        receives the envelopes (for the line the user is shown)."""
         envelopes, new, events, newest_event = self._untold(session, now)
         session["told_seq"] = max(session["told_seq"], self.store.newest_seq())
         session["told_at"], session["told_event"], session["last_seen"] = now, newest_event, now
         self.store.save_harness_session(session)
         if not new and not events:
             return None
+        if told is not None:
+            told.extend(envelopes)
         unread = self.store.count_unread(self.agent, now)
         return render(self.harness, self.agent, envelopes, new, unread, events)
 
@@ -245,11 +258,16 @@ class Hook:
             if session is None or session["agent"] != self.agent or session["ended_at"]:
                 self._start_note(session, now)  # first contact: the baseline; nothing arrived "during" a turn
                 return None
-            note = self._tell(session, now)
+            told: list[dict] = []
+            note = self._tell(session, now, told)
             if note is None:
                 return None
+            # The reason goes to the model as the next prompt: mail, said as mail. systemMessage is the line each
+            # harness shows the user (Claude Code and Codex under the hook's name; Gemini CLI after its fixed
+            # "Agent execution blocked:"), which would otherwise be the whole reason or nothing.
             output = {"decision": STOP_DECISION[self.harness], "reason": note + "\nThis arrived while you worked: "
-                      "deal with it (or say why not) before you stop."}
+                      "it is mail for you, not an error; deal with it (or say why not) before you stop.",
+                      "systemMessage": user_line(self.agent, told)}
             emit(output)
         return output
 
@@ -319,6 +337,33 @@ class Hook:
                     self.store.save_harness_session(session)
         except errors.AgentMailError:
             pass
+
+
+def told_by_tool(store, agent: str, shown: list[str]) -> int:
+    """What a tool result showed the model (the MCP server's watch or read, in a harness session) counts as
+    told to that session: the live sessions of `agent` whose harness process is this process's (the server is
+    the harness's child, as each hook is) are marked told, so no hook tells the same mail again. Only when
+    the result showed everything the session had not been told of (mail that came after it stays untold).
+    How many sessions were marked."""
+    if not shown:
+        return 0
+    pid, host, shown_ids, marked = _harness_pid(), _host(), set(shown), 0
+    if pid is None:
+        return 0
+    now = model.now_iso()
+    with store.transaction(write=True):
+        for row in store.harness_sessions_of(agent):
+            if row["host"] != host or row["pid"] != pid:
+                continue
+            session = store.harness_session(row["id"])
+            envelopes, new = store.untold(agent, now, session["told_seq"], session["told_at"], SHOWN + 1)
+            if new > len(envelopes) or any(e["id"] not in shown_ids for e in envelopes):
+                continue
+            session["told_seq"] = max(session["told_seq"], store.newest_seq())
+            session["told_at"] = session["last_seen"] = now
+            store.save_harness_session(session)
+            marked += 1
+    return marked
 
 
 class _Superseded(Exception):

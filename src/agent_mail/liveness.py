@@ -17,9 +17,21 @@ if TYPE_CHECKING:
 
 _NEVER = {"armed_seen": None, "released_at": None, "session_seen": None, "heartbeat": None, "sessions": 0}
 
+# How a live harness session of each harness hears of new mail (hooks.py: Claude Code's asyncRewake waiter
+# wakes an idle session; the others have no hook that can, so they are told at their next prompt or tool call).
+HEARS = {
+    "claude-code": "a live Claude Code session: told at its next tool call or stop, woken when idle",
+    "codex": "a live Codex session: told at its next prompt or tool call (Codex cannot wake an idle session)",
+    "gemini": "a live Gemini CLI session: told at its next prompt or tool call (Gemini CLI cannot wake an idle "
+              "session)",
+}
 
-def describe_liveness(facts: dict | None, at: _dt.datetime) -> dict:
-    """watching / last_seen / watch_state / released_at / reachable from stored liveness facts."""
+
+def describe_liveness(facts: dict | None, at: _dt.datetime, harnesses: list[str] | tuple = (),
+                      human: bool = False) -> dict:
+    """watching / last_seen / watch_state / released_at / reachable / reached_by from stored liveness facts
+    and the harnesses of the identity's live harness sessions (a session whose hooks will tell the model is
+    listening, whether or not a watch is armed at this moment); a human is always reachable."""
     facts = facts or _NEVER
 
     def within(moment, seconds):
@@ -36,35 +48,60 @@ def describe_liveness(facts: dict | None, at: _dt.datetime) -> dict:
         state = "stale"  # the newest session stopped refreshing without ever exiting: killed
     else:
         state = "released"
+    known = [h for h in HEARS if h in harnesses]
+    if human:
+        reached_by = "a person (human profile): reads the inbox"
+    elif known:
+        reached_by = HEARS[known[0]]
+    elif state == "armed":
+        reached_by = "an armed watch"
+    elif within(facts["heartbeat"], model.LIVENESS_SECONDS):
+        reached_by = f"a heartbeat in the last {model.LIVENESS_SECONDS:.0f} s"
+    else:
+        reached_by = None
     return {
         "watching": within(last_seen, model.LIVENESS_SECONDS),
         "last_seen": model.iso(last_seen) if last_seen else None,
         "watch_state": state,
         "released_at": model.iso(released_at) if released_at else None,
-        "reachable": state == "armed" or within(facts["heartbeat"], model.LIVENESS_SECONDS),
+        "reachable": reached_by is not None,
+        "reached_by": reached_by,
     }
+
+
+def harnesses_of(store: Store, agent: str | None = None) -> dict[str, list[str]]:
+    """{identity: the harnesses of its live harness sessions} (of `agent`, or of everyone)."""
+    found: dict[str, list[str]] = {}
+    for session in live_sessions(store.harness_sessions_of(agent), model.now()):
+        found.setdefault(session["agent"], []).append(session["harness"])
+    return found
 
 
 def presence(store: Store, agent: str) -> dict:
     """describe_liveness of `agent` now."""
-    return describe_liveness(store.liveness(agent).get(agent), model.now())
+    return describe_liveness(store.liveness(agent).get(agent), model.now(), harnesses_of(store, agent).get(agent, ()),
+                             agent in store.humans())
 
 
-def reachability(store: Store, agents: list[str]) -> dict[str, bool]:
-    """Whether each identity can be reached now: armed watch, fresh heartbeat, or a human."""
+def reachability(store: Store, agents: list[str]) -> dict[str, str | None]:
+    """How each identity can be reached now (describe_liveness's reached_by: a live harness session, an armed
+    watch, a fresh heartbeat, or a human), or None where it cannot."""
     if not agents:
         return {}
     at = model.now()
-    facts = store.liveness(agents[0]) if len(agents) == 1 else store.liveness()
+    one = agents[0] if len(agents) == 1 else None
+    facts, harnesses = store.liveness(one), harnesses_of(store, one)
     humans = store.humans()
-    return {a: a in humans or describe_liveness(facts.get(a), at)["reachable"] for a in agents}
+    return {a: describe_liveness(facts.get(a), at, harnesses.get(a, ()), a in humans)["reached_by"] for a in agents}
 
 
 def anyone_reachable(store: Store, besides: str) -> bool:
-    """Whether any identity but `besides` can be reached: only those with liveness or a human
-    profile can be, so there is no need to list every identity in the mailbox."""
+    """Whether any identity but `besides` can be reached: only those with liveness, a live harness session or
+    a human profile can be, so there is no need to list every identity in the mailbox."""
     at = model.now()
     if store.humans() - {besides}:
+        return True
+    if set(harnesses_of(store)) - {besides}:
         return True
     return any(describe_liveness(facts, at)["reachable"]
                for agent, facts in store.liveness().items() if agent != besides)

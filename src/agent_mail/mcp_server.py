@@ -166,6 +166,8 @@ class AgentMailServer(MCPServer):
         except Exception as exc:  # a bug: still a tool error a model can read, never a traceback
             return _error({"error": f"internal error ({type(exc).__name__}: {exc}). Nothing was changed. "
                                     "Please report this."})
+        if name in ("watch", "read") and isinstance(result, dict) and result.get("messages"):
+            await anyio.to_thread.run_sync(_told, result)
         document = render_steps(result, self.agent)
         return CallToolResult(content=[TextContent(type="text", text=jsonout.dumps(document))],
                               structured_content=document)
@@ -219,6 +221,18 @@ class AgentMailServer(MCPServer):
             raise errors.InvalidInput([("save_to", f"must be a directory under {root}, where this server may save "
                                                    "files (agent-mail mcp --save-root); give a relative path.")])
         return target
+
+
+def _told(result: dict) -> None:
+    """The mail this result shows the model counts as told to its harness session (best effort: a failure
+    only means a hook may tell it again)."""
+    from agent_mail import hooks, service
+
+    try:
+        with service.open_mailbox() as mailbox:
+            hooks.told_by_tool(mailbox.store, result["agent"], [m["id"] for m in result["messages"]])
+    except errors.AgentMailError:
+        pass
 
 
 def _namer(name: str):

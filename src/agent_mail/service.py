@@ -117,7 +117,8 @@ class Mailbox:
             gone = self._reply_to_problems(from_, reply_to) if reply_to is not None else []
             if gone:  # deleted (cleanup) since the check above
                 raise errors.NotFound(gone)
-            reachable = liveness.reachability(self.store, [r for r in recipients if r not in (from_, model.BROADCAST)])
+            reached = liveness.reachability(self.store, [r for r in recipients if r not in (from_, model.BROADCAST)])
+            reachable = {recipient: how is not None for recipient, how in reached.items()}
             if model.BROADCAST in recipients:
                 reachable[model.BROADCAST] = liveness.anyone_reachable(self.store, besides=from_)
             reachable[from_] = True  # a note to yourself needs no check
@@ -126,6 +127,8 @@ class Mailbox:
             for recipient in recipients:
                 entry = {"recipient": recipient, "id": None, "status": "delivered",
                          "reachable": reachable[recipient]}
+                if reached.get(recipient):
+                    entry["reached_by"] = reached[recipient]
                 if require_reachable and not reachable[recipient]:
                     entry["status"] = "refused"
                     entry["reason"] = self._refusal(recipient)
@@ -349,11 +352,10 @@ class Mailbox:
             else:
                 counts = self.store.agent_counts(now)
             facts = self.store.liveness(agent)
-            harness = live_sessions(self.store.harness_sessions_of(agent), model.now())
+            harnesses = liveness.harnesses_of(self.store, agent)
+            humans = self.store.humans()
         at = model.now()
-        sessions: dict[str, int] = {}
-        for session in harness:
-            sessions[session["agent"]] = sessions.get(session["agent"], 0) + 1
+        sessions = {name: len(of) for name, of in harnesses.items()}
         if agent is not None:
             names = [agent]
         else:
@@ -363,8 +365,7 @@ class Mailbox:
         rows = []
         for name in names:
             row = {"agent": name, **counts.get(name, {"unread": 0, "unacked": 0})}
-            row.update(describe_liveness(facts.get(name), at))
-            del row["reachable"]
+            row.update(describe_liveness(facts.get(name), at, harnesses.get(name, ()), name in humans))
             row["sessions"] = sessions.get(name, 0)
             rows.append({f: row[f] for f in fields} if fields else row)
         result = {"agents": rows, "count": len(rows)}

@@ -90,8 +90,7 @@ class Supervisor:
         fleet = []
         for row in rows:
             agent = row["agent"]
-            reachable = service.describe_liveness(liveness.get(agent), at)["reachable"]
-            listening = reachable or row["sessions"] > 0
+            listening = row["reachable"]  # what status, send receipts and --require-reachable say
             oldest_age = age_seconds(oldest.get(agent), at) if row["unacked"] else None
             problems = []
             if row["unread"] and not listening and agent not in humans:  # a human reads here, not by a watch
@@ -108,6 +107,7 @@ class Supervisor:
                 "human": agent in humans,
                 "watch_state": row["watch_state"],
                 "listening": listening,
+                "reached_by": row["reached_by"],
                 "sessions": row["sessions"],
                 "unread": row["unread"],
                 "unacked": row["unacked"],
@@ -196,9 +196,7 @@ class Supervisor:
 
 
 def _liveness_row(facts: dict | None, at: _dt.datetime) -> dict:
-    row = service.describe_liveness(facts, at)
-    del row["reachable"]
-    return row
+    return service.describe_liveness(facts, at)
 
 
 def group_sends(rows: list[dict], tallies: dict, attachments: dict, now: str, fleet_size: int) -> list[dict]:

@@ -180,12 +180,19 @@ STATUS_FIELDS = {
     f"(the agent is deaf until it re-arms). stale: a watch stopped refreshing for {model.STALE_SECONDS:.0f} s without "
     "exiting (killed). never: it has never watched.",
     "released_at": "When the last watch exited cleanly, or null.",
+    "reachable": "Whether mail sent now will be noticed: a live harness session (its hooks tell the model), an "
+    f"armed watch, a heartbeat in the last {model.LIVENESS_SECONDS:.0f} s, or a human. The same answer send's "
+    "receipt and --require-reachable give.",
+    "reached_by": "How it will hear of mail sent now, in words (e.g. 'a live Claude Code session: told at its next "
+    "tool call or stop, woken when idle', 'a live Codex session: told at its next prompt or tool call (Codex cannot "
+    "wake an idle session)', 'an armed watch'), or null when unreachable.",
     "sessions": "Live harness sessions (Claude Code, Codex, Gemini CLI, through agent-mail's hooks) holding this "
     "identity. More than 1: they share one inbox and take each other's unread mail.",
 }
 
-REACHABLE_HELP = ("Whether this identity can be reached right now: a watch is armed, or a heartbeat was seen "
-                  f"in the last {model.LIVENESS_SECONDS:.0f} s.")
+REACHABLE_HELP = ("Whether this identity can be reached right now: a live harness session (Claude Code, Codex, "
+                  "Gemini CLI: its hooks tell the model), an armed watch, a heartbeat seen in the last "
+                  f"{model.LIVENESS_SECONDS:.0f} s, or a human profile.")
 NEXT_HELP = "The literal commands that finish the loop from the state just observed, in order. Run them."
 
 HARNESSES = ("claude-code", "codex", "gemini")

@@ -68,8 +68,9 @@ register(Command(
             f"and stored in the mailbox when you send, so it travels with the message. At most "
             f"{model.ATTACHMENT_MAX_BYTES // (1024 * 1024)} MiB a file, "
             f"{model.ATTACHMENTS_MAX_BYTES_PER_SEND // (1024 * 1024)} MiB a send.", repeat=True),
-        Arg("--require-reachable", FLAG, "Refuse recipients that cannot be reached now (no armed watch, no heartbeat "
-            "in the last 60 s, not a human). The others still get it; exit code 3 says some were refused, and "
+        Arg("--require-reachable", FLAG, "Refuse recipients that cannot be reached now (no live harness session, no "
+            "armed watch, no heartbeat in the last 60 s, not a human). The others still get it; exit code 3 says some "
+            "were refused, and "
             "each refusal is recorded in your system channel."),
     ),
     exclusive=(("--body", "--body-file"),),
@@ -86,15 +87,17 @@ register(Command(
         "reply_to": "The message it answers, or null.",
         "acknowledged": "With --reply-to: the id marked read and acknowledged for you, else null.",
         "batch_id": "One id shared by every copy of this send.",
-        "deliveries": "One entry per recipient: {recipient, id, status, reachable} plus deliver_at when "
-        "status is 'scheduled' and reason when it is 'refused' (no message was stored for it; id is null).",
+        "deliveries": "One entry per recipient: {recipient, id, status, reachable} plus reached_by (how it will "
+        "hear of it, as status says) when reachable, deliver_at when status is 'scheduled' and reason when it is "
+        "'refused' (no message was stored for it; id is null).",
         "delivered": "How many recipients got it now.",
         "scheduled": "How many will get it at deliver_at.",
         "refused": "How many were refused (non-zero means exit code 3).",
         "mirrors": "Notification files rewritten because of this send: [{agent, path, status}]; a failed "
         "render is listed with status 'failed' and never fails the send.",
-        "sender_reachable": ("Whether you, the sender, can be reached for the answer: a watch of yours is armed, or "
-                             f"you sent a heartbeat in the last {model.LIVENESS_SECONDS:.0f} s."),
+        "sender_reachable": ("Whether you, the sender, can be reached for the answer: a live harness session of "
+                             "yours, a watch of yours armed, or a heartbeat of yours in the last "
+                             f"{model.LIVENESS_SECONDS:.0f} s."),
         "next": "When your own watch has lapsed: the command that re-arms it. Otherwise empty.",
     },
     examples=(
