@@ -383,7 +383,7 @@ def test_setup_merges_into_existing_settings_and_leaves_the_rest(tmp_path):
     # Another identity replaces ours, not theirs; --remove takes out only ours.
     assert am_process("setup", "claude-code", "--agent", "proj:other", "--dir", str(tmp_path)).returncode == 0
     again = json.loads(settings.read_text())
-    assert "proj:coder" not in json.dumps(again) and json.dumps(again).count("proj:other") == 7  # + summary
+    assert "proj:coder" not in json.dumps(again) and json.dumps(again).count("proj:other") == 8  # hooks, env, summary
     assert setup(tmp_path, "--remove").returncode == 0
     assert json.loads(settings.read_text()) == mine
     assert json.loads((tmp_path / ".mcp.json").read_text()) == {"mcpServers": {"other": {"command": "x"}}}

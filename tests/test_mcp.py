@@ -247,9 +247,23 @@ def test_numbers_are_judged_as_numbers_and_raw_infinity_or_nan_is_refused():
     raw = "\n".join(json.dumps(line) for line in lines) + "\n" + \
         '{"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "read", "arguments": ' \
         '{"limit": Infinity}}}\n'
-    proc = subprocess.run([sys.executable, "-m", "agent_mail", "mcp", "--agent", ME], input=raw, text=True,
-                          capture_output=True, env=process_env(), timeout=60)
-    answers = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+    # stdin stays open until the answer came: at end of input the server may stop before it answers.
+    proc = subprocess.Popen([sys.executable, "-m", "agent_mail", "mcp", "--agent", ME], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=process_env())
+    try:
+        proc.stdin.write(raw)
+        proc.stdin.flush()
+        answers = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(a.get("id") == 2 for a in answers):
+            line = proc.stdout.readline()
+            if not line:
+                break
+            if line.strip():
+                answers.append(json.loads(line))
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)
     answer = [a for a in answers if a.get("id") == 2][0]
     assert answer["result"]["isError"] is True
     problems = json.loads(answer["result"]["content"][0]["text"])["problems"]

@@ -29,7 +29,7 @@ import sys
 
 from agent_mail import calls, errors, model
 from agent_mail.liveness import host_name as _host
-from agent_mail.liveness import live_sessions, pid_alive
+from agent_mail.liveness import harness_pid, live_sessions, pid_alive
 
 SHOWN = 10  # envelopes listed in one context note; the rest are counted
 INPUT_MAX_BYTES = 4 * 1024 * 1024
@@ -158,25 +158,6 @@ def _output(harness: str, event_name: str, note: str) -> dict:
     return {"hookSpecificOutput": {"hookEventName": event_name, "additionalContext": note}}
 
 
-_SHELLS = {"sh", "bash", "dash", "zsh", "ksh", "fish"}
-
-
-def _harness_pid() -> int | None:
-    """The harness process this hook runs for: CLAUDE_PID where Claude Code gives it; otherwise the parent,
-    or the parent's parent when the parent is the shell the harness ran the hook command with."""
-    text = os.environ.get("CLAUDE_PID", "")
-    if text.isdigit():
-        return int(text)
-    parent = os.getppid()
-    try:
-        with open(f"/proc/{parent}/comm") as handle:
-            name = handle.read().strip()
-        if name in _SHELLS:
-            with open(f"/proc/{parent}/stat", "rb") as handle:
-                return int(handle.read().rsplit(b")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-    return parent
 
 
 class Hook:
@@ -187,7 +168,7 @@ class Hook:
         self.event_name = str(document.get("hook_event_name") or "")
 
     def _new_session(self, now: str) -> dict:
-        return {"id": self.key, "harness": self.harness, "agent": self.agent, "pid": _harness_pid(),
+        return {"id": self.key, "harness": self.harness, "agent": self.agent, "pid": harness_pid(),
                 "host": _host(), "started_at": now, "last_seen": now, "told_seq": 0, "told_at": now,
                 "told_event": 0, "waiter": None, "ended_at": None}
 
@@ -296,10 +277,10 @@ class Hook:
                 session = self.store.harness_session(self.key)
             older = session["waiter"]
             session["waiter"] = me
-            session["pid"] = _harness_pid() or session["pid"]
+            session["pid"] = harness_pid() or session["pid"]
             self.store.save_harness_session(session)
         _end_waiter(older)
-        harness_pid = _harness_pid()
+        harness = harness_pid()
         note: list[str] = []
 
         def look_for() -> list[dict]:
@@ -315,7 +296,7 @@ class Hook:
             return [{"told": True}] if note else []
 
         def wanted() -> bool:
-            return pid_alive(harness_pid)
+            return pid_alive(harness)
 
         try:
             found = self.mailbox.wait_armed(self.agent, minutes * 60.0, look_for, wanted)
@@ -337,33 +318,6 @@ class Hook:
                     self.store.save_harness_session(session)
         except errors.AgentMailError:
             pass
-
-
-def told_by_tool(store, agent: str, shown: list[str]) -> int:
-    """What a tool result showed the model (the MCP server's watch or read, in a harness session) counts as
-    told to that session: the live sessions of `agent` whose harness process is this process's (the server is
-    the harness's child, as each hook is) are marked told, so no hook tells the same mail again. Only when
-    the result showed everything the session had not been told of (mail that came after it stays untold).
-    How many sessions were marked."""
-    if not shown:
-        return 0
-    pid, host, shown_ids, marked = _harness_pid(), _host(), set(shown), 0
-    if pid is None:
-        return 0
-    now = model.now_iso()
-    with store.transaction(write=True):
-        for row in store.harness_sessions_of(agent):
-            if row["host"] != host or row["pid"] != pid:
-                continue
-            session = store.harness_session(row["id"])
-            envelopes, new = store.untold(agent, now, session["told_seq"], session["told_at"], SHOWN + 1)
-            if new > len(envelopes) or any(e["id"] not in shown_ids for e in envelopes):
-                continue
-            session["told_seq"] = max(session["told_seq"], store.newest_seq())
-            session["told_at"] = session["last_seen"] = now
-            store.save_harness_session(session)
-            marked += 1
-    return marked
 
 
 class _Superseded(Exception):

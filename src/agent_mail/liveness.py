@@ -138,3 +138,52 @@ def live_sessions(sessions: list[dict], now: _dt.datetime) -> list[dict]:
             if seen is not None and (now - seen).total_seconds() < 86400:
                 live.append(session)
     return live
+
+
+_SHELLS = {"sh", "bash", "dash", "zsh", "ksh", "fish"}
+
+
+def harness_pid() -> int | None:
+    """The harness process this process (a hook, or the MCP server) runs for: CLAUDE_PID where Claude Code
+    gives it; otherwise the parent,
+    or the parent's parent when the parent is the shell the harness ran the hook command with."""
+    text = os.environ.get("CLAUDE_PID", "")
+    if text.isdigit():
+        return int(text)
+    parent = os.getppid()
+    try:
+        with open(f"/proc/{parent}/comm") as handle:
+            name = handle.read().strip()
+        if name in _SHELLS:
+            with open(f"/proc/{parent}/stat", "rb") as handle:
+                return int(handle.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return parent
+
+
+def told_by_tool(store, agent: str, shown: list[str], shown_max: int = 10) -> int:
+    """What a tool result showed the model (the MCP server's watch or read, in a harness session) counts as
+    told to that session: the live sessions of `agent` whose harness process is this process's (the server is
+    the harness's child, as each hook is) are marked told, so no hook tells the same mail again. Only when
+    the result showed everything the session had not been told of (mail that came after it stays untold).
+    How many sessions were marked."""
+    if not shown:
+        return 0
+    pid, host, shown_ids, marked = harness_pid(), host_name(), set(shown), 0
+    if pid is None:
+        return 0
+    now = model.now_iso()
+    with store.transaction(write=True):
+        for row in store.harness_sessions_of(agent):
+            if row["host"] != host or row["pid"] != pid:
+                continue
+            session = store.harness_session(row["id"])
+            envelopes, new = store.untold(agent, now, session["told_seq"], session["told_at"], shown_max + 1)
+            if new > len(envelopes) or any(e["id"] not in shown_ids for e in envelopes):
+                continue
+            session["told_seq"] = max(session["told_seq"], store.newest_seq())
+            session["told_at"] = session["last_seen"] = now
+            store.save_harness_session(session)
+            marked += 1
+    return marked

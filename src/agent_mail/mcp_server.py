@@ -226,11 +226,11 @@ class AgentMailServer(MCPServer):
 def _told(result: dict) -> None:
     """The mail this result shows the model counts as told to its harness session (best effort: a failure
     only means a hook may tell it again)."""
-    from agent_mail import hooks, service
+    from agent_mail import liveness, service
 
     try:
         with service.open_mailbox() as mailbox:
-            hooks.told_by_tool(mailbox.store, result["agent"], [m["id"] for m in result["messages"]])
+            liveness.told_by_tool(mailbox.store, result["agent"], [m["id"] for m in result["messages"]])
     except errors.AgentMailError:
         pass
 
