@@ -10,7 +10,7 @@ Front ends never import each other, and none checks a value of its own.
 
 from __future__ import annotations
 
-from agent_mail import checks, errors
+from agent_mail import checks
 
 check = checks.check
 
@@ -30,12 +30,6 @@ def run(name: str, values: dict, *, emit=_no_emit, mailbox=None) -> object:
         return location.doctor(**values, emit=emit)
     if name == "copy":
         return location.copy_mailbox(**values, emit=emit)
-    if name in ("export", "import"):
-        from agent_mail import inputs
-
-        problems = inputs.input_problems(name, values)
-        if problems:  # before the mailbox is opened: a refused export creates nothing
-            raise errors.InvalidInput(problems)
     if mailbox is not None:
         return _operate(mailbox, name, values, emit)
     with service.open_mailbox() as opened:

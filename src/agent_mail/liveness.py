@@ -107,6 +107,34 @@ def anyone_reachable(store: Store, besides: str) -> bool:
                for agent, facts in store.liveness().items() if agent != besides)
 
 
+def for_send(store: Store, sender: str, recipients: list[str], require: bool) -> dict:
+    """What a send needs to know of liveness, asked once before it writes: how each recipient can be reached
+    (`reached`: the words, or None), whether it can (`reachable`, '*' for anyone but the sender, the sender
+    itself always), why not where the send requires it (`refusals`), and the sender's own presence."""
+    reached = reachability(store, [r for r in recipients if r not in (sender, model.BROADCAST)])
+    reachable = {recipient: how is not None for recipient, how in reached.items()}
+    if model.BROADCAST in recipients:
+        reachable[model.BROADCAST] = anyone_reachable(store, besides=sender)
+    reachable[sender] = True  # a note to yourself needs no check
+    refusals = {r: refusal(store, r) for r in recipients if require and not reachable[r]}
+    return {"reached": reached, "reachable": reachable, "refusals": refusals, "sender": presence(store, sender)}
+
+
+def refusal(store: Store, recipient: str) -> str:
+    """Why a send that requires a reachable recipient refuses `recipient`."""
+    if recipient == model.BROADCAST:
+        return "nobody is reachable now: no identity has an armed watch, a recent heartbeat or a human profile."
+    found = presence(store, recipient)
+    state = found["watch_state"]
+    seen = f", last seen {found['last_seen']}" if found["last_seen"] else ""
+    if state == "never":
+        return f"{recipient} is not reachable: it has never watched and sent no recent heartbeat{seen}."
+    if state == "stale":
+        return f"{recipient} is not reachable: its watch stopped refreshing without exiting (killed?){seen}."
+    return f"{recipient} is not reachable: its last watch ended at {found['released_at']} and was not " \
+           f"re-armed{seen}."
+
+
 def pid_alive(pid: int | None) -> bool:
     """Whether process `pid` (on this machine) still runs; True when unknown."""
     if not pid:

@@ -69,11 +69,7 @@ class Mirrors:
         """Write one notification file, remembering what it held in case the transaction rolls back."""
         from agent_mail import notify
 
-        if self._journal is not None and (directory, name) not in self._journal:
-            self._journal[(directory, name)] = notify.read_document(directory, name)
-            if not notify.has_folder(directory):
-                self._new_folders.add(directory)
-        return notify.write_document(directory, name, document)
+        return notify.write_documents([("", directory, name, document)], self._journal, self._new_folders)[0]
 
     def render(self, agents, *, email: bool = True, system: bool = False, written: dict | None = None) -> list[dict]:
         """Rewrite the notification files of those `agents` that have a mirror directory.
@@ -81,10 +77,29 @@ class Mirrors:
         written: {id: message} of rows the current transaction stored (each with its attachments'
         [{name, size, sha256}]): listed from memory rather than read back, once per recipient.
         """
+        return self.render_each({agent: (email, system) for agent in agents}, written)
+
+    def render_all(self, except_agent: str | None = None, written: dict | None = None) -> list[dict]:
+        return self.render([a for a in self.store.mirrored_agents() if a != except_agent], written=written)
+
+    def after_send(self, sender: str, recipients: list[str], *, everyone: bool, bounced: bool,
+                   written: dict) -> list[dict]:
+        """A send's mirrors in one pass: its recipients' (everyone's but the sender's for a broadcast) email
+        mirror, and the sender's system channel when a recipient bounced."""
+        wanted = {agent: (True, False) for agent in
+                  ([a for a in self.store.mirrored_agents() if a != sender] if everyone else []) + recipients}
+        if bounced:
+            wanted[sender] = (wanted.get(sender, (False, False))[0], True)
+        return self.render_each(wanted, written)
+
+    def render_each(self, wanted: dict[str, tuple[bool, bool]], written: dict | None = None) -> list[dict]:
+        """Rewrite, for each agent with a mirror directory, its email mirror and/or system channel (wanted:
+        {agent: (email, system)}): every document made first, then all written in one go."""
         from agent_mail import notify
 
-        results = []
-        for agent in sorted(set(agents)):
+        results, planned = [], []
+        for agent in sorted(wanted):
+            email, system = wanted[agent]
             profile = self.store.profile(agent)
             if not profile or not profile["mirror_dir"]:
                 continue
@@ -95,17 +110,13 @@ class Mirrors:
                 continue
             self._rendered.add(agent)
             if email:
-                document = self.unread_mirror(agent, profile, written)
-                outcome = self.write(profile["mirror_dir"], notify.EMAIL_FILE, document)
-                results.append({"agent": agent, **outcome})
+                planned.append((agent, profile["mirror_dir"], notify.EMAIL_FILE,
+                                self.unread_mirror(agent, profile, written)))
             if system:
                 events = self.store.events(agent)
-                document = notify.system_channel(events) if events else None
-                results.append({"agent": agent, **self.write(profile["mirror_dir"], notify.SYSTEM_FILE, document)})
-        return results
-
-    def render_all(self, except_agent: str | None = None, written: dict | None = None) -> list[dict]:
-        return self.render([a for a in self.store.mirrored_agents() if a != except_agent], written=written)
+                planned.append((agent, profile["mirror_dir"], notify.SYSTEM_FILE,
+                                notify.system_channel(events) if events else None))
+        return results + notify.write_documents(planned, self._journal, self._new_folders)
 
     def unread_mirror(self, agent: str, profile: dict | None, written: dict | None = None) -> dict | None:
         """The unread mirror document of `agent` (None when nothing is unread); see render for `written`."""

@@ -199,3 +199,18 @@ def write_document(directory: str, name: str, document: dict | None) -> dict:
     """Write `document` to DIRECTORY/.notification/NAME atomically, or remove the file when None."""
     data = None if document is None else (jsonout.dumps(document) + "\n").encode("utf-8")
     return write_bytes(directory, name, data)
+
+
+def write_documents(planned: list[tuple[str, str, str, dict | None]], journal: dict | None,
+                    new_folders: set) -> list[dict]:
+    """Write each planned (agent, directory, name, document), in order; what happened to each, with its agent.
+    `journal`, when a transaction keeps one: the bytes each file held before its first write here (so a
+    rollback can put them back), and `new_folders` the directories whose .notification this made."""
+    results = []
+    for agent, directory, name, document in planned:
+        if journal is not None and (directory, name) not in journal:
+            journal[(directory, name)] = read_document(directory, name)
+            if not has_folder(directory):
+                new_folders.add(directory)
+        results.append({"agent": agent, **write_document(directory, name, document)})
+    return results

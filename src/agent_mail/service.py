@@ -117,11 +117,8 @@ class Mailbox:
             gone = self._reply_to_problems(from_, reply_to) if reply_to is not None else []
             if gone:  # deleted (cleanup) since the check above
                 raise errors.NotFound(gone)
-            reached = liveness.reachability(self.store, [r for r in recipients if r not in (from_, model.BROADCAST)])
-            reachable = {recipient: how is not None for recipient, how in reached.items()}
-            if model.BROADCAST in recipients:
-                reachable[model.BROADCAST] = liveness.anyone_reachable(self.store, besides=from_)
-            reachable[from_] = True  # a note to yourself needs no check
+            seen = liveness.for_send(self.store, from_, recipients, require_reachable)
+            reached, reachable, presence = seen["reached"], seen["reachable"], seen["sender"]
             attached = [{k: a[k] for k in ("name", "size", "sha256")} for a in prepared["attachments"]]
             deliveries, published, written = [], [], {}
             for recipient in recipients:
@@ -131,7 +128,7 @@ class Mailbox:
                     entry["reached_by"] = reached[recipient]
                 if require_reachable and not reachable[recipient]:
                     entry["status"] = "refused"
-                    entry["reason"] = self._refusal(recipient)
+                    entry["reason"] = seen["refusals"][recipient]
                     self.store.add_event(model.new_message_id(), from_, "email.bounce", {
                         "recipient": recipient, "subject": prepared["subject"], "reason": entry["reason"],
                     }, created)
@@ -159,13 +156,9 @@ class Mailbox:
             # The reply settles what it answers only if it went out to someone.
             acknowledged, touched = (self._settle_reply(from_, reply_to, no_ack, created)
                                      if len(refused) < len(deliveries) else (None, []))
-            mirrors = []
-            if model.BROADCAST in published:
-                mirrors += self.mirrors.render_all(except_agent=from_, written=written)
-            mirrors += self.mirrors.render([r for r in published if r != model.BROADCAST] + touched, written=written)
-            if refused:
-                mirrors += self.mirrors.render([from_], email=False, system=True)
-            presence = liveness.presence(self.store, from_)
+            mirrors = self.mirrors.after_send(from_, [r for r in published if r != model.BROADCAST] + touched,
+                                              everyone=model.BROADCAST in published, bounced=bool(refused),
+                                              written=written)
             single = deliveries[0] if len(deliveries) == 1 else None
             lapsed = presence["watch_state"] in ("released", "stale") and not presence["reachable"]
             receipt = {
@@ -205,19 +198,6 @@ class Mailbox:
             return None, []
         self.store.set_flags(replier, [answered], at, ("read",) if no_ack else ("read", "ack"))
         return (None if no_ack else reply_to), [replier]
-
-    def _refusal(self, recipient: str) -> str:
-        if recipient == model.BROADCAST:
-            return "nobody is reachable now: no identity has an armed watch, a recent heartbeat or a human profile."
-        presence = liveness.presence(self.store, recipient)
-        state = presence["watch_state"]
-        seen = f", last seen {presence['last_seen']}" if presence["last_seen"] else ""
-        if state == "never":
-            return f"{recipient} is not reachable: it has never watched and sent no recent heartbeat{seen}."
-        if state == "stale":
-            return f"{recipient} is not reachable: its watch stopped refreshing without exiting (killed?){seen}."
-        return f"{recipient} is not reachable: its last watch ended at {presence['released_at']} and was not " \
-               f"re-armed{seen}."
 
     # -- read --------------------------------------------------------------------
     @guarded("read")
