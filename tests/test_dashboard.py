@@ -149,6 +149,16 @@ async def wait_for(pilot, condition, seconds=10.0):
     return False
 
 
+def screen_lines(app) -> list[str]:
+    """The text of the screen as drawn now, one string per row."""
+    return [strip.text for strip in app.screen._compositor.render_strips()]
+
+
+def footer_keys(app) -> set[str]:
+    """The keys the footer offers (shown and enabled), as Textual's Footer picks them."""
+    return {key for key, active in app.screen.active_bindings.items() if active.binding.show and active.enabled}
+
+
 def test_keys_switch_screens_filter_sort_and_show_help(am):
     for agent in ("api:worker", "web:worker", "web:tester"):
         send(am, "ops:lead", agent, f"task for {agent}")
@@ -183,6 +193,37 @@ def test_keys_switch_screens_filter_sort_and_show_help(am):
         assert type(app.screen).__name__ != "Help"
 
     run_app(test, live=False)
+
+
+def test_each_screen_key_shows_its_screen_from_every_screen_in_every_order(am):
+    """The focused table of the screen being left used to hand its focus to its pane's detail view when
+    hidden, which made that pane the active one again: from Traffic or Inbox, `4` stayed where it was."""
+    send(am, "ops:lead", "web:worker", "something to show")
+    names = {"1": "fleet", "2": "traffic", "3": "inbox", "4": "charts"}
+
+    async def test(app, pilot):
+        from textual import events
+        from textual.widgets import TabbedContent
+
+        tabs = app.query_one("#tabs", TabbedContent)
+        app.animation_level = "none"  # the tabs' underline slides otherwise, and each press waits for it
+        assert await wait_for(pilot, lambda: app.feeder is not None and app.feeder.is_alive())
+        for order in itertools.permutations("1234"):
+            for key in order + (order[-1],):  # and the same key again stays put
+                await pilot.press(key)  # (which waits until the app is idle)
+                assert (tabs.active, app.shown_tab) == (names[key], names[key]), (order, key)
+        for order in itertools.permutations("1234"):  # typed ahead, as a busy terminal delivers them
+            for key in order:  # as pilot.press does, without waiting for each key to be handled
+                event = events.Key(key, key)
+                event.set_sender(app)
+                app._driver.send_message(event)
+            wanted = (names[order[-1]],) * 2
+            assert await wait_for(pilot, lambda: (tabs.active, app.shown_tab) == wanted,  # noqa: B023 - awaited here
+                                  seconds=5.0), (order, tabs.active, app.shown_tab)
+            await pilot.pause(0.1)  # and it stays there
+            assert (tabs.active, app.shown_tab) == wanted, order
+
+    run_app(test)
 
 
 def test_selecting_an_identity_opens_its_inbox_without_marking_it_read(am):

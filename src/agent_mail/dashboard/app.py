@@ -125,7 +125,7 @@ class Dashboard(App):
         self.apply_snapshot(self.first)
         self.shown_tab = "fleet"  # TabbedContent's initial pane
         self.inbox_pane.show_title(self.inbox_agent, self.human)
-        self.query_one("#fleet-table", DataTable).focus()
+        self.screen.set_focus(self.query_one("#fleet-table", DataTable))  # now: see on_tabbed_content_tab_activated
         if self.live:
             self.feeder = Feeder(self.post_message, self._wanted())
             self.feeder.start()
@@ -217,7 +217,7 @@ class Dashboard(App):
         self.inbox_agent = agent
         self._tell_feeder(poke=False)
         self.inbox_pane.show_title(agent, self.human)
-        self.query_one("#tabs", TabbedContent).active = "inbox"
+        self.show_screen("inbox")
         self.load_inbox(agent)
 
     @work(thread=True, exclusive=True, group="inbox")
@@ -245,21 +245,35 @@ class Dashboard(App):
 
     # -- actions: looking -------------------------------------------------------------------------------
     def action_screen(self, name: str) -> None:
-        self.query_one("#tabs", TabbedContent).active = name
+        self.show_screen(name)
         if name == "charts" and self.feeder is not None:
             self.feeder.poke.set()
         elif name == "charts" and not self.live:
             self._load_charts_now()
 
+    def show_screen(self, name: str) -> None:
+        """Make `name` the screen in view. The focus leaves the screen being hidden first: a focused widget
+        that is hidden hands its focus to a sibling still displayed (Textual's blur on hide), here the detail
+        view in the same pane, and focusing inside a pane activates that pane again: from Traffic or Inbox,
+        `4` (whose screen has nothing to focus) would stay where it was."""
+        tabs = self.query_one("#tabs", TabbedContent)
+        if tabs.active != name:
+            self.screen.set_focus(None)
+            tabs.active = name
+
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        tabs = self.query_one("#tabs", TabbedContent)
+        if event.pane.id != tabs.active:  # another screen was asked for since: that one's message follows
+            return
         self.shown_tab = event.pane.id
         if event.pane.id in self._behind:  # what was last read at once, then what is there now
             self._behind.discard(event.pane.id)
             (self._draw_fleet if event.pane.id == "fleet" else self._draw_traffic)()
         self._tell_feeder(poke=True)
         tables = event.pane.query(DataTable)
-        if tables:
-            tables.first().focus()
+        # Focused now, not later (Widget.focus waits for the next idle moment): a focus landing after another
+        # key took the user elsewhere would bring this screen back.
+        self.screen.set_focus(tables.first() if tables else None)
 
     def action_help(self) -> None:
         self.push_screen(Help())
