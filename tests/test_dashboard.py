@@ -226,6 +226,21 @@ def test_each_screen_key_shows_its_screen_from_every_screen_in_every_order(am):
     run_app(test)
 
 
+def test_the_footer_offers_only_what_works(am):
+    send(am, "ops:lead", "web:worker", "x")
+    human_keys = {"c", "r"}
+
+    async def read_only(app, pilot):
+        assert footer_keys(app) & human_keys == set(), footer_keys(app)
+        assert {"question_mark", "q"} <= footer_keys(app)
+
+    async def stepping_in(app, pilot):
+        assert human_keys <= footer_keys(app)
+
+    run_app(read_only, live=False)
+    run_app(stepping_in, human="ops:human", live=False)
+
+
 def test_selecting_an_identity_opens_its_inbox_without_marking_it_read(am):
     send(am, "ops:lead", "web:worker", "private to web")
 
@@ -327,7 +342,7 @@ def test_without_as_the_dashboard_only_looks(am, mailbox_path):
 
     async def test(app, pilot):
         app.notify = lambda message, **kw: notes.append(message)
-        for key in ("c", "r", "b", "a"):
+        for key in ("c", "r", "b", "k", "a", "d", "x"):
             await pilot.press(key)
         assert type(app.screen).__name__ not in ("Compose",)
 

@@ -83,8 +83,12 @@ class Dashboard(App):
         Binding("a", "ack", "Ack", show=False),
         Binding("d", "dismiss_mail", "Dismiss", show=False),
         Binding("x", "archive", "Archive", show=False),
+        # Read-only (no --as), the keys above are neither offered nor run (check_action); these say why.
+        Binding("c,r,b,k,a,d,x", "read_only", show=False),
         Binding("g", "chart_by", "By", show=False),
     ]
+    #: The actions of the human stepping in (--as): not offered in the footer, nor run, without one.
+    HUMAN_ACTIONS = frozenset({"send", "reply", "broadcast", "cancel", "ack", "dismiss_mail", "archive"})
 
     def __init__(self, *, human: str | None = None, project: str | None = None, first: dict | None = None,
                  live: bool = True):
@@ -355,24 +359,25 @@ class Dashboard(App):
         return self.traffic_pane.selected()
 
     # -- actions: stepping in as the human -----------------------------------------------------------------
-    def _need_human(self) -> bool:
-        if self.human is None:
-            self.notify("Read-only: start the dashboard with --as PROJECT:NAME to send, reply and handle mail.",
-                        severity="warning")
-            return False
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Read-only, the human's actions are hidden and not run, and their keys say how to step in."""
+        if action in self.HUMAN_ACTIONS:
+            return self.human is not None
+        if action == "read_only":
+            return self.human is None
         return True
 
+    def action_read_only(self) -> None:
+        self.notify("Read-only: start the dashboard with --as PROJECT:NAME to send, reply and handle mail.",
+                    severity="warning")
+
     def action_send(self) -> None:
-        if self._need_human():
-            self.push_screen(Compose(f"Send as {self.human}"), self._sent)
+        self.push_screen(Compose(f"Send as {self.human}"), self._sent)
 
     def action_broadcast(self) -> None:
-        if self._need_human():
-            self.push_screen(Compose(f"Broadcast as {self.human} to everyone", to="*"), self._sent)
+        self.push_screen(Compose(f"Broadcast as {self.human} to everyone", to="*"), self._sent)
 
     def action_reply(self) -> None:
-        if not self._need_human():
-            return
         message_id = self._selected_message()
         if message_id is None:
             self.notify("Select a message to reply to (Traffic or Inbox).", severity="warning")
@@ -398,8 +403,6 @@ class Dashboard(App):
                                             "body": form["body"], "reply_to": form["reply_to"]}), said)
 
     def action_cancel(self) -> None:
-        if not self._need_human():
-            return
         message_id = self._selected_message()
         send = self.traffic_pane.send_by_id(message_id) if message_id else None
         if send is None:
@@ -410,8 +413,6 @@ class Dashboard(App):
                   lambda _: f"Cancelled {len(ids)} message(s)")
 
     def _own_mail(self) -> str | None:
-        if not self._need_human():
-            return None
         if self.inbox_agent != self.human or self.query_one("#tabs", TabbedContent).active != "inbox":
             self.notify(f"Ack, dismiss and archive act on your own inbox: press 3 (Inbox of {self.human}).",
                         severity="warning")
