@@ -241,6 +241,18 @@ def test_the_footer_offers_only_what_works(am):
     run_app(stepping_in, human="ops:human", live=False)
 
 
+def test_a_row_with_several_problems_names_them_all(am, monkeypatch):
+    send(am, "ops:lead", "web:worker", "waiting a long time")
+    later = model.now() + dt.timedelta(minutes=45)
+    monkeypatch.setattr(model, "now", lambda: later)
+
+    async def test(app, pilot):
+        row = next(r for r in table_text(app, "fleet-table") if r.startswith("web:worker"))
+        assert row.endswith("deaf, overdue"), row  # both named (it said "deaf with mail +1"), short to fit
+
+    run_app(test, live=False)
+
+
 def test_selecting_an_identity_opens_its_inbox_without_marking_it_read(am):
     send(am, "ops:lead", "web:worker", "private to web")
 
