@@ -485,6 +485,27 @@ def test_snapshots_of_the_main_screens(am, frozen, snap_compare, size, screen, b
     assert snap_compare(app, press=[screen, "_"], terminal_size=size, run_before=before)
 
 
+@pytest.mark.sqlite_only  # the clock is moved by hand
+def test_the_charts_count_in_whole_sends(am, frozen, backend):
+    seed_team(am, frozen)
+    for minutes in (70, 130):  # a few sends an hour: the axis must not step in thirds of a send
+        frozen["now"] = FIXED - dt.timedelta(minutes=minutes)
+        send(am, "web:worker", "ops:lead", f"{minutes} minutes ago")
+    frozen["now"] = FIXED
+
+    async def test(app, pilot):
+        await pilot.press("4")
+        app.apply_snapshot(supervisor_call(lambda s: {"hourly": s.hourly(), "backlog": s.backlog()}))
+        await pilot.pause()
+        lines = screen_lines(app)
+        import re
+
+        assert any("Sends per hour" in line for line in lines)
+        assert not [line for line in lines if re.search(r"\d\.\d", line)], "\n".join(lines)
+
+    run_app(test, live=False)
+
+
 @pytest.mark.sqlite_only  # no mailbox involved
 def test_a_table_given_new_content_shows_exactly_that_content():
     """The diffing table (it changes only what changed) ends where a rebuilt one would, in every case."""
