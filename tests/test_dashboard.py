@@ -233,6 +233,8 @@ def test_the_footer_offers_only_what_works(am):
     async def read_only(app, pilot):
         assert footer_keys(app) & human_keys == set(), footer_keys(app)
         assert {"question_mark", "q"} <= footer_keys(app)
+        await pilot.press("question_mark")  # and the help says how to step in
+        assert any("read-only: start with --as PROJECT:NAME" in line for line in screen_lines(app))
 
     async def stepping_in(app, pilot):
         assert human_keys <= footer_keys(app)
@@ -251,6 +253,33 @@ def test_a_row_with_several_problems_names_them_all(am, monkeypatch):
         assert row.endswith("deaf, overdue"), row  # both named (it said "deaf with mail +1"), short to fit
 
     run_app(test, live=False)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
+def test_help_reads_as_a_list_at_every_width(am, size):
+    """Each key and what it does on one line, under its screen's name (it used to wrap mid-list and lose
+    its indentation)."""
+    entries = [("1 2 3 4", "Fleet, Traffic, Inbox, Charts"), ("/", "filter by text"),
+               ("p  e  s", "cycle project, watch state, sort"), ("+  -", "overdue threshold"),
+               ("enter  i", "that identity's inbox"), ("enter  t", "the selected send's whole thread"),
+               ("w", "save its attachments"), ("g", "sends per hour by project or by identity"),
+               ("c  b", "send, broadcast to everyone"), ("r", "reply to the selected message"),
+               ("k", "cancel a scheduled message you sent"), ("a  d  x", "ack, dismiss, archive"),
+               ("?  q", "this help, quit")]
+
+    async def test(app, pilot):
+        await pilot.press("question_mark")
+        await pilot.pause()
+        box = app.screen.query_one("#help").content_region
+        lines = [line[box.x:box.right].rstrip() for line in screen_lines(app)[box.y:box.bottom]]
+        for keys, what in entries:
+            assert any(f" {keys} " in line and what in line.split(f" {keys} ", 1)[1] for line in lines), \
+                (keys, what, lines)
+        for section in ("Screens", "Fleet", "Traffic", "Inbox", "Charts", "Step in", "Anywhere"):
+            assert any(line.startswith(section + " ") for line in lines), (section, lines)
+        assert app.screen.query_one("#help").max_scroll_y == 0, lines  # nothing hidden below the box
+
+    run_app(test, size=size, human="ops:human", live=False)
 
 
 def test_selecting_an_identity_opens_its_inbox_without_marking_it_read(am):

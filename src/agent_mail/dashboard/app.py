@@ -280,7 +280,7 @@ class Dashboard(App):
         self.screen.set_focus(tables.first() if tables else None)
 
     def action_help(self) -> None:
-        self.push_screen(Help())
+        self.push_screen(Help(self.human))
 
     def action_filter(self) -> None:
         def done(value):
