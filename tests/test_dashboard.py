@@ -422,6 +422,8 @@ def test_the_human_saves_attachments_and_withdraws_a_scheduled_send(am, tmp_path
     assert notes[0][0] == f"Saved report.txt in {into}" and notes[1][0] == "Cancelled 1 message(s)"
     feed = supervisor_call(lambda s: s.feed())
     assert [f["states"] for f in feed if f["id"] == later] == [{"web:worker": "withdrawn"}]
+    withdrawn = next(f for f in feed if f["id"] == later)  # placed when it was sent, never having landed
+    assert withdrawn["at"] == withdrawn["created"] and withdrawn["withdrawn_at"] >= withdrawn["created"]
 
 
 def _stored(am, agent, subject):
@@ -512,6 +514,44 @@ def test_snapshots_of_the_main_screens(am, frozen, snap_compare, size, screen, b
         await pilot.pause()
 
     assert snap_compare(app, press=[screen, "_"], terminal_size=size, run_before=before)
+
+
+@pytest.mark.sqlite_only  # the clock is moved by hand; a PostgreSQL server stamps mail with its own
+def test_a_withdrawn_scheduled_send_is_shown_where_it_was_sent_and_says_so(am, frozen, backend):
+    frozen["now"] = FIXED - dt.timedelta(minutes=12)
+    send(am, "ops:lead", "web:worker", "due soon", "--delay-minutes", "10")  # landed 2 minutes ago
+    frozen["now"] = FIXED - dt.timedelta(minutes=10)
+    withdrawn = send(am, "ops:lead", "api:worker", "never mind", "--delay-minutes", "30")["id"]
+    frozen["now"] = FIXED - dt.timedelta(minutes=8)
+    am("cancel", "ops:lead", withdrawn).assert_ok()
+    frozen["now"] = FIXED - dt.timedelta(minutes=5)
+    send(am, "ops:lead", "web:worker", "later", "--delay-minutes", "60")  # still scheduled
+    frozen["now"] = FIXED
+
+    async def test(app, pilot):
+        await pilot.press("2")
+        rows = table_text(app, "feed-table")
+        # Newest first by the moment each send landed (or, never delivered, was sent): the one delivered 2
+        # minutes ago, the one scheduled 5 minutes ago, the one sent 10 minutes ago and withdrawn.
+        assert [r.split()[0] for r in rows] == ["2m", "5m", "10m"], rows
+        assert rows[0].endswith("due soon unread") and rows[1].endswith("later scheduled")
+        assert rows[2].endswith("never mind withdrawn"), rows
+        table = app.query_one("#feed-table", Table)
+        table.move_cursor(row=2)
+        await pilot.pause()
+        detail = str(app.query_one("#detail-text").content)
+        assert "sent 2026-12-01T09:20" in detail and "withdrawn 2026-12-01T09:22" in detail, detail
+        assert "was due 2026-12-01T09:50" in detail, detail
+        table.move_cursor(row=1)
+        await pilot.pause()
+        detail = str(app.query_one("#detail-text").content)
+        assert "sent 2026-12-01T09:25" in detail and "due 2026-12-01T10:25" in detail, detail
+        table.move_cursor(row=0)
+        await pilot.pause()
+        detail = str(app.query_one("#detail-text").content)
+        assert "sent 2026-12-01T09:18" in detail and "delivered 2026-12-01T09:28" in detail, detail
+
+    run_app(test, live=False)
 
 
 @pytest.mark.sqlite_only  # the clock is moved by hand
