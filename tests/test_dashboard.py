@@ -149,6 +149,16 @@ async def wait_for(pilot, condition, seconds=10.0):
     return False
 
 
+def screen_lines(app) -> list[str]:
+    """The text of the screen as drawn now, one string per row."""
+    return [strip.text for strip in app.screen._compositor.render_strips()]
+
+
+def footer_keys(app) -> set[str]:
+    """The keys the footer offers (shown and enabled), as Textual's Footer picks them."""
+    return {key for key, active in app.screen.active_bindings.items() if active.binding.show and active.enabled}
+
+
 def test_keys_switch_screens_filter_sort_and_show_help(am):
     for agent in ("api:worker", "web:worker", "web:tester"):
         send(am, "ops:lead", agent, f"task for {agent}")
@@ -183,6 +193,93 @@ def test_keys_switch_screens_filter_sort_and_show_help(am):
         assert type(app.screen).__name__ != "Help"
 
     run_app(test, live=False)
+
+
+def test_each_screen_key_shows_its_screen_from_every_screen_in_every_order(am):
+    """The focused table of the screen being left used to hand its focus to its pane's detail view when
+    hidden, which made that pane the active one again: from Traffic or Inbox, `4` stayed where it was."""
+    send(am, "ops:lead", "web:worker", "something to show")
+    names = {"1": "fleet", "2": "traffic", "3": "inbox", "4": "charts"}
+
+    async def test(app, pilot):
+        from textual import events
+        from textual.widgets import TabbedContent
+
+        tabs = app.query_one("#tabs", TabbedContent)
+        app.animation_level = "none"  # the tabs' underline slides otherwise, and each press waits for it
+        assert await wait_for(pilot, lambda: app.feeder is not None and app.feeder.is_alive())
+        for order in itertools.permutations("1234"):
+            for key in order + (order[-1],):  # and the same key again stays put
+                await pilot.press(key)  # (which waits until the app is idle)
+                assert (tabs.active, app.shown_tab) == (names[key], names[key]), (order, key)
+        for order in itertools.permutations("1234"):  # typed ahead, as a busy terminal delivers them
+            for key in order:  # as pilot.press does, without waiting for each key to be handled
+                event = events.Key(key, key)
+                event.set_sender(app)
+                app._driver.send_message(event)
+            wanted = (names[order[-1]],) * 2
+            assert await wait_for(pilot, lambda: (tabs.active, app.shown_tab) == wanted,  # noqa: B023 - awaited here
+                                  seconds=5.0), (order, tabs.active, app.shown_tab)
+            await pilot.pause(0.1)  # and it stays there
+            assert (tabs.active, app.shown_tab) == wanted, order
+
+    run_app(test)
+
+
+def test_the_footer_offers_only_what_works(am):
+    send(am, "ops:lead", "web:worker", "x")
+    human_keys = {"c", "r"}
+
+    async def read_only(app, pilot):
+        assert footer_keys(app) & human_keys == set(), footer_keys(app)
+        assert {"question_mark", "q"} <= footer_keys(app)
+        await pilot.press("question_mark")  # and the help says how to step in
+        assert any("read-only: start with --as PROJECT:NAME" in line for line in screen_lines(app))
+
+    async def stepping_in(app, pilot):
+        assert human_keys <= footer_keys(app)
+
+    run_app(read_only, live=False)
+    run_app(stepping_in, human="ops:human", live=False)
+
+
+def test_a_row_with_several_problems_names_them_all(am, monkeypatch):
+    send(am, "ops:lead", "web:worker", "waiting a long time")
+    later = model.now() + dt.timedelta(minutes=45)
+    monkeypatch.setattr(model, "now", lambda: later)
+
+    async def test(app, pilot):
+        row = next(r for r in table_text(app, "fleet-table") if r.startswith("web:worker"))
+        assert row.endswith("deaf, overdue"), row  # both named (it said "deaf with mail +1"), short to fit
+
+    run_app(test, live=False)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
+def test_help_reads_as_a_list_at_every_width(am, size):
+    """Each key and what it does on one line, under its screen's name (it used to wrap mid-list and lose
+    its indentation)."""
+    entries = [("1 2 3 4", "Fleet, Traffic, Inbox, Charts"), ("/", "filter by text"),
+               ("p  e  s", "cycle project, watch state, sort"), ("+  -", "overdue threshold"),
+               ("enter  i", "that identity's inbox"), ("enter  t", "the selected send's whole thread"),
+               ("w", "save its attachments"), ("g", "sends per hour by project or by identity"),
+               ("c  b", "send, broadcast to everyone"), ("r", "reply to the selected message"),
+               ("k", "cancel a scheduled message you sent"), ("a  d  x", "ack, dismiss, archive"),
+               ("?  q", "this help, quit")]
+
+    async def test(app, pilot):
+        await pilot.press("question_mark")
+        await pilot.pause()
+        box = app.screen.query_one("#help").content_region
+        lines = [line[box.x:box.right].rstrip() for line in screen_lines(app)[box.y:box.bottom]]
+        for keys, what in entries:
+            assert any(f" {keys} " in line and what in line.split(f" {keys} ", 1)[1] for line in lines), \
+                (keys, what, lines)
+        for section in ("Screens", "Fleet", "Traffic", "Inbox", "Charts", "Step in", "Anywhere"):
+            assert any(line.startswith(section + " ") for line in lines), (section, lines)
+        assert app.screen.query_one("#help").max_scroll_y == 0, lines  # nothing hidden below the box
+
+    run_app(test, size=size, human="ops:human", live=False)
 
 
 def test_selecting_an_identity_opens_its_inbox_without_marking_it_read(am):
@@ -286,7 +383,7 @@ def test_without_as_the_dashboard_only_looks(am, mailbox_path):
 
     async def test(app, pilot):
         app.notify = lambda message, **kw: notes.append(message)
-        for key in ("c", "r", "b", "a"):
+        for key in ("c", "r", "b", "k", "a", "d", "x"):
             await pilot.press(key)
         assert type(app.screen).__name__ not in ("Compose",)
 
@@ -325,6 +422,8 @@ def test_the_human_saves_attachments_and_withdraws_a_scheduled_send(am, tmp_path
     assert notes[0][0] == f"Saved report.txt in {into}" and notes[1][0] == "Cancelled 1 message(s)"
     feed = supervisor_call(lambda s: s.feed())
     assert [f["states"] for f in feed if f["id"] == later] == [{"web:worker": "withdrawn"}]
+    withdrawn = next(f for f in feed if f["id"] == later)  # placed when it was sent, never having landed
+    assert withdrawn["at"] == withdrawn["created"] and withdrawn["withdrawn_at"] >= withdrawn["created"]
 
 
 def _stored(am, agent, subject):
@@ -415,6 +514,65 @@ def test_snapshots_of_the_main_screens(am, frozen, snap_compare, size, screen, b
         await pilot.pause()
 
     assert snap_compare(app, press=[screen, "_"], terminal_size=size, run_before=before)
+
+
+@pytest.mark.sqlite_only  # the clock is moved by hand; a PostgreSQL server stamps mail with its own
+def test_a_withdrawn_scheduled_send_is_shown_where_it_was_sent_and_says_so(am, frozen, backend):
+    frozen["now"] = FIXED - dt.timedelta(minutes=12)
+    send(am, "ops:lead", "web:worker", "due soon", "--delay-minutes", "10")  # landed 2 minutes ago
+    frozen["now"] = FIXED - dt.timedelta(minutes=10)
+    withdrawn = send(am, "ops:lead", "api:worker", "never mind", "--delay-minutes", "30")["id"]
+    frozen["now"] = FIXED - dt.timedelta(minutes=8)
+    am("cancel", "ops:lead", withdrawn).assert_ok()
+    frozen["now"] = FIXED - dt.timedelta(minutes=5)
+    send(am, "ops:lead", "web:worker", "later", "--delay-minutes", "60")  # still scheduled
+    frozen["now"] = FIXED
+
+    async def test(app, pilot):
+        await pilot.press("2")
+        rows = table_text(app, "feed-table")
+        # Newest first by the moment each send landed (or, never delivered, was sent): the one delivered 2
+        # minutes ago, the one scheduled 5 minutes ago, the one sent 10 minutes ago and withdrawn.
+        assert [r.split()[0] for r in rows] == ["2m", "5m", "10m"], rows
+        assert rows[0].endswith("due soon unread") and rows[1].endswith("later scheduled")
+        assert rows[2].endswith("never mind withdrawn"), rows
+        table = app.query_one("#feed-table", Table)
+        table.move_cursor(row=2)
+        await pilot.pause()
+        detail = str(app.query_one("#detail-text").content)
+        assert "sent 2026-12-01T09:20" in detail and "withdrawn 2026-12-01T09:22" in detail, detail
+        assert "was due 2026-12-01T09:50" in detail, detail
+        table.move_cursor(row=1)
+        await pilot.pause()
+        detail = str(app.query_one("#detail-text").content)
+        assert "sent 2026-12-01T09:25" in detail and "due 2026-12-01T10:25" in detail, detail
+        table.move_cursor(row=0)
+        await pilot.pause()
+        detail = str(app.query_one("#detail-text").content)
+        assert "sent 2026-12-01T09:18" in detail and "delivered 2026-12-01T09:28" in detail, detail
+
+    run_app(test, live=False)
+
+
+@pytest.mark.sqlite_only  # the clock is moved by hand
+def test_the_charts_count_in_whole_sends(am, frozen, backend):
+    seed_team(am, frozen)
+    for minutes in (70, 130):  # a few sends an hour: the axis must not step in thirds of a send
+        frozen["now"] = FIXED - dt.timedelta(minutes=minutes)
+        send(am, "web:worker", "ops:lead", f"{minutes} minutes ago")
+    frozen["now"] = FIXED
+
+    async def test(app, pilot):
+        await pilot.press("4")
+        app.apply_snapshot(supervisor_call(lambda s: {"hourly": s.hourly(), "backlog": s.backlog()}))
+        await pilot.pause()
+        lines = screen_lines(app)
+        import re
+
+        assert any("Sends per hour" in line for line in lines)
+        assert not [line for line in lines if re.search(r"\d\.\d", line)], "\n".join(lines)
+
+    run_app(test, live=False)
 
 
 @pytest.mark.sqlite_only  # no mailbox involved

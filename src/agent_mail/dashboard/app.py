@@ -83,8 +83,12 @@ class Dashboard(App):
         Binding("a", "ack", "Ack", show=False),
         Binding("d", "dismiss_mail", "Dismiss", show=False),
         Binding("x", "archive", "Archive", show=False),
+        # Read-only (no --as), the keys above are neither offered nor run (check_action); these say why.
+        Binding("c,r,b,k,a,d,x", "read_only", show=False),
         Binding("g", "chart_by", "By", show=False),
     ]
+    #: The actions of the human stepping in (--as): not offered in the footer, nor run, without one.
+    HUMAN_ACTIONS = frozenset({"send", "reply", "broadcast", "cancel", "ack", "dismiss_mail", "archive"})
 
     def __init__(self, *, human: str | None = None, project: str | None = None, first: dict | None = None,
                  live: bool = True):
@@ -125,7 +129,7 @@ class Dashboard(App):
         self.apply_snapshot(self.first)
         self.shown_tab = "fleet"  # TabbedContent's initial pane
         self.inbox_pane.show_title(self.inbox_agent, self.human)
-        self.query_one("#fleet-table", DataTable).focus()
+        self.screen.set_focus(self.query_one("#fleet-table", DataTable))  # now: see on_tabbed_content_tab_activated
         if self.live:
             self.feeder = Feeder(self.post_message, self._wanted())
             self.feeder.start()
@@ -217,7 +221,7 @@ class Dashboard(App):
         self.inbox_agent = agent
         self._tell_feeder(poke=False)
         self.inbox_pane.show_title(agent, self.human)
-        self.query_one("#tabs", TabbedContent).active = "inbox"
+        self.show_screen("inbox")
         self.load_inbox(agent)
 
     @work(thread=True, exclusive=True, group="inbox")
@@ -245,24 +249,38 @@ class Dashboard(App):
 
     # -- actions: looking -------------------------------------------------------------------------------
     def action_screen(self, name: str) -> None:
-        self.query_one("#tabs", TabbedContent).active = name
+        self.show_screen(name)
         if name == "charts" and self.feeder is not None:
             self.feeder.poke.set()
         elif name == "charts" and not self.live:
             self._load_charts_now()
 
+    def show_screen(self, name: str) -> None:
+        """Make `name` the screen in view. The focus leaves the screen being hidden first: a focused widget
+        that is hidden hands its focus to a sibling still displayed (Textual's blur on hide), here the detail
+        view in the same pane, and focusing inside a pane activates that pane again: from Traffic or Inbox,
+        `4` (whose screen has nothing to focus) would stay where it was."""
+        tabs = self.query_one("#tabs", TabbedContent)
+        if tabs.active != name:
+            self.screen.set_focus(None)
+            tabs.active = name
+
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        tabs = self.query_one("#tabs", TabbedContent)
+        if event.pane.id != tabs.active:  # another screen was asked for since: that one's message follows
+            return
         self.shown_tab = event.pane.id
         if event.pane.id in self._behind:  # what was last read at once, then what is there now
             self._behind.discard(event.pane.id)
             (self._draw_fleet if event.pane.id == "fleet" else self._draw_traffic)()
         self._tell_feeder(poke=True)
         tables = event.pane.query(DataTable)
-        if tables:
-            tables.first().focus()
+        # Focused now, not later (Widget.focus waits for the next idle moment): a focus landing after another
+        # key took the user elsewhere would bring this screen back.
+        self.screen.set_focus(tables.first() if tables else None)
 
     def action_help(self) -> None:
-        self.push_screen(Help())
+        self.push_screen(Help(self.human))
 
     def action_filter(self) -> None:
         def done(value):
@@ -341,24 +359,25 @@ class Dashboard(App):
         return self.traffic_pane.selected()
 
     # -- actions: stepping in as the human -----------------------------------------------------------------
-    def _need_human(self) -> bool:
-        if self.human is None:
-            self.notify("Read-only: start the dashboard with --as PROJECT:NAME to send, reply and handle mail.",
-                        severity="warning")
-            return False
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Read-only, the human's actions are hidden and not run, and their keys say how to step in."""
+        if action in self.HUMAN_ACTIONS:
+            return self.human is not None
+        if action == "read_only":
+            return self.human is None
         return True
 
+    def action_read_only(self) -> None:
+        self.notify("Read-only: start the dashboard with --as PROJECT:NAME to send, reply and handle mail.",
+                    severity="warning")
+
     def action_send(self) -> None:
-        if self._need_human():
-            self.push_screen(Compose(f"Send as {self.human}"), self._sent)
+        self.push_screen(Compose(f"Send as {self.human}"), self._sent)
 
     def action_broadcast(self) -> None:
-        if self._need_human():
-            self.push_screen(Compose(f"Broadcast as {self.human} to everyone", to="*"), self._sent)
+        self.push_screen(Compose(f"Broadcast as {self.human} to everyone", to="*"), self._sent)
 
     def action_reply(self) -> None:
-        if not self._need_human():
-            return
         message_id = self._selected_message()
         if message_id is None:
             self.notify("Select a message to reply to (Traffic or Inbox).", severity="warning")
@@ -384,8 +403,6 @@ class Dashboard(App):
                                             "body": form["body"], "reply_to": form["reply_to"]}), said)
 
     def action_cancel(self) -> None:
-        if not self._need_human():
-            return
         message_id = self._selected_message()
         send = self.traffic_pane.send_by_id(message_id) if message_id else None
         if send is None:
@@ -396,8 +413,6 @@ class Dashboard(App):
                   lambda _: f"Cancelled {len(ids)} message(s)")
 
     def _own_mail(self) -> str | None:
-        if not self._need_human():
-            return None
         if self.inbox_agent != self.human or self.query_one("#tabs", TabbedContent).active != "inbox":
             self.notify(f"Ack, dismiss and archive act on your own inbox: press 3 (Inbox of {self.human}).",
                         severity="warning")

@@ -211,8 +211,11 @@ def group_sends(rows: list[dict], tallies: dict, attachments: dict, now: str, fl
                 "body": row["body"], "refs": row["refs"], "reply_to": row["reply_to"], "type": row["type"],
                 "created": row["created"], "deliver_at": row["deliver_at"], "seq": row["seq"],
                 "attachments": attachments.get(row["id"], []), "states": {}, "broadcast": None,
+                "withdrawn_at": None,
             }
         send["ids"].append(row["id"])
+        if row.get("cancelled_at"):
+            send["withdrawn_at"] = max(send["withdrawn_at"] or "", row["cancelled_at"])
         send["recipients"].append(row["recipient"])
         if row["seq"] < send["seq"]:  # a fan-out is known by its first row
             send["id"], send["seq"] = row["id"], row["seq"]
@@ -225,4 +228,15 @@ def group_sends(rows: list[dict], tallies: dict, attachments: dict, now: str, fl
             send["states"][row["recipient"]] = recipient_state(row, now)
     for send in sends.values():
         send["recipients"].sort()
-    return sorted(sends.values(), key=lambda s: -s["seq"])
+        send["at"] = landed_at(send, now)
+    # Newest first by that moment: a scheduled send is not newer than what landed after it was sent.
+    return sorted(sends.values(), key=lambda s: (model.parse_iso(s["at"]), s["seq"]), reverse=True)
+
+
+def landed_at(send: dict, now: str) -> str:
+    """When a send landed: when it fell due if it was scheduled (and some copy was not withdrawn), else when
+    it was sent. A send still scheduled, or withdrawn, has not landed: it is placed when it was sent."""
+    due = send["deliver_at"]
+    if due and due <= now and set(send["states"].values()) != {"withdrawn"}:
+        return due
+    return send["created"]

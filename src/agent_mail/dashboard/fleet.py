@@ -12,6 +12,7 @@ from agent_mail.dashboard.text import fit
 
 STATE_STYLE = {"armed": "bold green", "released": "yellow", "stale": "bold red", "never": "dim"}
 PROBLEM_STYLE = {data.DEAF: "bold red", data.OVERDUE: "bold yellow", data.STALE: "red", data.BOUNCED: "magenta"}
+SHORT = {data.DEAF: "deaf"}  # a problem's name beside others
 SORTS = ("problems", "agent", "unread", "unacked", "oldest", "last seen")
 STATES = (None, "armed", "released", "stale", "never")
 
@@ -72,10 +73,11 @@ class FleetPane(TabPane):
         selected = table.selected_key()
         rows = []
         for r in self._visible(project):
-            shown = r["problems"][0] + (f" +{len(r['problems']) - 1}" if len(r["problems"]) > 1 else "") \
-                if r["problems"] else "ok"
-            problem = Text(shown,
-                           style=PROBLEM_STYLE.get(r["problems"][0], "") if r["problems"] else "dim")
+            # Every problem by name, the worst first, each in its colour; several in their short names, which
+            # fit an 80-column terminal ("deaf, overdue", not "deaf with mail +1").
+            several = len(r["problems"]) > 1
+            problem = Text(", ").join(Text(SHORT.get(p, p) if several else p, style=PROBLEM_STYLE.get(p, ""))
+                                      for p in r["problems"]) if r["problems"] else Text("ok", style="dim")
             name = Text(fit(r["agent"], 24) + (" (h)" if r["human"] else ""), style="bold" if r["problems"] else "")
             rows.append((r["agent"], (name, Text(r["watch_state"], style=STATE_STYLE.get(r["watch_state"], "")),
                                       str(r["sessions"]), str(r["unread"]), str(r["unacked"]),

@@ -9,25 +9,48 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static, TextArea
 
-HELP = """\
-[b]agent-mail dashboard[/b]: who is listening, who is stuck, what is piling up.
+#: What ? lists: (screen or topic, its keys, what they do), a topic named on its first row only. Laid out as
+#: three columns, the last wrapping within itself, so it reads as a list at any width.
+HELP = (
+    ("Screens", "1 2 3 4", "Fleet, Traffic, Inbox, Charts (or click the tabs)"),
+    ("Fleet", "", "one row per identity, problems first: deaf with mail (unread waiting, nobody listening), "
+                  "overdue (unacked older than the threshold), stale (a watch killed without releasing), bounced"),
+    ("", "/", "filter by text in the name or the problem"),
+    ("", "p  e  s", "cycle project, watch state, sort"),
+    ("", "+  -", "overdue threshold, 5 minutes a step"),
+    ("", "enter  i", "that identity's inbox"),
+    ("Traffic", "", "the newest sends as they land"),
+    ("", "enter  t", "the selected send's whole thread"),
+    ("", "w", "save its attachments into a directory"),
+    ("Inbox", "", "an identity's mail as it sees it"),
+    ("Charts", "g", "sends per hour by project or by identity"),
+    ("Step in", "", "as the identity named by --as, marked human"),
+    ("", "c  b", "send, broadcast to everyone"),
+    ("", "r", "reply to the selected message"),
+    ("", "k", "cancel a scheduled message you sent"),
+    ("", "a  d  x", "ack, dismiss, archive (your own mail, in your inbox)"),
+    ("Anywhere", "?  q", "this help, quit; the mouse works too"),
+)
+READ_ONLY = "read-only: start with --as PROJECT:NAME to step in"
 
-[b]Screens[/b]   1 Fleet   2 Traffic   3 Inbox   4 Charts   (or click the tabs)
-[b]Fleet[/b]     one row per identity, problems first:
-          deaf with mail (unread waiting, nobody listening), overdue (unacked older
-          than the threshold), stale (a watch killed without releasing), bounced.
-          / filter by text   p cycle project   e cycle watch state   s cycle sort
-          + / - overdue threshold   enter or i: that identity's inbox
-[b]Traffic[/b]   the newest sends as they land; enter shows the thread.
-          t thread of the selected message   w save its attachments
-[b]Inbox[/b]     an identity's mail as it would see it (nothing is marked read).
-[b]Step in[/b]   (needs --as PROJECT:NAME; that identity is marked human)
-          c send   r reply to the selected message   b broadcast
-          k cancel the selected scheduled message you sent
-          a ack   d dismiss   x archive   (your own mail, in your inbox)
-[b]Anywhere[/b]  ? this help   q quit   mouse works too
-Looking never marks anything read.
-"""
+
+def help_text(human: str | None):
+    """The help as a table (a rich renderable); read-only (`human` None), Step in says how to."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(style="bold yellow", no_wrap=True)
+    table.add_column(ratio=1)
+    for topic, keys, what in HELP:
+        if topic == "Step in" and human is None:
+            what = READ_ONLY
+        table.add_row(topic, keys, what)
+    title = Text.assemble(("agent-mail dashboard", "bold"),
+                          ": who is listening, who is stuck, what is piling up.\nLooking marks nothing read.")
+    return Group(title, table)
 
 
 class Compose(ModalScreen):
@@ -90,13 +113,17 @@ class Ask(ModalScreen):
 
 
 class Help(ModalScreen):
-    """What every key does."""
+    """What every key does (`human`: the identity stepping in, None when read-only)."""
 
     BINDINGS = [Binding("escape,q,question_mark", "dismiss_help", "Close")]
 
+    def __init__(self, human: str | None = None):
+        super().__init__()
+        self.human = human
+
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="help"):
-            yield Static(HELP)
+            yield Static(help_text(self.human))
 
     def action_dismiss_help(self) -> None:
         self.dismiss(None)

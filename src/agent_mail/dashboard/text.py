@@ -33,10 +33,22 @@ def state_summary(send: dict) -> Text:
     return Text(" ".join(f"{n} {s}" for s, n in counts.items()))
 
 
+def when(send: dict) -> str:
+    """When a send was sent and, if it was scheduled, when it fell due or falls due, or when it was withdrawn."""
+    due, states = send["deliver_at"], set(send["states"].values())
+    if not due:
+        return send["created"]
+    if send.get("withdrawn_at") and states == {"withdrawn"}:
+        return f"sent {send['created']} · withdrawn {send['withdrawn_at']}, was due {due}"
+    if "scheduled" in states:  # (any copies withdrawn say so beside their recipient)
+        return f"sent {send['created']} · due {due}"
+    return f"sent {send['created']} · delivered {due}"
+
+
 def describe_send(send: dict) -> Text:
     text = Text()
     text.append(f"{send['subject']}\n", style="bold")
-    text.append(f"from {send['sender']} · {send['deliver_at'] or send['created']} · id {send['id']}\n", style="dim")
+    text.append(f"from {send['sender']} · {when(send)} · id {send['id']}\n", style="dim")
     if send["broadcast"] is not None:
         b = send["broadcast"]
         text.append(f"to everyone: read by {b['read']} of {b['of']}, acted on by {b['acked']}\n")

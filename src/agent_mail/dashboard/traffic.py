@@ -49,7 +49,7 @@ class TrafficPane(TabPane):
             if project and project not in (send["sender"].split(":", 1)[0],
                                            *(r.split(":", 1)[0] for r in send["recipients"])):
                 continue
-            rows.append((send["id"], (data.short_age(data.age_seconds(send["deliver_at"] or send["created"], at)),
+            rows.append((send["id"], (data.short_age(data.age_seconds(send["at"], at)),
                                       fit(send["sender"], 14), fit(recipients(send), 16),
                                       fit(send["subject"], subject_width), state_summary(send))))
         # Like `tail -f`: while the newest send is selected, the newest stays selected and in view as sends
