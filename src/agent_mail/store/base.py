@@ -426,6 +426,11 @@ class Store(WholeMailbox):
         made with it ends at once (its server looks the token up again when woken)."""
         raise NotImplementedError
 
+    def wake_waits(self) -> None:
+        """Wake every wait on this mailbox, in every process, when the transaction commits (a token revoked, a
+        server stopping): each looks again, and goes back to waiting if nothing is new for it."""
+        raise NotImplementedError
+
     # -- waiting ------------------------------------------------------------
     # A watch waits for a wake-up meant for it, never for "the mailbox changed": a write that cannot
     # change what it waits for (another watch's liveness, a heartbeat, a read or an ack, mail for

@@ -35,5 +35,8 @@ class Tokens:
         changed = self._x("UPDATE tokens SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL", (at, token_id))
         if not changed.rowcount:
             return False
-        self._wake("*")  # every wait looks again, and one made with this token finds it revoked
+        self.wake_waits()  # every wait looks again, and one made with this token finds it revoked
         return True
+
+    def wake_waits(self) -> None:
+        self._wake("*")
