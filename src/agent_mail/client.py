@@ -92,7 +92,8 @@ def _given(name: str, values: dict) -> dict:
     given = {}
     for arg in spec.COMMANDS[name].args:
         value = values.get(arg.dest)
-        if value is None or value is False or value == [] or arg.kind == spec.REMOVED:
+        if value is None or value is False or value == [] or arg.kind == spec.REMOVED or \
+                (arg.default is not None and value == arg.default):  # a default the server fills in the same
             continue
         key = arg.name.lstrip("-").replace("-", "_")
         given[key] = ",".join(value) if arg.kind == spec.FIELDS and isinstance(value, list) else value
