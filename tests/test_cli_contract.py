@@ -160,13 +160,19 @@ def test_documented_output_fields_match_what_commands_print(am, send, tmp_path):
     assert set(am("attachments", "a:x", message).json) == set(spec.COMMANDS["attachments"].output)
     assert set(am("profile", "b:y").json) == set(spec.COMMANDS["profile"].output)
     assert set(am("notifications", "b:y").json) == set(spec.COMMANDS["notifications"].output)
+    created = am("token", "create", "--agent", "b:y").json
+    listed = am("token", "list").json
+    revoked = am("token", "revoke", created["id"]).json
+    assert set(created) | set(listed) | set(revoked) == set(spec.COMMANDS["token"].output)
     assert set(spec.COMMANDS) == {"describe", "send", "read", "ack", "watch", "heartbeat", "dismiss", "archive",
                                   "delete", "cancel", "attachments", "profile", "notifications", "status", "cleanup",
                                   "mcp",  # prints only the protocol: its tools are checked in test_mcp.py
                                   "dashboard",  # draws a screen, prints nothing: checked in test_dashboard.py
                                   "hook",  # output per harness event: checked in test_hooks.py
                                   "setup",
-                                  "doctor", "copy", "search", "export", "import"}
+                                  "doctor", "copy", "search", "export", "import",
+                                  "token",  # checked above
+                                  "serve"}  # serves HTTP, prints nothing: checked in test_server.py
     exported = am("export", "--output", str(tmp_path / "contract.jsonl")).json
     assert set(exported) == set(spec.COMMANDS["export"].output)
     assert set(am("import", str(tmp_path / "contract.jsonl")).json) == set(spec.COMMANDS["import"].output)

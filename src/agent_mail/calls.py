@@ -49,6 +49,10 @@ def _operate(mailbox, name: str, values: dict, emit) -> object:
         if summary is not None:  # to stdout, the export itself is the output
             emit(summary)
         return summary
+    if name == "token":
+        from agent_mail import tokens
+
+        return tokens.token_command(mailbox.store, **values, emit=emit)
     return getattr(mailbox, name)(**values, emit=emit)
 
 

@@ -24,6 +24,19 @@ def key(arg: spec.Arg) -> str:
     return arg.name.lstrip("-").replace("-", "_")
 
 
+def flag_namer(command: spec.Command):
+    """How the command line names an argument: its flag (`--reply-to`) or the positional's name; an argument of
+    another command that a problem names (`profile`'s mirror_dir, from watch) as its flag."""
+    names = {key(a): a.name for a in command.args}
+
+    def name(arg_key: str) -> str:
+        if arg_key in names:
+            return names[arg_key]
+        flags = {key(a): a.name for c in spec.COMMANDS.values() for a in c.args if not a.positional}
+        return flags.get(arg_key, arg_key)
+    return name
+
+
 def by_key(command: spec.Command) -> dict[str, spec.Arg]:
     return {key(a): a for a in command.args}
 

@@ -53,19 +53,8 @@ def parse(argv: list[str]) -> tuple[str, dict]:
 
 
 def namer(command: spec.Command):
-    """How the command line names an argument: its flag (`--reply-to`) or the positional's name; an
-    argument of another command that a problem names (`profile`'s mirror_dir, from watch) as its flag."""
-    names = {checks.key(a): a.name for a in command.args}
-
-    def name(key: str) -> str:
-        if key in names:
-            return names[key]
-        return _every_flag().get(key, key)
-    return name
-
-
-def _every_flag() -> dict[str, str]:
-    return {checks.key(a): a.name for c in spec.COMMANDS.values() for a in c.args if not a.positional}
+    """How the command line names an argument (`--reply-to`): see checks.flag_namer."""
+    return checks.flag_namer(command)
 
 
 HELP = object()  # what words_to_values returns for values when -h / --help stands where a flag may
@@ -334,6 +323,12 @@ def _dispatch(name: str, values: dict, emit_once) -> int:
                             emit=emit_once)
         return errors.EXIT_OK
     command = spec.COMMANDS[name]
+    from agent_mail import location
+
+    if location.server_url() is not None:  # AGENT_MAIL_DB names an agent-mail server: the client carries the call
+        client = "agent_mail.client"  # started by name, as every other front end: the command line imports none
+        __import__(client)
+        return sys.modules[client].main(name, values, emit_once)
     if command.front_end:  # another front end (MCP, hooks, the dashboard), started by name
         try:
             __import__(command.front_end)

@@ -7,6 +7,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1  # the call was well formed but could not be carried out here
 EXIT_INVALID = 2  # the call itself was wrong: fix the arguments and retry
 EXIT_PARTIAL = 3  # some recipients were refused; the receipt says which
+EXIT_FORBIDDEN = 4  # through a server: no valid token, or the token may not act as the identity the call names
 
 
 def arg(name: str) -> str:
@@ -92,6 +93,17 @@ class InvalidInput(AgentMailError):
 
 class NotFound(InvalidInput):
     """A message or identity the call names does not exist (for this agent)."""
+
+
+class Forbidden(AgentMailError):
+    """Through `agent-mail serve`: the token is missing, unknown or revoked, or it may not act as (or look at)
+    the identity the call names. Nothing was read or changed. Never carries the token itself."""
+
+    exit_code = EXIT_FORBIDDEN
+
+    def __init__(self, message: str, field: str | None = None, *, unauthenticated: bool = False):
+        super().__init__(message, field)
+        self.unauthenticated = unauthenticated  # no valid token at all (HTTP 401), not a refusal of this call (403)
 
 
 class Interrupted(AgentMailError):

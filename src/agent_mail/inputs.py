@@ -39,7 +39,7 @@ def _read_body_file(path: str) -> tuple[str | None, str | None]:
     return text.removeprefix("\ufeff"), None
 
 
-def _resolve_ref(path: str) -> tuple[str | None, str | None]:
+def _resolve_ref(path: str, must_exist: bool = True) -> tuple[str | None, str | None]:
     if not isinstance(path, str) or not path:
         return None, f"{path!r} is not a path; refs are non-empty strings."
     if "\x00" in path:
@@ -47,6 +47,8 @@ def _resolve_ref(path: str) -> tuple[str | None, str | None]:
     problem = _shown_path_problem(path)
     if problem:
         return None, problem
+    if not must_exist:  # resolved and checked on the sender's machine (a client of agent-mail serve)
+        return (path, None) if os.path.isabs(path) else (None, f"{path!r} is not an absolute path.")
     absolute = os.path.abspath(os.path.expanduser(path))
     if not os.path.exists(absolute):
         return None, f"{path!r} does not exist (resolved to {absolute}). Refs must exist when you send."
@@ -62,8 +64,10 @@ def _shown_path_problem(path: str) -> str | None:
     return f"{path!r} {problem}" if problem else None
 
 
-def prepare_send(values: dict) -> tuple[dict, list[tuple[str, str]]]:
-    """Check and normalise send's inputs without touching the mailbox: (fields, problems)."""
+def prepare_send(values: dict, uploaded: dict | None = None) -> tuple[dict, list[tuple[str, str]]]:
+    """Check and normalise send's inputs without touching the mailbox: (fields, problems). `uploaded`: what a
+    client of agent-mail serve read on its own machine ({refs: absolute paths, attachments: [{name, content}]}),
+    checked by the same rules but not looked for here."""
     problems: list[tuple[str, str]] = []
     subject = values.get("subject")
     if subject is not None:
@@ -81,6 +85,12 @@ def prepare_send(values: dict) -> tuple[dict, list[tuple[str, str]]]:
         if problem:
             problems.append((body_flag, problem))
     refs: list[str] = []
+    for path in (uploaded or {}).get("refs") or []:
+        absolute, problem = _resolve_ref(path, must_exist=False)
+        if problem:
+            problems.append(("ref", problem))
+        else:
+            refs.append(absolute)
     for path in values.get("ref") or []:
         absolute, problem = _resolve_ref(path)
         if problem:
@@ -116,7 +126,10 @@ def prepare_send(values: dict) -> tuple[dict, list[tuple[str, str]]]:
     if len(recipients) > model.RECIPIENTS_MAX:
         problems.append(("to", f"{len(recipients)} recipients; the limit is {model.RECIPIENTS_MAX} a send. Use '*' "
                                  "or split the send."))
-    attachments, attach_problems = _read_attachments(as_list(values.get("attach")))
+    if uploaded is not None:
+        attachments, attach_problems = _admit_uploaded(uploaded.get("attachments") or [])
+    else:
+        attachments, attach_problems = _read_attachments(as_list(values.get("attach")))
     problems += attach_problems
     prepared = {
         "subject": subject,
@@ -185,6 +198,33 @@ def _read_attachments(paths: list[str]) -> tuple[list[dict], list[tuple[str, str
         if problem:
             problems.append(("attach", f"the file name {name!r} {problem}"))
             continue
+        attachments.append({"name": name, "content": content, "size": len(content),
+                            "sha256": hashlib.sha256(content).hexdigest()})
+    if total > model.ATTACHMENTS_MAX_BYTES_PER_SEND:
+        problems.append(("attach", f"{total} bytes in all; the limit is {model.ATTACHMENTS_MAX_BYTES_PER_SEND} a "
+                                     f"send. Split it, or {errors.arg('ref')} large files."))
+    return attachments, problems
+
+
+def _admit_uploaded(files: list[dict]) -> tuple[list[dict], list[tuple[str, str]]]:
+    """Attachments a client uploaded ([{name, content}]), held to --attach's limits."""
+    import hashlib
+
+    problems: list[tuple[str, str]] = []
+    if len(files) > model.ATTACHMENTS_MAX_COUNT:
+        return [], [("attach", f"{len(files)} files; the limit is {model.ATTACHMENTS_MAX_COUNT} a send.")]
+    attachments, total = [], 0
+    for upload in files:
+        name, content = upload["name"], upload["content"]
+        problem = model.bidi_problem(name) if name else "is empty"
+        if problem or "/" in name or "\x00" in name:
+            problems.append(("attach", f"the file name {name!r} {problem or 'is not a plain file name'}"))
+            continue
+        if len(content) > model.ATTACHMENT_MAX_BYTES:
+            problems.append(("attach", f"{name!r} is {len(content)} bytes; the limit is {model.ATTACHMENT_MAX_BYTES} "
+                                         f"a file. Put it somewhere shared and {errors.arg('ref')} it instead."))
+            continue
+        total += len(content)
         attachments.append({"name": name, "content": content, "size": len(content),
                             "sha256": hashlib.sha256(content).hexdigest()})
     if total > model.ATTACHMENTS_MAX_BYTES_PER_SEND:

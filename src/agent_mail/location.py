@@ -60,6 +60,18 @@ def _located() -> tuple[str, str, str]:
     return os.path.realpath(os.path.expanduser(DEFAULT_PATH)), "default", DEFAULT_PATH
 
 
+def server_url() -> str | None:
+    """The agent-mail server this invocation's mailbox is (AGENT_MAIL_DB or the project file naming an
+    http(s):// URL), or None for a mailbox opened here."""
+    from agent_mail.store import scheme_of
+
+    try:
+        location = _located()[0]
+    except errors.InvalidInput:
+        return None  # the command that opens it reports the problem
+    return location if scheme_of(location) in ("http", "https") else None
+
+
 def find_project_file(start: str | None = None) -> str | None:
     """The `.agent-mail-db` in `start` (default: the working directory) or the nearest directory above it, or
     None. One stat a directory: a command's start-up pays a handful."""

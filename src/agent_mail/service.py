@@ -86,8 +86,9 @@ class Mailbox:
     def send(self, *, from_: str, to, subject: str, body: str | None = None, body_file: str | None = None,
              ref=(), refs: str | None = None, reply_to: str | None = None, no_ack: bool = False,
              delay_minutes: float | None = None, attach=(), require_reachable: bool = False,
-             emit: Emit = no_emit) -> dict:
-        """Store one copy of the message per recipient ('*' for everyone but the sender), in one transaction."""
+             uploaded: dict | None = None, emit: Emit = no_emit) -> dict:
+        """Store one copy of the message per recipient ('*' for everyone but the sender), in one transaction.
+        uploaded: refs and attachments a client of agent-mail serve read on its own machine (inputs.prepare_send)."""
         import datetime as dt
 
         from agent_mail import inputs
@@ -96,7 +97,7 @@ class Mailbox:
         prepared, problems = inputs.prepare_send({
             "subject": subject, "body": body, "body_file": body_file, "ref": ref, "refs": refs,
             "reply_to": reply_to, "no_ack": no_ack, "to": recipients, "attach": attach,
-        })
+        }, uploaded)
         checks = [("from", from_)] + [("to", r) for r in recipients]
         problems = inputs.identity_problems(checks) + problems
         if not recipients:

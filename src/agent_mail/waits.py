@@ -165,6 +165,8 @@ class Waits:
             wake = min(deadline, refresh_at, check_at, ask_at, due_at if due_at is not None else deadline)
             if self.store.wait_for_wake(max(0.0, wake - now)):
                 look = True
+                if wanted is not None:  # asked again at once: a wake-up may also say the caller is gone (a
+                    ask_at = 0.0  # server stopping, a token revoked)
 
     def follow(self, agent: str, emit: Emit) -> dict:
         """Re-render `agent`'s mirror whenever a wake-up for it arrives (mail committed by anyone, on any

@@ -61,6 +61,9 @@ EXIT_CODES = {
     "error says.",
     "3": "send: some recipients were refused (--require-reachable); the receipt on stdout says which. "
     "The others got the message.",
+    "4": "Through a server (AGENT_MAIL_DB=https://...): the token is missing, unknown or revoked, or it may not act "
+    "as (or look at) the identity the call names; the error names that identity and the token's scope, never the "
+    "token. Nothing was read or changed.",
     "130": "Interrupted by SIGINT (any command); 143: SIGTERM, 129: SIGHUP. Nothing was changed; a stopped watch "
     "released its session.",
 }

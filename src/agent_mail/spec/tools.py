@@ -360,3 +360,71 @@ register(Command(
     mutating=True,
     needs_mailbox=False,
 ))
+
+
+register(Command(
+    name="token",
+    summary="Manage the access tokens of `agent-mail serve`, on the mailbox itself (the operator's side, like copy). "
+    "create: a token that acts only as the identities it names (P:N exactly, P:* a project, '*' any), printed "
+    "once: the mailbox keeps only its hash. list: every token, never its secret. revoke ID: refused from then on, "
+    "a wait already made with it included.",
+    mutating=True,
+    args=(
+        Arg("action", TEXT, "create, list or revoke.", required=True, choices=("create", "list", "revoke")),
+        Arg("id", TEXT, "revoke: the token's id (from create or list)."),
+        Arg("--agent", TEXT, "create: an identity the token acts as: project:name, project:* (every identity of "
+            "the project) or '*' (any: an operator's token); repeatable.", repeat=True),
+        Arg("--supervisor", FLAG, "create: the token may also look at everything (status, search, read "
+            "--no-mark-read, threads) without acting as anyone it does not name."),
+        Arg("--note", TEXT, "create: who or what the token is for (shown by list)."),
+    ),
+    output={
+        "id": "create, revoke: the token's id (not secret).",
+        "token": "create: the secret to give the agent (AGENT_MAIL_TOKEN, or a 0600 file named by "
+        "AGENT_MAIL_TOKEN_FILE). Shown this once; the mailbox keeps only its hash.",
+        "agents": "create: the identities it acts as.",
+        "supervisor": "create: whether it may look at everything.",
+        "note": "create: its note.",
+        "created": "create: when.",
+        "tokens": "list: [{id, agents, supervisor, note, created, revoked_at}], oldest first; never a secret.",
+        "count": "list: how many.",
+        "revoked": "revoke: true (revoking a token already revoked is refused).",
+        "revoked_at": "revoke: when.",
+    },
+    notes=("A token protects against an agent acting as another identity through the server. It does not protect "
+           "against a process that can read the agent's token (its environment or its token file): that process "
+           "can act as that agent.",),
+    examples=("token create --agent deploy:worker --note 'build box'", "token create --agent 'ops:*' --supervisor",
+              "token create --agent '*' --note operator", "token list", "token revoke 3f9c2a7d41b0"),
+))
+
+
+register(Command(
+    name="serve",
+    front_end="agent_mail.server", extra="server",
+    summary="Serve the mailbox AGENT_MAIL_DB names (a file or a postgresql:// URL) over HTTP, so agents on other "
+    "machines use it with AGENT_MAIL_DB=http(s)://HOST:PORT and a token (agent-mail token create). Every command "
+    "works through it with the same arguments, output and exit codes; each call acts only as the identities its "
+    "token names. Logs one JSON line per request on stderr (never a token); stops cleanly on SIGTERM, ending its "
+    "waits. Needs the server extra: pip install 'agent-mail[server]'.",
+    args=(
+        Arg("--listen", TEXT, "HOST:PORT to listen on (default 127.0.0.1:8025; port 0 picks a free one, printed "
+            "on stderr). An address other than loopback needs --tls-cert and --tls-key, or --insecure-no-tls."),
+        Arg("--tls-cert", PATH, "The certificate (PEM) to serve HTTPS with."),
+        Arg("--tls-key", PATH, "Its private key (PEM)."),
+        Arg("--insecure-no-tls", FLAG, "Serve plain HTTP on an address other than loopback: tokens and mail cross "
+            "the network in clear. Only behind a proxy that terminates TLS on the same host or network you trust."),
+    ),
+    output={},
+    requires=(("--tls-cert", "--tls-key"), ("--tls-key", "--tls-cert")),
+    exclusive=(("--insecure-no-tls", "--tls-cert"),),
+    modes={"serving": "Prints nothing on stdout; on stderr a JSON line {listening: URL} once it listens, then one "
+           "line per request: {time, method, path, command, as, token_id, status, exit, ms}."},
+    notes=("API: POST /v1/call/COMMAND with a JSON object of the command's values by argument name (reply_to, "
+           "from, agent...) and Authorization: Bearer TOKEN. The answer is the command's own result document, "
+           "its exit code in the X-Agent-Mail-Exit header; an error is {error, problems} with HTTP 400 (exit 2), "
+           "401 or 403 (exit 4), 500 or 503 (exit 1).",
+           "Not yet through a server: export, import, dashboard, mcp, hook, setup, notifications "
+           "--follow, profile --mirror-dir. Each says so (exit 2)."),
+    examples=("serve", "serve --listen 0.0.0.0:8025 --tls-cert cert.pem --tls-key key.pem"),
+))

@@ -1,6 +1,7 @@
 """Backends, chosen from the mailbox location through one small registry.
 
-A location with a URL scheme names its backend (postgresql://..., postgres://...); anything else is
+A location with a URL scheme names its backend (postgresql://..., postgres://...); http(s):// names an
+`agent-mail serve`, which commands reach through agent_mail.client and never open as a store; anything else is
 the path of a SQLite file. Backends are imported only when chosen, so a command on the default
 SQLite mailbox never loads a database driver.
 """
@@ -15,6 +16,9 @@ BACKENDS = {
                    "agent_mail.store.maintenance"),
     "postgres": ("postgresql", "agent_mail.store.postgres", "PostgresStore", "postgres", "psycopg",
                  "agent_mail.store.maintenance"),
+    # A server: no store here (the client carries the commands to it); describe reports on it, doctor and copy refuse.
+    "http": ("server", None, None, None, None, "agent_mail.store.remote"),
+    "https": ("server", None, None, None, None, "agent_mail.store.remote"),
 }
 # Where a location of a scheme not registered is reported on: as a server mailbox that cannot be opened.
 _UNKNOWN_SCHEME_CHECKS = "agent_mail.store.maintenance"
@@ -45,6 +49,11 @@ def backend_module(location: str):
         raise errors.InvalidInput([("AGENT_MAIL_DB", f"names a {scheme}:// mailbox, which agent-mail cannot open. "
                                                      f"Give a file path (SQLite) or a {known} URL.")])
     _, module, _, extra, driver, _ = BACKENDS[scheme]
+    if module is None:
+        raise errors.InvalidInput([("AGENT_MAIL_DB", f"names an agent-mail server ({redact_url(location)}): this "
+                                                     "command works on a mailbox itself, not through a server. Run it "
+                                                     "where the mailbox is, with AGENT_MAIL_DB naming its file or "
+                                                     "postgresql:// URL.")])
     if driver is not None:
         try:
             importlib.import_module(driver)

@@ -407,6 +407,30 @@ class Store(WholeMailbox):
         """(`agent`'s undismissed system events added after sequence `after`, the newest event sequence)."""
         raise NotImplementedError
 
+    # -- access tokens (agent-mail serve) ------------------------------------
+    def add_token(self, token: dict) -> None:
+        """Store a token: {id, secret_hash (hex sha256 of the secret; the secret itself is never stored),
+        agents (the identities it acts as: 'P:N', 'P:*', '*'), supervisor, note, created}."""
+        raise NotImplementedError
+
+    def tokens(self) -> list[dict]:
+        """Every token, oldest first: {id, agents, supervisor, note, created, revoked_at}, never its hash."""
+        raise NotImplementedError
+
+    def token(self, token_id: str) -> dict | None:
+        """One token with its secret_hash (to compare a presented secret with), or None."""
+        raise NotImplementedError
+
+    def revoke_token(self, token_id: str, at: str) -> bool:
+        """Mark the token revoked (False: no such token, or revoked already) and wake every wait, so a wait
+        made with it ends at once (its server looks the token up again when woken)."""
+        raise NotImplementedError
+
+    def wake_waits(self) -> None:
+        """Wake every wait on this mailbox, in every process, when the transaction commits (a token revoked, a
+        server stopping): each looks again, and goes back to waiting if nothing is new for it."""
+        raise NotImplementedError
+
     # -- waiting ------------------------------------------------------------
     # A watch waits for a wake-up meant for it, never for "the mailbox changed": a write that cannot
     # change what it waits for (another watch's liveness, a heartbeat, a read or an ack, mail for

@@ -161,7 +161,14 @@ def m006_search_marks(x) -> None:
         index_missing(x)
 
 
-MIGRATIONS = (m001_tables, m002_indexes, m003_count_indexes, m004_batch_index, m005_search, m006_search_marks)
+def m007_tokens(x) -> None:
+    """The access tokens of `agent-mail serve`: the identities each acts as, and a hash of its secret."""
+    x(f"""CREATE TABLE IF NOT EXISTS tokens (id {T} PRIMARY KEY, secret_hash {T} NOT NULL, agents {T} NOT NULL,
+        supervisor INTEGER NOT NULL DEFAULT 0, note {T}, created {T} NOT NULL, revoked_at {T})""")
+
+
+MIGRATIONS = (m001_tables, m002_indexes, m003_count_indexes, m004_batch_index, m005_search, m006_search_marks,
+              m007_tokens)
 
 
 def index_missing(x) -> int:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 from agent_mail.store.base import Store
+from agent_mail.store.sql_tokens import Tokens
 
 _FLAG_COLUMNS = {"read": "read_at", "ack": "acked_at", "archive": "archived_at", "delete": "deleted_at"}
 
@@ -335,7 +336,7 @@ class _BesideTheMail:
         return self._value(f"SELECT MAX({self.SEQ}) FROM messages")
 
 
-class SQLStore(_BesideTheMail, Store):
+class SQLStore(_BesideTheMail, Tokens, Store):
     """The queries of a mailbox in a SQL database; subclasses supply the connection and the dialect."""
 
     #: The column numbering messages (and system events) in insertion order.
@@ -401,7 +402,6 @@ class SQLStore(_BesideTheMail, Store):
     def _distinct(column: str, table: str) -> str:
         """A query of the distinct non-null values of `column` in `table`."""
         return f"SELECT DISTINCT {column} FROM {table}"
-
 
     def _wake(self, recipient: str) -> None:
         """Queue a wake-up for `recipient`'s watches ('*': everyone), sent if the transaction commits."""

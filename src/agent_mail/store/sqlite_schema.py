@@ -185,13 +185,20 @@ def m011_route_marks(db: sqlite3.Connection) -> None:
         index_missing(db)
 
 
+def m012_tokens(db: sqlite3.Connection) -> None:
+    """The access tokens of `agent-mail serve`: the identities each acts as, and a hash of its secret."""
+    db.execute("""CREATE TABLE IF NOT EXISTS tokens (
+        id TEXT PRIMARY KEY, secret_hash TEXT NOT NULL, agents TEXT NOT NULL, supervisor INTEGER NOT NULL DEFAULT 0,
+        note TEXT, created TEXT NOT NULL, revoked_at TEXT)""")
+
+
 def has_table(db: sqlite3.Connection, name: str) -> bool:
     return db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).fetchone() is not None
 
 
 MIGRATIONS = (m001_seed_schema, m002_inbox_indexes, m003_liveness, m004_delivery, m005_count_indexes,
               m006_arrival_indexes, m007_harness_sessions, m008_envelope_indexes, m009_batch_index, m010_search,
-              m011_route_marks)
+              m011_route_marks, m012_tokens)
 
 
 def index_missing(db: sqlite3.Connection) -> int:

@@ -1,0 +1,245 @@
+"""The command line's calls carried to an agent-mail server, when AGENT_MAIL_DB is an http:// or https:// URL.
+
+Started by the command line for every command but describe (which reports the server itself): the values it
+parsed and checked are checked again by the call layer by argument name and sent as JSON to POST
+/v1/call/COMMAND with the token (AGENT_MAIL_TOKEN, or the 0600 file AGENT_MAIL_TOKEN_FILE names); what comes
+back is printed as the command would print it, with its exit code. Files stay on this machine: a send's body
+file, refs and attachments are read here (refs checked here, sent as text; attachments uploaded), and
+`attachments --save-to` writes here, staged as it is without a server. A watch is a long request that outlives
+a server restart: it reconnects and looks again.
+
+The standard library only (http.client, ssl, json): a client machine needs no driver and no server stack.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from agent_mail import calls, errors, spec
+
+TOKEN_VAR, TOKEN_FILE_VAR, CA_VAR = "AGENT_MAIL_TOKEN", "AGENT_MAIL_TOKEN_FILE", "AGENT_MAIL_CA"
+EXIT_HEADER = "X-Agent-Mail-Exit"
+CALL_TIMEOUT_SECONDS = 300.0
+# How long a watch keeps reconnecting to a server that is down (restarting) before it gives up (exit 1).
+RECONNECT_SECONDS = float(os.environ.get("AGENT_MAIL_RECONNECT_SECONDS", "60"))
+
+# What cannot go through a server, and why (exit 2, naming AGENT_MAIL_DB).
+_ON_THE_MAILBOX = "works on a mailbox itself, not through a server: run it where the mailbox is, with AGENT_MAIL_DB " \
+                  "naming its file or postgresql:// URL"
+_NOT_YET = "is not supported through a server yet: run it where the mailbox is, with AGENT_MAIL_DB naming its " \
+           "file or postgresql:// URL"
+NOT_REMOTE = {"copy": _ON_THE_MAILBOX, "token": _ON_THE_MAILBOX, "serve": _ON_THE_MAILBOX,
+              "export": _NOT_YET, "import": _NOT_YET, "dashboard": _NOT_YET, "mcp": _NOT_YET, "hook": _NOT_YET}
+NOT_REMOTE_FLAGS = {("doctor", "repair"): _ON_THE_MAILBOX, ("notifications", "follow"): _NOT_YET,
+                    ("profile", "mirror_dir"): "is not supported through a server yet (the mirror would be written "
+                                               "on the server's machine): set it where the mailbox is"}
+
+
+class Answered(errors.AgentMailError):
+    """The server's refusal, as the command would have refused: its payload and exit code, already named as the
+    command line names arguments."""
+
+    def __init__(self, payload: dict, exit_code: int):
+        super().__init__(str(payload.get("error", "the server refused the call.")))
+        self._payload = payload
+        self.exit_code = exit_code
+
+    def renamed(self, namer) -> Answered:
+        return self
+
+    def payload(self) -> dict:
+        return dict(self._payload)
+
+
+class Unreachable(errors.AgentMailError):
+    """The server could not be reached, or stopped answering."""
+
+
+def _refuse(field: str, why: str) -> errors.InvalidInput:
+    return errors.InvalidInput([(field, why + ".")])
+
+
+def read_token() -> str:
+    """The token: AGENT_MAIL_TOKEN, or the first line of the file AGENT_MAIL_TOKEN_FILE names (which only its
+    owner may read)."""
+    token = os.environ.get(TOKEN_VAR, "").strip()
+    if token:
+        return token
+    path = os.environ.get(TOKEN_FILE_VAR, "").strip()
+    if not path:
+        raise errors.Forbidden(f"AGENT_MAIL_DB names an agent-mail server, and no token is set: export {TOKEN_VAR}, "
+                               f"or {TOKEN_FILE_VAR} naming a 0600 file that holds it (the mailbox's operator makes "
+                               "one with agent-mail token create).", unauthenticated=True)
+    try:
+        with open(os.path.expanduser(path), "rb") as handle:
+            mode = os.fstat(handle.fileno()).st_mode
+            if mode & 0o077:
+                raise _refuse(TOKEN_FILE_VAR, f"names {path}, which others can read (mode {mode & 0o777:o}): anyone "
+                                              f"who reads it can act as you. chmod 600 {path}")
+            text = handle.read(4096).decode("utf-8", "replace")
+    except OSError as exc:
+        raise _refuse(TOKEN_FILE_VAR, f"names {path}, which cannot be read ({exc.strerror or exc})") from None
+    token = text.strip().splitlines()[0].strip() if text.strip() else ""
+    if not token:
+        raise _refuse(TOKEN_FILE_VAR, f"names {path}, which holds no token")
+    return token
+
+
+def _given(name: str, values: dict) -> dict:
+    """Checked values (by the operation's keywords) -> values by argument name, as the API takes them."""
+    given = {}
+    for arg in spec.COMMANDS[name].args:
+        value = values.get(arg.dest)
+        if value is None or value is False or value == [] or arg.kind == spec.REMOVED or \
+                (arg.default is not None and value == arg.default):  # a default the server fills in the same
+            continue
+        key = arg.name.lstrip("-").replace("-", "_")
+        given[key] = ",".join(value) if arg.kind == spec.FIELDS and isinstance(value, list) else value
+    return given
+
+
+def _connection(url: str, timeout: float | None):
+    import http.client
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme == "https":
+        import ssl
+
+        context = ssl.create_default_context(cafile=os.environ.get(CA_VAR) or None)
+        return http.client.HTTPSConnection(parts.hostname, parts.port, context=context, timeout=timeout), parts.path
+    return http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout), parts.path
+
+
+def request(url: str, token: str, name: str, given: dict, timeout: float | None = CALL_TIMEOUT_SECONDS):
+    """POST the call; (status, exit code, document). Unreachable when no answer came."""
+    import http.client
+
+    connection, base = _connection(url, timeout)
+    body = json.dumps(given).encode("utf-8")
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}",
+               "X-Agent-Mail-Names": "flags"}
+    sent = False
+    try:
+        connection.request("POST", f"{base.rstrip('/')}/v1/call/{name}", body=body, headers=headers)
+        sent = True
+        response = connection.getresponse()
+        data = response.read()
+        code = response.getheader(EXIT_HEADER)
+    except (OSError, http.client.HTTPException) as exc:
+        after = (" The call was sent but its answer was lost: it may have been carried out; look (read --all, "
+                 "status) before repeating it.") if sent else " Nothing was sent."
+        raise Unreachable(f"cannot reach the agent-mail server at {url} ({exc or type(exc).__name__}).{after}",
+                          ) from None
+    finally:
+        connection.close()
+    try:
+        document = json.loads(data)
+        code = int(code)
+    except (TypeError, ValueError):
+        raise Unreachable(f"the server at {url} answered HTTP {response.status} with something that is not an "
+                          "agent-mail answer (is AGENT_MAIL_DB the agent-mail server, not a proxy's page?).") from None
+    return response.status, code, document
+
+
+def main(name: str, values: dict, emit) -> int:
+    """Carry out the command line's checked call `name` through the server; print its result; its exit code."""
+    from agent_mail import location
+
+    url = location.server_url()
+    if name in NOT_REMOTE:
+        raise _refuse("AGENT_MAIL_DB", f"names an agent-mail server ({url}); {name} {NOT_REMOTE[name]}")
+    for (command, key), why in NOT_REMOTE_FLAGS.items():
+        if command == name and values.get(key) not in (None, False, []):
+            raise _refuse("AGENT_MAIL_DB", f"names an agent-mail server ({url}); {name} --{key.replace('_', '-')} "
+                                           f"{why}")
+    token = read_token()
+    given = _given(name, values)
+    calls.check(name, given, with_inputs=False)  # what is sent is what the call layer accepts
+    if name == "send":
+        given = _with_uploads(values, given)
+    if name == "watch":
+        return _watch(url, token, values, given, emit)
+    if name == "attachments" and values.get("save_to") is not None:
+        return _save(url, token, values, given, emit)
+    return _answer(*request(url, token, name, given), emit)
+
+
+def _answer(status: int, code: int, document: dict, emit) -> int:
+    if code not in (errors.EXIT_OK, errors.EXIT_PARTIAL):
+        raise Answered(document, code)
+    emit(document)
+    return code
+
+
+def _with_uploads(values: dict, given: dict) -> dict:
+    """A send's files read here: the body file's text, the refs resolved and checked here, attachments as content."""
+    import base64
+
+    from agent_mail import inputs
+
+    prepared, problems = inputs.prepare_send(values)
+    if problems:
+        raise errors.InvalidInput(problems)
+    for key in ("body_file", "ref", "refs", "attach"):
+        given.pop(key, None)
+    if values.get("body_file") is not None:
+        given["body"] = prepared["body"]
+    given["client_refs"] = prepared["refs"]
+    given["upload_attachments"] = [{"name": a["name"], "content_base64": base64.b64encode(a["content"]).decode()}
+                                   for a in prepared["attachments"]]
+    return given
+
+
+def _watch(url: str, token: str, values: dict, given: dict, emit) -> int:
+    """A blocked watch as one long request; when the server goes away (a restart) it reconnects and looks again
+    for the rest of its wait, up to RECONNECT_SECONDS without a server."""
+    from agent_mail import model
+
+    if values["once"]:
+        return _answer(*request(url, token, "watch", given), emit)
+    minutes = values.get("timeout_minutes") or model.WATCH_MINUTES_DEFAULT
+    deadline = time.monotonic() + minutes * 60.0
+    given.pop("timeout_minutes", None)
+    lost_at = None
+    while True:
+        wait = max(1.0, deadline - time.monotonic())
+        try:
+            status, code, document = request(url, token, "watch", {**given, "wait_seconds": round(wait, 3)},
+                                              timeout=wait + 60.0)
+        except Unreachable:
+            status, code, document = 0, errors.EXIT_FAILED, None
+        if status in (0, 502, 503, 504):  # no server now, or one stopping: look again once it is back
+            lost_at = lost_at or time.monotonic()
+            if time.monotonic() - lost_at > RECONNECT_SECONDS:
+                raise Unreachable(f"the agent-mail server at {url} has not answered for {RECONNECT_SECONDS:.0f} s; "
+                                  "the watch gave up. Nothing was marked read.")
+            time.sleep(0.5)
+            continue
+        return _answer(status, code, document, emit)
+
+
+def _save(url: str, token: str, values: dict, given: dict, emit) -> int:
+    """attachments --save-to: the content fetched, then written here exactly as without a server (staged under
+    temporary names, moved into place after the result is printed)."""
+    import base64
+
+    from agent_mail import files
+
+    given.pop("save_to", None)
+    given.pop("overwrite", None)
+    status, code, document = request(url, token, "attachments", {**given, "with_content": True})
+    if code != errors.EXIT_OK:
+        raise Answered(document, code)
+    contents = {sha: base64.b64decode(text) for sha, text in document.pop("contents", {}).items()}
+    staged = files.stage_attachments(values["save_to"], document["attachments"], contents, values["overwrite"])
+    result = {**document, "directory": staged.target, "saved": staged.saved}
+    try:
+        emit(result)
+    except BaseException:
+        staged.discard()
+        raise
+    staged.publish()
+    return errors.EXIT_OK

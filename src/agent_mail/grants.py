@@ -1,0 +1,88 @@
+"""What a token may do through `agent-mail serve`: for a command and its checked values, which identity the
+call acts as (send's --from, cancel's sender, the agent whose mail is read, handled or watched) or looks at
+(search --agent, status, a read that marks nothing), and whether the token's grant covers it.
+
+A grant names identities (`P:N` exactly, `P:*` a project, `*` any) and may be a supervisor's, which adds looking
+at everything without acting as anyone it does not name. A refusal is errors.Forbidden (exit 4), naming the
+identity and the token's scope, never the token.
+"""
+
+from __future__ import annotations
+
+from agent_mail import errors
+
+# The argument naming the identity each command acts as (checked values, by the operation's keywords).
+ACTS_AS = {"send": "from_", "cancel": "sender", "read": "agent", "ack": "agent", "watch": "agent",
+           "heartbeat": "agent", "dismiss": "agent", "archive": "agent", "delete": "agent", "attachments": "agent",
+           "profile": "agent", "notifications": "agent"}
+# Commands over the whole mailbox that only an operator's token ('*') may run.
+OPERATOR_ONLY = ("cleanup", "import")
+
+
+def covers(grant: dict, identity: str) -> bool:
+    """Whether the grant names `identity` (exactly, by its project, or by '*')."""
+    project = identity.partition(":")[0]
+    return any(p == "*" or p == identity or p == f"{project}:*" for p in grant["agents"])
+
+
+def scope(grant: dict) -> str:
+    """The token's scope in words, for an error."""
+    names = ", ".join(grant["agents"]) or "no identity"
+    return f"token {grant['id']} acts as {names}" + (" and may look at everything (supervisor)" if grant["supervisor"]
+                                                       else "")
+
+
+def _looks_only(name: str, values: dict) -> bool:
+    """Whether the call only looks at the identity's mail (what a supervisor may do for anyone)."""
+    if name == "read":
+        return bool(values.get("no_mark_read") or values.get("thread") or values.get("archived")) and \
+            not values.get("ack")
+    if name == "attachments":
+        return True  # listing or fetching content changes nothing in the mailbox
+    if name == "profile":
+        return not (values.get("human") or values.get("mirror_dir") is not None
+                    or values.get("max_entries") is not None or values.get("clear"))
+    if name == "notifications":
+        return not (values.get("dismiss") or values.get("clear_email") or values.get("follow"))
+    return False
+
+
+def _refuse(field: str | None, text: str) -> errors.Forbidden:
+    return errors.Forbidden(text, field)
+
+
+def check(grant: dict, name: str, values: dict) -> str | None:
+    """The identity the call acts as (None: it acts as nobody), or errors.Forbidden when the grant does not
+    cover what it does. `values`: as calls.check returned them."""
+    everyone = "*" in grant["agents"]
+    if name in OPERATOR_ONLY:
+        if not everyone:
+            raise _refuse(None, f"{name} works on the whole mailbox: it needs an operator's token (--agent '*'); "
+                                f"{scope(grant)}.")
+        return None
+    if name in ACTS_AS:
+        key = ACTS_AS[name]
+        identity = values[key]
+        if covers(grant, identity):
+            return identity
+        if grant["supervisor"] and _looks_only(name, values):
+            return None
+        hint = " A supervisor's token may look without marking: read --no-mark-read." if name == "read" else ""
+        raise _refuse(key.rstrip("_"), f"{identity!r}: {scope(grant)}; it may not {name} as {identity}.{hint}")
+    if name in ("search", "export", "status"):
+        agent = values.get("agent")
+        if everyone or grant["supervisor"] or (agent is not None and covers(grant, agent)):
+            return None
+        project = values.get("project")
+        if name == "status" and agent is None and project is not None and covers(grant, f"{project}:x") and \
+                f"{project}:*" in grant["agents"]:
+            return None
+        what = f"{agent!r}'s mail" if agent else ("the project " + repr(project) if project else "every identity")
+        raise _refuse("agent" if agent else None, f"{what}: {scope(grant)}; looking at others needs a supervisor's "
+                                                  f"token (token create --supervisor), or --agent naming your own "
+                                                  "identity.")
+    if name == "doctor":
+        if everyone or grant["supervisor"]:
+            return None
+        raise _refuse(None, f"doctor looks at the whole mailbox: {scope(grant)}; it needs a supervisor's token.")
+    raise _refuse(None, f"{name} cannot be called through the server.")

@@ -1,0 +1,42 @@
+"""The access tokens of `agent-mail serve` (store/base.py says what each method promises), written once for
+every engine. Only a token's hash is stored; the secret is shown once, by `token create`."""
+
+from __future__ import annotations
+
+_COLUMNS = "id, agents, supervisor, note, created, revoked_at"
+
+
+def _token(row: dict) -> dict:
+    import json  # here, not at the top: sql.py loads this module on every command's path
+
+    row["agents"] = json.loads(row["agents"])
+    row["supervisor"] = bool(row["supervisor"])
+    return row
+
+
+class Tokens:
+    """SQLStore's token table (a mixin: `_x`, `_query` and `_wake` are the store's)."""
+
+    def add_token(self, token: dict) -> None:
+        import json
+
+        self._x("INSERT INTO tokens (id, secret_hash, agents, supervisor, note, created) VALUES (?, ?, ?, ?, ?, ?)",
+                (token["id"], token["secret_hash"], json.dumps(token["agents"]), int(token["supervisor"]),
+                 token["note"], token["created"]))
+
+    def tokens(self) -> list[dict]:
+        return [_token(r) for r in self._query(f"SELECT {_COLUMNS} FROM tokens ORDER BY created, id")]
+
+    def token(self, token_id: str) -> dict | None:
+        rows = self._query(f"SELECT {_COLUMNS}, secret_hash FROM tokens WHERE id = ?", (token_id,))
+        return _token(rows[0]) if rows else None
+
+    def revoke_token(self, token_id: str, at: str) -> bool:
+        changed = self._x("UPDATE tokens SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL", (at, token_id))
+        if not changed.rowcount:
+            return False
+        self.wake_waits()  # every wait looks again, and one made with this token finds it revoked
+        return True
+
+    def wake_waits(self) -> None:
+        self._wake("*")
