@@ -279,3 +279,18 @@ def test_documented_output_fields_match_what_the_commands_print(am, repo):
     checked = json.loads(am("reservations", "--check", "--agent", "b:y", "src/a.rs").out)
     assert set(checked) == set(spec.COMMANDS["reservations"].output) - {"paths"}
     assert set(am("release", "a:x", "--all").json) == set(spec.COMMANDS["release"].output)
+
+
+@pytest.mark.sqlite_only
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(_PART, min_size=1, max_size=3), min_size=1, max_size=8), st.booleans(),
+       st.lists(st.sampled_from(["src", "lib", "a", "b.py", "x.rs", "docs", "t5", "c1"]), min_size=1, max_size=4))
+def test_the_fast_lookup_finds_what_trying_every_pattern_finds(patterns, anchored, path):
+    """--check files patterns by their literal directory and sieves the rest by their plain text: it must find
+    exactly the reservations that matching every pattern one by one finds."""
+    from agent_mail.reservations import Covering
+
+    rows = [{"id": str(i), "pattern": ("/" if anchored else "") + "/".join(p)} for i, p in enumerate(patterns)]
+    p = "/".join(path)
+    fast = sorted(r["id"] for r in Covering(rows, False).rows(p))
+    assert fast == sorted(r["id"] for r in rows if wildmatch.Matcher(r["pattern"]).covers(p))

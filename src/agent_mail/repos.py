@@ -18,10 +18,22 @@ class Repository:
     """key: what reservations are filed under; root: the work tree's directory (None with --repo outside one);
     fold: whether paths compare without case (core.ignorecase)."""
 
-    __slots__ = ("key", "root", "fold")
+    __slots__ = ("key", "root", "fold", "_real_dirs")
 
     def __init__(self, key: str, root: str | None, fold: bool):
         self.key, self.root, self.fold = key, root, fold
+        self._real_dirs: dict[str, str] = {}
+
+    def _realpath(self, full: str) -> str:
+        """os.path.realpath, with each directory resolved once (a commit names many files in few directories)."""
+        directory, name = os.path.split(full)
+        real_dir = self._real_dirs.get(directory)
+        if real_dir is None:
+            real_dir = self._real_dirs[directory] = os.path.realpath(directory)
+        candidate = os.path.join(real_dir, name)
+        if name in ("", ".", "..") or os.path.islink(candidate):
+            return os.path.realpath(candidate)
+        return candidate
 
     def path(self, given: str, cwd: str | None = None) -> str:
         """`given` (relative to `cwd`, or absolute) as a path from the root; InvalidInput if it lies outside."""
@@ -44,14 +56,14 @@ class Repository:
             return tidy
         base = cwd or os.getcwd()
         full = given if os.path.isabs(given) else os.path.join(base, given)
-        real = os.path.realpath(full)  # links inside the tree resolved, so one file has one name
+        real = self._realpath(full)  # links inside the tree resolved, so one file has one name
         if not _inside(real, self.root):
             plain = os.path.normpath(os.path.abspath(full))  # a link leading out of the tree: its own name
             if not _inside(plain, self.root):
                 raise errors.InvalidInput([(what, f"{given!r} lies outside the repository at {self.root}.")])
             real = plain
-        rel = os.path.relpath(real, self.root).replace(os.sep, "/")
-        if rel == ".":
+        rel = real[len(self.root.rstrip(os.sep)) + 1:].replace(os.sep, "/")  # real lies inside the root
+        if not rel:
             raise errors.InvalidInput([(what, f"{given!r} is the repository's root itself; use ** for everything.")])
         return rel
 

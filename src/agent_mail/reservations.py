@@ -211,9 +211,15 @@ class Covering:
                 prefix.append(part)
             self.under.setdefault("/".join(prefix), []).append((matcher, row))
 
+        self.everywhere = self.anywhere + self.under.get("", [])
+        self._sieve = wildmatch.sieve([m for m, _ in self.everywhere]) if len(self.everywhere) > 4 else None
+
     def rows(self, path: str) -> list[dict]:
         key = path.lower() if self.fold else path
-        found = [row for matcher, row in self.anywhere + self.under.get("", []) if matcher.covers(path)]
+        if self._sieve is None or self._sieve(key):
+            found = [row for matcher, row in self.everywhere if matcher.covers(path)]
+        else:
+            found = []
         at = -1
         while True:
             at = key.find("/", at + 1)

@@ -83,6 +83,8 @@ class Matcher:
         self._dir_only = body != self.pattern
         self._anchored = "/" in body
         self._literal = body.lstrip("/") if is_literal(self.pattern) else None
+        if self._literal is None and self._anchored and body.endswith("/**") and is_literal(body[:-3]):
+            self._literal, self._dir_only = body[:-3].lstrip("/"), True  # /src/** is what lies below /src
         self._regex = None
 
     def covers(self, path: str) -> bool:
@@ -103,6 +105,43 @@ class Matcher:
         if self._below:
             return self._regex.match(path) is not None
         return self._regex.fullmatch(path) is not None
+
+
+def sieve(matchers: list[Matcher]):
+    """A test true of every path any of `matchers` covers (and of few others), or None when there is none: each
+    pattern's longest run of plain characters must appear in the path, so a path that holds none of them costs
+    one search, not one match per pattern (and needs no pathspec)."""
+    import re
+
+    runs = []
+    for matcher in matchers:
+        run = max(_plain_runs(matcher.pattern), key=len, default="")
+        if not run:
+            return None
+        runs.append(re.escape(run))
+    return re.compile("|".join(sorted(set(runs), key=len, reverse=True))).search
+
+
+def _plain_runs(pattern: str) -> list[str]:
+    runs, current, i = [], [], 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\" and i + 1 < len(pattern):
+            current.append(pattern[i + 1])
+            i += 2
+            continue
+        if c in "*?[/":
+            runs.append("".join(current))
+            current = []
+            if c == "[":  # skip the class
+                found = _class(pattern, i)
+                i = found[1] if found else i + 1
+                continue
+        else:
+            current.append(c)
+        i += 1
+    runs.append("".join(current))
+    return runs
 
 
 def _compiled(pattern: str):
