@@ -172,7 +172,8 @@ def test_documented_output_fields_match_what_commands_print(am, send, tmp_path):
                                   "setup",
                                   "doctor", "copy", "search", "export", "import",
                                   "token",  # checked above
-                                  "serve"}  # serves HTTP, prints nothing: checked in test_server.py
+                                  "serve",  # serves HTTP, prints nothing: checked in test_server.py
+                                  "reserve", "release", "reservations"}  # need a repository: test_reservations.py
     exported = am("export", "--output", str(tmp_path / "contract.jsonl")).json
     assert set(exported) == set(spec.COMMANDS["export"].output)
     assert set(am("import", str(tmp_path / "contract.jsonl")).json) == set(spec.COMMANDS["import"].output)
@@ -262,7 +263,8 @@ def test_everyday_commands_import_nothing_they_do_not_need(argv, mailbox_path):
     code = ("import sys; from agent_mail import cli; code = cli.main(sys.argv[1:]); "
             "heavy = {'re', 'enum', 'json', 'signal', 'hashlib', 'ctypes', 'select', 'typing', 'dataclasses', "
             "'uuid', 'urllib.parse', 'importlib.metadata', 'mcp', 'anyio', 'pydantic', 'psycopg', "
-            "'textual', 'rich', 'textual_serve', 'plotext', 'aiohttp'}; "
+            "'textual', 'rich', 'textual_serve', 'plotext', 'aiohttp', 'pathspec', 'agent_mail.wildmatch', "
+            "'agent_mail.reservations', 'agent_mail.repos', 'subprocess'}; "
             "print(code, sorted(heavy & set(sys.modules)), file=sys.stderr)")
     proc = subprocess.run([sys.executable, "-S", "-c", code, *argv], env=process_env(), capture_output=True, text=True)
     assert proc.stderr.strip().splitlines()[-1] == "0 []", proc.stderr
@@ -298,7 +300,7 @@ def test_search_of_plain_text_needs_no_regular_expressions(am, mailbox_path):
 def test_cold_import_pulls_in_no_heavy_modules():
     code = ("import sys, agent_mail.cli; heavy = {'importlib.metadata', 'argparse', 'difflib', 'asyncio', "
             "'email', 'http', 'urllib.parse', 'agent_mail.service', 'sqlite3', 'hashlib', 'uuid', 'typing', "
-            "'dataclasses', 'ctypes', 're', 'enum', 'json', 'signal', 'mcp', 'anyio', 'pydantic'}; "
+            "'dataclasses', 'ctypes', 're', 'enum', 'json', 'signal', 'mcp', 'anyio', 'pydantic', 'pathspec'}; "
             "print(sorted(heavy & set(sys.modules)))")
     # -S: measure our imports, not what site-packages .pth files load
     proc = subprocess.run([sys.executable, "-S", "-c", code], env=process_env(), capture_output=True, text=True)

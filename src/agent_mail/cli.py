@@ -344,6 +344,8 @@ def _dispatch(name: str, values: dict, emit_once) -> int:
     result = calls.run(name, values, emit=emit_once)
     if name == "send" and result["refused"]:
         return errors.EXIT_PARTIAL  # the receipt is on stdout and says who was refused
+    if name in ("reserve", "reservations") and result.get("conflicts"):
+        return errors.EXIT_PARTIAL  # the result is on stdout and lists the conflicts
     return errors.EXIT_OK
 
 

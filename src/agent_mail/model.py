@@ -36,6 +36,13 @@ LIVENESS_SECONDS = 60.0  # seen this recently = watching; spans the gap between 
 STALE_SECONDS = 15.0  # an armed session not refreshed for this long was killed
 POSTGRES_IDLE_SCALE = 6  # on PostgreSQL a watch refreshes its row (and looks for lost wake-ups) 6 times less often
 POSTGRES_PRESENCE_GRACE_SECONDS = 90.0  # ... and its open connection counts while its row is at most this old
+# File reservations. One held by an identity that is not live (no armed watch, heartbeat, live harness session or
+# human profile) stops blocking once it has shown no sign of life for the grace: twice the time a heartbeat counts,
+# so one late heartbeat does not drop it, and a SIGKILLed watch (stale at once, last seen at most a refresh before
+# the kill) frees its reservations within the grace plus one refresh. Longer than PostgreSQL's presence grace.
+RESERVE_MINUTES_DEFAULT = 60
+RESERVE_MINUTES_MAX = 1440  # a day
+RESERVATION_GRACE_SECONDS = 2 * LIVENESS_SECONDS
 
 # Control characters other than tab, newline and carriage return; DEL and the C1 range too.
 # `re` (and the `enum` it imports, ~2.5 ms) is imported only when a str method finds text that is not

@@ -430,6 +430,23 @@ class Mailbox:
         return self.waits.wait_armed(agent, seconds, look_for, wanted)
 
 
+def _reservation_operation(name: str):
+    """Mailbox.reserve, .release and .reservations: the operations of agent_mail.reservations (which loads
+    the pattern matching only when a reservation command runs), guarded like every other."""
+    def operation(self, **options) -> dict:
+        from agent_mail import reservations
+
+        return getattr(reservations, name)(self, **options)
+
+    operation.__name__ = operation.__qualname__ = name
+    operation.__doc__ = f"{spec.COMMANDS[name].summary.split('. ')[0]}; see reservations.{name}."
+    return guarded(name)(operation)
+
+
+for _name in ("reserve", "release", "reservations"):
+    setattr(Mailbox, _name, _reservation_operation(_name))
+
+
 @contextmanager
 def open_mailbox() -> Iterator["Mailbox"]:
     """Open (creating on first use) the mailbox this invocation resolves."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from agent_mail import model
 from agent_mail.spec import mail as _mail  # noqa: F401  (declares its commands)
+from agent_mail.spec import reserving as _reserving  # noqa: F401  (declares its commands)
 from agent_mail.spec import tools as _tools  # noqa: F401  (declares its commands)
 from agent_mail.spec.base import (COMMAND, COMMANDS, ENVELOPE_FIELDS, FIELDS, FIELDS_HELP, FLAG, HARNESSES, IDENTITY,
                                   INT, JSON, MESSAGE_FIELDS, MESSAGE_ID, MIRROR_ENTRY_FIELDS, NEXT_HELP, NUMBER,
@@ -60,7 +61,8 @@ EXIT_CODES = {
     "2": "The call was wrong (unknown flag, bad value, unknown message). Nothing changed; fix it as the "
     "error says.",
     "3": "send: some recipients were refused (--require-reachable); the receipt on stdout says which. "
-    "The others got the message.",
+    "The others got the message. reserve, reservations --check: a clash with another identity's reservation; "
+    "the result on stdout lists the conflicts (reserve reserved nothing).",
     "4": "Through a server (AGENT_MAIL_DB=https://...): the token is missing, unknown or revoked, or it may not act "
     "as (or look at) the identity the call names; the error names that identity and the token's scope, never the "
     "token. Nothing was read or changed.",

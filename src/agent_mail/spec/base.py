@@ -219,10 +219,21 @@ class Step(str):
                 words.append(arg.name)
                 if value is True:
                     continue
-            words.extend(str(v) for v in value) if isinstance(value, (list, tuple)) else words.append(str(value))
+            words.extend(_word(v) for v in value) if isinstance(value, (list, tuple)) else words.append(_word(value))
         step = super().__new__(cls, " ".join(words))
         step.command, step.arguments = command, arguments
         return step
+
+
+_PLAIN = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:/@%+=,")
+
+
+def _word(value: object) -> str:
+    """A value as one shell word: quoted when it holds anything a shell would read otherwise."""
+    text = str(value)
+    if text and _PLAIN.issuperset(text):
+        return text
+    return "'" + text.replace("'", "'\\''") + "'"
 
 
 def register(command: Command) -> None:

@@ -167,8 +167,17 @@ def m007_tokens(x) -> None:
         supervisor INTEGER NOT NULL DEFAULT 0, note {T}, created {T} NOT NULL, revoked_at {T})""")
 
 
+def m008_reservations(x) -> None:
+    """File reservations (SQLite's m013_reservations): one row per repository, holder and pattern."""
+    x(f"""CREATE TABLE IF NOT EXISTS reservations (
+        id {T} PRIMARY KEY, repo {T} NOT NULL, agent {T} NOT NULL, pattern {T} NOT NULL, exclusive INTEGER NOT NULL,
+        reason {T}, created {T} NOT NULL, renewed_at {T} NOT NULL, expires_at {T} NOT NULL,
+        UNIQUE (repo, agent, pattern))""")
+    x("CREATE INDEX IF NOT EXISTS idx_reservations_repo ON reservations(repo, expires_at)")
+
+
 MIGRATIONS = (m001_tables, m002_indexes, m003_count_indexes, m004_batch_index, m005_search, m006_search_marks,
-              m007_tokens)
+              m007_tokens, m008_reservations)
 
 
 def index_missing(x) -> int:

@@ -693,7 +693,9 @@ KEPT_ELSEWHERE = {"sql_overview": ("recent_rows", "batch_rows", "broadcast_talli
                                    "oldest_unacked", "open_bounces", "sends_per_hour", "open_over_time", "cleanup"),
                   "sql_bulk": ("table_counts", "read_rows", "write_rows", "count_stored", "stored_messages",
                                "attachment_blob", "stored_profiles", "stored_events", "blob_size", "restore_blob",
-                               "restore_profile", "restore_event", "restore_messages", "last_seq")}
+                               "restore_profile", "restore_event", "restore_messages", "last_seq"),
+                  "sql_reservations": ("reservations_in", "save_reservations", "delete_reservations",
+                                       "expire_reservations")}
 for _module, _names in KEPT_ELSEWHERE.items():
     for _name in _names:
         setattr(SQLStore, _name, _kept_in(_module, _name))

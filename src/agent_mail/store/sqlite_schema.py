@@ -192,13 +192,24 @@ def m012_tokens(db: sqlite3.Connection) -> None:
         note TEXT, created TEXT NOT NULL, revoked_at TEXT)""")
 
 
+def m013_reservations(db: sqlite3.Connection) -> None:
+    """File reservations: an identity's pattern in a repository (its key), exclusive or shared, until it is
+    released or expires_at (or its holder is dead: decided when read, from liveness). One row per repository,
+    holder and pattern: reserving again renews it."""
+    db.execute("""CREATE TABLE IF NOT EXISTS reservations (
+        id TEXT PRIMARY KEY, repo TEXT NOT NULL, agent TEXT NOT NULL, pattern TEXT NOT NULL,
+        exclusive INTEGER NOT NULL, reason TEXT, created TEXT NOT NULL, renewed_at TEXT NOT NULL,
+        expires_at TEXT NOT NULL, UNIQUE (repo, agent, pattern))""")
+    db.execute("CREATE INDEX IF NOT EXISTS idx_reservations_repo ON reservations(repo, expires_at)")
+
+
 def has_table(db: sqlite3.Connection, name: str) -> bool:
     return db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).fetchone() is not None
 
 
 MIGRATIONS = (m001_seed_schema, m002_inbox_indexes, m003_liveness, m004_delivery, m005_count_indexes,
               m006_arrival_indexes, m007_harness_sessions, m008_envelope_indexes, m009_batch_index, m010_search,
-              m011_route_marks, m012_tokens)
+              m011_route_marks, m012_tokens, m013_reservations)
 
 
 def index_missing(db: sqlite3.Connection) -> int:

@@ -1,0 +1,117 @@
+"""Which repository a reservation belongs to, and paths and patterns said relative to its root.
+
+A repository is keyed so that clones of it on several machines share their reservations: its `origin` URL
+normalised (the ssh and https spellings of one URL are one key: host/owner/name, lower-case host, no user,
+port, scheme or .git), else its root directory; `--repo NAME` overrides. Paths given from anywhere inside the
+repository (`./`, `..`, an absolute path, a symbolic link inside the tree) become paths from its root.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+from agent_mail import errors
+
+
+class Repository:
+    """key: what reservations are filed under; root: the work tree's directory (None with --repo outside one);
+    fold: whether paths compare without case (core.ignorecase)."""
+
+    __slots__ = ("key", "root", "fold", "_real_dirs")
+
+    def __init__(self, key: str, root: str | None, fold: bool):
+        self.key, self.root, self.fold = key, root, fold
+        self._real_dirs: dict[str, str] = {}
+
+    def _realpath(self, full: str) -> str:
+        """os.path.realpath, with each directory resolved once (a commit names many files in few directories)."""
+        directory, name = os.path.split(full)
+        real_dir = self._real_dirs.get(directory)
+        if real_dir is None:
+            real_dir = self._real_dirs[directory] = os.path.realpath(directory)
+        candidate = os.path.join(real_dir, name)
+        if name in ("", ".", "..") or os.path.islink(candidate):
+            return os.path.realpath(candidate)
+        return candidate
+
+    def path(self, given: str, cwd: str | None = None) -> str:
+        """`given` (relative to `cwd`, or absolute) as a path from the root; InvalidInput if it lies outside."""
+        return self._relative(given, cwd, what="path")
+
+    def pattern(self, given: str, cwd: str | None = None) -> str:
+        """A pattern as stored: `./x`, `../x` and absolute paths inside the tree are taken from `cwd` and
+        anchored at the root (/src/x); anything else is already relative to the root (gitignore syntax)."""
+        if given.startswith(("./", "../")) or given in (".", "..") or (os.path.isabs(given) and self.root and
+                                                                        _inside(given, self.root)):
+            trailing = "/" if given.endswith("/") else ""
+            return "/" + self._relative(given, cwd, what="pattern").rstrip("/") + trailing
+        return given
+
+    def _relative(self, given: str, cwd: str | None, what: str) -> str:
+        if self.root is None:  # --repo outside a work tree: the path is taken as said, tidied
+            tidy = os.path.normpath(given).replace(os.sep, "/").lstrip("/")
+            if tidy.startswith("..") or tidy == ".":
+                raise errors.InvalidInput([(what, f"{given!r} is not a path inside the repository.")])
+            return tidy
+        base = cwd or os.getcwd()
+        full = given if os.path.isabs(given) else os.path.join(base, given)
+        real = self._realpath(full)  # links inside the tree resolved, so one file has one name
+        if not _inside(real, self.root):
+            plain = os.path.normpath(os.path.abspath(full))  # a link leading out of the tree: its own name
+            if not _inside(plain, self.root):
+                raise errors.InvalidInput([(what, f"{given!r} lies outside the repository at {self.root}.")])
+            real = plain
+        rel = real[len(self.root.rstrip(os.sep)) + 1:].replace(os.sep, "/")  # real lies inside the root
+        if not rel:
+            raise errors.InvalidInput([(what, f"{given!r} is the repository's root itself; use ** for everything.")])
+        return rel
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def normalise_url(url: str) -> str:
+    """host/owner/name of a git remote URL, whichever way it is spelt (ssh, scp-like, https, git://)."""
+    text = url.strip()
+    if "://" in text:
+        text = text.split("://", 1)[1]
+        host, _, path = text.partition("/")
+    elif ":" in text and not text.startswith("/"):
+        host, _, path = text.partition(":")
+    else:
+        return os.path.realpath(text) if os.path.isabs(text) else text
+    host = host.rsplit("@", 1)[-1].split(":", 1)[0].lower()  # no user, no port
+    path = path.strip("/")
+    if path.endswith(".git"):
+        path = path[:-4]
+    return f"{host}/{path.rstrip('/')}"
+
+
+def _git(args: list[str], cwd: str) -> tuple[int, str]:
+    try:
+        done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise errors.AgentMailError(f"could not run git to find the repository ({exc}).") from None
+    return done.returncode, done.stdout.strip()
+
+
+def locate(repo: str | None = None, cwd: str | None = None) -> Repository:
+    """The repository the working directory lies in (keyed as above), or the one `repo` names."""
+    base = cwd or os.getcwd()
+    code, out = _git(["rev-parse", "--show-toplevel"], base)
+    root = os.path.realpath(out) if code == 0 and out else None
+    if root is None:
+        if repo is None:
+            raise errors.InvalidInput([("repo", f"{base} is not inside a git repository: reservations belong to "
+                                                "one. Run this inside the repository, or name it with "
+                                                f"{errors.arg('repo')} NAME.")])
+        return Repository(repo, None, False)
+    _, config = _git(["config", "--get-regexp", r"^(remote\.origin\.url|core\.ignorecase)$"], root)
+    values = dict(line.split(" ", 1) for line in config.splitlines() if " " in line)
+    fold = values.get("core.ignorecase", "false").lower() in ("true", "yes", "on", "1")
+    if repo is not None:
+        return Repository(repo, root, fold)
+    url = values.get("remote.origin.url")
+    return Repository(normalise_url(url) if url else root, root, fold)
