@@ -435,6 +435,97 @@ class StoreContract:
                                      now=model.now_iso(), limit=5)[0]["id"] == record["id"]
 
 
+    @exercises("add_token", "tokens", "token", "revoke_token")
+    def test_tokens_keep_a_hash_list_without_it_and_revoke_once(self):
+        store = open_store(resolve_location()[0])
+        try:
+            at = model.now_iso()
+            secret_hash = hashlib.sha256(b"secret").hexdigest()
+            with store.transaction(write=True):
+                store.add_token({"id": "t1", "secret_hash": secret_hash, "agents": ["p:a", "q:*"], "supervisor": True,
+                                 "note": "ops", "created": at})
+                store.add_token({"id": "t2", "secret_hash": "00" * 32, "agents": ["*"], "supervisor": False,
+                                 "note": None, "created": at})
+            with store.transaction():
+                listed = store.tokens()
+                one = store.token("t1")
+                assert store.token("nope") is None
+            assert [t["id"] for t in listed] == ["t1", "t2"]
+            assert all("secret_hash" not in t for t in listed)
+            assert one["secret_hash"] == secret_hash and one["revoked_at"] is None
+            assert sorted(one["agents"]) == ["p:a", "q:*"] and bool(one["supervisor"]) is True
+            with store.transaction(write=True):
+                assert store.revoke_token("t1", at) is True
+                assert store.revoke_token("t1", at) is False  # revoked already
+                assert store.revoke_token("nope", at) is False
+            with store.transaction():
+                assert store.token("t1")["revoked_at"] == at and store.token("t2")["revoked_at"] is None
+        finally:
+            store.close()
+
+    @exercises("wake_waits")
+    def test_waking_every_wait_wakes_a_blocked_watch(self):
+        with open_mailbox() as mailbox:
+            mailbox.heartbeat(agent="w:a")
+        woken: list[float] = []
+
+        def waiter() -> None:
+            with open_mailbox() as mailbox:
+                started = model.now()
+                # A wait that asks whether it is still wanted each time it is woken: the wake makes it ask.
+                asked = []
+
+                def wanted() -> bool:
+                    asked.append(1)
+                    return len(asked) < 2
+                mailbox.watch(agent="w:a", timeout_seconds=20, wanted=wanted)
+                woken.append((model.now() - started).total_seconds())
+
+        thread = threading.Thread(target=waiter)
+        thread.start()
+        import time
+
+        time.sleep(1.0)  # the watch is armed
+        store = open_store(resolve_location()[0])
+        try:
+            with store.transaction(write=True):
+                store.wake_waits()
+        finally:
+            store.close()
+        thread.join(timeout=30)
+        assert woken and woken[0] < 15, woken  # woken, well before its 20 s
+
+    @exercises("reservations_in", "save_reservations", "delete_reservations", "expire_reservations")
+    def test_reservations_are_saved_renewed_listed_expired_and_deleted(self):
+        store = open_store(resolve_location()[0])
+        now = model.now()
+        at, soon, later = (model.iso(now), model.iso(now + dt.timedelta(minutes=1)),
+                           model.iso(now + dt.timedelta(minutes=60)))
+
+        def row(rid, agent, pattern, expires, exclusive=True, reason="r"):
+            return {"id": rid, "repo": "github.com/o/r", "agent": agent, "pattern": pattern, "exclusive": exclusive,
+                    "reason": reason, "created": at, "renewed_at": at, "expires_at": expires}
+        try:
+            with store.transaction(write=True):
+                store.save_reservations([row("r1", "p:a", "/src/**", later), row("r2", "p:b", "/docs/", soon, False)])
+                store.save_reservations([row("r3", "p:a", "/src/**", later, reason="renewed")])  # same key: renews
+            with store.transaction():
+                held = store.reservations_in("github.com/o/r", at)
+                mine = store.reservations_in("github.com/o/r", at, agent="p:a")
+                assert store.reservations_in("elsewhere", at) == []
+            assert [(r["id"], r["agent"], r["exclusive"]) for r in held] == [("r1", "p:a", True), ("r2", "p:b", False)]
+            assert [r["reason"] for r in mine] == ["renewed"] and mine[0]["id"] == "r1"  # id and created kept
+            later_than_soon = model.iso(now + dt.timedelta(minutes=2))
+            with store.transaction(write=True):
+                assert store.expire_reservations("github.com/o/r", later_than_soon) == 1
+                assert store.delete_reservations(["r1", "nope"]) == 1
+                assert store.delete_reservations([]) == 0
+            with store.transaction():
+                assert store.reservations_in("github.com/o/r", at) == []
+        finally:
+            store.close()
+
+
 class TestSQLiteStore(StoreContract):
     @pytest.fixture
     def backend(self):

@@ -381,25 +381,6 @@ class Store(WholeMailbox):
     # -- harness sessions (hooks) -------------------------------------------
     # What a harness session (Claude Code, Codex, Gemini CLI) has been told: told_seq, the newest message
     # in insertion order it was told of, and told_at, when (for delayed mail falling due since).
-    # -- file reservations (store/sql_reservations.py) -------------------------------------------
-    def reservations_in(self, repo: str, now: str, agent: str | None = None) -> list[dict]:
-        """Reservations of `repo` not expired at `now` (only `agent`'s when given), oldest first: {id, repo, agent,
-        pattern, exclusive (bool), reason, created, renewed_at, expires_at}."""
-        raise NotImplementedError
-
-    def save_reservations(self, rows: list[dict]) -> None:
-        """Insert each row (fields as reservations_in returns), or renew the one with its repo, agent and pattern:
-        mode, reason, renewed_at and expires_at replaced, id and created kept."""
-        raise NotImplementedError
-
-    def delete_reservations(self, ids: list[str]) -> int:
-        """Delete these reservations; how many there were."""
-        raise NotImplementedError
-
-    def expire_reservations(self, repo: str, now: str) -> int:
-        """Delete the reservations of `repo` expired at `now`; how many."""
-        raise NotImplementedError
-
     def harness_session(self, session_id: str) -> dict | None:
         """The session row (id, harness, agent, pid, host, started_at, last_seen, told_seq, told_at,
         told_event, waiter, ended_at), or None."""
@@ -424,6 +405,25 @@ class Store(WholeMailbox):
 
     def events_since(self, agent: str, after: int) -> tuple[list[dict], int]:
         """(`agent`'s undismissed system events added after sequence `after`, the newest event sequence)."""
+        raise NotImplementedError
+
+    # -- file reservations (store/sql_reservations.py) -------------------------------------------
+    def reservations_in(self, repo: str, now: str, agent: str | None = None) -> list[dict]:
+        """Reservations of `repo` not expired at `now` (only `agent`'s when given), oldest first: {id, repo, agent,
+        pattern, exclusive (bool), reason, created, renewed_at, expires_at}."""
+        raise NotImplementedError
+
+    def save_reservations(self, rows: list[dict]) -> None:
+        """Insert each row (fields as reservations_in returns), or renew the one with its repo, agent and pattern:
+        mode, reason, renewed_at and expires_at replaced, id and created kept."""
+        raise NotImplementedError
+
+    def delete_reservations(self, ids: list[str]) -> int:
+        """Delete these reservations; how many there were."""
+        raise NotImplementedError
+
+    def expire_reservations(self, repo: str, now: str) -> int:
+        """Delete the reservations of `repo` expired at `now`; how many."""
         raise NotImplementedError
 
     # -- access tokens (agent-mail serve) ------------------------------------

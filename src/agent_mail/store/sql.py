@@ -696,6 +696,5 @@ KEPT_ELSEWHERE = {"sql_overview": ("recent_rows", "batch_rows", "broadcast_talli
                                "restore_profile", "restore_event", "restore_messages", "last_seq"),
                   "sql_reservations": ("reservations_in", "save_reservations", "delete_reservations",
                                        "expire_reservations")}
-for _module, _names in KEPT_ELSEWHERE.items():
-    for _name in _names:
-        setattr(SQLStore, _name, _kept_in(_module, _name))
+for _module, _name in [(module, name) for module, names in KEPT_ELSEWHERE.items() for name in names]:
+    setattr(SQLStore, _name, _kept_in(_module, _name))
