@@ -104,8 +104,7 @@ def test_mail_during_a_codex_turn_holds_the_stop_once(project):
 
 
 def _descendants(pid: int) -> set[int]:
-    """The processes below `pid` (read from /proc), with their start times, so a reused number is not taken
-    for one of them."""
+    """The processes below `pid` (read from /proc)."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -123,8 +122,16 @@ def _descendants(pid: int) -> set[int]:
 
 
 def _alive(pids: set[int]) -> set[int]:
-    return {pid for pid in pids if os.path.exists(f"/proc/{pid}") and
-            open(f"/proc/{pid}/stat", "rb").read().rsplit(b")", 1)[1].split()[0] != b"Z"}
+    """Those of `pids` still running (a zombie has ended)."""
+    alive = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as handle:
+                if handle.read().rsplit(b")", 1)[1].split()[0] != b"Z":
+                    alive.add(pid)
+        except (OSError, IndexError):
+            continue
+    return alive
 
 
 def _stop_daemon(home) -> None:
