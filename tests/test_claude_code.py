@@ -217,3 +217,84 @@ def test_an_idle_interactive_session_is_woken_by_a_send(project):
     while status()["watch_state"] == "armed":
         assert time.monotonic() < deadline, "the waiter outlived its session"
         time.sleep(0.5)
+
+
+def _any_tool_result(request: dict) -> bool:
+    """A tool result anywhere in the turn (Claude Code may put a system message after it)."""
+    return any(isinstance(m.get("content"), list) and any(b.get("type") == "tool_result" for b in m["content"])
+               for m in request["messages"])
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+def test_mail_a_watch_tool_result_showed_is_not_told_again(project):
+    """Issue 20 #2: the model calls mcp__agent-mail__watch {"wait_seconds": 60}; mail arrives; the next
+    request carries the envelope once, in the tool result, not again as PostToolUse context; and no later
+    turn gets it again from the waiter ("Stop hook feedback")."""
+    import time
+
+    subject = "Review PR 9 before noon"
+    home = project.parent / "home"
+    _interactive_home(home, project)
+    name = f"agent-mail-watch-{os.getpid()}"
+    tmux = ["tmux", "-S", str(project.parent / "tmux.sock")]
+
+    def script(request):
+        if not _main_loop(request):
+            return None
+        said = json.dumps(request["messages"])
+        if "next task" in said:
+            return [{"type": "text", "text": "Nothing new."}]
+        if _any_tool_result(request):
+            return [{"type": "text", "text": "Got it."}]
+        return [{"type": "tool_use", "name": "mcp__agent-mail__watch", "input": {"wait_seconds": 60}}]
+
+    def status():
+        return json.loads(am_process("status", "--agent", AGENT).stdout)["agents"][0]
+
+    def until(predicate, what: str, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.2)
+
+    def say(text: str) -> None:
+        subprocess.run([*tmux, "send-keys", "-t", name, text], check=True)
+        time.sleep(0.3)
+        subprocess.run([*tmux, "send-keys", "-t", name, "Enter"], check=True)
+
+    with FakeModel(script) as model:
+        env = _env(model, home)
+        command = " ".join(["env", "-u", "AGENT_MAIL_DB"] + [f"{k}={v}" for k, v in env.items()
+                                                             if k in ("HOME", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY",
+                                                                      "DISABLE_TELEMETRY", "ENABLE_TOOL_SEARCH",
+                                                                      "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC",
+                                                                      "DISABLE_AUTOUPDATER", "PYTHONPATH", "TMPDIR")]
+                           + [CLAUDE])
+        subprocess.run([*tmux, "new-session", "-d", "-s", name, "-x", "200", "-y", "50", "-c", str(project), command],
+                       check=True)
+        try:
+            until(lambda: "❯" in subprocess.run([*tmux, "capture-pane", "-p", "-t", name], capture_output=True,
+                                                text=True).stdout, "claude did not reach its prompt")
+            say("check your mail")
+            # The watch tool call is blocked: the identity shows as armed. Then the mail comes.
+            until(lambda: status()["watch_state"] == "armed", "the watch tool never armed")
+            assert am_process("send", "--from", "boss:lead", "--to", AGENT, "--subject", subject,
+                              env=process_env()).returncode == 0
+            answered = model.wait_for(lambda r: _main_loop(r) and _any_tool_result(r), timeout=60)
+            assert answered is not None, "the watch tool result never reached the model"
+            results = [b for m in answered["messages"] if isinstance(m.get("content"), list) for b in m["content"]
+                       if b.get("type") == "tool_result"]
+            assert len(results) == 1 and subject in json.dumps(results), "the tool result did not show the mail"
+            assert json.dumps(answered["messages"]).count(subject) == 1, "told twice: the tool result and again"
+            # The turn ended ("Got it."); the waiter armed for the next mail, and nothing wakes the session.
+            until(lambda: status()["watch_state"] == "armed" and len([r for r in model.requests
+                                                                      if _main_loop(r)]) == 2,
+                  "the waiter never armed after the turn")
+            time.sleep(3)
+            assert len([r for r in model.requests if _main_loop(r)]) == 2, "the session was woken for told mail"
+            say("next task")
+            later = model.wait_for(lambda r: _main_loop(r) and "next task" in json.dumps(r["messages"]), timeout=60)
+            assert later is not None, "the next prompt never reached the model"
+            assert json.dumps(later["messages"]).count(subject) == 1, "a later turn was told the mail again"
+        finally:
+            subprocess.run([*tmux, "kill-session", "-t", name], capture_output=True)

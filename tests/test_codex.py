@@ -10,7 +10,11 @@ installed; required in CI.
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import signal
 import subprocess
+import time
 
 import pytest
 
@@ -97,3 +101,107 @@ def test_mail_during_a_codex_turn_holds_the_stop_once(project):
     assert "it is mail for you, not an error" in json.dumps(held[0]["input"])
     row = json.loads(am_process("status", "--agent", AGENT).stdout)["agents"][0]
     assert row["sessions"] == 0 and row["reachable"] is False
+
+
+def _descendants(pid: int) -> set[int]:
+    """The processes below `pid` (read from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as handle:
+                    children.setdefault(int(handle.read().rsplit(b")", 1)[1].split()[1]), []).append(int(entry))
+            except (OSError, ValueError, IndexError):
+                continue
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def _alive(pids: set[int]) -> set[int]:
+    """Those of `pids` still running (a zombie has ended)."""
+    alive = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as handle:
+                if handle.read().rsplit(b")", 1)[1].split()[0] != b"Z":
+                    alive.add(pid)
+        except (OSError, IndexError):
+            continue
+    return alive
+
+
+def _stop_daemon(home) -> None:
+    """End a Codex app-server daemon (and its updater) that this test's CODEX_HOME started, by the ids it
+    recorded, only if each is still a process running from that CODEX_HOME."""
+    for name in ("daemon.pid", "daemon-updater.pid", "app-server.pid", "app-server-updater.pid"):
+        try:
+            pid = json.loads((home / "app-server-daemon" / name).read_text())["pid"]
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                if str(home).encode() in handle.read():
+                    os.kill(pid, signal.SIGTERM)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+def test_an_interactive_codex_session_ends_with_its_exit(project):
+    """Issue 20 #3: interactive `codex` (hooks trusted in its review dialog, as a user does) ran the hooks and
+    the MCP server in a shared app-server daemon it started, which outlives /exit: the session stayed live
+    (status sessions: 1) and the MCP server ran on. Set up by agent-mail, the session's own codex process runs
+    them: at /exit Codex's SessionEnd ends the session and nothing of it is left running."""
+    home = project.parent / "codex-home"
+    name = f"agent-mail-codex-{os.getpid()}"
+    tmux = ["tmux", "-S", str(project.parent / "tmux.sock")]
+
+    def pane() -> str:
+        return subprocess.run([*tmux, "capture-pane", "-p", "-t", name], capture_output=True, text=True).stdout
+
+    def wait_for(what, seconds: float, why: str) -> None:
+        deadline = time.monotonic() + seconds
+        while not what():
+            assert time.monotonic() < deadline, f"{why}:\n{pane()}"
+            time.sleep(0.2)
+
+    def keys(*typed: str) -> None:
+        subprocess.run([*tmux, "send-keys", "-t", name, *typed], check=True)
+        time.sleep(0.3)
+
+    def sessions() -> int:
+        return json.loads(am_process("status", "--agent", AGENT).stdout)["agents"][0]["sessions"]
+
+    with FakeModel() as model:
+        (home / "config.toml").write_text(
+            'model = "gpt-test"\nmodel_provider = "scripted"\n\n[model_providers.scripted]\nname = "scripted"\n'
+            f'base_url = "{model.url}/v1"\nenv_key = "SCRIPTED_KEY"\nwire_api = "responses"\n\n'
+            f'[projects."{project}"]\ntrust_level = "trusted"\n')
+        env = process_env(CODEX_HOME=str(home), HOME=str(home), SCRIPTED_KEY="test", TMPDIR=private_tmp(home))
+        command = " ".join(["env", "-u", "AGENT_MAIL_DB"] + [f"{k}={env[k]}" for k in
+                                                             ("CODEX_HOME", "HOME", "SCRIPTED_KEY", "TMPDIR",
+                                                              "PYTHONPATH", "PATH")] + [CODEX])
+        subprocess.run([*tmux, "new-session", "-d", "-s", name, "-x", "200", "-y", "50", "-c", str(project), command],
+                       check=True)
+        try:
+            wait_for(lambda: "Hooks need review" in pane(), 90, "codex did not ask to review the project's hooks")
+            keys("2")  # "Trust all and continue"
+            keys("Enter")
+            wait_for(lambda: "Ask Codex" in pane(), 60, "codex did not reach its prompt")
+            keys("hello")
+            keys("Enter")
+            wait_for(lambda: model.wait_for(_main, 0) is not None and sessions() == 1, 60,
+                     "the turn did not reach the model with a live session")
+            root = int(subprocess.run([*tmux, "display-message", "-p", "-t", name, "#{pane_pid}"], check=True,
+                                      capture_output=True, text=True).stdout)
+            below = _descendants(root)  # codex, its MCP server; before the fix, the daemon it started too
+            keys("/exit")
+            keys("Enter")
+            # Ended by SessionEnd (a second or two); the daemon kept it for good (13 minutes seen, 40 s here).
+            wait_for(lambda: sessions() == 0, 30, "the session still counts as live after /exit")
+            wait_for(lambda: not _alive(below), 30, "processes of the session outlived it")
+        finally:
+            subprocess.run([*tmux, "kill-session", "-t", name], capture_output=True)
+            subprocess.run([*tmux, "kill-server"], capture_output=True)
+            _stop_daemon(home)

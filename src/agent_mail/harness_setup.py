@@ -6,7 +6,8 @@ For a project directory DIR, the MCP server `agent-mail` (this interpreter runni
   DIR/.claude/settings.local.json (personal, not committed: the interpreter, identity and mailbox in `env`;
   context on SessionStart, UserPromptSubmit and PostToolUse; the stop guard and the asyncRewake waiter
   on Stop; end on SessionEnd; `mcp__agent-mail` allowed and the server enabled, so no prompt asks).
-- Codex: DIR/.codex/config.toml (the server, its tools approved, between two marker lines) and
+- Codex: DIR/.codex/config.toml (the server, its tools approved, and features.daemon_auto_start = false so
+  each session runs its own hooks, between two marker lines) and
   DIR/.codex/hooks.json (context on SessionStart, UserPromptSubmit, PostToolUse; the stop guard on Stop;
   end on SessionEnd).
 - Gemini CLI: DIR/.gemini/settings.json (the server, trusted; context on SessionStart, BeforeAgent,
@@ -298,7 +299,15 @@ def _codex_config(path: str, agent: str, mailbox: str, remove: bool) -> dict:
         block = [_BEGIN, f"[mcp_servers.{SERVER}]", f"command = {_toml_string(entry['command'])}",
                  "args = [" + ", ".join(_toml_string(a) for a in entry["args"]) + "]",
                  'default_tools_approval_mode = "approve"',  # no approval prompt per call (as Claude's allow)
-                 f"env = {{ AGENT_MAIL_DB = {_toml_string(mailbox)} }}", _END]
+                 f"env = {{ AGENT_MAIL_DB = {_toml_string(mailbox)} }}"]
+        if "features" not in tomllib.loads(kept):
+            # Interactive `codex` otherwise starts (or joins) a shared app-server daemon that runs the hooks and
+            # the MCP server for every session: the hooks' parent is then that daemon, which outlives /exit, and
+            # Codex fires no SessionEnd when the terminal client leaves (seen with 0.171.0). Without it the
+            # session's own codex process runs them and SessionEnd fires at /exit. A daemon already running is
+            # still joined (only `codex --no-daemon` avoids it).
+            block += ["[features]", "daemon_auto_start = false"]
+        block.append(_END)
         kept = kept + ("\n" if kept and not kept.endswith("\n") else "") + ("\n" if kept.strip() else "")
         kept += "\n".join(block) + "\n"
         try:
