@@ -29,23 +29,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from agent_mail import calls, checks, errors, grants, jsonout, model, spec, tokens
+from agent_mail import __version__, api, calls, checks, errors, grants, jsonout, model, spec, tokens
 
-EXIT_HEADER = "X-Agent-Mail-Exit"
-NAMES_HEADER = "X-Agent-Mail-Names"  # "flags": name arguments in problems as the command line does (--reply-to)
+EXIT_HEADER, NAMES_HEADER = api.EXIT_HEADER, api.NAMES_HEADER
+SERVED, LOCAL_TO_CLIENT, EXTRAS = api.SERVED, api.LOCAL_TO_CLIENT, api.EXTRAS
 DEFAULT_LISTEN = "127.0.0.1:8025"
 # What a call may carry: a send's body and attachments (base64: 4/3 of their size), with room for the rest.
 MAX_REQUEST_BYTES = model.ATTACHMENTS_MAX_BYTES_PER_SEND * 4 // 3 + model.BODY_MAX_CHARS * 4 + 1_000_000
 MAX_THREADS = 1000  # calls carried out at once (a blocked watch holds one)
-# The commands a client may call; the rest work on a mailbox itself, or are not served yet (the client says so).
-SERVED = ("send", "read", "ack", "watch", "heartbeat", "dismiss", "archive", "delete", "cancel", "attachments",
-          "profile", "notifications", "status", "search", "cleanup", "doctor")
-# Arguments that name a file on this machine: what the client reads or writes on its own machine instead.
-LOCAL_TO_CLIENT = {"send": ("body_file", "attach", "ref"), "attachments": ("save_to", "overwrite"),
-                   "profile": ("mirror_dir",), "notifications": ("follow",), "doctor": ("repair",)}
-# Values only a client sends, beside the command's own: content it read, a watch's remaining wait.
-EXTRAS = {"send": ("upload_attachments", "client_refs"), "watch": ("wait_seconds",),
-          "attachments": ("with_content",)}
 
 _STOPPING = threading.Event()
 _LIMITER: list = []
@@ -252,8 +243,12 @@ def app_for(location: str) -> Starlette:
     async def health(request: Request) -> Response:
         return _document({"ok": True, "stopping": _STOPPING.is_set()}, 200, errors.EXIT_OK)
 
+    async def openapi(request: Request) -> Response:
+        return _document(api.openapi(__version__), 200, errors.EXIT_OK)
+
     return Starlette(routes=[Route("/v1/call/{command}", call, methods=["POST"]),
-                             Route("/v1/health", health, methods=["GET"])])
+                             Route("/v1/health", health, methods=["GET"]),
+                             Route("/openapi.json", openapi, methods=["GET"])])
 
 
 def _wake_waits(location: str) -> None:
@@ -326,6 +321,7 @@ def serve(listen: str | None = None, tls_cert: str | None = None, tls_key: str |
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
+        sock.listen(2048)  # connections are queued from the moment "listening" is logged (uvicorn accepts them)
     except OSError as exc:
         sock.close()
         raise errors.AgentMailError(f"cannot listen on {host}:{port} ({exc.strerror or exc}).") from None
