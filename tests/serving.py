@@ -39,14 +39,15 @@ class Server:
         created = am_process("token", "create", *argv, env=process_env(AGENT_MAIL_DB=self.mailbox))
         return json.loads(created.stdout)["token"]  # the one output that shows it: kept out of self.outputs
 
-    def client(self, token: str | None, *argv: str, **env: str) -> subprocess.CompletedProcess:
+    def client(self, token: str | None, *argv: str, input: bytes | None = None, **env: str) \
+            -> subprocess.CompletedProcess:
         extra = {"AGENT_MAIL_DB": self.url, **env}
         if token is not None:
             extra["AGENT_MAIL_TOKEN"] = token
         environment = process_env(**extra)
         if token is None:
             environment.pop("AGENT_MAIL_TOKEN", None)
-        proc = am_process(*argv, env=environment)
+        proc = am_process(*argv, env=environment, input=input)
         self.outputs += [proc.stdout.decode(), proc.stderr.decode()]
         return proc
 

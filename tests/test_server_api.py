@@ -79,3 +79,58 @@ def test_schemathesis_finds_no_server_error_and_no_answer_off_the_schema(server,
         capture_output=True, text=True, timeout=90, cwd=tmp_path, stdin=subprocess.DEVNULL,
         env=process_env(NO_COLOR="1"))
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
+
+
+@pytest.fixture
+def second_mailbox(backend, tmp_path):
+    """Another empty mailbox on the same backing."""
+    if backend == "sqlite":
+        yield str(tmp_path / "second" / "mail.db")
+        return
+    from conftest import drop_schema, new_schema_name, pg_url
+
+    schema = new_schema_name()
+    yield pg_url(schema)
+    drop_schema(schema)
+
+
+def test_export_and_import_go_between_the_client_and_the_server(server, second_mailbox, tmp_path):
+    operator, agent = server.token("--agent", "*"), server.token("--agent", "a:x")
+    note = tmp_path / "note.bin"
+    note.write_bytes(b"\x00\x01 attached")
+    _json(server.client(operator, "send", "--from", "b:y", "--to", "a:x", "--subject", "one", "--attach", str(note)))
+    _json(server.client(operator, "send", "--from", "a:x", "--to", "b:y", "--subject", "two"))
+    direct = tmp_path / "direct.jsonl"
+    _json(server.direct("export", "--output", str(direct)))
+    out = tmp_path / "remote.jsonl"
+    summary = _json(server.client(operator, "export", "--output", str(out)))
+    assert out.read_bytes() == direct.read_bytes()  # the same bytes, written on the client's machine
+    assert summary["file"] == str(out) and summary["messages"] == 2 and summary["blobs"] == 1
+    assert summary["bytes"] == out.stat().st_size and summary["next"] == [f"agent-mail import {out} --dry-run"]
+    again = server.client(operator, "export", "--output", str(out))
+    assert again.returncode == 2 and "exists" in json.loads(again.stderr)["error"]
+    streamed = server.client(operator, "export")
+    assert streamed.returncode == 0 and streamed.stdout == direct.read_bytes()
+    mbox = server.client(operator, "export", "--format", "mbox")
+    assert mbox.returncode == 0 and mbox.stdout.count(b"\nFrom ") + mbox.stdout.startswith(b"From ") == 2
+    # An agent's token exports its own mail only; import needs an operator's.
+    assert _json(server.client(agent, "export", "--agent", "a:x", "--output", str(tmp_path / "mine.jsonl")))
+    assert server.client(agent, "export").returncode == 4
+    refused = server.client(agent, "import", str(out))
+    assert refused.returncode == 4 and "operator" in json.loads(refused.stderr)["error"]
+    # Into an empty mailbox through a second server: a dry run, the import, and again (nothing new).
+    fresh = Server(second_mailbox)
+    try:
+        token = fresh.token("--agent", "*")
+        dry = _json(fresh.client(token, "import", str(out), "--dry-run"))
+        assert dry["file"] == str(out) and dry["added"]["messages"] == 2 and dry["next"] == [f"agent-mail import {out}"]
+        assert _json(fresh.client(token, "import", str(out)))["added"]["messages"] == 2
+        assert _json(fresh.client(token, "import", "-", input=out.read_bytes()))["already_there"]["messages"] == 2
+        bad = tmp_path / "bad.jsonl"
+        bad.write_bytes(out.read_bytes() + b'{"type": "nonsense"}\n')
+        failed = fresh.client(token, "import", str(bad))
+        assert failed.returncode == 2 and "nothing was imported" in failed.stderr.decode()
+        assert fresh.client(token, "export").stdout == direct.read_bytes()
+    finally:
+        fresh.stop()
+    assert operator not in "".join(server.outputs)

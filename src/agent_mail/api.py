@@ -10,6 +10,7 @@ from __future__ import annotations
 from agent_mail import errors, model, schemas, spec
 
 EXIT_HEADER = "X-Agent-Mail-Exit"
+RESULT_HEADER = "X-Agent-Mail-Result"  # export: its summary (JSON), the export itself being the body
 NAMES_HEADER = "X-Agent-Mail-Names"  # "flags": name arguments in problems as the command line does (--reply-to)
 
 # The commands a client may call; the rest work on a mailbox itself, or are not served yet (the client says so).
@@ -86,6 +87,29 @@ def _call_operation(name: str) -> dict:
 def openapi(version: str) -> dict:
     """The OpenAPI 3.1 document of the API, every served command's arguments from the spec."""
     paths = {f"/v1/call/{name}": {"post": _call_operation(name)} for name in SERVED}
+    export = spec.COMMANDS["export"]
+    exported = schemas.arguments_schema(export, leave_out=("--output",), nullable=True)
+    paths["/v1/export"] = {"post": {
+        "operationId": "export", "summary": export.summary + " The client writes it (--output, or stdout).",
+        "requestBody": {"required": False, "content": {"application/json": {"schema": exported}}},
+        "responses": {"200": {"description": "The export itself (JSON Lines, or mbox); its summary (format, bytes "
+                                             f"and counts) as JSON in {RESULT_HEADER}.",
+                              "headers": {**_exit_header(), RESULT_HEADER: {"required": True,
+                                                                            "schema": {"type": "string"}}},
+                              "content": {"application/x-ndjson": {"schema": {"type": "string"}},
+                                          "application/mbox": {"schema": {"type": "string"}}}},
+                      **_errors()}}}
+    imported = spec.COMMANDS["import"]
+    paths["/v1/import"] = {"post": {
+        "operationId": "import", "summary": imported.summary + " Needs an operator's token ('*').",
+        "parameters": [{"name": "dry_run", "in": "query", "required": False, "schema": {"type": "string",
+                                                                                        "enum": ["true", "false"]},
+                        "description": imported.arg("--dry-run").help}],
+        "requestBody": {"required": True, "content": {"application/x-ndjson": {"schema": {"type": "string"}}}},
+        "responses": {"200": {"description": "import's result document (file: null; the client names its own).",
+                              "headers": _exit_header(),
+                              "content": {"application/json": {"schema": schemas.result_schema(imported)}}},
+                      **_errors()}}}
     paths["/v1/health"] = {"get": {"operationId": "health", "summary": "Whether the server is up (no token needed).",
                                    "security": [], "responses": {"200": {
                                        "description": "Up.", "headers": _exit_header(),
