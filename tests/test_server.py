@@ -4,7 +4,6 @@ marking, revocation and SIGTERM end waits at once, bad requests get clear 4xx, n
 
 from __future__ import annotations
 
-import http.client
 import json
 import signal
 import subprocess
@@ -14,66 +13,9 @@ import time
 import pytest
 
 from conftest import am_process, process_env
+from serving import Server
 
 pytestmark = [pytest.mark.backends, pytest.mark.timeout(120)]
-
-
-class Server:
-    """A running `agent-mail serve` on a free loopback port, over the test's mailbox."""
-
-    def __init__(self, mailbox: str):
-        self.mailbox = mailbox
-        self.proc = subprocess.Popen([sys.executable, "-m", "agent_mail", "serve", "--listen", "127.0.0.1:0"],
-                                     env=process_env(AGENT_MAIL_DB=mailbox), stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE)
-        first = json.loads(self.proc.stderr.readline())
-        self.url = first["listening"]
-        self.port = int(self.url.rsplit(":", 1)[1])
-        self.outputs: list[str] = []
-
-    def direct(self, *argv: str) -> subprocess.CompletedProcess:
-        proc = am_process(*argv, env=process_env(AGENT_MAIL_DB=self.mailbox))
-        self.outputs += [proc.stdout.decode(), proc.stderr.decode()]
-        return proc
-
-    def token(self, *argv: str) -> str:
-        created = am_process("token", "create", *argv, env=process_env(AGENT_MAIL_DB=self.mailbox))
-        return json.loads(created.stdout)["token"]  # the one output that shows it: kept out of self.outputs
-
-    def client(self, token: str | None, *argv: str, **env: str) -> subprocess.CompletedProcess:
-        extra = {"AGENT_MAIL_DB": self.url, **env}
-        if token is not None:
-            extra["AGENT_MAIL_TOKEN"] = token
-        environment = process_env(**extra)
-        if token is None:
-            environment.pop("AGENT_MAIL_TOKEN", None)
-        proc = am_process(*argv, env=environment)
-        self.outputs += [proc.stdout.decode(), proc.stderr.decode()]
-        return proc
-
-    def raw(self, path: str, body: bytes, headers: dict) -> tuple[int, bytes]:
-        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
-        try:
-            connection.request("POST", path, body=body, headers=headers)
-            response = connection.getresponse()
-            return response.status, response.read()
-        finally:
-            connection.close()
-
-    def stop(self) -> tuple[int, str]:
-        if self.proc.stderr.closed:
-            return self.proc.returncode, ""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        log = self.proc.stderr.read().decode()
-        self.proc.stdout.close()
-        self.proc.stderr.close()
-        return self.proc.returncode, log
 
 
 @pytest.fixture

@@ -31,7 +31,7 @@ _ON_THE_MAILBOX = "works on a mailbox itself, not through a server: run it where
 _NOT_YET = "is not supported through a server yet: run it where the mailbox is, with AGENT_MAIL_DB naming its " \
            "file or postgresql:// URL"
 NOT_REMOTE = {"copy": _ON_THE_MAILBOX, "token": _ON_THE_MAILBOX, "serve": _ON_THE_MAILBOX,
-              "export": _NOT_YET, "import": _NOT_YET, "dashboard": _NOT_YET, "mcp": _NOT_YET, "hook": _NOT_YET}
+              "dashboard": _NOT_YET, "mcp": _NOT_YET, "hook": _NOT_YET}
 NOT_REMOTE_FLAGS = {("doctor", "repair"): _ON_THE_MAILBOX, ("notifications", "follow"): _NOT_YET,
                     ("profile", "mirror_dir"): "is not supported through a server yet (the mirror would be written "
                                                "on the server's machine): set it where the mailbox is"}
@@ -113,21 +113,31 @@ def _connection(url: str, timeout: float | None):
     return http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout), parts.path
 
 
-def request(url: str, token: str, name: str, given: dict, timeout: float | None = CALL_TIMEOUT_SECONDS):
-    """POST the call; (status, exit code, document). Unreachable when no answer came."""
+def request(url: str, token: str, name: str, given: dict, timeout: float | None = CALL_TIMEOUT_SECONDS, *,
+            path: str = "", body=None, content_type: str = "application/json", into=None):
+    """POST the call; (status, exit code, document). Unreachable when no answer came. `path`, `body`: another
+    endpoint than /v1/call/NAME, and a body other than `given` as JSON (bytes, a file, an iterable of chunks);
+    `into(response)`: takes a successful answer's body itself (then the document is None)."""
     import http.client
 
     connection, base = _connection(url, timeout)
-    body = json.dumps(given).encode("utf-8")
-    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}",
-               "X-Agent-Mail-Names": "flags"}
+    headers = {"Content-Type": content_type, "Authorization": f"Bearer {token}", "X-Agent-Mail-Names": "flags"}
+    chunked = body is not None and not isinstance(body, bytes) and not hasattr(body, "fileno")
+    if body is None:
+        body = json.dumps(given).encode("utf-8")
+    elif hasattr(body, "fileno"):
+        headers["Content-Length"] = str(os.fstat(body.fileno()).st_size)
     sent = False
     try:
-        connection.request("POST", f"{base.rstrip('/')}/v1/call/{name}", body=body, headers=headers)
+        connection.request("POST", f"{base.rstrip('/')}{path or f'/v1/call/{name}'}", body=body, headers=headers,
+                           encode_chunked=chunked)
         sent = True
         response = connection.getresponse()
-        data = response.read()
         code = response.getheader(EXIT_HEADER)
+        if into is not None and response.status == 200:
+            into(response)
+            return response.status, int(code), None
+        data = response.read()
     except (OSError, http.client.HTTPException) as exc:
         after = (" The call was sent but its answer was lost: it may have been carried out; look (read --all, "
                  "status) before repeating it.") if sent else " Nothing was sent."
@@ -162,6 +172,10 @@ def main(name: str, values: dict, emit) -> int:
         given = _with_uploads(values, given)
     if name == "watch":
         return _watch(url, token, values, given, emit)
+    if name == "export":
+        return _export(url, token, values, given, emit)
+    if name == "import":
+        return _import(url, token, values, emit)
     if name == "attachments" and values.get("save_to") is not None:
         return _save(url, token, values, given, emit)
     return _answer(*request(url, token, name, given), emit)
@@ -242,4 +256,70 @@ def _save(url: str, token: str, values: dict, given: dict, emit) -> int:
         staged.discard()
         raise
     staged.publish()
+    return errors.EXIT_OK
+
+
+def _export(url: str, token: str, values: dict, given: dict, emit) -> int:
+    """The export streamed from the server and written here: to a new file (--output, never replacing one, written
+    aside and linked into place: all or nothing) or to stdout."""
+    import sys
+
+    from agent_mail import files
+
+    given.pop("output", None)
+    summary: dict = {}
+
+    def copy(response, raw) -> None:
+        summary.update(json.loads(response.getheader("X-Agent-Mail-Result") or "{}"))
+        while chunk := response.read(1 << 20):
+            raw.write(chunk)
+        if response.length:  # the connection ended early: the file would be cut short
+            raise Unreachable(f"the export from {url} was cut off; nothing was written.")
+    output = values.get("output")
+    if output is None or output == "-":
+        status, code, document = request(url, token, "export", given, None, path="/v1/export",
+                                          into=lambda response: copy(response, sys.stdout.buffer))
+        if document is not None:
+            raise Answered(document, code)
+        sys.stdout.buffer.flush()
+        return errors.EXIT_OK
+    answered: list = []
+
+    def write(raw) -> None:
+        answered.extend(request(url, token, "export", given, None, path="/v1/export",
+                                into=lambda response: copy(response, raw)))
+        if answered[2] is not None:
+            raise Answered(answered[2], answered[1])
+    target = files.write_new(output, "output", write)
+    emit({"file": target, **summary, "bytes": os.path.getsize(target),
+          "next": [f"agent-mail import {target} --dry-run"] if summary.get("format") == "jsonl" else []})
+    return errors.EXIT_OK
+
+
+def _import(url: str, token: str, values: dict, emit) -> int:
+    """The local export uploaded whole (or stdin, in chunks) and imported there, all or nothing."""
+    import sys
+
+    path = values["file"]
+    query = "?dry_run=true" if values["dry_run"] else ""
+    if path == "-":
+        shown = "stdin"
+        source = iter(lambda: sys.stdin.buffer.read(1 << 20), b"")
+        status, code, document = request(url, token, "import", {}, None, path=f"/v1/import{query}", body=source,
+                                          content_type="application/x-ndjson")
+    else:
+        shown = os.path.abspath(os.path.expanduser(path))
+        try:
+            handle = open(shown, "rb")
+        except OSError as exc:
+            raise _refuse("file", f"cannot open {shown} ({exc.strerror}); nothing was imported") from None
+        with handle:
+            status, code, document = request(url, token, "import", {}, None, path=f"/v1/import{query}",
+                                              body=handle, content_type="application/x-ndjson")
+    if code != errors.EXIT_OK:
+        raise Answered(document, code)
+    document["file"] = shown
+    document["next"] = [f"agent-mail import {shown}"] if values["dry_run"] and any(document["added"].values()) \
+        else []
+    emit(document)
     return errors.EXIT_OK

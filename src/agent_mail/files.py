@@ -316,3 +316,36 @@ def stage_attachments(directory: str, attachments: list[dict], contents: dict[st
         staged.discard()
         raise
     return staged
+
+
+# ---------------------------------------------------------------- new files written whole
+
+
+def write_new(output: str, field: str, write) -> str:
+    """Create the new file `output` (never replacing one) with what `write(raw)` writes to a binary file: written
+    aside, synced, then linked into place, so nothing is ever found half written under its name. Returns its
+    absolute path; InvalidInput naming `field` when it exists or its directory does not."""
+    target = os.path.abspath(os.path.expanduser(output))
+    if os.path.lexists(target):
+        raise errors.InvalidInput([(field, f"{target} exists; nothing was written. Name a new file (an export "
+                                           "never overwrites one).")])
+    directory = os.path.dirname(target)
+    if not os.path.isdir(directory):
+        raise errors.InvalidInput([(field, f"{directory} is not a directory; nothing was written.")])
+    aside = os.path.join(directory, f".{os.path.basename(target)}.am-{os.getpid()}.part")
+    try:
+        with open(aside, "xb") as raw:
+            write(raw)
+            raw.flush()
+            os.fsync(raw.fileno())
+        os.link(aside, target)  # fails rather than replace a file that appeared meanwhile
+    except FileExistsError:
+        raise errors.InvalidInput([(field, f"{target} exists; nothing was written.")]) from None
+    except OSError as exc:
+        raise errors.AgentMailError(f"could not write {target} ({exc.strerror}); nothing was written.") from None
+    finally:
+        try:
+            os.unlink(aside)
+        except OSError:
+            pass
+    return target

@@ -237,30 +237,14 @@ def export(store, *, format: str, output: str | None, agent: str | None, since_d
     checks.guard("export", {"format": format, "output": output, "agent": agent, "since_days": since_days})
     since = model.iso(model.now() - datetime.timedelta(days=since_days)) if since_days is not None else None
     if output is not None and output != "-":
-        target = os.path.abspath(os.path.expanduser(output))
-        if os.path.lexists(target):
-            raise errors.InvalidInput([("output", f"{target} exists; nothing was written. Name a new file (an "
-                                                    "export never overwrites one).")])
-        directory = os.path.dirname(target)
-        if not os.path.isdir(directory):
-            raise errors.InvalidInput([("output", f"{directory} is not a directory; nothing was written.")])
-        aside = os.path.join(directory, f".{os.path.basename(target)}.am-{os.getpid()}.part")
-        try:
-            with open(aside, "xb") as raw:
-                with store.transaction():
-                    counts = _write(store, raw, format, agent, since)
-                raw.flush()
-                os.fsync(raw.fileno())
-            os.link(aside, target)  # fails rather than replace a file that appeared meanwhile
-        except FileExistsError:
-            raise errors.InvalidInput([("output", f"{target} exists; nothing was written.")]) from None
-        except OSError as exc:
-            raise errors.AgentMailError(f"could not write {target} ({exc.strerror}); nothing was written.") from None
-        finally:
-            try:
-                os.unlink(aside)
-            except OSError:
-                pass
+        from agent_mail import files
+
+        counts: dict = {}
+
+        def write(raw) -> None:
+            with store.transaction():
+                counts.update(_write(store, raw, format, agent, since))
+        target = files.write_new(output, "output", write)
         return {"file": target, "format": format, "bytes": os.path.getsize(target), **counts,
                 "next": [f"agent-mail import {target} --dry-run"] if format == "jsonl" else []}
     sink = sys.stdout.buffer

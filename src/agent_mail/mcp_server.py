@@ -18,7 +18,7 @@ import anyio
 from mcp.server.mcpserver import MCPServer
 from mcp.types import CallToolResult, TextContent, Tool, ToolAnnotations
 
-from agent_mail import __version__, calls, checks, errors, jsonout, spec
+from agent_mail import __version__, calls, checks, errors, jsonout, schemas, spec
 
 # The commands a model may call, in the order listed. Left out: describe (the tool list is the manual),
 # profile and cleanup (a human's settings and deliberate deletion), doctor (repair), version, export and
@@ -32,7 +32,6 @@ WAIT_MAX_SECONDS = 600
 WAIT_ARG = spec.Arg("wait_seconds", spec.INT, "Seconds to wait for mail before returning an empty result; 0 checks "
                     "once. The wait costs nothing and returns the moment mail arrives.", default=WAIT_DEFAULT_SECONDS,
                     minimum=0, maximum=WAIT_MAX_SECONDS)
-_KINDS = {spec.INT: "integer", spec.NUMBER: "number", spec.FLAG: "boolean"}
 _READ_ONLY = {"status", "watch", "search"}
 _DESTRUCTIVE = {"delete", "cancel", "archive", "dismiss"}
 _INSTRUCTIONS = (
@@ -46,37 +45,11 @@ _INSTRUCTIONS = (
 _NOT_TOOL_ARGS = {"watch": ("--timeout-minutes", "--once"), "notifications": ("--follow",)}
 
 
-def _identity_arg(command: spec.Command) -> spec.Arg | None:
-    """The argument that names the caller: the positional identity (`agent`, cancel's `sender`), send's
-    `--from`, or search's `--agent` (what the caller may see: a session searches its own mail unless it
-    names another). (status's `--agent` is a filter, not the caller.)"""
-    for arg in command.args:
-        if arg.kind == spec.IDENTITY and (arg.positional or arg.name == "--from"
-                                          or (command.name == "search" and arg.name == "--agent")):
-            return arg
-    return None
-
-
-def _property(arg: spec.Arg, command: spec.Command) -> dict:
-    if arg.kind == spec.FIELDS:  # a list of the item fields, by name (the CLI's comma-separated list)
-        return {"type": "array", "items": {"type": "string", "enum": list(command.item_fields)},
-                "description": "Which fields of each item to return (saves context)."}
-    kind = _KINDS.get(arg.kind, "string")
-    schema: dict[str, Any] = {"type": kind}
-    if arg.minimum is not None:
-        schema["minimum"] = arg.minimum if kind == "number" else int(arg.minimum)
-    if arg.maximum is not None:
-        schema["maximum"] = arg.maximum if kind == "number" else int(arg.maximum)
-    if arg.choices:
-        schema["enum"] = list(arg.choices)
-    if arg.repeat:
-        schema = {"type": "array", "items": schema}
-    schema["description"] = arg.help
-    return schema
+_identity_arg = schemas.identity_arg
 
 
 def _wait_property() -> dict:
-    schema = _property(WAIT_ARG, spec.COMMANDS["watch"])
+    schema = schemas.property_schema(WAIT_ARG, spec.COMMANDS["watch"])
     schema["default"] = WAIT_DEFAULT_SECONDS
     return schema
 
@@ -86,25 +59,14 @@ def tool_definitions(agent: str | None) -> list[Tool]:
     for name in TOOLS:
         command = spec.COMMANDS[name]
         identity = _identity_arg(command)
-        properties: dict[str, dict] = {}
-        required = []
-        for arg in command.args:
-            if arg.kind in (spec.REMOVED, spec.COMMAND) or arg.name in _NOT_TOOL_ARGS.get(name, ()):
-                continue
-            key = checks.key(arg)
-            properties[key] = _property(arg, command)
-            if arg is identity and agent is not None:
-                properties[key]["description"] += f" Default: {agent}."
-            elif arg.required:
-                required.append(key)
-        if name == "watch":
-            properties["wait_seconds"] = _wait_property()
-        schema: dict[str, Any] = {"type": "object", "properties": properties, "additionalProperties": False}
-        if required:
-            schema["required"] = required
-        output = {"type": "object", "properties": {field: {} for field in command.output}}
+        bound = (checks.key(identity),) if identity is not None and agent is not None else ()
+        extra = {"wait_seconds": _wait_property()} if name == "watch" else None
+        schema = schemas.arguments_schema(command, leave_out=_NOT_TOOL_ARGS.get(name, ()), optional=bound,
+                                          extra=extra)
+        for key in bound:
+            schema["properties"][key]["description"] += f" Default: {agent}."
         tools.append(Tool(
-            name=name, description=command.summary, input_schema=schema, output_schema=output,
+            name=name, description=command.summary, input_schema=schema, output_schema=schemas.result_schema(command),
             # Only the hints that hold (absent means "no"): the whole list stays small.
             annotations=ToolAnnotations(read_only_hint=(name in _READ_ONLY) or None,
                                         destructive_hint=(name in _DESTRUCTIVE) or None),

@@ -29,23 +29,15 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from agent_mail import calls, checks, errors, grants, jsonout, model, spec, tokens
+from agent_mail import __version__, api, calls, checks, errors, grants, jsonout, model, spec, tokens
 
-EXIT_HEADER = "X-Agent-Mail-Exit"
-NAMES_HEADER = "X-Agent-Mail-Names"  # "flags": name arguments in problems as the command line does (--reply-to)
+EXIT_HEADER, NAMES_HEADER = api.EXIT_HEADER, api.NAMES_HEADER
+SERVED, LOCAL_TO_CLIENT, EXTRAS = api.SERVED, api.LOCAL_TO_CLIENT, api.EXTRAS
 DEFAULT_LISTEN = "127.0.0.1:8025"
 # What a call may carry: a send's body and attachments (base64: 4/3 of their size), with room for the rest.
 MAX_REQUEST_BYTES = model.ATTACHMENTS_MAX_BYTES_PER_SEND * 4 // 3 + model.BODY_MAX_CHARS * 4 + 1_000_000
+MAX_IMPORT_BYTES = 8 * 1024**3  # an import's upload, spooled to a temporary file here
 MAX_THREADS = 1000  # calls carried out at once (a blocked watch holds one)
-# The commands a client may call; the rest work on a mailbox itself, or are not served yet (the client says so).
-SERVED = ("send", "read", "ack", "watch", "heartbeat", "dismiss", "archive", "delete", "cancel", "attachments",
-          "profile", "notifications", "status", "search", "cleanup", "doctor")
-# Arguments that name a file on this machine: what the client reads or writes on its own machine instead.
-LOCAL_TO_CLIENT = {"send": ("body_file", "attach", "ref"), "attachments": ("save_to", "overwrite"),
-                   "profile": ("mirror_dir",), "notifications": ("follow",), "doctor": ("repair",)}
-# Values only a client sends, beside the command's own: content it read, a watch's remaining wait.
-EXTRAS = {"send": ("upload_attachments", "client_refs"), "watch": ("wait_seconds",),
-          "attachments": ("with_content",)}
 
 _STOPPING = threading.Event()
 _LIMITER: list = []
@@ -192,6 +184,67 @@ def _contents(store, listed: list[dict]) -> dict:
                 for a in listed}
 
 
+def _export_file(location: str, presented: str | None, body: bytes, info: dict, directory: str) -> dict:
+    """An export written whole into `directory` on this machine (then streamed to the client, who writes it on
+    its own); its summary."""
+    from agent_mail import service
+    from agent_mail.store import open_store
+
+    store = open_store(location)
+    try:
+        grant = tokens.authenticate(store, presented)
+        info["token_id"] = grant["id"]
+        given = _given("export", body)
+        local = [("output", "the client writes the export on its own machine (--output there, or stdout).")] \
+            if given.get("output") is not None else []
+        values = calls.check("export", given, skip=("output",), also=local, with_inputs=False)
+        info["as"] = grants.check(grant, "export", values)
+        values["output"] = os.path.join(directory, "export")
+        return calls.run("export", values, mailbox=service.Mailbox(store))
+    finally:
+        store.close()
+
+
+def _authenticated(location: str, presented: str | None, info: dict) -> dict:
+    from agent_mail.store import open_store
+
+    store = open_store(location)
+    try:
+        grant = tokens.authenticate(store, presented)
+        info["token_id"] = grant["id"]
+        return grant
+    finally:
+        store.close()
+
+
+def _import_file(location: str, grant: dict, path: str, dry_run: bool, info: dict) -> dict:
+    """The uploaded export at `path` imported (all or nothing); its result, naming no file of this machine."""
+    from agent_mail import service
+    from agent_mail.store import open_store
+
+    store = open_store(location)
+    try:
+        tokens.still_valid(store, grant)
+        values = calls.check("import", {"file": path, "dry_run": dry_run}, with_inputs=False)
+        info["as"] = grants.check(grant, "import", values)
+        result = calls.run("import", values, mailbox=service.Mailbox(store))
+        return {**result, "file": None, "next": []}
+    finally:
+        store.close()
+
+
+async def _upload(request: Request, path: str) -> None:
+    size = 0
+    with open(path, "wb") as out:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_IMPORT_BYTES:
+                raise errors.InvalidInput([("file", f"the upload is larger than {MAX_IMPORT_BYTES} bytes, the most "
+                                                    "an import through a server takes; nothing was imported. Run "
+                                                    "import where the mailbox is.")])
+            out.write(chunk)
+
+
 def _namer(name: str, request: Request):
     command = spec.COMMANDS.get(name)
     if command is not None and request.headers.get(NAMES_HEADER) == "flags":
@@ -249,11 +302,72 @@ def app_for(location: str) -> Starlette:
              ms=round((time.monotonic() - started) * 1000, 1))
         return response
 
+    async def transfer(request: Request) -> Response:
+        """POST /v1/export (JSON values; the export as the body, its summary in a header) and POST /v1/import
+        (the export as the body, ?dry_run=true)."""
+        import shutil
+        import tempfile
+
+        started = time.monotonic()
+        name = request.url.path.rsplit("/", 1)[1]
+        info: dict = {"token_id": None, "as": None}
+        directory = tempfile.mkdtemp(prefix="agent-mail-serve-")
+        keep = False
+        try:
+            if name == "export":
+                body = await _body(request)
+                summary = await anyio.to_thread.run_sync(_export_file, location, _bearer(request), body, info,
+                                                         directory)
+                path = os.path.join(directory, "export")
+                summary = {key: value for key, value in summary.items() if key not in ("file", "next")}
+
+                async def content():
+                    try:
+                        with open(path, "rb") as source:
+                            while chunk := await anyio.to_thread.run_sync(source.read, 1 << 20):
+                                yield chunk
+                    finally:
+                        shutil.rmtree(directory, ignore_errors=True)
+                from starlette.responses import StreamingResponse
+
+                response = StreamingResponse(content(), 200, media_type="application/x-ndjson" if summary["format"]
+                                             == "jsonl" else "application/mbox",
+                                             headers={EXIT_HEADER: "0", api.RESULT_HEADER: json.dumps(summary),
+                                                      "Content-Length": str(summary["bytes"])})
+                keep = True
+            else:
+                grant = await anyio.to_thread.run_sync(_authenticated, location, _bearer(request), info)
+                path = os.path.join(directory, "upload.jsonl")
+                await _upload(request, path)
+                dry_run = request.query_params.get("dry_run", "false").lower()
+                if dry_run not in ("true", "false"):
+                    raise errors.InvalidInput([("dry_run", "is true or false.")])
+                result = await anyio.to_thread.run_sync(_import_file, location, grant, path, dry_run == "true", info)
+                response = _document(result, 200, errors.EXIT_OK)
+        except errors.AgentMailError as exc:
+            response = _document(exc.renamed(_namer(name, request)).payload(), _status(exc), exc.exit_code)
+        except Exception as exc:  # a bug: still JSON, never a traceback
+            response = _document({"error": f"internal error ({type(exc).__name__}: {exc}). Nothing was changed. "
+                                           "Please report this.", "problems": []}, 500, errors.EXIT_FAILED)
+        finally:
+            if not keep:
+                shutil.rmtree(directory, ignore_errors=True)
+        _log(method=request.method, path=request.url.path, command=name, token_id=info["token_id"],
+             **{"as": info["as"]}, status=response.status_code, exit=int(response.headers[EXIT_HEADER]),
+             ms=round((time.monotonic() - started) * 1000, 1))
+        return response
+
     async def health(request: Request) -> Response:
         return _document({"ok": True, "stopping": _STOPPING.is_set()}, 200, errors.EXIT_OK)
 
+    async def openapi(request: Request) -> Response:
+        return _document(api.openapi(__version__), 200, errors.EXIT_OK)
+
     return Starlette(routes=[Route("/v1/call/{command}", call, methods=["POST"]),
-                             Route("/v1/health", health, methods=["GET"])])
+                             Route("/v1/export", transfer, methods=["POST"]),
+                             Route("/v1/import", transfer, methods=["POST"]),
+                             Route("/v1/health", health, methods=["GET"]),
+                             Route("/openapi.json", openapi, methods=["GET"])])
 
 
 def _wake_waits(location: str) -> None:
@@ -326,6 +440,7 @@ def serve(listen: str | None = None, tls_cert: str | None = None, tls_key: str |
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
+        sock.listen(2048)  # connections are queued from the moment "listening" is logged (uvicorn accepts them)
     except OSError as exc:
         sock.close()
         raise errors.AgentMailError(f"cannot listen on {host}:{port} ({exc.strerror or exc}).") from None

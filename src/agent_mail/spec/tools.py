@@ -423,8 +423,12 @@ register(Command(
     notes=("API: POST /v1/call/COMMAND with a JSON object of the command's values by argument name (reply_to, "
            "from, agent...) and Authorization: Bearer TOKEN. The answer is the command's own result document, "
            "its exit code in the X-Agent-Mail-Exit header; an error is {error, problems} with HTTP 400 (exit 2), "
-           "401 or 403 (exit 4), 500 or 503 (exit 1).",
-           "Not yet through a server: export, import, dashboard, mcp, hook, setup, notifications "
-           "--follow, profile --mirror-dir. Each says so (exit 2)."),
+           "401 or 403 (exit 4), 500 or 503 (exit 1). GET /openapi.json describes it all (OpenAPI 3.1, from this "
+           "manual).",
+           "export is POST /v1/export (the export as the body, its summary in X-Agent-Mail-Result; the client "
+           "writes --output on its own machine); import is POST /v1/import[?dry_run=true] with the export as the "
+           "body (an operator's token).",
+           "Not yet through a server: dashboard, mcp, hook, setup, notifications --follow, profile --mirror-dir. "
+           "Each says so (exit 2)."),
     examples=("serve", "serve --listen 0.0.0.0:8025 --tls-cert cert.pem --tls-key key.pem"),
 ))

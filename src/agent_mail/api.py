@@ -1,0 +1,134 @@
+"""The HTTP API `agent-mail serve` offers, declared once: which commands it carries out, the arguments that stay
+on the client's machine, the values only a client sends, and the OpenAPI 3.1 document describing it all
+(served at GET /openapi.json), made from the spec through agent_mail.schemas as the MCP tools are.
+
+Only the standard library and the ground layer: the server reads these tables, the client never needs them.
+"""
+
+from __future__ import annotations
+
+from agent_mail import errors, model, schemas, spec
+
+EXIT_HEADER = "X-Agent-Mail-Exit"
+RESULT_HEADER = "X-Agent-Mail-Result"  # export: its summary (JSON), the export itself being the body
+NAMES_HEADER = "X-Agent-Mail-Names"  # "flags": name arguments in problems as the command line does (--reply-to)
+
+# The commands a client may call; the rest work on a mailbox itself, or are not served yet (the client says so).
+SERVED = ("send", "read", "ack", "watch", "heartbeat", "dismiss", "archive", "delete", "cancel", "attachments",
+          "profile", "notifications", "status", "search", "cleanup", "doctor")
+# Arguments that name a file on the server's machine: what the client reads or writes on its own machine instead.
+LOCAL_TO_CLIENT = {"send": ("body_file", "attach", "ref"), "attachments": ("save_to", "overwrite"),
+                   "profile": ("mirror_dir",), "notifications": ("follow",), "doctor": ("repair",)}
+# Values only a client sends, beside the command's own: content it read, a watch's remaining wait.
+EXTRAS = {
+    "send": {
+        "upload_attachments": {"type": "array", "description": "Attachments read on the client's machine.",
+                               "items": {"type": "object", "required": ["name", "content_base64"],
+                                         "properties": {"name": {"type": "string"},
+                                                        "content_base64": {"type": "string",
+                                                                           "contentEncoding": "base64"}}}},
+        "client_refs": {"type": "array", "items": {"type": "string"},
+                        "description": "Absolute paths on the client's machine the message points at (checked "
+                                       "there)."}},
+    "watch": {"wait_seconds": {"type": "number", "exclusiveMinimum": 0,
+                               "maximum": model.WATCH_MINUTES_MAX * 60,
+                               "description": "How long this request waits (the client's remaining watch); "
+                                              "timeout_minutes is then ignored."}},
+    "attachments": {"with_content": {"type": "boolean", "description": "Add `contents`: sha256 -> base64 of each "
+                                                                        "attachment listed."}},
+}
+
+EXIT_CODES = (errors.EXIT_OK, errors.EXIT_FAILED, errors.EXIT_INVALID, errors.EXIT_PARTIAL, errors.EXIT_FORBIDDEN)
+_ERROR = {"type": "object", "required": ["error", "problems"], "properties": {
+    "error": {"type": "string", "description": "What went wrong and how to fix it."},
+    "problems": {"type": "array", "items": {"type": "object", "properties": {
+        "field": {"type": ["string", "null"], "description": "The argument at fault (by the API's name, or the "
+                                                             "command line's when asked with X-Agent-Mail-Names)."},
+        "message": {"type": "string"}}}}}}
+
+
+def _exit_header() -> dict:
+    return {EXIT_HEADER: {"required": True, "description": "The exit code the command would have on the command "
+                                                            "line (0 ok, 1 failed, 2 invalid, 3 partial, 4 forbidden).",
+                          "schema": {"type": "integer", "enum": list(EXIT_CODES)}}}
+
+
+def _error_response(text: str) -> dict:
+    return {"description": text, "headers": _exit_header(),
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+
+
+def _errors() -> dict:
+    return {"400": _error_response("The call is invalid (exit 2): every problem by argument name."),
+            "401": _error_response("No valid token: missing, unknown or revoked (exit 4)."),
+            "403": _error_response("The token may not act as, or look at, the identity the call names (exit 4)."),
+            "503": _error_response("The mailbox cannot be reached now, or the server is stopping (exit 1)."),
+            "default": _error_response("Any other failure (exit 1): still {error, problems}.")}
+
+
+def _call_operation(name: str) -> dict:
+    command = spec.COMMANDS[name]
+    body = schemas.arguments_schema(command, extra=EXTRAS.get(name), nullable=True)
+    for key in LOCAL_TO_CLIENT.get(name, ()):
+        body["properties"].pop(key, None)
+    ok = {"description": "The command's result document, as the command line prints it (exit 0; send with refused "
+                         "recipients: exit 3).", "headers": _exit_header(),
+          "content": {"application/json": {"schema": schemas.result_schema(command)}}}
+    return {"operationId": name, "summary": command.summary, "tags": ["mutating" if command.mutating else "looking"],
+            "parameters": [{"name": NAMES_HEADER, "in": "header", "required": False,
+                            "description": "`flags`: name arguments in problems as the command line does "
+                                           "(`--reply-to`); anything else: as the API does (`reply_to`).",
+                            "schema": {"type": "string"}}],
+            "requestBody": {"required": False, "description": "No body: no values (as {}).",
+                            "content": {"application/json": {"schema": body}}},
+            "responses": {"200": ok, **_errors()}}
+
+
+def openapi(version: str) -> dict:
+    """The OpenAPI 3.1 document of the API, every served command's arguments from the spec."""
+    paths = {f"/v1/call/{name}": {"post": _call_operation(name)} for name in SERVED}
+    export = spec.COMMANDS["export"]
+    exported = schemas.arguments_schema(export, leave_out=("--output",), nullable=True)
+    paths["/v1/export"] = {"post": {
+        "operationId": "export", "summary": export.summary + " The client writes it (--output, or stdout).",
+        "requestBody": {"required": False, "content": {"application/json": {"schema": exported}}},
+        "responses": {"200": {"description": "The export itself (JSON Lines, or mbox); its summary (format, bytes "
+                                             f"and counts) as JSON in {RESULT_HEADER}.",
+                              "headers": {**_exit_header(), RESULT_HEADER: {"required": True,
+                                                                            "schema": {"type": "string"}}},
+                              "content": {"application/x-ndjson": {"schema": {"type": "string"}},
+                                          "application/mbox": {"schema": {"type": "string"}}}},
+                      **_errors()}}}
+    imported = spec.COMMANDS["import"]
+    paths["/v1/import"] = {"post": {
+        "operationId": "import", "summary": imported.summary + " Needs an operator's token ('*').",
+        "parameters": [{"name": "dry_run", "in": "query", "required": False, "schema": {"type": "string",
+                                                                                        "enum": ["true", "false"]},
+                        "description": imported.arg("--dry-run").help}],
+        "requestBody": {"required": True, "content": {"application/x-ndjson": {"schema": {"type": "string"}}}},
+        "responses": {"200": {"description": "import's result document (file: null; the client names its own).",
+                              "headers": _exit_header(),
+                              "content": {"application/json": {"schema": schemas.result_schema(imported)}}},
+                      **_errors()}}}
+    paths["/v1/health"] = {"get": {"operationId": "health", "summary": "Whether the server is up (no token needed).",
+                                   "security": [], "responses": {"200": {
+                                       "description": "Up.", "headers": _exit_header(),
+                                       "content": {"application/json": {"schema": {
+                                           "type": "object", "required": ["ok", "stopping"],
+                                           "properties": {"ok": {"type": "boolean"},
+                                                          "stopping": {"type": "boolean"}}}}}}}}}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "agent-mail", "version": version,
+                 "description": "The agent-mail mailbox served by `agent-mail serve`. Each command is POST "
+                                "/v1/call/COMMAND with its values by argument name (the command line's flag "
+                                "without dashes); the answer is the command's own result document, with the exit "
+                                f"code the command would have in the {EXIT_HEADER} header. A token acts only as "
+                                "the identities it names (agent-mail token create)."},
+        "servers": [{"url": "/"}],
+        "security": [{"bearer": []}],
+        "paths": paths,
+        "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
+                                                      "description": "A token from agent-mail token create."}},
+                       "schemas": {"Error": _ERROR}},
+    }

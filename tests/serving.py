@@ -1,0 +1,77 @@
+"""A running `agent-mail serve` for the tests that go through one (test_server*.py)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import signal
+import subprocess
+import sys
+import threading
+
+from conftest import am_process, process_env
+
+
+class Server:
+    """A running `agent-mail serve` on a free loopback port, over the test's mailbox."""
+
+    def __init__(self, mailbox: str):
+        self.mailbox = mailbox
+        self.proc = subprocess.Popen([sys.executable, "-m", "agent_mail", "serve", "--listen", "127.0.0.1:0"],
+                                     env=process_env(AGENT_MAIL_DB=mailbox), stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE)
+        first = json.loads(self.proc.stderr.readline())
+        # The server logs a line per request: read as it comes, so a long run never fills the pipe and blocks it.
+        self.log: list[bytes] = []
+        self._reader = threading.Thread(target=lambda: self.log.extend(iter(self.proc.stderr.readline, b"")),
+                                        daemon=True)
+        self._reader.start()
+        self.url = first["listening"]
+        self.port = int(self.url.rsplit(":", 1)[1])
+        self.outputs: list[str] = []
+
+    def direct(self, *argv: str) -> subprocess.CompletedProcess:
+        proc = am_process(*argv, env=process_env(AGENT_MAIL_DB=self.mailbox))
+        self.outputs += [proc.stdout.decode(), proc.stderr.decode()]
+        return proc
+
+    def token(self, *argv: str) -> str:
+        created = am_process("token", "create", *argv, env=process_env(AGENT_MAIL_DB=self.mailbox))
+        return json.loads(created.stdout)["token"]  # the one output that shows it: kept out of self.outputs
+
+    def client(self, token: str | None, *argv: str, input: bytes | None = None, **env: str) \
+            -> subprocess.CompletedProcess:
+        extra = {"AGENT_MAIL_DB": self.url, **env}
+        if token is not None:
+            extra["AGENT_MAIL_TOKEN"] = token
+        environment = process_env(**extra)
+        if token is None:
+            environment.pop("AGENT_MAIL_TOKEN", None)
+        proc = am_process(*argv, env=environment, input=input)
+        self.outputs += [proc.stdout.decode(), proc.stderr.decode()]
+        return proc
+
+    def raw(self, path: str, body: bytes, headers: dict) -> tuple[int, bytes]:
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        try:
+            connection.request("POST", path, body=body, headers=headers)
+            response = connection.getresponse()
+            return response.status, response.read()
+        finally:
+            connection.close()
+
+    def stop(self) -> tuple[int, str]:
+        if self.proc.stderr.closed:
+            return self.proc.returncode, ""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._reader.join(timeout=10)
+        log = b"".join(self.log).decode()
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+        return self.proc.returncode, log
