@@ -105,7 +105,9 @@ def openapi(version: str) -> dict:
         "parameters": [{"name": "dry_run", "in": "query", "required": False, "schema": {"type": "string",
                                                                                         "enum": ["true", "false"]},
                         "description": imported.arg("--dry-run").help}],
-        "requestBody": {"required": True, "content": {"application/x-ndjson": {"schema": {"type": "string"}}}},
+        # The export file's bytes as they are (JSON Lines); the server reads the body whatever its type says.
+        "requestBody": {"required": True, "content": {"application/octet-stream": {"schema": {
+            "type": "string", "format": "binary"}}}},
         "responses": {"200": {"description": "import's result document (file: null; the client names its own).",
                               "headers": _exit_header(),
                               "content": {"application/json": {"schema": schemas.result_schema(imported)}}},
