@@ -135,6 +135,7 @@ def _hook_entries(harness: str, agent: str, mailbox: str) -> dict[str, list[dict
             "SessionStart": [{"hooks": [hook("context")]}],
             "BeforeAgent": [{"hooks": [hook("context")]}],
             "AfterTool": [{"matcher": ".*", "hooks": [hook("context")]}],
+            "BeforeTool": [{"matcher": "write_file|replace", "hooks": [hook("pretool")]}],
             "AfterAgent": [{"hooks": [hook("stop")]}],
             "SessionEnd": [{"hooks": [hook("end")]}],
         }
@@ -143,6 +144,10 @@ def _hook_entries(harness: str, agent: str, mailbox: str) -> dict[str, list[dict
         "UserPromptSubmit": [{"hooks": [hook("context")]}],
         "PostToolUse": [{"matcher": "*" if harness == "claude-code" else ".*", "hooks": [hook("context")]}],
         "Stop": [{"hooks": [hook("stop")]}],
+        # Before an edit: refused when another live identity holds the file (Codex edits with apply_patch; its
+        # pre-tool-use.command.output schema takes the same permissionDecision as Claude Code's).
+        "PreToolUse": [{"matcher": "Edit|Write|MultiEdit|NotebookEdit" if harness == "claude-code" else "apply_patch",
+                        "hooks": [hook("pretool")]}],
     }
     if harness == "claude-code":
         # rewakeMessage and rewakeSummary (Claude Code's settings schema, marked internal there) replace what a
