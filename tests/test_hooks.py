@@ -527,7 +527,7 @@ def test_setup_codex_writes_its_toml_and_hooks_and_takes_out_only_its_own(tmp_pa
     hooks = json.loads((tmp_path / ".codex" / "hooks.json").read_text())["hooks"]
     # Issue 20 #3: Codex 0.171 fires SessionEnd (under `codex exec` too): the session ends when Codex says so.
     assert set(hooks) == {"SessionStart", "UserPromptSubmit", "PostToolUse", "Stop", "SessionEnd", "PreToolUse"}
-    assert hooks["PreToolUse"][0]["matcher"] == "apply_patch"  # its edit tool (pre-tool-use.command.input)
+    assert hooks["PreToolUse"][0]["matcher"] == "apply_patch|Bash"  # its edits (pre-tool-use.command.input)
     assert " hook codex stop " in hooks["Stop"][0]["hooks"][0]["command"] + " "
     assert " hook codex end " in hooks["SessionEnd"][0]["hooks"][0]["command"] + " "
     again = json.loads(am_process("setup", "codex", "--agent", AGENT, "--dir", str(tmp_path)).stdout)

@@ -68,7 +68,8 @@ def test_reads_other_tools_free_files_and_the_holder_pass_silently(repo, tmp_pat
             ("claude-code", "Edit", {"file_path": str(repo / "README.md")}, ME),
             ("claude-code", "Edit", {"file_path": str(tmp_path / "elsewhere.txt")}, ME),  # outside any repository
             ("claude-code", "Edit", {"file_path": lib}, HOLDER),
-            ("codex", "apply_patch", {"command": "*** Begin Patch\n*** Update File: README.md\n*** End Patch"}, ME)):
+            ("codex", "apply_patch", {"command": "*** Begin Patch\n*** Update File: README.md\n*** End Patch"}, ME),
+            ("codex", "Bash", {"command": "sed -n 1p src/lib.rs"}, ME)):  # not a patch: passes, no mailbox opened
         done = pretool(harness, tool, given, repo, agent)
         assert done.returncode == 0 and done.stdout == b"" and done.stderr == b"", (tool, done)
     quiet = pretool("gemini", "read_file", {"file_path": lib}, repo)
@@ -82,7 +83,7 @@ def test_gemini_and_codex_edits_are_denied_in_their_own_shapes(repo):
     output = json.loads(gemini.stdout)
     assert output["decision"] == "deny" and f"held by {HOLDER}" in output["reason"]
     patch = "*** Begin Patch\n*** Update File: README.md\n*** Move to: src/readme.md\n*** End Patch\n"
-    codex = pretool("codex", "apply_patch", {"command": patch}, repo)
+    codex = pretool("codex", "Bash", {"command": f"apply_patch <<'EOF'\n{patch}EOF\n"}, repo)
     output = json.loads(codex.stdout)["hookSpecificOutput"]
     assert output["permissionDecision"] == "deny" and "src/readme.md is held by" in output["permissionDecisionReason"]
 

@@ -16,7 +16,7 @@ JSON document on stdin (session_id, hook_event_name, ...). The events:
   session. One per session: a newer waiter ends the older, which exits 0 quietly. Never blocks a
   non-interactive run (claude -p, the SDK), and ends when the harness process does.
 - end: SessionEnd. The session stops counting as live; its waiter is ended.
-- pretool (Claude Code PreToolUse on Edit|Write|MultiEdit|NotebookEdit; Codex PreToolUse on apply_patch;
+- pretool (Claude Code PreToolUse on Edit|Write|MultiEdit|NotebookEdit; Codex PreToolUse on apply_patch|Bash;
   Gemini CLI BeforeTool on write_file|replace): denies an edit of a file another live identity holds
   exclusively (agent_mail.reservations), telling the model who holds it, why, until when, and the `send` that
   asks them. Any other tool, a read, a file outside a git repository or one nobody holds passes silently.
@@ -164,7 +164,9 @@ def _output(harness: str, event_name: str, note: str) -> dict:
 
 
 
-EDIT_TOOLS = {"claude-code": ("Edit", "Write", "MultiEdit", "NotebookEdit"), "codex": ("apply_patch",),
+# Codex 0.171 reports an edit made with `apply_patch <<EOF` in its shell as tool_name "Bash" (tool_input.command:
+# the patch; seen under `codex exec`), and a model given the apply_patch tool calls it "apply_patch".
+EDIT_TOOLS = {"claude-code": ("Edit", "Write", "MultiEdit", "NotebookEdit"), "codex": ("apply_patch", "Bash"),
               "gemini": ("write_file", "replace")}
 _PATCH_HEADS = ("*** Update File: ", "*** Add File: ", "*** Delete File: ", "*** Move to: ")
 
@@ -177,8 +179,8 @@ def edited_paths(harness: str, document: dict) -> list[str]:
     if harness == "codex":  # apply_patch: the files are named in the patch's headers, wherever its text rides
         texts = [given] if isinstance(given, str) else [v for v in (given or {}).values() if isinstance(v, str)] \
             if isinstance(given, dict) else []
-        return [line[len(head):].strip() for text in texts for line in text.splitlines() for head in _PATCH_HEADS
-                if line.startswith(head)]
+        return [line[len(head):].strip() for text in texts if "*** Begin Patch" in text
+                for line in text.splitlines() for head in _PATCH_HEADS if line.startswith(head)]
     if not isinstance(given, dict):
         return []
     return [p for p in (given.get("file_path"), given.get("notebook_path")) if isinstance(p, str) and p]
@@ -448,6 +450,10 @@ def run(harness: str, event: str, agent: str | None, emit) -> int:
     agent = _checked(harness, event, agent)
     document = read_input()
     printed = []
+    if event == "pretool" and not edited_paths(harness, document):
+        if harness in QUIET:  # not an edit: answered without opening the mailbox
+            emit(QUIET[harness])
+        return errors.EXIT_OK
 
     def emit_once(document: dict) -> None:
         emit(document)
