@@ -7,6 +7,8 @@
   with nothing new (the common case, quiet) and with one new message each time (a note is printed and
   the session marked told). Beside it, in the same run, the CLI's own `read AGENT` cold start (the
   issue's yardstick: within 5 ms of it), and `read` through the same `python -m agent_mail` form.
+- The PreToolUse hook (issue 22) runs before every edit: timed the same way, in a git repository where
+  another identity holds src/**, for an Edit of a held file (denied) and of a free one (silent).
 - Idle wake, the hook's part: an asyncRewake waiter (`hook claude-code wait`) is blocked; a sender
   process commits a message; the time from the send process's exit to the waiter's exit 2.
 - Idle wake, end to end, when Claude Code is installed (see tests/test_claude_code.py): an interactive
@@ -69,7 +71,22 @@ def hook_rows(cli: str, rounds: int) -> list[tuple]:
             subprocess.run([cli, "send", "--from", "bench:lead", "--to", AGENT if i % 2 else "*", "--subject",
                             f"m{i}"], env=env, check=True, stdout=subprocess.DEVNULL)
         subprocess.run(["sh", "-c", command], input=start, env=bare, check=True, stdout=subprocess.DEVNULL)
-        samples = {"quiet": [], "new": [], "read": [], "read -m": []}
+        subprocess.run(["git", "init", "-q", project], check=True)
+        subprocess.run(["git", "remote", "add", "origin", "https://github.com/acme/widget.git"], cwd=project,
+                       check=True)
+        subprocess.run([cli, "reserve", "bench:holder", "src/**"], cwd=project, env=env, check=True,
+                       stdout=subprocess.DEVNULL)
+        pretool = settings["hooks"]["PreToolUse"][0]["hooks"][0]["command"]
+
+        def edit(path: str) -> bytes:
+            return json.dumps({"session_id": "bench", "hook_event_name": "PreToolUse", "cwd": project,
+                               "tool_name": "Edit", "tool_input": {"file_path": os.path.join(project, path),
+                                                                   "old_string": "a", "new_string": "b"}}).encode()
+
+        def alive():
+            subprocess.run([cli, "heartbeat", "bench:holder"], env=env, check=True, stdout=subprocess.DEVNULL)
+
+        samples = {"quiet": [], "new": [], "read": [], "read -m": [], "deny": [], "free": []}
 
         def send_one():
             subprocess.run([cli, "send", "--from", "bench:lead", "--to", AGENT, "--subject", "new"], env=env,
@@ -80,12 +97,18 @@ def hook_rows(cli: str, rounds: int) -> list[tuple]:
             samples["new"].append(_time(["sh", "-c", command], bare, tool, before=send_one))
             samples["read"].append(_time([cli, "read", AGENT, "--no-mark-read"], env))
             samples["read -m"].append(_time([python, "-m", "agent_mail", "read", AGENT, "--no-mark-read"], env))
+            samples["deny"].append(_time(["sh", "-c", pretool], bare, edit("src/lib.rs"), before=alive))
+            samples["free"].append(_time(["sh", "-c", pretool], bare, edit("README.md")))
     median = {key: statistics.median(values) for key, values in samples.items()}
     return [
         ("PostToolUse hook, nothing new (as set up: sh -c), ms", f"{median['quiet']:.1f}", f"{median['read']:.1f}",
          f"{median['quiet'] - median['read']:+.1f}"),
         ("PostToolUse hook, one new message, ms", f"{median['new']:.1f}", f"{median['read']:.1f}",
          f"{median['new'] - median['read']:+.1f}"),
+        ("PreToolUse hook, Edit of a held file (denied), ms", f"{median['deny']:.1f}", f"{median['read']:.1f}",
+         f"{median['deny'] - median['read']:+.1f}"),
+        ("PreToolUse hook, Edit of a free file (silent), ms", f"{median['free']:.1f}", f"{median['read']:.1f}",
+         f"{median['free'] - median['read']:+.1f}"),
         ("read AGENT as python -m agent_mail, ms", f"{median['read -m']:.1f}", f"{median['read']:.1f}",
          f"{median['read -m'] - median['read']:+.1f}"),
     ]

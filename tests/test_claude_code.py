@@ -298,3 +298,42 @@ def test_mail_a_watch_tool_result_showed_is_not_told_again(project):
             assert json.dumps(later["messages"]).count(subject) == 1, "a later turn was told the mail again"
         finally:
             subprocess.run([*tmux, "kill-session", "-t", name], capture_output=True)
+
+
+def test_an_edit_of_a_reserved_file_is_denied_before_it_is_written(project):
+    """Issue 22: the PreToolUse hook denies an Edit of a file another live identity holds; the model's next
+    request carries who holds it and how to ask; an Edit of a free file goes through (edits accepted)."""
+    subprocess.run(["git", "init", "-q"], cwd=project, check=True)
+    subprocess.run(["git", "remote", "add", "origin", "https://github.com/acme/widget.git"], cwd=project, check=True)
+    (project / "src").mkdir()
+    held, free = project / "src" / "lib.rs", project / "notes.txt"
+    held.write_text("fn main() {}\n")
+    free.write_text("old\n")
+    done = am_process("reserve", "proj:holder", "src/**", "--reason", "parser rewrite", cwd=str(project))
+    assert done.returncode == 0, done.stderr
+
+    def script(request):
+        if not _main_loop(request):
+            return None
+        results = sum(1 for m in request["messages"] if isinstance(m.get("content"), list)
+                      for b in m["content"] if b.get("type") == "tool_result")
+        if results == 0:
+            return [{"type": "tool_use", "name": "Edit", "input": {"file_path": str(held), "old_string": "main",
+                                                                     "new_string": "start"}}]
+        if results == 1:
+            return [{"type": "tool_use", "name": "Edit", "input": {"file_path": str(free), "old_string": "old",
+                                                                     "new_string": "new"}}]
+        return [{"type": "text", "text": "done"}]
+
+    with FakeModel(script) as model:
+        proc = subprocess.run([CLAUDE, "-p", "Rename main.", "--output-format", "json", "--permission-mode",
+                               "acceptEdits"], cwd=str(project), env=_env(model, project.parent / "home"),
+                              capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert held.read_text() == "fn main() {}\n"  # unchanged
+    assert free.read_text() == "new\n"  # the same session may edit what nobody holds
+    after = [r for r in model.requests if _main_loop(r) and _has_tool_result(r)][0]
+    result = [b for b in after["messages"][-1]["content"] if b.get("type") == "tool_result"][0]
+    said = json.dumps(result["content"]) if not isinstance(result["content"], str) else result["content"]
+    assert "held by proj:holder" in said and "parser rewrite" in said
+    assert f"agent-mail send --from {AGENT} --to proj:holder --subject" in said

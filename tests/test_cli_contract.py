@@ -173,7 +173,8 @@ def test_documented_output_fields_match_what_commands_print(am, send, tmp_path):
                                   "doctor", "copy", "search", "export", "import",
                                   "token",  # checked above
                                   "serve",  # serves HTTP, prints nothing: checked in test_server.py
-                                  "reserve", "release", "reservations"}  # need a repository: test_reservations.py
+                                  "reserve", "release", "reservations",  # need a repository: test_reservations.py
+                                      "guard"}  # needs a repository: test_guard.py
     exported = am("export", "--output", str(tmp_path / "contract.jsonl")).json
     assert set(exported) == set(spec.COMMANDS["export"].output)
     assert set(am("import", str(tmp_path / "contract.jsonl")).json) == set(spec.COMMANDS["import"].output)

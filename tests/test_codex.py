@@ -205,3 +205,39 @@ def test_an_interactive_codex_session_ends_with_its_exit(project):
             subprocess.run([*tmux, "kill-session", "-t", name], capture_output=True)
             subprocess.run([*tmux, "kill-server"], capture_output=True)
             _stop_daemon(home)
+
+
+def test_an_apply_patch_of_a_reserved_file_is_denied_before_it_is_written(project):
+    """Issue 22: Codex's PreToolUse hook denies an apply_patch (run in its shell, reported as Bash) touching a file
+    another live identity holds; the reason reaches the model; a patch of a free file goes through."""
+    subprocess.run(["git", "init", "-q"], cwd=project, check=True)
+    subprocess.run(["git", "remote", "add", "origin", "https://github.com/acme/widget.git"], cwd=project, check=True)
+    (project / "src").mkdir()
+    held, free = project / "src" / "lib.rs", project / "notes.txt"
+    held.write_text("fn main() {}\n")
+    free.write_text("old\n")
+    done = am_process("reserve", "proj:holder", "src/**", "--reason", "parser rewrite", cwd=str(project))
+    assert done.returncode == 0, done.stderr
+
+    def patch(path: str, old: str, new: str) -> str:
+        return (f"apply_patch <<'EOF'\n*** Begin Patch\n*** Update File: {path}\n@@\n-{old}\n+{new}\n*** End Patch\n"
+                "EOF\n")
+
+    def script(request):
+        if not _main(request):
+            return None
+        results = len(_tool_results(request))
+        if results == 0:
+            return [{"type": "tool_use", "name": "exec_command", "input": {"cmd": patch("src/lib.rs", "fn main() {}",
+                                                                                         "fn start() {}")}}]
+        if results == 1:
+            return [{"type": "tool_use", "name": "exec_command", "input": {"cmd": patch("notes.txt", "old", "new")}}]
+        return [{"type": "text", "text": "done"}]
+
+    with FakeModel(script) as model:
+        _run(project, model, "Rename main.")
+    assert held.read_text() == "fn main() {}\n"
+    assert free.read_text() == "new\n"
+    said = json.dumps(_tool_results([r for r in model.requests if _main(r)][-1]))
+    assert "held by proj:holder" in said and "parser rewrite" in said
+    assert "agent-mail send --from proj:coder --to proj:holder" in said

@@ -58,6 +58,37 @@ def test_fleet_puts_problems_first_and_spells_them(am):
     assert by_agent["web:worker"]["watch_state"] == "never" and by_agent["web:worker"]["unacked"] == 1
 
 
+def test_reservations_are_shown_per_identity_with_dead_holders_marked(am):
+    """Issue 22: the Fleet counts them, an identity's Inbox lists them, a dead holder's marked as blocking nobody."""
+    import datetime as dt
+
+    from agent_mail import model
+
+    send(am, "ops:lead", "api:worker", "hello")
+    am("heartbeat", "api:worker").assert_ok()  # live
+    now, old = model.now(), model.now() - dt.timedelta(hours=2)
+
+    def row(agent, pattern, renewed):
+        return {"id": model.new_message_id(), "repo": "github.com/acme/widget", "agent": agent, "pattern": pattern,
+                "exclusive": True, "reason": None, "created": model.iso(renewed), "renewed_at": model.iso(renewed),
+                "expires_at": model.iso(now + dt.timedelta(hours=1))}
+
+    def save(s):
+        with s.store.transaction(write=True):
+            s.store.save_reservations([row("api:worker", "/src/**", now), row("gone:agent", "/docs/", old)])
+
+    supervisor_call(save)
+    held = supervisor_call(lambda s: s.reservations())
+    assert [(r["pattern"], r["held"]) for r in held["api:worker"]] == [("/src/**", True)]
+    assert [(r["pattern"], r["held"]) for r in held["gone:agent"]] == [("/docs/", False)]
+    by_agent = {r["agent"]: r for r in supervisor_call(lambda s: s.fleet())}
+    assert (by_agent["api:worker"]["reserved"], by_agent["api:worker"]["reserved_dead"]) == (1, 0)
+    inbox = supervisor_call(lambda s: s.inbox("gone:agent"))
+    from agent_mail.dashboard.inbox import holding
+
+    assert holding(inbox["reservations"]) == "\nHolds: /docs/ (exclusive, holder dead: blocks nobody)"
+
+
 def test_overdue_follows_the_threshold(am, monkeypatch):
     send(am, "ops:lead", "web:worker", "slow one")
     am("read", "web:worker").assert_ok()

@@ -94,3 +94,42 @@ def test_mail_during_a_gemini_turn_is_sent_back_once(project):
     # the model is told it is mail, not an error.
     assert "it is mail for you, not an error" in json.dumps(held[0]["contents"])
     assert any(f'from boss:lead: "{URGENT}"' in w for w in result.get("warnings", [])), result.get("warnings")
+
+
+def test_a_write_of_a_reserved_file_is_denied_before_it_is_written(project):
+    """Issue 22: the BeforeTool hook denies write_file of a file another live identity holds (decision deny);
+    the reason reaches the model; a write of a free file goes through (edits approved)."""
+    subprocess.run(["git", "init", "-q"], cwd=project, check=True)
+    subprocess.run(["git", "remote", "add", "origin", "https://github.com/acme/widget.git"], cwd=project, check=True)
+    (project / "src").mkdir()
+    held, free = project / "src" / "lib.rs", project / "notes.txt"
+    held.write_text("fn main() {}\n")
+    done = am_process("reserve", "proj:holder", "src/**", "--reason", "parser rewrite", cwd=str(project))
+    assert done.returncode == 0, done.stderr
+
+    def script(request):
+        if not _main(request):
+            return None
+        results = sum("functionResponse" in part for content in request.get("contents", [])
+                      for part in content.get("parts", []))
+        if results == 0:
+            return [{"type": "tool_use", "name": "write_file", "input": {"file_path": str(held), "content": "x\n"}}]
+        if results == 1:
+            return [{"type": "tool_use", "name": "write_file", "input": {"file_path": str(free), "content": "new\n"}}]
+        return [{"type": "text", "text": "done"}]
+
+    home = project.parent / "gemini-home"
+    env = process_env(HOME=str(home), GEMINI_API_KEY="test", GEMINI_CLI_TRUST_WORKSPACE="true",
+                      TMPDIR=private_tmp(home))
+    env.pop("AGENT_MAIL_DB")
+    with FakeModel(script) as model:
+        env["GOOGLE_GEMINI_BASE_URL"] = model.url
+        proc = subprocess.run([GEMINI, "-p", "Rename main.", "--output-format", "json", "--approval-mode", "auto_edit"],
+                              cwd=str(project), env=env, capture_output=True, text=True, timeout=180,
+                              stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert held.read_text() == "fn main() {}\n"
+    assert free.read_text() == "new\n"
+    said = json.dumps([r["contents"] for r in model.requests if _main(r)][-1])
+    assert "held by proj:holder" in said and "parser rewrite" in said
+    assert "agent-mail send --from proj:coder --to proj:holder" in said

@@ -365,7 +365,8 @@ def test_setup_merges_into_existing_settings_and_leaves_the_rest(tmp_path):
     assert merged["env"]["FOO"] == "1" and merged["permissions"]["deny"] == ["Read(.env)"]
     assert merged["permissions"]["allow"] == ["Bash(ls)", "mcp__agent-mail"]
     assert merged["hooks"]["PostToolUse"][0] == mine["hooks"]["PostToolUse"][0]
-    assert set(merged["hooks"]) == {"PostToolUse", "SessionStart", "UserPromptSubmit", "Stop", "SessionEnd"}
+    assert set(merged["hooks"]) == {"PostToolUse", "SessionStart", "UserPromptSubmit", "Stop", "SessionEnd",
+                                    "PreToolUse"}
     waiter = merged["hooks"]["Stop"][0]["hooks"][1]
     assert waiter["asyncRewake"] is True and waiter["timeout"] >= 3300 and " wait " in waiter["command"]
     assert merged["enabledMcpjsonServers"] == ["agent-mail"]
@@ -383,7 +384,7 @@ def test_setup_merges_into_existing_settings_and_leaves_the_rest(tmp_path):
     # Another identity replaces ours, not theirs; --remove takes out only ours.
     assert am_process("setup", "claude-code", "--agent", "proj:other", "--dir", str(tmp_path)).returncode == 0
     again = json.loads(settings.read_text())
-    assert "proj:coder" not in json.dumps(again) and json.dumps(again).count("proj:other") == 8  # hooks, env, summary
+    assert "proj:coder" not in json.dumps(again) and json.dumps(again).count("proj:other") == 9  # hooks, env, summary
     assert setup(tmp_path, "--remove").returncode == 0
     assert json.loads(settings.read_text()) == mine
     assert json.loads((tmp_path / ".mcp.json").read_text()) == {"mcpServers": {"other": {"command": "x"}}}
@@ -528,7 +529,8 @@ def test_setup_codex_writes_its_toml_and_hooks_and_takes_out_only_its_own(tmp_pa
     assert parsed["features"] == {"daemon_auto_start": False}
     hooks = json.loads((tmp_path / ".codex" / "hooks.json").read_text())["hooks"]
     # Issue 20 #3: Codex 0.171 fires SessionEnd (under `codex exec` too): the session ends when Codex says so.
-    assert set(hooks) == {"SessionStart", "UserPromptSubmit", "PostToolUse", "Stop", "SessionEnd"}
+    assert set(hooks) == {"SessionStart", "UserPromptSubmit", "PostToolUse", "Stop", "SessionEnd", "PreToolUse"}
+    assert hooks["PreToolUse"][0]["matcher"] == "apply_patch|Bash"  # its edits (pre-tool-use.command.input)
     assert " hook codex stop " in hooks["Stop"][0]["hooks"][0]["command"] + " "
     assert " hook codex end " in hooks["SessionEnd"][0]["hooks"][0]["command"] + " "
     again = json.loads(am_process("setup", "codex", "--agent", AGENT, "--dir", str(tmp_path)).stdout)
@@ -560,7 +562,9 @@ def test_setup_gemini_writes_one_settings_file(tmp_path):
     merged = json.loads(settings.read_text())
     assert merged["theme"] == "Dracula" and list(merged["mcpServers"]) == ["other", "agent-mail"]
     assert merged["mcpServers"]["agent-mail"]["trust"] is True
-    assert set(merged["hooks"]) == {"SessionStart", "BeforeAgent", "AfterTool", "AfterAgent", "SessionEnd"}
+    assert set(merged["hooks"]) == {"SessionStart", "BeforeAgent", "AfterTool", "AfterAgent", "SessionEnd",
+                                    "BeforeTool"}
+    assert merged["hooks"]["BeforeTool"][0]["matcher"] == "write_file|replace"
     assert merged["hooks"]["AfterAgent"][0]["hooks"][0]["name"] == "agent-mail-stop"
     assert am_process("setup", "gemini", "--agent", AGENT, "--dir", str(tmp_path), "--remove").returncode == 0
     assert json.loads(settings.read_text()) == {"theme": "Dracula", "mcpServers": {"other": {"command": "x"}}}

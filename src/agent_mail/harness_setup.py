@@ -13,6 +13,10 @@ For a project directory DIR, the MCP server `agent-mail` (this interpreter runni
 - Gemini CLI: DIR/.gemini/settings.json (the server, trusted; context on SessionStart, BeforeAgent,
   AfterTool; the stop guard on AfterAgent; end on SessionEnd).
 
+All three also get the pre-tool hook (`hook HARNESS pretool`), which denies an edit of a file another live
+identity holds: Claude Code PreToolUse on Edit|Write|MultiEdit|NotebookEdit, Codex PreToolUse on
+apply_patch|Bash, Gemini CLI BeforeTool on write_file|replace.
+
 All three: DIR/.agent-mail-db, the file by which any agent-mail command run in DIR or below finds the
 mailbox (agent_mail.location). Setup first checks that the mailbox can be opened (without creating it).
 
@@ -136,6 +140,7 @@ def _hook_entries(harness: str, agent: str, mailbox: str) -> dict[str, list[dict
             "SessionStart": [{"hooks": [hook("context")]}],
             "BeforeAgent": [{"hooks": [hook("context")]}],
             "AfterTool": [{"matcher": ".*", "hooks": [hook("context")]}],
+            "BeforeTool": [{"matcher": "write_file|replace", "hooks": [hook("pretool")]}],
             "AfterAgent": [{"hooks": [hook("stop")]}],
             "SessionEnd": [{"hooks": [hook("end")]}],
         }
@@ -144,6 +149,11 @@ def _hook_entries(harness: str, agent: str, mailbox: str) -> dict[str, list[dict
         "UserPromptSubmit": [{"hooks": [hook("context")]}],
         "PostToolUse": [{"matcher": "*" if harness == "claude-code" else ".*", "hooks": [hook("context")]}],
         "Stop": [{"hooks": [hook("stop")]}],
+        # Before an edit: refused when another live identity holds the file. Codex edits with apply_patch, which it
+        # reports as "Bash" when run in its shell (the hook reads the patch; other commands pass at once); its
+        # pre-tool-use.command.output schema takes the same permissionDecision as Claude Code's.
+        "PreToolUse": [{"matcher": "Edit|Write|MultiEdit|NotebookEdit" if harness == "claude-code" else
+                        "apply_patch|Bash", "hooks": [hook("pretool")]}],
     }
     if harness == "claude-code":
         # rewakeMessage and rewakeSummary (Claude Code's settings schema, marked internal there) replace what a

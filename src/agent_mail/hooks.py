@@ -16,6 +16,10 @@ JSON document on stdin (session_id, hook_event_name, ...). The events:
   session. One per session: a newer waiter ends the older, which exits 0 quietly. Never blocks a
   non-interactive run (claude -p, the SDK), and ends when the harness process does.
 - end: SessionEnd. The session stops counting as live; its waiter is ended.
+- pretool (Claude Code PreToolUse on Edit|Write|MultiEdit|NotebookEdit; Codex PreToolUse on apply_patch|Bash;
+  Gemini CLI BeforeTool on write_file|replace): denies an edit of a file another live identity holds
+  exclusively (agent_mail.reservations), telling the model who holds it, why, until when, and the `send` that
+  asks them. Any other tool, a read, a file outside a git repository or one nobody holds passes silently.
 
 What a session was told is kept in the mailbox (harness_sessions): the newest message row it was told
 of and when, so each message is told once per session, and a new check reads only what came since.
@@ -160,6 +164,49 @@ def _output(harness: str, event_name: str, note: str) -> dict:
 
 
 
+# Codex 0.171 reports an edit made with `apply_patch <<EOF` in its shell as tool_name "Bash" (tool_input.command:
+# the patch; seen under `codex exec`), and a model given the apply_patch tool calls it "apply_patch".
+EDIT_TOOLS = {"claude-code": ("Edit", "Write", "MultiEdit", "NotebookEdit"), "codex": ("apply_patch", "Bash"),
+              "gemini": ("write_file", "replace")}
+_PATCH_HEADS = ("*** Update File: ", "*** Add File: ", "*** Delete File: ", "*** Move to: ")
+
+
+def edited_paths(harness: str, document: dict) -> list[str]:
+    """The files the tool call in a pre-tool hook's input would change ([] for any other tool)."""
+    if document.get("tool_name") not in EDIT_TOOLS[harness]:
+        return []
+    given = document.get("tool_input")
+    if harness == "codex":  # apply_patch: the files are named in the patch's headers, wherever its text rides
+        texts = [given] if isinstance(given, str) else [v for v in (given or {}).values() if isinstance(v, str)] \
+            if isinstance(given, dict) else []
+        return [line[len(head):].strip() for text in texts if "*** Begin Patch" in text
+                for line in text.splitlines() for head in _PATCH_HEADS if line.startswith(head)]
+    if not isinstance(given, dict):
+        return []
+    return [p for p in (given.get("file_path"), given.get("notebook_path")) if isinstance(p, str) and p]
+
+
+def denial(harness: str, note: str) -> dict:
+    """The harness's documented way to refuse a tool call, with the reason the model is shown."""
+    if harness == "gemini":  # BeforeTool: decision deny, the reason sent to the agent as the tool's error
+        return {"decision": "deny", "reason": note}
+    return {"hookSpecificOutput": {"hookEventName": "PreToolUse", "permissionDecision": "deny",
+                                   "permissionDecisionReason": note}}
+
+
+def pretool_note(agent: str, result: dict) -> str:
+    """Why the edit is refused: each file, who holds it, why, until when; and the literal command to ask."""
+    lines = ["agent-mail: this edit is refused: another live identity holds the file exclusively (a file "
+             "reservation). Do not change it another way."]
+    for c in result["conflicts"]:
+        why = f", reason {json.dumps(c['reason'], ensure_ascii=False)}" if c["reason"] else ""
+        lines.append(f"- {c['pattern']} is held by {c['holder']} (pattern {c['holder_pattern']}{why}, until "
+                     f"{c['expires_at']}).")
+    lines += [f"Ask them: {step}" for step in result["next"]]
+    lines.append(f"Meanwhile work on something else; you are {agent}. Reads are not blocked.")
+    return "\n".join(lines)
+
+
 class Hook:
     def __init__(self, mailbox, harness: str, agent: str, document: dict):
         self.mailbox, self.store = mailbox, mailbox.store
@@ -229,6 +276,34 @@ class Hook:
             told.extend(envelopes)
         unread = self.store.count_unread(self.agent, now)
         return render(self.harness, self.agent, envelopes, new, unread, events)
+
+    def pretool(self, emit) -> dict | None:
+        """Deny the edit if another live identity holds a file it changes; None (silence) otherwise."""
+        from agent_mail import repos
+
+        paths = edited_paths(self.harness, self.document)
+        cwd = self.document.get("cwd") if isinstance(self.document.get("cwd"), str) else None
+        grouped: dict[str, tuple] = {}
+        for path in paths:
+            full = path if os.path.isabs(path) else os.path.join(cwd or os.getcwd(), path)
+            try:
+                repository = repos.locate(cwd=os.path.dirname(full) if os.path.isdir(os.path.dirname(full)) else cwd)
+                relative = repository.path(full)
+            except errors.InvalidInput:
+                continue  # outside any repository: nothing to hold
+            grouped.setdefault(repository.key, (repository, []))[1].append(relative)
+        conflicts: dict = {"conflicts": [], "next": []}
+        for repository, relative in grouped.values():
+            os.chdir(repository.root)  # this process's last act: the check takes paths from the repository's root
+            result = calls.call("reservations", {"agent": self.agent, "paths": relative, "check": True},
+                                mailbox=self.mailbox)
+            conflicts["conflicts"] += result["conflicts"]
+            conflicts["next"] += [step for step in result["next"] if step not in conflicts["next"]]
+        if not conflicts["conflicts"]:
+            return None
+        output = denial(self.harness, pretool_note(self.agent, conflicts))
+        emit(output)
+        return output
 
     def stop(self, emit) -> dict | None:
         if self.document.get("stop_hook_active"):
@@ -375,6 +450,10 @@ def run(harness: str, event: str, agent: str | None, emit) -> int:
     agent = _checked(harness, event, agent)
     document = read_input()
     printed = []
+    if event == "pretool" and not edited_paths(harness, document):
+        if harness in QUIET:  # not an edit: answered without opening the mailbox
+            emit(QUIET[harness])
+        return errors.EXIT_OK
 
     def emit_once(document: dict) -> None:
         emit(document)
@@ -388,6 +467,8 @@ def run(harness: str, event: str, agent: str | None, emit) -> int:
             hook.stop(emit_once)
         elif event == "end":
             hook.end()
+        elif event == "pretool":
+            hook.pretool(emit_once)
         elif hook.wait(model.WATCH_MINUTES_DEFAULT) is not None:
             return EXIT_WAKE
     if not printed and harness in QUIET and event != "wait":

@@ -24,7 +24,7 @@ from agent_mail import __version__, calls, checks, errors, jsonout, schemas, spe
 # profile and cleanup (a human's settings and deliberate deletion), doctor (repair), version, export and
 # import (whole mailboxes, files: a human's job), copy, dashboard, setup.
 TOOLS = ("send", "read", "ack", "watch", "status", "heartbeat", "dismiss", "archive", "delete", "cancel",
-         "notifications", "attachments", "search")
+         "notifications", "attachments", "search", "reserve", "release", "reservations")
 WAIT_DEFAULT_SECONDS = 120
 WAIT_MAX_SECONDS = 600
 # watch's wait as a tool call gives it (the command line's --timeout-minutes and --once are not tool
@@ -32,7 +32,7 @@ WAIT_MAX_SECONDS = 600
 WAIT_ARG = spec.Arg("wait_seconds", spec.INT, "Seconds to wait for mail before returning an empty result; 0 checks "
                     "once. The wait costs nothing and returns the moment mail arrives.", default=WAIT_DEFAULT_SECONDS,
                     minimum=0, maximum=WAIT_MAX_SECONDS)
-_READ_ONLY = {"status", "watch", "search"}
+_READ_ONLY = {"status", "watch", "search", "reservations"}
 _DESTRUCTIVE = {"delete", "cancel", "archive", "dismiss"}
 _INSTRUCTIONS = (
     "agent-mail is the mailbox you share with other agents and the humans who supervise them. Take delivery "
@@ -164,6 +164,9 @@ class AgentMailServer(MCPServer):
         """The session's identity filled in where the call names the caller; another identity refused unless
         this server was started for a supervisor."""
         identity = _identity_arg(command)
+        if command.name == "reservations" and arguments.get("check") and arguments.get("agent") is None \
+                and self.agent is not None:
+            arguments["agent"] = self.agent  # may I change these? asked as this session (any --agent only looks)
         if identity is None or self.agent is None:
             return []
         key = checks.key(identity)

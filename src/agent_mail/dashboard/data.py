@@ -87,6 +87,7 @@ class Supervisor:
         names = {r["agent"] for r in status}
         rows = list(status) + [{"agent": a, "unread": 0, "unacked": 0, "sessions": 0,
                                 **_liveness_row(liveness.get(a), at)} for a in sorted(set(bounces) - names)]
+        reserved = self.reservations()
         fleet = []
         for row in rows:
             agent = row["agent"]
@@ -115,6 +116,8 @@ class Supervisor:
                 "last_seen": row["last_seen"],
                 "last_seen_age": age_seconds(row["last_seen"], at),
                 "bounces": bounces.get(agent, 0),
+                "reserved": len(reserved.get(agent, [])),
+                "reserved_dead": sum(not r["held"] for r in reserved.get(agent, [])),
                 "problems": problems,
             })
         fleet.sort(key=lambda r: (min((PROBLEMS.index(p) for p in r["problems"]), default=len(PROBLEMS)),
@@ -163,9 +166,28 @@ class Supervisor:
         return list(reversed(group_sends(list(reversed(rows)), tallies, attachments, now, fleet_size)))
 
     def inbox(self, agent: str, limit: int = 100) -> dict:
-        """`agent`'s inbox as it would see it with `read --all --no-mark-read`: newest last, its own states."""
+        """`agent`'s inbox as it would see it with `read --all --no-mark-read`: newest last, its own states; and
+        the files it holds."""
         result = self.mailbox.read(agent=agent, all=True, limit=limit, no_mark_read=True)
-        return {"agent": agent, "messages": result["messages"], "unread": result["remaining"]}
+        return {"agent": agent, "messages": result["messages"], "unread": result["remaining"],
+                "reservations": self.reservations().get(agent, [])}
+
+    # -- file reservations ----------------------------------------------------------------------------
+    def reservations(self) -> dict[str, list[dict]]:
+        """Every reservation not released or expired, by holder: [{repo, pattern, mode, reason, expires_at, held}],
+        held false when the holder is dead (past the grace): it blocks nobody."""
+        from agent_mail.reservations import Holders
+
+        at = model.now()
+        with self.store.transaction():
+            rows = self.store.reservations_in(None, model.iso(at))
+            holders = Holders(self.store, [r["agent"] for r in rows], at) if rows else None
+        held: dict[str, list[dict]] = {}
+        for row in rows:
+            held.setdefault(row["agent"], []).append({
+                "repo": row["repo"], "pattern": row["pattern"], "mode": "exclusive" if row["exclusive"] else "shared",
+                "reason": row["reason"], "expires_at": row["expires_at"], "held": holders.held(row)})
+        return held
 
     # -- pictures -------------------------------------------------------------------------------------
     def hourly(self, by: str = "project", hours: int = 24) -> dict:

@@ -95,8 +95,12 @@ class FleetPane(TabPane):
             filters.append(f"state {self.state_filter}")
         if self.filter_text:
             filters.append(f"filter {self.filter_text!r}")
+        reserved = sum(r.get("reserved", 0) for r in everyone)
+        dead = sum(r.get("reserved_dead", 0) for r in everyone)
+        holds = (f" · {reserved} reservations" + (f" ({dead} of dead holders: block nobody)" if dead else "")
+                 if reserved else "")  # shown only when there are any
         summary = (f"{len(everyone)} identities, {armed} armed · " + " · ".join(f"{n} {p}" for p, n in counts.items())
-                   + " · " + " · ".join(filters))
+                   + holds + " · " + " · ".join(filters))
         if summary != self._summary:  # an unchanged line costs no layout
             self._summary = summary
             self.query_one("#summary", Static).update(summary)

@@ -15,6 +15,15 @@ from agent_mail.dashboard.text import describe_message, fit, own_state
 OWN_MAIL_KEYS = " · a ack  d dismiss  x archive  r reply"
 
 
+def holding(reservations: list[dict]) -> str:
+    """The files an identity holds, a line under its inbox's title ("" when none); a dead holder's marked."""
+    if not reservations:
+        return ""
+    parts = [f"{r['pattern']} ({r['mode']}{'' if r['held'] else ', holder dead: blocks nobody'})"
+             for r in reservations]
+    return "\nHolds: " + ", ".join(parts)
+
+
 class InboxPane(TabPane):
     """The inbox last drawn (`messages`, newest first) and the selected message in full."""
 
@@ -62,7 +71,8 @@ class InboxPane(TabPane):
             self.show_message(self.messages[0]["id"])
         self.query_one("#inbox-title", Static).update(
             f"Inbox of {result['agent']}: {result['unread']} unread, {len(self.messages)} shown "
-            "(looking marks nothing read)" + (OWN_MAIL_KEYS if result["agent"] == human else ""))
+            "(looking marks nothing read)" + (OWN_MAIL_KEYS if result["agent"] == human else "")
+            + holding(result.get("reservations", [])))
 
     def show_message(self, message_id: str) -> None:
         message = self.message_by_id(message_id)

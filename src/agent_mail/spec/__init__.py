@@ -52,6 +52,10 @@ INVARIANTS = (
     "re-arm with `watch`.",
     "Results that leave you something to do carry `reachable` and `next`: literal commands computed from the "
     "current state. Run them.",
+    "A file reservation blocks others only while its holder lives: it ends when released, when its --minutes run "
+    f"out, or {model.RESERVATION_GRACE_SECONDS:.0f} s after its holder's last sign of life, whichever comes first. "
+    "reserve is all or nothing. The harness's pre-tool hook, the git guard and reservations --check give one "
+    "answer; reads are never blocked, and git commit --no-verify bypasses the git guard.",
 )
 
 EXIT_CODES = {
@@ -126,6 +130,9 @@ def describe_document(storage: dict, version: str, command: str | None = None) -
             "else the default.",
             "AGENT_MAIL_AGENT": "The identity of a harness session, for agent-mail mcp and hook when they are not "
             "given --agent (agent-mail setup sets it for Claude Code in .claude/settings.local.json).",
+            "AGENT_MAIL_GUARD": "strict: the git guard (agent-mail guard install) refuses a commit or push when "
+            "the mailbox cannot be reached, instead of saying so and letting it through (also git config "
+            "agent-mail.guard strict).",
             "AGENT_MAIL_PG_SCHEMA": "The PostgreSQL schema of the mailbox when the URL has no schema= parameter "
             "(default agent_mail).",
             "PG*": "libpq's own variables (PGPASSFILE, PGSSLMODE, PGSERVICE, PGCONNECT_TIMEOUT, ...) apply to a "

@@ -1,9 +1,9 @@
-"""The file reservation commands declared: reserve, release, reservations."""
+"""The file reservation commands declared: reserve, release, reservations, and guard (the git hooks)."""
 
 from __future__ import annotations
 
 from agent_mail import model
-from agent_mail.spec.base import FLAG, IDENTITY, INT, TEXT, Arg, Command, register
+from agent_mail.spec.base import FLAG, IDENTITY, INT, PATH, TEXT, Arg, Command, register
 
 _GRACE = f"{model.RESERVATION_GRACE_SECONDS:.0f} s"
 PATTERN_HELP = ("git wildmatch (gitignore syntax) from the repository's root: src/lib.rs, src/**, docs/, *.py, "
@@ -134,4 +134,39 @@ register(Command(
     item_fields=RESERVATION_FIELDS,
     examples=("reservations", "reservations --path src/lib.rs",
               "reservations --check --agent deploy:worker src/lib.rs docs/x.md"),
+))
+
+register(Command(
+    name="guard",
+    front_end="agent_mail.guards",
+    summary="Git hooks that refuse a commit or push touching files another live identity holds exclusively (both "
+    "sides of a rename), naming the holder and how to ask them. install adds a pre-commit and a pre-push hook to "
+    "the hooks directory git runs (core.hooksPath when set); a hook already there is kept (renamed "
+    "NAME.agent-mail-original) and run first, its refusal standing. uninstall puts back exactly what was there "
+    "(the same file: bytes and mode). The hooks check as AGENT_MAIL_AGENT, else the identity agent-mail setup "
+    "recorded in the repository; without one, without a mailbox or with nothing reserved that the change "
+    "touches, they say nothing. An unreachable mailbox is said and the change let through, unless strict "
+    "(git config agent-mail.guard strict, or AGENT_MAIL_GUARD=strict). Any other failure refuses, saying why. "
+    "git commit --no-verify (push --no-verify) is git's bypass.",
+    args=(
+        Arg("action", TEXT, "install or uninstall; pre-commit and pre-push are what the installed hooks run.",
+            required=True, choices=("install", "uninstall", "pre-commit", "pre-push")),
+        Arg("--dir", PATH, "The repository (default: the one the current directory lies in)."),
+    ),
+    output={
+        "dir": "The work tree's root.",
+        "hooks_dir": "The hooks directory git runs hooks from (core.hooksPath, else .git/hooks).",
+        "hooks": "Per hook: hook, path, action (install: installed, chained, updated, unchanged; uninstall: "
+        "restored, removed, not installed, left alone (not ours)) and, on install, runs_first: the hook that was "
+        "there, kept and run before ours (or null).",
+        "strict": "install: whether an unreachable mailbox refuses the change.",
+        "notes": "install: what the hooks do, the bypass and the strict setting.",
+    },
+    modes={"pre-commit": "Run by the hook: prints nothing on stdout; exit 0 lets the commit through, 1 refuses it "
+                         "with the reasons on stderr.",
+           "pre-push": "Run by the hook, the refs on stdin as git gives them: as pre-commit, for every commit "
+                       "pushed."},
+    examples=("guard install", "guard install --dir ~/src/widget", "guard uninstall"),
+    mutating=True,
+    needs_mailbox=False,
 ))

@@ -308,17 +308,23 @@ register(Command(
     "context, quiet when nothing is new, marking nothing read. stop: holds the stop once when mail the "
     "session was not told of arrived. wait: the asyncRewake waiter (Claude Code only), blocking like watch "
     "until such mail arrives, then exit 2 with the envelopes on stderr (wakes an idle session). end: the "
-    "session ended.",
+    "session ended. pretool (Claude Code and Codex PreToolUse, Gemini CLI BeforeTool, on their edit tools): denies "
+    "an edit of a file another live identity holds exclusively, saying who holds it, why, until when and the send "
+    "that asks them; silent for any other tool or file.",
     args=(
         Arg("harness", TEXT, "claude-code, codex or gemini.", required=True, choices=HARNESSES),
-        Arg("event", TEXT, "context, stop, wait or end.", required=True, choices=("context", "stop", "wait", "end")),
+        Arg("event", TEXT, "context, stop, wait, end or pretool.", required=True,
+            choices=("context", "stop", "wait", "end", "pretool")),
         Arg("--agent", IDENTITY, "This session's identity (project:name); default AGENT_MAIL_AGENT."),
     ),
     output={"hookSpecificOutput": "context: {hookEventName, additionalContext} for the harness (printed only when "
-            "there is something new).",
+            "there is something new). pretool (Claude Code, Codex): {hookEventName: PreToolUse, permissionDecision: "
+            "deny, permissionDecisionReason} when the edit is refused.",
             "decision": "stop: \"block\" (Claude Code, Codex) or \"deny\" (Gemini CLI's AfterAgent) when the stop "
-            "is held (printed only then; Gemini CLI gets {} when there is nothing to say).",
-            "reason": "stop: the envelopes and what to do, shown to the model as its next turn."},
+            "is held (printed only then; Gemini CLI gets {} when there is nothing to say). pretool (Gemini CLI's "
+            "BeforeTool): \"deny\" when the edit is refused.",
+            "reason": "stop: the envelopes and what to do, shown to the model as its next turn. pretool (Gemini CLI): "
+            "who holds the file, why, until when, and the send that asks them."},
     modes={"wait": "Prints nothing on stdout; exit 2 with the note on stderr when mail arrives, 0 when the wait ends "
                    "(55 minutes, a newer waiter, the harness gone, or a run nobody waits on: claude -p, the SDK)."},
     examples=("hook claude-code context --agent deploy:worker",),

@@ -408,8 +408,9 @@ class Store(WholeMailbox):
         raise NotImplementedError
 
     # -- file reservations (store/sql_reservations.py) -------------------------------------------
-    def reservations_in(self, repo: str, now: str, agent: str | None = None) -> list[dict]:
-        """Reservations of `repo` not expired at `now` (only `agent`'s when given), oldest first: {id, repo, agent,
+    def reservations_in(self, repo: str | None, now: str, agent: str | None = None) -> list[dict]:
+        """Reservations of `repo` (of every repository when None: the dashboard's) not expired at `now` (only
+        `agent`'s when given), oldest first: {id, repo, agent,
         pattern, exclusive (bool), reason, created, renewed_at, expires_at}."""
         raise NotImplementedError
 

@@ -8,9 +8,11 @@ from agent_mail.store.sql import ids_clause
 _COLUMNS = "id, repo, agent, pattern, exclusive, reason, created, renewed_at, expires_at"
 
 
-def reservations_in(store, repo: str, now: str, agent: str | None = None) -> list[dict]:
-    """Reservations in `repo` not expired at `now` (of `agent`, if given), oldest first."""
-    where = "repo = :repo AND expires_at > :now" + (" AND agent = :agent" if agent is not None else "")
+def reservations_in(store, repo: str | None, now: str, agent: str | None = None) -> list[dict]:
+    """Reservations in `repo` (every repository's when None) not expired at `now` (of `agent`, if given), oldest
+    first."""
+    where = ("repo = :repo AND " if repo is not None else "") + "expires_at > :now" + (
+        " AND agent = :agent" if agent is not None else "")
     rows = store._query(f"SELECT {_COLUMNS} FROM reservations WHERE {where} ORDER BY created, id",
                         {"repo": repo, "now": now, "agent": agent})
     for row in rows:
