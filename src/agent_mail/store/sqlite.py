@@ -38,6 +38,7 @@ class SQLiteStore(SQLStore):
 
     kind = "sqlite"
     SEQ = "rowid"
+    ID_INDEX = "sqlite_autoindex_messages_1"  # `id TEXT PRIMARY KEY` of the seed lineage's table
 
     # -- dialect hooks (see store/sql.py) ------------------------------------------
     # Both lookups by index, as a list (SQLite scans every message at each step for an OR in the join: 216 ms a
