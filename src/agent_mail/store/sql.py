@@ -105,9 +105,8 @@ class _Fragments:
         self.direct, self.broadcast = self.addressed_to(self.columns)
 
     def addressed_to(self, columns: str, hint: str = "", first: str = "") -> tuple[str, str]:
-        """The two halves of "mail for :agent", with this agent's own state: on the row for direct
-        mail, in broadcast_acks for broadcasts. `first`: a condition ANDed ahead of the rest; `hint`:
-        the index each half reads messages by."""
+        """The two halves of "mail for :agent", with this agent's own state: on the row for direct mail, in
+        broadcast_acks for broadcasts; `first` ANDed ahead of the rest, messages read by index `hint`."""
         direct = (f"SELECT {columns}, m.read_at, m.acked_at, m.archived_at, m.deleted_at FROM messages m {hint} "
                   f"WHERE {first}m.recipient = :agent AND {self.visible}")
         broadcast = (f"SELECT {columns}, b.read_at, b.acked_at, b.archived_at, b.deleted_at FROM messages m {hint} "
@@ -341,8 +340,6 @@ class SQLStore(_BesideTheMail, Store):
 
     #: The column numbering messages (and system events) in insertion order.
     SEQ = "rowid"
-    #: The index of the messages' primary key (id), for _hint.
-    ID_INDEX = "messages_pkey"
     #: Whether `status` aggregates broadcast state by joining it to the messages at once, rather than checking
     #: that every row belongs to a visible broadcast and then counting it per agent from an index (SQLite's
     #: fastest path; PostgreSQL's planner does the join in one pass for less than the check alone).
@@ -501,16 +498,12 @@ class SQLStore(_BesideTheMail, Store):
                            {"agent": agent, "sender": sender, "now": now})
 
     def addressed(self, agent: str, message_ids: list[str], now: str) -> dict[str, dict]:
-        # Each half looks the ids up by the primary key. Without statistics (a mailbox that grew in use has none)
-        # SQLite's planner took the recipient index instead, and for the broadcast half that walked every
-        # broadcast's row, bodies included: 9-13 ms of a read over a backlog of 4,000, for a page of 50.
-        found: dict[str, dict] = {}
+        # By the primary key: without statistics SQLite took the recipient index and read every broadcast's row.
+        found, key = {}, self._hint("sqlite_autoindex_messages_1")
         for start in range(0, len(message_ids), 500):
             marks, params = ids_clause(message_ids[start:start + 500])
-            direct, broadcast = self.F.addressed_to(self.F.columns, self._hint(self.ID_INDEX),
-                                                    f"m.id IN ({marks}) AND ")
-            sql = f"{direct} UNION ALL {broadcast}"
-            for message in self._query(sql, {"agent": agent, "now": now, **params}):
+            by_id = self.F.addressed_to(self.F.columns, key, f"m.id IN ({marks}) AND ")
+            for message in self._query(" UNION ALL ".join(by_id), {"agent": agent, "now": now, **params}):
                 found[message["id"]] = message
         return found
 
