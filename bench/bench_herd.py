@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import cli_env, implementations, report  # noqa: E402
 
 SENDER = "herd:boss"
-HELD_REFRESH_SECONDS = 120.0  # agent_mail.model's: how often a watch that holds its presence wakes while idle
+HELD_REFRESH_SECONDS = 300.0  # agent_mail.model's: how often a watch that holds its presence wakes while idle
 OURS_SEND = r"""
 import sys, time
 from agent_mail.service import open_mailbox

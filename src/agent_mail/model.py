@@ -37,7 +37,7 @@ STALE_SECONDS = 15.0  # an armed session not refreshed for this long was killed
 # A watch whose presence something it holds tells (SQLite: a lock on its wake-up pipe; PostgreSQL: its open
 # connection) is known dead the moment it dies, so it wakes only this often: to show it is not hung, and to
 # look for lost wake-ups. Held, but not refreshed for HUNG_SECONDS, it is hung: stale.
-HELD_REFRESH_SECONDS = 120.0
+HELD_REFRESH_SECONDS = 300.0
 HUNG_SECONDS = 3 * HELD_REFRESH_SECONDS
 POSTGRES_IDLE_SCALE = 6  # on PostgreSQL `notifications --follow` looks for lost wake-ups 6 times less often
 

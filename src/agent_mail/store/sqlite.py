@@ -149,6 +149,7 @@ class SQLiteStore(SQLStore):
         self._wakes: set[str] = set()  # identities to wake once the current transaction commits
         self._has_search: bool | None = None  # whether the mailbox has its search index (asked once)
         self._identity = None  # (st_dev, st_ino) of the file opened, to notice it being replaced
+        self._marked: tuple = (None, None)  # (the mailbox files' stat when mail_marker last asked, its answer)
         self.doing = "using it"  # what the current command is doing, for the damage record
         self.db = self._connect()
 
@@ -344,10 +345,22 @@ class SQLiteStore(SQLStore):
                 raise self._fail(exc, "refreshing a watch") from None
 
     def mail_marker(self) -> object:
+        # Asked again only when the mailbox's files changed since it was last asked: an idle watch's periodic
+        # look is then two stat() calls, not a query on a connection whose caches went cold meanwhile.
+        stamp = []
+        for path in (self.path, self.path + "-wal"):
+            try:
+                info = os.stat(path)
+                stamp += [info.st_mtime_ns, info.st_size, info.st_ino]
+            except OSError:
+                stamp.append(None)
+        if stamp == self._marked[0]:
+            return self._marked[1]
         try:
-            return self.db.execute("SELECT MAX(rowid) FROM messages").fetchone()[0]
+            self._marked = (stamp, self.db.execute("SELECT MAX(rowid) FROM messages").fetchone()[0])
         except sqlite3.Error as exc:
             raise self._fail(exc, "waiting") from None
+        return self._marked[1]
 
     def leftovers(self) -> list[str]:
         from agent_mail.store import sqlite_schema
