@@ -276,9 +276,15 @@ def _idle_share(ours: str, location: str, watches: int, windows: tuple[float, ..
         if backends:
             import psycopg
 
+            # The server backends of this herd's watches only (each connection names its session): another
+            # user's watches on the same server are not ours to count.
             with psycopg.connect(PG_URL, autocommit=True) as db:
-                pids += [r[0] for r in db.execute("SELECT pid FROM pg_stat_activity WHERE application_name LIKE "
-                                                  "'agent-mail watch %'")]
+                sessions = [r[0] for r in db.execute(f'SELECT id FROM "{_schema_of(location)}".watch_sessions '
+                                                     "WHERE state = 'armed'")]
+                pids += [r[0] for r in db.execute("SELECT pid FROM pg_stat_activity WHERE application_name = "
+                                                  "ANY(%s)", ([f"agent-mail watch {s}" for s in sessions],))]
+            if len(pids) != 2 * watches:
+                raise RuntimeError(f"{len(pids) - watches} server backends found for {watches} watches")
         shares = []
         load = os.getloadavg()[0]
         for seconds in windows:
@@ -292,6 +298,10 @@ def _idle_share(ours: str, location: str, watches: int, windows: tuple[float, ..
             proc.terminate()
         for proc in procs:
             proc.wait(timeout=60)
+
+
+def _schema_of(location: str) -> str:
+    return location.rsplit("schema=", 1)[1]
 
 
 # A watch that holds its presence (its connection; on SQLite its pipe's lock) wakes every this many seconds while
