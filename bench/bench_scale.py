@@ -4,13 +4,15 @@
 
 Three mailboxes per implementation, each created by the implementation itself and then seeded
 with direct SQL into the tables both share (bench/seed.py; the indexes are the
-implementation's own, so they are filled as the rows go in):
+implementation's own, so they are filled as the rows go in; no statistics are gathered, as in a
+mailbox that grew in use):
 - "spread": 200,000 messages, 200 identities, 1 % broadcasts each read by 90 % of them;
 - "backlog": 200,000 messages, 200 identities, 2 % broadcasts nobody has read (about 4,100
   unread per identity);
 - "million": 1,000,000 messages, 1,000 identities, the backlog shape (about 20,000 unread each).
 For one identity (proj5:agent25) each command runs as a whole process, spawn to exit, and the
-median is kept: `read AGENT` (the default page, marking it read), `read AGENT --all --limit
+median is kept: `read AGENT --no-mark-read` (the default page of the whole backlog, marking nothing),
+`read AGENT` (the default page, marking it read), `read AGENT --all --limit
 50`, `watch AGENT --once`, `status --agent AGENT`, `ack AGENT --all`; then `status`, and on the
 million `cleanup --older-than 30 --dry-run` (the seed is older: it would delete every message),
 and the mailbox's bytes per message.
@@ -36,6 +38,7 @@ SEEDS = {
     "million": {"messages": 1_000_000, "agents": 1000, "broadcasts": 0.02, "broadcast_readers": 0.0},
 }
 PER_AGENT = (
+    ("read AGENT --no-mark-read", ["read", AGENT, "--no-mark-read"]),
     ("read AGENT", ["read", AGENT]),
     ("read AGENT --all --limit 50", ["read", AGENT, "--all", "--limit", "50"]),
     ("watch AGENT --once", ["watch", AGENT, "--once"]),

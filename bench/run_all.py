@@ -5,7 +5,7 @@
 Builds (or reuses) the two throwaway virtual environments under bench/.cache, then runs
 bench_cli (cold start), bench_scale (per-agent commands, status, cleanup and growth at
 200,000 messages spread or with a broadcast backlog, and at 1,000,000), bench_concurrency,
-bench_fanout, bench_watch and bench_herd (100 and 300 blocked watches), and prints one
+bench_fanout, bench_watch and bench_herd (100 blocked watches beside the reference, then 1,000 of ours), and prints one
 table of both figures and their ratio; then bench_hooks (the harness hooks' cost beside our
 own `read`, and idle-wake latency, through the real Claude Code when it is installed), and
 bench_postgres (the team mailbox on PostgreSQL beside SQLite: per-agent commands and status at
@@ -49,8 +49,8 @@ def main() -> None:
     rows += bench_concurrency.rows(clis, senders=8, readers=4, sends=5 if args.quick else 25)
     rows += bench_fanout.rows(clis, rounds=rounds, recipients=50)
     rows += bench_watch.rows(clis, rounds=5 if args.quick else 30, idle_seconds=5 if args.quick else 30)
-    rows += bench_herd.rows(clis, watches=20 if args.quick else 100, idle_seconds=5 if args.quick else 10,
-                            also=0 if args.quick else 300)
+    rows += bench_herd.rows(clis, watches=20 if args.quick else 100, idle_seconds=5 if args.quick else 30,
+                            also=0 if args.quick else 1000)
     report(f"agent-mail benchmarks, {time.time() - started:.0f} s", rows)
     # The harness hooks have no peer to run beside: their table compares with our own CLI.
     print("\n# harness hooks (bench_hooks: beside our own read, same run)\n")

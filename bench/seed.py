@@ -5,6 +5,9 @@ schema), then filled with direct SQL into the seed lineage's `messages` and
 `broadcast_acks` tables, which both implementations read. One transaction,
 executemany: 200,000 messages take a few seconds.
 
+No statistics are gathered (no `ANALYZE`): rows written by another tool leave none, and a
+mailbox that grew in use has only what the product itself gathers.
+
 Shape: `agents` identities in 20 projects; direct messages between random pairs, a
 share of broadcasts (`broadcasts`, 1 % by default); 90 % of direct messages read and
 80 % acknowledged; every broadcast read by a share of the agents (`broadcast_readers`,
@@ -56,6 +59,6 @@ def seed(db_path: str, messages: int, agents: int, rng_seed: int = 7, broadcasts
     db.executemany("INSERT INTO broadcast_acks (message_id, agent, read_at, acked_at) VALUES (?, ?, ?, ?)", acks)
     db.execute("COMMIT")
     db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    db.execute("ANALYZE")
+    # No ANALYZE: a mailbox that grew in use has only the statistics the product gathers itself.
     db.close()
     return {"messages": messages, "agents": agents, "broadcast_acks": len(acks)}

@@ -568,14 +568,20 @@ def test_kill_9_during_mailbox_creation_leaves_nothing_that_is_not_swept(tmp_pat
 
 
 @pytest.mark.parametrize("how", ["deleted", "replaced"])
-def test_a_watch_ends_when_its_mailbox_is_deleted_or_replaced(am, mailbox_path, tmp_path, how):
+def test_a_watch_ends_when_its_mailbox_is_deleted_or_replaced(am, mailbox_path, tmp_path, how, monkeypatch):
+    """At its next look at the mailbox (every HELD_REFRESH_SECONDS for a watch that holds its presence, made
+    short here), well before its timeout."""
+    import threading
+
+    from agent_mail import errors
+
+    monkeypatch.setattr(model, "HELD_REFRESH_SECONDS", 0.3)
     am("status").assert_ok()
-    watch = subprocess.Popen([sys.executable, "-m", "agent_mail", "watch", "w:z"], env=process_env(),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
+
+    def take_it_away():
         deadline = time.monotonic() + 20
         while am("status", "--agent", "w:z").json["agents"][0]["watch_state"] != "armed":
-            assert time.monotonic() < deadline and watch.poll() is None
+            assert time.monotonic() < deadline
             time.sleep(0.05)
         if how == "deleted":
             for suffix in ("", "-wal", "-shm"):
@@ -586,13 +592,15 @@ def test_a_watch_ends_when_its_mailbox_is_deleted_or_replaced(am, mailbox_path, 
             proc = am_process("status", env=process_env(AGENT_MAIL_DB=str(other)))
             assert proc.returncode == 0
             os.replace(other, mailbox_path)
-        out, err = watch.communicate(timeout=60)  # at its next safety check (15 s), well before its timeout
+
+    thread = threading.Thread(target=take_it_away)
+    thread.start()
+    try:
+        with pytest.raises(errors.StorageError, match="deleted or replaced"):
+            with service.open_mailbox() as mailbox:
+                mailbox.watch(agent="w:z", timeout_seconds=60)
     finally:
-        if watch.poll() is None:
-            watch.kill()
-            watch.wait()
-    assert watch.returncode == 1 and out == b""
-    assert "deleted or replaced" in json.loads(err)["error"]
+        thread.join()
 
 
 # ---------------------------------------------------------------- 17-18. arrival time

@@ -131,6 +131,41 @@ def test_a_broadcast_backlog_counts_exactly_and_reads_page_by_page(am, mailbox_p
     check(mailbox_path, page=50)
 
 
+def test_a_page_of_a_backlog_is_fetched_by_id_in_a_mailbox_without_statistics(am, mailbox_path):
+    """Issue 20, finding 19: a mailbox that grew in use (rows written by another tool, no ANALYZE) has no
+    statistics. The rows of read's page are then still looked up by id, not found by walking every
+    broadcast of the backlog (bodies included) and filtering it by id."""
+    from agent_mail.store import open_store
+
+    am("send", "--from", "boss:b", "--to", "t:a", "--subject", "direct").assert_ok()
+    db = sqlite3.connect(mailbox_path)
+    created = model.now_iso()
+    with db:
+        db.executemany("INSERT INTO messages (id, sender, recipient, subject, body, type, created) "
+                       "VALUES (?, 'boss:b', '*', ?, ?, 'broadcast', ?)",
+                       [(model.new_message_id(), f"b{i}", "x" * 300, created) for i in range(400)])
+    assert not db.execute("SELECT 1 FROM sqlite_master WHERE name = 'sqlite_stat1'").fetchall()
+    db.close()
+    store = open_store(str(mailbox_path))
+    statements: list[str] = []
+    try:
+        with store.transaction():
+            now = model.now_iso()
+            page = store.unread("t:a", now, limit=5)
+            store.db.set_trace_callback(statements.append)
+            found = store.addressed("t:a", [m["id"] for m in page], now)
+            store.db.set_trace_callback(None)
+            assert sorted(found) == sorted(m["id"] for m in page) and len(found) == 5
+            plans = [[row[3] for row in store.db.execute("EXPLAIN QUERY PLAN " + sql)] for sql in statements]
+    finally:
+        store.close()
+    assert plans
+    for plan in plans:
+        reads = [step for step in plan if step.startswith(("SEARCH m ", "SCAN m"))]
+        assert reads and all("(id=?)" in step for step in reads), plan
+    assert ok("read", "t:a", "--no-mark-read", "--limit", "5")["remaining"] == 401
+
+
 def test_counts_stay_exact_across_the_migration_that_added_the_indexes(mailbox_path, monkeypatch):
     """A mailbox made before m006 (the arrival indexes), holding a backlog and every kind of state."""
     with monkeypatch.context() as before:

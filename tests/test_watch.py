@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import signal
 import sqlite3
 import subprocess
@@ -323,20 +324,79 @@ def test_a_signalled_watch_releases_its_session(mailbox_path, reap, am, signum, 
     assert row["watch_state"] == "released" and row["released_at"] is not None
 
 
-def test_a_killed_watch_goes_stale(mailbox_path, reap, am):
+def _state_within(am, seconds: float, wanted: str) -> dict:
+    """b:y's status row once its watch_state is `wanted`, or as it is after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while True:
+        row = am("status", "--agent", "b:y").json["agents"][0]
+        if row["watch_state"] == wanted or time.monotonic() > deadline:
+            return row
+        time.sleep(0.05)
+
+
+def test_a_killed_watch_is_stale_at_once(mailbox_path, reap, am):
+    """Issue 20, finding 20: what a blocked watch holds (SQLite: the lock on its wake-up pipe; PostgreSQL: its
+    connection) is freed when it dies, so a SIGKILLed watch reads as stale within 2 s, well before the
+    STALE_SECONDS of missed refreshes it took before."""
     watch = _start_watch()
     reap(watch)
     _wait_until_armed(mailbox_path, watch)
+    assert am("status", "--agent", "b:y").json["agents"][0]["watch_state"] == "armed"
     watch.kill()
     watch.communicate(timeout=30)
-    assert am("status", "--agent", "b:y").json["agents"][0]["watch_state"] == "armed"  # not yet noticed
-    # it stops refreshing: age its last refresh past the stale threshold instead of waiting for it
-    aged = (dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=model.STALE_SECONDS + 5)).isoformat()
-    db = raw_db(mailbox_path)
-    db.execute("UPDATE watch_sessions SET last_seen = ?", (aged,))
-    db.commit()
-    row = am("status", "--agent", "b:y").json["agents"][0]
+    row = _state_within(am, 2.0, "stale")
     assert row["watch_state"] == "stale" and row["watching"] is True and row["released_at"] is None
+    assert am("read", "b:y").json["reachable"] is False
+
+
+def _age_presence(mailbox_path, backend, seconds: float) -> None:
+    """Make the armed watch's last refresh `seconds` old, where it is kept (SQLite: its pipe's mtime)."""
+    moment = time.time() - seconds
+    if backend == "sqlite":
+        bells = os.path.join(os.path.dirname(mailbox_path), f".{os.path.basename(mailbox_path)}.wake")
+        for name in os.listdir(bells):
+            os.utime(os.path.join(bells, name), (moment, moment))
+    db = raw_db(mailbox_path)
+    db.execute("UPDATE watch_sessions SET last_seen = ? WHERE state = 'armed'",
+               (dt.datetime.fromtimestamp(moment, dt.timezone.utc).isoformat(),))
+    db.commit()
+    db.close()
+
+
+def test_a_hung_watch_stays_armed_while_alive_and_goes_stale_when_its_refreshes_stop_for_minutes(
+        mailbox_path, reap, am, backend):
+    """A watch that holds its presence refreshes only every HELD_REFRESH_SECONDS: a missed few seconds mean
+    nothing; no refresh for HUNG_SECONDS means it is hung (alive, deaf): stale."""
+    watch = _start_watch()
+    reap(watch)
+    _wait_until_armed(mailbox_path, watch)
+    watch.send_signal(signal.SIGSTOP)
+    try:
+        _age_presence(mailbox_path, backend, model.STALE_SECONDS + 5)
+        assert am("status", "--agent", "b:y").json["agents"][0]["watch_state"] == "armed"
+        _age_presence(mailbox_path, backend, model.HUNG_SECONDS + 5)
+        row = am("status", "--agent", "b:y").json["agents"][0]
+        assert row["watch_state"] == "stale" and row["released_at"] is None
+    finally:
+        watch.send_signal(signal.SIGCONT)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads the process's context switches in /proc")
+def test_an_idle_watch_does_not_wake_for_its_presence(mailbox_path, reap):
+    """Idle is free: a blocked watch sleeps through the seconds in which it used to refresh its session (every
+    REFRESH_SECONDS) and look at the mailbox; nothing wakes it but mail (and, rarely, HELD_REFRESH_SECONDS)."""
+    watch = _start_watch("--timeout-minutes", "5")
+    reap(watch)
+    _wait_until_armed(mailbox_path, watch)
+    time.sleep(0.5)  # from writing its row to sleeping
+
+    def woken() -> int:
+        with open(f"/proc/{watch.pid}/status") as handle:
+            return next(int(line.split()[1]) for line in handle if line.startswith("voluntary_ctxt_switches"))
+
+    before = woken()
+    time.sleep(model.REFRESH_SECONDS + 1.0)
+    assert woken() == before and watch.poll() is None
 
 
 def test_two_watches_one_exits_the_other_keeps_the_identity_armed(mailbox_path, reap, am):
@@ -461,6 +521,7 @@ def test_mail_whose_wake_up_was_lost_is_found_at_the_next_refresh(am, send, mail
     """A sender killed between its commit and its wake-up, or another tool writing the mailbox: the
     watch's periodic look at the mailbox finds the mail anyway."""
     monkeypatch.setattr(waits, "SAFETY_CHECK_SECONDS", 0.2)
+    monkeypatch.setattr(model, "HELD_REFRESH_SECONDS", 0.2)  # a watch that holds its presence looks this often
     am("status").assert_ok()
     import threading
 

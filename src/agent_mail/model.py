@@ -31,15 +31,19 @@ MAX_ENTRIES_DEFAULT = 10  # newest unread messages listed in the mirror
 WATCH_MINUTES_DEFAULT = 55.0  # the longest wait that still wakes inside a one-hour prompt-cache window
 WATCH_MINUTES_MIN = 5.0
 WATCH_MINUTES_MAX = 240.0
-REFRESH_SECONDS = 5.0  # a blocked watch refreshes its session this often
+REFRESH_SECONDS = 5.0  # a blocked watch refreshes its session this often (where nothing else says it is alive)
 LIVENESS_SECONDS = 60.0  # seen this recently = watching; spans the gap between a wake and the re-arm
 STALE_SECONDS = 15.0  # an armed session not refreshed for this long was killed
-POSTGRES_IDLE_SCALE = 6  # on PostgreSQL a watch refreshes its row (and looks for lost wake-ups) 6 times less often
-POSTGRES_PRESENCE_GRACE_SECONDS = 90.0  # ... and its open connection counts while its row is at most this old
+# A watch whose presence something it holds tells (SQLite: a lock on its wake-up pipe; PostgreSQL: its open
+# connection) is known dead the moment it dies, so it wakes only this often: to show it is not hung, and to
+# look for lost wake-ups. Held, but not refreshed for HUNG_SECONDS, it is hung: stale.
+HELD_REFRESH_SECONDS = 300.0
+HUNG_SECONDS = 3 * HELD_REFRESH_SECONDS
+POSTGRES_IDLE_SCALE = 6  # on PostgreSQL `notifications --follow` looks for lost wake-ups 6 times less often
 # File reservations. One held by an identity that is not live (no armed watch, heartbeat, live harness session or
 # human profile) stops blocking once it has shown no sign of life for the grace: twice the time a heartbeat counts,
 # so one late heartbeat does not drop it, and a SIGKILLed watch (stale at once, last seen at most a refresh before
-# the kill) frees its reservations within the grace plus one refresh. Longer than PostgreSQL's presence grace.
+# the kill) frees its reservations within the grace.
 RESERVE_MINUTES_DEFAULT = 60
 RESERVE_MINUTES_MAX = 1440  # a day
 RESERVATION_GRACE_SECONDS = 2 * LIVENESS_SECONDS

@@ -66,6 +66,9 @@ class Waits:
         session = model.new_message_id()
         previous = install_stop_handlers()
         try:
+            # Listening first: where the listener holds the session's presence (a lock, a connection), the
+            # session's row never exists without it, so a reader never takes a starting watch for a dead one.
+            self.store.listen(agent, session)
             with self.store.transaction(write=True):
                 self.store.open_session(session, agent, model.now_iso())
             found = self.wait_for_mail(agent, session, seconds, look_for, wanted)
@@ -112,26 +115,32 @@ class Waits:
     def wait_for_mail(self, agent: str, session: str, seconds: float, look_for=None, wanted=None) -> list[dict]:
         """The blocking loop: sleep until `agent` is woken (mail for it, or a broadcast, was committed) or a
         scheduled message for it falls due, refreshing liveness; return the envelopes, or [] at the deadline.
+        The caller has called store.listen(agent, session) already (before the first look here: mail committed
+        after it always wakes us).
 
         look_for(): what to look for instead of every unread envelope (a hook's waiter: mail its session was
         not told of); wanted(): checked at each refresh, False ends the wait as a timeout (its harness is gone).
 
         Nothing else wakes it: not other watches' refreshes, heartbeats, reads or mail for others. Every
-        SAFETY_CHECK_SECONDS it also checks that its mailbox is still there and whether any message was
-        added at all, and looks if so: the safety net for mail whose wake-up was lost (a sender killed
-        between its commit and its wake-up, another tool writing the mailbox).
+        HELD_REFRESH_SECONDS (SAFETY_CHECK_SECONDS where its presence is not held) it also checks that its
+        mailbox is still there and whether any message was added at all, and looks if so: the safety net
+        for mail whose wake-up was lost (a sender killed between its commit and its wake-up, another tool
+        writing the mailbox).
         """
         import time
 
         now = time.monotonic()
-        # A backend whose open connection already tells that the watch is there (PostgreSQL) refreshes its row
-        # and looks for lost wake-ups less often (idle_scale): fewer wake-ups for a hundred idle watches.
-        refresh_every = model.REFRESH_SECONDS * self.store.idle_scale
-        check_every = SAFETY_CHECK_SECONDS * self.store.idle_scale
+        if self.store.presence_held:
+            # What the watch holds says it is alive and is freed when it dies, so idle costs one wake-up every
+            # HELD_REFRESH_SECONDS (a refresh that shows it is not hung, and the look for lost wake-ups), not
+            # one every few seconds: a thousand idle watches make a handful of wake-ups a second.
+            refresh_every = check_every = model.HELD_REFRESH_SECONDS
+        else:
+            refresh_every = model.REFRESH_SECONDS * self.store.idle_scale
+            check_every = SAFETY_CHECK_SECONDS * self.store.idle_scale
         deadline, refresh_at, check_at = now + seconds, now + refresh_every, now + check_every
         # wanted() is asked every REFRESH_SECONDS whatever the backend: it costs no round trip.
         ask_at = now + model.REFRESH_SECONDS if wanted is not None else deadline
-        self.store.listen(agent, session)  # before the first look: mail committed after it always wakes us
         marker = self.store.mail_marker()
         look, due_at = True, None
         while True:

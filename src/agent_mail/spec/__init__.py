@@ -109,10 +109,15 @@ def describe_document(storage: dict, version: str, command: str | None = None) -
             "refresh_seconds": model.REFRESH_SECONDS,
             "watching_within_seconds": model.LIVENESS_SECONDS,
             "stale_after_seconds": model.STALE_SECONDS,
-            "postgresql": "A watch's open connection is its presence (it names its session); its row is refreshed "
-            f"every {model.REFRESH_SECONDS * model.POSTGRES_IDLE_SCALE:.0f} s, and a connected watch whose row is "
-            f"older than {model.POSTGRES_PRESENCE_GRACE_SECONDS:.0f} s no longer counts. A killed watch's connection "
-            "ends at once, a partitioned one within about 10 s.",
+            "held_refresh_seconds": model.HELD_REFRESH_SECONDS,
+            "hung_after_seconds": model.HUNG_SECONDS,
+            "presence": "A blocked watch holds its presence: on SQLite a lock on its wake-up pipe, on PostgreSQL its "
+            "open connection (which names its session). Death frees it at once, so a killed watch is stale at "
+            f"once; while it holds it, the watch refreshes only every {model.HELD_REFRESH_SECONDS:.0f} s and is "
+            f"stale (hung) after {model.HUNG_SECONDS:.0f} s without a refresh. A watch that cannot hold one (no "
+            f"pipes or locks on that file system) refreshes every {model.REFRESH_SECONDS:.0f} s and is stale "
+            f"after {model.STALE_SECONDS:.0f} s without. On PostgreSQL a partitioned watch's connection is ended "
+            "by the server within about 10 s.",
         },
         "global_flags": {
             "--version": "Print {name, version} and exit. Takes no arguments.",

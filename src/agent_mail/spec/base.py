@@ -177,8 +177,8 @@ STATUS_FIELDS = {
     "watching": f"true when a watch or heartbeat of this identity was seen in the last {model.LIVENESS_SECONDS:.0f} s.",
     "last_seen": "When a watch or heartbeat of this identity was last seen, or null.",
     "watch_state": "armed: a watch is blocked now. released: the last watch exited and nothing replaced it "
-    f"(the agent is deaf until it re-arms). stale: a watch stopped refreshing for {model.STALE_SECONDS:.0f} s without "
-    "exiting (killed). never: it has never watched.",
+    "(the agent is deaf until it re-arms). stale: a watch died without exiting (killed: known at once, its presence "
+    f"lock or connection gone) or hung (no refresh for {model.HUNG_SECONDS:.0f} s). never: it has never watched.",
     "released_at": "When the last watch exited cleanly, or null.",
     "reachable": "Whether mail sent now will be noticed: a live harness session (its hooks tell the model), an "
     f"armed watch, a heartbeat in the last {model.LIVENESS_SECONDS:.0f} s, or a human. The same answer send's "

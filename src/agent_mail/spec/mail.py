@@ -222,10 +222,12 @@ register(Command(
         "signals": "SIGINT, SIGTERM or SIGHUP end the wait: the session is released and a JSON error says so.",
     },
     notes=(
-        f"While blocked, the watch refreshes its liveness session every {model.REFRESH_SECONDS:.0f} s and holds no "
-        "lock. It wakes when mail for it, or a broadcast, is committed, within milliseconds; nothing else wakes it "
-        "(other watches, heartbeats, reads, mail for others). Every 15 s it also looks at the mailbox itself, in case "
-        "a wake-up was lost.",
+        "While blocked, the watch holds no transaction and no lock on the mailbox; its presence is a lock on its "
+        "own wake-up pipe (SQLite) or its open connection (PostgreSQL), freed the moment it dies, so it writes "
+        f"nothing while idle but a refresh every {model.HELD_REFRESH_SECONDS:.0f} s that shows it is not hung. It "
+        "wakes when mail for it, or a broadcast, is committed, within milliseconds; nothing else wakes it (other "
+        f"watches, heartbeats, reads, mail for others). Every {model.HELD_REFRESH_SECONDS:.0f} s it also looks at "
+        "the mailbox itself, in case a wake-up was lost.",
         "The loop: watch (blocks) -> read (take delivery) -> act -> ack -> watch again. Never end a turn "
         "without a watch armed.",
         "A message sent with --delay-minutes wakes the watch when it falls due.",

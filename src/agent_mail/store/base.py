@@ -169,6 +169,18 @@ class WholeMailbox:
         raise NotImplementedError
 
 
+def gone_since(last_seen, now):
+    """What liveness() reports as the last refresh of an armed session whose watch is known to be gone (its
+    lock or its connection freed when it died): its stored one, but never within the stale window, so the
+    session reads as stale at once rather than STALE_SECONDS after it was last refreshed."""
+    import datetime as dt
+
+    from agent_mail import model
+
+    latest = now - dt.timedelta(seconds=model.STALE_SECONDS, milliseconds=1)
+    return latest if last_seen is None or last_seen > latest else last_seen
+
+
 class Store(WholeMailbox):
     """A mailbox. Subclasses implement the queries; waiting has a polling default."""
 
@@ -176,10 +188,14 @@ class Store(WholeMailbox):
     kind = "abstract"
     #: How often the default `wait_for_wake` looks for a new message, in seconds.
     poll_seconds = 0.025
-    #: A waiting watch refreshes its session every REFRESH_SECONDS times this, and looks for lost wake-ups
-    #: every SAFETY_CHECK_SECONDS times this. More than 1 where the backend knows a watch is there without
-    #: its refreshes (PostgreSQL: its open connection), so idle watches wake less often.
+    #: A waiting watch whose presence nothing holds refreshes its session every REFRESH_SECONDS times this,
+    #: and a listener looks for lost wake-ups every SAFETY_CHECK_SECONDS times this. More than 1 where
+    #: wake-ups are never lost (PostgreSQL's NOTIFY), so idle listeners wake less often.
     idle_scale = 1
+    #: Set by listen(agent, session): whether something this process holds tells that the session's watch is
+    #: alive (SQLite: a lock on its wake-up pipe; PostgreSQL: its open connection), and death frees it at
+    #: once. Such a watch refreshes only every HELD_REFRESH_SECONDS, to show it is not hung.
+    presence_held = False
     #: How long a lost connection to a server is re-made before the operation fails (server backends only).
     #: A command waits out a server restart; the dashboard, which shows the loss and retries itself, less.
     reconnect_seconds = 15.0

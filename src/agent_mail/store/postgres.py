@@ -21,7 +21,6 @@ The contract the shared SQL relies on, made explicit here:
 
 from __future__ import annotations
 
-import datetime as _dt
 import hashlib
 import os
 import re
@@ -42,7 +41,6 @@ BUSY_TIMEOUT_SECONDS = 10.0  # how long a writer waits for the write lock, as on
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _SESSION_ID = re.compile(r"^[0-9a-f-]{1,40}$")
 _WATCH_APP = "agent-mail watch "  # application_name of a watch's connection, followed by its session id
-PRESENCE_GRACE_SECONDS = model.POSTGRES_PRESENCE_GRACE_SECONDS  # a connected watch counts while its row is this fresh
 # Connection settings we choose unless the URL or the environment does: a dead peer (a partition) is
 # noticed in seconds rather than the kernel's quarter of an hour.
 _DEFAULTS = {"connect_timeout": ("PGCONNECT_TIMEOUT", "5"), "application_name": ("PGAPPNAME", "agent-mail"),
@@ -265,9 +263,9 @@ class PostgresStore(SQLStore):
     kind = "postgresql"
     SEQ = "seq"
     _BROADCAST_STATE_BY_JOIN = True
-    # A watch's connection carries its presence (application_name names its session; see liveness()), so its
-    # row is refreshed every 30 s instead of 5 and it looks for lost wake-ups (which NOTIFY does not lose) every
-    # 90 s: a hundred idle watches cost a sixth of the wake-ups and round trips.
+    # A watch's connection carries its presence (application_name names its session; see liveness()), so it
+    # refreshes its row only every HELD_REFRESH_SECONDS (presence_held); NOTIFY loses no wake-up, so a follower
+    # of the notifications looks for lost ones less often too.
     idle_scale = model.POSTGRES_IDLE_SCALE
 
     def __init__(self, url: str):
@@ -465,7 +463,7 @@ class PostgresStore(SQLStore):
                     ) from None
             time.sleep(pause)
             pause = min(pause * 2, 1.0)
-        if self._listening:
+        if self._listening or self.presence_held:
             self._listen_all()
             self._woken = True  # look again: mail may have arrived while the connection was down
 
@@ -582,45 +580,32 @@ class PostgresStore(SQLStore):
                 "it stopped rather than wait on a mailbox nobody writes to. Run the command again.")
 
     def liveness(self, agent: str | None = None) -> dict[str, dict]:
-        """As stored, and: an armed session whose watch is connected now (its connection's application_name
-        names the session; visible to every role) counts as seen now, if its row was refreshed within
-        PRESENCE_GRACE_SECONDS. A killed watch's connection ends at once; a partitioned one is ended by the
-        server within seconds (the session's server-side keepalives); a hung one stops refreshing its row."""
-        from agent_mail.store.sql import ids_clause
-
-        facts = super().liveness(agent)
-        present = [r[0][len(_WATCH_APP):] for r in self._x(
-            "SELECT application_name FROM pg_stat_activity WHERE datname = current_database() "
-            "AND application_name LIKE ?", (_WATCH_APP + "%",))]
-        if not present:
-            return facts
-        now = model.now()
-        recent = model.iso(now - _dt.timedelta(seconds=PRESENCE_GRACE_SECONDS))
-        for start in range(0, len(present), 500):
-            marks, ids = ids_clause(present[start:start + 500])
-            for name, in self._x(f"SELECT agent FROM watch_sessions WHERE state = 'armed' AND id IN ({marks}) "
-                                 f"AND last_seen >= :recent" + (" AND agent = :agent" if agent else ""),
-                                 {**ids, "recent": recent, "agent": agent}):
-                entry = self._fact(facts, name)
-                entry["armed_seen"] = entry["session_seen"] = now
-        return facts
+        """As stored, with what the watches' connections tell (_presence)."""
+        return _presence(self, super().liveness(agent), agent)
 
     def listen(self, agent: str, session: str | None = None) -> None:
         """LISTEN on `agent`'s channel and the broadcast channel, before the first look (AGENT_MAIL_POLL:
-        poll instead, as on SQLite)."""
+        poll instead, as on SQLite). Either way the connection names the watch session it serves: its
+        presence (see liveness())."""
+        self._session = session
+        self.presence_held = session is not None and bool(_SESSION_ID.match(session))
         if os.environ.get("AGENT_MAIL_POLL"):
+            self._listening = []
+            self._autocommit("starting to watch", self._name_session)
             return super().listen(agent)
         self._listening = [channel(self.schema, agent), channel(self.schema, "*")]
-        self._session = session
         self._autocommit("starting to watch", self._listen_all)
         self._woken = False
 
-    def _listen_all(self) -> None:
+    def _name_session(self) -> None:
         # The connection names the watch session it serves (its presence, see liveness()), and asks the server
         # to probe the client every few seconds, so a watch cut off by a partition stops counting as present.
-        if self._session is not None and _SESSION_ID.match(self._session):
+        if self.presence_held:
             self.db.execute(f"SET application_name = '{_WATCH_APP}{self._session}'; SET tcp_keepalives_idle = 5; "
                             "SET tcp_keepalives_interval = 2; SET tcp_keepalives_count = 3".encode())
+
+    def _listen_all(self) -> None:
+        self._name_session()
         for name in self._listening:
             self.db.execute(f'LISTEN "{name}"'.encode())
 
@@ -652,6 +637,37 @@ class PostgresStore(SQLStore):
         for _ in self.db.notifies(timeout=0):
             self._woken = True
         return self._woken
+
+def _presence(store: PostgresStore, facts: dict[str, dict], agent: str | None) -> dict[str, dict]:
+    """The stored liveness `facts`, with what the watches' connections tell: an armed session whose watch is
+    connected now (its connection's application_name names the session; visible to every role) is seen now,
+    unless its row was not refreshed for HUNG_SECONDS (hung); an armed session whose connection is gone is a
+    dead watch, stale at once (a killed watch's connection ends at once; a partitioned one is ended by the
+    server within seconds, by the session's server-side keepalives)."""
+    from agent_mail.store.base import gone_since
+
+    present = {r[0][len(_WATCH_APP):] for r in store._x(
+        "SELECT application_name FROM pg_stat_activity WHERE datname = current_database() "
+        "AND application_name LIKE ?", (_WATCH_APP + "%",))}
+    now = model.now()
+    armed: dict[str, list] = {}  # identity: [(the moment its armed session was last known alive, alive now)]
+    for session, name, last_seen in store._x(
+            "SELECT id, agent, last_seen FROM watch_sessions WHERE state = 'armed'"
+            + (" AND agent = :agent" if agent else ""), {"agent": agent}):
+        stored = model.parse_iso(last_seen)
+        if session not in present:
+            armed.setdefault(name, []).append((gone_since(stored, now), False))
+        elif stored is not None and (now - stored).total_seconds() > model.HUNG_SECONDS:
+            armed.setdefault(name, []).append((stored, False))  # connected, but hung
+        else:
+            armed.setdefault(name, []).append((now, True))
+    for name, seen in armed.items():
+        entry = store._fact(facts, name)
+        entry["armed_seen"] = max(moment for moment, _ in seen)
+        if any(alive for _, alive in seen):
+            entry["session_seen"] = now
+    return facts
+
 
 def inspect(url: str) -> dict:
     """Facts about a PostgreSQL mailbox for `describe`, without creating or changing anything."""

@@ -105,14 +105,14 @@ class _Fragments:
         )
         self.direct, self.broadcast = self.addressed_to(self.columns)
 
-    def addressed_to(self, columns: str) -> tuple[str, str]:
-        """The two halves of "mail for :agent", with this agent's own state: on the row for direct
-        mail, in broadcast_acks for broadcasts."""
-        direct = (f"SELECT {columns}, m.read_at, m.acked_at, m.archived_at, m.deleted_at FROM messages m "
-                  f"WHERE m.recipient = :agent AND {self.visible}")
-        broadcast = (f"SELECT {columns}, b.read_at, b.acked_at, b.archived_at, b.deleted_at FROM messages m "
+    def addressed_to(self, columns: str, hint: str = "", first: str = "") -> tuple[str, str]:
+        """The two halves of "mail for :agent", with this agent's own state: on the row for direct mail, in
+        broadcast_acks for broadcasts; `first` ANDed ahead of the rest, messages read by index `hint`."""
+        direct = (f"SELECT {columns}, m.read_at, m.acked_at, m.archived_at, m.deleted_at FROM messages m {hint} "
+                  f"WHERE {first}m.recipient = :agent AND {self.visible}")
+        broadcast = (f"SELECT {columns}, b.read_at, b.acked_at, b.archived_at, b.deleted_at FROM messages m {hint} "
                      "LEFT JOIN broadcast_acks b ON b.message_id = m.id AND b.agent = :agent "
-                     f"WHERE m.recipient = '*' AND m.sender != :agent AND {self.visible}")
+                     f"WHERE {first}m.recipient = '*' AND m.sender != :agent AND {self.visible}")
         return direct, broadcast
 
 
@@ -498,11 +498,12 @@ class SQLStore(_BesideTheMail, Tokens, Store):
                            {"agent": agent, "sender": sender, "now": now})
 
     def addressed(self, agent: str, message_ids: list[str], now: str) -> dict[str, dict]:
-        found: dict[str, dict] = {}
+        # By the primary key: without statistics SQLite took the recipient index and read every broadcast's row.
+        found, key = {}, self._hint("sqlite_autoindex_messages_1")
         for start in range(0, len(message_ids), 500):
             marks, params = ids_clause(message_ids[start:start + 500])
-            sql = f"SELECT * FROM ({self.F.direct} UNION ALL {self.F.broadcast}) AS mail WHERE id IN ({marks})"
-            for message in self._query(sql, {"agent": agent, "now": now, **params}):
+            by_id = self.F.addressed_to(self.F.columns, key, f"m.id IN ({marks}) AND ")
+            for message in self._query(" UNION ALL ".join(by_id), {"agent": agent, "now": now, **params}):
                 found[message["id"]] = message
         return found
 

@@ -14,6 +14,7 @@ import time
 
 from agent_mail import errors, jsonout
 from agent_mail.store.sql import SQLStore, ids_clause
+from agent_mail.store.sqlite_bells import WakePipe, presence, ring_bells
 
 # Marks a file as an agent-mail mailbox ("AGML"). Older mailboxes carry 0.
 APPLICATION_ID = 0x41474D4C
@@ -139,21 +140,8 @@ class SQLiteStore(SQLStore):
         return jsonout.Rendered([row[2] for row in found], layout_level)
 
     def liveness(self, agent: str | None = None) -> dict[str, dict]:
-        facts = super().liveness(agent)
-        # Armed sessions whose refreshes their wake-up pipe carries (see refresh_session).
-        touched = _pipe_refreshes(self.path, agent)
-        sessions = list(touched)
-        for start in range(0, len(sessions), 500):
-            marks, ids = ids_clause(sessions[start:start + 500])
-            for (session,) in self.db.execute(
-                f"SELECT id FROM watch_sessions WHERE state = 'armed' AND id IN ({marks})", ids
-            ):
-                name, seen = touched[session]
-                entry = self._fact(facts, name)
-                for key in ("armed_seen", "session_seen"):
-                    if entry[key] is None or seen > entry[key]:
-                        entry[key] = seen
-        return facts
+        """As stored, with what the armed sessions' wake-up pipes tell (sqlite_bells.presence)."""
+        return presence(self.path, self.db, super().liveness(agent), agent)
 
     def __init__(self, path: str):
         self.path = path
@@ -161,6 +149,7 @@ class SQLiteStore(SQLStore):
         self._wakes: set[str] = set()  # identities to wake once the current transaction commits
         self._has_search: bool | None = None  # whether the mailbox has its search index (asked once)
         self._identity = None  # (st_dev, st_ino) of the file opened, to notice it being replaced
+        self._marked: tuple = (None, None)  # (the mailbox files' stat when mail_marker last asked, its answer)
         self.doing = "using it"  # what the current command is doing, for the damage record
         self.db = self._connect()
 
@@ -356,10 +345,22 @@ class SQLiteStore(SQLStore):
                 raise self._fail(exc, "refreshing a watch") from None
 
     def mail_marker(self) -> object:
+        # Asked again only when the mailbox's files changed since it was last asked: an idle watch's periodic
+        # look is then two stat() calls, not a query on a connection whose caches went cold meanwhile.
+        stamp = []
+        for path in (self.path, self.path + "-wal"):
+            try:
+                info = os.stat(path)
+                stamp += [info.st_mtime_ns, info.st_size, info.st_ino]
+            except OSError:
+                stamp.append(None)
+        if stamp == self._marked[0]:
+            return self._marked[1]
         try:
-            return self.db.execute("SELECT MAX(rowid) FROM messages").fetchone()[0]
+            self._marked = (stamp, self.db.execute("SELECT MAX(rowid) FROM messages").fetchone()[0])
         except sqlite3.Error as exc:
             raise self._fail(exc, "waiting") from None
+        return self._marked[1]
 
     def leftovers(self) -> list[str]:
         from agent_mail.store import sqlite_schema
@@ -388,11 +389,13 @@ class SQLiteStore(SQLStore):
 
     def listen(self, agent: str, session: str | None = None) -> None:
         """Wait on this process's own wake-up pipe (WakePipe), so a blocked watch is woken by its own mail
-        only. Where a pipe cannot be made (AGENT_MAIL_POLL set, or a file system without them), the polling
-        default of the base class stands in."""
+        only; the pipe's lock, held while it waits, is the session's presence. Where a pipe cannot be made
+        (AGENT_MAIL_POLL set, or a file system without them), the polling default of the base class stands
+        in, and the session is refreshed in its row."""
         self._stop_listening()
         if not os.environ.get("AGENT_MAIL_POLL"):
             self._pipe = WakePipe.open(self.path, agent, session)
+        self.presence_held = self._pipe is not None and session is not None and self._pipe.locked
         if self._pipe is None:
             super().listen(agent)
 
@@ -404,161 +407,13 @@ class SQLiteStore(SQLStore):
 
     def _stop_listening(self) -> None:
         pipe, self._pipe = self._pipe, None
+        self.presence_held = False
         if pipe is not None:
             pipe.close()
 
     def close(self) -> None:
         self._stop_listening()
         self.db.close()
-
-
-# The pipe name's identity of a listener woken by every message (a supervisor's dashboard): no identity is empty.
-EVERYTHING = ""
-
-
-class WakePipe:
-    """This process's own wake-up: a named pipe in the private directory beside the mailbox, called
-    IDENTITY@PID-SESSION. A sender that commits mail for IDENTITY (or a broadcast) writes a byte into every
-    such pipe of its recipients (ring_bells); nothing else does. So a blocked watch sleeps in the kernel
-    until its own mail comes."""
-
-    def __init__(self, path: str, reader: int, writer: int, session: str | None):
-        self.path, self.reader, self.writer, self.session = path, reader, writer, session
-
-    @classmethod
-    def open(cls, mailbox: str, agent: str, session: str | None) -> WakePipe | None:
-        """The pipe of `agent`'s watch `session` on the mailbox at `mailbox`; None where one cannot be made."""
-        from agent_mail import files
-
-        bells = bell_dir(mailbox)
-        pipe = os.path.join(bells, f"{agent}@{os.getpid()}-{session or os.urandom(4).hex()}")
-        try:
-            files.make_private_dirs(bells)
-            os.mkfifo(pipe, 0o600)
-        except OSError:
-            return None
-        try:
-            reader = os.open(pipe, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-            # Our own writer end keeps the pipe from reading as closed (EOF) between senders.
-            writer = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError:
-            os.unlink(pipe)
-            return None
-        return cls(pipe, reader, writer, session)
-
-    def wait(self, timeout: float) -> bool:
-        """Sleep until the pipe is written to (True) or `timeout` passes (False)."""
-        import select
-
-        try:
-            ready, _, _ = select.select([self.reader], [], [], max(0.0, timeout))
-        except InterruptedError:
-            return False
-        if not ready:
-            return False
-        try:
-            while os.read(self.reader, 4096):
-                pass
-        except (BlockingIOError, InterruptedError):
-            pass
-        return True
-
-    def touch(self) -> bool:
-        """Mark the pipe refreshed now (its mtime); False if it cannot be."""
-        try:
-            os.utime(self.reader if os.utime in os.supports_fd else self.path)
-            return True
-        except OSError:
-            return False
-
-    def close(self) -> None:
-        for fd in (self.reader, self.writer):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        try:
-            os.unlink(self.path)
-        except OSError:
-            pass
-
-
-def bell_dir(path: str) -> str:
-    """Where the wake-ups of the mailbox at `path` live: a private directory beside it."""
-    return os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.wake")
-
-
-def ring_bells(path: str, recipients) -> None:
-    """Wake the watches waiting for mail for `recipients` ('*': every watch): one byte into each of their
-    pipes. Never blocks and never fails a send: a pipe whose reader is gone (its watch was killed) is
-    removed once its process is gone, and mail whose wake-up is lost is still found by every watch's
-    periodic look at the mailbox."""
-    import errno
-    import stat
-
-    bells = bell_dir(path)
-    try:
-        names = os.listdir(bells)
-    except OSError:
-        return
-    everyone = "*" in recipients
-    for name in names:
-        agent, at, owner = name.partition("@")
-        if not at or not (everyone or agent in recipients or agent == EVERYTHING):
-            continue
-        pipe = os.path.join(bells, name)
-        try:
-            fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
-        except OSError as exc:
-            if exc.errno == errno.ENXIO:  # nobody reads it: a watch that was killed
-                _sweep_pipe(pipe, owner)
-            continue
-        try:
-            if stat.S_ISFIFO(os.fstat(fd).st_mode):
-                os.write(fd, b"\0")
-        except OSError:
-            pass  # full: a wake-up is pending already
-        finally:
-            os.close(fd)
-
-
-def _pipe_refreshes(path: str, agent: str | None) -> dict[str, tuple]:
-    """{watch session: (identity, when its pipe was last touched)} for the live waiting watches of `agent`
-    (or all)."""
-    import datetime as dt
-
-    from agent_mail import files
-
-    bells = bell_dir(path)
-    try:
-        names = os.listdir(bells)
-    except OSError:
-        return {}
-    found = {}
-    for name in names:
-        identity, at, owner = name.partition("@")
-        pid, _, session = owner.partition("-")
-        if not at or not session or identity == EVERYTHING or (agent is not None and identity != agent):
-            continue
-        if not pid.isdigit() or not files.pid_alive(int(pid)):
-            continue  # a killed watch: its refreshes stopped when it died
-        try:
-            mtime = os.stat(os.path.join(bells, name)).st_mtime
-        except OSError:
-            continue
-        found[session] = (identity, dt.datetime.fromtimestamp(mtime, dt.timezone.utc))
-    return found
-
-
-def _sweep_pipe(pipe: str, owner: str) -> None:
-    from agent_mail import files
-
-    pid = owner.partition("-")[0]
-    if pid.isdigit() and not files.pid_alive(int(pid)):
-        try:
-            os.unlink(pipe)
-        except OSError:
-            pass
 
 
 # ---------------------------------------------------------------- damage and odd files
