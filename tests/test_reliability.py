@@ -260,6 +260,10 @@ def fuzz_room(tmp_path, monkeypatch):
 
     monkeypatch.setattr(dashboard, "show", lambda **options: None)
     monkeypatch.setattr(dashboard, "serve", lambda **options: None)
+    # and `serve` checks its options and binds its port, but answers no request: it returns at once
+    from agent_mail import server
+
+    monkeypatch.setattr(server._Server, "run", lambda self, sockets=None: None)
     return tmp_path
 
 

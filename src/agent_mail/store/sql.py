@@ -498,8 +498,7 @@ class SQLStore(_BesideTheMail, Tokens, Store):
                            {"agent": agent, "sender": sender, "now": now})
 
     def addressed(self, agent: str, message_ids: list[str], now: str) -> dict[str, dict]:
-        # By the primary key: without statistics SQLite took the recipient index and read every broadcast's row.
-        found, key = {}, self._hint("sqlite_autoindex_messages_1")
+        found, key = {}, self._hint("sqlite_autoindex_messages_1")  # by id (no stats: SQLite read every broadcast)
         for start in range(0, len(message_ids), 500):
             marks, params = ids_clause(message_ids[start:start + 500])
             by_id = self.F.addressed_to(self.F.columns, key, f"m.id IN ({marks}) AND ")
