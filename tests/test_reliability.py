@@ -275,6 +275,8 @@ def test_fuzzed_argv_never_tracebacks(fuzz_room, command, tokens):
     assert "Traceback" not in result.out + result.err
     if result.code == 0 and command == "dashboard" and result.out == "":  # it drew a screen and printed nothing
         assert result.err == ""
+    elif result.code == 0 and command == "serve" and result.out == "":  # its log is JSON lines on stderr
+        assert all(isinstance(json.loads(line), dict) for line in result.err.splitlines())
     elif result.code == 0 and command == "export" and not result.out.startswith("{\n"):  # the export itself
         assert all(isinstance(json.loads(line), dict) for line in result.out.splitlines()) and result.err == ""
     elif result.code in (0, 3):
