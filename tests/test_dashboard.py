@@ -226,6 +226,7 @@ def test_keys_switch_screens_filter_sort_and_show_help(am):
     run_app(test, live=False)
 
 
+@pytest.mark.sqlite_only  # keys and focus: the backend plays no part
 def test_each_screen_key_shows_its_screen_from_every_screen_in_every_order(am):
     """The focused table of the screen being left used to hand its focus to its pane's detail view when
     hidden, which made that pane the active one again: from Traffic or Inbox, `4` stayed where it was."""
