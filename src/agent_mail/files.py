@@ -13,7 +13,6 @@ import os
 import stat
 
 from agent_mail import errors
-from agent_mail.liveness import pid_alive
 
 _FORBIDDEN = set('<>:"|?*')
 _MAX_NAME_BYTES = 200
@@ -23,6 +22,19 @@ _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 # from a live writer's files and swept: .NAME.am-PID-RANDOM.part
 TEMP_MARK = ".am-"
 TEMP_SUFFIX = ".part"
+
+
+def pid_alive(pid: int | None) -> bool:
+    """Whether process `pid` (on this machine) still runs; True when unknown."""
+    if not pid:
+        return True  # unknown: assume so
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's live process
+    return True
 
 
 # ---------------------------------------------------------------- directories

@@ -10,6 +10,7 @@ import datetime as _dt
 import os
 
 from agent_mail import model
+from agent_mail.files import pid_alive
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -133,19 +134,6 @@ def refusal(store: Store, recipient: str) -> str:
         return f"{recipient} is not reachable: its watch stopped refreshing without exiting (killed?){seen}."
     return f"{recipient} is not reachable: its last watch ended at {found['released_at']} and was not " \
            f"re-armed{seen}."
-
-
-def pid_alive(pid: int | None) -> bool:
-    """Whether process `pid` (on this machine) still runs; True when unknown."""
-    if not pid:
-        return True  # unknown: assume so
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's live process
-    return True
 
 
 def host_name() -> str:
