@@ -105,7 +105,7 @@ def new_schema_name() -> str:
 
 
 _STARTED_IN = os.getcwd()
-_TOOLS_OWN = {".pytest_cache", ".hypothesis", "__pycache__"}  # what pytest and hypothesis keep there
+_TOOLS_OWN = {".pytest_cache", ".hypothesis", "__pycache__", ".ruff_cache"}  # what pytest, hypothesis, ruff keep there
 
 
 @pytest.fixture(autouse=True)
