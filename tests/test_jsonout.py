@@ -39,3 +39,24 @@ def test_tuples_are_arrays():
 def test_what_json_cannot_express_is_an_error(bad):
     with pytest.raises((TypeError, ValueError)):
         jsonout.dumps(bad)
+
+
+def _decoded(decode, text: str):
+    try:
+        return "ok", repr(decode(text))
+    except ValueError as exc:  # json.JSONDecodeError
+        return type(exc).__name__, str(exc)
+
+
+@settings(max_examples=examples(500), deadline=None)
+@given(st.one_of(_DOCUMENTS.map(json.dumps), _DOCUMENTS.map(lambda d: f" \n{json.dumps(d, indent=1)}\t"),
+                 st.text(max_size=40), _DOCUMENTS.map(json.dumps).flatmap(
+                     lambda text: st.integers(0, len(text)).map(lambda cut: text[:cut]))))
+def test_loads_reads_as_json_loads(text):
+    """The hooks' decoder: the same values, and for a broken document json's own error, word for word."""
+    assert _decoded(jsonout.loads, text) == _decoded(json.loads, text)
+
+
+@pytest.mark.parametrize("value", ["plain", "quote \" and \\ and \n and é", None])
+def test_quoted_is_json_dumps(value):
+    assert jsonout.quoted(value) == json.dumps(value, ensure_ascii=False)

@@ -111,3 +111,24 @@ def test_the_repository_read_from_its_files_is_the_one_git_names(repo, tmp_path,
         found = repos.locate(cwd=str(where))
         assert (found.key, found.root, found.fold) == (asked.key, asked.root, asked.fold) == (
             "github.com/acme/widget", os.path.realpath(where if where.name == "wt" else repo), True)
+
+
+@pytest.mark.sqlite_only  # -S: no site-packages; what the hook itself imports on the path run before every edit
+def test_the_hook_before_every_edit_imports_no_json_or_regular_expressions(repo):
+    """The pre-tool hook costs about what `read` does: its JSON input is decoded by the C scanner json.loads
+    uses (jsonout.loads), so neither a denial nor a free edit loads json, re or enum (~4 ms of a start)."""
+    import sys
+
+    reserve("src/**")
+    code = ("import sys; from agent_mail import cli; code = cli.main(sys.argv[1:]); "
+            "print(code, sorted({'re', 'enum', 'json', 'subprocess', 'pathspec', 'typing'} & set(sys.modules)), "
+            "file=sys.stderr)")
+    for path in ("src/lib.rs", "README.md"):
+        document = {"session_id": "s-1", "cwd": str(repo), "hook_event_name": "PreToolUse", "tool_name": "Edit",
+                    "tool_input": {"file_path": str(repo / path), "old_string": "a", "new_string": "b"}}
+        env = process_env()
+        env.pop("AGENT_MAIL_AGENT", None)
+        done = subprocess.run([sys.executable, "-S", "-c", code, "hook", "claude-code", "pretool", "--agent", ME],
+                              input=json.dumps(document).encode(), env=env, cwd=str(repo), capture_output=True)
+        assert done.stderr.decode().strip().splitlines()[-1] == "0 []", done.stderr
+        assert ("deny" in done.stdout.decode()) == (path == "src/lib.rs"), done.stdout

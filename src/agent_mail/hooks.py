@@ -27,11 +27,10 @@ of and when, so each message is told once per session, and a new check reads onl
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
-from agent_mail import calls, errors, model
+from agent_mail import calls, errors, jsonout, model
 from agent_mail.liveness import host_name as _host
 from agent_mail.liveness import harness_pid, live_sessions, pid_alive
 
@@ -56,7 +55,7 @@ def read_input(stream=None) -> dict:
         raise errors.InvalidInput([("stdin", f"the hook input is over {INPUT_MAX_BYTES} bytes; the harness "
                                              "sends a small JSON object.")])
     try:
-        document = json.loads(raw.decode("utf-8"))
+        document = jsonout.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         raise errors.InvalidInput([("stdin", f"is not the harness's hook input (a JSON object): {exc}. This "
                                              "command is run by the harness; see agent-mail setup.")]) from None
@@ -117,13 +116,13 @@ def render(harness: str, agent: str, envelopes: list[dict], new: int, unread: in
                      f"({unread} unread in all).")
     for envelope in envelopes:
         lines.append(f"- {envelope['id']} from {envelope['sender']}, {_age(envelope['created'], now)}: "
-                     f"{json.dumps(envelope['subject'], ensure_ascii=False)}"
+                     f"{jsonout.quoted(envelope['subject'])}"
                      + (" (broadcast)" if envelope.get("recipient") == "*" else ""))
     if new > len(envelopes):
         lines.append(f"- ... and {new - len(envelopes)} more.")
     for event in events:
         if event.get("source") == "email.bounce":
-            lines.append(f"- bounce {event['id']}: your message {json.dumps(event.get('subject'), ensure_ascii=False)} "
+            lines.append(f"- bounce {event['id']}: your message {jsonout.quoted(event.get('subject'))} "
                          f"to {event.get('recipient')} was refused ({event.get('reason')}); dismiss it with "
                          f"`agent-mail notifications {agent} --dismiss {event['id']}` once handled.")
     if others:
@@ -143,7 +142,7 @@ def user_line(agent: str, envelopes: list[dict]) -> str:
         return f"agent-mail: news for {agent} (a bounce): see the model's next turn."
     first = envelopes[0]
     more = len(envelopes) - 1
-    return (f"agent-mail: mail for {agent} from {first['sender']}: {json.dumps(first['subject'], ensure_ascii=False)}"
+    return (f"agent-mail: mail for {agent} from {first['sender']}: {jsonout.quoted(first['subject'])}"
             + (f" (+{more} more)" if more else ""))
 
 
@@ -199,7 +198,7 @@ def pretool_note(agent: str, result: dict) -> str:
     lines = ["agent-mail: this edit is refused: another live identity holds the file exclusively (a file "
              "reservation). Do not change it another way."]
     for c in result["conflicts"]:
-        why = f", reason {json.dumps(c['reason'], ensure_ascii=False)}" if c["reason"] else ""
+        why = f", reason {jsonout.quoted(c['reason'])}" if c["reason"] else ""
         lines.append(f"- {c['pattern']} is held by {c['holder']} (pattern {c['holder_pattern']}{why}, until "
                      f"{c['expires_at']}).")
     lines += [f"Ask them: {step}" for step in result["next"]]

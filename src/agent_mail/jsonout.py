@@ -3,8 +3,9 @@
 Why not json.dumps itself: `import json` pulls in `re` and `enum` and costs about 8 ms,
 a quarter of a whole `agent-mail read`. Strings are escaped by the same C function
 json.dumps uses (`_json.encode_basestring`); this module only lays out containers.
-A property test compares the two on arbitrary documents. Decoding, which only some
-commands need, still uses the json module, imported where it is needed.
+A property test compares the two on arbitrary documents. Decoding a small document on a hot path (a
+hook's input, before every tool call) uses `loads`, the same C scanner json.loads runs, without the json
+module; a document it does not take whole is handed to json.loads, so errors read exactly as json's.
 """
 
 from __future__ import annotations
@@ -15,8 +16,54 @@ except ImportError:  # an interpreter without the C accelerator
     from json.encoder import py_encode_basestring as _quote
 
 _INFINITY = float("inf")
+_WHITESPACE = " \t\n\r"  # what json skips around a document
+_SCANNER: list = []
 _LEAN_KEYS = ("id", "sender", "subject", "type", "created")
 _TEMPLATES: dict[tuple, str] = {}  # (level, keys...) -> layout of a flat object of strings
+
+
+class _Decoding:
+    """What json.JSONDecoder() hands its C scanner: the defaults of json.loads."""
+
+    strict = True
+    object_hook = object_pairs_hook = None
+    parse_float, parse_int = float, int
+    parse_constant = {"-Infinity": -_INFINITY, "Infinity": _INFINITY, "NaN": float("nan")}.__getitem__
+
+
+def loads(text: str):
+    """json.loads(text), the same values, without importing json (its `re` and `enum`) when `text` is one
+    well-formed document; otherwise json.loads itself decides (and raises its own error)."""
+    if not _SCANNER:
+        try:
+            from _json import make_scanner
+        except ImportError:  # an interpreter without the C accelerator
+            _SCANNER.append(None)
+        else:
+            _SCANNER.append(make_scanner(_Decoding()))
+    document = text.strip(_WHITESPACE)
+    if _SCANNER[0] is not None and document:
+        try:
+            value, end = _SCANNER[0](document, 0)
+        except Exception:  # noqa: BLE001 - malformed: json.loads below raises json's own error
+            pass
+        else:
+            if end == len(document):
+                return value
+    import json
+
+    return json.loads(text)
+
+
+def quoted(value) -> str:
+    """json.dumps(value, ensure_ascii=False) for a string (or None, shown as null)."""
+    if value is None:
+        return "null"
+    if isinstance(value, str):
+        return _quote(value)
+    import json
+
+    return json.dumps(value, ensure_ascii=False)
 
 
 class Rendered:
