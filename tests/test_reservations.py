@@ -294,3 +294,35 @@ def test_the_fast_lookup_finds_what_trying_every_pattern_finds(patterns, anchore
     p = "/".join(path)
     fast = sorted(r["id"] for r in Covering(rows, False).rows(p))
     assert fast == sorted(r["id"] for r in rows if wildmatch.Matcher(r["pattern"]).covers(p))
+
+
+def test_a_copied_mailbox_keeps_its_reservations_and_tokens(am, repo, backend, tmp_path):
+    """copy moves a whole mailbox (SQLite to PostgreSQL, or back): the holders' claims still block, and a token
+    made before the move still authenticates after it (its hash travels, never the secret)."""
+    from conftest import drop_schema, new_schema_name, pg_url, postgres_problem
+
+    from agent_mail import tokens
+    from agent_mail.store import open_store
+
+    if postgres_problem():
+        pytest.skip(postgres_problem())
+    am("reserve", "proj:holder", "src/**", "--reason", "parser rewrite").assert_ok()
+    secret = am("token", "create", "--agent", "proj:holder", "--note", "moved").json["token"]
+    schema = new_schema_name()
+    target = pg_url(schema) if backend == "sqlite" else str(tmp_path / "copy.db")
+    try:
+        copied = am("copy", "--from", os.environ["AGENT_MAIL_DB"], "--to", target).json
+        assert copied["verified"] is True
+        moved = am_process("reservations", "--agent", "proj:other", "--check", "src/lib.rs", env=process_env(AGENT_MAIL_DB=target))
+        assert moved.returncode == 3, moved.stdout + moved.stderr
+        conflict = json.loads(moved.stdout)["conflicts"][0]
+        assert conflict["holder"] == "proj:holder" and conflict["reason"] == "parser rewrite"
+        store = open_store(target)
+        try:
+            assert tokens.authenticate(store, secret)["agents"] == ["proj:holder"]
+        finally:
+            store.close()
+        listed = am_process("token", "list", env=process_env(AGENT_MAIL_DB=target))
+        assert secret not in listed.stdout.decode() and "moved" in listed.stdout.decode()
+    finally:
+        drop_schema(schema)

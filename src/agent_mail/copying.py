@@ -2,8 +2,8 @@
 
 Everything is copied as stored: message ids and insertion sequence (so threads, the hooks' watermarks
 and arrival order survive), every recipient's read/ack/archive/delete state, schedules, attachments,
-profiles, system events, liveness and harness sessions. The target is written in one transaction
-(all or nothing) and then counted against the source.
+profiles, system events, liveness and harness sessions, tokens (their hashes) and file reservations. The
+target is written in one transaction (all or nothing) and then counted against the source.
 """
 
 from __future__ import annotations

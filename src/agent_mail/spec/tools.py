@@ -173,8 +173,9 @@ register(Command(
     name="copy",
     summary="Copy a whole mailbox into this one (AGENT_MAIL_DB, or --to): how a team moves its SQLite mailbox onto "
     "PostgreSQL, or takes a PostgreSQL one back to a file. Message ids, insertion order, threads, every "
-    "recipient's read/ack/archive/delete state, schedules, attachments, profiles, system events and sessions, "
-    "in one transaction, then counted against the source. Refuses a target that holds anything unless --merge.",
+    "recipient's read/ack/archive/delete state, schedules, attachments, profiles, system events, sessions, "
+    "access tokens (their hashes) and file reservations, in one transaction, then counted against the source. "
+    "Refuses a target that holds anything unless --merge.",
     mutating=True,
     args=(
         Arg("--from", TEXT, "The mailbox to copy: a SQLite file path or a postgresql:// URL.", required=True),

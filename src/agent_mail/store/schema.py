@@ -30,6 +30,11 @@ TABLES = {
                        ("id",)),
     "heartbeats": (("agent", "last_seen"), False, ("agent",)),
     "harness_sessions": (HARNESS_COLUMNS, False, ("id",)),
+    # A token's hash and grant, and file reservations: a moved mailbox keeps its team's tokens working and its
+    # holders' claims (a reservation's key is its holder's pattern in a repository, as reserve renews it).
+    "tokens": (("id", "secret_hash", "agents", "supervisor", "note", "created", "revoked_at"), False, ("id",)),
+    "reservations": (("id", "repo", "agent", "pattern", "exclusive", "reason", "created", "renewed_at",
+                      "expires_at"), False, ("repo", "agent", "pattern")),
 }
 #: Where applied migrations are recorded (every backend has it; copied by no one: each target has its own).
 MIGRATIONS_TABLE = "schema_migrations"
@@ -49,4 +54,4 @@ SQLITE_SEARCH_TABLE = "message_search"
 # (mailboxes of older implementations stored local offsets, which SQLite orders through julianday()).
 STAMPS = frozenset({"created", "read_at", "acked_at", "deliver_at", "cancelled_at", "archived_at", "deleted_at",
                     "published_at", "updated_at", "dismissed_at", "started_at", "last_seen", "released_at",
-                    "told_at", "ended_at"})
+                    "told_at", "ended_at", "revoked_at", "renewed_at", "expires_at"})
