@@ -313,7 +313,8 @@ def test_a_copied_mailbox_keeps_its_reservations_and_tokens(am, repo, backend, t
     try:
         copied = am("copy", "--from", os.environ["AGENT_MAIL_DB"], "--to", target).json
         assert copied["verified"] is True
-        moved = am_process("reservations", "--agent", "proj:other", "--check", "src/lib.rs", env=process_env(AGENT_MAIL_DB=target))
+        moved = am_process("reservations", "--agent", "proj:other", "--check", "src/lib.rs",
+                           env=process_env(AGENT_MAIL_DB=target))
         assert moved.returncode == 3, moved.stdout + moved.stderr
         conflict = json.loads(moved.stdout)["conflicts"][0]
         assert conflict["holder"] == "proj:holder" and conflict["reason"] == "parser rewrite"
