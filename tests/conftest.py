@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 
 import pytest
@@ -119,6 +121,39 @@ def leaves_no_files_behind():
     assert not left, f"this test left {left} in {_STARTED_IN}"
 
 
+# AGENT_MAIL_TEST_THROUGH=server: every test's commands go through an `agent-mail serve` of its mailbox, as a
+# client with an operator's token (AGENT_MAIL_DB=http://..., AGENT_MAIL_TOKEN), while the test's own looks at
+# the mailbox (raw_db, the fixture's value) still see the file or schema itself. Tests of what only works on
+# the mailbox itself (copy, token, doctor --repair, the file's own recovery) are marked `local_only`.
+THROUGH_SERVER = os.environ.get("AGENT_MAIL_TEST_THROUGH") == "server"
+
+
+@contextlib.contextmanager
+def _through_server(location, monkeypatch):
+    if not THROUGH_SERVER:
+        yield
+        return
+    env = process_env(AGENT_MAIL_DB=str(location))
+    env.pop("AGENT_MAIL_TOKEN", None)
+    made = subprocess.run([sys.executable, "-m", "agent_mail", "token", "create", "--agent", "*", "--note",
+                           "the test suite, through a server"], env=env, capture_output=True, check=True)
+    server = subprocess.Popen([sys.executable, "-m", "agent_mail", "serve", "--listen", "127.0.0.1:0"], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        listening = json.loads(server.stderr.readline())["listening"]
+        threading.Thread(target=lambda: server.stderr.read(), daemon=True).start()  # its log, drained
+        monkeypatch.setenv("AGENT_MAIL_DB", listening)
+        monkeypatch.setenv("AGENT_MAIL_TOKEN", json.loads(made.stdout)["token"])
+        yield
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
 @pytest.fixture
 def backend(request):
     """Which backend this test's mailbox is on."""
@@ -134,7 +169,8 @@ def mailbox_path(tmp_path, monkeypatch, backend):
     if backend == "sqlite":
         path = tmp_path / "box" / "mail.db"
         monkeypatch.setenv("AGENT_MAIL_DB", str(path))
-        yield path
+        with _through_server(path, monkeypatch):
+            yield path
         return
     require_postgres()
     schema = new_schema_name()
@@ -143,7 +179,8 @@ def mailbox_path(tmp_path, monkeypatch, backend):
     # A URL taken for a file path would be created relative to the working directory as "postgresql:/...".
     leaked_before = os.path.lexists("postgresql:")
     try:
-        yield url
+        with _through_server(url, monkeypatch):
+            yield url
     finally:
         drop_schema(schema)
     assert leaked_before or not os.path.lexists("postgresql:"), (
