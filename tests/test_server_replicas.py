@@ -190,6 +190,34 @@ def test_a_token_made_once_works_on_both_and_its_revocation_ends_waits_on_either
     assert _json(_client(b.url, other, "read", "b:y", "--all"))["count"] == 0  # the other token still works
 
 
+# Every command's client path in one process: the modules it loaded that are not the standard library's.
+CLIENT_IMPORTS = """
+import json, sys
+before = set(sys.modules)
+from agent_mail import cli
+codes = [cli.main(argv) for argv in json.loads(sys.argv[1])]
+new = {m.split('.')[0] for m in set(sys.modules) - before}
+print(json.dumps([codes, sorted(m for m in new if m not in sys.stdlib_module_names and m != 'agent_mail')]),
+      file=sys.stderr)
+"""
+
+
+def test_every_client_path_loads_the_standard_library_only(replicas, tmp_path):
+    a, _ = replicas
+    token = a.token("--agent", "a:x")
+    note = tmp_path / "note.txt"
+    note.write_text("attached")
+    commands = [["send", "--from", "a:x", "--to", "a:x", "--subject", "hi", "--attach", str(note), "--ref", str(note)],
+                ["watch", "a:x"], ["watch", "a:x", "--once"], ["status", "--agent", "a:x"], ["search", "hi",
+                "--agent", "a:x"], ["read", "a:x"], ["ack", "a:x", "--all"], ["export", "--agent", "a:x"],
+                ["heartbeat", "a:x"], ["describe"]]
+    proc = subprocess.run([sys.executable, "-c", CLIENT_IMPORTS, json.dumps(commands)], capture_output=True,
+                          text=True, env=process_env(AGENT_MAIL_DB=a.url, AGENT_MAIL_TOKEN=token))
+    codes, outside = json.loads(proc.stderr.strip().splitlines()[-1])
+    assert codes == [0] * len(commands) and outside == [], proc.stderr
+    assert "psycopg" not in proc.stderr and token not in proc.stdout + proc.stderr
+
+
 class RoundRobin:
     """A TCP load balancer on a loopback port: each connection goes to the next backend in turn, and to the one
     after it when that one refuses the connection (as nginx's proxy_next_upstream error does); `chosen` lists the
