@@ -404,6 +404,23 @@ def _through_proxy(replicas, mailbox_path, url: str, proc: subprocess.Popen, cer
         db.close()
     assert sessions >= 2, "the watch was never carried over to the other replica"
     assert _json(again.direct("read", "deploy:worker", "--no-mark-read"))["count"] == 1
+    # A call the proxy passed on to a replica that died before answering: the proxy's own 502 page reaches the
+    # client, which must not take it for "nothing happened" (a send may have been stored: repeating it would
+    # store it twice).
+    again.proc.send_signal(signal.SIGSTOP)  # it takes the connection (the kernel does) but never answers
+    try:
+        cut = subprocess.Popen([sys.executable, "-m", "agent_mail", "send", "--from", "ops:lead", "--to",
+                                "deploy:worker", "--subject", "cut off"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE,
+                               env=process_env(AGENT_MAIL_DB=url, AGENT_MAIL_TOKEN=lead, AGENT_MAIL_CA=cert))
+        time.sleep(1.5)
+    finally:
+        again.proc.send_signal(signal.SIGKILL)
+        again.proc.wait(timeout=10)
+    out, err = cut.communicate(timeout=30)
+    assert cut.returncode == 1 and out == b"", err
+    error = json.loads(err)["error"]
+    assert "may have been carried out" in error and "Traceback" not in err.decode(), error
 
 
 def _watching(server: Server, agent: str, watch: subprocess.Popen) -> None:
