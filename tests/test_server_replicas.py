@@ -20,6 +20,7 @@ import time
 
 import pytest
 
+from agent_mail import model
 from conftest import am_process, process_env, raw_db
 from serving import Server
 
@@ -437,7 +438,11 @@ def test_the_documented_nginx_configuration_over_tls(replicas, mailbox_path, tmp
     a, b = replicas
     cert, key = _certificate(tmp_path)
     port = _free_port()
-    site = _placed(_documented("nginx"), a, b, cert, key).replace("listen 443 ssl", f"listen 127.0.0.1:{port} ssl")
+    documented = _documented("nginx")
+    # A watch's request is silent for its whole wait: the proxy's read timeout must outlast the longest one.
+    hours = [int(h) for h in re.findall(r"proxy_read_timeout\s+(\d+)h;", documented)]
+    assert hours and min(hours) * 60 > model.WATCH_MINUTES_MAX, "proxy_read_timeout is shorter than a watch"
+    site = _placed(documented, a, b, cert, key).replace("listen 443 ssl", f"listen 127.0.0.1:{port} ssl")
     temp = tmp_path / "nginx"
     temp.mkdir()
     user = "user root root;\n" if os.geteuid() == 0 else ""  # the workers write under the test's own directory
