@@ -7,11 +7,13 @@ bench_cli (cold start), bench_scale (per-agent commands, status, cleanup and gro
 200,000 messages spread or with a broadcast backlog, and at 1,000,000), bench_concurrency,
 bench_fanout, bench_watch and bench_herd (100 blocked watches beside the reference, then 1,000 of ours), and prints one
 table of both figures and their ratio; then bench_hooks (the harness hooks' cost beside our
-own `read`, and idle-wake latency, through the real Claude Code when it is installed), and
+own `read`, and idle-wake latency, through the real Claude Code when it is installed),
 bench_postgres (the team mailbox on PostgreSQL beside SQLite: per-agent commands and status at
-200,000 messages, wake across two hosts, 16 senders x 8 readers over two hosts, idle watches), and
+200,000 messages, wake across two hosts, 16 senders x 8 readers over two hosts, idle watches),
 bench_dashboard (the dashboard's idle cost and update latency beside 100 watches and a send every
-100 ms, on both backends, and the fleet's figures without it).
+100 ms, on both backends, and the fleet's figures without it), and bench_server (commands through
+`agent-mail serve` on loopback beside SQLite, PostgreSQL direct and the reference; the client path's
+imports; wake through two replicas; 16 senders x 8 readers through two replicas beside PostgreSQL direct).
 --quick uses fewer rounds, no million-message mailbox and a herd of 20, for a smoke run;
 the recorded numbers in docs/benchmarks.md come from the full run.
 """
@@ -32,6 +34,7 @@ import bench_herd  # noqa: E402
 import bench_hooks  # noqa: E402
 import bench_postgres  # noqa: E402
 import bench_scale  # noqa: E402
+import bench_server  # noqa: E402
 import bench_watch  # noqa: E402
 from common import implementations, report, table  # noqa: E402
 
@@ -63,6 +66,9 @@ def main() -> None:
     print("\n# the supervisor's dashboard beside a busy fleet (bench_dashboard)\n")
     print(table(bench_dashboard.rows(clis, watches=20 if args.quick else 100, idle_seconds=5 if args.quick else 30,
                                      busy_seconds=5 if args.quick else 20), bench_dashboard.HEADERS))
+    # The mailbox as a service: through `agent-mail serve` beside SQLite, PostgreSQL direct and the reference.
+    print("\n# the mailbox through agent-mail serve (bench_server)\n")
+    print(table(bench_server.rows(clis, quick=args.quick), bench_server.HEADERS))
 
 
 if __name__ == "__main__":

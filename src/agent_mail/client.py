@@ -149,8 +149,12 @@ def request(url: str, token: str, name: str, given: dict, timeout: float | None 
         document = json.loads(data)
         code = int(code)
     except (TypeError, ValueError):
+        # A proxy's own page for a server that went away behind it may follow a call the server carried out.
+        gateway = (" A proxy answers so when the server behind it went away: the call may have been carried out; "
+                   "look (read --all, status) before repeating it.") if response.status in (502, 503, 504) else ""
         raise Unreachable(f"the server at {url} answered HTTP {response.status} with something that is not an "
-                          "agent-mail answer (is AGENT_MAIL_DB the agent-mail server, not a proxy's page?).") from None
+                          "agent-mail answer (is AGENT_MAIL_DB the agent-mail server, not a proxy's page?)."
+                          f"{gateway}") from None
     return response.status, code, document
 
 

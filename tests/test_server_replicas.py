@@ -1,0 +1,488 @@
+"""Two `agent-mail serve` replicas on one PostgreSQL mailbox (issue 21), as real processes: a watch through one is
+woken by a send through the other, at once (the wake-up, not the safety-net look); a token made once works on
+both; revoking it ends a wait in progress on either; a replica killed under a blocked watch behind a load balancer
+(a round-robin TCP proxy here, and the nginx and Caddy configurations of docs/deployment.md, run for real over TLS
+when those programs are installed) leaves the watch to be answered through the other."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from agent_mail import model
+from conftest import am_process, process_env, raw_db
+from serving import Server
+
+pytestmark = [pytest.mark.parametrize("backend", ["postgresql"], indirect=True), pytest.mark.timeout(120)]
+
+DOCS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "deployment.md")
+# A blocked watch on PostgreSQL looks at the mailbox by itself only every HELD_REFRESH_SECONDS (300 s) and asks
+# whether it is still wanted (server stopping, token revoked) every REFRESH_SECONDS (5 s; that ask reads no mail).
+# An answer within these bounds is the wake-up's doing.
+WAKE_BOUND = 3.0  # a send's exit -> the watch's exit, through the other replica
+REVOKE_BOUND = 2.5  # the revocation's exit -> the watch's exit (taken within a second of the wait starting)
+
+
+class Replica(Server):
+    """`agent-mail serve` on the test's mailbox, on a free loopback port or the one given (a restart)."""
+
+    def __init__(self, mailbox: str, port: int = 0):
+        self.mailbox = mailbox
+        self.proc = subprocess.Popen([sys.executable, "-m", "agent_mail", "serve", "--listen", f"127.0.0.1:{port}"],
+                                     env=process_env(AGENT_MAIL_DB=mailbox), stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE)
+        first = json.loads(self.proc.stderr.readline())
+        self.log: list[bytes] = []
+        self._reader = threading.Thread(target=lambda: self.log.extend(iter(self.proc.stderr.readline, b"")),
+                                        daemon=True)
+        self._reader.start()
+        self.url = first["listening"]
+        self.port = int(self.url.rsplit(":", 1)[1])
+        self.outputs: list[str] = []
+
+
+class Replicas:
+    """Replicas A and B over the test's schema, started at the same moment (as a service manager starts them);
+    every one started is stopped at the end."""
+
+    def __init__(self, mailbox: str):
+        self.mailbox, self.started = mailbox, []
+        threads = [threading.Thread(target=lambda: self.started.append(Replica(mailbox))) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert len(self.started) == 2, "a replica did not start"
+
+    def __iter__(self):
+        return iter(self.started[:2])
+
+    def restart(self, dead: Replica, port: int) -> Replica:
+        dead.stop()
+        again = Replica(self.mailbox, port)
+        self.started.append(again)
+        return again
+
+    def stop(self) -> None:
+        for server in self.started:
+            server.stop()
+
+
+@pytest.fixture
+def replicas(mailbox_path):
+    running = Replicas(str(mailbox_path))
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def _json(proc: subprocess.CompletedProcess):
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def _client(url: str, token: str, *argv: str, **env: str) -> subprocess.CompletedProcess:
+    return am_process(*argv, env=process_env(AGENT_MAIL_DB=url, AGENT_MAIL_TOKEN=token, **env))
+
+
+def _watch(url: str, token: str, agent: str, **env: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "agent_mail", "watch", agent], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=process_env(AGENT_MAIL_DB=url, AGENT_MAIL_TOKEN=token, **env))
+
+
+def _armed(mailbox: str, agent: str, count: int = 1, timeout: float = 30.0, procs=()) -> None:
+    """Until `count` watch sessions of `agent` are armed (each written after its LISTEN: mail committed from then
+    on wakes it)."""
+    db = raw_db(mailbox)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            armed = db.execute("SELECT COUNT(*) FROM watch_sessions WHERE agent = ? AND state = 'armed'",
+                               (agent,)).fetchone()[0]
+            db.commit()
+            if armed >= count:
+                return
+            for proc in procs:
+                assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, f"{agent}: {armed} of {count} watches armed"
+            time.sleep(0.02)
+    finally:
+        db.close()
+
+
+def _finish(*procs: subprocess.Popen) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
+def _served(server: Server, command: str) -> list[dict]:
+    lines = [json.loads(line) for line in b"".join(server.log).decode().splitlines() if line.strip()]
+    return [line for line in lines if line.get("command") == command]
+
+
+def test_a_watch_through_one_replica_is_woken_by_a_send_through_the_other(replicas, mailbox_path):
+    a, b = replicas
+    worker = a.token("--agent", "deploy:worker")
+    lead = a.token("--agent", "ops:lead")
+    for here, there, subject in ((a, b, "from B"), (b, a, "from A")):
+        watch = _watch(here.url, worker, "deploy:worker")
+        try:
+            _armed(mailbox_path, "deploy:worker", procs=[watch])
+            _json(_client(there.url, lead, "send", "--from", "ops:lead", "--to", "deploy:worker", "--subject",
+                          subject))
+            sent = time.monotonic()
+            out, err = watch.communicate(timeout=30)
+            took = time.monotonic() - sent
+        finally:
+            _finish(watch)
+        assert watch.returncode == 0, err
+        assert [m["subject"] for m in json.loads(out)["messages"]] == [subject]
+        assert took < WAKE_BOUND, f"the watch through {here.url} answered {took:.2f} s after the send through " \
+                                  f"{there.url}: not its wake-up"
+        _json(_client(here.url, worker, "read", "deploy:worker"))  # the next round's watch must wait
+    # Each replica carried its own half: the watch answered by one, the send by the other.
+    assert [line["status"] for line in _served(a, "watch")] == [200] and _served(b, "send")
+    assert [line["status"] for line in _served(b, "watch")] == [200] and _served(a, "send")
+
+
+def test_a_token_made_once_works_on_both_and_its_revocation_ends_waits_on_either(replicas, mailbox_path):
+    a, b = replicas
+    token = a.token("--agent", "a:x")
+    other = a.token("--agent", "b:y")
+    listed = _json(a.direct("token", "list"))
+    assert listed["count"] == 2  # one mailbox, one list of tokens: no replica keeps its own
+    _json(_client(a.url, other, "send", "--from", "b:y", "--to", "a:x", "--subject", "via A"))
+    _json(_client(b.url, other, "send", "--from", "b:y", "--to", "a:x", "--subject", "via B"))
+    assert _json(_client(b.url, token, "read", "a:x"))["count"] == 2
+    assert _json(_client(a.url, token, "status", "--agent", "a:x"))["agents"][0]["unread"] == 0
+    # One wait on each replica, on the same token; revoked on the mailbox (the operator's side), both end.
+    watches = [_watch(server.url, token, "a:x") for server in (a, b)]
+    try:
+        _armed(mailbox_path, "a:x", count=2, procs=watches)
+        _json(a.direct("token", "revoke", token.split("_")[1]))
+        revoked = time.monotonic()
+        ended = []
+        for watch in watches:
+            out, err = watch.communicate(timeout=30)
+            ended.append((time.monotonic() - revoked, watch.returncode, err.decode()))
+    finally:
+        _finish(*watches)
+    for took, code, err in ended:
+        assert code == 4 and "revoked" in json.loads(err)["error"], err
+        assert took < REVOKE_BOUND, f"a wait ended {took:.2f} s after the revocation: not its wake-up"
+        assert token not in err
+    for server in (a, b):
+        refused = _client(server.url, token, "read", "a:x")
+        assert refused.returncode == 4 and "revoked" in json.loads(refused.stderr)["error"]
+    assert _json(_client(b.url, other, "read", "b:y", "--all"))["count"] == 0  # the other token still works
+
+
+# Every command's client path in one process: the modules it loaded that are not the standard library's.
+CLIENT_IMPORTS = """
+import json, sys
+before = set(sys.modules)
+from agent_mail import cli
+codes = [cli.main(argv) for argv in json.loads(sys.argv[1])]
+new = {m.split('.')[0] for m in set(sys.modules) - before}
+print(json.dumps([codes, sorted(m for m in new if m not in sys.stdlib_module_names and m != 'agent_mail')]),
+      file=sys.stderr)
+"""
+
+
+def test_every_client_path_loads_the_standard_library_only(replicas, tmp_path):
+    a, _ = replicas
+    token = a.token("--agent", "a:x")
+    note = tmp_path / "note.txt"
+    note.write_text("attached")
+    commands = [["send", "--from", "a:x", "--to", "a:x", "--subject", "hi", "--attach", str(note), "--ref", str(note)],
+                ["watch", "a:x"], ["watch", "a:x", "--once"], ["status", "--agent", "a:x"], ["search", "hi",
+                "--agent", "a:x"], ["read", "a:x"], ["ack", "a:x", "--all"], ["export", "--agent", "a:x"],
+                ["heartbeat", "a:x"], ["describe"]]
+    proc = subprocess.run([sys.executable, "-c", CLIENT_IMPORTS, json.dumps(commands)], capture_output=True,
+                          text=True, env=process_env(AGENT_MAIL_DB=a.url, AGENT_MAIL_TOKEN=token))
+    codes, outside = json.loads(proc.stderr.strip().splitlines()[-1])
+    assert codes == [0] * len(commands) and outside == [], proc.stderr
+    assert "psycopg" not in proc.stderr and token not in proc.stdout + proc.stderr
+
+
+class RoundRobin:
+    """A TCP load balancer on a loopback port: each connection goes to the next backend in turn, and to the one
+    after it when that one refuses the connection (as nginx's proxy_next_upstream error does); `chosen` lists the
+    backend port each connection was carried to."""
+
+    def __init__(self, ports: list[int]):
+        self.ports, self.chosen, self._next = ports, [], 0
+        self._loop = asyncio.new_event_loop()
+        ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(ready,), daemon=True)
+        self._thread.start()
+        assert ready.wait(10)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def _run(self, ready: threading.Event) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._server = self._loop.run_until_complete(asyncio.start_server(self._carry, "127.0.0.1", 0))
+        self.port = self._server.sockets[0].getsockname()[1]
+        ready.set()
+        self._loop.run_forever()
+
+    async def _carry(self, reader, writer) -> None:
+        upstream = None
+        for _ in self.ports:
+            port = self.ports[self._next % len(self.ports)]
+            self._next += 1
+            try:
+                upstream = await asyncio.open_connection("127.0.0.1", port)
+                self.chosen.append(port)
+                break
+            except OSError:
+                continue
+        if upstream is None:
+            writer.close()
+            return
+
+        async def pipe(source, sink) -> None:
+            try:
+                while data := await source.read(65536):
+                    sink.write(data)
+                    await sink.drain()
+            except OSError:
+                pass
+            finally:
+                sink.close()
+
+        await asyncio.gather(pipe(reader, upstream[1]), pipe(upstream[0], writer))
+
+    def close(self) -> None:
+        async def stop() -> None:
+            self._server.close()
+            for task in asyncio.all_tasks():
+                if task is not asyncio.current_task():
+                    task.cancel()
+
+        asyncio.run_coroutine_threadsafe(stop(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
+
+
+def _killed_under_a_watch(replicas, mailbox_path, url: str, carried_by) -> None:
+    """A watch through `url` (a load balancer in front of both replicas); the replica carrying it (carried_by())
+    killed with SIGKILL; mail sent meanwhile through the other is answered to the watch through that other."""
+    a, b = replicas
+    worker, lead = a.token("--agent", "deploy:worker"), a.token("--agent", "ops:lead")
+    watch = _watch(url, worker, "deploy:worker")
+    try:
+        _armed(mailbox_path, "deploy:worker", procs=[watch])
+        holding = carried_by()
+        survivor = b if holding is a else a
+        holding.proc.send_signal(signal.SIGKILL)
+        holding.proc.wait(timeout=10)
+        killed = time.monotonic()
+        _json(_client(survivor.url, lead, "send", "--from", "ops:lead", "--to", "deploy:worker", "--subject",
+                      "while it was down"))
+        out, err = watch.communicate(timeout=30)
+        took = time.monotonic() - killed
+    finally:
+        _finish(watch)
+    assert watch.returncode == 0, err
+    assert [m["subject"] for m in json.loads(out)["messages"]] == ["while it was down"]
+    assert took < 15, f"the watch took {took:.1f} s to be answered through the surviving replica"
+    assert [line["status"] for line in _served(survivor, "watch")] == [200]
+    # Nothing read was lost: the mail is still unread for the next `read` (a watch marks nothing).
+    assert _json(survivor.direct("read", "deploy:worker", "--no-mark-read"))["count"] == 1
+
+
+def test_a_replica_killed_under_a_blocked_watch_leaves_it_to_the_other(replicas, mailbox_path):
+    a, b = replicas
+    balancer = RoundRobin([a.port, b.port])
+    try:
+        _killed_under_a_watch(replicas, mailbox_path, balancer.url,
+                              lambda: a if balancer.chosen[-1] == a.port else b)
+        assert len(balancer.chosen) >= 2 and len(set(balancer.chosen)) == 2  # it came back through the other
+    finally:
+        balancer.close()
+
+
+# ---------------------------------------------------------------- the documented proxies, run for real
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _documented(language: str) -> str:
+    with open(DOCS, encoding="utf-8") as handle:
+        blocks = re.findall(rf"```{language}\n(.*?)```", handle.read(), re.S)
+    assert blocks, f"docs/deployment.md has no ```{language} block"
+    return blocks[0]
+
+
+def _certificate(directory) -> tuple[str, str]:
+    cert, key = str(directory / "fullchain.pem"), str(directory / "privkey.pem")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
+                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    return cert, key
+
+
+def _placed(text: str, a: Server, b: Server, cert: str, key: str) -> str:
+    """The documented configuration with this test's replicas and certificate in place of the examples."""
+    for example, here in (("127.0.0.1:8025", f"127.0.0.1:{a.port}"), ("127.0.0.1:8026", f"127.0.0.1:{b.port}"),
+                          ("/etc/agent-mail/tls/fullchain.pem", cert), ("/etc/agent-mail/tls/privkey.pem", key)):
+        assert example in text, f"the documented configuration no longer names {example}"
+        text = text.replace(example, here)
+    return text
+
+
+def _until_answering(url: str, proc: subprocess.Popen, cert: str) -> None:
+    import ssl
+    import urllib.request
+
+    context = ssl.create_default_context(cafile=cert)
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/v1/health", context=context, timeout=5) as answer:
+                if json.loads(answer.read())["ok"]:
+                    return
+        except OSError:
+            pass
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the proxy never answered /v1/health"
+        time.sleep(0.1)
+
+
+def _through_proxy(replicas, mailbox_path, url: str, proc: subprocess.Popen, cert: str) -> None:
+    """Commands through the proxy over TLS; then a blocked watch through it outlives each replica in turn killed
+    with SIGKILL (and the first started again on its port): whichever replica carried it, it is carried over at
+    least once, and answered."""
+    a, b = replicas
+    _until_answering(url, proc, cert)
+    token, lead = a.token("--agent", "deploy:worker"), a.token("--agent", "ops:lead")
+    unknown = _client(url, token, "read", "deploy:worker")  # without AGENT_MAIL_CA the proxy's certificate is refused
+    assert unknown.returncode == 1 and "certificate" in json.loads(unknown.stderr)["error"]
+    _json(_client(url, lead, "send", "--from", "ops:lead", "--to", "deploy:worker", "--subject", "over TLS",
+                  AGENT_MAIL_CA=cert))
+    assert _json(_client(url, token, "read", "deploy:worker", AGENT_MAIL_CA=cert))["count"] == 1
+    watch = _watch(url, token, "deploy:worker", AGENT_MAIL_CA=cert)
+    try:
+        _watching(a, "deploy:worker", watch)
+        port = a.port
+        a.proc.send_signal(signal.SIGKILL)
+        a.proc.wait(timeout=10)
+        again = replicas.restart(a, port)
+        _watching(again, "deploy:worker", watch)
+        b.proc.send_signal(signal.SIGKILL)
+        b.proc.wait(timeout=10)
+        _json(_client(again.url, lead, "send", "--from", "ops:lead", "--to", "deploy:worker", "--subject",
+                      "while one was down"))
+        out, err = watch.communicate(timeout=60)
+    finally:
+        _finish(watch)
+    assert watch.returncode == 0, err
+    assert [m["subject"] for m in json.loads(out)["messages"]] == ["while one was down"]
+    db = raw_db(mailbox_path)
+    try:
+        sessions = db.execute("SELECT COUNT(*) FROM watch_sessions WHERE agent = 'deploy:worker'").fetchone()[0]
+    finally:
+        db.close()
+    assert sessions >= 2, "the watch was never carried over to the other replica"
+    assert _json(again.direct("read", "deploy:worker", "--no-mark-read"))["count"] == 1
+    # A call the proxy passed on to a replica that died before answering: the proxy's own 502 page reaches the
+    # client, which must not take it for "nothing happened" (a send may have been stored: repeating it would
+    # store it twice).
+    again.proc.send_signal(signal.SIGSTOP)  # it takes the connection (the kernel does) but never answers
+    try:
+        cut = subprocess.Popen([sys.executable, "-m", "agent_mail", "send", "--from", "ops:lead", "--to",
+                                "deploy:worker", "--subject", "cut off"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE,
+                               env=process_env(AGENT_MAIL_DB=url, AGENT_MAIL_TOKEN=lead, AGENT_MAIL_CA=cert))
+        time.sleep(1.5)
+    finally:
+        again.proc.send_signal(signal.SIGKILL)
+        again.proc.wait(timeout=10)
+    out, err = cut.communicate(timeout=30)
+    assert cut.returncode == 1 and out == b"", err
+    error = json.loads(err)["error"]
+    assert "may have been carried out" in error and "Traceback" not in err.decode(), error
+
+
+def _watching(server: Server, agent: str, watch: subprocess.Popen) -> None:
+    """Until `status` shows `agent`'s watch armed (its waiting connection alive now)."""
+    deadline = time.monotonic() + 30
+    while _json(server.direct("status", "--agent", agent))["agents"][0]["watch_state"] != "armed":
+        assert watch.poll() is None, watch.communicate()
+        assert time.monotonic() < deadline, f"{agent}'s watch never armed again"
+        time.sleep(0.1)
+
+
+@pytest.mark.skipif(shutil.which("nginx") is None, reason="nginx is not installed (apt-get install nginx-light)")
+def test_the_documented_nginx_configuration_over_tls(replicas, mailbox_path, tmp_path):
+    a, b = replicas
+    cert, key = _certificate(tmp_path)
+    port = _free_port()
+    documented = _documented("nginx")
+    # A watch's request is silent for its whole wait: the proxy's read timeout must outlast the longest one.
+    hours = [int(h) for h in re.findall(r"proxy_read_timeout\s+(\d+)h;", documented)]
+    assert hours and min(hours) * 60 > model.WATCH_MINUTES_MAX, "proxy_read_timeout is shorter than a watch"
+    site = _placed(documented, a, b, cert, key).replace("listen 443 ssl", f"listen 127.0.0.1:{port} ssl")
+    temp = tmp_path / "nginx"
+    temp.mkdir()
+    user = "user root root;\n" if os.geteuid() == 0 else ""  # the workers write under the test's own directory
+    (tmp_path / "nginx.conf").write_text(
+        f"{user}daemon off;\nworker_processes 1;\npid {temp}/nginx.pid;\nerror_log {temp}/error.log;\n"
+        f"events {{ worker_connections 256; }}\nhttp {{\naccess_log off;\nclient_body_temp_path {temp}/body;\n"
+        f"proxy_temp_path {temp}/proxy;\nfastcgi_temp_path {temp}/f;\nuwsgi_temp_path {temp}/u;\n"
+        f"scgi_temp_path {temp}/s;\n{site}\n}}\n")
+    proc = subprocess.Popen(["nginx", "-p", str(temp), "-c", str(tmp_path / "nginx.conf")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        _through_proxy(replicas, mailbox_path, f"https://127.0.0.1:{port}", proc, cert)
+    finally:
+        proc.send_signal(signal.SIGQUIT)  # nginx's graceful stop
+        try:
+            proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+
+
+@pytest.mark.skipif(shutil.which("caddy") is None, reason="caddy is not installed (apt-get install caddy)")
+def test_the_documented_caddy_configuration_over_tls(replicas, mailbox_path, tmp_path):
+    a, b = replicas
+    cert, key = _certificate(tmp_path)
+    port = _free_port()
+    site = _placed(_documented("caddyfile"), a, b, cert, key).replace("mail.example.com", f"https://127.0.0.1:{port}")
+    # The test's own global options: no admin endpoint, no port-80 redirect listener, state in the test's directory.
+    (tmp_path / "Caddyfile").write_text("{\n\tadmin off\n\tauto_https disable_redirects\n\tskip_install_trust\n"
+                                        f"\tstorage file_system {tmp_path}/caddy\n}}\n{site}")
+    proc = subprocess.Popen(["caddy", "run", "--config", str(tmp_path / "Caddyfile"), "--adapter", "caddyfile"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "HOME": str(tmp_path), "XDG_DATA_HOME": str(tmp_path / "data"),
+                                 "XDG_CONFIG_HOME": str(tmp_path / "config")})
+    try:
+        _through_proxy(replicas, mailbox_path, f"https://127.0.0.1:{port}", proc, cert)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
