@@ -31,10 +31,8 @@ _ON_THE_MAILBOX = "works on a mailbox itself, not through a server: run it where
 _NOT_YET = "is not supported through a server yet: run it where the mailbox is, with AGENT_MAIL_DB naming its " \
            "file or postgresql:// URL"
 NOT_REMOTE = {"copy": _ON_THE_MAILBOX, "token": _ON_THE_MAILBOX, "serve": _ON_THE_MAILBOX,
-              "dashboard": _NOT_YET, "mcp": _NOT_YET, "hook": _NOT_YET}
-NOT_REMOTE_FLAGS = {("doctor", "repair"): _ON_THE_MAILBOX, ("notifications", "follow"): _NOT_YET,
-                    ("profile", "mirror_dir"): "is not supported through a server yet (the mirror would be written "
-                                               "on the server's machine): set it where the mailbox is"}
+              "mcp": _NOT_YET, "hook": _NOT_YET}
+NOT_REMOTE_FLAGS = {("doctor", "repair"): _ON_THE_MAILBOX}
 
 
 class Answered(errors.AgentMailError):
@@ -159,6 +157,12 @@ def main(name: str, values: dict, emit) -> int:
     from agent_mail import location
 
     url = location.server_url()
+    if name == "dashboard":  # a front end of its own, started by name as the command line starts it; it reads and
+        front_end = spec.COMMANDS[name].front_end  # acts through this server (agent_mail.dashboard.served)
+        __import__(front_end)
+        import sys
+
+        return sys.modules[front_end].main(values, emit)
     if name in NOT_REMOTE:
         raise _refuse("AGENT_MAIL_DB", f"names an agent-mail server ({url}); {name} {NOT_REMOTE[name]}")
     for (command, key), why in NOT_REMOTE_FLAGS.items():
@@ -178,6 +182,10 @@ def main(name: str, values: dict, emit) -> int:
         return _import(url, token, values, emit)
     if name == "attachments" and values.get("save_to") is not None:
         return _save(url, token, values, given, emit)
+    if name == "profile":
+        return _profile(url, token, values, given, emit)
+    if name == "notifications":
+        return _notifications(url, token, values, given, emit)
     return _answer(*request(url, token, name, given), emit)
 
 
@@ -323,3 +331,127 @@ def _import(url: str, token: str, values: dict, emit) -> int:
         else []
     emit(document)
     return errors.EXIT_OK
+
+
+# -- the notification mirror, written on this machine (agent_mail.remote_mirrors) ---------------------------------
+
+def _look_at_mirror(url: str, token: str, agent: str, after: str | None = None, wait: float | None = None,
+                    timeout: float | None = CALL_TIMEOUT_SECONDS):
+    """POST /v1/follow: `agent`'s mirror documents (as acting as `agent`: the token must name it)."""
+    from agent_mail import api
+
+    body = {"agent": agent} if after is None else {"agent": agent, "after": after, "wait_seconds": wait}
+    return request(url, token, "follow", body, timeout, path=api.FOLLOW_PATH)
+
+
+def _mirror_documents(url: str, token: str, agent: str) -> dict:
+    status, code, document = _look_at_mirror(url, token, agent)
+    if code != errors.EXIT_OK:
+        raise Answered(document, code)
+    return document
+
+
+def _profile(url: str, token: str, values: dict, given: dict, emit) -> int:
+    """profile through the server: the mailbox keeps the identity's other settings; the mirror directory is this
+    machine's (set, cleared and shown here), its files written here from the server's documents."""
+    from agent_mail import inputs, remote_mirrors
+
+    agent = values["agent"]
+    wanted_dir = given.pop("mirror_dir", None)
+    clear = list(values.get("clear") or [])
+    clearing = "mirror-dir" in clear
+    if clear:
+        given["clear"] = [name for name in clear if name != "mirror-dir"]
+        if not given["clear"]:
+            given.pop("clear")
+    if wanted_dir is not None:
+        problems = inputs.profile_problems({"mirror_dir": wanted_dir})
+        if problems:
+            raise errors.InvalidInput(problems)
+        wanted_dir = os.path.realpath(os.path.expanduser(wanted_dir))
+    status, code, document = request(url, token, "profile", given)  # the settings the mailbox keeps
+    if code != errors.EXIT_OK:
+        raise Answered(document, code)
+    old_dir = remote_mirrors.recorded(url, agent)
+    mirrors: list[dict] = []
+    if wanted_dir is not None or clearing:
+        documents = _mirror_documents(url, token, agent)  # acting as the identity: refused (exit 4) before writing
+        new_dir = wanted_dir if wanted_dir is not None else None
+        remote_mirrors.record(url, agent, new_dir)
+        if old_dir and old_dir != new_dir:
+            mirrors += remote_mirrors.remove(agent, old_dir)
+        if new_dir:
+            mirrors += remote_mirrors.write(agent, new_dir, documents["email"], documents["system"])
+        old_dir = new_dir
+    emit({**document, "mirror_dir": old_dir, "mirrors": mirrors, "mirror_problem": remote_mirrors.problem(old_dir)})
+    return errors.EXIT_OK
+
+
+def _notifications(url: str, token: str, values: dict, given: dict, emit) -> int:
+    """notifications through the server: the documents (and dismissals) there; the mirror on this machine rendered
+    from them (--clear-email removes its email file here), or kept current (--follow)."""
+    from agent_mail import remote_mirrors
+
+    agent = values["agent"]
+    if values.get("follow"):
+        if values.get("dismiss") or values.get("clear_email"):
+            raise _refuse("follow", "runs until stopped; give --dismiss and --clear-email in a call of their own")
+        return _follow(url, token, agent, emit)
+    clear_email = bool(given.pop("clear_email", False))
+    if clear_email:
+        _mirror_documents(url, token, agent)  # clearing is acting as the identity, as it is on the mailbox
+    status, code, document = request(url, token, "notifications", given)
+    if code != errors.EXIT_OK:
+        raise Answered(document, code)
+    directory = remote_mirrors.recorded(url, agent)
+    cleared = False
+    if directory:
+        system = document["system"] if document["system"].get("events") else None
+        remote_mirrors.write(agent, directory, document["email"], system, email_too=not clear_email)
+        if clear_email:
+            cleared = remote_mirrors.remove(agent, directory)[0]["status"] == "removed"
+    emit({**document, "cleared": cleared})
+    return errors.EXIT_OK
+
+
+def _follow(url: str, token: str, agent: str, emit) -> int:
+    """notifications --follow through the server: a long look (POST /v1/follow) that answers when the mirror's
+    documents change, written here at each change; survives a server restart by looking again; a signal ends it
+    with the same final line as on the mailbox's machine."""
+    import signal
+
+    from agent_mail import api, jsonout, remote_mirrors, waits
+
+    directory = remote_mirrors.recorded(url, agent)
+    if not directory:
+        raise _refuse("follow", f"{agent} has no mirror directory on this machine to keep current; set one first: "
+                                f"agent-mail profile {agent} --mirror-dir DIR")
+    wait = api.LOOK_WAIT_MAX / 5  # a minute a request: a half-open connection is noticed soon
+    previous = waits.install_stop_handlers()
+    updates, after, lost_at = 0, None, None
+    try:
+        while True:
+            try:
+                status, code, document = _look_at_mirror(url, token, agent, after, wait, timeout=wait + 60.0)
+            except Unreachable:
+                status, code, document = 0, errors.EXIT_FAILED, None
+            if status in (0, 502, 503, 504):  # no server now, or one stopping: look again once it is back
+                lost_at = lost_at or time.monotonic()
+                if time.monotonic() - lost_at > RECONNECT_SECONDS:
+                    raise Unreachable(f"the agent-mail server at {url} has not answered for {RECONNECT_SECONDS:.0f} "
+                                      "s; --follow gave up. The mirror holds what was last written.")
+                time.sleep(0.5)
+                continue
+            lost_at = None
+            if code != errors.EXIT_OK:
+                raise Answered(document, code)
+            if document["fingerprint"] != after:
+                mirrors = remote_mirrors.write(agent, directory, document["email"], document["system"])
+                emit(jsonout.OneLine(agent=agent, unread=document["unread"], mirrors=mirrors, at=document["at"]))
+                updates, after = updates + 1, document["fingerprint"]
+    except waits.Stopped as stop:
+        result = jsonout.OneLine(agent=agent, updates=updates, stopped_by=signal.Signals(stop.signum).name)
+        emit(result)
+        return errors.EXIT_OK
+    finally:
+        waits.restore_handlers(previous)
