@@ -162,7 +162,7 @@ def main(name: str, values: dict, emit) -> int:
         __import__(front_end)
         import sys
 
-        return sys.modules[front_end].main(values, emit)
+        return sys.modules[front_end].main({**values, "served": (url, read_token())}, emit)
     if name in NOT_REMOTE:
         raise _refuse("AGENT_MAIL_DB", f"names an agent-mail server ({url}); {name} {NOT_REMOTE[name]}")
     for (command, key), why in NOT_REMOTE_FLAGS.items():
@@ -424,6 +424,7 @@ def _follow(url: str, token: str, agent: str, emit) -> int:
 
     directory = remote_mirrors.recorded(url, agent)
     if not directory:
+        _mirror_documents(url, token, agent)  # a token that may not act as the identity is refused first (exit 4)
         raise _refuse("follow", f"{agent} has no mirror directory on this machine to keep current; set one first: "
                                 f"agent-mail profile {agent} --mirror-dir DIR")
     wait = api.LOOK_WAIT_MAX / 5  # a minute a request: a half-open connection is noticed soon
@@ -447,8 +448,8 @@ def _follow(url: str, token: str, agent: str, emit) -> int:
                 raise Answered(document, code)
             if document["fingerprint"] != after:
                 mirrors = remote_mirrors.write(agent, directory, document["email"], document["system"])
+                updates, after = updates + 1, document["fingerprint"]  # counted as written, before it is said
                 emit(jsonout.OneLine(agent=agent, unread=document["unread"], mirrors=mirrors, at=document["at"]))
-                updates, after = updates + 1, document["fingerprint"]
     except waits.Stopped as stop:
         result = jsonout.OneLine(agent=agent, updates=updates, stopped_by=signal.Signals(stop.signum).name)
         emit(result)

@@ -43,8 +43,8 @@ def documents(mailbox, agent: str) -> dict:
         events = store.events(agent)
         unread = store.count_unread(agent, model.now_iso())
     system = notify.system_channel(events) if events else None
-    return {"agent": agent, "unread": unread, "email": email, "system": system, "fingerprint": fingerprint(email, system),
-            "at": model.now_iso()}
+    return {"agent": agent, "unread": unread, "email": email, "system": system,
+            "fingerprint": fingerprint(email, system), "at": model.now_iso()}
 
 
 def _wait(mailbox, agent: str | None, seconds: float, changed, wanted) -> None:

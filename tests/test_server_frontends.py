@@ -1,0 +1,300 @@
+"""The front ends that write on the client's machine or draw for a person, through `agent-mail serve` (issue 21),
+as real processes on both backings: `profile --mirror-dir` and `notifications` write the mirror on the client's
+machine, byte for byte what a mirror on the mailbox's machine holds; `notifications --follow` keeps it current
+through the server and stops cleanly; the dashboard reads and acts through the server with the token's grant;
+`describe` names the server, never the token."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import process_env
+from serving import Server
+
+pytestmark = [pytest.mark.backends, pytest.mark.timeout(120)]
+
+
+@pytest.fixture
+def server(mailbox_path):
+    running = Server(str(mailbox_path))
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def state(tmp_path):
+    """The client's state directory (where it keeps its mirror settings), named for its processes."""
+    return {"AGENT_MAIL_STATE_DIR": str(tmp_path / "client-state")}
+
+
+def _json(proc: subprocess.CompletedProcess):
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def _files(directory) -> dict:
+    folder = directory / ".notification"
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())} if folder.exists() else {}
+
+
+def test_profile_and_notifications_write_the_mirror_here_as_the_mailbox_writes_its_own(server, state, tmp_path):
+    agent = server.token("--agent", "a:x")
+    here, there = tmp_path / "client-mirror", tmp_path / "mailbox-mirror"
+    here.mkdir()
+    there.mkdir()
+    _json(server.direct("send", "--from", "b:y", "--to", "a:x", "--subject", "one", "--body", "first"))
+    _json(server.direct("profile", "a:x", "--mirror-dir", str(there)))  # the mailbox's own, on its machine
+    shown = _json(server.client(agent, "profile", "a:x", "--mirror-dir", str(here), **state))
+    assert shown["mirror_dir"] == str(here) and shown["mirror_problem"] is None
+    assert [(m["path"], m["status"]) for m in shown["mirrors"]] == [
+        (str(here / ".notification" / "email.json"), "rendered"),
+        (str(here / ".notification" / "system.json"), "absent")]
+    assert _files(here) == _files(there) and b'"one"' in _files(here)["email.json"]
+    settings = tmp_path / "client-state" / "mirrors.json"
+    assert settings.stat().st_mode & 0o777 == 0o600
+    assert json.loads(settings.read_text()) == {server.url: {"a:x": str(here)}}
+    # The mailbox's settings stay the mailbox's: max entries is kept there and shapes the client's mirror too.
+    _json(server.client(agent, "profile", "a:x", "--max-entries", "1", **state))
+    _json(server.direct("send", "--from", "b:y", "--to", "a:x", "--subject", "two", "--body", "second"))
+    result = _json(server.client(agent, "notifications", "a:x", **state))  # rendered once, here
+    assert result["email"]["data"]["count"] == 2 and len(result["email"]["data"]["emails"]) == 1
+    assert _files(here) == _files(there)
+    looked = _json(server.client(agent, "profile", "a:x", **state))
+    assert looked["mirror_dir"] == str(here) and looked["max_entries"] == 1 and looked["mirrors"] == []
+    # --clear-email removes the file here without marking anything read; reading empties the mirror.
+    cleared = _json(server.client(agent, "notifications", "a:x", "--clear-email", **state))
+    assert cleared["cleared"] is True and not (here / ".notification" / "email.json").exists()
+    _json(server.client(agent, "read", "a:x"))
+    _json(server.client(agent, "notifications", "a:x", **state))
+    assert _files(here) == _files(there) == {}
+    # Clearing the setting forgets it here and removes its files; the mailbox's own mirror is untouched.
+    _json(server.direct("send", "--from", "b:y", "--to", "a:x", "--subject", "three"))
+    _json(server.client(agent, "notifications", "a:x", **state))
+    gone = _json(server.client(agent, "profile", "a:x", "--clear", "mirror-dir", **state))
+    assert gone["mirror_dir"] is None and _files(here) == {} and _files(there)
+    assert json.loads(settings.read_text()) == {}
+    assert _json(server.direct("profile", "a:x"))["mirror_dir"] == str(there)
+
+
+def test_a_token_not_naming_the_identity_writes_nothing(server, state, tmp_path):
+    other, watcher = server.token("--agent", "b:y"), server.token("--agent", "b:y", "--supervisor")
+    here = tmp_path / "mirror"
+    here.mkdir()
+    _json(server.direct("send", "--from", "b:y", "--to", "a:x", "--subject", "private"))
+    for token in (other, watcher):  # a supervisor looks, but keeps no one else's mirror
+        for argv in (("profile", "a:x", "--mirror-dir", str(here)), ("notifications", "a:x", "--follow"),
+                     ("notifications", "a:x", "--clear-email")):
+            refused = server.client(token, *argv, **state)
+            assert refused.returncode == 4, (argv, refused.stderr)
+            error = json.loads(refused.stderr)
+            assert "a:x" in error["error"] and error["problems"], error
+    assert _files(here) == {} and not (tmp_path / "client-state" / "mirrors.json").exists()
+    assert json.loads(server.client(watcher, "notifications", "a:x", **state).stdout)["email"]["data"]["count"] == 1
+    missing = server.client(None, "profile", "a:x", "--mirror-dir", str(here), **state)
+    assert missing.returncode == 4 and _files(here) == {}
+
+
+def _follower(server: Server, token: str, agent: str, state: dict) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "agent_mail", "notifications", agent, "--follow"],
+                            env=process_env(AGENT_MAIL_DB=server.url, AGENT_MAIL_TOKEN=token, **state),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_follow_keeps_the_mirror_here_current_and_stops_cleanly(server, state, tmp_path):
+    agent = server.token("--agent", "a:x")
+    here = tmp_path / "mirror"
+    here.mkdir()
+    not_set = server.client(agent, "notifications", "a:x", "--follow", **state)
+    assert not_set.returncode == 2 and "profile a:x --mirror-dir" in json.loads(not_set.stderr)["error"]
+    _json(server.client(agent, "profile", "a:x", "--mirror-dir", str(here), **state))
+    follower = _follower(server, agent, "a:x", state)
+    try:
+        first = json.loads(follower.stdout.readline())
+        assert first["agent"] == "a:x" and first["unread"] == 0
+        _json(server.client(server.token("--agent", "b:y"), "send", "--from", "b:y", "--to", "a:x", "--subject",
+                            "through the server"))
+        update = json.loads(follower.stdout.readline())  # woken by the commit, not by a timer
+        assert update["unread"] == 1 and update["mirrors"][0] == {
+            "agent": "a:x", "path": str(here / ".notification" / "email.json"), "status": "rendered"}
+        assert b"through the server" in _files(here)["email.json"]
+        _json(server.direct("send", "--from", "c:z", "--to", "a:x", "--subject", "straight into the mailbox"))
+        assert json.loads(follower.stdout.readline())["unread"] == 2
+        mirrored = json.loads(_files(here)["email.json"])
+        assert [e["subject"] for e in mirrored["data"]["emails"]] == ["straight into the mailbox", "through the server"]
+        follower.send_signal(signal.SIGTERM)
+        out, err = follower.communicate(timeout=30)
+        assert follower.returncode == 0, err
+        assert json.loads(out.strip().splitlines()[-1]) == {"agent": "a:x", "updates": 3, "stopped_by": "SIGTERM"}
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+            follower.communicate()
+    assert agent not in "".join(server.outputs)
+
+
+def test_follow_outlives_a_server_restart(mailbox_path, state, tmp_path):
+    first = Server(str(mailbox_path))
+    port = first.port
+    agent = first.token("--agent", "a:x")
+    here = tmp_path / "mirror"
+    here.mkdir()
+    _json(first.client(agent, "profile", "a:x", "--mirror-dir", str(here), **state))
+    follower = _follower(first, agent, "a:x", state)
+    second = None
+    try:
+        assert json.loads(follower.stdout.readline())["unread"] == 0
+        first.stop()
+        _json(first.direct("send", "--from", "b:y", "--to", "a:x", "--subject", "while it was down"))
+        second = Server(str(mailbox_path), listen=f"127.0.0.1:{port}")
+        update = json.loads(follower.stdout.readline())  # it looked again once the server was back
+        assert update["unread"] == 1 and b"while it was down" in _files(here)["email.json"]
+        follower.send_signal(signal.SIGINT)
+        out, err = follower.communicate(timeout=30)
+        assert follower.returncode == 0, err
+        assert json.loads(out.strip().splitlines()[-1])["stopped_by"] == "SIGINT"
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+            follower.communicate()
+        if second is not None:
+            second.stop()
+
+
+def test_describe_names_the_server_and_never_the_token(server):
+    token = server.token("--agent", "a:x")
+    storage = _json(server.client(token, "describe"))["storage"]
+    assert storage["backend"] == "server" and storage["url"] == server.url
+    assert storage["token_from"] == "AGENT_MAIL_TOKEN"
+    secret_file = server.client(None, "describe", AGENT_MAIL_TOKEN_FILE="/nonexistent/token")
+    assert json.loads(secret_file.stdout)["storage"]["url"] == server.url
+    assert token not in "".join(server.outputs) and token.rsplit("_", 1)[-1] not in "".join(server.outputs)
+
+
+# ---------------------------------------------------------------- the dashboard, through Textual's pilot
+
+textual = pytest.importorskip("textual", reason="the dashboard needs the tui extra: pip install 'agent-mail[tui]'")
+
+
+def _run_dashboard(server: Server, token: str, test, human: str | None = None) -> None:
+    from agent_mail import dashboard
+    from agent_mail.dashboard import app as dashboard_app
+
+    served = (server.url, token)
+
+    async def main():
+        first = dashboard.first_look(human, 30, served)
+        app = dashboard_app.Dashboard(first=first, human=human, served=served)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await pilot.pause()
+            await test(app, pilot)
+    asyncio.run(main())
+
+
+def _rows(app, table_id: str) -> list[str]:
+    from textual.widgets import DataTable
+
+    table = app.query_one(f"#{table_id}", DataTable)
+    return [" ".join(str(c) for c in table.get_row_at(i)) for i in range(table.row_count)]
+
+
+async def _until(pilot, condition, seconds: float = 15.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        await pilot.pause(0.05)
+        if condition():
+            return True
+    return False
+
+
+def test_the_dashboard_reads_and_acts_through_the_server(server, monkeypatch):
+    from agent_mail.dashboard import feeder
+
+    monkeypatch.setattr(feeder, "REFRESH_SECONDS", 120.0)  # what brings new mail in is the server's wake-up
+    _json(server.direct("send", "--from", "api:worker", "--to", "ops:human", "--subject", "may I deploy?"))
+    _json(server.direct("send", "--from", "api:worker", "--to", "web:worker", "--subject", "not for the human"))
+    # A supervisor's token that acts as ops:human only: it sees every identity, and sends as ops:human.
+    token = server.token("--agent", "ops:human", "--supervisor")
+
+    async def test(app, pilot):
+        names = [row.split()[0] for row in _rows(app, "fleet-table")]
+        assert {"ops:human", "web:worker", "api:worker"} <= set(names)
+        app.open_inbox("web:worker")  # another identity's inbox: looking marks nothing read
+        assert await _until(pilot, lambda: any("not for the human" in r for r in _rows(app, "inbox-table")))
+        await pilot.press("2")
+        assert await _until(pilot, lambda: app.feeder is not None and app.feeder.is_alive())
+        await pilot.pause(0.5)
+        _json(server.direct("send", "--from", "api:worker", "--to", "web:worker", "--subject", "landed later"))
+        assert await _until(pilot, lambda: any("landed later" in r for r in _rows(app, "feed-table")))
+        await pilot.press("c")  # send as the human, through the server
+        await pilot.pause()
+        for text in ("api:worker",):
+            await pilot.press(*text)
+        await pilot.press("tab")
+        await pilot.press(*"go ahead")
+        await pilot.press("ctrl+s")
+        assert await _until(pilot, lambda: any("go ahead" in r for r in _rows(app, "feed-table")))
+
+    _run_dashboard(server, token, test, human="ops:human")
+    read = _json(server.direct("read", "api:worker", "--no-mark-read"))
+    assert [(m["sender"], m["subject"]) for m in read["messages"]] == [("ops:human", "go ahead")]
+    assert _json(server.direct("read", "web:worker", "--no-mark-read"))["count"] == 2  # looked at, still unread
+    assert _json(server.direct("profile", "ops:human"))["human"] is True
+
+
+def test_the_dashboard_refuses_what_the_token_does_not_allow_before_drawing(server):
+    from agent_mail import dashboard
+    from agent_mail.transport import Refused
+
+    agent, watcher = server.token("--agent", "ops:human"), server.token("--agent", "ops:human", "--supervisor")
+    with pytest.raises(Refused) as looked:  # an agent's token: the fleet is everyone's
+        dashboard.first_look(None, 30, (server.url, agent))
+    assert looked.value.exit_code == 4 and "supervisor" in looked.value.message
+    with pytest.raises(Refused) as stepped:  # a supervisor steps in only as an identity it names
+        dashboard.first_look("api:worker", 30, (server.url, watcher))
+    assert stepped.value.exit_code == 4 and "api:worker" in stepped.value.message
+    # As a command: the same refusal, as JSON with exit 4; with a good token and no terminal, the CLI's error.
+    proc = server.client(agent, "dashboard")
+    assert proc.returncode == 4 and "supervisor" in json.loads(proc.stderr)["error"]
+    proc = server.client(watcher, "dashboard", "--as", "api:worker")
+    assert proc.returncode == 4 and "api:worker" in json.loads(proc.stderr)["error"]
+    proc = server.client(watcher, "dashboard")
+    assert proc.returncode == 1 and "terminal" in json.loads(proc.stderr)["error"]
+
+
+def test_the_dashboard_shows_a_server_that_went_away_and_comes_back(mailbox_path, monkeypatch):
+    from agent_mail.dashboard import feeder
+
+    monkeypatch.setattr(feeder, "REFRESH_SECONDS", 1.0)
+    first = Server(str(mailbox_path))
+    port = first.port
+    token = first.token("--agent", "*")
+    _json(first.direct("send", "--from", "a:x", "--to", "b:y", "--subject", "before"))
+    second = []
+
+    async def test(app, pilot):
+        from textual.widgets import Static
+
+        banner = app.query_one("#problem", Static)
+        first.stop()
+        assert await _until(pilot, lambda: "cannot reach the agent-mail server" in str(banner.content))
+        assert "Traceback" not in str(banner.content)
+        _json(first.direct("send", "--from", "a:x", "--to", "c:z", "--subject", "after"))
+        second.append(Server(str(mailbox_path), listen=f"127.0.0.1:{port}"))
+        assert await _until(pilot, lambda: str(banner.content) == "", seconds=30)
+        assert await _until(pilot, lambda: "c:z" in [r.split()[0] for r in _rows(app, "fleet-table")])
+
+    try:
+        _run_dashboard(first, token, test)
+    finally:
+        first.stop()
+        for running in second:
+            running.stop()
+    assert os.environ.get("AGENT_MAIL_TOKEN") != token
