@@ -168,6 +168,23 @@ def test_follow_outlives_a_server_restart(mailbox_path, state, tmp_path):
             second.stop()
 
 
+@pytest.mark.sqlite_only
+def test_the_mirror_commands_import_the_standard_library_only(server, state, tmp_path):
+    token = server.token("--agent", "a:x")
+    here = tmp_path / "mirror"
+    here.mkdir()
+    _json(server.direct("send", "--from", "b:y", "--to", "a:x", "--subject", "for the mirror"))
+    for argv in (["profile", "a:x", "--mirror-dir", str(here)], ["notifications", "a:x"]):
+        code = ("import sys; before = set(sys.modules); from agent_mail import cli; "
+                f"code = cli.main({argv!r}); new = {{m.split('.')[0] for m in set(sys.modules) - before}}; "
+                "print(code, sorted(m for m in new if m not in sys.stdlib_module_names and m != 'agent_mail'), "
+                "file=sys.stderr)")
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              env=process_env(AGENT_MAIL_DB=server.url, AGENT_MAIL_TOKEN=token, **state))
+        assert proc.stderr.strip().splitlines()[-1] == "0 []", proc.stderr
+    assert (here / ".notification").is_dir()
+
+
 def test_describe_names_the_server_and_never_the_token(server):
     token = server.token("--agent", "a:x")
     storage = _json(server.client(token, "describe"))["storage"]
@@ -183,7 +200,7 @@ def test_describe_names_the_server_and_never_the_token(server):
 textual = pytest.importorskip("textual", reason="the dashboard needs the tui extra: pip install 'agent-mail[tui]'")
 
 
-def _run_dashboard(server: Server, token: str, test, human: str | None = None) -> None:
+def _run_dashboard(server: Server, token: str, test, human: str | None = None, notes: list | None = None) -> None:
     from agent_mail import dashboard
     from agent_mail.dashboard import app as dashboard_app
 
@@ -192,6 +209,8 @@ def _run_dashboard(server: Server, token: str, test, human: str | None = None) -
     async def main():
         first = dashboard.first_look(human, 30, served)
         app = dashboard_app.Dashboard(first=first, human=human, served=served)
+        if notes is not None:  # what the app tells the user, kept
+            app.notify = lambda message, **kw: notes.append((message, kw.get("severity")))
         async with app.run_test(size=(100, 30)) as pilot:
             await pilot.pause()
             await test(app, pilot)
@@ -241,8 +260,23 @@ def test_the_dashboard_reads_and_acts_through_the_server(server, monkeypatch):
         await pilot.press(*"go ahead")
         await pilot.press("ctrl+s")
         assert await _until(pilot, lambda: any("go ahead" in r for r in _rows(app, "feed-table")))
+        app.open_inbox("ops:human")  # the human's own inbox: ack through the server
+        assert await _until(pilot, lambda: any("may I deploy?" in r for r in _rows(app, "inbox-table")))
+        row = next(i for i, r in enumerate(_rows(app, "inbox-table")) if "may I deploy?" in r)
+        app.query_one("#inbox-table").move_cursor(row=row)
+        await pilot.pause()
+        await pilot.press("a")
+        assert await _until(pilot, lambda: any("ack: done" in text for text, _ in notes))
+        # What the server refuses is shown as its problems, and changes nothing.
+        await pilot.press("c", *"not an identity", "ctrl+s")
+        assert await _until(pilot, lambda: any(severity == "error" for _, severity in notes))
+        assert not any("Traceback" in text for text, _ in notes)
 
-    _run_dashboard(server, token, test, human="ops:human")
+    notes: list = []
+    _run_dashboard(server, token, test, human="ops:human", notes=notes)
+    acked = [m for m in _json(server.direct("read", "ops:human", "--all", "--no-mark-read"))["messages"]
+             if m["subject"] == "may I deploy?"]
+    assert acked[0]["acked_at"]
     read = _json(server.direct("read", "api:worker", "--no-mark-read"))
     assert [(m["sender"], m["subject"]) for m in read["messages"]] == [("ops:human", "go ahead")]
     assert _json(server.direct("read", "web:worker", "--no-mark-read"))["count"] == 2  # looked at, still unread
