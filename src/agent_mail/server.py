@@ -9,6 +9,10 @@ X-Agent-Mail-Exit header, or {error, problems} with an HTTP status matching it. 
 this machine on a client's behalf: a send's attachments and refs arrive as content and text, saved attachments
 leave as content, and the arguments that name a file here are refused.
 
+Beside the commands, two looks (agent_mail.served_looks): POST /v1/follow, an identity's notification documents
+for a client that writes its mirror on its own machine, and POST /v1/dashboard, the supervisor's views; each may
+wait for a change (`after`, `wait_seconds`) as a watch waits.
+
 Each call runs in a worker thread on a store of its own, opened for it and closed after it (a blocked watch holds
 one connection while it waits: see docs/design.md). SIGTERM ends the waits at once (each answers 503) and then
 the server.
