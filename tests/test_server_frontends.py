@@ -72,8 +72,13 @@ def test_profile_and_notifications_write_the_mirror_here_as_the_mailbox_writes_i
     # --clear-email removes the file here without marking anything read; reading empties the mirror.
     cleared = _json(server.client(agent, "notifications", "a:x", "--clear-email", **state))
     assert cleared["cleared"] is True and not (here / ".notification" / "email.json").exists()
-    _json(server.client(agent, "read", "a:x"))
-    _json(server.client(agent, "notifications", "a:x", **state))
+    _json(server.client(agent, "read", "a:x", **state))  # a command that changes mail renders the mirror here
+    assert _files(here) == _files(there) == {}
+    operator = server.token("--agent", "*")
+    _json(server.client(operator, "send", "--from", "b:y", "--to", "a:x", "--subject", "kept", **state))
+    assert b'"kept"' in _files(here)["email.json"] and _files(here) == _files(there)
+    _json(server.client(agent, "dismiss", "a:x", json.loads(_files(here)["email.json"])["data"]["email_ids"][0],
+                        **state))
     assert _files(here) == _files(there) == {}
     # Clearing the setting forgets it here and removes its files; the mailbox's own mirror is untouched.
     _json(server.direct("send", "--from", "b:y", "--to", "a:x", "--subject", "three"))
@@ -138,6 +143,25 @@ def test_follow_keeps_the_mirror_here_current_and_stops_cleanly(server, state, t
             follower.kill()
             follower.communicate()
     assert agent not in "".join(server.outputs)
+
+
+def test_revoking_the_token_ends_a_follow_at_once(server, state, tmp_path):
+    agent = server.token("--agent", "a:x")
+    here = tmp_path / "mirror"
+    here.mkdir()
+    _json(server.client(agent, "profile", "a:x", "--mirror-dir", str(here), **state))
+    follower = _follower(server, agent, "a:x", state)
+    try:
+        assert json.loads(follower.stdout.readline())["unread"] == 0
+        _json(server.direct("token", "revoke", agent.split("_")[1]))
+        started = time.monotonic()
+        out, err = follower.communicate(timeout=20)
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+            follower.communicate()
+    assert follower.returncode == 4 and time.monotonic() - started < 5, err
+    assert "revoked" in json.loads(err)["error"] and agent not in err + out
 
 
 def test_follow_outlives_a_server_restart(mailbox_path, state, tmp_path):

@@ -33,6 +33,8 @@ _NOT_YET = "is not supported through a server yet: run it where the mailbox is, 
 NOT_REMOTE = {"copy": _ON_THE_MAILBOX, "token": _ON_THE_MAILBOX, "serve": _ON_THE_MAILBOX,
               "mcp": _NOT_YET, "hook": _NOT_YET}
 NOT_REMOTE_FLAGS = {("doctor", "repair"): _ON_THE_MAILBOX}
+# What changes mail an identity's mirror shows: after it, the mirrors kept on this machine are rendered again.
+KEEP_MIRRORS = ("send", "read", "ack", "dismiss", "archive", "delete", "cancel", "cleanup")
 
 
 class Answered(errors.AgentMailError):
@@ -186,7 +188,10 @@ def main(name: str, values: dict, emit) -> int:
         return _profile(url, token, values, given, emit)
     if name == "notifications":
         return _notifications(url, token, values, given, emit)
-    return _answer(*request(url, token, name, given), emit)
+    code = _answer(*request(url, token, name, given), emit)
+    if name in KEEP_MIRRORS:
+        _refresh_mirrors(url, token)
+    return code
 
 
 def _answer(status: int, code: int, document: dict, emit) -> int:
@@ -349,6 +354,25 @@ def _mirror_documents(url: str, token: str, agent: str) -> dict:
     if code != errors.EXIT_OK:
         raise Answered(document, code)
     return document
+
+
+def _refresh_mirrors(url: str, token: str) -> None:
+    """After a command that changed mail, the mirrors kept on this machine for this server rendered again, as the
+    mailbox renders its own in the transaction that changed them: each one this token may act as (an identity it
+    does not name is kept current by its own agent's commands or --follow). Never fails the command, done already."""
+    from agent_mail import remote_mirrors
+
+    try:
+        kept = remote_mirrors.kept(url)
+    except errors.AgentMailError:
+        return
+    for agent, directory in kept.items():
+        try:
+            status, code, document = _look_at_mirror(url, token, agent)
+        except Unreachable:
+            return
+        if code == errors.EXIT_OK:
+            remote_mirrors.write(agent, directory, document["email"], document["system"])
 
 
 def _profile(url: str, token: str, values: dict, given: dict, emit) -> int:

@@ -54,6 +54,14 @@ def _load() -> dict:
     return settings if isinstance(settings, dict) else {}
 
 
+def kept(url: str) -> dict[str, str]:
+    """Every mirror kept on this machine for the server at `url`: {identity: directory} (no file: none)."""
+    if not os.path.exists(os.path.join(state_dir(), STATE_FILE)):
+        return {}
+    mine = _load().get(server_key(url)) or {}
+    return {agent: directory for agent, directory in mine.items() if isinstance(directory, str)}
+
+
 def recorded(url: str, agent: str) -> str | None:
     """The mirror directory on this machine of `agent` on the server at `url`, or None."""
     directory = (_load().get(server_key(url)) or {}).get(agent)
