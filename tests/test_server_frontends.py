@@ -75,7 +75,9 @@ def test_profile_and_notifications_write_the_mirror_here_as_the_mailbox_writes_i
     _json(server.client(agent, "read", "a:x", **state))  # a command that changes mail renders the mirror here
     assert _files(here) == _files(there) == {}
     operator = server.token("--agent", "*")
-    _json(server.client(operator, "send", "--from", "b:y", "--to", "a:x", "--subject", "kept", **state))
+    receipt = _json(server.client(operator, "send", "--from", "b:y", "--to", "a:x", "--subject", "kept", **state))
+    assert receipt["mirrors"] == [{"agent": "a:x", "path": str(here / ".notification" / "email.json"),
+                                   "status": "rendered"}]  # the files written here, not the mailbox's machine's
     assert b'"kept"' in _files(here)["email.json"] and _files(here) == _files(there)
     _json(server.client(agent, "dismiss", "a:x", json.loads(_files(here)["email.json"])["data"]["email_ids"][0],
                         **state))

@@ -188,10 +188,12 @@ def main(name: str, values: dict, emit) -> int:
         return _profile(url, token, values, given, emit)
     if name == "notifications":
         return _notifications(url, token, values, given, emit)
-    code = _answer(*request(url, token, name, given), emit)
-    if name in KEEP_MIRRORS:
-        _refresh_mirrors(url, token)
-    return code
+    status, code, document = request(url, token, name, given)
+    if name in KEEP_MIRRORS and code in (errors.EXIT_OK, errors.EXIT_PARTIAL):
+        written = _refresh_mirrors(url, token)
+        if name == "send" and isinstance(document.get("mirrors"), list):
+            document["mirrors"] = _sent_mirrors(document, written)
+    return _answer(status, code, document, emit)
 
 
 def _answer(status: int, code: int, document: dict, emit) -> int:
@@ -356,23 +358,45 @@ def _mirror_documents(url: str, token: str, agent: str) -> dict:
     return document
 
 
-def _refresh_mirrors(url: str, token: str) -> None:
+def _refresh_mirrors(url: str, token: str) -> dict[str, list[dict]]:
     """After a command that changed mail, the mirrors kept on this machine for this server rendered again, as the
     mailbox renders its own in the transaction that changed them: each one this token may act as (an identity it
-    does not name is kept current by its own agent's commands or --follow). Never fails the command, done already."""
+    does not name is kept current by its own agent's commands or --follow). Never fails the command, done already.
+    What was written, by identity."""
     from agent_mail import remote_mirrors
 
+    written: dict[str, list[dict]] = {}
     try:
         kept = remote_mirrors.kept(url)
     except errors.AgentMailError:
-        return
-    for agent, directory in kept.items():
+        return written
+    for agent, directory in sorted(kept.items()):
         try:
             status, code, document = _look_at_mirror(url, token, agent)
         except Unreachable:
-            return
+            break
         if code == errors.EXIT_OK:
-            remote_mirrors.write(agent, directory, document["email"], document["system"])
+            written[agent] = remote_mirrors.write(agent, directory, document["email"], document["system"])
+    return written
+
+
+def _sent_mirrors(receipt: dict, written: dict[str, list[dict]]) -> list[dict]:
+    """A send's receipt lists the mirror files it rewrote on this machine, as a send on the mailbox's machine lists
+    its own: its recipients' email mirrors (everyone's but the sender's for a broadcast), and the sender's system
+    channel when a recipient was refused."""
+    from agent_mail import notify
+
+    sender = receipt.get("sender")
+    to = {d.get("recipient") for d in receipt.get("deliveries") or [] if d.get("status") == "delivered"}
+    listed = []
+    for agent, results in written.items():
+        for result in results:
+            if result["path"].endswith(os.sep + notify.EMAIL_FILE):
+                if agent in to or (receipt.get("type") == "broadcast" and agent != sender):
+                    listed.append(result)
+            elif agent == sender and receipt.get("refused"):
+                listed.append(result)
+    return listed
 
 
 def _profile(url: str, token: str, values: dict, given: dict, emit) -> int:
