@@ -358,3 +358,47 @@ def test_the_dashboard_shows_a_server_that_went_away_and_comes_back(mailbox_path
         for running in second:
             running.stop()
     assert os.environ.get("AGENT_MAIL_TOKEN") != token
+
+
+def test_the_dashboard_command_in_a_real_terminal_through_the_server(server, tmp_path):
+    import shutil
+
+    if shutil.which("tmux") is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI must run this test: tmux is missing (apt-get install tmux)")
+        pytest.skip("tmux is not installed (apt-get install tmux)")
+    _json(server.direct("send", "--from", "ops:lead", "--to", "web:worker", "--subject", "first task"))
+    token_file = tmp_path / "token"
+    token_file.write_text(server.token("--agent", "ops:human", "--supervisor") + "\n")
+    token_file.chmod(0o600)
+    tmux = ["tmux", "-S", str(tmp_path / "tmux.sock")]  # a tmux server of its own, ended with the test
+    env = process_env(TERM="xterm-256color")
+    command = " ".join(["env", f"AGENT_MAIL_DB={server.url}", f"AGENT_MAIL_TOKEN_FILE={token_file}",
+                        f"PYTHONPATH={env['PYTHONPATH']}", f"HOME={os.environ['HOME']}", "TERM=xterm-256color",
+                        sys.executable, "-m", "agent_mail", "dashboard", "--as", "ops:human", ";", "echo",
+                        "dashboard-exited-$?", ";", "sleep", "60"])
+    subprocess.run([*tmux, "new-session", "-d", "-s", "dash", "-x", "100", "-y", "24", command], check=True, env=env)
+
+    def pane() -> str:
+        return subprocess.run([*tmux, "capture-pane", "-p", "-t", "dash"], capture_output=True, text=True).stdout
+
+    def wait(condition, seconds: float = 20.0) -> None:
+        deadline = time.monotonic() + seconds
+        while not condition():
+            assert time.monotonic() < deadline, pane()
+            time.sleep(0.1)
+
+    try:
+        wait(lambda: "web:worker" in pane() and "through " + server.url in pane())
+        subprocess.run([*tmux, "send-keys", "-t", "dash", "2"], check=True)
+        wait(lambda: "first task" in pane())
+        _json(server.direct("send", "--from", "api:worker", "--to", "web:worker", "--subject", "live via serve"))
+        wait(lambda: "live via serve" in pane())  # woken through the server, not by a timer
+        subprocess.run([*tmux, "send-keys", "-t", "dash", "4"], check=True)
+        wait(lambda: "Sends per hour" in pane())
+        subprocess.run([*tmux, "send-keys", "-t", "dash", "q"], check=True)
+        wait(lambda: "dashboard-exited-0" in pane())
+        assert "Traceback" not in pane()
+    finally:
+        subprocess.run([*tmux, "kill-server"], capture_output=True)
+    assert _json(server.direct("status", "--agent", "web:worker"))["agents"][0]["unread"] == 2  # looking marks nothing
