@@ -402,3 +402,20 @@ def test_the_dashboard_command_in_a_real_terminal_through_the_server(server, tmp
     finally:
         subprocess.run([*tmux, "kill-server"], capture_output=True)
     assert _json(server.direct("status", "--agent", "web:worker"))["agents"][0]["unread"] == 2  # looking marks nothing
+
+
+def test_the_dashboard_saves_attachments_on_its_own_machine(server, tmp_path):
+    from agent_mail import errors
+    from agent_mail.dashboard.served import ServedSupervisor
+
+    note = tmp_path / "note.bin"
+    note.write_bytes(b"\x00 the attached bytes")
+    sent = _json(server.direct("send", "--from", "api:worker", "--to", "ops:human", "--subject", "with a file",
+                               "--attach", str(note)))
+    served = ServedSupervisor(server.url, server.token("--agent", "ops:human", "--supervisor"))
+    saved = served.call("attachments", {"agent": "ops:human", "id": sent["id"], "save_to": str(tmp_path / "out")})
+    assert (tmp_path / "out" / "note.bin").read_bytes() == b"\x00 the attached bytes"
+    assert saved["directory"] == str(tmp_path / "out") and [s["name"] for s in saved["saved"]] == ["note.bin"]
+    with pytest.raises(errors.InvalidInput) as again:  # nothing is overwritten, as on the command line
+        served.call("attachments", {"agent": "ops:human", "id": sent["id"], "save_to": str(tmp_path / "out")})
+    assert again.value.exit_code == 2 and "already exists" in again.value.message

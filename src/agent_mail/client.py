@@ -413,7 +413,7 @@ def _profile(url: str, token: str, values: dict, given: dict, emit) -> int:
         if not given["clear"]:
             given.pop("clear")
     if wanted_dir is not None:
-        problems = inputs.profile_problems({"mirror_dir": wanted_dir})
+        problems = inputs.profile_problems({"mirror_dir": wanted_dir, "clear": clear})
         if problems:
             raise errors.InvalidInput(problems)
         wanted_dir = os.path.realpath(os.path.expanduser(wanted_dir))

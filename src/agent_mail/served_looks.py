@@ -180,17 +180,17 @@ def grant(grant: dict, look: str, values: dict) -> str | None:
 def dashboard(mailbox, values: dict, wanted) -> dict:
     """The views asked for, read once any message was stored after `after` or the wait is over; and the marker to
     wait from next."""
-    from agent_mail.supervision import Supervisor
+    from agent_mail import supervision
 
     store = mailbox.store
     mailbox.publish_due()
     if values["wait_seconds"] is not None and values["after"] is not None:
         _wait(mailbox, None, values["wait_seconds"], lambda: (store.mail_marker() or 0) != values["after"], wanted)
     marker = store.mail_marker() or 0
-    supervisor, read = Supervisor(mailbox), {}
+    supervisor, read = supervision.Supervisor(mailbox), {}
     for name, arguments in values["views"].items():
         if name == "fleet":
-            read[name] = supervisor.fleet(arguments.get("overdue_minutes", 30))
+            read[name] = supervisor.fleet(arguments.get("overdue_minutes", supervision.DEFAULT_OVERDUE_MINUTES))
         elif name == "feed":
             read[name] = supervisor.feed()
         elif name == "inbox":
