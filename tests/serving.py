@@ -15,9 +15,9 @@ from conftest import am_process, process_env
 class Server:
     """A running `agent-mail serve` on a free loopback port, over the test's mailbox."""
 
-    def __init__(self, mailbox: str):
+    def __init__(self, mailbox: str, listen: str = "127.0.0.1:0"):
         self.mailbox = mailbox
-        self.proc = subprocess.Popen([sys.executable, "-m", "agent_mail", "serve", "--listen", "127.0.0.1:0"],
+        self.proc = subprocess.Popen([sys.executable, "-m", "agent_mail", "serve", "--listen", listen],
                                      env=process_env(AGENT_MAIL_DB=mailbox), stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE)
         first = json.loads(self.proc.stderr.readline())

@@ -12,6 +12,9 @@ from agent_mail import errors, model, schemas, spec
 EXIT_HEADER = "X-Agent-Mail-Exit"
 RESULT_HEADER = "X-Agent-Mail-Result"  # export: its summary (JSON), the export itself being the body
 NAMES_HEADER = "X-Agent-Mail-Names"  # "flags": name arguments in problems as the command line does (--reply-to)
+# The looks beside the commands (agent_mail.served_looks): an identity's mirror documents, the supervisor's views.
+FOLLOW_PATH, DASHBOARD_PATH = "/v1/follow", "/v1/dashboard"
+LOOK_WAIT_MAX = 300  # served_looks.WAIT_SECONDS_MAX
 
 # The commands a client may call; the rest work on a mailbox itself, or are not served yet (the client says so).
 SERVED = ("send", "read", "ack", "watch", "heartbeat", "dismiss", "archive", "delete", "cancel", "attachments",
@@ -84,6 +87,54 @@ def _call_operation(name: str) -> dict:
             "responses": {"200": ok, **_errors()}}
 
 
+def _wait_seconds() -> dict:
+    return {"type": "number", "exclusiveMinimum": 0, "maximum": LOOK_WAIT_MAX,
+            "description": "With `after`: wait up to this long for a change before answering."}
+
+
+def _look_operation(operation_id: str, summary: str, body: dict, result: dict) -> dict:
+    return {"operationId": operation_id, "summary": summary, "tags": ["looking"],
+            "requestBody": {"required": False, "content": {"application/json": {"schema": body}}},
+            "responses": {"200": {"description": "What was read.", "headers": _exit_header(),
+                                  "content": {"application/json": {"schema": result}}}, **_errors()}}
+
+
+def _follow_operation() -> dict:
+    document = {"type": ["object", "null"], "description": "The file's document; null: no file."}
+    return _look_operation(
+        "follow", "An identity's notification mirror as its two files hold it (.notification/email.json and "
+                  "system.json), for the client to write on its own machine (profile --mirror-dir, notifications, "
+                  "notifications --follow). Acts as the identity: the token must name it.",
+        {"type": "object", "additionalProperties": False, "required": ["agent"], "properties": {
+            "agent": {"type": "string", "description": "The identity (project:name)."},
+            "after": {"type": "string", "description": "The fingerprint of the documents last written: with "
+                                                        "wait_seconds, answer once they differ."},
+            "wait_seconds": _wait_seconds()}},
+        {"type": "object", "required": ["agent", "unread", "email", "system", "fingerprint", "at"], "properties": {
+            "agent": {"type": "string"}, "unread": {"type": "integer"}, "email": document, "system": document,
+            "fingerprint": {"type": "string"}, "at": {"type": "string"}}})
+
+
+def _dashboard_operation() -> dict:
+    def view(**properties) -> dict:
+        return {"type": "object", "additionalProperties": False, "properties": properties,
+                "required": [name for name in properties if name in ("agent", "id")]}
+    views = {"fleet": view(overdue_minutes={"type": "number", "exclusiveMinimum": 0, "maximum": 10**6}),
+             "feed": view(), "inbox": view(agent={"type": "string"}), "thread": view(id={"type": "string"}),
+             "message": view(id={"type": "string"}), "hourly": view(by={"enum": ["project", "identity"]}),
+             "backlog": view(), "reservations": view()}
+    return _look_operation(
+        "dashboard", "The supervisor's views (fleet, feed, an inbox, a thread, charts), as the dashboard shows them; "
+                     "marks nothing read. Needs a supervisor's or an operator's token.",
+        {"type": "object", "additionalProperties": False, "properties": {
+            "views": {"type": "object", "additionalProperties": False, "properties": views},
+            "after": {"type": "integer", "description": "The marker of an earlier answer: with wait_seconds, answer "
+                                                        "once a message was stored since."},
+            "wait_seconds": _wait_seconds()}},
+        {"type": "object", "required": ["marker", "views"], "properties": {
+            "marker": {"type": "integer"}, "views": {"type": "object"}}})
+
+
 def openapi(version: str) -> dict:
     """The OpenAPI 3.1 document of the API, every served command's arguments from the spec."""
     paths = {f"/v1/call/{name}": {"post": _call_operation(name)} for name in SERVED}
@@ -112,6 +163,8 @@ def openapi(version: str) -> dict:
                               "headers": _exit_header(),
                               "content": {"application/json": {"schema": schemas.result_schema(imported)}}},
                       **_errors()}}}
+    paths[FOLLOW_PATH] = {"post": _follow_operation()}
+    paths[DASHBOARD_PATH] = {"post": _dashboard_operation()}
     paths["/v1/health"] = {"get": {"operationId": "health", "summary": "Whether the server is up (no token needed).",
                                    "security": [], "responses": {"200": {
                                        "description": "Up.", "headers": _exit_header(),

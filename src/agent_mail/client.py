@@ -31,10 +31,10 @@ _ON_THE_MAILBOX = "works on a mailbox itself, not through a server: run it where
 _NOT_YET = "is not supported through a server yet: run it where the mailbox is, with AGENT_MAIL_DB naming its " \
            "file or postgresql:// URL"
 NOT_REMOTE = {"copy": _ON_THE_MAILBOX, "token": _ON_THE_MAILBOX, "serve": _ON_THE_MAILBOX,
-              "dashboard": _NOT_YET, "mcp": _NOT_YET, "hook": _NOT_YET}
-NOT_REMOTE_FLAGS = {("doctor", "repair"): _ON_THE_MAILBOX, ("notifications", "follow"): _NOT_YET,
-                    ("profile", "mirror_dir"): "is not supported through a server yet (the mirror would be written "
-                                               "on the server's machine): set it where the mailbox is"}
+              "mcp": _NOT_YET, "hook": _NOT_YET}
+NOT_REMOTE_FLAGS = {("doctor", "repair"): _ON_THE_MAILBOX}
+# What changes mail an identity's mirror shows: after it, the mirrors kept on this machine are rendered again.
+KEEP_MIRRORS = ("send", "read", "ack", "dismiss", "archive", "delete", "cancel", "cleanup")
 
 
 class Answered(errors.AgentMailError):
@@ -163,6 +163,12 @@ def main(name: str, values: dict, emit) -> int:
     from agent_mail import location
 
     url = location.server_url()
+    if name == "dashboard":  # a front end of its own, started by name as the command line starts it; it reads and
+        front_end = spec.COMMANDS[name].front_end  # acts through this server (agent_mail.dashboard.served)
+        __import__(front_end)
+        import sys
+
+        return sys.modules[front_end].main({**values, "served": (url, read_token())}, emit)
     if name in NOT_REMOTE:
         raise _refuse("AGENT_MAIL_DB", f"names an agent-mail server ({url}); {name} {NOT_REMOTE[name]}")
     for (command, key), why in NOT_REMOTE_FLAGS.items():
@@ -182,7 +188,16 @@ def main(name: str, values: dict, emit) -> int:
         return _import(url, token, values, emit)
     if name == "attachments" and values.get("save_to") is not None:
         return _save(url, token, values, given, emit)
-    return _answer(*request(url, token, name, given), emit)
+    if name == "profile":
+        return _profile(url, token, values, given, emit)
+    if name == "notifications":
+        return _notifications(url, token, values, given, emit)
+    status, code, document = request(url, token, name, given)
+    if name in KEEP_MIRRORS and code in (errors.EXIT_OK, errors.EXIT_PARTIAL):
+        written = _refresh_mirrors(url, token)
+        if name == "send" and isinstance(document.get("mirrors"), list):
+            document["mirrors"] = _sent_mirrors(document, written)
+    return _answer(status, code, document, emit)
 
 
 def _answer(status: int, code: int, document: dict, emit) -> int:
@@ -327,3 +342,169 @@ def _import(url: str, token: str, values: dict, emit) -> int:
         else []
     emit(document)
     return errors.EXIT_OK
+
+
+# -- the notification mirror, written on this machine (agent_mail.remote_mirrors) ---------------------------------
+
+def _look_at_mirror(url: str, token: str, agent: str, after: str | None = None, wait: float | None = None,
+                    timeout: float | None = CALL_TIMEOUT_SECONDS):
+    """POST /v1/follow: `agent`'s mirror documents (as acting as `agent`: the token must name it)."""
+    from agent_mail import api
+
+    body = {"agent": agent} if after is None else {"agent": agent, "after": after, "wait_seconds": wait}
+    return request(url, token, "follow", body, timeout, path=api.FOLLOW_PATH)
+
+
+def _mirror_documents(url: str, token: str, agent: str) -> dict:
+    status, code, document = _look_at_mirror(url, token, agent)
+    if code != errors.EXIT_OK:
+        raise Answered(document, code)
+    return document
+
+
+def _refresh_mirrors(url: str, token: str) -> dict[str, list[dict]]:
+    """After a command that changed mail, the mirrors kept on this machine for this server rendered again, as the
+    mailbox renders its own in the transaction that changed them: each one this token may act as (an identity it
+    does not name is kept current by its own agent's commands or --follow). Never fails the command, done already.
+    What was written, by identity."""
+    from agent_mail import remote_mirrors
+
+    written: dict[str, list[dict]] = {}
+    try:
+        kept = remote_mirrors.kept(url)
+    except errors.AgentMailError:
+        return written
+    for agent, directory in sorted(kept.items()):
+        try:
+            status, code, document = _look_at_mirror(url, token, agent)
+        except Unreachable:
+            break
+        if code == errors.EXIT_OK:
+            written[agent] = remote_mirrors.write(agent, directory, document["email"], document["system"])
+    return written
+
+
+def _sent_mirrors(receipt: dict, written: dict[str, list[dict]]) -> list[dict]:
+    """A send's receipt lists the mirror files it rewrote on this machine, as a send on the mailbox's machine lists
+    its own: its recipients' email mirrors (everyone's but the sender's for a broadcast), and the sender's system
+    channel when a recipient was refused."""
+    from agent_mail import notify
+
+    sender = receipt.get("sender")
+    to = {d.get("recipient") for d in receipt.get("deliveries") or [] if d.get("status") == "delivered"}
+    listed = []
+    for agent, results in written.items():
+        for result in results:
+            if result["path"].endswith(os.sep + notify.EMAIL_FILE):
+                if agent in to or (receipt.get("type") == "broadcast" and agent != sender):
+                    listed.append(result)
+            elif agent == sender and receipt.get("refused"):
+                listed.append(result)
+    return listed
+
+
+def _profile(url: str, token: str, values: dict, given: dict, emit) -> int:
+    """profile through the server: the mailbox keeps the identity's other settings; the mirror directory is this
+    machine's (set, cleared and shown here), its files written here from the server's documents."""
+    from agent_mail import inputs, remote_mirrors
+
+    agent = values["agent"]
+    wanted_dir = given.pop("mirror_dir", None)
+    clear = list(values.get("clear") or [])
+    clearing = "mirror-dir" in clear
+    if clear:
+        given["clear"] = [name for name in clear if name != "mirror-dir"]
+        if not given["clear"]:
+            given.pop("clear")
+    if wanted_dir is not None:
+        problems = inputs.profile_problems({"mirror_dir": wanted_dir, "clear": clear})
+        if problems:
+            raise errors.InvalidInput(problems)
+        wanted_dir = os.path.realpath(os.path.expanduser(wanted_dir))
+    status, code, document = request(url, token, "profile", given)  # the settings the mailbox keeps
+    if code != errors.EXIT_OK:
+        raise Answered(document, code)
+    old_dir = remote_mirrors.recorded(url, agent)
+    mirrors: list[dict] = []
+    if wanted_dir is not None or clearing:
+        documents = _mirror_documents(url, token, agent)  # acting as the identity: refused (exit 4) before writing
+        new_dir = wanted_dir if wanted_dir is not None else None
+        remote_mirrors.record(url, agent, new_dir)
+        if old_dir and old_dir != new_dir:
+            mirrors += remote_mirrors.remove(agent, old_dir)
+        if new_dir:
+            mirrors += remote_mirrors.write(agent, new_dir, documents["email"], documents["system"])
+        old_dir = new_dir
+    emit({**document, "mirror_dir": old_dir, "mirrors": mirrors, "mirror_problem": remote_mirrors.problem(old_dir)})
+    return errors.EXIT_OK
+
+
+def _notifications(url: str, token: str, values: dict, given: dict, emit) -> int:
+    """notifications through the server: the documents (and dismissals) there; the mirror on this machine rendered
+    from them (--clear-email removes its email file here), or kept current (--follow)."""
+    from agent_mail import remote_mirrors
+
+    agent = values["agent"]
+    if values.get("follow"):
+        if values.get("dismiss") or values.get("clear_email"):
+            raise _refuse("follow", "runs until stopped; give --dismiss and --clear-email in a call of their own")
+        return _follow(url, token, agent, emit)
+    clear_email = bool(given.pop("clear_email", False))
+    if clear_email:
+        _mirror_documents(url, token, agent)  # clearing is acting as the identity, as it is on the mailbox
+    status, code, document = request(url, token, "notifications", given)
+    if code != errors.EXIT_OK:
+        raise Answered(document, code)
+    directory = remote_mirrors.recorded(url, agent)
+    cleared = False
+    if directory:
+        system = document["system"] if document["system"].get("events") else None
+        remote_mirrors.write(agent, directory, document["email"], system, email_too=not clear_email)
+        if clear_email:
+            cleared = remote_mirrors.remove(agent, directory)[0]["status"] == "removed"
+    emit({**document, "cleared": cleared})
+    return errors.EXIT_OK
+
+
+def _follow(url: str, token: str, agent: str, emit) -> int:
+    """notifications --follow through the server: a long look (POST /v1/follow) that answers when the mirror's
+    documents change, written here at each change; survives a server restart by looking again; a signal ends it
+    with the same final line as on the mailbox's machine."""
+    import signal
+
+    from agent_mail import api, jsonout, remote_mirrors, waits
+
+    directory = remote_mirrors.recorded(url, agent)
+    if not directory:
+        _mirror_documents(url, token, agent)  # a token that may not act as the identity is refused first (exit 4)
+        raise _refuse("follow", f"{agent} has no mirror directory on this machine to keep current; set one first: "
+                                f"agent-mail profile {agent} --mirror-dir DIR")
+    wait = api.LOOK_WAIT_MAX / 5  # a minute a request: a half-open connection is noticed soon
+    previous = waits.install_stop_handlers()
+    updates, after, lost_at = 0, None, None
+    try:
+        while True:
+            try:
+                status, code, document = _look_at_mirror(url, token, agent, after, wait, timeout=wait + 60.0)
+            except Unreachable:
+                status, code, document = 0, errors.EXIT_FAILED, None
+            if status in (0, 502, 503, 504):  # no server now, or one stopping: look again once it is back
+                lost_at = lost_at or time.monotonic()
+                if time.monotonic() - lost_at > RECONNECT_SECONDS:
+                    raise Unreachable(f"the agent-mail server at {url} has not answered for {RECONNECT_SECONDS:.0f} "
+                                      "s; --follow gave up. The mirror holds what was last written.")
+                time.sleep(0.5)
+                continue
+            lost_at = None
+            if code != errors.EXIT_OK:
+                raise Answered(document, code)
+            if document["fingerprint"] != after:
+                mirrors = remote_mirrors.write(agent, directory, document["email"], document["system"])
+                updates, after = updates + 1, document["fingerprint"]  # counted as written, before it is said
+                emit(jsonout.OneLine(agent=agent, unread=document["unread"], mirrors=mirrors, at=document["at"]))
+    except waits.Stopped as stop:
+        result = jsonout.OneLine(agent=agent, updates=updates, stopped_by=signal.Signals(stop.signum).name)
+        emit(result)
+        return errors.EXIT_OK
+    finally:
+        waits.restore_handlers(previous)

@@ -9,6 +9,10 @@ X-Agent-Mail-Exit header, or {error, problems} with an HTTP status matching it. 
 this machine on a client's behalf: a send's attachments and refs arrive as content and text, saved attachments
 leave as content, and the arguments that name a file here are refused.
 
+Beside the commands, two looks (agent_mail.served_looks): POST /v1/follow, an identity's notification documents
+for a client that writes its mirror on its own machine, and POST /v1/dashboard, the supervisor's views; each may
+wait for a change (`after`, `wait_seconds`) as a watch waits.
+
 Each call runs in a worker thread on a store of its own, opened for it and closed after it (a blocked watch holds
 one connection while it waits: see docs/design.md). SIGTERM ends the waits at once (each answers 503) and then
 the server.
@@ -174,6 +178,32 @@ def _bound_wait(values: dict, extras: dict, store, grant: dict, gone: threading.
         return not gone.is_set()
     if not values["once"]:
         values["wanted"] = wanted
+
+
+def _look(location: str, look: str, presented: str | None, body: bytes, info: dict, gone: threading.Event) -> dict:
+    """POST /v1/follow or /v1/dashboard (agent_mail.served_looks): authenticate, check, grant, wait if asked, read."""
+    from agent_mail import served_looks, service
+    from agent_mail.store import open_store
+
+    store = open_store(location)
+    try:
+        grant = tokens.authenticate(store, presented)  # before anything else is read
+        info["token_id"] = grant["id"]
+        given = _given(look, body)
+        values = served_looks.check_follow(given) if look == "follow" else served_looks.check_dashboard(given)
+        info["as"] = served_looks.grant(grant, look, values)
+
+        def wanted() -> bool:
+            if _STOPPING.is_set():
+                raise Stopping("the server is stopping; this wait ended. Look again (the client reconnects by "
+                               "itself).")
+            tokens.still_valid(store, grant)
+            return not gone.is_set()
+        mailbox = service.Mailbox(store)
+        return served_looks.follow(mailbox, values, wanted) if look == "follow" else \
+            served_looks.dashboard(mailbox, values, wanted)
+    finally:
+        store.close()
 
 
 def _contents(store, listed: list[dict]) -> dict:
@@ -357,6 +387,38 @@ def app_for(location: str) -> Starlette:
              ms=round((time.monotonic() - started) * 1000, 1))
         return response
 
+    async def looks(request: Request) -> Response:
+        """POST /v1/follow and /v1/dashboard: a look that may wait (ended early by a client that hangs up)."""
+        started = time.monotonic()
+        look = request.url.path.rsplit("/", 1)[1]
+        info: dict = {"token_id": None, "as": None}
+        try:
+            body = await _body(request)
+            if not _LIMITER:
+                _LIMITER.append(anyio.CapacityLimiter(MAX_THREADS))
+            gone, done, outcome = threading.Event(), anyio.Event(), []
+            async with anyio.create_task_group() as group:
+                group.start_soon(_watch_disconnect, request, gone, done)
+                try:
+                    outcome.append(await anyio.to_thread.run_sync(_look, location, look, _bearer(request), body, info,
+                                                                  gone, limiter=_LIMITER[0]))
+                except Exception as exc:  # raised below, out of the task group (which would wrap it)
+                    outcome.append(exc)
+                finally:
+                    done.set()
+            if isinstance(outcome[0], Exception):
+                raise outcome[0]
+            response = _document(outcome[0], 200, errors.EXIT_OK)
+        except errors.AgentMailError as exc:
+            response = _document(exc.payload(), _status(exc), exc.exit_code)
+        except Exception as exc:  # a bug: still JSON, never a traceback
+            response = _document({"error": f"internal error ({type(exc).__name__}: {exc}). Nothing was changed. "
+                                           "Please report this.", "problems": []}, 500, errors.EXIT_FAILED)
+        _log(method=request.method, path=request.url.path, command=look, token_id=info["token_id"],
+             **{"as": info["as"]}, status=response.status_code, exit=int(response.headers[EXIT_HEADER]),
+             ms=round((time.monotonic() - started) * 1000, 1))
+        return response
+
     async def health(request: Request) -> Response:
         return _document({"ok": True, "stopping": _STOPPING.is_set()}, 200, errors.EXIT_OK)
 
@@ -366,6 +428,8 @@ def app_for(location: str) -> Starlette:
     return Starlette(routes=[Route("/v1/call/{command}", call, methods=["POST"]),
                              Route("/v1/export", transfer, methods=["POST"]),
                              Route("/v1/import", transfer, methods=["POST"]),
+                             Route(api.FOLLOW_PATH, looks, methods=["POST"]),
+                             Route(api.DASHBOARD_PATH, looks, methods=["POST"]),
                              Route("/v1/health", health, methods=["GET"]),
                              Route("/openapi.json", openapi, methods=["GET"])])
 

@@ -29,10 +29,20 @@ def _require_extra(web: bool) -> None:
             "pip install 'agent-mail[tui]'.") from None
 
 
-def first_look(human: str | None, overdue_minutes: float) -> dict:
-    """Open the mailbox and read the first screenful (raising the CLI's errors), marking `human` as human."""
+def first_look(human: str | None, overdue_minutes: float, served: tuple[str, str] | None = None) -> dict:
+    """Open the mailbox and read the first screenful (raising the CLI's errors), marking `human` as human.
+    Through a server (`served`: its URL and the token), the token must name `human` to mark it, and be a
+    supervisor's or an operator's to read the views: refused (exit 4) before anything is drawn."""
     from agent_mail import service
     from agent_mail.dashboard import data
+
+    if served is not None:
+        from agent_mail.dashboard.served import ServedSupervisor
+
+        remote = ServedSupervisor(*served)
+        if human is not None and not remote.call("profile", {"agent": human})["human"]:
+            remote.call("profile", {"agent": human, "human": True})
+        return remote.read({"fleet": {"overdue_minutes": overdue_minutes}, "feed": {}})
 
     with service.open_mailbox() as mailbox:
         if human is not None:
@@ -46,26 +56,30 @@ def first_look(human: str | None, overdue_minutes: float) -> dict:
 def main(values: dict, emit) -> int:
     """`agent-mail dashboard [...]`, as the command line starts it."""
     run(human=values["as"], project=values["project"], overdue_minutes=values["overdue_minutes"], web=values["web"],
-        port=values["port"])
+        port=values["port"], served=values.get("served"))
     return errors.EXIT_OK
 
 
 def run(*, human: str | None = None, project: str | None = None, overdue_minutes: float | None = None,
-        web: bool = False, port: int | None = None) -> None:
+        web: bool = False, port: int | None = None, served: tuple[str, str] | None = None) -> None:
+    """`served`: (URL, token) when AGENT_MAIL_DB names an agent-mail server (the client starts the dashboard so);
+    it then reads and acts through that server (agent_mail.dashboard.served)."""
     from agent_mail import calls
 
     calls.check("dashboard", {"as": human, "project": project, "overdue_minutes": overdue_minutes, "web": web,
                               "port": port}, with_inputs=False)
     _require_extra(web)
     overdue = overdue_minutes if overdue_minutes is not None else 30
-    first = first_look(human, overdue)
+    first = first_look(human, overdue, served)
     if web:
-        serve(human=human, project=project, overdue_minutes=overdue_minutes, port=port or DEFAULT_PORT)
+        serve(human=human, project=project, overdue_minutes=overdue_minutes, port=port or DEFAULT_PORT,
+              served=served is not None)
         return
-    show(human=human, project=project, first=first, overdue_minutes=overdue)
+    show(human=human, project=project, first=first, overdue_minutes=overdue, served=served)
 
 
-def show(*, human: str | None, project: str | None, first: dict, overdue_minutes: float) -> None:
+def show(*, human: str | None, project: str | None, first: dict, overdue_minutes: float,
+         served: tuple[str, str] | None = None) -> None:
     """Run the application in this terminal until the user quits."""
     # Under textual-serve the application talks to the browser through its web driver, not a terminal.
     if not os.environ.get("TEXTUAL_DRIVER") and not (sys.stdin.isatty() and sys.stdout.isatty()):
@@ -73,7 +87,7 @@ def show(*, human: str | None, project: str | None, first: dict, overdue_minutes
                                     "(a pipe or a file). Run it in a terminal, or serve it to a browser with --web.")
     from agent_mail.dashboard.app import Dashboard
 
-    app = Dashboard(human=human, project=project, first=first)
+    app = Dashboard(human=human, project=project, first=first, served=served)
     app.overdue_minutes = overdue_minutes
     app.run()
     if app.stopped_by is not None:
@@ -85,9 +99,11 @@ def show(*, human: str | None, project: str | None, first: dict, overdue_minutes
         raise errors.AgentMailError(f"the dashboard stopped with an error (exit {app.return_code}).")
 
 
-def serve(*, human: str | None, project: str | None, overdue_minutes: float | None, port: int) -> None:
+def serve(*, human: str | None, project: str | None, overdue_minutes: float | None, port: int,
+          served: bool = False) -> None:
     """Serve the dashboard on 127.0.0.1:`port`: textual-serve runs `agent-mail dashboard` (this same mailbox,
-    these same options) for each browser tab that connects."""
+    these same options) for each browser tab that connects (`served`: the mailbox is an agent-mail server, which
+    each tab's dashboard reaches with this environment's AGENT_MAIL_DB and token)."""
     import socket
 
     from textual_serve.server import Server
@@ -105,7 +121,8 @@ def serve(*, human: str | None, project: str | None, overdue_minutes: float | No
         if value is not None:
             words += [flag, str(value)]
     # The tab's dashboard opens the mailbox this command resolved, whatever the server's environment becomes.
-    os.environ["AGENT_MAIL_DB"] = service.resolve_location()[0]
+    if not served:
+        os.environ["AGENT_MAIL_DB"] = service.resolve_location()[0]
     server = Server(shlex.join(words), host="127.0.0.1", port=port, title="agent-mail dashboard")
     print(f"agent-mail dashboard: serving on http://127.0.0.1:{port} (ctrl+c to stop)", file=sys.stderr)
     server.serve()

@@ -91,9 +91,10 @@ class Dashboard(App):
     HUMAN_ACTIONS = frozenset({"send", "reply", "broadcast", "cancel", "ack", "dismiss_mail", "archive"})
 
     def __init__(self, *, human: str | None = None, project: str | None = None, first: dict | None = None,
-                 live: bool = True):
+                 live: bool = True, served: tuple[str, str] | None = None):
         super().__init__()
         self.human, self.live = human, live
+        self.served = served  # (url, token): the mailbox is an agent-mail server's
         self.project = project
         self.pinned_project = project is not None
         self.overdue_minutes: float = data.DEFAULT_OVERDUE_MINUTES
@@ -103,7 +104,7 @@ class Dashboard(App):
         #: The screen in view (None before the first is shown: everything), set on the app's thread.
         self.shown_tab: str | None = None
         self.feeder: Feeder | None = None
-        self.on_demand = OnDemand()
+        self.on_demand = OnDemand(served)
         self.fleet_pane, self.traffic_pane = FleetPane(), TrafficPane()
         self.inbox_pane, self.charts_pane = InboxPane(), ChartsPane()
         self._behind: set[str] = set()  # screens whose table was not redrawn with the last snapshot
@@ -112,7 +113,7 @@ class Dashboard(App):
         self._release_signals = lambda: None
         self.stopped_by: int | None = None  # the signal that ended the app, if one did
         self.sub_title = (f"as {human}" if human else "read-only (start with --as PROJECT:NAME to step in)") + (
-            f" · project {project}" if project else "")
+            f" · project {project}" if project else "") + (f" · through {served[0]}" if served else "")
 
     # -- layout -------------------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -131,7 +132,7 @@ class Dashboard(App):
         self.inbox_pane.show_title(self.inbox_agent, self.human)
         self.screen.set_focus(self.query_one("#fleet-table", DataTable))  # now: see on_tabbed_content_tab_activated
         if self.live:
-            self.feeder = Feeder(self.post_message, self._wanted())
+            self.feeder = Feeder(self.post_message, self._wanted(), self.served)
             self.feeder.start()
         self._release_signals = stop_on_signals(self._stop_by_signal)
 

@@ -56,35 +56,45 @@ class Feeder(threading.Thread):
     """Reads what `wanted` names and posts it: at once, then whenever mail lands (the wake-up every message
     rings), when poked, and every REFRESH_SECONDS. A lost connection is posted and retried, never raised."""
 
-    def __init__(self, post: Callable[[Message], object], wanted: Wanted):
+    def __init__(self, post: Callable[[Message], object], wanted: Wanted, served: tuple[str, str] | None = None):
         super().__init__(name="agent-mail dashboard feeder", daemon=True)
         self.post = post  # the app's post_message, which may be called from any thread
         self.wanted = wanted
+        self.served = served  # (url, token): the mailbox is an agent-mail server's (agent_mail.dashboard.served)
         self.stopping = threading.Event()
         self.poke = threading.Event()
+        self.backoff = 1.0  # the wait before reading again after a problem; back to 1 s after each read
 
     def run(self) -> None:
         from agent_mail.store import open_store
 
-        backoff = 1.0
+        remote = None
+        if self.served is not None:
+            from agent_mail.dashboard.served import ServedSupervisor
+
+            remote = ServedSupervisor(*self.served)
         while not self.stopping.is_set():
             store = None
             try:
+                if remote is not None:  # read through the server; woken by its waiting look
+                    self._loop(remote, remote)
+                    continue
                 store = open_store(service.resolve_location()[0])
                 store.reconnect_seconds = 1.0  # a lost server is shown at once; this loop keeps retrying
                 supervisor = data.Supervisor(service.Mailbox(store))
                 store.listen_everything()
-                backoff = 1.0
                 self._loop(supervisor, store)
             except errors.AgentMailError as exc:
                 self._post(FeedProblem(exc.message))
-                self.stopping.wait(backoff)
-                backoff = min(backoff * 2, 15.0)
+                self.stopping.wait(self.backoff)
+                self.backoff = min(self.backoff * 2, 15.0)
             except Exception as exc:  # noqa: BLE001 - a bug: shown on screen and retried, never a dead feed
                 self._post(FeedProblem(f"internal error ({type(exc).__name__}: {exc}); please report this"))
-                self.stopping.wait(backoff)
-                backoff = min(backoff * 2, 15.0)
+                self.stopping.wait(self.backoff)
+                self.backoff = min(self.backoff * 2, 15.0)
             finally:
+                if remote is not None and self.stopping.is_set():
+                    remote.close()
                 if store is not None:
                     try:
                         store.close()
@@ -92,6 +102,7 @@ class Feeder(threading.Thread):
                         pass
 
     def _loop(self, supervisor: data.Supervisor, store) -> None:
+        """Read what is in view, then sleep on `store`'s wake-up (a ServedSupervisor's, through a server)."""
         charts_at = 0.0
         while not self.stopping.is_set():
             self.poke.clear()
@@ -110,6 +121,7 @@ class Feeder(threading.Thread):
                 snapshot["backlog"] = supervisor.backlog()
                 charts_at = time.monotonic()
             self._post(FeedRead(snapshot))
+            self.backoff = 1.0  # read: the next problem is retried soon again
             # Sleep on the mailbox's wake-up in short slices so a stop or a poke (a changed threshold,
             # the charts opened) acts within a fraction of a second; no query runs while nothing happens.
             read_at = time.monotonic()

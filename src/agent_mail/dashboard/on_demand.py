@@ -1,7 +1,8 @@
 """Reads and actions the dashboard runs when asked (a thread, an inbox, a send), off the app's thread.
 
 They run on one dedicated thread with a connection of its own, never the feeder's: a SQLite connection
-belongs to the thread that made it, and the screen never waits on the mailbox.
+belongs to the thread that made it, and the screen never waits on the mailbox. Through a server, that thread
+makes its requests (agent_mail.dashboard.served).
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from agent_mail.dashboard import data
 class OnDemand:
     """One thread and one connection, opened at the first call and re-opened after a storage error."""
 
-    def __init__(self):
+    def __init__(self, served: tuple[str, str] | None = None):
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent-mail dashboard io")
         self._store = None
         self._supervisor: data.Supervisor | None = None
+        self.served = served  # (url, token): through an agent-mail server (agent_mail.dashboard.served)
 
     def call(self, what, *args, **kwargs):
         """Run `what(supervisor, ...)` on the on-demand connection and wait for it: (result, None), or
@@ -32,6 +34,10 @@ class OnDemand:
 
     def _call_here(self, what, *args, **kwargs):
         try:
+            if self._supervisor is None and self.served is not None:
+                from agent_mail.dashboard.served import ServedSupervisor
+
+                self._supervisor = ServedSupervisor(*self.served)
             if self._supervisor is None:
                 from agent_mail.store import open_store
 

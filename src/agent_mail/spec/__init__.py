@@ -144,6 +144,9 @@ def describe_document(storage: dict, version: str, command: str | None = None) -
             "PostgreSQL mailbox as to any libpq client.",
             "AGENT_MAIL_POLL": "Set to any value to make watch poll the mailbox (every 25 ms) instead of sleeping on "
             "its wake-up pipe, for a file system that cannot hold named pipes. Any new message then wakes every watch.",
+            "AGENT_MAIL_STATE_DIR": "Where a client of an agent-mail server keeps its own settings: the mirror "
+            "directories set with profile --mirror-dir, which are on the client's machine (mirrors.json, 0600; "
+            "default $XDG_STATE_HOME/agent-mail, else ~/.local/state/agent-mail).",
         },
         "storage": storage,
         "commands": {name: c.describe() for name, c in COMMANDS.items()},
