@@ -1,0 +1,187 @@
+"""One HTTP/1.1 exchange with an agent-mail server, for the calls an agent makes all day (standard library only).
+
+Why not http.client for these: importing it loads the `email` parser, `re`, `urllib.parse` and more, ~15-25 ms
+on this project's reference machine: more than half of a whole local `read`, which a command through a server is
+measured against (issue 21: at most 1.5x a local cold start). A call here is one small POST and its answer: the
+request is written whole, the answer read by its Content-Length (or chunked, as a proxy may send it, or to the
+end of the connection), the connection closed. Plain http on the C socket module alone; https through `ssl`
+(and `socket`, which ssl wraps), verified against the system's CAs or AGENT_MAIL_CA. Streaming (export, import)
+keeps http.client, imported only there.
+"""
+
+from __future__ import annotations
+
+import os
+
+CA_VAR = "AGENT_MAIL_CA"
+MAX_HEADER_BYTES = 65_536
+
+
+class Lost(Exception):
+    """No whole answer: `sent` says whether the request had been written whole (then it may have been carried
+    out)."""
+
+    def __init__(self, reason: str, sent: bool):
+        super().__init__(reason)
+        self.reason, self.sent = reason, sent
+
+
+class Reply:
+    """The answer: its status, headers (names in lower case) and body."""
+
+    __slots__ = ("status", "headers", "body")
+
+    def __init__(self, status: int, headers: dict[str, str], body: bytes):
+        self.status, self.headers, self.body = status, headers, body
+
+    def header(self, name: str) -> str | None:
+        return self.headers.get(name.lower())
+
+
+def split(url: str) -> tuple[str, str, int, str]:
+    """(scheme, host, port, path prefix) of an http(s):// URL; ValueError if it is not one."""
+    scheme, sep, rest = url.partition("://")
+    scheme = scheme.lower()
+    if not sep or scheme not in ("http", "https"):
+        raise ValueError(f"{url!r} is not an http:// or https:// URL")
+    authority, slash, path = rest.partition("/")
+    authority = authority.rpartition("@")[2]  # credentials never travel in the URL
+    if authority.startswith("["):
+        host, _, tail = authority[1:].partition("]")
+        port_text = tail[1:] if tail.startswith(":") else ""
+    else:
+        host, _, port_text = authority.partition(":")
+    if not host:
+        raise ValueError(f"{url!r} names no host")
+    if port_text and not port_text.isdigit():
+        raise ValueError(f"{url!r} has a port that is not a number")
+    port = int(port_text) if port_text else (443 if scheme == "https" else 80)
+    return scheme, host, port, ("/" + path).rstrip("/") if slash else ""
+
+
+def _connect(scheme: str, host: str, port: int, timeout: float | None):
+    if scheme == "https":
+        import socket
+        import ssl
+
+        context = ssl.create_default_context(cafile=os.environ.get(CA_VAR) or None)
+        raw = socket.create_connection((host, port), timeout=timeout)
+        try:
+            return context.wrap_socket(raw, server_hostname=host)
+        except BaseException:
+            raw.close()
+            raise
+    import _socket
+
+    problem = None
+    # An ASCII name as bytes: given text, the socket module encodes it with the idna codec, which loads `re`.
+    name = host.encode("ascii") if host.isascii() else host
+    for family, kind, proto, _, address in _socket.getaddrinfo(name, port, 0, _socket.SOCK_STREAM):
+        sock = _socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(address)
+            return sock
+        except OSError as exc:
+            sock.close()
+            problem = exc
+    raise problem or OSError(f"no address for {host}")
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    text = getattr(exc, "strerror", None) or str(exc)
+    return text or type(exc).__name__
+
+
+def post(url: str, path: str, body: bytes, headers: dict[str, str], timeout: float | None) -> Reply:
+    """POST `body` to `path` under `url`; the whole answer, or Lost."""
+    scheme, host, port, prefix = split(url)
+    shown_host = f"[{host}]" if ":" in host else host
+    default = 443 if scheme == "https" else 80
+    lines = [f"POST {prefix}{path} HTTP/1.1", f"Host: {shown_host}" + ("" if port == default else f":{port}"),
+             f"Content-Length: {len(body)}", "Connection: close", "Accept-Encoding: identity",
+             *(f"{name}: {value}" for name, value in headers.items())]
+    request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+    sent = False
+    try:
+        sock = _connect(scheme, host, port, timeout)
+    except (OSError, ValueError) as exc:
+        raise Lost(_reason(exc), sent=False) from None
+    try:
+        sock.sendall(request)
+        sent = True
+        return _read_reply(sock)
+    except (OSError, ValueError) as exc:
+        raise Lost(_reason(exc), sent=sent) from None
+    finally:
+        sock.close()
+
+
+class _Reader:
+    def __init__(self, sock):
+        self.sock, self.buffer = sock, b""
+
+    def fill(self) -> bool:
+        chunk = self.sock.recv(65_536)
+        self.buffer += chunk
+        return bool(chunk)
+
+    def until(self, mark: bytes, limit: int) -> bytes:
+        while mark not in self.buffer:
+            if len(self.buffer) > limit:
+                raise ValueError("the answer's head is too long")
+            if not self.fill():
+                raise ValueError("the connection closed before the answer was whole")
+        head, _, self.buffer = self.buffer.partition(mark)
+        return head
+
+    def exactly(self, size: int) -> bytes:
+        while len(self.buffer) < size:
+            if not self.fill():
+                raise ValueError("the connection closed before the answer was whole")
+        data, self.buffer = self.buffer[:size], self.buffer[size:]
+        return data
+
+    def rest(self) -> bytes:
+        while self.fill():
+            pass
+        data, self.buffer = self.buffer, b""
+        return data
+
+
+def _read_reply(sock) -> Reply:
+    reader = _Reader(sock)
+    while True:
+        head = reader.until(b"\r\n\r\n", MAX_HEADER_BYTES).decode("latin-1")
+        status_line, *header_lines = head.split("\r\n")
+        parts = status_line.split(" ", 2)
+        if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
+            raise ValueError(f"not an HTTP answer ({status_line[:40]!r})")
+        status = int(parts[1])
+        if not 100 <= status < 200 or status == 101:
+            break  # an interim 1xx answer is skipped; the real one follows
+    headers: dict[str, str] = {}
+    for line in header_lines:
+        name, colon, value = line.partition(":")
+        if colon:
+            key = name.strip().lower()
+            headers[key] = f"{headers[key]}, {value.strip()}" if key in headers else value.strip()
+    if status in (204, 304):
+        return Reply(status, headers, b"")
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        body = bytearray()
+        while True:
+            size_line = reader.until(b"\r\n", 1024).split(b";", 1)[0].strip()
+            size = int(size_line, 16)
+            if size == 0:  # the last chunk: any trailers after it are not ours (the connection closes)
+                return Reply(status, headers, bytes(body))
+            body += reader.exactly(size)
+            reader.exactly(2)
+    length = headers.get("content-length")
+    if length is not None:
+        if not length.isdigit():
+            raise ValueError("the answer's Content-Length is not a number")
+        return Reply(status, headers, reader.exactly(int(length)))
+    return Reply(status, headers, reader.rest())
