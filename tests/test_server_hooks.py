@@ -175,6 +175,32 @@ def test_the_waiter_blocks_through_the_server_and_lives_and_dies_with_its_harnes
         _stop(waiter, harness)
 
 
+def test_the_waiter_outlives_a_server_restart(mailbox_path, tmp_path):
+    first = Server(str(mailbox_path))
+    token = first.token("--agent", AGENT)
+    harness = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    _json(_served(first, token, "claude-code", "context", {"session_id": "served", "hook_event_name": "SessionStart"}))
+    waiter = _waiter(first, token, harness.pid)
+    again = None
+    try:
+        _until(lambda: _status()["watch_state"] == "armed")
+        first.stop()  # SIGTERM: the server ends the waits it holds (503); the waiter reconnects
+        with open(tmp_path / "second.log", "wb") as log:
+            again = subprocess.Popen([sys.executable, "-m", "agent_mail", "serve", "--listen",
+                                      f"127.0.0.1:{first.port}"], env=process_env(AGENT_MAIL_DB=str(mailbox_path)),
+                                     stdout=subprocess.DEVNULL, stderr=log)
+        _until(lambda: "listening" in (tmp_path / "second.log").read_text())
+        _until(lambda: _status()["watch_state"] == "armed")  # armed again through the new server
+        assert waiter.poll() is None
+        sent = _send("after the restart")
+        assert waiter.wait(timeout=30) == 2 and sent in waiter.stderr.read().decode()
+    finally:
+        _stop(waiter, harness)
+        if again is not None:
+            again.terminate()
+            again.wait(timeout=20)
+
+
 def test_a_token_not_naming_the_hooks_identity_is_refused_and_changes_nothing(server, tmp_path):
     other = server.token("--agent", "proj:other")
     _send("for the coder")
@@ -211,6 +237,9 @@ def repo(tmp_path, monkeypatch):
 
 
 def _edit(harness: str, path: str, cwd) -> dict:
+    if harness == "codex":  # apply_patch: the files are named in the patch's headers
+        return {"session_id": "s", "hook_event_name": "PreToolUse", "tool_name": "apply_patch", "cwd": str(cwd),
+                "tool_input": {"command": f"*** Begin Patch\n*** Update File: {path}\n@@\n-a\n+b\n*** End Patch"}}
     if harness == "gemini":
         return {"session_id": "s", "hook_event_name": "BeforeTool", "tool_name": "replace",
                 "tool_input": {"file_path": path}, "cwd": str(cwd)}
@@ -218,7 +247,7 @@ def _edit(harness: str, path: str, cwd) -> dict:
             "tool_input": {"file_path": path, "old_string": "main", "new_string": "start"}}
 
 
-@pytest.mark.parametrize("harness", ["claude-code", "gemini"])
+@pytest.mark.parametrize("harness", ["claude-code", "codex", "gemini"])
 def test_the_pre_tool_hook_denies_an_edit_of_a_held_file_through_the_server(server, repo, harness):
     token = server.token("--agent", AGENT)
     holder = server.token("--agent", HOLDER)
@@ -236,7 +265,7 @@ def test_the_pre_tool_hook_denies_an_edit_of_a_held_file_through_the_server(serv
     # A file nobody holds, and a read, pass silently (Gemini CLI: an empty object).
     quiet = b"{}\n" if harness == "gemini" else b""
     assert _served(server, token, harness, "pretool", _edit(harness, str(repo / "README.md"), repo)).stdout == quiet
-    read = {**held, "tool_name": "Read" if harness == "claude-code" else "read_file"}
+    read = {**held, "tool_name": {"claude-code": "Read", "codex": "shell", "gemini": "read_file"}[harness]}
     assert _served(server, token, harness, "pretool", read).stdout == quiet
     # The holder itself may edit; a token that does not name the hook's identity is refused.
     assert _served(server, holder, harness, "pretool", held, agent=HOLDER).stdout == quiet
