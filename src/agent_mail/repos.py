@@ -198,7 +198,8 @@ def from_client(located: dict, repo: str | None = None) -> Repository:
     `located` names the key with `repo`)."""
     if not located and repo is not None:
         return Repository(repo, None, False)
-    key, fold = (located or {}).get("key"), (located or {}).get("fold", False)
+    located = located if isinstance(located, dict) else {"": located}
+    key, fold = located.get("key"), located.get("fold", False)
     if not isinstance(key, str) or not key.strip() or len(key) > KEY_MAX_CHARS or not isinstance(fold, bool) \
             or set(located) - {"key", "fold"}:
         raise errors.InvalidInput([("located", "the repository as the client located it on its own machine: "
