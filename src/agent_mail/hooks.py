@@ -304,7 +304,8 @@ def _session(document: dict, waiter: str | None = None) -> dict:
 def _served_wait(served, harness: str, agent: str, document: dict) -> int:
     """The waiter as a long request the server holds (armed there like a watch, refreshing the session), reconnecting
     across a server restart. This process watches the harness: when it dies, the session is ended through the
-    server (so it stops counting as live at once) and this process exits, which ends the request."""
+    server (so it stops counting as live at once) and this process exits, which ends the request. It replaces the
+    session's older waiter: a first short request names it, and it is SIGTERMed here, as without a server."""
     import threading
 
     if harness not in WAKES_IDLE or not _waits_here():
@@ -323,7 +324,11 @@ def _served_wait(served, harness: str, agent: str, document: dict) -> int:
                 os._exit(errors.EXIT_OK)
     threading.Thread(target=watch_harness, daemon=True).start()
     try:
-        result = served.wait("hook", given, model.WATCH_MINUTES_DEFAULT * 60.0)
+        # First a glance (armed, then a look at once): the older waiter it replaces is named, and ended here.
+        result = served.call("hook", {**given, "wait_seconds": 0.05})[1]
+        if not result.get("wake"):
+            _end_waiter(result.get("waiter"))
+            result = served.wait("hook", given, model.WATCH_MINUTES_DEFAULT * 60.0)
     except errors.Interrupted:
         return errors.EXIT_OK  # ended by a newer waiter or the session's end: quietly, as without a server
     finally:

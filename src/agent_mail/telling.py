@@ -331,7 +331,8 @@ def served_step(mailbox, *, harness: str, event: str, agent: str, session: dict,
 def _served_wait(step: Session, given: dict, wanted, seconds: float) -> dict:
     """The waiter's blocking wait, held here while the client holds its request: armed like a watch (status
     shows it), ended by the client hanging up (its harness died, or a newer waiter ended it), by a newer waiter
-    (seen at the next refresh) or by the server's own end."""
+    (its client ends this one's process; failing that, seen here within a minute) or by the server's own end.
+    `waiter` in the answer: the older waiter this one replaced, for the client to end."""
     import time
 
     if step.harness not in WAKES_IDLE:
@@ -343,18 +344,20 @@ def _served_wait(step: Session, given: dict, wanted, seconds: float) -> dict:
     note: list[str] = []
     touched = [time.monotonic()]
 
-    def still() -> bool:
+    def still() -> bool:  # asked every 5 s; the session row is read (and refreshed) once a minute
         if wanted is not None and not wanted():
             return False
-        touch = time.monotonic() - touched[0] >= LAST_SEEN_EVERY_SECONDS
-        if touch:
-            touched[0] = time.monotonic()
-        return step.still_waiting(me, touch)
+        if time.monotonic() - touched[0] < LAST_SEEN_EVERY_SECONDS:
+            return True
+        touched[0] = time.monotonic()
+        return step.still_waiting(me, True)
     try:
         found = step.mailbox.wait_armed(step.agent, seconds, lambda: step.look(me, note), still)
     except Superseded:
         found = []
     finally:
         step.forget_waiter(me)
-    del older  # its request here sees at its next refresh that it was superseded, and its client exits quietly
-    return {"wake": bool(found and note), "note": note[0] if found and note else None}
+    # The older waiter's process is the client's to end (it is on the harness's machine): its request here would
+    # otherwise see at its next look that it was superseded.
+    return {"wake": bool(found and note), "note": note[0] if found and note else None,
+            "waiter": older if older not in (None, me) else None}
