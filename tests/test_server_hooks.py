@@ -336,6 +336,15 @@ def test_a_real_git_commit_through_the_server_is_refused_naming_the_holder_and_l
     assert "--no-verify" in refused.stderr
     assert _commit(repo, {**through, "AGENT_MAIL_TOKEN": holder, "AGENT_MAIL_AGENT": HOLDER}).returncode == 0
     assert _commit(repo, through, "README.md").returncode == 0  # a file nobody holds
+    # pre-push: the commits pushed touch the held file (the holder's commit): refused for us, not for the holder.
+    bare = repo.parent / "bare.git"
+    subprocess.run(["git", "init", "-q", "--bare", str(bare)], check=True, capture_output=True)
+    subprocess.run(["git", "remote", "add", "backup", str(bare)], cwd=repo, check=True, capture_output=True)
+    pushed = subprocess.run(["git", "push", "-q", "backup", "main"], cwd=repo, capture_output=True, text=True,
+                            env=through)
+    assert pushed.returncode != 0 and f"held by {HOLDER}" in pushed.stderr and "git push --no-verify" in pushed.stderr
+    assert subprocess.run(["git", "push", "-q", "backup", "main"], cwd=repo, capture_output=True, text=True,
+                          env={**through, "AGENT_MAIL_TOKEN": holder, "AGENT_MAIL_AGENT": HOLDER}).returncode == 0
     server.stop()
     down = _commit(repo, through)
     assert down.returncode == 0, down.stderr  # let through, and said
