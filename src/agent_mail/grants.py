@@ -70,7 +70,8 @@ def check(grant: dict, name: str, values: dict) -> str | None:
         if grant["supervisor"] and _looks_only(name, values):
             return None
         hint = " A supervisor's token may look without marking: read --no-mark-read." if name == "read" else ""
-        raise _refuse(key.rstrip("_"), f"{identity!r}: {scope(grant)}; it may not {name} as {identity}.{hint}")
+        doing = "run a harness session's hooks" if name == "hook" else name
+        raise _refuse(key.rstrip("_"), f"{identity!r}: {scope(grant)}; it may not {doing} as {identity}.{hint}")
     if name in ("search", "export", "status"):
         agent = values.get("agent")
         if everyone or grant["supervisor"] or (agent is not None and covers(grant, agent)):
