@@ -18,10 +18,35 @@ LOOK_WAIT_MAX = 300  # served_looks.WAIT_SECONDS_MAX
 
 # The commands a client may call; the rest work on a mailbox itself, or are not served yet (the client says so).
 SERVED = ("send", "read", "ack", "watch", "heartbeat", "dismiss", "archive", "delete", "cancel", "attachments",
-          "profile", "notifications", "status", "search", "cleanup", "doctor")
+          "profile", "notifications", "status", "search", "cleanup", "doctor", "reserve", "release", "reservations",
+          "hook")
+# The calls that may block: a hanging-up client, a stopping server or a revoked token ends them (hook: its waiter).
+WAITS = ("watch", "hook")
 # Arguments that name a file on the server's machine: what the client reads or writes on its own machine instead.
 LOCAL_TO_CLIENT = {"send": ("body_file", "attach", "ref"), "attachments": ("save_to", "overwrite"),
                    "profile": ("mirror_dir",), "notifications": ("follow",), "doctor": ("repair",)}
+_LOCATED = {"type": "object", "required": ["key"], "additionalProperties": False,
+            "description": "The repository as the client located it on its own machine (its key, and whether its "
+                           "core.ignorecase folds case); patterns and paths are then said from its root. The server "
+                           "never looks at files of its own for it: without `located`, `repo` names the key.",
+            "properties": {"key": {"type": "string", "minLength": 1, "maxLength": 1000},
+                           "fold": {"type": "boolean"}}}
+_SESSION = {"type": "object", "required": ["session_id"],
+            "description": "The harness session as the client's machine knows it: its session_id and "
+                           "hook_event_name (from the hook's input), stop_hook_active, the harness's process id and "
+                           "the machine's name (so status counts it live while it shows signs of life), and a "
+                           "waiter's process token.",
+            "properties": {"session_id": {"type": "string", "minLength": 1, "maxLength": 200},
+                           "hook_event_name": {"type": ["string", "null"], "maxLength": 200},
+                           "stop_hook_active": {"type": "boolean"},
+                           "pid": {"type": ["integer", "null"], "minimum": 1},
+                           "host": {"type": ["string", "null"], "maxLength": 300},
+                           "waiter": {"type": ["string", "null"], "maxLength": 400}}}
+# What a hook step answers through a server: the harness's output as the hook prints it, and a waiter's note.
+HOOK_RESULT = {"type": "object", "required": ["output", "wake", "note"], "properties": {
+    "output": {"type": ["object", "null"], "description": "What the hook prints for the harness (null: nothing)."},
+    "wake": {"type": "boolean", "description": "wait: mail arrived; the hook exits 2 with `note` on stderr."},
+    "note": {"type": ["string", "null"], "description": "wait: the envelopes that wake the session."}}}
 # Values only a client sends, beside the command's own: content it read, a watch's remaining wait.
 EXTRAS = {
     "send": {
@@ -39,7 +64,31 @@ EXTRAS = {
                                               "timeout_minutes is then ignored."}},
     "attachments": {"with_content": {"type": "boolean", "description": "Add `contents`: sha256 -> base64 of each "
                                                                         "attachment listed."}},
+    **{name: {"located": _LOCATED} for name in ("reserve", "release", "reservations")},
+    "hook": {"session": _SESSION,
+             "wait_seconds": {"type": "number", "exclusiveMinimum": 0, "maximum": model.WATCH_MINUTES_MAX * 60,
+                              "description": "wait: how long this request waits (the client's remaining wait)."}},
 }
+# What a served call's operation takes from the extras (beside its checked values): a reservation command's
+# repository as the client located it ({} when it sent none: the server then needs `repo`, never looking at its own
+# files); a hook step's session as the client's machine knows it (a waiter's `once` is False: it blocks).
+_TAKEN = {"reserve": ("located",), "release": ("located",), "reservations": ("located",), "hook": ("session",)}
+
+
+def carried(name: str, extras: dict) -> dict:
+    """The values the operation of served call `name` takes from the client's extras."""
+    taken = {key: extras.get(key) or {} for key in _TAKEN.get(name, ())}
+    if name == "hook":
+        taken["once"] = False
+    return taken
+
+
+def exit_code(name: str, result: dict) -> int:
+    """The exit code a served call's result has on the command line: 3 for a send with refused recipients, and
+    for a reserve or reservations --check with conflicts."""
+    if name == "send" and result.get("refused") or name in ("reserve", "reservations") and result.get("conflicts"):
+        return errors.EXIT_PARTIAL
+    return errors.EXIT_OK
 
 EXIT_CODES = (errors.EXIT_OK, errors.EXIT_FAILED, errors.EXIT_INVALID, errors.EXIT_PARTIAL, errors.EXIT_FORBIDDEN)
 _ERROR = {"type": "object", "required": ["error", "problems"], "properties": {
@@ -76,7 +125,8 @@ def _call_operation(name: str) -> dict:
         body["properties"].pop(key, None)
     ok = {"description": "The command's result document, as the command line prints it (exit 0; send with refused "
                          "recipients: exit 3).", "headers": _exit_header(),
-          "content": {"application/json": {"schema": schemas.result_schema(command)}}}
+          "content": {"application/json": {"schema": HOOK_RESULT if name == "hook" else
+                                           schemas.result_schema(command)}}}
     return {"operationId": name, "summary": command.summary, "tags": ["mutating" if command.mutating else "looking"],
             "parameters": [{"name": NAMES_HEADER, "in": "header", "required": False,
                             "description": "`flags`: name arguments in problems as the command line does "

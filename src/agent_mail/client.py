@@ -31,7 +31,7 @@ _ON_THE_MAILBOX = "works on a mailbox itself, not through a server: run it where
 _NOT_YET = "is not supported through a server yet: run it where the mailbox is, with AGENT_MAIL_DB naming its " \
            "file or postgresql:// URL"
 NOT_REMOTE = {"copy": _ON_THE_MAILBOX, "token": _ON_THE_MAILBOX, "serve": _ON_THE_MAILBOX,
-              "mcp": _NOT_YET, "hook": _NOT_YET}
+              "mcp": _NOT_YET}
 NOT_REMOTE_FLAGS = {("doctor", "repair"): _ON_THE_MAILBOX}
 # What changes mail an identity's mirror shows: after it, the mirrors kept on this machine are rendered again.
 KEEP_MIRRORS = ("send", "read", "ack", "dismiss", "archive", "delete", "cancel", "cleanup")
@@ -169,6 +169,8 @@ def main(name: str, values: dict, emit) -> int:
         import sys
 
         return sys.modules[front_end].main({**values, "served": (url, read_token())}, emit)
+    if name in STARTED_HERE:
+        return _started(name, url, values, emit)
     if name in NOT_REMOTE:
         raise _refuse("AGENT_MAIL_DB", f"names an agent-mail server ({url}); {name} {NOT_REMOTE[name]}")
     for (command, key), why in NOT_REMOTE_FLAGS.items():
@@ -180,6 +182,8 @@ def main(name: str, values: dict, emit) -> int:
     calls.check(name, given, with_inputs=False)  # what is sent is what the call layer accepts
     if name == "send":
         given = _with_uploads(values, given)
+    if name in ("reserve", "release", "reservations"):
+        given = _located(values, given)
     if name == "watch":
         return _watch(url, token, values, given, emit)
     if name == "export":
@@ -508,3 +512,91 @@ def _follow(url: str, token: str, agent: str, emit) -> int:
         return errors.EXIT_OK
     finally:
         waits.restore_handlers(previous)
+
+# -- hooks, the git guard and reservations: what stays on this machine ---------------------------------------------
+# The front ends run on the client's machine (they read the harness's stdin, the git checkout, the processes here)
+# and carry their mailbox steps to the server through a Served: started by name, as the command line starts them.
+STARTED_HERE = {"hook": "agent_mail.hooks", "guard": "agent_mail.guards"}
+
+
+def _located(values: dict, given: dict) -> dict:
+    """A reservation command's repository located here, in the git checkout (agent_mail.repos): its key and case
+    folding sent as values, with the patterns anchored and the paths said from its root. The server never looks
+    at its own files for it."""
+    from agent_mail import repos
+
+    asked = [("paths", p) for p in values.get("paths") or ()] + [("path", p) for p in values.get("path") or ()]
+    located, patterns, paths = repos.for_server(values.get("repo"), values.get("patterns") or (), asked)
+    given = {key: value for key, value in given.items() if key not in ("repo", "path", "paths", "patterns")}
+    if values.get("patterns"):
+        given["patterns"] = patterns
+    relative = iter(paths)
+    for key in ("paths", "path"):
+        if values.get(key):
+            given[key] = [next(relative) for _ in values[key]]
+    return {**given, "located": located}
+
+
+class Served:
+    """What a front end started by the client (hook, guard) calls the server with: checked values by argument name
+    in, the result document out (Answered for a refusal; Unreachable when no server answered). The token is read
+    at the first call, so what needs no mailbox (guard install) needs no token."""
+
+    Unreachable = Unreachable
+
+    def __init__(self, url: str):
+        self.url = url
+        self._token: str | None = None
+
+    def call(self, name: str, given: dict, timeout: float | None = CALL_TIMEOUT_SECONDS) -> tuple[int, dict]:
+        """(exit code, document) of the served call `name`."""
+        if self._token is None:
+            self._token = read_token()
+        status, code, document = request(self.url, self._token, name, given, timeout)
+        if code not in (errors.EXIT_OK, errors.EXIT_PARTIAL):
+            raise Answered(document, code)
+        return code, document
+
+    def reservations_check(self, agent: str, located: dict, paths: list[str]) -> dict:
+        """reservations --check of paths already said from the root of the repository located here."""
+        return self.call("reservations", {"agent": agent, "paths": paths, "check": True, "located": located})[1]
+
+    def wait(self, name: str, given: dict, seconds: float) -> dict | None:
+        """A blocking call as one long request that outlives a server restart (as a watch does): reconnects and
+        asks again for the rest of its wait, up to RECONNECT_SECONDS without a server; its document, or None when
+        the wait ran out while the server was away."""
+        deadline = time.monotonic() + seconds
+        lost_at = None
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            try:
+                status, code, document = request(self.url, self._token or self._read(), name,
+                                                  {**given, "wait_seconds": round(max(1.0, left), 3)},
+                                                  timeout=left + 60.0)
+            except Unreachable:
+                status, code, document = 0, errors.EXIT_FAILED, None
+            if status in (0, 502, 503, 504):
+                lost_at = lost_at or time.monotonic()
+                if time.monotonic() - lost_at > RECONNECT_SECONDS:
+                    raise Unreachable(f"the agent-mail server at {self.url} has not answered for "
+                                      f"{RECONNECT_SECONDS:.0f} s; the wait gave up.")
+                time.sleep(0.5)
+                continue
+            if code not in (errors.EXIT_OK, errors.EXIT_PARTIAL):
+                raise Answered(document, code)
+            return document
+
+    def _read(self) -> str:
+        self._token = read_token()
+        return self._token
+
+
+def _started(name: str, url: str, values: dict, emit) -> int:
+    """hook and guard: their own front end, run here, its mailbox steps carried by the server."""
+    import sys
+
+    module = STARTED_HERE[name]
+    __import__(module)
+    return sys.modules[module].main(values, emit, served=Served(url))

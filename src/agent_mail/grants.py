@@ -14,7 +14,7 @@ from agent_mail import errors
 # The argument naming the identity each command acts as (checked values, by the operation's keywords).
 ACTS_AS = {"send": "from_", "cancel": "sender", "read": "agent", "ack": "agent", "watch": "agent",
            "heartbeat": "agent", "dismiss": "agent", "archive": "agent", "delete": "agent", "attachments": "agent",
-           "profile": "agent", "notifications": "agent"}
+           "profile": "agent", "notifications": "agent", "reserve": "agent", "release": "agent", "hook": "agent"}
 # Commands over the whole mailbox that only an operator's token ('*') may run.
 OPERATOR_ONLY = ("cleanup", "import")
 
@@ -63,12 +63,15 @@ def check(grant: dict, name: str, values: dict) -> str | None:
     if name in ACTS_AS:
         key = ACTS_AS[name]
         identity = values[key]
+        if identity is None:  # hook's --agent, which the command line fills in from AGENT_MAIL_AGENT
+            raise errors.InvalidInput([(key, "is required through a server: the identity this call acts as.")])
         if covers(grant, identity):
             return identity
         if grant["supervisor"] and _looks_only(name, values):
             return None
         hint = " A supervisor's token may look without marking: read --no-mark-read." if name == "read" else ""
-        raise _refuse(key.rstrip("_"), f"{identity!r}: {scope(grant)}; it may not {name} as {identity}.{hint}")
+        doing = "run a harness session's hooks" if name == "hook" else name
+        raise _refuse(key.rstrip("_"), f"{identity!r}: {scope(grant)}; it may not {doing} as {identity}.{hint}")
     if name in ("search", "export", "status"):
         agent = values.get("agent")
         if everyone or grant["supervisor"] or (agent is not None and covers(grant, agent)):
@@ -81,6 +84,14 @@ def check(grant: dict, name: str, values: dict) -> str | None:
         raise _refuse("agent" if agent else None, f"{what}: {scope(grant)}; looking at others needs a supervisor's "
                                                   f"token (token create --supervisor), or --agent naming your own "
                                                   "identity.")
+    if name == "reservations":  # --check asks for --agent; a supervisor may look at anyone's, and at all of them
+        agent = values.get("agent")
+        if everyone or grant["supervisor"] or (agent is not None and covers(grant, agent)):
+            return agent
+        what = f"{agent!r}" if agent else "every identity's reservations"
+        raise _refuse("agent" if agent else None, f"{what}: {scope(grant)}; give --agent naming your own identity "
+                                                  "(reservations --check --agent, or your own list), or use a "
+                                                  "supervisor's token to see everyone's.")
     if name == "doctor":
         if everyone or grant["supervisor"]:
             return None

@@ -229,18 +229,38 @@ def refusal(result: dict, agent: str, source: str, action: str) -> str:
     return "\n".join(lines)
 
 
-def run_hook(hook: str, stdin_text: str = "") -> int:
-    """The pre-commit or pre-push check, as git runs it; the exit status (0 lets the change through)."""
+def run_hook(hook: str, stdin_text: str = "", served=None) -> int:
+    """The pre-commit or pre-push check, as git runs it; the exit status (0 lets the change through). `served`:
+    the client's caller when AGENT_MAIL_DB names an agent-mail server (agent_mail.client.Served)."""
     action = "commit" if hook == "pre-commit" else "push"
     try:
-        return _check(hook, action, stdin_text)
+        return _check(hook, action, stdin_text, served)
     except errors.AgentMailError as exc:
         _say(f"{_SAY}refused: the guard could not check this {action}: {exc.message}\nFix that, or {action} "
              f"without the guard: git {action} --no-verify.")
         return errors.EXIT_FAILED
 
 
-def _check(hook: str, action: str, stdin_text: str) -> int:
+def _unreachable(root: str, action: str, why: str) -> int:
+    strict = _strict(root)
+    _say(f"{_SAY}cannot reach the mailbox to check this {action} against reservations: {why}\n"
+         + (f"Refused ({STRICT_CONFIG} is strict). Fix the mailbox, or {action} anyway with git's bypass: "
+            f"git {action} --no-verify." if strict else
+            f"Let through unchecked. To refuse instead: git config {STRICT_CONFIG} strict "
+            f"(or {STRICT_ENV}=strict)."))
+    return errors.EXIT_FAILED if strict else errors.EXIT_OK
+
+
+def _served_check(served, root: str, agent: str, paths: list[str]) -> dict:
+    """reservations --check through the server: the repository located in this checkout, the paths from its root
+    (git gives them so), only the values sent."""
+    from agent_mail import repos
+
+    located, _, relative = repos.for_server(None, (), [("paths", p) for p in paths], cwd=root)
+    return served.reservations_check(agent, located, relative)
+
+
+def _check(hook: str, action: str, stdin_text: str, served=None) -> int:
     from agent_mail import calls, location, service
     from agent_mail.store import scheme_of
 
@@ -254,6 +274,16 @@ def _check(hook: str, action: str, stdin_text: str) -> int:
     paths = staged_paths(root) if hook == "pre-commit" else pushed_paths(root, stdin_text)
     if not paths:
         return errors.EXIT_OK
+    if served is not None:  # AGENT_MAIL_DB names an agent-mail server: the check is carried there
+        calls.check("reservations", {"agent": agent, "paths": paths, "check": True}, with_inputs=False)
+        try:
+            result = _served_check(served, root, agent, paths)
+        except served.Unreachable as exc:
+            return _unreachable(root, action, exc.message)
+        if result["ok"]:
+            return errors.EXIT_OK
+        _say(refusal(result, agent, source, action))
+        return errors.EXIT_FAILED
     where, _ = location.resolve_location()
     if scheme_of(where) is None and not os.path.exists(where):
         return errors.EXIT_OK  # no mailbox, so nothing reserved (and none is created here)
@@ -261,13 +291,7 @@ def _check(hook: str, action: str, stdin_text: str) -> int:
     try:
         mailbox = opened.__enter__()
     except errors.AgentMailError as exc:
-        strict = _strict(root)
-        _say(f"{_SAY}cannot reach the mailbox to check this {action} against reservations: {exc.message}\n"
-             + (f"Refused ({STRICT_CONFIG} is strict). Fix the mailbox, or {action} anyway with git's bypass: "
-                f"git {action} --no-verify." if strict else
-                f"Let through unchecked. To refuse instead: git config {STRICT_CONFIG} strict "
-                f"(or {STRICT_ENV}=strict)."))
-        return errors.EXIT_FAILED if strict else errors.EXIT_OK
+        return _unreachable(root, action, exc.message)
     try:
         result = calls.call("reservations", {"agent": agent, "paths": paths, "check": True}, mailbox=mailbox)
     finally:
@@ -283,8 +307,10 @@ def _say(text: str) -> None:
     sys.stderr.flush()
 
 
-def main(values: dict, emit) -> int:
-    """`agent-mail guard ACTION [--dir REPO]`, as the command line starts it."""
+def main(values: dict, emit, served=None) -> int:
+    """`agent-mail guard ACTION [--dir REPO]`, as the command line starts it (`served`: as the client starts it,
+    when AGENT_MAIL_DB names an agent-mail server: install and uninstall are the same, the check is carried
+    there)."""
     from agent_mail import calls  # noqa: F401  (a front end enters through the call layer: see _check)
 
     action = values["action"]
@@ -294,5 +320,5 @@ def main(values: dict, emit) -> int:
         emit(uninstall(values["dir"]))
     else:
         text = sys.stdin.read() if action == "pre-push" and sys.stdin is not None else ""
-        return run_hook(action, text)
+        return run_hook(action, text, served)
     return errors.EXIT_OK

@@ -140,13 +140,25 @@ def host_name() -> str:
     return os.uname().nodename
 
 
+# The mark on the machine name of a harness session whose hooks reach the mailbox through `agent-mail serve`
+# (agent_mail.telling): nobody here can see its process, so it is live while its hooks show signs of life.
+SERVED = " (through agent-mail serve)"
+SERVED_SESSION_SECONDS = 600.0
+
+
 def live_sessions(sessions: list[dict], now: _dt.datetime) -> list[dict]:
     """Of harness sessions not ended, those still live: on this machine, while their harness process runs;
-    elsewhere (or of unknown process), seen within the last day."""
+    through a server, seen within SERVED_SESSION_SECONDS (any hook of it; its waiter refreshes it every minute
+    while it is idle, and ends it when its harness dies); elsewhere (or of unknown process), seen within the last
+    day."""
     host = host_name()
     live = []
     for session in sessions:
-        if session.get("host") == host and session.get("pid"):
+        if (session.get("host") or "").endswith(SERVED):
+            seen = model.parse_iso(session.get("last_seen"))
+            if seen is not None and (now - seen).total_seconds() < SERVED_SESSION_SECONDS:
+                live.append(session)
+        elif session.get("host") == host and session.get("pid"):
             if pid_alive(session["pid"]):
                 live.append(session)
         else:

@@ -189,6 +189,47 @@ def locate(repo: str | None = None, cwd: str | None = None) -> Repository:
     return _keyed(repo, root, dict(line.split(" ", 1) for line in config.splitlines() if " " in line))
 
 
+KEY_MAX_CHARS = 1000
+
+
+def from_client(located: dict, repo: str | None = None) -> Repository:
+    """The repository a client located on its own machine (`located`: {key, fold}), as a server takes it: it never
+    looks at files of its own for it, and the paths and patterns arrive said from the root (a client without
+    `located` names the key with `repo`)."""
+    if not located and repo is not None:
+        return Repository(repo, None, False)
+    located = located if isinstance(located, dict) else {"": located}
+    key, fold = located.get("key"), located.get("fold", False)
+    if not isinstance(key, str) or not key.strip() or len(key) > KEY_MAX_CHARS or not isinstance(fold, bool) \
+            or set(located) - {"key", "fold"}:
+        raise errors.InvalidInput([("located", "the repository as the client located it on its own machine: "
+                                               f"{{key: its key (1-{KEY_MAX_CHARS} characters), fold: true when its "
+                                               "core.ignorecase folds case}; agent-mail sends it itself when "
+                                               "AGENT_MAIL_DB names a server (or name the key with repo).")])
+    return Repository(key, None, fold)
+
+
+def for_server(repo: str | None, patterns=(), paths=(), cwd: str | None = None) -> tuple[dict, list[str], list[str]]:
+    """The client's side of a reservation command sent to a server: the repository located here ({key, fold}),
+    the patterns anchored as stored (./x -> /x) and the paths said from its root. InvalidInput as the command
+    would give it here. `paths`: (the argument's name, the path) pairs; `cwd`: where they are said from."""
+    repository = locate(repo, cwd)
+    problems, anchored, relative = [], [], []
+    for given in patterns:
+        try:
+            anchored.append(repository.pattern(given, cwd))
+        except errors.InvalidInput as exc:
+            problems += [("patterns", m) for _, m in exc.pairs()]
+    for field, given in paths:
+        try:
+            relative.append(repository.path(given, cwd))
+        except errors.InvalidInput as exc:
+            problems += [(field, m) for _, m in exc.pairs()]
+    if problems:
+        raise errors.InvalidInput(problems)
+    return {"key": repository.key, "fold": repository.fold}, anchored, relative
+
+
 def _keyed(repo: str | None, root: str, values: dict[str, str]) -> Repository:
     fold = values.get("core.ignorecase", "false").lower() in ("true", "yes", "on", "1")
     if repo is not None:

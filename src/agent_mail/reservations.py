@@ -98,9 +98,16 @@ def _asking(agent: str, conflicts: list[dict]) -> list:
     return steps
 
 
+def _repository(repo: str | None, located: dict | None) -> repos.Repository:
+    """The repository this working directory lies in (or `repo`); through a server (`located` given, {} when the
+    client sent none), the one the client located on its own machine: a server never looks at its own files."""
+    return repos.locate(repo) if located is None else repos.from_client(located, repo)
+
+
 def reserve(mailbox, *, agent: str, patterns, shared: bool = False, reason: str | None = None,
-            minutes: int = model.RESERVE_MINUTES_DEFAULT, repo: str | None = None, emit=no_emit) -> dict:
-    repository = repos.locate(repo)
+            minutes: int = model.RESERVE_MINUTES_DEFAULT, repo: str | None = None, located: dict | None = None,
+            emit=no_emit) -> dict:
+    repository = _repository(repo, located)
     wanted = _stored_patterns(repository, patterns)
     store = mailbox.store
     with store.transaction(write=True):
@@ -139,8 +146,8 @@ def reserve(mailbox, *, agent: str, patterns, shared: bool = False, reason: str 
 
 
 def release(mailbox, *, agent: str, patterns=(), all: bool = False, force: bool = False, repo: str | None = None,
-            emit=no_emit) -> dict:
-    repository = repos.locate(repo)
+            located: dict | None = None, emit=no_emit) -> dict:
+    repository = _repository(repo, located)
     named = _stored_patterns(repository, patterns) if patterns else []
     store = mailbox.store
     with mailbox.mirrors.changing():
@@ -230,8 +237,8 @@ class Covering:
 
 
 def reservations(mailbox, *, agent: str | None = None, paths=(), path=(), check: bool = False,
-                 repo: str | None = None, emit=no_emit) -> dict:
-    repository = repos.locate(repo)
+                 repo: str | None = None, located: dict | None = None, emit=no_emit) -> dict:
+    repository = _repository(repo, located)
     asked = [repository.path(p) for p in [*paths, *path]]
     if check and not asked:
         raise errors.InvalidInput([("paths", "give the paths to check (a commit's files).")])

@@ -150,7 +150,8 @@ def _carry_out(location: str, name: str, presented: str | None, body: bytes, inf
         mailbox.publish_due()
         if uploaded is not None:
             values["uploaded"] = uploaded
-        if name == "watch":
+        values.update(api.carried(name, extras))
+        if name in api.WAITS:
             _bound_wait(values, extras, store, grant, gone)
         result = calls.run(name, values, mailbox=mailbox)
         if name == "attachments" and extras.get("with_content") is True:
@@ -307,7 +308,7 @@ def app_for(location: str) -> Starlette:
                 _LIMITER.append(anyio.CapacityLimiter(MAX_THREADS))
             gone, done, outcome = threading.Event(), anyio.Event(), []
             async with anyio.create_task_group() as group:
-                if name == "watch":  # a client that hangs up ends its wait
+                if name in api.WAITS:  # a client that hangs up ends its wait
                     group.start_soon(_watch_disconnect, request, gone, done)
                 try:
                     outcome.append(await anyio.to_thread.run_sync(_carry_out, location, name, _bearer(request), body,
@@ -319,7 +320,7 @@ def app_for(location: str) -> Starlette:
             if isinstance(outcome[0], Exception):
                 raise outcome[0]
             result = outcome[0]
-            code = errors.EXIT_PARTIAL if name == "send" and result["refused"] else errors.EXIT_OK
+            code = api.exit_code(name, result)
             response = _document(result, 200, code)
         except errors.AgentMailError as exc:
             shown = exc.renamed(_namer(name, request))

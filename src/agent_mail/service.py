@@ -447,6 +447,18 @@ for _name in ("reserve", "release", "reservations"):
     setattr(Mailbox, _name, _reservation_operation(_name))
 
 
+@guarded("hook")
+def _hook(self, **options) -> dict:
+    """One step of a harness's hook carried for a client (agent-mail serve); see telling.served_step."""
+    from agent_mail import telling
+
+    return telling.served_step(self, **options)
+
+
+_hook.__name__ = _hook.__qualname__ = "hook"
+Mailbox.hook = _hook
+
+
 @contextmanager
 def open_mailbox() -> Iterator["Mailbox"]:
     """Open (creating on first use) the mailbox this invocation resolves."""

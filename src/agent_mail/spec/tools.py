@@ -435,7 +435,13 @@ register(Command(
            "export is POST /v1/export (the export as the body, its summary in X-Agent-Mail-Result; the client "
            "writes --output on its own machine); import is POST /v1/import[?dry_run=true] with the export as the "
            "body (an operator's token).",
-           "Not yet through a server: dashboard, mcp, hook, setup, notifications --follow, profile --mirror-dir. "
-           "Each says so (exit 2)."),
+           "Not yet through a server: dashboard, mcp, setup, notifications --follow, profile --mirror-dir. "
+           "Each says so (exit 2).",
+           "hook, guard and reserve, release, reservations run on the client's machine (the harness's input and "
+           "process, the git checkout: the repository is located there and sent as POST /v1/call/... values "
+           "`located: {key, fold}` with paths from its root) and carry their mailbox steps to the server: "
+           "POST /v1/call/hook with `session` answers {output, wake, note, waiter}. A harness session through a "
+           "server counts as live while its hooks show signs of life (10 minutes; Claude Code's waiter keeps it "
+           "fresh while idle and ends it when the harness dies)."),
     examples=("serve", "serve --listen 0.0.0.0:8025 --tls-cert cert.pem --tls-key key.pem"),
 ))
