@@ -227,3 +227,14 @@ class Waits:
         finally:
             restore_handlers(previous)
 
+
+class Answered(Waits):
+    """The waits of a mailbox whose watch was waited for elsewhere (agent_mail.served_waits: a server's wait, which
+    holds no thread while it blocks, and released its session itself): the watch answers what that wait found."""
+
+    def __init__(self, mailbox, found: list[dict]):
+        super().__init__(mailbox)
+        self.found = found
+
+    def wait_armed(self, agent: str, seconds: float, look_for=None, wanted=None) -> list[dict]:
+        return self.found
