@@ -250,10 +250,6 @@ class _BesideTheMail:
         self._x("UPDATE watch_sessions SET state = 'released', released_at = :at, released_reason = :reason, "
                 "last_seen = :at WHERE id = :id AND state = 'armed'", {"at": at, "reason": reason, "id": session_id})
 
-    def touch_sessions(self, prefix: str, at: str) -> int:
-        return self._x("UPDATE watch_sessions SET last_seen = :at WHERE state = 'armed' AND substr(id, 1, :n) = :prefix",
-                       {"at": at, "n": len(prefix), "prefix": prefix}).rowcount
-
     def record_heartbeat(self, agent: str, at: str) -> None:
         self._x("INSERT INTO heartbeats (agent, last_seen) VALUES (?, ?) "
                 "ON CONFLICT (agent) DO UPDATE SET last_seen = excluded.last_seen", (agent, at))
