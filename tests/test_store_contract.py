@@ -275,7 +275,7 @@ class StoreContract:
         store.remove_leftovers([])
 
     @exercises("open_session", "touch_session", "touch_sessions", "refresh_session", "release_session",
-               "release_session_alone", "record_heartbeat", "liveness")
+               "release_sessions", "release_session_alone", "record_heartbeat", "liveness")
     def test_liveness(self, store):
         now = model.now_iso()
         with store.transaction(write=True):
@@ -289,8 +289,8 @@ class StoreContract:
                 store.open_session(session, "c:z", _ago(1))
             store.release_session("srv_1.b", now, "done")
             assert store.touch_sessions("srv_1.", now) == 1
-            for session in ("srv_1.a", "srv_10.c", "srvX1.d"):
-                store.release_session(session, now, "done")
+            store.release_sessions(["srv_1.a", "srv_10.c", "srvX1.d", "srv_1.b"], now, "done")
+            assert store.touch_sessions("srv", now) == 0  # released, every one
         store.refresh_session("s2", model.now_iso())
         with store.transaction():
             facts = store.liveness()

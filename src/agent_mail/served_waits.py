@@ -9,8 +9,8 @@ falling due, then looks again. The guarantees of a watch on its own connection h
   LISTENed, before its session is written and before its first look;
 - a direct message wakes its recipient's waits only, a broadcast every wait;
 - a revoked token ends its waits at once: `token revoke` notifies the broadcast channel, every wait is woken,
-  and a wait whose token's validity is older than the last such wake-up asks again (one look-up per token, shared
-  by the waits made with it) before it looks;
+  and a wait whose token was last found valid before the last such wake-up has it asked about again, in the
+  same transaction as its look (once per token for all the waits looking together);
 - the server stopping (SIGTERM) or the client hanging up ends the wait at once, its session released;
 - the hub's connection dropping (a PostgreSQL restart) is made again, and every wait looks again;
 - the safety net for mail no wake-up announced (another tool writing the mailbox): once every
@@ -50,6 +50,57 @@ class _Waiter:
         self.agent, self.event = agent, asyncio.Event()
 
 
+class _Batches:
+    """The same step of many waits carried out together: `action(store, items)` gives each item's result (or the
+    exception it met). Items that come while a batch runs go in the next one, spread over the pool's stores: a
+    broadcast that wakes a thousand waits costs a few transactions and one commit, not a thousand of each."""
+
+    def __init__(self, owner: ServedWaits, action: Callable, first: Callable | None = None):
+        self.owner, self.action, self.first = owner, action, first  # first(store, items): once for the whole batch
+        self.pending: list[tuple[object, asyncio.Future]] = []
+        self.running = False
+
+    async def do(self, item):
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self.pending.append((item, future))
+        if not self.running:
+            self.running = True
+            loop.create_task(self._run())
+        result = await future
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    async def _run(self) -> None:
+        try:
+            while self.pending:
+                taken, self.pending = self.pending, []
+                if self.first is not None:
+                    try:
+                        await self.owner.db(self.first, [item for item, _ in taken])
+                    except Exception as exc:
+                        for _, future in taken:
+                            if not future.done():
+                                future.set_result(exc)
+                        continue
+                size = -(-len(taken) // self.owner.pool.size)
+                async with anyio.create_task_group() as group:
+                    for start in range(0, len(taken), size):
+                        group.start_soon(self._chunk, taken[start:start + size])
+        finally:
+            self.running = False
+
+    async def _chunk(self, chunk: list) -> None:
+        try:
+            results = await self.owner.db(self.action, [item for item, _ in chunk])
+        except Exception as exc:
+            results = [exc] * len(chunk)
+        for (_, future), result in zip(chunk, results, strict=True):
+            if not future.done():
+                future.set_result(result)
+
+
 class ServedWaits:
     """Every wait one server process carries on a PostgreSQL mailbox, over a pool of its stores (`pool`, used at
     most `limiter`'s capacity at once) and one hub, started on the first wait."""
@@ -63,11 +114,12 @@ class ServedWaits:
         self._waiters: dict[str, set[_Waiter]] = {}
         self._valid: dict[str, int] = {}  # token id: the generation at which it was last found valid
         self._revoked: dict[str, errors.Forbidden] = {}
-        self._checking: dict[str, tuple[int, asyncio.Future]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._starting: asyncio.Lock | None = None
         self._keeper: asyncio.Task | None = None
         self._unreleased: set[str] = set()  # sessions whose release failed: released at the next beat
+        self._opens, self._looks = _Batches(self, self._open_all), _Batches(self, self._look_all)
+        self._ends = _Batches(self, self._answers, first=self._release_all)
 
     # -- the server's side ----------------------------------------------------------------
     def count(self) -> int:
@@ -148,11 +200,10 @@ class ServedWaits:
             marker = current
 
     # -- one wait ---------------------------------------------------------------------------
-    async def wait(self, agent: str, seconds: float, grant: dict, since: int, gone: anyio.Event,
-                   finish: Callable):
+    async def wait(self, agent: str, seconds: float, grant: dict, since: int, gone: anyio.Event):
         """Block as a watch does, for `agent`, until mail for it is there, `seconds` pass, the client is gone or
-        the server stops; then release its session and return finish(store, found) run on the same pooled store
-        (None when the client is gone). `since`: the generation read before the token was authenticated."""
+        the server stops; then release its session and return the watch's result (None when the client is
+        gone). `since`: the generation read before the token was authenticated."""
         await self._started()
         waiter = _Waiter(agent)
         self._waiters.setdefault(agent, set()).add(waiter)
@@ -167,11 +218,7 @@ class ServedWaits:
                 raise errors.StorageError("the server lost its connection to the PostgreSQL mailbox and could not "
                                           "listen for this wait; nothing was changed. The client looks again by "
                                           "itself.") from None
-
-            def open_session(store):
-                with store.transaction(write=True):
-                    store.open_session(session, agent, model.now_iso())
-            await self.db(open_session)
+            await self._opens.do((session, agent))
             opened = True
             outcome: list = []
             async with anyio.create_task_group() as group:
@@ -189,11 +236,7 @@ class ServedWaits:
                 raise outcome[0]
             found = outcome[0]
             reason = "client gone" if found is None else "mail" if found else "timeout"
-
-            def end(store):
-                store.release_session_alone(session, model.now_iso(), reason)
-                return None if found is None else finish(store, found)
-            answer = await self.db(end)
+            answer = await self._ends.do((session, reason, agent, found))
             opened = False
             return answer
         finally:
@@ -206,6 +249,79 @@ class ServedWaits:
             if opened:
                 with anyio.CancelScope(shield=True):
                     await self._release_quietly(session)
+
+    # -- the steps of many waits, batched ---------------------------------------------------------
+    @staticmethod
+    def _open_all(store, items: list[tuple[str, str]]) -> list:
+        """Write the sessions (one transaction, one commit)."""
+        with store.transaction(write=True):
+            now = model.now_iso()
+            for session, agent in items:
+                store.open_session(session, agent, now)
+        return [None] * len(items)
+
+    def _look_all(self, store, items: list[tuple[str, bool, dict | None]]) -> list:
+        """Look for each (agent, publish due mail first, the grant whose token is to be asked about first, or
+        None): (envelopes, seconds until the next due) each, or errors.Forbidden where that token was revoked
+        (asked once per token)."""
+        from agent_mail import tokens
+        from agent_mail.waits import Waits
+
+        refused: dict[str, Exception | None] = {}
+        for _, _, grant in items:
+            if grant is not None and grant["id"] not in refused:
+                try:
+                    tokens.still_valid(store, grant)
+                    refused[grant["id"]] = None
+                except errors.Forbidden as exc:
+                    refused[grant["id"]] = exc
+        waits = Waits(self.mailbox_for(store))
+        if any(publish for _, publish, _ in items):
+            waits.mailbox.publish_due()
+        looking = [agent for agent, _, grant in items if grant is None or refused[grant["id"]] is None]
+        found = waits.looks(list(dict.fromkeys(looking)))
+        return [refused[grant["id"]] if grant is not None and refused[grant["id"]] is not None else found[agent]
+                for agent, _, grant in items]
+
+    @staticmethod
+    def _release_all(store, items: list[tuple[str, str, str, list | None]]) -> None:
+        """Release the sessions of every (session, reason, agent, found) ending together: one commit."""
+        by_reason: dict[str, list[str]] = {}
+        for session, reason, _, _ in items:
+            by_reason.setdefault(reason, []).append(session)
+        with store.transaction(write=True):
+            now = model.now_iso()
+            for reason, sessions in by_reason.items():
+                store.release_sessions(sessions, now, reason)
+
+    def _answers(self, store, ended: list[tuple[str, str, str, list | None]]) -> list:
+        """Each wait's answer as `watch` gives it (service.Mailbox._watch_result, whose every step this takes),
+        for many waits in one read transaction, once their sessions are released: the mirrors of those told of
+        mail brought up to date, and whether each is reachable after its wait (another watch of its armed) from
+        one liveness look-up. None where the client is gone."""
+        from agent_mail.liveness import describe_liveness
+        from agent_mail.results import next_steps
+
+        items = [(agent, found) for _, _, agent, found in ended]
+        agents = {agent for agent, _ in items}
+        with store.transaction():
+            told = {agent for agent, found in items if found}
+            if told and store.kind != "sqlite":
+                mirrored = sorted(told & set(store.mirrored_agents()))
+                if mirrored:
+                    self.mailbox_for(store).mirrors.render(mirrored)
+            facts = store.liveness(next(iter(agents)) if len(agents) == 1 else None)
+            now = model.now()
+            answers = []
+            for agent, found in items:
+                if found is None:
+                    answers.append(None)
+                    continue
+                reachable = describe_liveness(facts.get(agent), now)["watch_state"] == "armed"
+                answers.append({"agent": agent, "messages": found, "count": len(found), "timeout": not found,
+                                "reachable": reachable,
+                                "next": next_steps(agent, unread=len(found), reachable=reachable)})
+        return answers
 
     def hub_patience(self) -> float:
         from agent_mail.store.base import Store
@@ -223,15 +339,6 @@ class ServedWaits:
     async def _until_mail(self, waiter: _Waiter, seconds: float, grant: dict, since: int, gone: anyio.Event):
         """The loop of Waits.wait_for_mail, awaiting instead of blocking: the envelopes found, [] at the deadline,
         None when the client is gone."""
-        from agent_mail.waits import Waits
-
-        def look(store, publish: bool):
-            waits = Waits(self.mailbox_for(store))
-            if publish:
-                waits.mailbox.publish_due()
-            found = waits.envelopes(waiter.agent)
-            return found, (None if found else waits.next_due(waiter.agent))
-
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds
         look_now, publish, due_at = True, False, None
@@ -242,8 +349,17 @@ class ServedWaits:
                 return None
             if look_now:
                 waiter.event.clear()  # a wake-up during the look sets it again: looked at after
-                await self._token_still_valid(grant, since)
-                found, until_due = await self.db(look, publish)
+                token, generation = grant["id"], self.generation
+                if token in self._revoked:
+                    raise self._revoked[token]
+                ask = max(since, self._valid.get(token, -1)) < generation
+                try:
+                    found, until_due = await self._looks.do((waiter.agent, publish, grant if ask else None))
+                except errors.Forbidden as refused:
+                    self._revoked[token] = refused
+                    raise
+                if ask:
+                    self._valid[token] = max(self._valid.get(token, -1), generation)
                 if found:
                     return found
                 due_at = None if until_due is None else loop.time() + until_due
@@ -258,31 +374,3 @@ class ServedWaits:
             with anyio.move_on_after(min(deadline, due_at if due_at is not None else deadline) - now):
                 await waiter.event.wait()
             look_now = waiter.event.is_set()
-
-    async def _token_still_valid(self, grant: dict, since: int) -> None:
-        """errors.Forbidden when the wait's token was revoked: asked of the mailbox only when a wake-up of every
-        wait came since it was last found valid, once per token however many waits it has."""
-        from agent_mail import tokens
-
-        token = grant["id"]
-        while True:
-            if token in self._revoked:
-                raise self._revoked[token]
-            generation = self.generation
-            if max(since, self._valid.get(token, -1)) >= generation:
-                return
-            asked = self._checking.get(token)
-            if asked is not None and asked[0] >= generation:
-                await asyncio.shield(asked[1])
-                continue
-            answer = asyncio.get_running_loop().create_future()
-            self._checking[token] = (generation, answer)
-            try:
-                await self.db(tokens.still_valid, grant)
-                self._valid[token] = max(self._valid.get(token, -1), generation)
-            except errors.Forbidden as refused:
-                self._revoked[token] = refused
-            finally:
-                if self._checking.get(token, (None, None))[1] is answer:
-                    del self._checking[token]
-                answer.set_result(None)

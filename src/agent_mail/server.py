@@ -109,15 +109,6 @@ class _Wait:
         minutes = values.get("timeout_minutes") or model.WATCH_MINUTES_DEFAULT
         self.seconds = values["timeout_seconds"] if values.get("timeout_seconds") is not None else minutes * 60.0
 
-    def finish(self, store, found: list[dict]) -> dict:
-        """The watch's result for what the wait found, as `watch` gives it."""
-        from agent_mail import service
-        from agent_mail.waits import Answered
-
-        mailbox = service.Mailbox(store)
-        mailbox._waits = Answered(mailbox, found)
-        return calls.run("watch", self.values, mailbox=mailbox)
-
 
 class _HungUp(errors.AgentMailError):
     """The client of a wait hung up: its session is released, and there is nobody to answer."""
@@ -339,7 +330,7 @@ async def _call(carrier: _Carrier, name: str, request: Request, body: bytes, inf
             result = await carrier.run(_carry_out, carrier, name, _bearer(request), body, info, gone)
             if isinstance(result, _Wait):
                 result = await carrier.waits.wait(result.values["agent"], result.seconds, result.grant, since,
-                                                  hung_up, result.finish)
+                                                  hung_up)
                 if result is None:  # nobody to answer
                     raise _HungUp("the client hung up; its wait ended and its session was released.")
             outcome.append(result)

@@ -381,6 +381,10 @@ class Store(WholeMailbox):
         """Mark a session released (its watch exited), with why."""
         raise NotImplementedError
 
+    def release_sessions(self, session_ids: list[str], at: str, reason: str) -> None:
+        """release_session of each of `session_ids` in one statement (the waits a server ends together)."""
+        raise NotImplementedError
+
     def touch_sessions(self, prefix: str, at: str) -> int:
         """Refresh, in one statement, every armed session whose id starts with `prefix` (the sessions one
         server process holds, named INSTANCE.UUID); how many."""

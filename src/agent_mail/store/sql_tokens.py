@@ -46,3 +46,10 @@ class Tokens:
         # The sessions a server holds are named INSTANCE.UUID: one statement refreshes them all.
         return self._x("UPDATE watch_sessions SET last_seen = :at WHERE state = 'armed' AND "
                        "substr(id, 1, :n) = :prefix", {"at": at, "n": len(prefix), "prefix": prefix}).rowcount
+
+    def release_sessions(self, session_ids: list[str], at: str, reason: str) -> None:
+        for start in range(0, len(session_ids), 500):  # within any engine's limit on parameters
+            chunk = session_ids[start:start + 500]
+            self._x(f"UPDATE watch_sessions SET state = 'released', released_at = ?, released_reason = ?, "
+                    f"last_seen = ? WHERE state = 'armed' AND id IN ({', '.join('?' * len(chunk))})",
+                    (at, reason, at, *chunk))
