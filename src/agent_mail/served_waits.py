@@ -55,8 +55,9 @@ class _Batches:
     exception it met). Items that come while a batch runs go in the next one, spread over the pool's stores: a
     broadcast that wakes a thousand waits costs a few transactions and one commit, not a thousand of each."""
 
-    def __init__(self, owner: ServedWaits, action: Callable, first: Callable | None = None):
+    def __init__(self, owner: ServedWaits, action: Callable, first: Callable | None = None, spread: bool = True):
         self.owner, self.action, self.first = owner, action, first  # first(store, items): once for the whole batch
+        self.spread = spread  # over the pool's stores, or the whole batch on one
         self.pending: list[tuple[object, asyncio.Future]] = []
         self.running = False
 
@@ -84,7 +85,7 @@ class _Batches:
                             if not future.done():
                                 future.set_result(exc)
                         continue
-                size = -(-len(taken) // self.owner.pool.size)
+                size = -(-len(taken) // self.owner.pool.size) if self.spread else len(taken)
                 async with anyio.create_task_group() as group:
                     for start in range(0, len(taken), size):
                         group.start_soon(self._chunk, taken[start:start + size])
@@ -119,7 +120,8 @@ class ServedWaits:
         self._keeper: asyncio.Task | None = None
         self._unreleased: set[str] = set()  # sessions whose release failed: released at the next beat
         self._opens, self._looks = _Batches(self, self._open_all), _Batches(self, self._look_all)
-        self._ends = _Batches(self, self._answers, first=self._release_all)
+        # The answers of a batch come from one liveness look-up of everyone: on one store, not once per store.
+        self._ends = _Batches(self, self._answers, first=self._release_all, spread=False)
 
     # -- the server's side ----------------------------------------------------------------
     def count(self) -> int:
