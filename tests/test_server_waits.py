@@ -212,3 +212,44 @@ def test_sigterm_ends_every_wait_at_once_with_503(server):
     assert {status for status, _, _ in waits.answers.values()} == {503}
     assert max(at for _, _, at in waits.answers.values()) - started < 5
     assert {s["watch_state"] for s in _states(server.mailbox, agents).values()} == {"released"}
+
+
+def test_a_delayed_message_falling_due_wakes_the_wait(server):
+    token = server.token("--agent", "d:x")
+    waits = Waits(server, token, ["d:x"])
+    _until_armed(server.mailbox, ["d:x"])
+    _send(server, "--to", "d:x", "--subject", "later", "--delay-minutes", "0.05")  # due in 3 s: no wake-up says so
+    sent = time.monotonic()
+    waits.until(1, seconds=20)
+    status, document, at = waits.answers[0]
+    assert status == 200 and [m["subject"] for m in document["messages"]] == ["later"]
+    assert 2.0 < at - sent < 10
+
+
+def test_calls_and_waits_outlive_the_servers_connections_being_killed(server, backend):
+    """Every PostgreSQL connection of the server (its pool and its LISTEN connection) killed at once: the pool
+    gives no broken store to a call, the waits look again, nothing is lost."""
+    if backend != "postgresql":
+        pytest.skip("SQLite has no connections to kill")
+    import psycopg
+
+    token = server.token("--agent", "k:*")
+    agents = ["k:a", "k:b"]
+    waits = Waits(server, token, agents)
+    _until_armed(server.mailbox, agents)
+    held = backends_of(server.proc.pid, TEST_PG_URL)
+    assert len(held) >= 2  # the hub, and the pooled stores the calls so far used
+    with psycopg.connect(TEST_PG_URL, autocommit=True) as db:
+        for pid, _ in held:
+            db.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    sent = server.client(token, "send", "--from", "k:c", "--to", "k:a", "--subject", "through the server")
+    assert sent.returncode == 0, sent.stderr
+    waits.until(1)
+    assert waits.answers[0][0] == 200 and waits.answers[0][1]["messages"][0]["subject"] == "through the server"
+    read = server.client(token, "read", "k:a")
+    assert read.returncode == 0, read.stderr
+    assert json.loads(read.stdout)["count"] == 1
+    _send(server, "--to", "k:b", "--subject", "and after")
+    waits.until(2)
+    assert waits.answers[1][0] == 200
+    assert len(backends_of(server.proc.pid, TEST_PG_URL)) <= POOL_SIZE + 1
