@@ -124,9 +124,6 @@ class ServedWaits:
         self._ends = _Batches(self, self._answers, first=self._release_all, spread=False)
 
     # -- the server's side ----------------------------------------------------------------
-    def count(self) -> int:
-        return sum(len(waiters) for waiters in self._waiters.values())
-
     async def db(self, action: Callable, *args):
         """`action(store, *args)` on a pooled store, in a worker thread."""
         def run():

@@ -14,7 +14,8 @@ The contract the shared SQL relies on, made explicit here:
   carried forward by the monotonic clock), so machines whose clocks disagree still agree.
 - Wake-ups are NOTIFY on a channel per recipient (and one for broadcasts), sent inside the
   committing transaction, so a listening watch hears of mail exactly when it is committed. A
-  watch holds one connection, LISTENs, and waits with no transaction open.
+  watch holds one connection, LISTENs, and waits with no transaction open (the waits of an `agent-mail
+  serve` process share one: postgres_hub).
 - Only errors.StorageError leaves this module; no psycopg type escapes, and no message shows a
   password.
 """

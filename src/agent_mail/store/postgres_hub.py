@@ -98,15 +98,6 @@ class Hub:
             except OSError:
                 pass
 
-    def listening(self) -> set[str]:
-        """The identities whose channels are LISTENed now (for tests and the benchmark)."""
-        with self._lock:
-            return set(self._listened.values()) - {"*"}
-
-    def backend_pid(self) -> int | None:
-        db = self.db
-        return db.info.backend_pid if db is not None and not db.closed else None
-
     # -- the hub's thread --------------------------------------------------------------
     def _interrupt(self) -> None:
         try:
