@@ -53,7 +53,6 @@ class Hub:
         os.set_blocking(self._interrupt_r, False)
         self._stopping = False
         self.db = None
-        self.connects = 0  # how many times the connection was made (1 + reconnections)
         self._thread: threading.Thread | None = None
 
     # -- the waits' side (any thread) ------------------------------------------------
@@ -135,7 +134,6 @@ class Hub:
                                       f" (schema {self.schema}): {_error_text(exc, self._secrets)}. Check that it is "
                                       "running and reachable.") from None
         self.db = db
-        self.connects += 1
         with self._lock:
             self._listened = {self._broadcast: "*"}
 
@@ -203,8 +201,9 @@ class Hub:
                     self._read_interrupts()
                 if self.db.fileno() in ready:
                     self._drain()
-            except (psycopg.Error, OSError, ValueError):
-                self._close()  # made again at the top of the loop
+            except Exception:  # psycopg's, the socket's, or a bug: the hub must not die of it
+                self._close()  # made again at the top of the loop, and every wait looks again
+                self._sleep(RETRY_SECONDS[0])
 
     def _read_interrupts(self) -> None:
         try:
