@@ -48,11 +48,12 @@ print(time.perf_counter())
 """
 
 
-def _python(here: bool) -> str:
-    """An interpreter that runs this project with the `server` and `postgres` extras."""
-    if here:
+def _python(clis: dict[str, str] | None) -> str:
+    """An interpreter that runs this project with the `server` and `postgres` extras: the benchmark venv's (of
+    common.implementations(), given those extras here), or this one running this tree (None)."""
+    if clis is None:
         return sys.executable
-    python = os.path.join(os.path.dirname(implementations()["agent-mail"]), "python")
+    python = os.path.join(os.path.dirname(clis["agent-mail"]), "python")
     if subprocess.run([python, "-c", "import psycopg, starlette, uvicorn"], capture_output=True).returncode:
         subprocess.run([python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
                         "psycopg[binary]>=3.3,<4", "starlette>=0.46,<2", "uvicorn>=0.34,<1"], check=True,
@@ -245,8 +246,10 @@ def measure(python: str, waits: int, watches: int, idle_seconds: float) -> dict:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def rows(python: str, waits: int = 1000, watches: int = 100, idle_seconds: float = 30.0) -> list[tuple]:
-    found = measure(python, waits, watches, idle_seconds)
+def rows(clis: dict[str, str] | None, waits: int = 1000, watches: int = 100, idle_seconds: float = 30.0) \
+        -> list[tuple]:
+    """The table's rows (run_all: rows(clis, ...); None: this tree with this interpreter)."""
+    found = measure(_python(clis), waits, min(watches, waits), idle_seconds)
     return [
         (f"{waits} waits on one server ({waits - watches} raw requests, {watches} watch processes): its database "
          f"connections ({', '.join(found['names'])})", found["connections"], f"<= {POOL_SIZE + 1}"),
@@ -267,7 +270,8 @@ def main() -> None:
     parser.add_argument("--idle-seconds", type=float, default=30.0)
     parser.add_argument("--here", action="store_true", help="this tree with this interpreter, no benchmark venv")
     args = parser.parse_args()
-    print(table(rows(_python(args.here), args.waits, min(args.watches, args.waits), args.idle_seconds), HEADERS))
+    print(table(rows(None if args.here else implementations(), args.waits, args.watches, args.idle_seconds),
+                HEADERS))
 
 
 if __name__ == "__main__":
