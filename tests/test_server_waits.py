@@ -253,3 +253,69 @@ def test_calls_and_waits_outlive_the_servers_connections_being_killed(server, ba
     waits.until(2)
     assert waits.answers[1][0] == 200
     assert len(backends_of(server.proc.pid, TEST_PG_URL)) <= POOL_SIZE + 1
+
+
+PG_BIN = "/usr/lib/postgresql/15/bin"
+
+
+@pytest.fixture
+def private_postgres():
+    """A PostgreSQL cluster of this test's own (so it may be restarted), on a free loopback port: its base URL
+    and a function that restarts it. Needs root and the PostgreSQL 15 binaries; removed after."""
+    import os
+    import shutil
+    import socket
+    import tempfile
+
+    if os.geteuid() != 0 or not os.path.exists(f"{PG_BIN}/initdb") or shutil.which("runuser") is None:
+        pytest.skip("a private PostgreSQL cluster needs root, runuser and the PostgreSQL 15 binaries")
+    root = tempfile.mkdtemp(prefix="agent-mail-pg-")
+    os.chmod(root, 0o755)
+    shutil.chown(root, "postgres", "postgres")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+
+    def as_postgres(*argv: str) -> None:
+        subprocess.run(["runuser", "-u", "postgres", "--", *argv], check=True, capture_output=True, timeout=120)
+
+    def ctl(*argv: str) -> None:
+        as_postgres(f"{PG_BIN}/pg_ctl", "-D", f"{root}/data", "-l", f"{root}/log", "-w", "-o",
+                    f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off", *argv)
+    try:
+        as_postgres(f"{PG_BIN}/initdb", "-D", f"{root}/data", "-A", "trust", "-U", "postgres", "--no-sync")
+        ctl("start")
+        yield f"postgresql://postgres@127.0.0.1:{port}/postgres", lambda: ctl("-m", "fast", "restart")
+    finally:
+        try:
+            ctl("-m", "immediate", "stop")
+        except subprocess.CalledProcessError:
+            pass
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.sqlite_only  # on a cluster of its own, whichever backend the other tests run on
+def test_waits_outlive_a_postgresql_restart(private_postgres):
+    base, restart = private_postgres
+    running = Server(f"{base}?schema=restart")
+    try:
+        token = running.token("--agent", "p:*")
+        agents = ["p:a", "p:b", "p:c"]
+        waits = Waits(running, token, agents)
+        _until_armed(running.mailbox, agents)
+        before = backends_of(running.proc.pid, base)
+        restart()
+        _until_armed(running.mailbox, agents, seconds=30)  # the LISTEN connection is back: alive again
+        after = backends_of(running.proc.pid, base)
+        assert [name for _, name in after if name.startswith("agent-mail serve ")] and not set(before) & set(after)
+        assert not waits.answers
+        _send(running, "--to", "p:b", "--subject", "after the restart")
+        waits.until(1)
+        [(i, (status, document, _))] = waits.answers.items()
+        assert (i, status) == (1, 200) and document["messages"][0]["subject"] == "after the restart"
+        _send(running, "--to", "*", "--subject", "all")
+        waits.until(3)
+        assert {status for status, _, _ in waits.answers.values()} == {200}
+        assert len(backends_of(running.proc.pid, base)) <= POOL_SIZE + 1
+    finally:
+        running.stop()
