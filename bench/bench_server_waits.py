@@ -14,8 +14,9 @@ identity of its own. Once every session is armed and the server has settled, it 
   within 500 ms); the last raw request and the last watch process apart.
 The mailbox lives in a database of its own, created here (CREATE DATABASE) on the server AGENT_MAIL_BENCH_PG
 names and dropped after, so nobody else's work on that server is counted as ours. --here runs this tree with
-this interpreter (which must have the `server` and `postgres` extras); otherwise the project's benchmark venv
-(bench/common.py) gets them installed.
+this interpreter (which must have the `server` and `postgres` extras: without httptools and uvloop uvicorn
+falls back to its pure-Python parser and asyncio's loop, and answers a broadcast's thousand waits about half as
+fast); otherwise the project's benchmark venv (bench/common.py) gets them installed.
 """
 
 from __future__ import annotations
@@ -54,10 +55,11 @@ def _python(clis: dict[str, str] | None) -> str:
     if clis is None:
         return sys.executable
     python = os.path.join(os.path.dirname(clis["agent-mail"]), "python")
-    if subprocess.run([python, "-c", "import psycopg, starlette, uvicorn"], capture_output=True).returncode:
+    if subprocess.run([python, "-c", "import psycopg, starlette, uvicorn, httptools, uvloop"],
+                      capture_output=True).returncode:  # the `postgres` and `server` extras (pyproject.toml)
         subprocess.run([python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                        "psycopg[binary]>=3.3,<4", "starlette>=0.46,<2", "uvicorn>=0.34,<1"], check=True,
-                       env=cli_env(None))
+                        "psycopg[binary]>=3.3,<4", "starlette>=0.46,<2", "uvicorn>=0.34,<1", "httptools>=0.6,<1",
+                        "uvloop>=0.19,<1"], check=True, env=cli_env(None))
     return python
 
 
