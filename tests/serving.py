@@ -75,3 +75,41 @@ class Server:
         self.proc.stdout.close()
         self.proc.stderr.close()
         return self.proc.returncode, log
+
+
+def database_ports(pid: int, port: int = 5432) -> set[int]:
+    """The local ports of the TCP connections process `pid` holds to `port` (a database server on this machine):
+    pg_stat_activity's client_port of its backends."""
+    import os
+
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as handle:
+                lines = handle.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[9] in inodes and int(fields[2].rsplit(":", 1)[1], 16) == port:
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def backends_of(pid: int, url: str) -> list[tuple[int, str]]:
+    """(backend pid, application_name) of every PostgreSQL connection process `pid` holds to the server at `url`."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as db:
+        port = db.info.port
+        return [(r[0], r[1]) for r in db.execute(
+            "SELECT pid, application_name FROM pg_stat_activity WHERE client_port = ANY(%s)",
+            (sorted(database_ports(pid, port)),))]

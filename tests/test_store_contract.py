@@ -274,8 +274,8 @@ class StoreContract:
         assert store.leftovers() == []
         store.remove_leftovers([])
 
-    @exercises("open_session", "touch_session", "refresh_session", "release_session", "release_session_alone",
-               "record_heartbeat", "liveness")
+    @exercises("open_session", "touch_session", "touch_sessions", "refresh_session", "release_session",
+               "release_sessions", "release_session_alone", "record_heartbeat", "liveness")
     def test_liveness(self, store):
         now = model.now_iso()
         with store.transaction(write=True):
@@ -284,6 +284,13 @@ class StoreContract:
             store.touch_session("s1", now)
             store.release_session("s1", now, "done")
             store.record_heartbeat("b:y", now)
+            # A server's sessions (INSTANCE.UUID) are refreshed together, its released ones and others' not.
+            for session in ("srv_1.a", "srv_1.b", "srv_10.c", "srvX1.d"):
+                store.open_session(session, "c:z", _ago(1))
+            store.release_session("srv_1.b", now, "done")
+            assert store.touch_sessions("srv_1.", now) == 1
+            store.release_sessions(["srv_1.a", "srv_10.c", "srvX1.d", "srv_1.b"], now, "done")
+            assert store.touch_sessions("srv", now) == 0  # released, every one
         store.refresh_session("s2", model.now_iso())
         with store.transaction():
             facts = store.liveness()
@@ -312,8 +319,11 @@ class StoreContract:
             assert total == 1 and envelopes[0]["seq"] == seq
             assert store.untold("b:y", model.now_iso(), seq, model.now_iso(), 10) == ([], 0)
 
-    @exercises("mail_marker", "check_still_there", "listen", "listen_everything", "wait_for_wake")
+    @exercises("mail_marker", "check_still_there", "listen", "listen_everything", "wait_for_wake", "reusable")
     def test_waiting(self, store):
+        assert store.reusable()  # a pool may lend it again: idle, not listening
+        with store.transaction(write=True):
+            assert not store.reusable()  # a transaction open
         marker = store.mail_marker()
         store.check_still_there()
         store.listen("b:y")

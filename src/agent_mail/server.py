@@ -9,13 +9,16 @@ X-Agent-Mail-Exit header, or {error, problems} with an HTTP status matching it. 
 this machine on a client's behalf: a send's attachments and refs arrive as content and text, saved attachments
 leave as content, and the arguments that name a file here are refused.
 
+Each call runs in a worker thread. On PostgreSQL it borrows a store from a pool of POOL_SIZE connected ones
+(store/pool.py), and a blocked watch holds neither a thread nor a connection while it waits: it awaits the wake-up
+of the server's one LISTEN connection (agent_mail.served_waits, store/postgres_hub.py), so the server's
+connections number POOL_SIZE + 1 whatever the number of waits. On SQLite each call opens the file for itself and a
+blocked watch waits in its thread on its own wake-up pipe. SIGTERM ends the waits at once (each answers 503) and
+then the server. See docs/design.md.
+
 Beside the commands, two looks (agent_mail.served_looks): POST /v1/follow, an identity's notification documents
 for a client that writes its mirror on its own machine, and POST /v1/dashboard, the supervisor's views; each may
 wait for a change (`after`, `wait_seconds`) as a watch waits.
-
-Each call runs in a worker thread on a store of its own, opened for it and closed after it (a blocked watch holds
-one connection while it waits: see docs/design.md). SIGTERM ends the waits at once (each answers 503) and then
-the server.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from agent_mail import __version__, api, calls, checks, errors, grants, jsonout, model, spec, tokens
+from agent_mail.served_waits import ServedWaits, Stopping
 
 EXIT_HEADER, NAMES_HEADER = api.EXIT_HEADER, api.NAMES_HEADER
 SERVED, LOCAL_TO_CLIENT, EXTRAS = api.SERVED, api.LOCAL_TO_CLIENT, api.EXTRAS
@@ -41,17 +45,93 @@ DEFAULT_LISTEN = "127.0.0.1:8025"
 # What a call may carry: a send's body and attachments (base64: 4/3 of their size), with room for the rest.
 MAX_REQUEST_BYTES = model.ATTACHMENTS_MAX_BYTES_PER_SEND * 4 // 3 + model.BODY_MAX_CHARS * 4 + 1_000_000
 MAX_IMPORT_BYTES = 8 * 1024**3  # an import's upload, spooled to a temporary file here
-MAX_THREADS = 1000  # calls carried out at once (a blocked watch holds one)
+MAX_THREADS = 1000  # calls carried out at once on SQLite (a blocked watch holds one there)
+# PostgreSQL connections for calls (and the looks of waits): the server's calls are short and mostly the database's
+# work, so a few more than the cores of a typical host keep it busy; more would only queue inside PostgreSQL.
+POOL_SIZE = 8
 
 _STOPPING = threading.Event()
-_LIMITER: list = []
+_CARRIERS: list = []  # every app's _Carrier in this process, for SIGTERM
 
 
-class Stopping(errors.StorageError):
-    """The server is stopping: a wait in progress ends (the client reconnects and looks again)."""
+class _Carrier:
+    """How the calls of one served mailbox are carried out: on PostgreSQL a pool of stores, at most POOL_SIZE
+    calls at once, and the waits on the server's LISTEN connection; on SQLite a store opened per call, and a
+    blocked watch in a thread of its own."""
+
+    def __init__(self, location: str):
+        from agent_mail.store import backend_name
+
+        self.location = location
+        self.pooled = backend_name(location) == "postgresql"
+        self.pool = self.limiter = self.waits = self.own_limiter = None
+        _CARRIERS.append(self)
+
+    def ready(self) -> None:
+        """Made in the event loop (anyio's limiters belong to it), on the first call."""
+        if self.limiter is not None:
+            return
+        if self.pooled:
+            from agent_mail import service
+            from agent_mail.store.pool import StorePool
+
+            self.pool = StorePool(self.location, POOL_SIZE)
+            self.limiter = anyio.CapacityLimiter(POOL_SIZE)
+            self.waits = ServedWaits(self.location, self.pool, self.limiter, service.Mailbox)
+        else:
+            self.limiter = anyio.CapacityLimiter(MAX_THREADS)
+
+    def store(self, own: bool = False):
+        """A context manager giving a store for one call (`own`: a connection of its own, outside the pool, for a
+        call that may block in its thread)."""
+        if self.pool is not None and not own:
+            return self.pool.store()
+        from contextlib import closing
+
+        from agent_mail.store import open_store
+
+        return closing(open_store(self.location))
+
+    async def run(self, function, *args, own: bool = False):
+        """`function(*args)` in a worker thread: within the pool's limit, or (`own`) within MAX_THREADS."""
+        if own and self.pooled:
+            if self.own_limiter is None:
+                self.own_limiter = anyio.CapacityLimiter(MAX_THREADS)
+            return await anyio.to_thread.run_sync(function, *args, limiter=self.own_limiter)
+        return await anyio.to_thread.run_sync(function, *args, limiter=self.limiter)
+
+    def stop_waits(self) -> None:
+        if self.waits is not None:
+            self.waits.stop_all()
+
+    def close(self) -> None:
+        if self.waits is not None:
+            self.waits.close()
+        if self.pool is not None:
+            self.pool.close()
+
+
+# The calls whose waits the server's LISTEN connection carries (PostgreSQL). A hook's waiter blocks in a thread on
+# a connection of its own, outside the pool (so idle harness sessions never starve the calls): see docs/design.md.
+_ON_THE_HUB = tuple(name for name in SERVED if name not in api.WAITS or name == "watch")
+
+
+class _Wait:
+    """A watch to wait for on the server's event loop (PostgreSQL): what _carry_out checked for it."""
+
+    def __init__(self, values: dict, grant: dict):
+        self.values, self.grant = values, grant
+        minutes = values.get("timeout_minutes") or model.WATCH_MINUTES_DEFAULT
+        self.seconds = values["timeout_seconds"] if values.get("timeout_seconds") is not None else minutes * 60.0
+
+
+class _HungUp(errors.AgentMailError):
+    """The client of a wait hung up: its session is released, and there is nobody to answer."""
 
 
 def _status(error: errors.AgentMailError) -> int:
+    if isinstance(error, _HungUp):
+        return 499  # logged only (nginx's "client closed request")
     if isinstance(error, errors.Forbidden):
         return 401 if error.unauthenticated else 403
     if error.exit_code == errors.EXIT_INVALID:
@@ -128,13 +208,12 @@ def _uploads(given: dict) -> dict:
     return {"refs": refs, "attachments": attachments}
 
 
-def _carry_out(location: str, name: str, presented: str | None, body: bytes, info: dict, gone: threading.Event):
-    """Authenticate, check, grant and run one call on a store of its own; the result."""
+def _carry_out(carrier: _Carrier, name: str, presented: str | None, body: bytes, info: dict, gone: threading.Event):
+    """Authenticate, check, grant and run one call on a store of its own; the result (or, for a watch that waits
+    on PostgreSQL, the _Wait the event loop carries out)."""
     from agent_mail import service
-    from agent_mail.store import open_store
 
-    store = open_store(location)
-    try:
+    with carrier.store(own=name not in _ON_THE_HUB) as store:
         grant = tokens.authenticate(store, presented)  # before anything else is read
         info["token_id"] = grant["id"]
         given = _given(name, body)
@@ -153,12 +232,13 @@ def _carry_out(location: str, name: str, presented: str | None, body: bytes, inf
         values.update(api.carried(name, extras))
         if name in api.WAITS:
             _bound_wait(values, extras, store, grant, gone)
+            if carrier.waits is not None and name == "watch" and not values["once"]:
+                values.pop("wanted")
+                return _Wait(values, grant)
         result = calls.run(name, values, mailbox=mailbox)
         if name == "attachments" and extras.get("with_content") is True:
             result = {**result, "contents": _contents(store, result["attachments"])}
         return result
-    finally:
-        store.close()
 
 
 def _bound_wait(values: dict, extras: dict, store, grant: dict, gone: threading.Event) -> None:
@@ -173,8 +253,7 @@ def _bound_wait(values: dict, extras: dict, store, grant: dict, gone: threading.
 
     def wanted() -> bool:
         if _STOPPING.is_set():
-            raise Stopping("the server is stopping; this wait ended with nothing found. Look again (the client "
-                           "reconnects by itself).")
+            raise Stopping()
         tokens.still_valid(store, grant)
         return not gone.is_set()
     if not values["once"]:
@@ -196,8 +275,7 @@ def _look(location: str, look: str, presented: str | None, body: bytes, info: di
 
         def wanted() -> bool:
             if _STOPPING.is_set():
-                raise Stopping("the server is stopping; this wait ended. Look again (the client reconnects by "
-                               "itself).")
+                raise Stopping()
             tokens.still_valid(store, grant)
             return not gone.is_set()
         mailbox = service.Mailbox(store)
@@ -215,14 +293,12 @@ def _contents(store, listed: list[dict]) -> dict:
                 for a in listed}
 
 
-def _export_file(location: str, presented: str | None, body: bytes, info: dict, directory: str) -> dict:
+def _export_file(carrier: _Carrier, presented: str | None, body: bytes, info: dict, directory: str) -> dict:
     """An export written whole into `directory` on this machine (then streamed to the client, who writes it on
     its own); its summary."""
     from agent_mail import service
-    from agent_mail.store import open_store
 
-    store = open_store(location)
-    try:
+    with carrier.store() as store:
         grant = tokens.authenticate(store, presented)
         info["token_id"] = grant["id"]
         given = _given("export", body)
@@ -232,36 +308,25 @@ def _export_file(location: str, presented: str | None, body: bytes, info: dict, 
         info["as"] = grants.check(grant, "export", values)
         values["output"] = os.path.join(directory, "export")
         return calls.run("export", values, mailbox=service.Mailbox(store))
-    finally:
-        store.close()
 
 
-def _authenticated(location: str, presented: str | None, info: dict) -> dict:
-    from agent_mail.store import open_store
-
-    store = open_store(location)
-    try:
+def _authenticated(carrier: _Carrier, presented: str | None, info: dict) -> dict:
+    with carrier.store() as store:
         grant = tokens.authenticate(store, presented)
         info["token_id"] = grant["id"]
         return grant
-    finally:
-        store.close()
 
 
-def _import_file(location: str, grant: dict, path: str, dry_run: bool, info: dict) -> dict:
+def _import_file(carrier: _Carrier, grant: dict, path: str, dry_run: bool, info: dict) -> dict:
     """The uploaded export at `path` imported (all or nothing); its result, naming no file of this machine."""
     from agent_mail import service
-    from agent_mail.store import open_store
 
-    store = open_store(location)
-    try:
+    with carrier.store() as store:
         tokens.still_valid(store, grant)
         values = calls.check("import", {"file": path, "dry_run": dry_run}, with_inputs=False)
         info["as"] = grants.check(grant, "import", values)
         result = calls.run("import", values, mailbox=service.Mailbox(store))
         return {**result, "file": None, "next": []}
-    finally:
-        store.close()
 
 
 async def _upload(request: Request, path: str) -> None:
@@ -283,17 +348,47 @@ def _namer(name: str, request: Request):
     return lambda key: key
 
 
-async def _watch_disconnect(request: Request, gone: threading.Event, done: anyio.Event) -> None:
-    while not done.is_set():
-        if await request.is_disconnected():
-            gone.set()
-            return
-        with anyio.move_on_after(1.0):
-            await done.wait()
+async def _hung_up(request: Request, carrier: _Carrier, gone: threading.Event, hung_up: anyio.Event,
+                   name: str) -> None:
+    """Set `gone` and `hung_up` when the client hangs up (the request's body is read: what comes next is the
+    disconnect, and nothing polls for it). A wait in a thread of its own (SQLite) is woken to notice."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    gone.set()
+    hung_up.set()
+    if carrier.waits is None or name not in _ON_THE_HUB:
+        await anyio.to_thread.run_sync(_wake_waits, carrier.location)
+
+
+async def _call(carrier: _Carrier, name: str, request: Request, body: bytes, info: dict) -> dict:
+    """Carry out one call: in a worker thread, and a watch that waits on PostgreSQL on the event loop."""
+    carrier.ready()
+    gone, hung_up, outcome = threading.Event(), anyio.Event(), []
+    since = carrier.waits.generation if carrier.waits is not None else 0  # before the token is looked at
+    async with anyio.create_task_group() as group:
+        if name in api.WAITS:  # a client that hangs up ends its wait
+            group.start_soon(_hung_up, request, carrier, gone, hung_up, name)
+        try:
+            result = await carrier.run(_carry_out, carrier, name, _bearer(request), body, info, gone,
+                                       own=name not in _ON_THE_HUB)
+            if isinstance(result, _Wait):
+                result = await carrier.waits.wait(result.values["agent"], result.seconds, result.grant, since,
+                                                  hung_up)
+                if result is None:  # nobody to answer
+                    raise _HungUp("the client hung up; its wait ended and its session was released.")
+            outcome.append(result)
+        except Exception as exc:  # raised below, out of the task group (which would wrap it)
+            outcome.append(exc)
+        finally:
+            group.cancel_scope.cancel()
+    if isinstance(outcome[0], Exception):
+        raise outcome[0]
+    return outcome[0]
 
 
 def app_for(location: str) -> Starlette:
     """The ASGI application serving the mailbox at `location`."""
+    carrier = _Carrier(location)
 
     async def call(request: Request) -> Response:
         started = time.monotonic()
@@ -304,22 +399,7 @@ def app_for(location: str) -> Starlette:
                 raise errors.InvalidInput([(None, f"{name!r} is not a command this server carries out; it serves "
                                                   f"{', '.join(SERVED)}.")])
             body = await _body(request)
-            if not _LIMITER:
-                _LIMITER.append(anyio.CapacityLimiter(MAX_THREADS))
-            gone, done, outcome = threading.Event(), anyio.Event(), []
-            async with anyio.create_task_group() as group:
-                if name in api.WAITS:  # a client that hangs up ends its wait
-                    group.start_soon(_watch_disconnect, request, gone, done)
-                try:
-                    outcome.append(await anyio.to_thread.run_sync(_carry_out, location, name, _bearer(request), body,
-                                                                  info, gone, limiter=_LIMITER[0]))
-                except Exception as exc:  # raised below, out of the task group (which would wrap it)
-                    outcome.append(exc)
-                finally:
-                    done.set()
-            if isinstance(outcome[0], Exception):
-                raise outcome[0]
-            result = outcome[0]
+            result = await _call(carrier, name, request, body, info)
             code = api.exit_code(name, result)
             response = _document(result, 200, code)
         except errors.AgentMailError as exc:
@@ -347,8 +427,8 @@ def app_for(location: str) -> Starlette:
         try:
             if name == "export":
                 body = await _body(request)
-                summary = await anyio.to_thread.run_sync(_export_file, location, _bearer(request), body, info,
-                                                         directory)
+                carrier.ready()
+                summary = await carrier.run(_export_file, carrier, _bearer(request), body, info, directory)
                 path = os.path.join(directory, "export")
                 summary = {key: value for key, value in summary.items() if key not in ("file", "next")}
 
@@ -367,13 +447,14 @@ def app_for(location: str) -> Starlette:
                                                       "Content-Length": str(summary["bytes"])})
                 keep = True
             else:
-                grant = await anyio.to_thread.run_sync(_authenticated, location, _bearer(request), info)
+                carrier.ready()
+                grant = await carrier.run(_authenticated, carrier, _bearer(request), info)
                 path = os.path.join(directory, "upload.jsonl")
                 await _upload(request, path)
                 dry_run = request.query_params.get("dry_run", "false").lower()
                 if dry_run not in ("true", "false"):
                     raise errors.InvalidInput([("dry_run", "is true or false.")])
-                result = await anyio.to_thread.run_sync(_import_file, location, grant, path, dry_run == "true", info)
+                result = await carrier.run(_import_file, carrier, grant, path, dry_run == "true", info)
                 response = _document(result, 200, errors.EXIT_OK)
         except errors.AgentMailError as exc:
             response = _document(exc.renamed(_namer(name, request)).payload(), _status(exc), exc.exit_code)
@@ -395,18 +476,17 @@ def app_for(location: str) -> Starlette:
         info: dict = {"token_id": None, "as": None}
         try:
             body = await _body(request)
-            if not _LIMITER:
-                _LIMITER.append(anyio.CapacityLimiter(MAX_THREADS))
-            gone, done, outcome = threading.Event(), anyio.Event(), []
+            carrier.ready()
+            gone, hung_up, outcome = threading.Event(), anyio.Event(), []
             async with anyio.create_task_group() as group:
-                group.start_soon(_watch_disconnect, request, gone, done)
-                try:
-                    outcome.append(await anyio.to_thread.run_sync(_look, location, look, _bearer(request), body, info,
-                                                                  gone, limiter=_LIMITER[0]))
+                group.start_soon(_hung_up, request, carrier, gone, hung_up, look)
+                try:  # a look that waits blocks its thread, on a connection of its own (outside the pool)
+                    outcome.append(await carrier.run(_look, location, look, _bearer(request), body, info, gone,
+                                                     own=True))
                 except Exception as exc:  # raised below, out of the task group (which would wrap it)
                     outcome.append(exc)
                 finally:
-                    done.set()
+                    group.cancel_scope.cancel()
             if isinstance(outcome[0], Exception):
                 raise outcome[0]
             response = _document(outcome[0], 200, errors.EXIT_OK)
@@ -457,7 +537,9 @@ class _Server(uvicorn.Server):
     def handle_exit(self, sig, frame) -> None:
         if not _STOPPING.is_set():
             _STOPPING.set()
-            threading.Thread(target=_wake_waits, args=(self.location,), daemon=True).start()
+            for carrier in _CARRIERS:
+                carrier.stop_waits()  # the waits on the event loop
+            threading.Thread(target=_wake_waits, args=(self.location,), daemon=True).start()  # those in threads
         super().handle_exit(sig, frame)
 
 
@@ -528,6 +610,8 @@ def serve(listen: str | None = None, tls_cert: str | None = None, tls_key: str |
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
+        for carrier in _CARRIERS:
+            carrier.close()
     _log(stopped=True)
 
 

@@ -204,6 +204,11 @@ class Store(WholeMailbox):
     def close(self) -> None:
         """Release the connection."""
 
+    def reusable(self) -> bool:
+        """Whether this open store may serve another caller as it is (a pool's check when it is given back):
+        its connection sound, no transaction open, no wake-up pending, not listening."""
+        return True
+
     def transaction(self, write: bool = False, patience: float | None = None) -> AbstractContextManager:
         """A transaction; `write=True` takes the write lock up front, waiting for it up to `patience`
         seconds (the backend's busy timeout by default) in a way a signal can interrupt at once.
@@ -374,6 +379,15 @@ class Store(WholeMailbox):
 
     def release_session(self, session_id: str, at: str, reason: str) -> None:
         """Mark a session released (its watch exited), with why."""
+        raise NotImplementedError
+
+    def release_sessions(self, session_ids: list[str], at: str, reason: str) -> None:
+        """release_session of each of `session_ids` in one statement (the waits a server ends together)."""
+        raise NotImplementedError
+
+    def touch_sessions(self, prefix: str, at: str) -> int:
+        """Refresh, in one statement, every armed session whose id starts with `prefix` (the sessions one
+        server process holds, named INSTANCE.UUID); how many."""
         raise NotImplementedError
 
     def release_session_alone(self, session_id: str, at: str, reason: str, patience: float | None = None) -> None:

@@ -14,7 +14,8 @@ The contract the shared SQL relies on, made explicit here:
   carried forward by the monotonic clock), so machines whose clocks disagree still agree.
 - Wake-ups are NOTIFY on a channel per recipient (and one for broadcasts), sent inside the
   committing transaction, so a listening watch hears of mail exactly when it is committed. A
-  watch holds one connection, LISTENs, and waits with no transaction open.
+  watch holds one connection, LISTENs, and waits with no transaction open (the waits of an `agent-mail
+  serve` process share one: postgres_hub).
 - Only errors.StorageError leaves this module; no psycopg type escapes, and no message shows a
   password.
 """
@@ -42,6 +43,9 @@ BUSY_TIMEOUT_SECONDS = 10.0  # how long a writer waits for the write lock, as on
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _SESSION_ID = re.compile(r"^[0-9a-f-]{1,40}$")
 _WATCH_APP = "agent-mail watch "  # application_name of a watch's connection, followed by its session id
+# application_name of a server process's LISTEN connection (postgres_hub), followed by its instance; the watch
+# sessions that server holds are named INSTANCE.UUID.
+SERVE_APP = "agent-mail serve "
 # Connection settings we choose unless the URL or the environment does: a dead peer (a partition) is
 # noticed in seconds rather than the kernel's quarter of an hour.
 _DEFAULTS = {"connect_timeout": ("PGCONNECT_TIMEOUT", "5"), "application_name": ("PGAPPNAME", "agent-mail"),
@@ -342,6 +346,10 @@ class PostgresStore(SQLStore):
     def close(self) -> None:
         self._close_quietly()
 
+    def reusable(self) -> bool:
+        return self._healthy() and not self._wakes and not self._listening and not self._relaxed \
+            and self.db.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
     def relax_durability(self) -> None:
         # A watch writes liveness only: its commits need not wait for the server's disk.
         self._relaxed = True
@@ -485,22 +493,29 @@ class PostgresStore(SQLStore):
 
 def _presence(store: PostgresStore, facts: dict[str, dict], agent: str | None) -> dict[str, dict]:
     """The stored liveness `facts`, with what the watches' connections tell: an armed session whose watch is
-    connected now (its connection's application_name names the session; visible to every role) is seen now,
+    connected now (its connection's application_name names the session, or, for a wait a server holds, the
+    server's LISTEN connection names the instance its id starts with; visible to every role) is seen now,
     unless its row was not refreshed for HUNG_SECONDS (hung); an armed session whose connection is gone is a
     dead watch, stale at once (a killed watch's connection ends at once; a partitioned one is ended by the
     server within seconds, by the session's server-side keepalives)."""
     from agent_mail.store.base import gone_since
 
-    present = {r[0][len(_WATCH_APP):] for r in store._x(
-        "SELECT application_name FROM pg_stat_activity WHERE datname = current_database() "
-        "AND application_name LIKE ?", (_WATCH_APP + "%",))}
+    present, serving = set(), set()
+    for (name,) in store._x("SELECT application_name FROM pg_stat_activity WHERE datname = current_database() "
+                            "AND (application_name LIKE ? OR application_name LIKE ?)",
+                            (_WATCH_APP + "%", SERVE_APP + "%")):
+        if name.startswith(_WATCH_APP):
+            present.add(name[len(_WATCH_APP):])
+        else:
+            serving.add(name[len(SERVE_APP):])
     now = model.now()
     armed: dict[str, list] = {}  # identity: [(the moment its armed session was last known alive, alive now)]
     for session, name, last_seen in store._x(
             "SELECT id, agent, last_seen FROM watch_sessions WHERE state = 'armed'"
             + (" AND agent = :agent" if agent else ""), {"agent": agent}):
         stored = model.parse_iso(last_seen)
-        if session not in present:
+        holder, dot, _ = session.partition(".")
+        if session not in present and not (dot and holder in serving):
             armed.setdefault(name, []).append((gone_since(stored, now), False))
         elif stored is not None and (now - stored).total_seconds() > model.HUNG_SECONDS:
             armed.setdefault(name, []).append((stored, False))  # connected, but hung

@@ -1,5 +1,6 @@
 """The access tokens of `agent-mail serve` (store/base.py says what each method promises), written once for
-every engine. Only a token's hash is stored; the secret is shown once, by `token create`."""
+every engine, and the one refresh of every watch session a server holds. Only a token's hash is stored; the
+secret is shown once, by `token create`."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ def _token(row: dict) -> dict:
 
 
 class Tokens:
-    """SQLStore's token table (a mixin: `_x`, `_query` and `_wake` are the store's)."""
+    """SQLStore's token table, and the server's sessions (a mixin: `_x`, `_query` and `_wake` are the store's)."""
 
     def add_token(self, token: dict) -> None:
         import json
@@ -40,3 +41,15 @@ class Tokens:
 
     def wake_waits(self) -> None:
         self._wake("*")
+
+    def touch_sessions(self, prefix: str, at: str) -> int:
+        # The sessions a server holds are named INSTANCE.UUID: one statement refreshes them all.
+        return self._x("UPDATE watch_sessions SET last_seen = :at WHERE state = 'armed' AND "
+                       "substr(id, 1, :n) = :prefix", {"at": at, "n": len(prefix), "prefix": prefix}).rowcount
+
+    def release_sessions(self, session_ids: list[str], at: str, reason: str) -> None:
+        for start in range(0, len(session_ids), 500):  # within any engine's limit on parameters
+            chunk = session_ids[start:start + 500]
+            self._x(f"UPDATE watch_sessions SET state = 'released', released_at = ?, released_reason = ?, "
+                    f"last_seen = ? WHERE state = 'armed' AND id IN ({', '.join('?' * len(chunk))})",
+                    (at, reason, at, *chunk))

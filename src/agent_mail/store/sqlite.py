@@ -415,6 +415,9 @@ class SQLiteStore(SQLStore):
         self._stop_listening()
         self.db.close()
 
+    def reusable(self) -> bool:
+        return self._pipe is None and not self._wakes and not self.db.in_transaction
+
 
 # ---------------------------------------------------------------- damage and odd files
 

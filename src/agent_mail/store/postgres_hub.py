@@ -1,0 +1,223 @@
+"""The one LISTEN connection of an `agent-mail serve` process on PostgreSQL (issue 21): it carries the wake-ups of
+every wait the server serves, so a thousand waits cost one connection, not a thousand.
+
+The hub LISTENs the broadcast channel for as long as it runs, and an identity's channel while at least one wait
+for that identity is in progress (subscribe / unsubscribe count them; the last one out UNLISTENs). A
+notification wakes exactly the waits it concerns: a direct message its recipient's, a broadcast (and a revoked
+token, which `Store.wake_waits` announces there) every wait.
+
+It is a thread that sleeps in select() on the connection's socket and on a pipe of its own: the pipe interrupts
+the sleep at once when a LISTEN is asked for (a wait must be listening before its first look), which psycopg's
+AsyncConnection.notifies() cannot offer (it holds the connection's lock while it waits, so a LISTEN from another
+task would wait for it to time out: latency, or idle wake-ups). An idle hub costs nothing: no timeout, no poll.
+
+Its connection is also the presence of the waits it carries (see postgres._presence): its application_name names
+the server instance (`agent-mail serve INSTANCE`), the watch sessions the server holds are named
+`INSTANCE.UUID`, and a session of an instance whose hub connection is there is alive. When the server process
+dies its connection ends and PostgreSQL forgets it at once; a partitioned one is ended by the server-side
+keepalives within seconds. A dropped connection (a PostgreSQL restart, pg_terminate_backend) is made again, the
+channels LISTENed again, and every wait told to look again: nothing committed meanwhile is missed.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import threading
+import time
+from concurrent.futures import Future
+
+import psycopg
+
+from agent_mail import errors
+from agent_mail.store import redact_url, url_secrets
+from agent_mail.store.postgres import _DEFAULTS, SERVE_APP, _error_text, channel, split_url
+
+RETRY_SECONDS = (0.05, 2.0)  # the first and the longest pause between two attempts to connect again
+
+
+class Hub:
+    """One server process's LISTEN connection; `on_wake(agents)` is called in the hub's thread with the identities
+    whose waits are to look again, or None for every wait (a broadcast, a revoked token, a reconnection)."""
+
+    def __init__(self, url: str, instance: str, on_wake):
+        self._conninfo, self.schema = split_url(url)
+        self.display, self._secrets = redact_url(url), url_secrets(url)
+        self.instance, self._on_wake = instance, on_wake
+        self._lock = threading.Lock()
+        self._counts: dict[str, int] = {}  # identity: waits in progress
+        self._pending: list[tuple[str, Future]] = []  # subscriptions to confirm once their LISTEN is in effect
+        self._listened: dict[str, str] = {}  # channel: identity, LISTENed on the connection now
+        self._broadcast = channel(self.schema, "*")
+        self._interrupt_r, self._interrupt_w = os.pipe()
+        os.set_blocking(self._interrupt_r, False)
+        self._stopping = False
+        self.db = None
+        self._thread: threading.Thread | None = None
+
+    # -- the waits' side (any thread) ------------------------------------------------
+    def start(self) -> None:
+        """Connect (StorageError if PostgreSQL cannot be reached) and start the hub's thread."""
+        self._connect()
+        self._thread = threading.Thread(target=self._run, name="agent-mail hub", daemon=True)
+        self._thread.start()
+
+    def subscribe(self, agent: str) -> Future:
+        """Count a wait for `agent` in; the future is done once `agent`'s channel is LISTENed (at once if it
+        is already): mail committed after that wakes the wait."""
+        done: Future = Future()
+        with self._lock:
+            self._counts[agent] = self._counts.get(agent, 0) + 1
+            if channel(self.schema, agent) in self._listened and self._healthy():
+                done.set_result(True)
+                return done
+            self._pending.append((agent, done))
+        self._interrupt()
+        return done
+
+    def unsubscribe(self, agent: str) -> None:
+        """Count a wait for `agent` out; its channel is UNLISTENed when it was the last."""
+        with self._lock:
+            left = self._counts.get(agent, 0) - 1
+            if left > 0:
+                self._counts[agent] = left
+                return
+            self._counts.pop(agent, None)
+        self._interrupt()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._interrupt()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._close()
+        for fd in (self._interrupt_r, self._interrupt_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    # -- the hub's thread --------------------------------------------------------------
+    def _interrupt(self) -> None:
+        try:
+            os.write(self._interrupt_w, b".")
+        except (BlockingIOError, OSError):
+            pass  # the pipe is full (the thread will wake anyway) or closed (stopping)
+
+    def _healthy(self) -> bool:
+        return self.db is not None and not self.db.closed and not self.db.broken
+
+    def _close(self) -> None:
+        db, self.db = self.db, None
+        with self._lock:
+            self._listened = {}
+        if db is not None:
+            try:
+                db.close()
+            except psycopg.Error:
+                pass
+
+    def _connect(self) -> None:
+        from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+        try:
+            given = conninfo_to_dict(self._conninfo)
+            extra = {key: value for key, (env, value) in _DEFAULTS.items()
+                     if key not in given and not (env and os.environ.get(env))}
+            extra["application_name"] = SERVE_APP + self.instance  # the presence of its waits: always ours
+            db = psycopg.connect(make_conninfo(self._conninfo, **extra), autocommit=True)
+            # The server probes this client every few seconds, so a hub cut off by a partition stops counting.
+            db.execute(b"SET tcp_keepalives_idle = 5; SET tcp_keepalives_interval = 2; SET tcp_keepalives_count = 3; "
+                       + f'LISTEN "{self._broadcast}"'.encode())
+        except psycopg.Error as exc:
+            raise errors.StorageError(f"the server cannot listen for wake-ups on the PostgreSQL mailbox {self.display}"
+                                      f" (schema {self.schema}): {_error_text(exc, self._secrets)}. Check that it is "
+                                      "running and reachable.") from None
+        self.db = db
+        with self._lock:
+            self._listened = {self._broadcast: "*"}
+
+    def _reconcile(self) -> None:
+        """LISTEN the channels of the identities waited for, UNLISTEN the others (one round trip), then confirm
+        the subscriptions waiting for it."""
+        with self._lock:
+            wanted = {channel(self.schema, agent): agent for agent in self._counts}
+            wanted[self._broadcast] = "*"
+            pending, self._pending = self._pending, []
+            start = [name for name in wanted if name not in self._listened]
+            end = [name for name in self._listened if name not in wanted]
+        if start or end:
+            statements = [f'LISTEN "{name}"' for name in start] + [f'UNLISTEN "{name}"' for name in end]
+            try:
+                self.db.execute("; ".join(statements).encode())
+            except BaseException:
+                with self._lock:
+                    self._pending = pending + self._pending  # confirmed after the reconnection instead
+                raise
+            with self._lock:
+                self._listened = {name: wanted[name] for name in self._listened if name in wanted}
+                self._listened.update({name: wanted[name] for name in start})
+        for _, done in pending:
+            if not done.done():
+                done.set_result(True)
+
+    def _drain(self) -> None:
+        woken: set[str] = set()
+        everyone = False
+        for note in self.db.notifies(timeout=0):
+            agent = self._listened.get(note.channel)
+            if agent == "*":
+                everyone = True
+            elif agent is not None:
+                woken.add(agent)
+        if everyone:
+            self._on_wake(None)
+        elif woken:
+            self._on_wake(woken)
+
+    def _run(self) -> None:
+        pause = RETRY_SECONDS[0]
+        while not self._stopping:
+            if not self._healthy():
+                self._close()
+                try:
+                    self._connect()
+                except errors.StorageError:
+                    self._sleep(pause)
+                    pause = min(pause * 2, RETRY_SECONDS[1])
+                    continue
+                pause = RETRY_SECONDS[0]
+                try:
+                    self._reconcile()
+                except psycopg.Error:
+                    continue
+                self._on_wake(None)  # every wait looks again: mail may have come while the connection was down
+                continue
+            try:
+                self._reconcile()
+                self._drain()
+                ready = select.select([self.db.fileno(), self._interrupt_r], [], [])[0]
+                if self._interrupt_r in ready:
+                    self._read_interrupts()
+                if self.db.fileno() in ready:
+                    self._drain()
+            except Exception:  # psycopg's, the socket's, or a bug: the hub must not die of it
+                self._close()  # made again at the top of the loop, and every wait looks again
+                self._sleep(RETRY_SECONDS[0])
+
+    def _read_interrupts(self) -> None:
+        try:
+            while os.read(self._interrupt_r, 4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+
+    def _sleep(self, seconds: float) -> None:
+        """A pause before connecting again, cut short by stop()."""
+        deadline = time.monotonic() + seconds
+        while not self._stopping and (left := deadline - time.monotonic()) > 0:
+            try:
+                if select.select([self._interrupt_r], [], [], left)[0]:
+                    self._read_interrupts()
+            except (OSError, ValueError):
+                return

@@ -1,0 +1,321 @@
+"""The waits `agent-mail serve` carries (issue 21), as real processes: on PostgreSQL hundreds of waits hold no more
+than the server's pool and its one LISTEN connection; a direct send wakes its recipient's waits only, a broadcast
+every wait; a revoked token ends its waits at once and only its; a client that hangs up, or a server killed,
+leaves no session shown listening; the LISTEN connection killed under the waits is made again and nothing is
+missed; SIGTERM ends every wait at once with 503."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from conftest import TEST_PG_URL, process_env
+from serving import Server, backends_of
+
+pytestmark = [pytest.mark.backends, pytest.mark.timeout(180)]
+
+POOL_SIZE = 8  # agent_mail.server.POOL_SIZE: the server's connections for calls
+
+
+@pytest.fixture
+def server(mailbox_path):
+    running = Server(str(mailbox_path))
+    yield running
+    running.stop()
+
+
+class Waits:
+    """Waits held as raw HTTP requests, one thread each: their answers as they come."""
+
+    def __init__(self, server: Server, token: str, agents: list[str], seconds: float = 90.0):
+        self.answers: dict[int, tuple[int, dict, float]] = {}
+        self._threads = []
+        for i, agent in enumerate(agents):
+            thread = threading.Thread(target=self._wait, args=(server.port, token, i, agent, seconds), daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def _wait(self, port: int, token: str, i: int, agent: str, seconds: float) -> None:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=seconds + 30)
+        try:
+            connection.request("POST", "/v1/call/watch", body=json.dumps({"agent": agent, "wait_seconds": seconds}),
+                               headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+            response = connection.getresponse()
+            self.answers[i] = (response.status, json.loads(response.read()), time.monotonic())
+        except (OSError, http.client.HTTPException) as exc:
+            self.answers[i] = (0, {"error": str(exc)}, time.monotonic())
+        finally:
+            connection.close()
+
+    def until(self, count: int, seconds: float = 20.0) -> None:
+        deadline = time.monotonic() + seconds
+        while len(self.answers) < count and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(self.answers) >= count, f"{len(self.answers)} of {count} answered"
+
+
+def _states(mailbox: str, agents: list[str]) -> dict[str, dict]:
+    """What `status` says of each identity's presence, read in this process."""
+    from agent_mail import liveness
+    from agent_mail.store import open_store
+
+    store = open_store(mailbox)
+    try:
+        with store.transaction():
+            return {agent: liveness.presence(store, agent) for agent in agents}
+    finally:
+        store.close()
+
+
+def _until_armed(mailbox: str, agents: list[str], armed: bool = True, seconds: float = 60.0) -> float:
+    """Wait until every one of `agents` reads as armed (or as not armed); how long it took."""
+    started = time.monotonic()
+    while True:
+        states = _states(mailbox, agents)
+        if all((s["watch_state"] == "armed") == armed for s in states.values()):
+            return time.monotonic() - started
+        assert time.monotonic() - started < seconds, {a: s["watch_state"] for a, s in states.items()}
+        time.sleep(0.1)
+
+
+def _send(server: Server, *argv: str) -> None:
+    proc = server.direct("send", "--from", "ops:lead", *argv)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_hundreds_of_waits_hold_a_handful_of_connections_and_wake_exactly_their_own(server, backend):
+    if backend != "postgresql":
+        pytest.skip("the LISTEN connection and the pool are PostgreSQL's; SQLite waits on a pipe per wait")
+    token = server.token("--agent", "*")
+    agents = [f"w:a{i:03d}" for i in range(210)]
+    waits = Waits(server, token, agents)
+    _until_armed(server.mailbox, agents)
+    states = _states(server.mailbox, agents[:3])
+    assert all(s["watching"] and s["watch_state"] == "armed" for s in states.values()), states
+    held = backends_of(server.proc.pid, TEST_PG_URL)
+    assert len(held) <= POOL_SIZE + 1, held
+    assert [name for _, name in held if name.startswith("agent-mail serve ")] != [], held
+    assert not waits.answers
+    # A direct message wakes its recipient's wait, and no other.
+    _send(server, "--to", "w:a007", "--subject", "for seven")
+    waits.until(1)
+    time.sleep(1.0)
+    assert list(waits.answers) == [7], sorted(waits.answers)
+    status, document, _ = waits.answers[7]
+    assert status == 200 and [m["subject"] for m in document["messages"]] == ["for seven"]
+    # A broadcast wakes every one.
+    _send(server, "--to", "*", "--subject", "everyone")
+    waits.until(len(agents))
+    assert all(status == 200 and document["messages"][-1]["subject"] == "everyone"
+               for i, (status, document, _) in waits.answers.items() if i != 7)
+    assert len(backends_of(server.proc.pid, TEST_PG_URL)) <= POOL_SIZE + 1
+    _until_armed(server.mailbox, agents[:5], armed=False)
+
+
+def test_revocation_ends_the_waits_of_that_token_only(server):
+    revoked, kept = server.token("--agent", "a:*"), server.token("--agent", "b:z")
+    first = Waits(server, revoked, ["a:x", "a:y", "a:x"])
+    other = Waits(server, kept, ["b:z"])
+    _until_armed(server.mailbox, ["a:x", "a:y", "b:z"])
+    proc = server.direct("token", "revoke", revoked.split("_")[1])
+    assert proc.returncode == 0, proc.stderr
+    started = time.monotonic()
+    first.until(3, seconds=10)
+    assert all(status == 401 and "revoked" in document["error"] for status, document, _ in first.answers.values())
+    assert max(at for _, _, at in first.answers.values()) - started < 5
+    assert not other.answers  # the other token's wait goes on
+    _send(server, "--to", "b:z", "--subject", "still here")
+    other.until(1)
+    assert other.answers[0][0] == 200 and other.answers[0][1]["messages"][0]["subject"] == "still here"
+    assert revoked not in "".join(server.outputs)
+
+
+def test_a_client_that_hangs_up_releases_its_session_at_once(server):
+    token = server.token("--agent", "a:x")
+    watch = subprocess.Popen([sys.executable, "-m", "agent_mail", "watch", "a:x"], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, env=process_env(AGENT_MAIL_DB=server.url,
+                                                                        AGENT_MAIL_TOKEN=token))
+    try:
+        _until_armed(server.mailbox, ["a:x"])
+        watch.kill()
+        watch.wait()
+        assert _until_armed(server.mailbox, ["a:x"], armed=False, seconds=10) < 2.0
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+            watch.wait()
+    assert _states(server.mailbox, ["a:x"])["a:x"]["watch_state"] == "released"
+
+
+def test_a_killed_server_leaves_no_session_shown_listening(mailbox_path):
+    running = Server(str(mailbox_path))
+    try:
+        token = running.token("--agent", "a:*")
+        agents = ["a:x", "a:y", "a:z"]
+        Waits(running, token, agents)
+        _until_armed(running.mailbox, agents)
+        running.proc.send_signal(signal.SIGKILL)
+        running.proc.wait()
+        took = _until_armed(running.mailbox, agents, armed=False, seconds=15)
+        assert took < 3.0, took
+        assert {s["watch_state"] for s in _states(running.mailbox, agents).values()} == {"stale"}
+    finally:
+        running.stop()
+
+
+def test_the_listen_connection_is_made_again_and_nothing_is_missed(server, backend):
+    if backend != "postgresql":
+        pytest.skip("the server's LISTEN connection is PostgreSQL's")
+    import psycopg
+
+    token = server.token("--agent", "r:*")
+    agents = [f"r:a{i}" for i in range(6)]
+    waits = Waits(server, token, agents)
+    _until_armed(server.mailbox, agents)
+
+    def hub() -> list[int]:
+        return [pid for pid, name in backends_of(server.proc.pid, TEST_PG_URL) if name.startswith("agent-mail serve")]
+    [before] = hub()
+    with psycopg.connect(TEST_PG_URL, autocommit=True) as db:
+        assert db.execute("SELECT pg_terminate_backend(%s)", (before,)).fetchone()[0]
+    _send(server, "--to", "r:a0", "--subject", "while it was down")  # looked for once the hub is back
+    waits.until(1)
+    assert waits.answers[0][0] == 200 and waits.answers[0][1]["messages"][0]["subject"] == "while it was down"
+    deadline = time.monotonic() + 10
+    while not (after := hub()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert after and after != [before]
+    _send(server, "--to", "r:a1", "--subject", "after")  # woken through the new connection
+    waits.until(2)
+    assert waits.answers[1][0] == 200 and waits.answers[1][1]["messages"][0]["subject"] == "after"
+    _send(server, "--to", "*", "--subject", "all")
+    waits.until(len(agents))
+    assert all(status == 200 for status, _, _ in waits.answers.values())
+
+
+def test_sigterm_ends_every_wait_at_once_with_503(server):
+    token = server.token("--agent", "t:*")
+    agents = [f"t:a{i:02d}" for i in range(30)]
+    waits = Waits(server, token, agents)
+    _until_armed(server.mailbox, agents)
+    started = time.monotonic()
+    code, log = server.stop()
+    assert code == 0, log
+    waits.until(len(agents), seconds=10)
+    assert {status for status, _, _ in waits.answers.values()} == {503}
+    assert max(at for _, _, at in waits.answers.values()) - started < 5
+    assert {s["watch_state"] for s in _states(server.mailbox, agents).values()} == {"released"}
+
+
+def test_a_delayed_message_falling_due_wakes_the_wait(server):
+    token = server.token("--agent", "d:x")
+    waits = Waits(server, token, ["d:x"])
+    _until_armed(server.mailbox, ["d:x"])
+    _send(server, "--to", "d:x", "--subject", "later", "--delay-minutes", "0.05")  # due in 3 s: no wake-up says so
+    sent = time.monotonic()
+    waits.until(1, seconds=20)
+    status, document, at = waits.answers[0]
+    assert status == 200 and [m["subject"] for m in document["messages"]] == ["later"]
+    assert 2.0 < at - sent < 10
+
+
+def test_calls_and_waits_outlive_the_servers_connections_being_killed(server, backend):
+    """Every PostgreSQL connection of the server (its pool and its LISTEN connection) killed at once: the pool
+    gives no broken store to a call, the waits look again, nothing is lost."""
+    if backend != "postgresql":
+        pytest.skip("SQLite has no connections to kill")
+    import psycopg
+
+    token = server.token("--agent", "k:*")
+    agents = ["k:a", "k:b"]
+    waits = Waits(server, token, agents)
+    _until_armed(server.mailbox, agents)
+    held = backends_of(server.proc.pid, TEST_PG_URL)
+    assert len(held) >= 2  # the hub, and the pooled stores the calls so far used
+    with psycopg.connect(TEST_PG_URL, autocommit=True) as db:
+        for pid, _ in held:
+            db.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    sent = server.client(token, "send", "--from", "k:c", "--to", "k:a", "--subject", "through the server")
+    assert sent.returncode == 0, sent.stderr
+    waits.until(1)
+    assert waits.answers[0][0] == 200 and waits.answers[0][1]["messages"][0]["subject"] == "through the server"
+    read = server.client(token, "read", "k:a")
+    assert read.returncode == 0, read.stderr
+    assert json.loads(read.stdout)["count"] == 1
+    _send(server, "--to", "k:b", "--subject", "and after")
+    waits.until(2)
+    assert waits.answers[1][0] == 200
+    assert len(backends_of(server.proc.pid, TEST_PG_URL)) <= POOL_SIZE + 1
+
+
+PG_BIN = "/usr/lib/postgresql/15/bin"
+
+
+@pytest.fixture
+def private_postgres():
+    """A PostgreSQL cluster of this test's own (so it may be restarted), on a free loopback port: its base URL
+    and a function that restarts it. Needs root and the PostgreSQL 15 binaries; removed after."""
+    import os
+    import shutil
+    import socket
+    import tempfile
+
+    if os.geteuid() != 0 or not os.path.exists(f"{PG_BIN}/initdb") or shutil.which("runuser") is None:
+        pytest.skip("a private PostgreSQL cluster needs root, runuser and the PostgreSQL 15 binaries")
+    root = tempfile.mkdtemp(prefix="agent-mail-pg-")
+    os.chmod(root, 0o755)
+    shutil.chown(root, "postgres", "postgres")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+
+    def as_postgres(*argv: str) -> None:
+        subprocess.run(["runuser", "-u", "postgres", "--", *argv], check=True, capture_output=True, timeout=120)
+
+    def ctl(*argv: str) -> None:
+        as_postgres(f"{PG_BIN}/pg_ctl", "-D", f"{root}/data", "-l", f"{root}/log", "-w", "-o",
+                    f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off", *argv)
+    try:
+        as_postgres(f"{PG_BIN}/initdb", "-D", f"{root}/data", "-A", "trust", "-U", "postgres", "--no-sync")
+        ctl("start")
+        yield f"postgresql://postgres@127.0.0.1:{port}/postgres", lambda: ctl("-m", "fast", "restart")
+    finally:
+        try:
+            ctl("-m", "immediate", "stop")
+        except subprocess.CalledProcessError:
+            pass
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.sqlite_only  # on a cluster of its own, whichever backend the other tests run on
+def test_waits_outlive_a_postgresql_restart(private_postgres):
+    base, restart = private_postgres
+    running = Server(f"{base}?schema=restart")
+    try:
+        token = running.token("--agent", "p:*")
+        agents = ["p:a", "p:b", "p:c"]
+        waits = Waits(running, token, agents)
+        _until_armed(running.mailbox, agents)
+        before = backends_of(running.proc.pid, base)
+        restart()
+        _until_armed(running.mailbox, agents, seconds=30)  # the LISTEN connection is back: alive again
+        after = backends_of(running.proc.pid, base)
+        assert [name for _, name in after if name.startswith("agent-mail serve ")] and not set(before) & set(after)
+        assert not waits.answers
+        _send(running, "--to", "p:b", "--subject", "after the restart")
+        waits.until(1)
+        [(i, (status, document, _))] = waits.answers.items()
+        assert (i, status) == (1, 200) and document["messages"][0]["subject"] == "after the restart"
+        _send(running, "--to", "*", "--subject", "all")
+        waits.until(3)
+        assert {status for status, _, _ in waits.answers.values()} == {200}
+        assert len(backends_of(running.proc.pid, base)) <= POOL_SIZE + 1
+    finally:
+        running.stop()
