@@ -13,7 +13,9 @@ bench_postgres (the team mailbox on PostgreSQL beside SQLite: per-agent commands
 bench_dashboard (the dashboard's idle cost and update latency beside 100 watches and a send every
 100 ms, on both backends, and the fleet's figures without it), and bench_server (commands through
 `agent-mail serve` on loopback beside SQLite, PostgreSQL direct and the reference; the client path's
-imports; wake through two replicas; 16 senders x 8 readers through two replicas beside PostgreSQL direct).
+imports; wake through two replicas; 16 senders x 8 readers through two replicas beside PostgreSQL direct),
+bench_server_waits (1,000 waits on one server process over PostgreSQL: its connections, idle CPU, one
+broadcast's wake) and bench_server_hooks (the hooks through a server beside the same hooks on the mailbox).
 --quick uses fewer rounds, no million-message mailbox and a herd of 20, for a smoke run;
 the recorded numbers in docs/benchmarks.md come from the full run.
 """
@@ -35,6 +37,8 @@ import bench_hooks  # noqa: E402
 import bench_postgres  # noqa: E402
 import bench_scale  # noqa: E402
 import bench_server  # noqa: E402
+import bench_server_hooks  # noqa: E402
+import bench_server_waits  # noqa: E402
 import bench_watch  # noqa: E402
 from common import implementations, report, table  # noqa: E402
 
@@ -69,6 +73,12 @@ def main() -> None:
     # The mailbox as a service: through `agent-mail serve` beside SQLite, PostgreSQL direct and the reference.
     print("\n# the mailbox through agent-mail serve (bench_server)\n")
     print(table(bench_server.rows(clis, quick=args.quick), bench_server.HEADERS))
+    print("\n# 1,000 waits on one server process over PostgreSQL (bench_server_waits)\n")
+    print(table(bench_server_waits.rows(clis, waits=100 if args.quick else 1000, watches=10 if args.quick else 100,
+                                        idle_seconds=5 if args.quick else 30), bench_server_waits.HEADERS))
+    print("\n# the hooks through agent-mail serve (bench_server_hooks)\n")
+    print(table(bench_server_hooks.run(rounds=5 if args.quick else 31, wakes=3 if args.quick else 10, db=None),
+                bench_server_hooks.HEADERS))
 
 
 if __name__ == "__main__":
