@@ -243,3 +243,146 @@ def test_sigterm_ends_a_blocked_watch_and_the_server_promptly(server):
     assert state == "error" and "stopping" in answer["error"], answer
     assert stopped["code"] == 0 and stopped["seconds"] < 10, stopped
     assert _json(server.direct("status", "--agent", "a:x"))["agents"][0]["watch_state"] == "released"
+
+
+# ---- setup HARNESS --agent P:N with the server's URL as the mailbox
+
+def _setup(harness: str, directory, url: str, **env):
+    from conftest import am_process, process_env
+
+    environment = process_env(AGENT_MAIL_DB=url, **env)
+    for name in ("AGENT_MAIL_TOKEN", "AGENT_MAIL_TOKEN_FILE"):
+        if name not in env:
+            environment.pop(name, None)
+    return am_process("setup", harness, "--agent", "proj:coder", "--dir", str(directory), env=environment)
+
+
+@pytest.mark.sqlite_only
+def test_setup_writes_a_remote_mcp_entry_that_reads_the_token_from_the_environment(tmp_path):
+    import tomllib
+
+    url = "https://mail.example.com:8443/team"
+    token = "am_0123456789ab_not-a-real-secret-but-kept-out-all-the-same"
+    written = {}
+    for harness in ("claude-code", "codex", "gemini"):
+        directory = tmp_path / harness
+        directory.mkdir()
+        done = _setup(harness, directory, url + "/", AGENT_MAIL_TOKEN=token)
+        assert done.returncode == 0, done.stderr
+        result = json.loads(done.stdout)
+        assert result["mailbox"] == url and result["token"] == {"variable": "AGENT_MAIL_TOKEN", "set": True,
+                                                                "file_variable": "AGENT_MAIL_TOKEN_FILE",
+                                                                "file_set": False}
+        assert token.encode() not in done.stdout + done.stderr
+        written[harness] = {p.relative_to(directory).as_posix(): p.read_text() for p in directory.rglob("*")
+                            if p.is_file()}
+        assert not any(token in text for text in written[harness].values())
+        assert written[harness][".agent-mail-db"].splitlines()[-1] == url
+    servers = json.loads(written["claude-code"][".mcp.json"])["mcpServers"]
+    assert servers == {"agent-mail": {"type": "http", "url": f"{url}/mcp",
+                                      "headers": {"Authorization": "Bearer ${AGENT_MAIL_TOKEN}"}}}
+    personal = json.loads(written["claude-code"][".claude/settings.local.json"])
+    assert personal["env"]["AGENT_MAIL_DB"] == url and "mcp__agent-mail" in personal["permissions"]["allow"]
+    assert "AGENT_MAIL_TOKEN" not in personal["env"]
+    assert "hook claude-code context --agent proj:coder" in json.dumps(personal["hooks"])  # hooks: the same
+    codex = tomllib.loads(written["codex"][".codex/config.toml"])["mcp_servers"]["agent-mail"]
+    assert codex == {"url": f"{url}/mcp", "bearer_token_env_var": "AGENT_MAIL_TOKEN",
+                     "default_tools_approval_mode": "approve"}
+    gemini = json.loads(written["gemini"][".gemini/settings.json"])["mcpServers"]["agent-mail"]
+    assert gemini == {"httpUrl": f"{url}/mcp", "headers": {"Authorization": "Bearer ${AGENT_MAIL_TOKEN}"},
+                      "trust": True}
+
+    # Without the token in the environment: written all the same, and the result says how to give it.
+    directory = tmp_path / "later"
+    directory.mkdir()
+    done = _setup("claude-code", directory, url)
+    result = json.loads(done.stdout)
+    assert done.returncode == 0 and result["token"]["set"] is False
+    assert any("AGENT_MAIL_TOKEN is not set" in note and "AGENT_MAIL_TOKEN_FILE" in note for note in result["notes"])
+    # Again: nothing changes; back to a local mailbox: the stdio server again; --remove: only ours goes.
+    again = json.loads(_setup("claude-code", directory, url).stdout)
+    assert {f["action"] for f in again["files"]} == {"unchanged"}
+    local = _setup("claude-code", directory, str(tmp_path / "box" / "mail.db"))
+    assert local.returncode == 0, local.stderr
+    assert json.loads((directory / ".mcp.json").read_text())["mcpServers"]["agent-mail"]["type"] == "stdio"
+    assert json.loads(local.stdout)["token"] is None
+    assert _setup("claude-code", directory, url).returncode == 0
+    from conftest import am_process, process_env
+
+    gone = am_process("setup", "claude-code", "--agent", "proj:coder", "--dir", str(directory), "--remove",
+                      env=process_env(AGENT_MAIL_DB=url))
+    assert gone.returncode == 0 and json.loads(gone.stdout)["token"] is None
+    assert not (directory / ".mcp.json").exists() and not (directory / ".claude").exists()
+
+
+@pytest.mark.sqlite_only
+def test_setup_refuses_a_server_url_with_credentials_and_writes_nothing(tmp_path):
+    for url in ("https://user:secret@mail.example.com", "https://", "https://mail.example.com/?token=x"):
+        done = _setup("claude-code", tmp_path, url)
+        assert done.returncode == 2, (url, done.stdout)
+        error = json.loads(done.stderr)
+        assert error["problems"][0]["field"] == "AGENT_MAIL_DB" and "Nothing was written" in error["error"]
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---- the real Claude Code CLI, set up for the server, calling a tool over HTTP
+
+@pytest.mark.sqlite_only
+def test_claude_code_set_up_for_the_server_sends_through_an_mcp_tool_over_http(server, tmp_path):
+    from conftest import process_env
+    from fake_model import FakeModel
+    from harnesses import harness, private_tmp
+
+    claude, _ = harness("claude", "AGENT_MAIL_CLAUDE", "@anthropic-ai/claude-code")
+    if claude is None:
+        pytest.skip("claude is not installed (npm install @anthropic-ai/claude-code, or set AGENT_MAIL_CLAUDE)")
+    import subprocess
+
+    token = server.token("--agent", "proj:coder")
+    project, home = tmp_path / "project", tmp_path / "home"
+    project.mkdir()
+    home.mkdir(exist_ok=True)
+    done = _setup("claude-code", project, server.url, AGENT_MAIL_TOKEN=token)
+    assert done.returncode == 0, done.stderr
+    assert json.loads((project / ".mcp.json").read_text())["mcpServers"]["agent-mail"] == {
+        "type": "http", "url": f"{server.url}/mcp", "headers": {"Authorization": "Bearer ${AGENT_MAIL_TOKEN}"}}
+    # This test is about the MCP entry: the hooks (the client's, tested with the hooks) are taken out of it.
+    settings = project / ".claude" / "settings.local.json"
+    personal = json.loads(settings.read_text())
+    personal.pop("hooks")
+    settings.write_text(json.dumps(personal))
+
+    def script(request):
+        if not request.get("tools"):
+            return None  # Claude Code's side requests
+        last = request["messages"][-1]
+        if isinstance(last.get("content"), list) and any(b.get("type") == "tool_result" for b in last["content"]):
+            return [{"type": "text", "text": "sent"}]
+        return [{"type": "tool_use", "name": "mcp__agent-mail__send",
+                 "input": {"to": ["boss:lead"], "subject": "done over http", "body": "the fix is in"}}]
+
+    with FakeModel(script) as model:
+        env = process_env(HOME=str(home), ANTHROPIC_BASE_URL=model.url, ANTHROPIC_API_KEY="sk-ant-test",
+                          DISABLE_TELEMETRY="1", CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
+                          ENABLE_TOOL_SEARCH="false", DISABLE_AUTOUPDATER="1", TMPDIR=private_tmp(home),
+                          AGENT_MAIL_TOKEN=token)
+        env.pop("AGENT_MAIL_DB")
+        proc = subprocess.run([claude, "-p", "Tell the lead you are done.", "--output-format", "json"],
+                              cwd=str(project), env=env, capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    outcome = json.loads(proc.stdout)
+    assert outcome["permission_denials"] == [] and outcome["result"] == "sent", outcome
+    loop = [r for r in model.requests if r.get("tools")]
+    names = {t["name"] for t in loop[0]["tools"]}
+    assert {"mcp__agent-mail__send", "mcp__agent-mail__read", "mcp__agent-mail__watch"} <= names
+    assert "mcp__agent-mail__reserve" not in names  # the tools the server carries out
+    answered = json.dumps(loop[-1]["messages"][-1])
+    assert "delivered" in answered and token not in answered
+    mail = _json(server.direct("read", "boss:lead", "--no-mark-read"))
+    assert [(m["sender"], m["subject"], m["body"]) for m in mail["messages"]] == \
+        [("proj:coder", "done over http", "the fix is in")]
+    code, log = server.stop()
+    assert code == 0 and token not in log and token not in proc.stdout + proc.stderr
+    sends = [json.loads(line) for line in log.splitlines() if '"command": "send"' in line]
+    assert sends and sends[0]["as"] == "proj:coder" and sends[0]["path"] == "/mcp"
+    assert not any(token in p.read_text(errors="replace") for p in project.rglob("*") if p.is_file())
