@@ -177,8 +177,9 @@ def test_no_token_or_a_bad_one_is_refused_before_anything_is_read(server):
     status, answer = server.raw("/mcp", initialize, {**headers, "Authorization": f"Bearer {token}"})
     assert status == 401 and "revoked" in json.loads(answer)["error"] and token not in answer.decode()
     # The SDK's client sees the refusal as an error, not a session.
-    with pytest.raises(BaseException):
+    with pytest.raises(ExceptionGroup) as refused:
         connect(server, guessed, lambda client: client.list_tools())
+    assert refused.group_contains(mcp.MCPError)
     fresh = server.token("--agent", "a:x")
     status, answer = server.raw("/mcp", b"{" * 100, {**headers, "Authorization": f"Bearer {fresh}"})
     assert 400 <= status < 500, answer  # malformed JSON-RPC: a clear 4xx, the server stays up

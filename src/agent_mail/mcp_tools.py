@@ -52,7 +52,8 @@ def _wait_property() -> dict:
 
 
 def tool_definitions(agent: str | None, *, names: tuple[str, ...] = TOOLS,
-                     leave_out: dict[str, tuple[str, ...]] | None = None, default_note: str | None = None) -> list[Tool]:
+                     leave_out: dict[str, tuple[str, ...]] | None = None,
+                     default_note: str | None = None) -> list[Tool]:
     """The tools `names`, each without the flags `leave_out` names for it (beside NOT_TOOL_ARGS). The identity
     argument is optional where the caller fills it in: with `agent` (the session's identity, "Default: P:N"),
     or where `default_note` says how it is chosen."""

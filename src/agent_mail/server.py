@@ -378,10 +378,11 @@ def _mcp_endpoint(location: str):
     try:
         from agent_mail import mcp_http
     except ImportError as exc:
+        why = f"MCP over HTTP needs the 'mcp' extra on the server, which is not installed ({exc}): pip install " \
+              "'agent-mail[server]'."
+
         async def missing(request: Request) -> Response:
-            return _document({"error": f"MCP over HTTP needs the 'mcp' extra on the server, which is not installed "
-                                       f"({exc}): pip install 'agent-mail[server]'.", "problems": []}, 501,
-                             errors.EXIT_FAILED)
+            return _document({"error": why, "problems": []}, 501, errors.EXIT_FAILED)
         return missing
     return mcp_http.Endpoint(location, _STOPPING, _log, MAX_THREADS)
 
