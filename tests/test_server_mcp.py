@@ -387,3 +387,104 @@ def test_claude_code_set_up_for_the_server_sends_through_an_mcp_tool_over_http(s
     sends = [json.loads(line) for line in log.splitlines() if '"command": "send"' in line]
     assert sends and sends[0]["as"] == "proj:coder" and sends[0]["path"] == "/mcp"
     assert not any(token in p.read_text(errors="replace") for p in project.rglob("*") if p.is_file())
+
+
+def _lead_got(server: Server, subject: str) -> None:
+    mail = _json(server.direct("read", "boss:lead", "--no-mark-read"))
+    assert [(m["sender"], m["subject"]) for m in mail["messages"]] == [("proj:coder", subject)], mail
+
+
+@pytest.mark.sqlite_only
+def test_codex_set_up_for_the_server_sends_through_an_mcp_tool_over_http(server, tmp_path):
+    import subprocess
+
+    from conftest import process_env
+    from fake_model import FakeModel
+    from harnesses import harness, private_tmp
+
+    codex, _ = harness("codex", "AGENT_MAIL_CODEX", "@openai/codex")
+    if codex is None:
+        pytest.skip("codex is not installed (npm install @openai/codex, or set AGENT_MAIL_CODEX)")
+    token = server.token("--agent", "proj:coder")
+    project, home = tmp_path / "project", tmp_path / "codex-home"
+    project.mkdir()
+    home.mkdir()
+    assert _setup("codex", project, server.url).returncode == 0  # no token here: the entry names the variable
+    (project / ".codex" / "hooks.json").unlink()  # about the MCP entry (the hooks are the client's, tested there)
+
+    def main(request):
+        return any(tool.get("name") == "mcp__agent_mail" for tool in request.get("tools", []))
+
+    def script(request):
+        if not main(request):
+            return None
+        if any(isinstance(i, dict) and i.get("type") == "function_call_output" for i in request.get("input", [])):
+            return [{"type": "text", "text": "sent"}]
+        return [{"type": "tool_use", "namespace": "mcp__agent_mail", "name": "send",
+                 "input": {"to": ["boss:lead"], "subject": "codex over http"}}]
+
+    with FakeModel(script) as model:
+        (home / "config.toml").write_text(
+            'model = "gpt-test"\nmodel_provider = "scripted"\n\n[model_providers.scripted]\nname = "scripted"\n'
+            f'base_url = "{model.url}/v1"\nenv_key = "SCRIPTED_KEY"\nwire_api = "responses"\n')
+        env = process_env(CODEX_HOME=str(home), HOME=str(home), SCRIPTED_KEY="test", TMPDIR=private_tmp(home),
+                          AGENT_MAIL_TOKEN=token)
+        env.pop("AGENT_MAIL_DB")
+        proc = subprocess.run([codex, "exec", "--trust", "--dangerously-bypass-hook-trust", "--skip-git-repo-check",
+                               "--json", "Tell the lead."], cwd=str(project), env=env, capture_output=True,
+                              text=True, timeout=180, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert any(main(r) for r in model.requests), "codex never listed the agent-mail tools"
+    _lead_got(server, "codex over http")
+    code, log = server.stop()
+    assert code == 0 and token not in log and token not in proc.stdout + proc.stderr
+
+
+@pytest.mark.sqlite_only
+def test_gemini_set_up_for_the_server_sends_through_an_mcp_tool_over_http(server, tmp_path):
+    import subprocess
+
+    from conftest import process_env
+    from fake_model import FakeModel
+    from harnesses import harness, private_tmp
+
+    gemini, _ = harness("gemini", "AGENT_MAIL_GEMINI", "@google/gemini-cli")
+    if gemini is None:
+        pytest.skip("gemini is not installed (npm install @google/gemini-cli, or set AGENT_MAIL_GEMINI)")
+    token = server.token("--agent", "proj:coder")
+    project, home = tmp_path / "project", tmp_path / "gemini-home"
+    project.mkdir()
+    (home / ".gemini").mkdir(parents=True)
+    (home / ".gemini" / "settings.json").write_text(json.dumps({"security": {"auth": {
+        "selectedType": "gemini-api-key"}}}))
+    assert _setup("gemini", project, server.url).returncode == 0
+    settings = project / ".gemini" / "settings.json"
+    document = json.loads(settings.read_text())
+    document.pop("hooks")  # about the MCP entry (the hooks are the client's, tested there)
+    settings.write_text(json.dumps(document))
+
+    def main(request):
+        return any(f["name"] == "mcp_agent-mail_send" for t in request.get("tools", [])
+                   for f in t.get("functionDeclarations", []))
+
+    def script(request):
+        if not main(request):
+            return None
+        if any("functionResponse" in part for content in request.get("contents", [])
+               for part in content.get("parts", [])):
+            return [{"type": "text", "text": "sent"}]
+        return [{"type": "tool_use", "name": "mcp_agent-mail_send",
+                 "input": {"to": ["boss:lead"], "subject": "gemini over http"}}]
+
+    with FakeModel(script) as model:
+        env = process_env(HOME=str(home), GEMINI_API_KEY="test", GOOGLE_GEMINI_BASE_URL=model.url,
+                          GEMINI_CLI_TRUST_WORKSPACE="true", TMPDIR=private_tmp(home), AGENT_MAIL_TOKEN=token)
+        env.pop("AGENT_MAIL_DB")
+        proc = subprocess.run([gemini, "-p", "Tell the lead.", "--output-format", "json"], cwd=str(project),
+                              env=env, capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    calls = json.loads(proc.stdout)["stats"]["tools"]["byName"]["mcp_agent-mail_send"]
+    assert calls["success"] == 1 and calls["fail"] == 0
+    _lead_got(server, "gemini over http")
+    code, log = server.stop()
+    assert code == 0 and token not in log and token not in proc.stdout + proc.stderr
