@@ -246,6 +246,61 @@ def test_sigterm_ends_a_blocked_watch_and_the_server_promptly(server):
     assert _json(server.direct("status", "--agent", "a:x"))["agents"][0]["watch_state"] == "released"
 
 
+
+def _armed(server: Server, agent: str) -> bool:
+    agents = _json(server.direct("status", "--agent", agent))["agents"]
+    return bool(agents) and agents[0]["watch_state"] == "armed"
+
+
+def _wait_until(predicate, seconds: float, what: str) -> float:
+    started = time.monotonic()
+    while not predicate():
+        assert time.monotonic() - started < seconds, what
+        time.sleep(0.2)
+    return time.monotonic() - started
+
+
+def test_revoking_the_token_ends_a_blocked_watch_and_refuses_what_follows(server):
+    token = server.token("--agent", "a:x")
+
+    async def body(client):
+        async def revoke_when_armed():
+            await anyio.to_thread.run_sync(lambda: _wait_until(lambda: _armed(server, "a:x"), 30, "never armed"))
+            _json(server.direct("token", "revoke", token.split("_")[1]))
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(revoke_when_armed)
+            started = time.monotonic()
+            answer = await call(client, "watch", wait_seconds=300)
+        return answer, time.monotonic() - started
+
+    (state, answer), waited = connect(server, token, body)
+    assert state == "error" and "revoked" in answer["error"] and token not in json.dumps(answer), answer
+    assert waited < 60  # ended by the revocation, not by its 300 s
+    _wait_until(lambda: not _armed(server, "a:x"), 15, "the watch still holds its session")
+    status, answer = server.raw("/mcp", b"{}", {"Authorization": f"Bearer {token}",
+                                                "Content-Type": "application/json"})
+    assert status == 401 and "revoked" in json.loads(answer)["error"]
+
+
+def test_a_client_that_hangs_up_ends_its_watch(server):
+    import http.client
+
+    token = server.token("--agent", "a:x")
+    call_watch = json.dumps({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+                             "params": {"name": "watch", "arguments": {"wait_seconds": 300}}}).encode()
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    connection.request("POST", "/mcp", body=call_watch, headers={
+        "Authorization": f"Bearer {token}", "Content-Type": "application/json",
+        "Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-06-18"})
+    response = connection.getresponse()
+    assert response.status == 200 and response.getheader("content-type").startswith("text/event-stream")
+    _wait_until(lambda: _armed(server, "a:x"), 30, "the watch never armed")
+    response.close()
+    connection.close()  # the client is gone
+    _wait_until(lambda: not _armed(server, "a:x"), 20, "the watch outlived its client")
+    assert server.client(token, "read", "a:x").returncode == 0  # still serving
+
 # ---- setup HARNESS --agent P:N with the server's URL as the mailbox
 
 def _setup(harness: str, directory, url: str, **env):
