@@ -353,7 +353,8 @@ register(Command(
     output={
         "harness": "The harness set up.",
         "agent": "The identity recorded.",
-        "mailbox": "The mailbox file recorded (where AGENT_MAIL_DB points now, or the default).",
+        "mailbox": "The mailbox recorded (where AGENT_MAIL_DB points now, or the default): its file, its "
+        "PostgreSQL URL without a password, or the agent-mail server's URL.",
         "dir": "The project directory.",
         "removed": "true with --remove.",
         "dry_run": "true when nothing was written.",
