@@ -6,6 +6,7 @@ ever appears in any output or log line."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import time
 
@@ -181,6 +182,17 @@ def test_no_token_or_a_bad_one_is_refused_before_anything_is_read(server):
         connect(server, guessed, lambda client: client.list_tools())
     assert refused.group_contains(mcp.MCPError)
     fresh = server.token("--agent", "a:x")
+    for method in ("GET", "DELETE"):  # stateless: no stream of the server's own, no session (not held open)
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+        connection.request(method, "/mcp", headers={"Authorization": f"Bearer {fresh}",
+                                                    "Accept": "text/event-stream"})
+        response = connection.getresponse()
+        assert response.status == 405 and response.getheader("allow") == "POST" and json.loads(response.read())
+        connection.close()
+        connection.request(method, "/mcp")
+        response = connection.getresponse()
+        assert response.status == 401, method  # the token first, whatever the method
+        connection.close()
     status, answer = server.raw("/mcp", b"{" * 100, {**headers, "Authorization": f"Bearer {fresh}"})
     assert 400 <= status < 500, answer  # malformed JSON-RPC: a clear 4xx, the server stays up
     assert server.client(fresh, "read", "a:x").returncode == 0
@@ -284,8 +296,6 @@ def test_revoking_the_token_ends_a_blocked_watch_and_refuses_what_follows(server
 
 
 def test_a_client_that_hangs_up_ends_its_watch(server):
-    import http.client
-
     token = server.token("--agent", "a:x")
     call_watch = json.dumps({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
                              "params": {"name": "watch", "arguments": {"wait_seconds": 300}}}).encode()

@@ -5,8 +5,9 @@ bearer token. Part of the server front end: only server.py imports it (the `mcp`
 - Every request carries `Authorization: Bearer TOKEN`. A missing, unknown or revoked token is answered 401 with
   {error, problems} before anything else is read (the body, the mailbox); the token itself is never repeated.
 - Stateless: each POST is a whole exchange (the SDK's stateless mode: no session to keep, so any replica behind
-  a proxy can answer any request). A tool result comes back as a server-sent event stream, which the SDK pings
-  every 15 s: a long watch stays alive behind a proxy that cuts idle connections.
+  a proxy can answer any request); GET and DELETE are answered 405, as the transport allows (no stream for the
+  server to speak first on, no session to end). A tool result comes back as a server-sent event stream, which
+  the SDK pings every 15 s: a long watch stays alive behind a proxy that cuts idle connections.
 - Each tool call is checked by the call layer (agent_mail.calls) and then by the token's grant (agent_mail.grants)
   exactly as POST /v1/call does, on a store of its own in a worker thread: a token for team:alice cannot read,
   ack or watch team:bob's mail or send as bob (a tool error naming the identity and the token's scope, exit 4's
@@ -129,6 +130,12 @@ class Endpoint:
             except errors.AgentMailError as exc:
                 await _refusal(exc, sending)
                 info["exit"] = exc.exit_code
+                return
+            if method != "POST":  # stateless: no stream for the server to speak first on, no session to end
+                await _send_json(sending, 405, {"error": f"{method} /mcp: this server keeps no MCP session and "
+                                                         "opens no stream of its own; send each message with POST.",
+                                                "problems": []}, errors.EXIT_INVALID, [(b"allow", b"POST")])
+                info["exit"] = errors.EXIT_INVALID
                 return
             info["command"] = _rpc_method(body)
             gone = threading.Event()
