@@ -74,6 +74,12 @@ def test_tools_send_read_and_ack_as_the_token_names(server):
 
     listed = connect(server, worker, tools)
     assert {t.name for t in listed} == HTTP_TOOLS
+    from agent_mail import mcp_server  # the same tools as over stdio, those that make sense remotely
+    stdio = {t.name: t for t in mcp_server.tool_definitions(None)}
+    assert set(stdio) - HTTP_TOOLS == {"reserve", "release", "reservations"}
+    for tool in listed:
+        assert tool.description == stdio[tool.name].description
+        assert set(tool.input_schema["properties"]) <= set(stdio[tool.name].input_schema["properties"])
     send = next(t for t in listed if t.name == "send")
     properties = send.input_schema["properties"]
     # Nothing that names a file on the server's machine; the identity is the token's by default.
@@ -441,7 +447,7 @@ def test_claude_code_set_up_for_the_server_sends_through_an_mcp_tool_over_http(s
     loop = [r for r in model.requests if r.get("tools")]
     names = {t["name"] for t in loop[0]["tools"]}
     assert {"mcp__agent-mail__send", "mcp__agent-mail__read", "mcp__agent-mail__watch"} <= names
-    assert "mcp__agent-mail__reserve" not in names  # the tools the server carries out
+    assert "mcp__agent-mail__reserve" not in names  # the repository is on the caller's machine
     answered = json.dumps(loop[-1]["messages"][-1])
     assert "delivered" in answered and token not in answered
     mail = _json(server.direct("read", "boss:lead", "--no-mark-read"))

@@ -18,7 +18,7 @@ bearer token. Part of the server front end: only server.py imports it (the `mcp`
 - Nothing names a file on the server's machine: the arguments that would (send's attach, ref and body_file,
   attachments' save_to and overwrite) are left out of the tools and refused if given anyway; run those through
   the command line with AGENT_MAIL_DB naming the server. The tools are those of `agent-mail mcp` that the
-  server carries out (api.SERVED).
+  server carries out (api.SERVED), less the reservation tools (the repository is on the caller's machine).
 - A blocked watch waits in a worker thread (never on the event loop) and ends when its client hangs up, its
   token is revoked, or the server stops (SIGTERM). One JSON log line per request, with the token's id only.
 """
@@ -42,7 +42,10 @@ from agent_mail import __version__, api, calls, checks, errors, grants, jsonout,
 PATH = "/mcp"
 # A tool call carries no attachments (files stay on the client's machine): a body at its longest, escaped.
 MAX_REQUEST_BYTES = model.BODY_MAX_CHARS * 6 + 1_000_000
-TOOLS = tuple(name for name in mcp_tools.TOOLS if name in api.SERVED)
+# The reservation tools work on a repository of the caller's machine, which only the command line can locate there
+# (it sends the server the repository's key): a model calling over HTTP could only guess it.
+ON_THE_CALLERS_REPOSITORY = ("reserve", "release", "reservations")
+TOOLS = tuple(name for name in mcp_tools.TOOLS if name in api.SERVED and name not in ON_THE_CALLERS_REPOSITORY)
 # What a tool call over HTTP cannot pass: the arguments naming a file on the server's machine.
 LOCAL = {name: tuple(api.LOCAL_TO_CLIENT.get(name, ())) for name in TOOLS}
 _LOCAL_WHY = ("names a file on the server's machine, which an MCP call over HTTP cannot use; run the command "
