@@ -17,6 +17,12 @@ All three also get the pre-tool hook (`hook HARNESS pretool`), which denies an e
 identity holds: Claude Code PreToolUse on Edit|Write|MultiEdit|NotebookEdit, Codex PreToolUse on
 apply_patch|Bash, Gemini CLI BeforeTool on write_file|replace.
 
+Through a server (the mailbox an http(s):// URL): the MCP entry is the server's /mcp over streamable HTTP, its
+bearer token read from AGENT_MAIL_TOKEN in the harness's environment, never written: Claude Code's .mcp.json
+`{"type": "http", "url": ".../mcp", "headers": {"Authorization": "Bearer ${AGENT_MAIL_TOKEN}"}}`, Codex's
+`url` + `bearer_token_env_var = "AGENT_MAIL_TOKEN"`, Gemini CLI's `httpUrl` + the same header. The hooks are the
+same commands; agent-mail runs them as a client of the server.
+
 All three: DIR/.agent-mail-db, the file by which any agent-mail command run in DIR or below finds the
 mailbox (agent_mail.location). Setup first checks that the mailbox can be opened (without creating it).
 
@@ -65,12 +71,51 @@ def _mailbox() -> str:
     from agent_mail.store import redact_url, scheme_of
 
     location, _ = located.resolve_location()
+    if scheme_of(location) in ("http", "https"):
+        return _server_url(location)
     problem = _mailbox_problem(location)
     if problem:
         raise errors.InvalidInput([(located.ENV_VAR, f"{problem} Every hook of the session would fail; fix it (or "
                                                      f"point {located.ENV_VAR} at another mailbox) and run setup "
                                                      "again. Nothing was written.")])
     return location if scheme_of(location) is None else redact_url(location)
+
+
+def _server_url(url: str) -> str:
+    """An agent-mail server's URL as the harness's entries name it (no trailing slash); refused when it could
+    not be one: the URL a client uses, without credentials in it (those would land in the files setup writes)."""
+    from urllib.parse import urlsplit
+
+    from agent_mail import location as located
+
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (raises for a port that is not a number)
+    except ValueError as exc:
+        parts, problem = None, f"is not a URL ({exc})"
+    else:
+        problem = None
+    if parts is not None and not parts.hostname:
+        problem = "names no host"
+    elif parts is not None and (parts.username or parts.password):
+        problem = "carries a user or password; the server takes a token (AGENT_MAIL_TOKEN), never a password"
+    elif parts is not None and (parts.query or parts.fragment):
+        problem = "has a query or fragment; give the server's base URL (https://HOST:PORT, or its path behind a proxy)"
+    if problem:
+        raise errors.InvalidInput([(located.ENV_VAR, f"{url!r} {problem}. Fix it and run setup again. Nothing was "
+                                                     "written.")])
+    return url.rstrip("/")
+
+
+def _is_server(mailbox: str) -> bool:
+    return mailbox.startswith(("http://", "https://"))
+
+
+TOKEN_VAR = "AGENT_MAIL_TOKEN"
+TOKEN_FILE_VAR = "AGENT_MAIL_TOKEN_FILE"
+# How each harness's remote MCP entry reads the token: from the environment of the harness's process (Claude Code
+# and Gemini CLI expand ${VAR} in a server's headers; Codex names the variable), so no file holds it.
+BEARER_FROM_ENV = "Bearer ${" + TOKEN_VAR + "}"
 
 
 def _mailbox_problem(location: str) -> str | None:
@@ -256,13 +301,24 @@ SHARED_SERVER = {"type": "stdio", "command": "sh", "args": [
     'exec "$AGENT_MAIL_PYTHON" -m agent_mail mcp']}
 
 
+def remote_entry(harness: str, url: str) -> dict:
+    """The MCP entry of a harness reaching the server at `url` over streamable HTTP (its /mcp), the token read
+    from the environment: Claude Code's .mcp.json (`type: http`) or Gemini CLI's settings (`httpUrl`)."""
+    if harness == "gemini":
+        return {"httpUrl": f"{url}/mcp", "headers": {"Authorization": BEARER_FROM_ENV}}
+    return {"type": "http", "url": f"{url}/mcp", "headers": {"Authorization": BEARER_FROM_ENV}}
+
+
 def _servers(document: dict, agent: str, mailbox: str, remove: bool, **extra) -> dict:
     document = dict(document)
     servers = document.get("mcpServers", {})
     if not isinstance(servers, dict):
         raise errors.InvalidInput([("mcpServers", "is not an object; fix it, then run setup again.")])
     servers = {name: spec for name, spec in servers.items() if name != SERVER}
-    if not remove:
+    if not remove and _is_server(mailbox):
+        remote = remote_entry("claude-code" if "type" in extra else "gemini", mailbox)
+        servers[SERVER] = {**remote, **{k: v for k, v in extra.items() if k != "type"}}
+    elif not remove:
         servers[SERVER] = dict(SHARED_SERVER) if "type" in extra else {**_server_entry(agent, mailbox), **extra}
     if servers:
         document["mcpServers"] = servers
@@ -305,11 +361,16 @@ def _codex_config(path: str, agent: str, mailbox: str, remove: bool) -> dict:
         if SERVER in tomllib.loads(kept).get("mcp_servers", {}):
             raise errors.InvalidInput([(path, f"already defines mcp_servers.{SERVER} (not written by setup); remove "
                                               "it, then run setup again. Nothing was written.")])
-        entry = _server_entry(agent, mailbox)
-        block = [_BEGIN, f"[mcp_servers.{SERVER}]", f"command = {_toml_string(entry['command'])}",
-                 "args = [" + ", ".join(_toml_string(a) for a in entry["args"]) + "]",
-                 'default_tools_approval_mode = "approve"',  # no approval prompt per call (as Claude's allow)
-                 f"env = {{ AGENT_MAIL_DB = {_toml_string(mailbox)} }}"]
+        if _is_server(mailbox):  # streamable HTTP; Codex reads the bearer token from the variable named
+            block = [_BEGIN, f"[mcp_servers.{SERVER}]", f"url = {_toml_string(mailbox + '/mcp')}",
+                     f"bearer_token_env_var = {_toml_string(TOKEN_VAR)}",
+                     'default_tools_approval_mode = "approve"']
+        else:
+            entry = _server_entry(agent, mailbox)
+            block = [_BEGIN, f"[mcp_servers.{SERVER}]", f"command = {_toml_string(entry['command'])}",
+                     "args = [" + ", ".join(_toml_string(a) for a in entry["args"]) + "]",
+                     'default_tools_approval_mode = "approve"',  # no approval prompt per call (as Claude's allow)
+                     f"env = {{ AGENT_MAIL_DB = {_toml_string(mailbox)} }}"]
         if "features" not in tomllib.loads(kept):
             # Interactive `codex` otherwise starts (or joins) a shared app-server daemon that runs the hooks and
             # the MCP server for every session: the hooks' parent is then that daemon, which outlives /exit, and
@@ -462,6 +523,47 @@ NOTES = {
 }
 
 
+_STARTS = {"claude-code": "claude", "codex": "codex", "gemini": "gemini"}
+
+
+def _token_report(harness: str, mailbox: str, remove: bool) -> dict | None:
+    """Through a server: where the harness's MCP entry and hooks read the token from (never the token)."""
+    if not _is_server(mailbox) or remove:
+        return None
+    return {"variable": TOKEN_VAR, "set": bool(os.environ.get(TOKEN_VAR, "").strip()),
+            "file_variable": TOKEN_FILE_VAR, "file_set": bool(os.environ.get(TOKEN_FILE_VAR, "").strip())}
+
+
+def _remote_notes(harness: str, mailbox: str) -> list[str]:
+    if not _is_server(mailbox):
+        return []
+    start = _STARTS[harness]
+    notes = [f"The MCP server is the agent-mail server's {mailbox}/mcp (streamable HTTP), the identity taken from "
+             f"the token; the hooks run agent-mail as a client of {mailbox}. No file holds the token: "
+             f"{'.mcp.json' if harness == 'claude-code' else 'the settings'} read it from {TOKEN_VAR} in the "
+             f"environment `{start}` starts with."]
+    if not os.environ.get(TOKEN_VAR, "").strip():
+        notes.append(f"{TOKEN_VAR} is not set here. Export it before starting `{start}` (the mailbox's operator "
+                     "makes a token with agent-mail token create --agent P:N). With "
+                     f"{TOKEN_FILE_VAR} instead: the hooks read the file themselves, but an MCP entry can only read "
+                     f"a variable, so start `{start}` with {TOKEN_VAR}=\"$(cat \"${TOKEN_FILE_VAR}\")\" {start}.")
+    if mailbox.startswith("http://") and not _loopback(mailbox):
+        notes.append(f"{mailbox} is plain http to another machine: the token and the mail cross the network in "
+                     "clear. Prefer https:// (agent-mail serve --tls-cert, or a TLS proxy in front).")
+    return notes
+
+
+def _loopback(url: str) -> bool:
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    host = urlsplit(url).hostname or ""
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def setup(harness: str, agent: str, directory: str | None = None, dry_run: bool = False, remove: bool = False,
           emit=None) -> dict:
     if harness not in HARNESSES:
@@ -497,7 +599,8 @@ def setup(harness: str, agent: str, directory: str | None = None, dry_run: bool 
         "harness": harness, "agent": agent, "mailbox": mailbox, "dir": root, "removed": remove,
         "dry_run": dry_run, "files": files,
         "wakes_idle_session": harness == "claude-code" and not remove,
-        "notes": [] if remove else NOTES[harness] + [
+        "token": _token_report(harness, mailbox, remove),
+        "notes": [] if remove else NOTES[harness] + _remote_notes(harness, mailbox) + [
             f"A plain shell in {root} or below now uses this mailbox too: {os.path.basename(project_file['path'])} "
             "names it (AGENT_MAIL_DB still wins). It is personal, like .claude/settings.local.json: keep it out of "
             "version control unless it names a shared mailbox."],

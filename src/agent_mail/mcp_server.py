@@ -1,11 +1,12 @@
 """`agent-mail mcp`: the mailbox as MCP tools over stdio, on the official MCP SDK (`MCPServer`).
 
-Imported only by that command (the `mcp` extra). The tools are made from the spec: one per command a
-model should call, the same names, arguments named without dashes, JSON Schema types, ranges and
-descriptions from the spec. A call's JSON arguments go straight into the call layer (agent_mail.calls),
-which checks them by the same rules as every front end's and carries out the same Mailbox operation;
-the result is the JSON document the CLI prints, with its `next` steps rendered as tool calls. A refused
-call is a tool error carrying the same `problems`, each argument named as the tool names it.
+Imported only by that command (the `mcp` extra). The tools are made from the spec (agent_mail.mcp_tools, shared
+with the streamable HTTP endpoint of `agent-mail serve`): one per command a model should call, the same names,
+arguments named without dashes, JSON Schema types, ranges and descriptions from the spec. A call's JSON
+arguments go straight into the call layer (agent_mail.calls), which checks them by the same rules as every front
+end's and carries out the same Mailbox operation; the result is the JSON document the CLI prints, with its
+`next` steps rendered as tool calls. A refused call is a tool error carrying the same `problems`, each argument
+named as the tool names it.
 """
 
 from __future__ import annotations
@@ -14,93 +15,23 @@ import os
 import threading
 from typing import Any
 
-import anyio
 from mcp.server.mcpserver import MCPServer
-from mcp.types import CallToolResult, TextContent, Tool, ToolAnnotations
+from mcp.types import CallToolResult, Tool
 
-from agent_mail import __version__, calls, checks, errors, jsonout, schemas, spec
+from agent_mail import __version__, calls, checks, errors, mcp_tools, spec
+from agent_mail.mcp_tools import NOT_TOOL_ARGS as _NOT_TOOL_ARGS  # noqa: F401 (the tests read it here)
+from agent_mail.mcp_tools import TOOLS, WAIT_ARG, WAIT_DEFAULT_SECONDS, WAIT_MAX_SECONDS  # noqa: F401
 
-# The commands a model may call, in the order listed. Left out: describe (the tool list is the manual),
-# profile and cleanup (a human's settings and deliberate deletion), doctor (repair), version, export and
-# import (whole mailboxes, files: a human's job), copy, dashboard, setup.
-TOOLS = ("send", "read", "ack", "watch", "status", "heartbeat", "dismiss", "archive", "delete", "cancel",
-         "notifications", "attachments", "search", "reserve", "release", "reservations")
-WAIT_DEFAULT_SECONDS = 120
-WAIT_MAX_SECONDS = 600
-# watch's wait as a tool call gives it (the command line's --timeout-minutes and --once are not tool
-# arguments: a tool call must end), checked by the same rules as every declared argument.
-WAIT_ARG = spec.Arg("wait_seconds", spec.INT, "Seconds to wait for mail before returning an empty result; 0 checks "
-                    "once. The wait costs nothing and returns the moment mail arrives.", default=WAIT_DEFAULT_SECONDS,
-                    minimum=0, maximum=WAIT_MAX_SECONDS)
-_READ_ONLY = {"status", "watch", "search", "reservations"}
-_DESTRUCTIVE = {"delete", "cancel", "archive", "dismiss"}
-_INSTRUCTIONS = (
-    "agent-mail is the mailbox you share with other agents and the humans who supervise them. Take delivery "
-    "with read, say you acted with ack, wait for mail with watch (it consumes nothing). Every result lists "
-    "its `next` steps as tool calls: make them. Identities are project:name."
-)
-
-# Flags a tool call cannot use: watch waits in seconds (wait_seconds) and only blocked; a tool call must end,
-# so notifications cannot follow forever.
-_NOT_TOOL_ARGS = {"watch": ("--timeout-minutes", "--once"), "notifications": ("--follow",)}
-
-
-_identity_arg = schemas.identity_arg
-
-
-def _wait_property() -> dict:
-    schema = schemas.property_schema(WAIT_ARG, spec.COMMANDS["watch"])
-    schema["default"] = WAIT_DEFAULT_SECONDS
-    return schema
-
-
-def tool_definitions(agent: str | None) -> list[Tool]:
-    tools = []
-    for name in TOOLS:
-        command = spec.COMMANDS[name]
-        identity = _identity_arg(command)
-        bound = (checks.key(identity),) if identity is not None and agent is not None else ()
-        extra = {"wait_seconds": _wait_property()} if name == "watch" else None
-        schema = schemas.arguments_schema(command, leave_out=_NOT_TOOL_ARGS.get(name, ()), optional=bound,
-                                          extra=extra)
-        for key in bound:
-            schema["properties"][key]["description"] += f" Default: {agent}."
-        tools.append(Tool(
-            name=name, description=command.summary, input_schema=schema, output_schema=schemas.result_schema(command),
-            # Only the hints that hold (absent means "no"): the whole list stays small.
-            annotations=ToolAnnotations(read_only_hint=(name in _READ_ONLY) or None,
-                                        destructive_hint=(name in _DESTRUCTIVE) or None),
-        ))
-    return tools
-
-
-def render_steps(document: object, agent: str | None) -> object:
-    """The result with each `next` step as the tool call to make ({"tool", "arguments"}), the identity left
-    out where it is the session's default."""
-    if isinstance(document, spec.Step):
-        arguments = {}
-        command = spec.COMMANDS[document.command]
-        identity = _identity_arg(command)
-        for arg in command.args:
-            value = document.arguments.get(arg.dest)
-            if value is None or value is False or value == []:
-                continue
-            if arg is identity and value == agent:
-                continue
-            arguments[checks.key(arg)] = value
-        return {"tool": document.command, "arguments": arguments}
-    if isinstance(document, dict):
-        return {key: render_steps(value, agent) for key, value in document.items()}
-    if isinstance(document, (list, tuple, jsonout.Rendered)):
-        return [render_steps(value, agent) for value in document]
-    return document
+_identity_arg = mcp_tools.identity_arg
+tool_definitions = mcp_tools.tool_definitions
+render_steps = mcp_tools.render_steps
 
 
 class AgentMailServer(MCPServer):
     """MCPServer whose tools are declared by the spec rather than by Python signatures."""
 
     def __init__(self, agent: str | None, save_root: str, *, supervisor: bool = False, roots: tuple[str, ...] = ()):
-        super().__init__(name="agent-mail", version=__version__, instructions=_INSTRUCTIONS)
+        super().__init__(name="agent-mail", version=__version__, instructions=mcp_tools.INSTRUCTIONS)
         self.agent = agent
         self.supervisor = supervisor
         self.save_root = save_root
@@ -113,26 +44,9 @@ class AgentMailServer(MCPServer):
         return self._tools
 
     async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> CallToolResult:
-        try:
-            if name not in TOOLS:
-                raise errors.InvalidInput([(None, f"unknown tool {name!r}; tools: {', '.join(TOOLS)}.")])
-            cancelled = threading.Event()
-            call = self._prepare(name, dict(arguments or {}), cancelled)
-            try:
-                result = await anyio.to_thread.run_sync(call, abandon_on_cancel=True)
-            except anyio.get_cancelled_exc_class():
-                cancelled.set()  # a blocked watch gives up at its next refresh and releases its session
-                raise
-        except errors.AgentMailError as exc:
-            return _error(exc.renamed(_namer(name)).payload())
-        except Exception as exc:  # a bug: still a tool error a model can read, never a traceback
-            return _error({"error": f"internal error ({type(exc).__name__}: {exc}). Nothing was changed. "
-                                    "Please report this."})
-        if name in ("watch", "read") and isinstance(result, dict) and result.get("messages"):
-            await anyio.to_thread.run_sync(_told, result)
-        document = render_steps(result, self.agent)
-        return CallToolResult(content=[TextContent(type="text", text=jsonout.dumps(document))],
-                              structured_content=document)
+        told = _told if name in ("watch", "read") else None
+        return await mcp_tools.answer(name, lambda cancelled: self._prepare(name, dict(arguments or {}), cancelled),
+                                      self.agent, after=told)
 
     def _prepare(self, name: str, arguments: dict, cancelled: threading.Event):
         command = spec.COMMANDS[name]
@@ -141,23 +55,12 @@ class AgentMailServer(MCPServer):
             from agent_mail import inputs
 
             problems += inputs.confine_paths(arguments, self.roots)
-        wait = arguments.pop("wait_seconds", None) if name == "watch" else None
-        if wait is not None:
-            wait, problem = checks.convert(command, WAIT_ARG, wait)
-            if problem:
-                problems.append(("wait_seconds", problem))
-        skip = tuple(checks.key(command.arg(flag)) for flag in _NOT_TOOL_ARGS.get(name, ()))
-        values = calls.check(name, arguments, skip=skip, also=problems)
+        wait = mcp_tools.take_wait(arguments, problems) if name == "watch" else None
+        values = calls.check(name, arguments, skip=mcp_tools.not_tool_args(name), also=problems)
         if name == "attachments" and values.get("save_to") is not None:
             values["save_to"] = self._inside_save_root(values["save_to"])
         if name == "watch":
-            wait = WAIT_DEFAULT_SECONDS if wait is None else wait
-            values.pop("timeout_minutes", None)
-            if wait == 0:
-                values["once"] = True
-            else:
-                values["timeout_seconds"] = float(wait)
-                values["wanted"] = lambda: not cancelled.is_set()
+            mcp_tools.set_wait(values, wait, lambda: not cancelled.is_set())
         return lambda: calls.run(name, values)
 
     def _bound(self, command: spec.Command, arguments: dict) -> list[tuple[str, str]]:
@@ -188,28 +91,18 @@ class AgentMailServer(MCPServer):
         return target
 
 
-def _told(result: dict) -> None:
+def _told(result: object) -> None:
     """The mail this result shows the model counts as told to its harness session (best effort: a failure
     only means a hook may tell it again)."""
     from agent_mail import liveness, service
 
+    if not isinstance(result, dict) or not result.get("messages"):
+        return
     try:
         with service.open_mailbox() as mailbox:
             liveness.told_by_tool(mailbox.store, result["agent"], [m["id"] for m in result["messages"]])
     except errors.AgentMailError:
         pass
-
-
-def _namer(name: str):
-    """How a tool call names an argument: without dashes (`reply_to`); a command-line flag in a problem
-    found below the call layer is written the same way."""
-    command = spec.COMMANDS.get(name)
-    flags = {a.name: checks.key(a) for a in command.args} if command else {}
-    return lambda key: flags.get(key, key)
-
-
-def _error(payload: dict) -> CallToolResult:
-    return CallToolResult(content=[TextContent(type="text", text=jsonout.dumps(payload))], is_error=True)
 
 
 def serve(agent: str | None = None, save_root: str | None = None, supervisor: bool = False,

@@ -506,13 +506,30 @@ def app_for(location: str) -> Starlette:
     async def openapi(request: Request) -> Response:
         return _document(api.openapi(__version__), 200, errors.EXIT_OK)
 
-    return Starlette(routes=[Route("/v1/call/{command}", call, methods=["POST"]),
+    mcp = _mcp_endpoint(location)  # MCP over streamable HTTP (agent_mail.mcp_http), its session manager run by
+    return Starlette(routes=[Route("/v1/call/{command}", call, methods=["POST"]),  # the app's lifespan
                              Route("/v1/export", transfer, methods=["POST"]),
                              Route("/v1/import", transfer, methods=["POST"]),
                              Route(api.FOLLOW_PATH, looks, methods=["POST"]),
                              Route(api.DASHBOARD_PATH, looks, methods=["POST"]),
                              Route("/v1/health", health, methods=["GET"]),
-                             Route("/openapi.json", openapi, methods=["GET"])])
+                             Route("/openapi.json", openapi, methods=["GET"]),
+                             Route("/mcp", mcp, methods=["GET", "POST", "DELETE"])],
+                     lifespan=getattr(mcp, "lifespan", None))
+
+
+def _mcp_endpoint(location: str):
+    """The /mcp endpoint, or, without the mcp extra, an answer saying how to get it."""
+    try:
+        from agent_mail import mcp_http
+    except ImportError as exc:
+        why = f"MCP over HTTP needs the 'mcp' extra on the server, which is not installed ({exc}): pip install " \
+              "'agent-mail[server]'."
+
+        async def missing(request: Request) -> Response:
+            return _document({"error": why, "problems": []}, 501, errors.EXIT_FAILED)
+        return missing
+    return mcp_http.Endpoint(location, _STOPPING, _log, MAX_THREADS)
 
 
 def _wake_waits(location: str) -> None:
@@ -594,7 +611,7 @@ def serve(listen: str | None = None, tls_cert: str | None = None, tls_key: str |
     bound = sock.getsockname()[1]
     scheme = "https" if tls_cert else "http"
     shown_host = f"[{host}]" if ":" in host else host
-    config = uvicorn.Config(app_for(location), log_level="warning", access_log=False, lifespan="off",
+    config = uvicorn.Config(app_for(location), log_level="warning", access_log=False, lifespan="on",
                             ssl_certfile=tls_cert, ssl_keyfile=tls_key, timeout_graceful_shutdown=10)
     server = _Server(config)
     server.location = location

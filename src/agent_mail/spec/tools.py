@@ -339,7 +339,9 @@ register(Command(
     "MCP server, already allowed. Merges into existing settings (nothing else touched), idempotent, atomic; --dry-run "
     "shows the diff, --remove takes out only what it added. Records the identity and the mailbox resolved now, "
     "after checking that the mailbox can be opened (it creates nothing there); for Claude Code the personal values "
-    "(interpreter, identity, mailbox) go in .claude/settings.local.json, not the .mcp.json a team commits.",
+    "(interpreter, identity, mailbox) go in .claude/settings.local.json, not the .mcp.json a team commits. With an "
+    "agent-mail server's URL as the mailbox, the MCP entry is the server's /mcp over HTTP, its token read from "
+    "AGENT_MAIL_TOKEN in the environment (written in no file).",
     args=(
         Arg("harness", TEXT, "The harness: claude-code (.mcp.json, .claude/settings.local.json), codex "
             "(.codex/config.toml, .codex/hooks.json) or gemini (.gemini/settings.json).", required=True,
@@ -352,7 +354,8 @@ register(Command(
     output={
         "harness": "The harness set up.",
         "agent": "The identity recorded.",
-        "mailbox": "The mailbox file recorded (where AGENT_MAIL_DB points now, or the default).",
+        "mailbox": "The mailbox recorded (where AGENT_MAIL_DB points now, or the default): its file, its "
+        "PostgreSQL URL without a password, or the agent-mail server's URL.",
         "dir": "The project directory.",
         "removed": "true with --remove.",
         "dry_run": "true when nothing was written.",
@@ -360,6 +363,9 @@ register(Command(
         "DIR/.agent-mail-db, which names the mailbox for any agent-mail command run in DIR or below; --remove takes "
         "it out once no other harness set up there uses it, and removes a harness directory it left empty.",
         "wakes_idle_session": "Whether this harness's idle session is woken when mail arrives.",
+        "token": "Through an agent-mail server (AGENT_MAIL_DB an http(s):// URL): where the harness's MCP entry "
+        "reads the token, {variable, set, file_variable, file_set} (AGENT_MAIL_TOKEN: no file holds it); never the "
+        "token itself. null for a mailbox opened here, and with --remove.",
         "notes": "What the harness now does, and what it does not.",
     },
     examples=("setup claude-code --agent deploy:worker", "setup claude-code --agent deploy:worker --dry-run",
