@@ -558,6 +558,24 @@ class _Server(uvicorn.Server):
                 carrier.stop_waits()  # the waits on the event loop
             threading.Thread(target=_wake_waits, args=(self.location,), daemon=True).start()  # those in threads
         super().handle_exit(sig, frame)
+        stop = getattr(self, "_stop_now", None)
+        if stop is not None:
+            self._loop.call_soon_threadsafe(stop.set)
+
+    async def main_loop(self) -> None:
+        """uvicorn's own loop wakes ten times a second to see whether it should stop (a quarter of a percent of a
+        core, all an idle server would cost); this one once a second, to date its answers (all the tick does
+        besides), and at once when asked to stop."""
+        import asyncio
+
+        self._loop, self._stop_now = asyncio.get_running_loop(), asyncio.Event()
+        counter = 0
+        while not await self.on_tick(counter):
+            counter = (counter + 10) % 864000  # uvicorn's tick dates its answers at every tenth count
+            try:
+                await asyncio.wait_for(self._stop_now.wait(), 1.0)
+            except TimeoutError:
+                pass
 
 
 def _address(listen: str) -> tuple[str, int]:
