@@ -13,12 +13,19 @@ from conftest import am_process, process_env
 
 
 class Server:
-    """A running `agent-mail serve` on a free loopback port, over the test's mailbox."""
+    """A running `agent-mail serve` on a free loopback port (or `port`), over the test's mailbox; `env`: more
+    variables for the server process."""
 
-    def __init__(self, mailbox: str):
+    def __init__(self, mailbox: str, port: int = 0, **env: str):
         self.mailbox = mailbox
-        self.proc = subprocess.Popen([sys.executable, "-m", "agent_mail", "serve", "--listen", "127.0.0.1:0"],
-                                     env=process_env(AGENT_MAIL_DB=mailbox), stdout=subprocess.PIPE,
+        self.env = env
+        self.outputs: list[str] = []
+        self.earlier_logs: list[bytes] = []  # the logs of the processes kill() ended
+        self._start(port)
+
+    def _start(self, port: int) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "agent_mail", "serve", "--listen", f"127.0.0.1:{port}"],
+                                     env=process_env(AGENT_MAIL_DB=self.mailbox, **self.env), stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE)
         first = json.loads(self.proc.stderr.readline())
         # The server logs a line per request: read as it comes, so a long run never fills the pipe and blocks it.
@@ -28,7 +35,19 @@ class Server:
         self._reader.start()
         self.url = first["listening"]
         self.port = int(self.url.rsplit(":", 1)[1])
-        self.outputs: list[str] = []
+
+    def kill(self) -> None:
+        """SIGKILL the server (no clean stop: its waits and calls in flight are cut off)."""
+        self.proc.kill()
+        self.proc.wait()
+        self._reader.join(timeout=10)
+        self.earlier_logs += self.log
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+
+    def restart(self) -> None:
+        """Serve again on the same port (after kill() or stop())."""
+        self._start(self.port)
 
     def direct(self, *argv: str) -> subprocess.CompletedProcess:
         proc = am_process(*argv, env=process_env(AGENT_MAIL_DB=self.mailbox))

@@ -29,7 +29,11 @@ EXTRAS = {
                                                                            "contentEncoding": "base64"}}}},
         "client_refs": {"type": "array", "items": {"type": "string"},
                         "description": "Absolute paths on the client's machine the message points at (checked "
-                                       "there)."}},
+                                       "there)."},
+        "idempotency_key": {"type": "string", "format": "uuid",
+                            "description": "A UUID the client makes for each send and sends again with it when the "
+                                           "answer was lost: the send is stored once (the key is its batch_id), "
+                                           "a repeat answered with the receipt of what was stored."}},
     "watch": {"wait_seconds": {"type": "number", "exclusiveMinimum": 0,
                                "maximum": model.WATCH_MINUTES_MAX * 60,
                                "description": "How long this request waits (the client's remaining watch); "

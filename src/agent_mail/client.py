@@ -22,6 +22,12 @@ from agent_mail import calls, errors, spec
 TOKEN_VAR, TOKEN_FILE_VAR, CA_VAR = "AGENT_MAIL_TOKEN", "AGENT_MAIL_TOKEN_FILE", "AGENT_MAIL_CA"
 EXIT_HEADER = "X-Agent-Mail-Exit"
 CALL_TIMEOUT_SECONDS = 300.0
+# A server that does not accept the connection within this is unreachable (a partitioned network drops the
+# packets: without it a connect would wait for the system's two minutes of retries).
+CONNECT_SECONDS = 10.0
+# A connection gone quiet is probed (TCP keepalive: after 5 s idle, every 2 s, 3 probes; at most 11 s for data
+# not acknowledged): a server cut off by the network is noticed within about 11 s, however long the call waits.
+KEEPALIVE = (5, 2, 3, 11_000)
 # How long a watch keeps reconnecting to a server that is down (restarting) before it gives up (exit 1).
 RECONNECT_SECONDS = float(os.environ.get("AGENT_MAIL_RECONNECT_SECONDS", "60"))
 
@@ -54,7 +60,9 @@ class Answered(errors.AgentMailError):
 
 
 class Unreachable(errors.AgentMailError):
-    """The server could not be reached, or stopped answering."""
+    """The server could not be reached, or stopped answering (`sent`: after the whole call had been sent)."""
+
+    sent = False
 
 
 def _refuse(field: str, why: str) -> errors.InvalidInput:
@@ -109,8 +117,31 @@ def _connection(url: str, timeout: float | None):
         import ssl
 
         context = ssl.create_default_context(cafile=os.environ.get(CA_VAR) or None)
-        return http.client.HTTPSConnection(parts.hostname, parts.port, context=context, timeout=timeout), parts.path
-    return http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout), parts.path
+        return _probed(http.client.HTTPSConnection(parts.hostname, parts.port, context=context,
+                                                   timeout=CONNECT_SECONDS), timeout), parts.path
+    return _probed(http.client.HTTPConnection(parts.hostname, parts.port, timeout=CONNECT_SECONDS), timeout), \
+        parts.path
+
+
+def _probed(connection, timeout: float | None):
+    """`connection`, connecting within CONNECT_SECONDS, then waiting up to `timeout` (None: as long as it takes)
+    for each answer, its socket probed by TCP keepalive (KEEPALIVE) so a dead link is an error, not a hang."""
+    import socket
+
+    connect = connection.connect
+
+    def connected() -> None:
+        connect()
+        raw = connection.sock
+        idle, interval, count, user_timeout_ms = KEEPALIVE
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for option, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", interval), ("TCP_KEEPCNT", count),
+                              ("TCP_USER_TIMEOUT", user_timeout_ms)):
+            if hasattr(socket, option):  # Linux; others keep the system's
+                raw.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+        raw.settimeout(timeout)
+    connection.connect = connected
+    return connection
 
 
 def request(url: str, token: str, name: str, given: dict, timeout: float | None = CALL_TIMEOUT_SECONDS, *,
@@ -141,8 +172,9 @@ def request(url: str, token: str, name: str, given: dict, timeout: float | None 
     except (OSError, http.client.HTTPException) as exc:
         after = (" The call was sent but its answer was lost: it may have been carried out; look (read --all, "
                  "status) before repeating it.") if sent else " Nothing was sent."
-        raise Unreachable(f"cannot reach the agent-mail server at {url} ({exc or type(exc).__name__}).{after}",
-                          ) from None
+        lost = Unreachable(f"cannot reach the agent-mail server at {url} ({exc or type(exc).__name__}).{after}")
+        lost.sent = sent
+        raise lost from None
     finally:
         connection.close()
     try:
@@ -169,7 +201,7 @@ def main(name: str, values: dict, emit) -> int:
     given = _given(name, values)
     calls.check(name, given, with_inputs=False)  # what is sent is what the call layer accepts
     if name == "send":
-        given = _with_uploads(values, given)
+        return _send(url, token, _with_uploads(values, given), emit)
     if name == "watch":
         return _watch(url, token, values, given, emit)
     if name == "export":
@@ -205,6 +237,33 @@ def _with_uploads(values: dict, given: dict) -> dict:
     given["upload_attachments"] = [{"name": a["name"], "content_base64": base64.b64encode(a["content"]).decode()}
                                    for a in prepared["attachments"]]
     return given
+
+
+def _send(url: str, token: str, given: dict, emit) -> int:
+    """A send carried at most once: it carries an idempotency key (a UUID made here), and while no answer comes
+    (the server restarting, the network cut, the server's storage down: 503) it is sent again with the same key,
+    for up to RECONNECT_SECONDS; the server stores a key's send once and answers a repeat with its receipt."""
+    from agent_mail import model
+
+    given = {**given, "idempotency_key": model.new_message_id()}
+    lost_at, sent = None, False
+    while True:
+        try:
+            status, code, document = request(url, token, "send", given)
+        except Unreachable as exc:
+            status, lost, sent = 0, exc, sent or exc.sent
+        if status not in (0, 502, 503, 504):
+            return _answer(status, code, document, emit)
+        lost_at = lost_at or time.monotonic()
+        if time.monotonic() - lost_at > RECONNECT_SECONDS:
+            if status:
+                raise Answered(document, code)
+            if not sent:
+                raise lost
+            raise Unreachable(f"cannot reach the agent-mail server at {url}: the send went out but no answer came "
+                              f"back for {RECONNECT_SECONDS:.0f} s; it may have been stored (once: its idempotency "
+                              f"key was {given['idempotency_key']}). Look (read, status) before sending it again.")
+        time.sleep(0.5)
 
 
 def _watch(url: str, token: str, values: dict, given: dict, emit) -> int:

@@ -23,11 +23,13 @@ import threading
 import time
 
 import anyio
+import h11
 import uvicorn
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from agent_mail import __version__, api, calls, checks, errors, grants, jsonout, model, spec, tokens
 
@@ -38,9 +40,32 @@ DEFAULT_LISTEN = "127.0.0.1:8025"
 MAX_REQUEST_BYTES = model.ATTACHMENTS_MAX_BYTES_PER_SEND * 4 // 3 + model.BODY_MAX_CHARS * 4 + 1_000_000
 MAX_IMPORT_BYTES = 8 * 1024**3  # an import's upload, spooled to a temporary file here
 MAX_THREADS = 1000  # calls carried out at once (a blocked watch holds one)
+MAX_HEAD_BYTES = 16 * 1024  # a request's line and headers (a token is under 100 bytes): more is refused, 431
+# How long a request may take to arrive: its line and headers from the connection's opening (or the first byte
+# of the next request on a kept-alive connection), then a call's body from its headers; a request later than
+# that is answered 408 and its connection closed, so a slow or stalled client holds no connection, task or
+# thread for longer. An import's upload (which may be large) is held to it per chunk instead: a pause longer
+# than this ends it. AGENT_MAIL_SERVE_READ_SECONDS changes it.
+READ_SECONDS = float(os.environ.get("AGENT_MAIL_SERVE_READ_SECONDS", "30"))
+# A connection gone quiet is probed (TCP keepalive: after 5 s idle, every 2 s, 3 probes, and at most 11 s for
+# unacknowledged data): a client cut off by the network ends its wait within about 11 s, as a dead client is
+# noticed on the PostgreSQL side.
+KEEPALIVE = (5, 2, 3, 11_000)
 
 _STOPPING = threading.Event()
 _LIMITER: list = []
+
+
+class TooLarge(errors.InvalidInput):
+    """A request larger than the most a call carries: refused from its Content-Length, before its body is read."""
+
+    http_status = 413
+
+
+class TooSlow(errors.InvalidInput):
+    """A request whose body did not arrive within READ_SECONDS."""
+
+    http_status = 408
 
 
 class Stopping(errors.StorageError):
@@ -48,6 +73,8 @@ class Stopping(errors.StorageError):
 
 
 def _status(error: errors.AgentMailError) -> int:
+    if getattr(error, "http_status", None):
+        return error.http_status
     if isinstance(error, errors.Forbidden):
         return 401 if error.unauthenticated else 403
     if error.exit_code == errors.EXIT_INVALID:
@@ -77,17 +104,32 @@ def _bearer(request: Request) -> str | None:
 
 
 async def _body(request: Request) -> bytes:
+    """A call's body: at most MAX_REQUEST_BYTES (a larger Content-Length is refused before any of it is read),
+    arrived whole within READ_SECONDS, not cut short."""
     declared = request.headers.get("content-length")
     if declared is not None and (not declared.isdigit() or int(declared) > MAX_REQUEST_BYTES):
-        raise errors.InvalidInput([(None, f"the request is larger than {MAX_REQUEST_BYTES} bytes, the most a call "
-                                          "carries.")])
+        raise TooLarge([(None, f"the request is larger than {MAX_REQUEST_BYTES} bytes, the most a call carries; "
+                               "nothing was done.")])
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_REQUEST_BYTES:
-            raise errors.InvalidInput([(None, f"the request is larger than {MAX_REQUEST_BYTES} bytes.")])
-        chunks.append(chunk)
+    try:
+        with anyio.fail_after(READ_SECONDS):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > MAX_REQUEST_BYTES:
+                    raise TooLarge([(None, f"the request is larger than {MAX_REQUEST_BYTES} bytes, the most a call "
+                                           "carries; nothing was done.")])
+                chunks.append(chunk)
+    except TimeoutError:
+        raise TooSlow([(None, f"the request's body did not arrive within {READ_SECONDS:g} s; nothing was done. "
+                              "Send it again.")]) from None
+    except ClientDisconnect:
+        raise _cut_short() from None
     return b"".join(chunks)
+
+
+def _cut_short() -> errors.InvalidInput:
+    return errors.InvalidInput([(None, "the request ended before its body was complete (the connection closed "
+                                       "before Content-Length bytes came); nothing was done.")])
 
 
 def _given(name: str, body: bytes) -> dict:
@@ -145,7 +187,7 @@ def _carry_out(location: str, name: str, presented: str | None, body: bytes, inf
         mailbox = service.Mailbox(store)
         mailbox.publish_due()
         if uploaded is not None:
-            values["uploaded"] = uploaded
+            values["uploaded"] = {**uploaded, "key": extras.get("idempotency_key")}
         if name == "watch":
             _bound_wait(values, extras, store, grant, gone)
         result = calls.run(name, values, mailbox=mailbox)
@@ -234,14 +276,26 @@ def _import_file(location: str, grant: dict, path: str, dry_run: bool, info: dic
 
 
 async def _upload(request: Request, path: str) -> None:
+    """An import's upload spooled to `path`: at most MAX_IMPORT_BYTES, no pause longer than READ_SECONDS."""
     size = 0
+    chunks = request.stream().__aiter__()
     with open(path, "wb") as out:
-        async for chunk in request.stream():
+        while True:
+            try:
+                with anyio.fail_after(READ_SECONDS):
+                    chunk = await chunks.__anext__()
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                raise TooSlow([("file", f"the upload paused for more than {READ_SECONDS:g} s; nothing was "
+                                        "imported. Send it again.")]) from None
+            except ClientDisconnect:
+                raise _cut_short() from None
             size += len(chunk)
             if size > MAX_IMPORT_BYTES:
-                raise errors.InvalidInput([("file", f"the upload is larger than {MAX_IMPORT_BYTES} bytes, the most "
-                                                    "an import through a server takes; nothing was imported. Run "
-                                                    "import where the mailbox is.")])
+                raise TooLarge([("file", f"the upload is larger than {MAX_IMPORT_BYTES} bytes, the most an import "
+                                         "through a server takes; nothing was imported. Run import where the "
+                                         "mailbox is.")])
             out.write(chunk)
 
 
@@ -396,6 +450,87 @@ class _Server(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
+def _refusal(status: int, reason: str, text: str) -> bytes:
+    """A whole HTTP/1.1 answer, {error, problems} in JSON, to a request the protocol refuses before the application
+    sees it; the connection closes after it."""
+    _log(status=status, exit=errors.EXIT_INVALID, refused=text)
+    body = jsonout.dumps(errors.InvalidInput([(None, text)]).payload(), end="\n").encode("utf-8")
+    return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+            f"{EXIT_HEADER}: {errors.EXIT_INVALID}\r\nconnection: close\r\n\r\n").encode("ascii") + body
+
+
+class _Protocol(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol, with a request's head held to READ_SECONDS, its own refusals (a malformed
+    request, a head over MAX_HEAD_BYTES) in JSON like the application's, and the connection closed after an answer
+    given before the request's body was all read (a refused upload is not read on)."""
+
+    _head_timer = None
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._head_timer = self.loop.call_later(READ_SECONDS, self._head_late)
+
+    def data_received(self, data: bytes) -> None:
+        if self.conn.their_state is h11.IDLE:
+            if self._head_timer is None:  # the next request's first byte
+                self._head_timer = self.loop.call_later(READ_SECONDS, self._head_late)
+            head = self.conn.trailing_data[0] + data
+            end = head.find(b"\r\n\r\n")
+            if end > MAX_HEAD_BYTES or (end < 0 and len(head) > MAX_HEAD_BYTES):  # h11 holds it to that only
+                self._refuse(431)  # when it comes in pieces
+                return
+        super().data_received(data)
+        if self.conn.their_state is not h11.IDLE and self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def connection_lost(self, exc) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        super().connection_lost(exc)
+
+    def _head_late(self) -> None:
+        self._head_timer = None
+        if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
+            return
+        if self.conn.trailing_data[0]:  # part of a request came, too slowly: say so
+            self.transport.write(_refusal(408, "Request Timeout", f"the request's line and headers did not arrive "
+                                                                  f"within {READ_SECONDS:g} s; nothing was done."))
+        self.transport.close()
+
+    def send_400_response(self, msg: str) -> None:
+        self._refuse(431 if len(self.conn.trailing_data[0]) > MAX_HEAD_BYTES else 400)
+
+    def _refuse(self, status: int) -> None:
+        if status == 431:
+            answer = _refusal(431, "Request Header Fields Too Large", f"the request's line and headers are larger "
+                                                                      f"than {MAX_HEAD_BYTES} bytes; nothing was done.")
+        else:
+            answer = _refusal(400, "Bad Request", "this is not a well-formed HTTP/1.1 request; nothing was done. "
+                                                  "Send POST /v1/call/COMMAND with a JSON body.")
+        if not self.transport.is_closing():
+            self.transport.write(answer)
+            self.transport.close()
+
+    def on_response_complete(self) -> None:
+        if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():
+            self.transport.close()  # answered before the body was read (a refusal): read no more of it
+        super().on_response_complete()
+
+
+def _keepalive(sock) -> None:
+    """Probe a quiet connection (KEEPALIVE); accepted connections inherit it from the listening socket."""
+    import socket
+
+    idle, interval, count, user_timeout_ms = KEEPALIVE
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", interval), ("TCP_KEEPCNT", count),
+                          ("TCP_USER_TIMEOUT", user_timeout_ms)):
+        if hasattr(socket, option):  # Linux; others keep what they have
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+
+
 def _address(listen: str) -> tuple[str, int]:
     host, colon, port = listen.rpartition(":")
     host = host.strip("[]")
@@ -438,6 +573,7 @@ def serve(listen: str | None = None, tls_cert: str | None = None, tls_key: str |
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    _keepalive(sock)
     try:
         sock.bind((host, port))
         sock.listen(2048)  # connections are queued from the moment "listening" is logged (uvicorn accepts them)
@@ -448,8 +584,14 @@ def serve(listen: str | None = None, tls_cert: str | None = None, tls_key: str |
     scheme = "https" if tls_cert else "http"
     shown_host = f"[{host}]" if ":" in host else host
     config = uvicorn.Config(app_for(location), log_level="warning", access_log=False, lifespan="off",
-                            ssl_certfile=tls_cert, ssl_keyfile=tls_key, timeout_graceful_shutdown=10)
+                            ssl_certfile=tls_cert, ssl_keyfile=tls_key, timeout_graceful_shutdown=10,
+                            http=_Protocol, h11_max_incomplete_event_size=MAX_HEAD_BYTES)
     server = _Server(config)
+    import logging
+
+    # uvicorn's own line for a malformed request (not JSON): _Protocol logs its refusal as every request is logged.
+    logging.getLogger("uvicorn.error").addFilter(lambda record: record.getMessage() != "Invalid HTTP request "
+                                                                                      "received.")
     server.location = location
     _log(listening=f"{scheme}://{shown_host}:{bound}", mailbox=redact_url(location), pid=os.getpid())
     import signal
