@@ -18,6 +18,7 @@ from contextlib import contextmanager
 
 import pytest
 
+import twohosts
 from conftest import am_process, process_env, raw_db
 from serving import Server
 
@@ -151,7 +152,7 @@ def test_sigkill_and_restart_under_watches_and_senders(mailbox_path):
                 time.sleep(0.05)
             patient.stop()
             impatient.stop()
-            for agent, watch in zip(watchers, watches):
+            for agent, watch in zip(watchers, watches, strict=True):
                 out, err = watch.communicate(timeout=60)
                 assert watch.returncode == 0, err
                 assert [m["subject"] for m in json.loads(out)["messages"]] == [f"while down {agent}"]
@@ -308,3 +309,257 @@ def test_malformed_oversized_slow_and_truncated_requests_get_clear_4xx_and_the_s
     assert not [line for line in lines if line.get("status", 0) >= 500], log
     assert any(line.get("status") == 400 and line.get("path") == "/v1/call/send" for line in lines)  # the truncated
     assert token not in log
+
+
+def _private_postgres_problem() -> str | None:
+    """Why a private PostgreSQL cluster cannot be made here (None when it can)."""
+    if os.geteuid() != 0 or not shutil.which("runuser"):
+        return "a private PostgreSQL cluster is made as the postgres user with runuser, which needs root"
+    if not _pg_bin():
+        return "PostgreSQL's server programs (initdb, pg_ctl) are not installed"
+    try:
+        import pwd
+
+        pwd.getpwnam("postgres")
+    except KeyError:
+        return "there is no postgres user to run a private cluster as"
+    return None
+
+
+def _pg_bin() -> str | None:
+    import glob
+
+    for candidate in sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(p.split("/")[-2]),
+                            reverse=True) + [os.path.dirname(shutil.which("initdb") or "")]:
+        if candidate and os.path.exists(os.path.join(candidate, "initdb")):
+            return candidate
+    return None
+
+
+class PrivatePostgres:
+    """A PostgreSQL cluster of the test's own (a temporary directory, a free port, trust authentication), run as
+    the postgres user: this test stops and restarts it, never the shared server."""
+
+    def __init__(self):
+        self.bin = _pg_bin()
+        self.directory = tempfile.mkdtemp(prefix="am-faults-pg-")
+        shutil.chown(self.directory, "postgres")
+        os.chmod(self.directory, 0o700)
+        self.data = os.path.join(self.directory, "data")
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        self._as_postgres("initdb", "-D", self.data, "-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8")
+
+    def _as_postgres(self, program: str, *args: str) -> None:
+        proc = subprocess.run(["runuser", "-u", "postgres", "--", os.path.join(self.bin, program), *args],
+                              capture_output=True, text=True, timeout=60, cwd=self.directory)
+        assert proc.returncode == 0, (program, proc.stdout, proc.stderr)
+
+    def _pg_ctl(self, action: str, *args: str) -> None:
+        options = f"-p {self.port} -k {self.directory} -c listen_addresses=127.0.0.1 -c fsync=off"
+        self._as_postgres("pg_ctl", "-D", self.data, "-o", options, "-l", os.path.join(self.directory, "log"),
+                          "-w", "-t", "30", *args, action)
+
+    def start(self) -> None:
+        self._pg_ctl("start")
+
+    def stop(self) -> None:
+        self._pg_ctl("stop", "-m", "fast")
+
+    def restart(self) -> None:
+        self._pg_ctl("restart", "-m", "fast")
+
+    def remove(self) -> None:
+        if os.path.exists(os.path.join(self.data, "postmaster.pid")):
+            subprocess.run(["runuser", "-u", "postgres", "--", os.path.join(self.bin, "pg_ctl"), "-D", self.data,
+                            "-m", "immediate", "-w", "stop"], capture_output=True, timeout=60)
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+@pytest.fixture
+def private_postgres():
+    problem = _private_postgres_problem()
+    if problem:
+        if os.environ.get("CI"):
+            pytest.fail(f"the PostgreSQL restart test is required in CI: {problem}")
+        pytest.skip(problem)
+    cluster = PrivatePostgres()
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.remove()
+
+
+@pytest.mark.sqlite_only  # run once: it serves a PostgreSQL cluster of its own, whatever the backing of the rest
+def test_postgresql_restarted_under_the_server(private_postgres):
+    """PostgreSQL restarted (pg_ctl restart -m fast) under a server with blocked watches: the watches wait on and
+    are woken by sends after it; stopped for a while: calls get a clear JSON error (exit 1, HTTP 503, never a 500),
+    store nothing, and a send whose window outlasts the outage goes through once it is back; nothing is lost."""
+    mailbox = f"{private_postgres.url}?schema=faults"
+    server = Server(mailbox)
+    token = server.token("--agent", "*")
+    watchers = [f"team:w{n}" for n in range(3)]
+    try:
+        watches = [_watch(server.url, token, agent, AGENT_MAIL_RECONNECT_SECONDS="60") for agent in watchers]
+        with _ended(*watches):
+            _wait_armed(server, watchers)
+            private_postgres.restart()
+            time.sleep(1.0)
+            assert all(watch.poll() is None for watch in watches)  # still waiting, not failed
+            for agent in watchers:
+                _json(server.client(token, "send", "--from", "ops:lead", "--to", agent, "--subject", "after restart"))
+            for watch in watches:
+                out, err = watch.communicate(timeout=30)
+                assert watch.returncode == 0, err
+                assert [m["subject"] for m in json.loads(out)["messages"]] == ["after restart"]
+        # Stopped for a while: clear errors, nothing stored; a patient send waits for it and goes through once.
+        watch = _watch(server.url, token, "team:late", AGENT_MAIL_RECONNECT_SECONDS="60")
+        with _ended(watch):
+            _wait_armed(server, ["team:late"])
+            private_postgres.stop()
+            patient = subprocess.Popen([sys.executable, "-m", "agent_mail", "send", "--from", "ops:lead", "--to",
+                                        "team:late", "--subject", "patient"], stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE,
+                                       env=process_env(AGENT_MAIL_DB=server.url, AGENT_MAIL_TOKEN=token,
+                                                       AGENT_MAIL_RECONNECT_SECONDS="60"))
+            with _ended(patient):
+                for argv in (("send", "--from", "ops:lead", "--to", "team:late", "--subject", "during the outage"),
+                             ("read", "team:late"), ("status",)):
+                    proc = server.client(token, *argv, AGENT_MAIL_RECONNECT_SECONDS="1")
+                    assert proc.returncode == 1 and proc.stdout == b"", (argv, proc.stderr)
+                    assert "PostgreSQL" in _clear_error(proc.stderr, token)["error"], proc.stderr
+                assert watch.poll() is None and patient.poll() is None
+                private_postgres.start()
+                out, err = patient.communicate(timeout=60)
+                assert patient.returncode == 0, err
+                out, err = watch.communicate(timeout=30)
+                assert watch.returncode == 0, err
+                assert [m["subject"] for m in json.loads(out)["messages"]] == ["patient"]
+        late = _json(server.client(token, "read", "team:late", "--all"))
+        assert [m["subject"] for m in late["messages"]] == ["patient"]  # once; the refused one not at all
+        for agent in watchers:
+            assert [m["subject"] for m in _json(server.client(token, "read", agent, "--all"))["messages"]] == \
+                ["after restart"]
+    finally:
+        code, log = server.stop()
+    lines = [json.loads(line) for line in log.splitlines()]
+    assert any(line.get("status") == 503 for line in lines), log
+    assert not [line for line in lines if line.get("status", 0) >= 500 and line["status"] != 503], log
+    assert token not in log and "Traceback" not in log
+
+
+class HoldingRelay(twohosts.Relay):
+    """twohosts' relay, able to hold the server's answers back (`holding` set) as if they were lost on the way:
+    the call has been carried out, the client has not heard."""
+
+    def __init__(self, *args, **kwargs):
+        self.holding = threading.Event()
+        super().__init__(*args, **kwargs)
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        from_server = source.getpeername() == self.target
+        try:
+            while data := source.recv(65536):
+                while from_server and self.holding.is_set():
+                    time.sleep(0.05)
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (source, sink):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+
+@pytest.fixture
+def partitionable(server, tmp_path, monkeypatch):
+    """Host a, in a network namespace of its own, reaching the server only through a relay on its link."""
+    problem = twohosts.namespaces_problem()
+    if problem:
+        if os.environ.get("CI"):
+            pytest.fail(f"the partition test is required in CI: {problem}")
+        pytest.skip(problem)
+    monkeypatch.setattr(twohosts, "Relay", HoldingRelay)
+    with twohosts.TwoHosts(str(tmp_path), server.url, "unused", server=("127.0.0.1", server.port)) as made:
+        host = made["a"]
+        host.url = f"http://{host.server}:{server.port}"
+        yield host, made.relays[0]
+
+
+def test_a_partitioned_client_gets_a_clear_error_and_nothing_is_half_done(server, partitionable):
+    """A client in a network namespace cut off from the server (its link down) mid-watch and mid-send: the send
+    whose answer was lost notices within the keepalive's ~11 s and sends again with its idempotency key until the
+    link is back (then it is stored once: the server answers the repeat with what it stored); a send started in
+    the partition with a short window fails within CONNECT_SECONDS + the window, clearly, having stored nothing;
+    the watch reconnects when the link returns and sees the mail that arrived meanwhile."""
+    from agent_mail.client import CONNECT_SECONDS
+
+    host, relay = partitionable
+    token = server.token("--agent", "*")
+    watch = host.popen("watch", "team:alice", AGENT_MAIL_TOKEN=token, AGENT_MAIL_RECONNECT_SECONDS="60")
+    with _ended(watch):
+        _wait_armed(server, ["team:alice"])
+        relay.holding.set()  # what the server answers from now on is lost on the way
+        held = host.popen("send", "--from", "team:alice", "--to", "team:bob", "--subject", "cut mid-send",
+                          AGENT_MAIL_TOKEN=token, AGENT_MAIL_RECONNECT_SECONDS="60")
+        with _ended(held):
+            deadline = time.monotonic() + 30
+            while "cut mid-send" not in _stored(server.mailbox, "team:bob") and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert "cut mid-send" in _stored(server.mailbox, "team:bob")  # carried out; its answer held back
+            host.partition()
+            cut_at = time.monotonic()
+            try:
+                _json(server.direct("send", "--from", "team:bob", "--to", "team:alice", "--subject", "meanwhile"))
+                started = time.monotonic()
+                refused = host.run("send", "--from", "team:alice", "--to", "team:bob", "--subject", "never",
+                                   AGENT_MAIL_TOKEN=token, AGENT_MAIL_RECONNECT_SECONDS="1")
+                assert time.monotonic() - started < CONNECT_SECONDS + 1 + 5, refused.stderr
+                assert refused.returncode == 1 and refused.stdout == "", refused.stderr
+                assert "Nothing was sent" in _clear_error(refused.stderr, token)["error"]
+                time.sleep(max(0.0, 15 - (time.monotonic() - cut_at)))  # the keepalive noticed the dead link
+                assert held.poll() is None and watch.poll() is None  # both waiting for the link, neither failed
+            finally:
+                relay.holding.clear()
+                host.partition(down=False)
+            back_at = time.monotonic()
+            out, err = watch.communicate(timeout=60)
+            assert watch.returncode == 0, err
+            assert [m["subject"] for m in json.loads(out)["messages"]] == ["meanwhile"]
+            sent_out, sent_err = held.communicate(timeout=60)
+            assert held.returncode == 0, sent_err
+            assert time.monotonic() - back_at < CONNECT_SECONDS + 5
+    stored = _stored(server.mailbox, "team:bob")
+    assert stored == {"cut mid-send": 1}  # once, though sent twice; "never" not at all
+    receipt = json.loads(sent_out)
+    assert receipt["delivered"] == 1 and receipt["id"] == _json(server.direct("read", "team:bob"))["messages"][0]["id"]
+    code, log = server.stop()
+    sends = [line for line in map(json.loads, log.splitlines()) if line.get("command") == "send"]
+    assert [line["status"] for line in sends] == [200, 200], log  # carried out, then its repeat answered
+
+
+def test_a_send_repeated_with_its_idempotency_key_is_stored_once(server):
+    """What the client's repeat of a send whose answer was lost relies on, asked of the server directly."""
+    token = server.token("--agent", "a:x")
+    auth = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    key = "0b7e4f9a-3c1d-4e2f-9a8b-7c6d5e4f3a2b"
+    send = {"from": "a:x", "to": ["b:y", "c:z"], "subject": "once", "idempotency_key": key}
+    first_status, first = server.raw("/v1/call/send", json.dumps(send).encode(), auth)
+    again_status, again = server.raw("/v1/call/send", json.dumps(send).encode(), auth)
+    assert first_status == again_status == 200, (first, again)
+    first, again = json.loads(first), json.loads(again)
+    assert again["batch_id"] == first["batch_id"] == key
+    assert [(d["recipient"], d["id"], d["status"]) for d in again["deliveries"]] == \
+        [(d["recipient"], d["id"], d["status"]) for d in first["deliveries"]]
+    assert set(again) == set(first)  # the receipt a send gives, not another document
+    assert _stored(server.mailbox, "b:y") == {"once": 1} and _stored(server.mailbox, "c:z") == {"once": 1}
+    for changed, field in (({**send, "subject": "other"}, "idempotency_key"),
+                           ({**send, "idempotency_key": "not-a-uuid"}, "idempotency_key")):
+        status, answer = server.raw("/v1/call/send", json.dumps(changed).encode(), auth)
+        assert status == 400 and json.loads(answer)["problems"][0]["field"] == field, answer
+    assert _stored(server.mailbox, "b:y") == {"once": 1}

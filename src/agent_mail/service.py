@@ -123,7 +123,7 @@ class Mailbox:
         with self.mirrors.changing():
             earlier = self.store.batch_rows([batch]) if key is not None else []
             if earlier:  # this send, repeated: its first answer was lost
-                receipt = self._repeated(earlier, from_, recipients, prepared, reply_to, no_ack)
+                receipt = _repeated(self.store, earlier, from_, recipients, prepared, reply_to, no_ack)
                 emit(receipt)
                 return receipt
             gone = self._reply_to_problems(from_, reply_to) if reply_to is not None else []
@@ -195,36 +195,6 @@ class Mailbox:
             }
             emit(receipt)
         return receipt
-
-    def _repeated(self, rows: list[dict], from_: str, recipients: list[str], prepared: dict,
-                  reply_to: str | None, no_ack: bool) -> dict:
-        """The receipt of a send already stored under its idempotency key (nothing written again)."""
-        if any(row["sender"] != from_ or row["subject"] != prepared["subject"] for row in rows):
-            raise errors.InvalidInput([("idempotency_key", "was given with another send (another sender or "
-                                                           "subject); make a new key for each send.")])
-        seen = liveness.for_send(self.store, from_, [row["recipient"] for row in rows], False)
-        reachable = seen["reachable"]
-        deliveries = []
-        for row in rows:
-            entry = {"recipient": row["recipient"], "id": row["id"], "status": "scheduled" if row["deliver_at"]
-                     else "delivered", "reachable": reachable[row["recipient"]]}
-            if row["deliver_at"]:
-                entry["deliver_at"] = row["deliver_at"]
-            deliveries.append(entry)
-        single = deliveries[0] if len(deliveries) == 1 else None
-        answered = self.store.addressed(from_, [reply_to], model.now_iso()).get(reply_to) if reply_to else None
-        return {
-            "id": single["id"] if single else None, "recipient": single["recipient"] if single else None,
-            "sender": from_, "subject": prepared["subject"],
-            "type": "broadcast" if recipients == [model.BROADCAST] else "direct", "created": rows[0]["created"],
-            "refs": prepared["refs"],
-            "attachments": [{k: a[k] for k in ("name", "size", "sha256")} for a in prepared["attachments"]],
-            "reply_to": reply_to, "acknowledged": reply_to if answered and not no_ack else None,
-            "batch_id": rows[0]["batch_id"], "deliveries": deliveries,
-            "delivered": sum(d["status"] == "delivered" for d in deliveries),
-            "scheduled": sum(d["status"] == "scheduled" for d in deliveries), "refused": 0, "mirrors": [],
-            "sender_reachable": seen["sender"]["reachable"], "next": [],
-        }
 
     def _reply_to_problems(self, replier: str, reply_to: str) -> list[tuple[str, str]]:
         if self.store.visible_to(replier, [reply_to], model.now_iso()):
@@ -501,3 +471,34 @@ def open_mailbox() -> Iterator["Mailbox"]:
         yield mailbox
     finally:
         store.close()
+
+
+def _repeated(store, rows: list[dict], from_: str, recipients: list[str], prepared: dict, reply_to: str | None,
+              no_ack: bool) -> dict:
+    """The receipt of a send already stored under its idempotency key (`rows`: what it stored; nothing is
+    written again)."""
+    if any(row["sender"] != from_ or row["subject"] != prepared["subject"] for row in rows):
+        raise errors.InvalidInput([("idempotency_key", "was given with another send (another sender or subject); "
+                                                       "make a new key for each send.")])
+    seen = liveness.for_send(store, from_, [row["recipient"] for row in rows], False)
+    deliveries = []
+    for row in rows:
+        entry = {"recipient": row["recipient"], "id": row["id"], "status": "scheduled" if row["deliver_at"]
+                 else "delivered", "reachable": seen["reachable"][row["recipient"]]}
+        if row["deliver_at"]:
+            entry["deliver_at"] = row["deliver_at"]
+        deliveries.append(entry)
+    single = deliveries[0] if len(deliveries) == 1 else None
+    answered = store.addressed(from_, [reply_to], model.now_iso()).get(reply_to) if reply_to else None
+    return {
+        "id": single["id"] if single else None, "recipient": single["recipient"] if single else None,
+        "sender": from_, "subject": prepared["subject"],
+        "type": "broadcast" if recipients == [model.BROADCAST] else "direct", "created": rows[0]["created"],
+        "refs": prepared["refs"],
+        "attachments": [{k: a[k] for k in ("name", "size", "sha256")} for a in prepared["attachments"]],
+        "reply_to": reply_to, "acknowledged": reply_to if answered and not no_ack else None,
+        "batch_id": rows[0]["batch_id"], "deliveries": deliveries,
+        "delivered": sum(d["status"] == "delivered" for d in deliveries),
+        "scheduled": sum(d["status"] == "scheduled" for d in deliveries), "refused": 0, "mirrors": [],
+        "sender_reachable": seen["sender"]["reachable"], "next": [],
+    }
