@@ -13,19 +13,21 @@ from conftest import am_process, process_env
 
 
 class Server:
-    """A running `agent-mail serve` on a free loopback port (or `port`), over the test's mailbox; `env`: more
-    variables for the server process."""
+    """A running `agent-mail serve` on a free loopback port (or `port`; `host`: another address, served without
+    TLS), over the test's mailbox; `env`: more variables for the server process."""
 
-    def __init__(self, mailbox: str, port: int = 0, **env: str):
+    def __init__(self, mailbox: str, port: int = 0, host: str = "127.0.0.1", **env: str):
         self.mailbox = mailbox
+        self.host = host
         self.env = env
         self.outputs: list[str] = []
         self.earlier_logs: list[bytes] = []  # the logs of the processes kill() ended
         self._start(port)
 
     def _start(self, port: int) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "agent_mail", "serve", "--listen", f"127.0.0.1:{port}"],
-                                     env=process_env(AGENT_MAIL_DB=self.mailbox, **self.env), stdout=subprocess.PIPE,
+        plain = [] if self.host.startswith("127.") else ["--insecure-no-tls"]
+        self.proc = subprocess.Popen([sys.executable, "-m", "agent_mail", "serve", "--listen", f"{self.host}:{port}",
+                                      *plain], env=process_env(AGENT_MAIL_DB=self.mailbox, **self.env), stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE)
         first = json.loads(self.proc.stderr.readline())
         # The server logs a line per request: read as it comes, so a long run never fills the pipe and blocks it.

@@ -491,17 +491,22 @@ def partitionable(server, tmp_path, monkeypatch):
         yield host, made.relays[0]
 
 
-def test_a_partitioned_client_gets_a_clear_error_and_nothing_is_half_done(server, partitionable):
+def test_a_partitioned_client_gets_a_clear_error_and_nothing_is_half_done(server, partitionable, request):
     """A client in a network namespace cut off from the server (its link down) mid-watch and mid-send: the send
     whose answer was lost notices within the keepalive's ~11 s and sends again with its idempotency key until the
     link is back (then it is stored once: the server answers the repeat with what it stored); a send started in
     the partition with a short window fails within CONNECT_SECONDS + the window, clearly, having stored nothing;
-    the watch reconnects when the link returns and sees the mail that arrived meanwhile."""
+    the server ends the wait of the client it can no longer reach (its keepalive); the watch reconnects when the
+    link returns and sees the mail that arrived meanwhile. (The watch reaches a second server listening on the
+    link itself, without the relay, whose connection to the server would not be cut.)"""
     from agent_mail.client import CONNECT_SECONDS
 
     host, relay = partitionable
     token = server.token("--agent", "*")
-    watch = host.popen("watch", "team:alice", AGENT_MAIL_TOKEN=token, AGENT_MAIL_RECONNECT_SECONDS="60")
+    on_the_link = Server(server.mailbox, host=host.server)
+    request.addfinalizer(on_the_link.stop)
+    watch = host.popen("watch", "team:alice", AGENT_MAIL_DB=on_the_link.url, AGENT_MAIL_TOKEN=token,
+                       AGENT_MAIL_RECONNECT_SECONDS="60")
     with _ended(watch):
         _wait_armed(server, ["team:alice"])
         relay.holding.set()  # what the server answers from now on is lost on the way
@@ -515,13 +520,16 @@ def test_a_partitioned_client_gets_a_clear_error_and_nothing_is_half_done(server
             host.partition()
             cut_at = time.monotonic()
             try:
-                _json(server.direct("send", "--from", "team:bob", "--to", "team:alice", "--subject", "meanwhile"))
                 started = time.monotonic()
                 refused = host.run("send", "--from", "team:alice", "--to", "team:bob", "--subject", "never",
                                    AGENT_MAIL_TOKEN=token, AGENT_MAIL_RECONNECT_SECONDS="1")
                 assert time.monotonic() - started < CONNECT_SECONDS + 1 + 5, refused.stderr
                 assert refused.returncode == 1 and refused.stdout == "", refused.stderr
                 assert "Nothing was sent" in _clear_error(refused.stderr, token)["error"]
+                while _alice(server)["watch_state"] == "armed" and time.monotonic() - cut_at < 25:
+                    time.sleep(0.2)
+                assert _alice(server)["watch_state"] == "released"  # the server let the unreachable wait go
+                _json(server.direct("send", "--from", "team:bob", "--to", "team:alice", "--subject", "meanwhile"))
                 time.sleep(max(0.0, 15 - (time.monotonic() - cut_at)))  # the keepalive noticed the dead link
                 assert held.poll() is None and watch.poll() is None  # both waiting for the link, neither failed
             finally:
@@ -534,6 +542,7 @@ def test_a_partitioned_client_gets_a_clear_error_and_nothing_is_half_done(server
             sent_out, sent_err = held.communicate(timeout=60)
             assert held.returncode == 0, sent_err
             assert time.monotonic() - back_at < CONNECT_SECONDS + 5
+    on_the_link_log = on_the_link.stop()[1]
     stored = _stored(server.mailbox, "team:bob")
     assert stored == {"cut mid-send": 1}  # once, though sent twice; "never" not at all
     receipt = json.loads(sent_out)
@@ -541,6 +550,11 @@ def test_a_partitioned_client_gets_a_clear_error_and_nothing_is_half_done(server
     code, log = server.stop()
     sends = [line for line in map(json.loads, log.splitlines()) if line.get("command") == "send"]
     assert [line["status"] for line in sends] == [200, 200], log  # carried out, then its repeat answered
+    assert token not in log and token not in on_the_link_log
+
+
+def _alice(server: Server) -> dict:
+    return _json(server.direct("status", "--agent", "team:alice"))["agents"][0]
 
 
 def test_a_send_repeated_with_its_idempotency_key_is_stored_once(server):
