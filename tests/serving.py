@@ -27,8 +27,8 @@ class Server:
     def _start(self, port: int) -> None:
         plain = [] if self.host.startswith("127.") else ["--insecure-no-tls"]
         self.proc = subprocess.Popen([sys.executable, "-m", "agent_mail", "serve", "--listen", f"{self.host}:{port}",
-                                      *plain], env=process_env(AGENT_MAIL_DB=self.mailbox, **self.env), stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE)
+                                      *plain], env=process_env(AGENT_MAIL_DB=self.mailbox, **self.env),
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         first = json.loads(self.proc.stderr.readline())
         # The server logs a line per request: read as it comes, so a long run never fills the pipe and blocks it.
         self.log: list[bytes] = []
