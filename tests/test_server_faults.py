@@ -577,3 +577,42 @@ def test_a_send_repeated_with_its_idempotency_key_is_stored_once(server):
         status, answer = server.raw("/v1/call/send", json.dumps(changed).encode(), auth)
         assert status == 400 and json.loads(answer)["problems"][0]["field"] == field, answer
     assert _stored(server.mailbox, "b:y") == {"once": 1}
+
+
+@pytest.mark.sqlite_only  # the client's own reckoning; the backing does not enter into it
+def test_a_watch_rides_out_one_restart_after_another_and_a_wrong_server_fails_at_once(mailbox_path, tmp_path):
+    """RECONNECT_SECONDS is time without a server, counted afresh for each outage: a watch that waited through
+    one restart rides out the next one too. And what answers but is no agent-mail server (a web server's
+    page) is an error at once, not something to ask again for a minute."""
+    import http.server
+
+    server = Server(str(mailbox_path))
+    token = server.token("--agent", "*")
+    watch = _watch(server.url, token, "team:alice", AGENT_MAIL_RECONNECT_SECONDS="3")
+    try:
+        with _ended(watch):
+            _wait_armed(server, ["team:alice"])
+            for _ in range(2):
+                server.kill()
+                time.sleep(1.0)
+                server.restart()
+                time.sleep(4.0)  # more than the window since the outage began: waiting on the new server
+                assert watch.poll() is None, watch.communicate()
+            _json(server.direct("send", "--from", "team:bob", "--to", "team:alice", "--subject", "twice restarted"))
+            out, err = watch.communicate(timeout=30)
+            assert watch.returncode == 0, err
+            assert [m["subject"] for m in json.loads(out)["messages"]] == ["twice restarted"]
+    finally:
+        server.stop()
+    web = http.server.HTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)  # POST: 501, a page
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    try:
+        env = process_env(AGENT_MAIL_DB=f"http://127.0.0.1:{web.server_address[1]}", AGENT_MAIL_TOKEN=token,
+                          AGENT_MAIL_RECONNECT_SECONDS="60")
+        started = time.monotonic()
+        proc = am_process("send", "--from", "a:x", "--to", "b:y", "--subject", "nowhere", env=env)
+        assert proc.returncode == 1 and time.monotonic() - started < 10, proc.stderr
+        assert "not an agent-mail answer" in _clear_error(proc.stderr, token)["error"]
+    finally:
+        web.shutdown()
+        web.server_close()

@@ -28,7 +28,8 @@ CONNECT_SECONDS = 10.0
 # A connection gone quiet is probed (TCP keepalive: after 5 s idle, every 2 s, 3 probes; at most 11 s for data
 # not acknowledged): a server cut off by the network is noticed within about 11 s, however long the call waits.
 KEEPALIVE = (5, 2, 3, 11_000)
-# How long a watch keeps reconnecting to a server that is down (restarting) before it gives up (exit 1).
+# How long a watch keeps reconnecting to a server that is down (restarting, cut off, its storage down), and a
+# send keeps repeating itself (with its idempotency key), before it gives up (exit 1).
 RECONNECT_SECONDS = float(os.environ.get("AGENT_MAIL_RECONNECT_SECONDS", "60"))
 
 # What cannot go through a server, and why (exit 2, naming AGENT_MAIL_DB).
@@ -60,9 +61,15 @@ class Answered(errors.AgentMailError):
 
 
 class Unreachable(errors.AgentMailError):
-    """The server could not be reached, or stopped answering (`sent`: after the whole call had been sent)."""
+    """The server could not be reached, or stopped answering (`sent`: after the whole call had been sent), or
+    something else answered (`answered`: its HTTP status)."""
 
     sent = False
+    answered: int | None = None
+
+    def passing(self) -> bool:
+        """Whether asking again may find the server: no answer came, or a proxy's "no server behind me"."""
+        return self.answered in (None, 502, 503, 504)
 
 
 def _refuse(field: str, why: str) -> errors.InvalidInput:
@@ -181,8 +188,10 @@ def request(url: str, token: str, name: str, given: dict, timeout: float | None 
         document = json.loads(data)
         code = int(code)
     except (TypeError, ValueError):
-        raise Unreachable(f"the server at {url} answered HTTP {response.status} with something that is not an "
-                          "agent-mail answer (is AGENT_MAIL_DB the agent-mail server, not a proxy's page?).") from None
+        other = Unreachable(f"the server at {url} answered HTTP {response.status} with something that is not an "
+                            "agent-mail answer (is AGENT_MAIL_DB the agent-mail server, not a proxy's page?).")
+        other.sent, other.answered = True, response.status
+        raise other from None
     return response.status, code, document
 
 
@@ -251,15 +260,15 @@ def _send(url: str, token: str, given: dict, emit) -> int:
         try:
             status, code, document = request(url, token, "send", given)
         except Unreachable as exc:
+            if not exc.passing():
+                raise
             status, lost, sent = 0, exc, sent or exc.sent
         if status not in (0, 502, 503, 504):
             return _answer(status, code, document, emit)
         lost_at = lost_at or time.monotonic()
         if time.monotonic() - lost_at > RECONNECT_SECONDS:
-            if status:
-                raise Answered(document, code)
-            if not sent:
-                raise lost
+            if not sent:  # the last answer, or why none came, is the whole story
+                raise Answered(document, code) if status else lost
             raise Unreachable(f"cannot reach the agent-mail server at {url}: the send went out but no answer came "
                               f"back for {RECONNECT_SECONDS:.0f} s; it may have been stored (once: its idempotency "
                               f"key was {given['idempotency_key']}). Look (read, status) before sending it again.")
@@ -279,11 +288,16 @@ def _watch(url: str, token: str, values: dict, given: dict, emit) -> int:
     lost_at = None
     while True:
         wait = max(1.0, deadline - time.monotonic())
+        began = time.monotonic()
         try:
             status, code, document = request(url, token, "watch", {**given, "wait_seconds": round(wait, 3)},
                                               timeout=wait + 60.0)
-        except Unreachable:
+        except Unreachable as exc:
+            if not exc.passing():
+                raise
             status, code, document = 0, errors.EXIT_FAILED, None
+            if exc.sent and time.monotonic() - began > 1:  # it had a server, waiting: a new loss starts now
+                lost_at = None
         if status in (0, 502, 503, 504):  # no server now, or one stopping: look again once it is back
             lost_at = lost_at or time.monotonic()
             if time.monotonic() - lost_at > RECONNECT_SECONDS:
