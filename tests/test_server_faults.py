@@ -288,6 +288,13 @@ def test_malformed_oversized_slow_and_truncated_requests_get_clear_4xx_and_the_s
         _refused(_answer(sock), 408, token)
         assert time.monotonic() - started < READ_SECONDS + 5
     _still_serving(server, token, "after a slow head")
+    # An import's upload that stalls: 408 naming the file, however large it said it was.
+    with socket.create_connection(("127.0.0.1", port), timeout=READ_SECONDS + 10) as sock:
+        sock.sendall(_post("/v1/import", b'{"kind": ', token, length=10**9))
+        started = time.monotonic()
+        document = _refused(_answer(sock), 408, token)
+        assert document["problems"][0]["field"] == "file" and time.monotonic() - started < READ_SECONDS + 5
+    _still_serving(server, token, "after a stalled upload")
     # Truncated: a Content-Length larger than what comes, then the connection closed.
     whole = json.dumps({"from": "a:x", "to": "b:y", "subject": "truncated"}).encode()
     assert _raw(port, _post("/v1/call/send", whole[:20], token, length=len(whole)), then_close=True)[0] in (0, 400)

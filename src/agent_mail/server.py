@@ -42,11 +42,11 @@ MAX_IMPORT_BYTES = 8 * 1024**3  # an import's upload, spooled to a temporary fil
 MAX_THREADS = 1000  # calls carried out at once (a blocked watch holds one)
 MAX_HEAD_BYTES = 16 * 1024  # a request's line and headers (a token is under 100 bytes): more is refused, 431
 # How long a request may take to arrive: its line and headers from the connection's opening (or the first byte
-# of the next request on a kept-alive connection), then a call's body from its headers; a request later than
-# that is answered 408 and its connection closed, so a slow or stalled client holds no connection, task or
-# thread for longer. An import's upload (which may be large) is held to it per chunk instead: a pause longer
-# than this ends it. AGENT_MAIL_SERVE_READ_SECONDS changes it.
+# of the next request on a kept-alive connection); then its body may pause no longer than this, and must come
+# whole within this plus its size at MIN_BODY_RATE. Later is answered 408 and the connection closed, so a slow or
+# stalled client holds no connection, task or thread for longer. AGENT_MAIL_SERVE_READ_SECONDS changes it.
 READ_SECONDS = float(os.environ.get("AGENT_MAIL_SERVE_READ_SECONDS", "30"))
+MIN_BODY_RATE = 64 * 1024  # bytes a second, on average: a large send's upload on a slow link still comes in time
 # A connection gone quiet is probed (TCP keepalive: after 5 s idle, every 2 s, 3 probes, and at most 11 s for
 # unacknowledged data): a client cut off by the network ends its wait within about 11 s, as a dead client is
 # noticed on the PostgreSQL side.
@@ -63,7 +63,7 @@ class TooLarge(errors.InvalidInput):
 
 
 class TooSlow(errors.InvalidInput):
-    """A request whose body did not arrive within READ_SECONDS."""
+    """A request that did not arrive in time (READ_SECONDS, MIN_BODY_RATE)."""
 
     http_status = 408
 
@@ -105,31 +105,41 @@ def _bearer(request: Request) -> str | None:
 
 async def _body(request: Request) -> bytes:
     """A call's body: at most MAX_REQUEST_BYTES (a larger Content-Length is refused before any of it is read),
-    arrived whole within READ_SECONDS, not cut short."""
+    arriving in time (_arriving), not cut short."""
     declared = request.headers.get("content-length")
     if declared is not None and (not declared.isdigit() or int(declared) > MAX_REQUEST_BYTES):
         raise TooLarge([(None, f"the request is larger than {MAX_REQUEST_BYTES} bytes, the most a call carries; "
                                "nothing was done.")])
-    chunks, size = [], 0
-    try:
-        with anyio.fail_after(READ_SECONDS):
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > MAX_REQUEST_BYTES:
-                    raise TooLarge([(None, f"the request is larger than {MAX_REQUEST_BYTES} bytes, the most a call "
-                                           "carries; nothing was done.")])
-                chunks.append(chunk)
-    except TimeoutError:
-        raise TooSlow([(None, f"the request's body did not arrive within {READ_SECONDS:g} s; nothing was done. "
-                              "Send it again.")]) from None
-    except ClientDisconnect:
-        raise _cut_short() from None
-    return b"".join(chunks)
+    return b"".join([chunk async for chunk in _arriving(request, MAX_REQUEST_BYTES, None)])
 
 
-def _cut_short() -> errors.InvalidInput:
-    return errors.InvalidInput([(None, "the request ended before its body was complete (the connection closed "
-                                       "before Content-Length bytes came); nothing was done.")])
+async def _arriving(request: Request, most: int, field: str | None):
+    """The request's body, chunk by chunk as it comes: each chunk within READ_SECONDS of the last, the whole
+    within READ_SECONDS plus its size at MIN_BODY_RATE (else TooSlow), at most `most` bytes (else TooLarge), not
+    cut short by the client hanging up."""
+    declared = request.headers.get("content-length")
+    expected = int(declared) if declared is not None and declared.isdigit() else most
+    deadline = time.monotonic() + READ_SECONDS + expected / MIN_BODY_RATE
+    chunks, size = request.stream().__aiter__(), 0
+    while True:
+        try:
+            with anyio.fail_after(max(0.0, min(READ_SECONDS, deadline - time.monotonic()))):
+                chunk = await chunks.__anext__()
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            raise TooSlow([(field, f"the request's body did not arrive in time (a pause over {READ_SECONDS:g} s, "
+                                   f"or slower than {MIN_BODY_RATE // 1024} KiB/s); nothing was done. Send it "
+                                   "again.")]) from None
+        except ClientDisconnect:
+            raise errors.InvalidInput([(field, "the request ended before its body was complete (the connection "
+                                               "closed before Content-Length bytes came); nothing was done.")]) \
+                from None
+        size += len(chunk)
+        if size > most:
+            raise TooLarge([(field, f"the request is larger than {most} bytes, the most it may carry; nothing was "
+                                    "done.")])
+        yield chunk
 
 
 def _given(name: str, body: bytes) -> dict:
@@ -276,26 +286,13 @@ def _import_file(location: str, grant: dict, path: str, dry_run: bool, info: dic
 
 
 async def _upload(request: Request, path: str) -> None:
-    """An import's upload spooled to `path`: at most MAX_IMPORT_BYTES, no pause longer than READ_SECONDS."""
-    size = 0
-    chunks = request.stream().__aiter__()
+    """An import's upload spooled to `path`: at most MAX_IMPORT_BYTES, arriving in time (_arriving)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_IMPORT_BYTES:
+        raise TooLarge([("file", f"the upload is larger than {MAX_IMPORT_BYTES} bytes, the most an import through "
+                                 "a server takes; nothing was imported. Run import where the mailbox is.")])
     with open(path, "wb") as out:
-        while True:
-            try:
-                with anyio.fail_after(READ_SECONDS):
-                    chunk = await chunks.__anext__()
-            except StopAsyncIteration:
-                return
-            except TimeoutError:
-                raise TooSlow([("file", f"the upload paused for more than {READ_SECONDS:g} s; nothing was "
-                                        "imported. Send it again.")]) from None
-            except ClientDisconnect:
-                raise _cut_short() from None
-            size += len(chunk)
-            if size > MAX_IMPORT_BYTES:
-                raise TooLarge([("file", f"the upload is larger than {MAX_IMPORT_BYTES} bytes, the most an import "
-                                         "through a server takes; nothing was imported. Run import where the "
-                                         "mailbox is.")])
+        async for chunk in _arriving(request, MAX_IMPORT_BYTES, "file"):
             out.write(chunk)
 
 
