@@ -243,6 +243,10 @@ def test_malformed_oversized_slow_and_truncated_requests_get_clear_4xx_and_the_s
         document = _refused(_raw(port, _post(path, body, token, extra="Connection: close\r\n")), status, token)
         assert document["problems"], document
         _still_serving(server, token, f"after {path} {body[:10]!r}")
+    # A path the API has not, a method a path is not called with.
+    for data, status in ((b"GET /nope HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n", 404),
+                         (b"GET /v1/call/read HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n", 405)):
+        assert _refused(_raw(port, data), status, token)["problems"]
     # Not HTTP at all.
     _refused(_raw(port, b"\x16\x03\x01 this is no request\r\n\r\n"), 400, token)
     _still_serving(server, token, "after garbage")

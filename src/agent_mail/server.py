@@ -26,6 +26,7 @@ import anyio
 import h11
 import uvicorn
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -418,7 +419,21 @@ def app_for(location: str) -> Starlette:
                              Route("/v1/export", transfer, methods=["POST"]),
                              Route("/v1/import", transfer, methods=["POST"]),
                              Route("/v1/health", health, methods=["GET"]),
-                             Route("/openapi.json", openapi, methods=["GET"])])
+                             Route("/openapi.json", openapi, methods=["GET"])],
+                     exception_handlers={HTTPException: _not_routed})
+
+
+async def _not_routed(request: Request, exc: HTTPException) -> Response:
+    """Starlette's own refusals (a path the API has not: 404; a method it is not called with: 405) in JSON with the
+    exit code, like every other answer, and logged."""
+    text = {404: f"{request.url.path} is not a path of the agent-mail API; calls are POST /v1/call/COMMAND (GET "
+                 "/openapi.json describes them all).",
+            405: f"{request.url.path} is not called with {request.method}; see GET /openapi.json."}.get(
+        exc.status_code, str(exc.detail))
+    response = _document(errors.InvalidInput([(None, text)]).payload(), exc.status_code, errors.EXIT_INVALID)
+    response.headers.update(exc.headers or {})
+    _log(method=request.method, path=request.url.path, status=exc.status_code, exit=errors.EXIT_INVALID)
+    return response
 
 
 def _wake_waits(location: str) -> None:
