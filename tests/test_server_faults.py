@@ -254,7 +254,7 @@ def test_malformed_oversized_slow_and_truncated_requests_get_clear_4xx_and_the_s
     started = time.monotonic()
     document = _refused(_raw(port, _post("/v1/call/send", b'{"from": "a:x"', token, length=MAX_REQUEST_BYTES + 1)),
                         413, token)
-    assert "larger than" in document["error"] and time.monotonic() - started < READ_SECONDS
+    assert "larger than" in document["error"] and time.monotonic() - started < 5  # answered, closed soon after
     _still_serving(server, token, "after oversized")
     # Headers too large.
     document = _refused(_raw(port, _post("/v1/call/read", b"{}", token, extra=f"X-Big: {'x' * MAX_HEAD_BYTES}\r\n")),

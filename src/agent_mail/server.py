@@ -47,6 +47,7 @@ MAX_HEAD_BYTES = 16 * 1024  # a request's line and headers (a token is under 100
 # whole within this plus its size at MIN_BODY_RATE. Later is answered 408 and the connection closed, so a slow or
 # stalled client holds no connection, task or thread for longer. AGENT_MAIL_SERVE_READ_SECONDS changes it.
 READ_SECONDS = float(os.environ.get("AGENT_MAIL_SERVE_READ_SECONDS", "30"))
+LINGER_SECONDS = 2.0  # after a refusal answered before the body was all read: the rest read and dropped, then closed
 MIN_BODY_RATE = 64 * 1024  # bytes a second, on average: a large send's upload on a slow link still comes in time
 # A connection gone quiet is probed (TCP keepalive: after 5 s idle, every 2 s, 3 probes, and at most 11 s for
 # unacknowledged data): a client cut off by the network ends its wait within about 11 s, as a dead client is
@@ -473,10 +474,12 @@ def _refusal(status: int, reason: str, text: str) -> bytes:
 
 class _Protocol(H11Protocol):
     """uvicorn's HTTP/1.1 protocol, with a request's head held to READ_SECONDS, its own refusals (a malformed
-    request, a head over MAX_HEAD_BYTES) in JSON like the application's, and the connection closed after an answer
-    given before the request's body was all read (a refused upload is not read on)."""
+    request, a head over MAX_HEAD_BYTES) in JSON like the application's, and the connection closed LINGER_SECONDS
+    after an answer given before the request's body was all read (a refusal: the rest is read and dropped till
+    then, so the client can read the answer; closing at once could reset the connection under it)."""
 
     _head_timer = None
+    _linger = None
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
@@ -492,14 +495,18 @@ class _Protocol(H11Protocol):
                 self._refuse(431)  # when it comes in pieces
                 return
         super().data_received(data)
+        if self._linger is not None and self.conn.their_state is not h11.SEND_BODY:  # the refused body ended
+            self._linger.cancel()
+            self._linger = None
         if self.conn.their_state is not h11.IDLE and self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
 
     def connection_lost(self, exc) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
+        for timer in (self._head_timer, self._linger):
+            if timer is not None:
+                timer.cancel()
+        self._head_timer = self._linger = None
         super().connection_lost(exc)
 
     def _head_late(self) -> None:
@@ -526,9 +533,14 @@ class _Protocol(H11Protocol):
             self.transport.close()
 
     def on_response_complete(self) -> None:
-        if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():
-            self.transport.close()  # answered before the body was read (a refusal): read no more of it
         super().on_response_complete()
+        if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing() and self._linger is None:
+            self._linger = self.loop.call_later(LINGER_SECONDS, self._linger_end)
+
+    def _linger_end(self) -> None:
+        self._linger = None
+        if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():
+            self.transport.close()
 
 
 def _keepalive(sock) -> None:
