@@ -13,13 +13,22 @@ from conftest import am_process, process_env
 
 
 class Server:
-    """A running `agent-mail serve` on a free loopback port, over the test's mailbox."""
+    """A running `agent-mail serve` on a free loopback port (or `port`; `host`: another address, served without
+    TLS), over the test's mailbox; `env`: more variables for the server process."""
 
-    def __init__(self, mailbox: str, listen: str = "127.0.0.1:0"):
+    def __init__(self, mailbox: str, port: int = 0, host: str = "127.0.0.1", **env: str):
         self.mailbox = mailbox
-        self.proc = subprocess.Popen([sys.executable, "-m", "agent_mail", "serve", "--listen", listen],
-                                     env=process_env(AGENT_MAIL_DB=mailbox), stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE)
+        self.host = host
+        self.env = env
+        self.outputs: list[str] = []
+        self.earlier_logs: list[bytes] = []  # the logs of the processes kill() ended
+        self._start(port)
+
+    def _start(self, port: int) -> None:
+        plain = [] if self.host.startswith("127.") else ["--insecure-no-tls"]
+        self.proc = subprocess.Popen([sys.executable, "-m", "agent_mail", "serve", "--listen", f"{self.host}:{port}",
+                                      *plain], env=process_env(AGENT_MAIL_DB=self.mailbox, **self.env),
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         first = json.loads(self.proc.stderr.readline())
         # The server logs a line per request: read as it comes, so a long run never fills the pipe and blocks it.
         self.log: list[bytes] = []
@@ -28,7 +37,19 @@ class Server:
         self._reader.start()
         self.url = first["listening"]
         self.port = int(self.url.rsplit(":", 1)[1])
-        self.outputs: list[str] = []
+
+    def kill(self) -> None:
+        """SIGKILL the server (no clean stop: its waits and calls in flight are cut off)."""
+        self.proc.kill()
+        self.proc.wait()
+        self._reader.join(timeout=10)
+        self.earlier_logs += self.log
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+
+    def restart(self) -> None:
+        """Serve again on the same port (after kill() or stop())."""
+        self._start(self.port)
 
     def direct(self, *argv: str) -> subprocess.CompletedProcess:
         proc = am_process(*argv, env=process_env(AGENT_MAIL_DB=self.mailbox))

@@ -173,7 +173,7 @@ def test_bad_requests_get_clear_4xx_and_the_server_stays_up(server):
         status, answer = server.raw("/v1/call/read", body, auth)
         assert status == expected and json.loads(answer)["problems"], (body, answer)
     status, answer = server.raw("/v1/call/read", b"{}", {**auth, "Content-Length": str(10**10)})
-    assert status == 400 and "larger" in json.loads(answer)["error"]
+    assert status == 413 and "larger" in json.loads(answer)["error"]
     status, answer = server.raw("/v1/call/copy", b"{}", auth)
     assert status == 404
     status, answer = server.raw("/v1/call/read", b'{"agent": "a:x"}', {"Content-Type": "application/json"})

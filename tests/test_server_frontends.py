@@ -179,7 +179,7 @@ def test_follow_outlives_a_server_restart(mailbox_path, state, tmp_path):
         assert json.loads(follower.stdout.readline())["unread"] == 0
         first.stop()
         _json(first.direct("send", "--from", "b:y", "--to", "a:x", "--subject", "while it was down"))
-        second = Server(str(mailbox_path), listen=f"127.0.0.1:{port}")
+        second = Server(str(mailbox_path), port=port)
         update = json.loads(follower.stdout.readline())  # it looked again once the server was back
         assert update["unread"] == 1 and b"while it was down" in _files(here)["email.json"]
         follower.send_signal(signal.SIGINT)
@@ -347,7 +347,7 @@ def test_the_dashboard_shows_a_server_that_went_away_and_comes_back(mailbox_path
         assert await _until(pilot, lambda: "cannot reach the agent-mail server" in str(banner.content))
         assert "Traceback" not in str(banner.content)
         _json(first.direct("send", "--from", "a:x", "--to", "c:z", "--subject", "after"))
-        second.append(Server(str(mailbox_path), listen=f"127.0.0.1:{port}"))
+        second.append(Server(str(mailbox_path), port=port))
         assert await _until(pilot, lambda: str(banner.content) == "", seconds=30)
         assert await _until(pilot, lambda: "c:z" in [r.split()[0] for r in _rows(app, "fleet-table")])
 

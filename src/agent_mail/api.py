@@ -57,7 +57,11 @@ EXTRAS = {
                                                                            "contentEncoding": "base64"}}}},
         "client_refs": {"type": "array", "items": {"type": "string"},
                         "description": "Absolute paths on the client's machine the message points at (checked "
-                                       "there)."}},
+                                       "there)."},
+        "idempotency_key": {"type": "string", "format": "uuid",
+                            "description": "A UUID the client makes for each send and sends again with it when the "
+                                           "answer was lost: the send is stored once (the key is its batch_id), "
+                                           "a repeat answered with the receipt of what was stored."}},
     "watch": {"wait_seconds": {"type": "number", "exclusiveMinimum": 0,
                                "maximum": model.WATCH_MINUTES_MAX * 60,
                                "description": "How long this request waits (the client's remaining watch); "
@@ -114,6 +118,11 @@ def _errors() -> dict:
     return {"400": _error_response("The call is invalid (exit 2): every problem by argument name."),
             "401": _error_response("No valid token: missing, unknown or revoked (exit 4)."),
             "403": _error_response("The token may not act as, or look at, the identity the call names (exit 4)."),
+            "408": _error_response("The request did not arrive within the server's read limit (exit 2); nothing "
+                                   "was done."),
+            "413": _error_response("The request is larger than the most a call carries (exit 2); refused from its "
+                                   "Content-Length, nothing was done."),
+            "431": _error_response("The request's line and headers are larger than 16 KiB (exit 2)."),
             "503": _error_response("The mailbox cannot be reached now, or the server is stopping (exit 1)."),
             "default": _error_response("Any other failure (exit 1): still {error, problems}.")}
 

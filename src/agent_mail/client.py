@@ -22,7 +22,14 @@ from agent_mail import calls, errors, spec
 TOKEN_VAR, TOKEN_FILE_VAR, CA_VAR = "AGENT_MAIL_TOKEN", "AGENT_MAIL_TOKEN_FILE", "AGENT_MAIL_CA"
 EXIT_HEADER = "X-Agent-Mail-Exit"
 CALL_TIMEOUT_SECONDS = 300.0
-# How long a watch keeps reconnecting to a server that is down (restarting) before it gives up (exit 1).
+# A server that does not accept the connection within this is unreachable (a partitioned network drops the
+# packets: without it a connect would wait for the system's two minutes of retries).
+CONNECT_SECONDS = 10.0
+# A connection gone quiet is probed (TCP keepalive: after 5 s idle, every 2 s, 3 probes; at most 11 s for data
+# not acknowledged): a server cut off by the network is noticed within about 11 s, however long the call waits.
+KEEPALIVE = (5, 2, 3, 11_000)
+# How long a watch keeps reconnecting to a server that is down (restarting, cut off, its storage down), and a
+# send keeps repeating itself (with its idempotency key), before it gives up (exit 1).
 RECONNECT_SECONDS = float(os.environ.get("AGENT_MAIL_RECONNECT_SECONDS", "60"))
 
 # What cannot go through a server, and why (exit 2, naming AGENT_MAIL_DB).
@@ -54,7 +61,15 @@ class Answered(errors.AgentMailError):
 
 
 class Unreachable(errors.AgentMailError):
-    """The server could not be reached, or stopped answering."""
+    """The server could not be reached, or stopped answering (`sent`: after the whole call had been sent), or
+    something else answered (`answered`: its HTTP status)."""
+
+    sent = False
+    answered: int | None = None
+
+    def passing(self) -> bool:
+        """Whether asking again may find the server: no answer came, or a proxy's "no server behind me"."""
+        return self.answered in (None, 502, 503, 504)
 
 
 def _refuse(field: str, why: str) -> errors.InvalidInput:
@@ -109,8 +124,31 @@ def _connection(url: str, timeout: float | None):
         import ssl
 
         context = ssl.create_default_context(cafile=os.environ.get(CA_VAR) or None)
-        return http.client.HTTPSConnection(parts.hostname, parts.port, context=context, timeout=timeout), parts.path
-    return http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout), parts.path
+        return _probed(http.client.HTTPSConnection(parts.hostname, parts.port, context=context,
+                                                   timeout=CONNECT_SECONDS), timeout), parts.path
+    return _probed(http.client.HTTPConnection(parts.hostname, parts.port, timeout=CONNECT_SECONDS), timeout), \
+        parts.path
+
+
+def _probed(connection, timeout: float | None):
+    """`connection`, connecting within CONNECT_SECONDS, then waiting up to `timeout` (None: as long as it takes)
+    for each answer, its socket probed by TCP keepalive (KEEPALIVE) so a dead link is an error, not a hang."""
+    import socket
+
+    connect = connection.connect
+
+    def connected() -> None:
+        connect()
+        raw = connection.sock
+        idle, interval, count, user_timeout_ms = KEEPALIVE
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for option, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", interval), ("TCP_KEEPCNT", count),
+                              ("TCP_USER_TIMEOUT", user_timeout_ms)):
+            if hasattr(socket, option):  # Linux; others keep the system's
+                raw.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+        raw.settimeout(timeout)
+    connection.connect = connected
+    return connection
 
 
 def request(url: str, token: str, name: str, given: dict, timeout: float | None = CALL_TIMEOUT_SECONDS, *,
@@ -141,8 +179,9 @@ def request(url: str, token: str, name: str, given: dict, timeout: float | None 
     except (OSError, http.client.HTTPException) as exc:
         after = (" The call was sent but its answer was lost: it may have been carried out; look (read --all, "
                  "status) before repeating it.") if sent else " Nothing was sent."
-        raise Unreachable(f"cannot reach the agent-mail server at {url} ({exc or type(exc).__name__}).{after}",
-                          ) from None
+        lost = Unreachable(f"cannot reach the agent-mail server at {url} ({exc or type(exc).__name__}).{after}")
+        lost.sent = sent
+        raise lost from None
     finally:
         connection.close()
     try:
@@ -152,9 +191,11 @@ def request(url: str, token: str, name: str, given: dict, timeout: float | None 
         # A proxy's own page for a server that went away behind it may follow a call the server carried out.
         gateway = (" A proxy answers so when the server behind it went away: the call may have been carried out; "
                    "look (read --all, status) before repeating it.") if response.status in (502, 503, 504) else ""
-        raise Unreachable(f"the server at {url} answered HTTP {response.status} with something that is not an "
-                          "agent-mail answer (is AGENT_MAIL_DB the agent-mail server, not a proxy's page?)."
-                          f"{gateway}") from None
+        other = Unreachable(f"the server at {url} answered HTTP {response.status} with something that is not an "
+                            "agent-mail answer (is AGENT_MAIL_DB the agent-mail server, not a proxy's page?)."
+                            f"{gateway}")
+        other.sent, other.answered = True, response.status
+        raise other from None
     return response.status, code, document
 
 
@@ -181,7 +222,7 @@ def main(name: str, values: dict, emit) -> int:
     given = _given(name, values)
     calls.check(name, given, with_inputs=False)  # what is sent is what the call layer accepts
     if name == "send":
-        given = _with_uploads(values, given)
+        return _send(url, token, _with_uploads(values, given), emit)
     if name in ("reserve", "release", "reservations"):
         given = _located(values, given)
     if name == "watch":
@@ -230,6 +271,33 @@ def _with_uploads(values: dict, given: dict) -> dict:
     return given
 
 
+def _send(url: str, token: str, given: dict, emit) -> int:
+    """A send carried at most once: it carries an idempotency key (a UUID made here), and while no answer comes
+    (the server restarting, the network cut, the server's storage down: 503) it is sent again with the same key,
+    for up to RECONNECT_SECONDS; the server stores a key's send once and answers a repeat with its receipt."""
+    from agent_mail import model
+
+    given = {**given, "idempotency_key": model.new_message_id()}
+    lost_at, sent = None, False
+    while True:
+        try:
+            status, code, document = request(url, token, "send", given)
+        except Unreachable as exc:
+            if not exc.passing():
+                raise
+            status, lost, sent = 0, exc, sent or exc.sent
+        if status not in (0, 502, 503, 504):
+            return _answer(status, code, document, emit)
+        lost_at = lost_at or time.monotonic()
+        if time.monotonic() - lost_at > RECONNECT_SECONDS:
+            if not sent:  # the last answer, or why none came, is the whole story
+                raise Answered(document, code) if status else lost
+            raise Unreachable(f"cannot reach the agent-mail server at {url}: the send went out but no answer came "
+                              f"back for {RECONNECT_SECONDS:.0f} s; it may have been stored (once: its idempotency "
+                              f"key was {given['idempotency_key']}). Look (read, status) before sending it again.")
+        time.sleep(0.5)
+
+
 def _watch(url: str, token: str, values: dict, given: dict, emit) -> int:
     """A blocked watch as one long request; when the server goes away (a restart) it reconnects and looks again
     for the rest of its wait, up to RECONNECT_SECONDS without a server."""
@@ -243,11 +311,16 @@ def _watch(url: str, token: str, values: dict, given: dict, emit) -> int:
     lost_at = None
     while True:
         wait = max(1.0, deadline - time.monotonic())
+        began = time.monotonic()
         try:
             status, code, document = request(url, token, "watch", {**given, "wait_seconds": round(wait, 3)},
                                               timeout=wait + 60.0)
-        except Unreachable:
+        except Unreachable as exc:
+            if not exc.passing():
+                raise
             status, code, document = 0, errors.EXIT_FAILED, None
+            if exc.sent and time.monotonic() - began > 1:  # it had a server, waiting: a new loss starts now
+                lost_at = None
         if status in (0, 502, 503, 504):  # no server now, or one stopping: look again once it is back
             lost_at = lost_at or time.monotonic()
             if time.monotonic() - lost_at > RECONNECT_SECONDS:

@@ -25,31 +25,29 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import threading
 import time
 
 import anyio
 import uvicorn
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from agent_mail import __version__, api, calls, checks, errors, grants, jsonout, model, spec, tokens
+from agent_mail.serve_edge import (MAX_HEAD_BYTES, _address, _body, _is_loopback, _keepalive, _log, _Protocol,
+                                   _upload)
 from agent_mail.served_waits import ServedWaits, Stopping
 
 EXIT_HEADER, NAMES_HEADER = api.EXIT_HEADER, api.NAMES_HEADER
 SERVED, LOCAL_TO_CLIENT, EXTRAS = api.SERVED, api.LOCAL_TO_CLIENT, api.EXTRAS
 DEFAULT_LISTEN = "127.0.0.1:8025"
-# What a call may carry: a send's body and attachments (base64: 4/3 of their size), with room for the rest.
-MAX_REQUEST_BYTES = model.ATTACHMENTS_MAX_BYTES_PER_SEND * 4 // 3 + model.BODY_MAX_CHARS * 4 + 1_000_000
-MAX_IMPORT_BYTES = 8 * 1024**3  # an import's upload, spooled to a temporary file here
 MAX_THREADS = 1000  # calls carried out at once on SQLite (a blocked watch holds one there)
 # PostgreSQL connections for calls (and the looks of waits): the server's calls are short and mostly the database's
 # work, so a few more than the cores of a typical host keep it busy; more would only queue inside PostgreSQL.
 POOL_SIZE = 8
-
 _STOPPING = threading.Event()
 _CARRIERS: list = []  # every app's _Carrier in this process, for SIGTERM
 
@@ -132,6 +130,8 @@ class _HungUp(errors.AgentMailError):
 def _status(error: errors.AgentMailError) -> int:
     if isinstance(error, _HungUp):
         return 499  # logged only (nginx's "client closed request")
+    if getattr(error, "http_status", None):
+        return error.http_status
     if isinstance(error, errors.Forbidden):
         return 401 if error.unauthenticated else 403
     if error.exit_code == errors.EXIT_INVALID:
@@ -144,34 +144,10 @@ def _document(payload: object, status: int, code: int) -> Response:
                     headers={EXIT_HEADER: str(code)})
 
 
-def _log(**fields) -> None:
-    """One JSON line per request on stderr. Never a token: only its id, which is not secret."""
-    fields = {"time": model.now_iso(), **fields}
-    try:
-        sys.stderr.write(json.dumps(fields) + "\n")
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
-
-
 def _bearer(request: Request) -> str | None:
     header = request.headers.get("authorization", "")
     scheme, _, value = header.partition(" ")
     return value.strip() if scheme.lower() == "bearer" and value.strip() else None
-
-
-async def _body(request: Request) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and (not declared.isdigit() or int(declared) > MAX_REQUEST_BYTES):
-        raise errors.InvalidInput([(None, f"the request is larger than {MAX_REQUEST_BYTES} bytes, the most a call "
-                                          "carries.")])
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_REQUEST_BYTES:
-            raise errors.InvalidInput([(None, f"the request is larger than {MAX_REQUEST_BYTES} bytes.")])
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def _given(name: str, body: bytes) -> dict:
@@ -228,7 +204,7 @@ def _carry_out(carrier: _Carrier, name: str, presented: str | None, body: bytes,
         mailbox = service.Mailbox(store)
         mailbox.publish_due()
         if uploaded is not None:
-            values["uploaded"] = uploaded
+            values["uploaded"] = {**uploaded, "key": extras.get("idempotency_key")}
         values.update(api.carried(name, extras))
         if name in api.WAITS:
             _bound_wait(values, extras, store, grant, gone)
@@ -327,18 +303,6 @@ def _import_file(carrier: _Carrier, grant: dict, path: str, dry_run: bool, info:
         info["as"] = grants.check(grant, "import", values)
         result = calls.run("import", values, mailbox=service.Mailbox(store))
         return {**result, "file": None, "next": []}
-
-
-async def _upload(request: Request, path: str) -> None:
-    size = 0
-    with open(path, "wb") as out:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > MAX_IMPORT_BYTES:
-                raise errors.InvalidInput([("file", f"the upload is larger than {MAX_IMPORT_BYTES} bytes, the most "
-                                                    "an import through a server takes; nothing was imported. Run "
-                                                    "import where the mailbox is.")])
-            out.write(chunk)
 
 
 def _namer(name: str, request: Request):
@@ -515,7 +479,7 @@ def app_for(location: str) -> Starlette:
                              Route("/v1/health", health, methods=["GET"]),
                              Route("/openapi.json", openapi, methods=["GET"]),
                              Route("/mcp", mcp, methods=["GET", "POST", "DELETE"])],
-                     lifespan=getattr(mcp, "lifespan", None))
+                     lifespan=getattr(mcp, "lifespan", None), exception_handlers={HTTPException: _not_routed})
 
 
 def _mcp_endpoint(location: str):
@@ -530,6 +494,18 @@ def _mcp_endpoint(location: str):
             return _document({"error": why, "problems": []}, 501, errors.EXIT_FAILED)
         return missing
     return mcp_http.Endpoint(location, _STOPPING, _log, MAX_THREADS)
+
+async def _not_routed(request: Request, exc: HTTPException) -> Response:
+    """Starlette's own refusals (a path the API has not: 404; a method it is not called with: 405) in JSON with the
+    exit code, like every other answer, and logged."""
+    text = {404: f"{request.url.path} is not a path of the agent-mail API; calls are POST /v1/call/COMMAND (GET "
+                 "/openapi.json describes them all).",
+            405: f"{request.url.path} is not called with {request.method}; see GET /openapi.json."}.get(
+        exc.status_code, str(exc.detail))
+    response = _document(errors.InvalidInput([(None, text)]).payload(), exc.status_code, errors.EXIT_INVALID)
+    response.headers.update(exc.headers or {})
+    _log(method=request.method, path=request.url.path, status=exc.status_code, exit=errors.EXIT_INVALID)
+    return response
 
 
 def _wake_waits(location: str) -> None:
@@ -578,25 +554,6 @@ class _Server(uvicorn.Server):
                 pass
 
 
-def _address(listen: str) -> tuple[str, int]:
-    host, colon, port = listen.rpartition(":")
-    host = host.strip("[]")
-    if not colon or not host or not port.isdigit() or int(port) > 65535:
-        raise errors.InvalidInput([("listen", f"{listen!r} is not HOST:PORT (e.g. 127.0.0.1:8025).")])
-    return host, int(port)
-
-
-def _is_loopback(host: str) -> bool:
-    import ipaddress
-
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def serve(listen: str | None = None, tls_cert: str | None = None, tls_key: str | None = None,
           insecure_no_tls: bool = False) -> None:
     """Serve until SIGTERM / SIGINT."""
@@ -620,6 +577,7 @@ def serve(listen: str | None = None, tls_cert: str | None = None, tls_key: str |
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    _keepalive(sock)
     try:
         sock.bind((host, port))
         sock.listen(2048)  # connections are queued from the moment "listening" is logged (uvicorn accepts them)
@@ -630,8 +588,14 @@ def serve(listen: str | None = None, tls_cert: str | None = None, tls_key: str |
     scheme = "https" if tls_cert else "http"
     shown_host = f"[{host}]" if ":" in host else host
     config = uvicorn.Config(app_for(location), log_level="warning", access_log=False, lifespan="on",
-                            ssl_certfile=tls_cert, ssl_keyfile=tls_key, timeout_graceful_shutdown=10)
+                            ssl_certfile=tls_cert, ssl_keyfile=tls_key, timeout_graceful_shutdown=10,
+                            http=_Protocol, h11_max_incomplete_event_size=MAX_HEAD_BYTES)
     server = _Server(config)
+    import logging
+
+    # uvicorn's own line for a malformed request (not JSON): _Protocol logs its refusal as every request is logged.
+    logging.getLogger("uvicorn.error").addFilter(lambda record: record.getMessage() != "Invalid HTTP request "
+                                                                                      "received.")
     server.location = location
     _log(listening=f"{scheme}://{shown_host}:{bound}", mailbox=redact_url(location), pid=os.getpid())
     import signal

@@ -88,7 +88,9 @@ class Mailbox:
              delay_minutes: float | None = None, attach=(), require_reachable: bool = False,
              uploaded: dict | None = None, emit: Emit = no_emit) -> dict:
         """Store one copy of the message per recipient ('*' for everyone but the sender), in one transaction.
-        uploaded: refs and attachments a client of agent-mail serve read on its own machine (inputs.prepare_send)."""
+        uploaded: refs and attachments a client of agent-mail serve read on its own machine (inputs.prepare_send),
+        and the send's idempotency key (`key`, a UUID the client made): the send's batch id, so a send repeated
+        with it (its first answer lost) is stored once and answered with the receipt of what was stored."""
         import datetime as dt
 
         from agent_mail import inputs
@@ -107,14 +109,23 @@ class Mailbox:
         if reply_to is not None and not model.message_id_problem(reply_to) and not model.identity_problem(from_):
             with self.store.transaction():  # found with the other problems, so all are reported at once
                 problems += self._reply_to_problems(from_, reply_to)
+        key = (uploaded or {}).get("key")
+        if key is not None and (not isinstance(key, str) or model.message_id_problem(key)):
+            problems.append(("idempotency_key", "is a UUID the client makes for each send; a repeat of the send "
+                                                "with it is stored once."))
         if problems:
             raise errors.InvalidInput(problems)
         recipients = prepared["recipients"]  # duplicates collapsed
         moment = model.now()
         created = model.iso(moment)
         deliver_at = model.iso(moment + dt.timedelta(minutes=delay_minutes)) if delay_minutes else None
-        batch = model.new_message_id()
+        batch = key.lower() if key is not None else model.new_message_id()
         with self.mirrors.changing():
+            earlier = self.store.batch_rows([batch]) if key is not None else []
+            if earlier:  # this send, repeated: its first answer was lost
+                receipt = _repeated(self.store, earlier, from_, recipients, prepared, reply_to, no_ack)
+                emit(receipt)
+                return receipt
             gone = self._reply_to_problems(from_, reply_to) if reply_to is not None else []
             if gone:  # deleted (cleanup) since the check above
                 raise errors.NotFound(gone)
@@ -472,3 +483,34 @@ def open_mailbox() -> Iterator["Mailbox"]:
         yield mailbox
     finally:
         store.close()
+
+
+def _repeated(store, rows: list[dict], from_: str, recipients: list[str], prepared: dict, reply_to: str | None,
+              no_ack: bool) -> dict:
+    """The receipt of a send already stored under its idempotency key (`rows`: what it stored; nothing is
+    written again)."""
+    if any(row["sender"] != from_ or row["subject"] != prepared["subject"] for row in rows):
+        raise errors.InvalidInput([("idempotency_key", "was given with another send (another sender or subject); "
+                                                       "make a new key for each send.")])
+    seen = liveness.for_send(store, from_, [row["recipient"] for row in rows], False)
+    deliveries = []
+    for row in rows:
+        entry = {"recipient": row["recipient"], "id": row["id"], "status": "scheduled" if row["deliver_at"]
+                 else "delivered", "reachable": seen["reachable"][row["recipient"]]}
+        if row["deliver_at"]:
+            entry["deliver_at"] = row["deliver_at"]
+        deliveries.append(entry)
+    single = deliveries[0] if len(deliveries) == 1 else None
+    answered = store.addressed(from_, [reply_to], model.now_iso()).get(reply_to) if reply_to else None
+    return {
+        "id": single["id"] if single else None, "recipient": single["recipient"] if single else None,
+        "sender": from_, "subject": prepared["subject"],
+        "type": "broadcast" if recipients == [model.BROADCAST] else "direct", "created": rows[0]["created"],
+        "refs": prepared["refs"],
+        "attachments": [{k: a[k] for k in ("name", "size", "sha256")} for a in prepared["attachments"]],
+        "reply_to": reply_to, "acknowledged": reply_to if answered and not no_ack else None,
+        "batch_id": rows[0]["batch_id"], "deliveries": deliveries,
+        "delivered": sum(d["status"] == "delivered" for d in deliveries),
+        "scheduled": sum(d["status"] == "scheduled" for d in deliveries), "refused": 0, "mirrors": [],
+        "sender_reachable": seen["sender"]["reachable"], "next": [],
+    }
