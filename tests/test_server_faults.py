@@ -236,7 +236,7 @@ def _still_serving(server: Server, token: str, subject: str) -> None:
 
 
 def test_malformed_oversized_slow_and_truncated_requests_get_clear_4xx_and_the_server_stays_up(server):
-    from agent_mail.server import MAX_HEAD_BYTES, MAX_REQUEST_BYTES
+    from agent_mail.serve_edge import MAX_HEAD_BYTES, MAX_REQUEST_BYTES
 
     token = server.token("--agent", "a:x")
     port = server.port
