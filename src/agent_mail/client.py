@@ -13,11 +13,10 @@ The standard library only (http.client, ssl, json): a client machine needs no dr
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
-from agent_mail import calls, errors, spec
+from agent_mail import calls, errors, jsonout, spec
 
 TOKEN_VAR, TOKEN_FILE_VAR, CA_VAR = "AGENT_MAIL_TOKEN", "AGENT_MAIL_TOKEN_FILE", "AGENT_MAIL_CA"
 EXIT_HEADER = "X-Agent-Mail-Exit"
@@ -156,13 +155,15 @@ def request(url: str, token: str, name: str, given: dict, timeout: float | None 
     """POST the call; (status, exit code, document). Unreachable when no answer came. `path`, `body`: another
     endpoint than /v1/call/NAME, and a body other than `given` as JSON (bytes, a file, an iterable of chunks);
     `into(response)`: takes a successful answer's body itself (then the document is None)."""
+    if body is None and into is None:
+        return _call(url, token, name, given, timeout, path)
     import http.client
 
     connection, base = _connection(url, timeout)
     headers = {"Content-Type": content_type, "Authorization": f"Bearer {token}", "X-Agent-Mail-Names": "flags"}
     chunked = body is not None and not isinstance(body, bytes) and not hasattr(body, "fileno")
     if body is None:
-        body = json.dumps(given).encode("utf-8")
+        body = jsonout.dumps(given).encode("utf-8")
     elif hasattr(body, "fileno"):
         headers["Content-Length"] = str(os.fstat(body.fileno()).st_size)
     sent = False
@@ -184,19 +185,44 @@ def request(url: str, token: str, name: str, given: dict, timeout: float | None 
         raise lost from None
     finally:
         connection.close()
+    return _answered(url, response.status, code, data)
+
+
+def _call(url: str, token: str, name: str, given: dict, timeout: float | None, path: str):
+    """One plain call (a JSON object, its JSON answer) through agent_mail.wire: what every command but export and
+    import makes, without http.client's import."""
+    from agent_mail import wire
+
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}", "X-Agent-Mail-Names": "flags"}
     try:
-        document = json.loads(data)
+        reply = wire.post(url, path or f"/v1/call/{name}", jsonout.dumps(given).encode("utf-8"), headers, timeout,
+                          connect_timeout=CONNECT_SECONDS, keepalive=KEEPALIVE)
+    except wire.Lost as exc:
+        after = (" The call was sent but its answer was lost: it may have been carried out; look (read --all, "
+                 "status) before repeating it.") if exc.sent else " Nothing was sent."
+        lost = Unreachable(f"cannot reach the agent-mail server at {url} ({exc.reason}).{after}")
+        lost.sent = exc.sent
+        raise lost from None
+    except ValueError as exc:  # not an http(s) URL: location.server_url() said it was one
+        raise _refuse("AGENT_MAIL_DB", f"is not a usable server URL ({exc})") from None
+    return _answered(url, reply.status, reply.header(EXIT_HEADER), reply.body)
+
+
+def _answered(url: str, status: int, code, data: bytes):
+    """(status, exit code, document) of an answer; Unreachable when it is no agent-mail answer."""
+    try:
+        document = jsonout.loads(data.decode("utf-8"))
         code = int(code)
     except (TypeError, ValueError):
         # A proxy's own page for a server that went away behind it may follow a call the server carried out.
         gateway = (" A proxy answers so when the server behind it went away: the call may have been carried out; "
-                   "look (read --all, status) before repeating it.") if response.status in (502, 503, 504) else ""
-        other = Unreachable(f"the server at {url} answered HTTP {response.status} with something that is not an "
+                   "look (read --all, status) before repeating it.") if status in (502, 503, 504) else ""
+        other = Unreachable(f"the server at {url} answered HTTP {status} with something that is not an "
                             "agent-mail answer (is AGENT_MAIL_DB the agent-mail server, not a proxy's page?)."
                             f"{gateway}")
-        other.sent, other.answered = True, response.status
+        other.sent, other.answered = True, status
         raise other from None
-    return response.status, code, document
+    return status, code, document
 
 
 def main(name: str, values: dict, emit) -> int:
@@ -222,7 +248,7 @@ def main(name: str, values: dict, emit) -> int:
     given = _given(name, values)
     calls.check(name, given, with_inputs=False)  # what is sent is what the call layer accepts
     if name == "send":
-        return _send(url, token, _with_uploads(values, given), emit)
+        given = _with_uploads(values, given)
     if name in ("reserve", "release", "reservations"):
         given = _located(values, given)
     if name == "watch":
@@ -237,7 +263,7 @@ def main(name: str, values: dict, emit) -> int:
         return _profile(url, token, values, given, emit)
     if name == "notifications":
         return _notifications(url, token, values, given, emit)
-    status, code, document = request(url, token, name, given)
+    status, code, document = _sent(url, token, given) if name == "send" else request(url, token, name, given)
     if name in KEEP_MIRRORS and code in (errors.EXIT_OK, errors.EXIT_PARTIAL):
         written = _refresh_mirrors(url, token)
         if name == "send" and isinstance(document.get("mirrors"), list):
@@ -271,7 +297,7 @@ def _with_uploads(values: dict, given: dict) -> dict:
     return given
 
 
-def _send(url: str, token: str, given: dict, emit) -> int:
+def _sent(url: str, token: str, given: dict) -> tuple:
     """A send carried at most once: it carries an idempotency key (a UUID made here), and while no answer comes
     (the server restarting, the network cut, the server's storage down: 503) it is sent again with the same key,
     for up to RECONNECT_SECONDS; the server stores a key's send once and answers a repeat with its receipt."""
@@ -287,7 +313,7 @@ def _send(url: str, token: str, given: dict, emit) -> int:
                 raise
             status, lost, sent = 0, exc, sent or exc.sent
         if status not in (0, 502, 503, 504):
-            return _answer(status, code, document, emit)
+            return status, code, document
         lost_at = lost_at or time.monotonic()
         if time.monotonic() - lost_at > RECONNECT_SECONDS:
             if not sent:  # the last answer, or why none came, is the whole story
@@ -366,7 +392,7 @@ def _export(url: str, token: str, values: dict, given: dict, emit) -> int:
     summary: dict = {}
 
     def copy(response, raw) -> None:
-        summary.update(json.loads(response.getheader("X-Agent-Mail-Result") or "{}"))
+        summary.update(jsonout.loads(response.getheader("X-Agent-Mail-Result") or "{}"))
         while chunk := response.read(1 << 20):
             raw.write(chunk)
         if response.length:  # the connection ended early: the file would be cut short

@@ -59,15 +59,21 @@ def split(url: str) -> tuple[str, str, int, str]:
     return scheme, host, port, ("/" + path).rstrip("/") if slash else ""
 
 
-def _connect(scheme: str, host: str, port: int, timeout: float | None):
+def _connect(scheme: str, host: str, port: int, connect_timeout: float | None, timeout: float | None,
+             keepalive: tuple | None):
+    """A connected socket: within `connect_timeout`, then each answer awaited up to `timeout` (None: as long as
+    it takes), probed when quiet by TCP keepalive (idle, interval, count, user timeout in ms) where given."""
     if scheme == "https":
-        import socket
+        import socket as sockets
         import ssl
 
         context = ssl.create_default_context(cafile=os.environ.get(CA_VAR) or None)
-        raw = socket.create_connection((host, port), timeout=timeout)
+        raw = sockets.create_connection((host, port), timeout=connect_timeout)
         try:
-            return context.wrap_socket(raw, server_hostname=host)
+            _probe(raw, sockets, keepalive)
+            sock = context.wrap_socket(raw, server_hostname=host)
+            sock.settimeout(timeout)
+            return sock
         except BaseException:
             raw.close()
             raise
@@ -79,13 +85,26 @@ def _connect(scheme: str, host: str, port: int, timeout: float | None):
     for family, kind, proto, _, address in _socket.getaddrinfo(name, port, 0, _socket.SOCK_STREAM):
         sock = _socket.socket(family, kind, proto)
         try:
-            sock.settimeout(timeout)
+            sock.settimeout(connect_timeout)
             sock.connect(address)
+            _probe(sock, _socket, keepalive)
+            sock.settimeout(timeout)
             return sock
         except OSError as exc:
             sock.close()
             problem = exc
     raise problem or OSError(f"no address for {host}")
+
+
+def _probe(sock, module, keepalive: tuple | None) -> None:
+    if keepalive is None:
+        return
+    idle, interval, count, user_timeout_ms = keepalive
+    sock.setsockopt(module.SOL_SOCKET, module.SO_KEEPALIVE, 1)
+    for option, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", interval), ("TCP_KEEPCNT", count),
+                          ("TCP_USER_TIMEOUT", user_timeout_ms)):
+        if hasattr(module, option):  # Linux; others keep the system's
+            sock.setsockopt(module.IPPROTO_TCP, getattr(module, option), value)
 
 
 def _reason(exc: BaseException) -> str:
@@ -95,8 +114,10 @@ def _reason(exc: BaseException) -> str:
     return text or type(exc).__name__
 
 
-def post(url: str, path: str, body: bytes, headers: dict[str, str], timeout: float | None) -> Reply:
-    """POST `body` to `path` under `url`; the whole answer, or Lost."""
+def post(url: str, path: str, body: bytes, headers: dict[str, str], timeout: float | None, *,
+         connect_timeout: float | None = None, keepalive: tuple | None = None) -> Reply:
+    """POST `body` to `path` under `url`; the whole answer, or Lost. `connect_timeout` (default: `timeout`) bounds
+    the connecting; `timeout` each wait for the answer's bytes."""
     scheme, host, port, prefix = split(url)
     shown_host = f"[{host}]" if ":" in host else host
     default = 443 if scheme == "https" else 80
@@ -106,7 +127,8 @@ def post(url: str, path: str, body: bytes, headers: dict[str, str], timeout: flo
     request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
     sent = False
     try:
-        sock = _connect(scheme, host, port, timeout)
+        sock = _connect(scheme, host, port, timeout if connect_timeout is None else connect_timeout, timeout,
+                        keepalive)
     except (OSError, ValueError) as exc:
         raise Lost(_reason(exc), sent=False) from None
     try:
