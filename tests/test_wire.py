@@ -172,3 +172,25 @@ def test_a_plain_call_imports_no_http_client_email_re_or_json():
             "set(sys.modules)))")
     done = subprocess.run([sys.executable, "-S", "-c", code], env=process_env(), capture_output=True, text=True)
     assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+@pytest.mark.sqlite_only
+def test_everyday_commands_through_a_server_import_no_http_client_json_or_re(mailbox_path):
+    """A command through a server is measured against a local cold start (issue 21: at most 1.5x): read, send,
+    status, ack and a watch's look load neither http.client (its email parser) nor json, re or enum."""
+    from serving import Server
+
+    server = Server(str(mailbox_path))
+    try:
+        token = server.token("--agent", "*")
+        code = ("import sys\nfrom agent_mail import cli\ncode = cli.main(sys.argv[1:])\n"
+                "print(code, sorted({'http.client', 'email', 'json', 're', 'enum', 'urllib.parse', 'base64', "
+                "'ssl', 'typing'} & set(sys.modules)), file=sys.stderr)")
+        for argv in (["send", "--from", "a:x", "--to", "b:y", "--subject", "plain", "--body", "text"],
+                     ["read", "b:y", "--no-mark-read"], ["status", "--agent", "b:y"], ["ack", "b:y", "--all"],
+                     ["watch", "b:y", "--once"]):
+            done = subprocess.run([sys.executable, "-S", "-c", code, *argv], capture_output=True, text=True,
+                                  env=process_env(AGENT_MAIL_DB=server.url, AGENT_MAIL_TOKEN=token))
+            assert done.stderr.strip().splitlines()[-1] == "0 []", (argv, done.stderr)
+    finally:
+        server.stop()

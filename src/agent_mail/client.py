@@ -280,8 +280,6 @@ def _answer(status: int, code: int, document: dict, emit) -> int:
 
 def _with_uploads(values: dict, given: dict) -> dict:
     """A send's files read here: the body file's text, the refs resolved and checked here, attachments as content."""
-    import base64
-
     from agent_mail import inputs
 
     prepared, problems = inputs.prepare_send(values)
@@ -292,8 +290,12 @@ def _with_uploads(values: dict, given: dict) -> dict:
     if values.get("body_file") is not None:
         given["body"] = prepared["body"]
     given["client_refs"] = prepared["refs"]
-    given["upload_attachments"] = [{"name": a["name"], "content_base64": base64.b64encode(a["content"]).decode()}
-                                   for a in prepared["attachments"]]
+    given["upload_attachments"] = []
+    if prepared["attachments"]:  # base64 loads `re`: only for a send that has attachments
+        import base64
+
+        given["upload_attachments"] = [{"name": a["name"], "content_base64": base64.b64encode(a["content"]).decode()}
+                                       for a in prepared["attachments"]]
     return given
 
 

@@ -12,10 +12,9 @@ Standard library and the ground layers only: the client imports it.
 
 from __future__ import annotations
 
-import json
 import os
 
-from agent_mail import errors, notify
+from agent_mail import errors, jsonout, notify
 
 STATE_DIR_VAR = "AGENT_MAIL_STATE_DIR"
 STATE_FILE = "mirrors.json"
@@ -45,7 +44,7 @@ def _load() -> dict:
     path = os.path.join(state_dir(), STATE_FILE)
     try:
         with open(path, encoding="utf-8") as handle:
-            settings = json.load(handle)
+            settings = jsonout.loads(handle.read())
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as exc:
@@ -88,8 +87,9 @@ def record(url: str, agent: str, directory: str | None) -> None:
         os.makedirs(folder, mode=0o700, exist_ok=True)
         descriptor = files.open_dir(folder)
         try:
-            files.write_atomic(descriptor, STATE_FILE, (json.dumps(settings, indent=2, sort_keys=True) + "\n")
-                               .encode("utf-8"))
+            ordered = {key: dict(sorted(value.items())) if isinstance(value, dict) else value
+                       for key, value in sorted(settings.items())}
+            files.write_atomic(descriptor, STATE_FILE, jsonout.dumps(ordered, end="\n").encode("utf-8"))
         finally:
             os.close(descriptor)
     except OSError as exc:
