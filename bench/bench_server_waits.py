@@ -12,11 +12,12 @@ identity of its own. Once every session is armed and the server has settled, it 
 - one broadcast: from the moment its send committed until the last of the waits was answered (a raw request's
   response read whole, a watch process's result printed: its first output), and the median (target: the last
   within 500 ms); the last raw request and the last watch process apart.
-The mailbox lives in a database of its own, created here (CREATE DATABASE) on the server AGENT_MAIL_BENCH_PG
-names and dropped after, so nobody else's work on that server is counted as ours. --here runs this tree with
-this interpreter (which must have the `server` and `postgres` extras: without httptools and uvloop uvicorn
-falls back to its pure-Python parser and asyncio's loop, and answers a broadcast's thousand waits about half as
-fast); otherwise the project's benchmark venv (bench/common.py) gets them installed.
+The mailbox lives in a database of its own, created here (CREATE DATABASE) on a PostgreSQL server of the
+benchmark's own (bench/pgcluster.py: on a shared server, other users' DDL and NOTIFY wake the server's idle
+backends, which would be counted as ours), or on the server AGENT_MAIL_BENCH_PG names when it is set, and
+dropped after. --here runs this tree with this interpreter (which must have the `server` and `postgres`
+extras: without uvloop uvicorn falls back to asyncio's own loop, and answers a broadcast's thousand waits
+slower); otherwise the project's benchmark venv (bench/common.py) gets them installed.
 """
 
 from __future__ import annotations
@@ -55,10 +56,10 @@ def _python(clis: dict[str, str] | None) -> str:
     if clis is None:
         return sys.executable
     python = os.path.join(os.path.dirname(clis["agent-mail"]), "python")
-    if subprocess.run([python, "-c", "import psycopg, starlette, uvicorn, httptools, uvloop"],
+    if subprocess.run([python, "-c", "import psycopg, starlette, uvicorn, uvloop"],
                       capture_output=True).returncode:  # the `postgres` and `server` extras (pyproject.toml)
         subprocess.run([python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                        "psycopg[binary]>=3.3,<4", "starlette>=0.46,<2", "uvicorn>=0.34,<1", "httptools>=0.6,<1",
+                        "psycopg[binary]>=3.3,<4", "starlette>=0.46,<2", "uvicorn>=0.34,<1",
                         "uvloop>=0.19,<1"], check=True, env=cli_env(None))
     return python
 
@@ -190,7 +191,9 @@ def measure(python: str, waits: int, watches: int, idle_seconds: float) -> dict:
             if any(p.poll() is not None for p in procs) or load.answered:
                 raise RuntimeError("a wait ended before the broadcast")
             time.sleep(0.5)
-        time.sleep(3.0)  # settled: every look done
+        # Settled: every look done, and past the one flush of statistics a PostgreSQL backend makes about 10 s after
+        # its last statement (PostgreSQL 15's idle stats interval), which is start-up work too.
+        time.sleep(12.0)
         backends = _backends(server.pid)
         threads = len(os.listdir(f"/proc/{server.pid}/task"))
         pids = [server.pid] + [pid for pid, _ in backends]
@@ -251,7 +254,16 @@ def measure(python: str, waits: int, watches: int, idle_seconds: float) -> dict:
 def rows(clis: dict[str, str] | None, waits: int = 1000, watches: int = 100, idle_seconds: float = 30.0) \
         -> list[tuple]:
     """The table's rows (run_all: rows(clis, ...); None: this tree with this interpreter)."""
-    found = measure(_python(clis), waits, min(watches, waits), idle_seconds)
+    global PG_URL
+    import pgcluster
+
+    python = _python(clis)
+    if "AGENT_MAIL_BENCH_PG" in os.environ or pgcluster.problem():
+        found = measure(python, waits, min(watches, waits), idle_seconds)
+    else:
+        with pgcluster.Cluster(max_connections=100) as server:
+            PG_URL = server
+            found = measure(python, waits, min(watches, waits), idle_seconds)
     return [
         (f"{waits} waits on one server ({waits - watches} raw requests, {watches} watch processes): its database "
          f"connections ({', '.join(found['names'])})", found["connections"], f"<= {POOL_SIZE + 1}"),
