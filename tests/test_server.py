@@ -252,3 +252,43 @@ def test_a_client_command_imports_the_standard_library_only(server):
 def test_serve_refuses_an_open_address_without_tls(mailbox_path):
     proc = am_process("serve", "--listen", "0.0.0.0:0", env=process_env(AGENT_MAIL_DB=str(mailbox_path)))
     assert proc.returncode == 2 and "--tls-cert" in json.loads(proc.stderr)["error"]
+
+
+def test_an_idle_server_sleeps_and_still_dates_its_answers(server):
+    """Idle is free: with waits blocked and nothing happening, no thread of the server wakes (uvicorn's own loop
+    would, ten times a second, to refresh its Date header); every answer is dated as it is sent instead."""
+    import http.client
+
+    token = server.token("--agent", "*")
+    waits = [subprocess.Popen([sys.executable, "-m", "agent_mail", "watch", f"idle:w{i}", "--timeout-minutes", "5"],
+                              env=process_env(AGENT_MAIL_DB=server.url, AGENT_MAIL_TOKEN=token),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for i in range(3)]
+    try:
+        deadline = time.monotonic() + 30
+        while sum(bool(a.get("watching")) for a in json.loads(server.direct("status").stdout)["agents"]) < 3:
+            assert time.monotonic() < deadline, [p.poll() is not None and p.stderr.read() for p in waits]
+            time.sleep(0.2)
+        time.sleep(1.5)  # settled
+
+        def wakes() -> int:
+            total = 0
+            for task in __import__("os").listdir(f"/proc/{server.proc.pid}/task"):
+                with open(f"/proc/{server.proc.pid}/task/{task}/status") as handle:
+                    total += sum(int(line.split()[1]) for line in handle if "ctxt_switches" in line)
+            return total
+        before = wakes()
+        time.sleep(3.0)
+        assert wakes() - before <= 3, "an idle server woke up: something ticks"
+    finally:
+        for proc in waits:
+            proc.terminate()
+        for proc in waits:
+            proc.wait(timeout=30)
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    try:
+        connection.request("GET", "/v1/health")
+        answer = connection.getresponse()
+        answer.read()
+        assert answer.status == 200 and answer.getheader("Date", "").endswith(" GMT")
+    finally:
+        connection.close()

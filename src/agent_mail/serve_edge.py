@@ -116,7 +116,8 @@ def _refusal(status: int, reason: str, text: str) -> bytes:
     sees it; the connection closes after it."""
     _log(status=status, exit=errors.EXIT_INVALID, refused=text)
     body = jsonout.dumps(errors.InvalidInput([(None, text)]).payload(), end="\n").encode("utf-8")
-    return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+    return (f"HTTP/1.1 {status} {reason}\r\ndate: {http_date().decode()}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\n"
             f"{EXIT_HEADER}: {errors.EXIT_INVALID}\r\nconnection: close\r\n\r\n").encode("ascii") + body
 
 
@@ -220,3 +221,34 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+_DATE: list = [0, b""]  # (the second it was made for, the Date header's value)
+
+
+def http_date() -> bytes:
+    """The Date header's value for now (made once a second at most)."""
+    now = int(time.time())
+    if _DATE[0] != now:
+        from email.utils import formatdate
+
+        _DATE[:] = [now, formatdate(now, usegmt=True).encode("ascii")]
+    return _DATE[1]
+
+
+class Dated:
+    """Every answer dated as it is sent (HTTP wants a Date from a server with a clock). uvicorn's own Date header is
+    turned off: it is refreshed by a tick ten times a second, the only thing an idle server would do."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def dated(message):
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), (b"date", http_date())]}
+            await send(message)
+        return await self.app(scope, receive, dated)

@@ -32,12 +32,13 @@ import anyio
 import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from agent_mail import __version__, api, calls, checks, errors, grants, jsonout, model, spec, tokens
-from agent_mail.serve_edge import (MAX_HEAD_BYTES, _address, _body, _is_loopback, _keepalive, _log, _Protocol,
+from agent_mail.serve_edge import (Dated, MAX_HEAD_BYTES, _address, _body, _is_loopback, _keepalive, _log, _Protocol,
                                    _upload)
 from agent_mail.served_waits import ServedWaits, Stopping
 
@@ -479,7 +480,8 @@ def app_for(location: str) -> Starlette:
                              Route("/v1/health", health, methods=["GET"]),
                              Route("/openapi.json", openapi, methods=["GET"]),
                              Route("/mcp", mcp, methods=["GET", "POST", "DELETE"])],
-                     lifespan=getattr(mcp, "lifespan", None), exception_handlers={HTTPException: _not_routed})
+                     lifespan=getattr(mcp, "lifespan", None), exception_handlers={HTTPException: _not_routed},
+                     middleware=[Middleware(Dated)])
 
 
 def _mcp_endpoint(location: str):
@@ -539,17 +541,17 @@ class _Server(uvicorn.Server):
             self._loop.call_soon_threadsafe(stop.set)
 
     async def main_loop(self) -> None:
-        """uvicorn's own loop wakes ten times a second to see whether it should stop (a quarter of a percent of a
-        core, all an idle server would cost); this one once a second, to date its answers (all the tick does
-        besides), and at once when asked to stop."""
+        """uvicorn's own loop wakes ten times a second, to see whether it should stop and to refresh its Date header
+        (a quarter of a percent of a core: all an idle server would cost); this one sleeps until asked to stop
+        (answers are dated as they are sent: serve_edge.Dated), looking once a minute all the same."""
         import asyncio
 
         self._loop, self._stop_now = asyncio.get_running_loop(), asyncio.Event()
         counter = 0
         while not await self.on_tick(counter):
-            counter = (counter + 10) % 864000  # uvicorn's tick dates its answers at every tenth count
+            counter = (counter + 10) % 864000
             try:
-                await asyncio.wait_for(self._stop_now.wait(), 1.0)
+                await asyncio.wait_for(self._stop_now.wait(), 60.0)
             except TimeoutError:
                 pass
 
@@ -589,7 +591,7 @@ def serve(listen: str | None = None, tls_cert: str | None = None, tls_key: str |
     shown_host = f"[{host}]" if ":" in host else host
     config = uvicorn.Config(app_for(location), log_level="warning", access_log=False, lifespan="on",
                             ssl_certfile=tls_cert, ssl_keyfile=tls_key, timeout_graceful_shutdown=10,
-                            http=_Protocol, h11_max_incomplete_event_size=MAX_HEAD_BYTES)
+                            http=_Protocol, h11_max_incomplete_event_size=MAX_HEAD_BYTES, date_header=False)
     server = _Server(config)
     import logging
 
