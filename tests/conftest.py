@@ -28,6 +28,20 @@ BACKENDS = ("sqlite", "postgresql")
 def pytest_configure(config):
     config.addinivalue_line("markers", "backends: run every test of this module on SQLite and on PostgreSQL")
     config.addinivalue_line("markers", "sqlite_only: this test is about the SQLite file itself")
+    config.addinivalue_line("markers", "local_only(why): this test is about the mailbox itself or this process (the "
+                                       "library called in-process, a local command's imports, copy, token): "
+                                       "skipped under AGENT_MAIL_TEST_THROUGH=server, saying why")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under AGENT_MAIL_TEST_THROUGH=server, the tests marked local_only are skipped with their reason."""
+    if not THROUGH_SERVER:
+        return
+    for item in items:
+        marker = item.get_closest_marker("local_only")
+        if marker is not None:
+            why = marker.args[0] if marker.args else "about the mailbox itself"
+            item.add_marker(pytest.mark.skip(reason=f"local only: {why}"))
 
 
 def pytest_generate_tests(metafunc):
@@ -328,3 +342,20 @@ def mailbox_exists(mailbox) -> bool:
         with psycopg.connect(conninfo) as db:
             return db.execute("SELECT to_regclass(%s)", (f'"{schema}".messages',)).fetchone()[0] is not None
     return mailbox.exists()
+
+
+@contextlib.contextmanager
+def mailbox_itself(mailbox):
+    """The test mailbox opened in this process (the library's Mailbox on the file or schema itself, whatever
+    AGENT_MAIL_DB names: also under AGENT_MAIL_TEST_THROUGH=server), for tests that set up with the library
+    what the commands would not (a watch that ran out, a row to move)."""
+    from agent_mail.service import Mailbox
+    from agent_mail.store import open_store
+
+    store = open_store(str(mailbox))
+    try:
+        mailbox_ = Mailbox(store)
+        mailbox_.publish_due()
+        yield mailbox_
+    finally:
+        store.close()
