@@ -33,8 +33,6 @@ _NOT_YET = "is not supported through a server yet: run it where the mailbox is, 
 NOT_REMOTE = {"copy": _ON_THE_MAILBOX, "token": _ON_THE_MAILBOX, "serve": _ON_THE_MAILBOX,
               "mcp": _NOT_YET, "hook": _NOT_YET}
 NOT_REMOTE_FLAGS = {("doctor", "repair"): _ON_THE_MAILBOX}
-# What changes mail an identity's mirror shows: after it, the mirrors kept on this machine are rendered again.
-KEEP_MIRRORS = ("send", "read", "ack", "dismiss", "archive", "delete", "cancel", "cleanup")
 
 
 class Answered(errors.AgentMailError):
@@ -180,6 +178,8 @@ def main(name: str, values: dict, emit) -> int:
     calls.check(name, given, with_inputs=False)  # what is sent is what the call layer accepts
     if name == "send":
         given = _with_uploads(values, given)
+    _check_stdout()
+    emit = _said_after(name, values, emit)
     if name == "watch":
         return _watch(url, token, values, given, emit)
     if name == "export":
@@ -193,11 +193,61 @@ def main(name: str, values: dict, emit) -> int:
     if name == "notifications":
         return _notifications(url, token, values, given, emit)
     status, code, document = request(url, token, name, given)
-    if name in KEEP_MIRRORS and code in (errors.EXIT_OK, errors.EXIT_PARTIAL):
+    if code in (errors.EXIT_OK, errors.EXIT_PARTIAL):
+        # Any call may have published mail that fell due, as on the mailbox's machine, where whatever touches
+        # the mailbox renders its recipients' mirrors: the mirrors kept here are rendered again after each one.
         written = _refresh_mirrors(url, token)
         if name == "send" and isinstance(document.get("mirrors"), list):
-            document["mirrors"] = _sent_mirrors(document, written)
+            document["mirrors"] = _sent_mirrors(document, written, bool(values.get("no_ack")))
     return _answer(status, code, document, emit)
+
+
+def _check_stdout() -> None:
+    """On the mailbox's machine a result that cannot be written undoes its command; through a server the call is
+    carried out before its answer comes back. So a standard output that cannot take a result (closed, a pipe or
+    socket whose reader is gone, a device that takes nothing such as /dev/full) is found before anything is sent:
+    the command fails as it would there, and nothing is changed."""
+    import stat
+    import sys
+
+    stream = sys.stdout
+    try:
+        if stream is None:
+            raise OSError("standard output is closed")
+        try:
+            descriptor = stream.fileno()
+        except (OSError, ValueError, AttributeError):
+            return  # not a file (a stream of the caller's own): nothing to look at before
+        mode = os.fstat(descriptor).st_mode
+        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+            import select
+
+            poller = select.poll()
+            poller.register(descriptor, select.POLLOUT)
+            if any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0)):
+                raise OSError("the reader of standard output is gone")
+        elif stat.S_ISCHR(mode):
+            os.write(descriptor, b"")  # a device that refuses every write refuses this one too (a terminal takes it)
+    except OSError as exc:
+        raise errors.OutputError(f"could not write the result to standard output ({exc}); nothing was changed.") \
+            from None
+
+
+def _said_after(name: str, values: dict, emit):
+    """`emit`, whose failure, after a call that changed mail, says the truth: the server carried it out."""
+    changes = spec.COMMANDS[name].mutating or (name == "read" and not values.get("no_mark_read")
+                                              and values.get("thread") is None and not values.get("archived"))
+    if not changes:
+        return emit
+
+    def emitting(document) -> None:
+        try:
+            emit(document)
+        except errors.OutputError as exc:
+            said = str(exc).rsplit("; nothing was changed.", 1)[0]
+            raise errors.OutputError(f"{said}; the server had carried out the call already: look (read --all, "
+                                     "status) before repeating it.") from None
+    return emitting
 
 
 def _answer(status: int, code: int, document: dict, emit) -> int:
@@ -384,14 +434,17 @@ def _refresh_mirrors(url: str, token: str) -> dict[str, list[dict]]:
     return written
 
 
-def _sent_mirrors(receipt: dict, written: dict[str, list[dict]]) -> list[dict]:
+def _sent_mirrors(receipt: dict, written: dict[str, list[dict]], no_ack: bool = False) -> list[dict]:
     """A send's receipt lists the mirror files it rewrote on this machine, as a send on the mailbox's machine lists
     its own: its recipients' email mirrors (everyone's but the sender's for a broadcast), and the sender's system
-    channel when a recipient was refused."""
+    channel when a recipient was refused, and the replier's email mirror when its reply settled what it answers."""
     from agent_mail import notify
 
     sender = receipt.get("sender")
     to = {d.get("recipient") for d in receipt.get("deliveries") or [] if d.get("status") == "delivered"}
+    if receipt.get("acknowledged") is not None or (no_ack and receipt.get("reply_to") and receipt.get("refused", 0)
+                                                    < len(receipt.get("deliveries") or [])):
+        to.add(sender)  # a reply that went out settled what it answers: the replier's own mirror changed too
     listed = []
     for agent, results in written.items():
         for result in results:
