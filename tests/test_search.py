@@ -238,6 +238,7 @@ def test_rows_another_tool_stored_are_indexed_before_a_search(am, corpus, mailbo
     assert hits(am, "deploy", "--from", "old:tool") == ["written elsewhere"]
 
 
+@pytest.mark.local_only("copy works on mailboxes themselves, not through a server")
 def test_a_copied_mailbox_searches_the_same(am, corpus, backend, tmp_path):
     """copy builds the target's own index: SQLite to PostgreSQL, or PostgreSQL to SQLite."""
     from conftest import drop_schema, new_schema_name, postgres_problem

@@ -340,8 +340,11 @@ def _export(url: str, token: str, values: dict, given: dict, emit) -> int:
 
     def copy(response, raw) -> None:
         summary.update(json.loads(response.getheader("X-Agent-Mail-Result") or "{}"))
+        progress = _Progress(f"exported {summary.get('messages')} messages, writing", response.length)
         while chunk := response.read(1 << 20):
             raw.write(chunk)
+            progress.step(len(chunk))
+        progress.end()
         if response.length:  # the connection ended early: the file would be cut short
             raise Unreachable(f"the export from {url} was cut off; nothing was written.")
     output = values.get("output")
@@ -363,6 +366,40 @@ def _export(url: str, token: str, values: dict, given: dict, emit) -> int:
     emit({"file": target, **summary, "bytes": os.path.getsize(target),
           "next": [f"agent-mail import {target} --dry-run"] if summary.get("format") == "jsonl" else []})
     return errors.EXIT_OK
+
+
+class _Progress:
+    """'exported 7 messages, writing 1200 of 5000 bytes' on stderr, a few times a second, only when stderr is a
+    terminal (as an export shows its progress on the mailbox's machine)."""
+
+    def __init__(self, what: str, total: int | None):
+        import sys
+
+        self.what, self.total, self.done, self.shown_at = what, total, 0, 0.0
+        try:
+            self.on = sys.stderr is not None and sys.stderr.isatty()
+        except (OSError, ValueError):
+            self.on = False
+
+    def step(self, size: int) -> None:
+        self.done += size
+        if self.on and time.monotonic() - self.shown_at > 0.2:
+            self.shown_at = time.monotonic()
+            of = f" of {self.total}" if self.total is not None else ""
+            self._show(f"\ragent-mail: {self.what} {self.done}{of} bytes")
+
+    def end(self) -> None:
+        if self.on and self.shown_at:
+            self._show("\r\033[K")
+
+    def _show(self, text: str) -> None:
+        import sys
+
+        try:
+            sys.stderr.write(text)
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            self.on = False  # a terminal gone: the export goes on without it
 
 
 def _import(url: str, token: str, values: dict, emit) -> int:
