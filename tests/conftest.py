@@ -102,9 +102,22 @@ def pg_url(schema: str, base: str | None = None) -> str:
 
 
 def drop_schema(schema: str) -> None:
+    """Drop a test's schema. A connection the test left open in a transaction on it (a raw_db kept alive by a
+    failed test's traceback) would hold the drop forever: after a while it is ended (only connections holding
+    locks in this schema), and the drop goes on."""
     import psycopg
 
     with psycopg.connect(TEST_PG_URL, autocommit=True) as db:
+        db.execute("SET lock_timeout = '10s'")
+        try:
+            db.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+            return
+        except psycopg.errors.LockNotAvailable:
+            pass
+        db.execute("SELECT pg_terminate_backend(pid) FROM (SELECT DISTINCT l.pid FROM pg_locks l JOIN pg_class c "
+                   "ON c.oid = l.relation JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s "
+                   "AND l.pid <> pg_backend_pid()) AS holding", (schema,))
+        db.execute("SET lock_timeout = 0")
         db.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 

@@ -267,6 +267,8 @@ def fuzz_room(tmp_path, monkeypatch):
     return tmp_path
 
 
+@pytest.mark.local_only("stubs the blocking wait, the dashboard and serve in this process: through a server a fuzzed "
+                        "watch would wait its 55 minutes there")
 @settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 # `mcp` is left out: it serves JSON-RPC on stdin until the client closes it (test_mcp.py drives it).
 @given(command=st.sampled_from(sorted(set(spec.COMMANDS) - {"mcp"}) + ["bogus", "", "--version"]), tokens=_tokens())

@@ -181,7 +181,7 @@ def main(name: str, values: dict, emit) -> int:
     _check_stdout()
     emit = _said_after(name, values, emit)
     if name == "watch":
-        return _watch(url, token, values, given, emit)
+        return _watch_told_when_stopped(url, token, values, given, emit)
     if name == "export":
         return _export(url, token, values, given, emit)
     if name == "import":
@@ -302,6 +302,22 @@ def _watch(url: str, token: str, values: dict, given: dict, emit) -> int:
             time.sleep(0.5)
             continue
         return _answer(status, code, document, emit)
+
+
+def _watch_told_when_stopped(url: str, token: str, values: dict, given: dict, emit) -> int:
+    """A blocked watch stopped by SIGTERM, SIGHUP or SIGINT says what became of its session, as on the mailbox's
+    machine: its connection closes with the process, and the server, seeing the client hang up, ends the wait and
+    releases the session."""
+    try:
+        return _watch(url, token, values, given, emit)
+    except (errors.Interrupted, KeyboardInterrupt) as stop:
+        if values["once"]:
+            raise
+        code = stop.exit_code if isinstance(stop, errors.Interrupted) else 130
+        name = {129: "SIGHUP", 130: "SIGINT", 143: "SIGTERM"}.get(code, f"signal {code - 128}")
+        raise errors.Interrupted(f"the wait for {values['agent']} was stopped by {name}; the server releases its "
+                                 "session as the connection closes, so status shows it as released, not armed.",
+                                 code) from None
 
 
 def _save(url: str, token: str, values: dict, given: dict, emit) -> int:
