@@ -466,10 +466,10 @@ def _mirror_documents(url: str, token: str, agent: str) -> dict:
 
 
 def _refresh_mirrors(url: str, token: str) -> dict[str, list[dict]]:
-    """After a command that changed mail, the mirrors kept on this machine for this server rendered again, as the
-    mailbox renders its own in the transaction that changed them: each one this token may act as (an identity it
-    does not name is kept current by its own agent's commands or --follow). Never fails the command, done already.
-    What was written, by identity."""
+    """After a call (it may have changed mail, or published mail that fell due), the mirrors kept on this machine
+    for this server rendered again, as the mailbox renders its own in the transaction that changed them: each one
+    this token may act as (an identity it does not name is kept current by its own agent's commands or --follow).
+    Never fails the command, done already. What was written, by identity."""
     from agent_mail import remote_mirrors
 
     written: dict[str, list[dict]] = {}
