@@ -162,17 +162,17 @@ def _through_server(location, monkeypatch):
         return
     env = process_env(AGENT_MAIL_DB=str(location))
     env.pop("AGENT_MAIL_TOKEN", None)
-    # The operator's token, made on the mailbox AGENT_MAIL_DB names (the caller set it) in this process: a process
-    # start saved for every test.
-    made = _run_inprocess("token", "create", "--agent", "*", "--note", "the test suite, through a server")
-    made.assert_ok()
+    # The operator's token, made by a process of its own: in this one, opening a PostgreSQL mailbox would make
+    # this process follow that server's clock (model.follow_clock) for the tests after it.
+    made = subprocess.run([sys.executable, "-m", "agent_mail", "token", "create", "--agent", "*", "--note",
+                           "the test suite, through a server"], env=env, capture_output=True, check=True)
     server = subprocess.Popen([sys.executable, "-m", "agent_mail", "serve", "--listen", "127.0.0.1:0"], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         listening = json.loads(server.stderr.readline())["listening"]
         threading.Thread(target=lambda: server.stderr.read(), daemon=True).start()  # its log, drained
         monkeypatch.setenv("AGENT_MAIL_DB", listening)
-        monkeypatch.setenv("AGENT_MAIL_TOKEN", made.json["token"])
+        monkeypatch.setenv("AGENT_MAIL_TOKEN", json.loads(made.stdout)["token"])
         yield
     finally:
         server.terminate()
