@@ -28,6 +28,20 @@ BACKENDS = ("sqlite", "postgresql")
 def pytest_configure(config):
     config.addinivalue_line("markers", "backends: run every test of this module on SQLite and on PostgreSQL")
     config.addinivalue_line("markers", "sqlite_only: this test is about the SQLite file itself")
+    config.addinivalue_line("markers", "local_only(why): this test is about the mailbox itself or this process (the "
+                                       "library called in-process, a local command's imports, copy, token): "
+                                       "skipped under AGENT_MAIL_TEST_THROUGH=server, saying why")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under AGENT_MAIL_TEST_THROUGH=server, the tests marked local_only are skipped with their reason."""
+    if not THROUGH_SERVER:
+        return
+    for item in items:
+        marker = item.get_closest_marker("local_only")
+        if marker is not None:
+            why = marker.args[0] if marker.args else "about the mailbox itself"
+            item.add_marker(pytest.mark.skip(reason=f"local only: {why}"))
 
 
 def pytest_generate_tests(metafunc):
@@ -88,9 +102,22 @@ def pg_url(schema: str, base: str | None = None) -> str:
 
 
 def drop_schema(schema: str) -> None:
+    """Drop a test's schema. A connection the test left open in a transaction on it (a raw_db kept alive by a
+    failed test's traceback) would hold the drop forever: after a while it is ended (only connections holding
+    locks in this schema), and the drop goes on."""
     import psycopg
 
     with psycopg.connect(TEST_PG_URL, autocommit=True) as db:
+        db.execute("SET lock_timeout = '10s'")
+        try:
+            db.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+            return
+        except psycopg.errors.LockNotAvailable:
+            pass
+        db.execute("SELECT pg_terminate_backend(pid) FROM (SELECT DISTINCT l.pid FROM pg_locks l JOIN pg_class c "
+                   "ON c.oid = l.relation JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s "
+                   "AND l.pid <> pg_backend_pid()) AS holding", (schema,))
+        db.execute("SET lock_timeout = 0")
         db.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
@@ -135,6 +162,8 @@ def _through_server(location, monkeypatch):
         return
     env = process_env(AGENT_MAIL_DB=str(location))
     env.pop("AGENT_MAIL_TOKEN", None)
+    # The operator's token, made by a process of its own: in this one, opening a PostgreSQL mailbox would make
+    # this process follow that server's clock (model.follow_clock) for the tests after it.
     made = subprocess.run([sys.executable, "-m", "agent_mail", "token", "create", "--agent", "*", "--note",
                            "the test suite, through a server"], env=env, capture_output=True, check=True)
     server = subprocess.Popen([sys.executable, "-m", "agent_mail", "serve", "--listen", "127.0.0.1:0"], env=env,
@@ -328,3 +357,20 @@ def mailbox_exists(mailbox) -> bool:
         with psycopg.connect(conninfo) as db:
             return db.execute("SELECT to_regclass(%s)", (f'"{schema}".messages',)).fetchone()[0] is not None
     return mailbox.exists()
+
+
+@contextlib.contextmanager
+def mailbox_itself(mailbox):
+    """The test mailbox opened in this process (the library's Mailbox on the file or schema itself, whatever
+    AGENT_MAIL_DB names: also under AGENT_MAIL_TEST_THROUGH=server), for tests that set up with the library
+    what the commands would not (a watch that ran out, a row to move)."""
+    from agent_mail.service import Mailbox
+    from agent_mail.store import open_store
+
+    store = open_store(str(mailbox))
+    try:
+        mailbox_ = Mailbox(store)
+        mailbox_.publish_due()
+        yield mailbox_
+    finally:
+        store.close()

@@ -17,6 +17,7 @@ from conftest import am_process, mailbox_exists, process_env
 pytestmark = pytest.mark.backends  # every test here runs on SQLite and on PostgreSQL
 
 
+@pytest.mark.local_only("describe reports the mailbox's own storage; through a server it reports the server")
 def test_describe_lists_every_command_and_never_creates_the_mailbox(am, mailbox_path, backend):
     doc = am("describe").json
     assert set(doc["commands"]) == set(spec.COMMANDS)
@@ -35,6 +36,7 @@ def test_no_arguments_prints_the_same_manual(am):
     assert am().json == am("describe").json
 
 
+@pytest.mark.local_only("describe reports the mailbox's own storage; through a server it reports the server")
 def test_describe_reports_count_and_size(am, send, mailbox_path, backend):
     send("a:x", "b:y", "one")
     storage = am("describe").json["storage"]
@@ -120,6 +122,7 @@ def test_values_that_look_like_flags_or_numbers_are_accepted(am):
     assert [m["subject"] for m in message] == ["-1", "x=y"] and message[0]["body"] == "--- yaml"
 
 
+@pytest.mark.local_only("an in-process failure planted in the library (monkeypatched)")
 def test_internal_errors_are_json_not_tracebacks(am, monkeypatch):
     from agent_mail import service
 
@@ -131,7 +134,7 @@ def test_internal_errors_are_json_not_tracebacks(am, monkeypatch):
     assert "internal error" in error["error"] and "kaboom" in error["error"]
 
 
-def test_documented_output_fields_match_what_commands_print(am, send, tmp_path):
+def test_documented_output_fields_match_what_commands_print(am, send, tmp_path, mailbox_path, monkeypatch):
     """Every top-level and item field a command prints is documented, and vice versa."""
     receipt = send("a:x", "b:y", "one")
     assert set(receipt) == set(spec.COMMANDS["send"].output)
@@ -160,9 +163,11 @@ def test_documented_output_fields_match_what_commands_print(am, send, tmp_path):
     assert set(am("attachments", "a:x", message).json) == set(spec.COMMANDS["attachments"].output)
     assert set(am("profile", "b:y").json) == set(spec.COMMANDS["profile"].output)
     assert set(am("notifications", "b:y").json) == set(spec.COMMANDS["notifications"].output)
-    created = am("token", "create", "--agent", "b:y").json
-    listed = am("token", "list").json
-    revoked = am("token", "revoke", created["id"]).json
+    with monkeypatch.context() as operator:  # token and copy run on the mailbox itself, also beside a server
+        operator.setenv("AGENT_MAIL_DB", str(mailbox_path))
+        created = am("token", "create", "--agent", "b:y").json
+        listed = am("token", "list").json
+        revoked = am("token", "revoke", created["id"]).json
     assert set(created) | set(listed) | set(revoked) == set(spec.COMMANDS["token"].output)
     assert set(spec.COMMANDS) == {"describe", "send", "read", "ack", "watch", "heartbeat", "dismiss", "archive",
                                   "delete", "cancel", "attachments", "profile", "notifications", "status", "cleanup",
@@ -184,7 +189,9 @@ def test_documented_output_fields_match_what_commands_print(am, send, tmp_path):
     assert set(am("doctor").json) == set(spec.COMMANDS["doctor"].output)
     source = tmp_path / "other.db"
     sqlite_store.SQLiteStore(str(source)).close()
-    assert set(am("copy", "--from", str(source), "--merge").json) == set(spec.COMMANDS["copy"].output)
+    with monkeypatch.context() as operator:
+        operator.setenv("AGENT_MAIL_DB", str(mailbox_path))
+        assert set(am("copy", "--from", str(source), "--merge").json) == set(spec.COMMANDS["copy"].output)
     assert set(am("setup", "claude-code", "--agent", "a:x", "--dir", str(tmp_path), "--dry-run").json) == set(
         spec.COMMANDS["setup"].output)
 
@@ -253,6 +260,7 @@ def test_closed_pipe_reader_changes_nothing(send, am):
 
 
 @pytest.mark.sqlite_only  # -S: no site-packages, so no driver; the PostgreSQL path is checked below
+@pytest.mark.local_only("what the local command path imports (the client's: tests/test_server.py)")
 @pytest.mark.parametrize("argv", [["read", "a:b"], ["status"], ["watch", "a:b", "--once"], ["ack", "a:b", "--all"],
                                   ["heartbeat", "a:b"],
                                   ["send", "--from", "a:x", "--to", "b:y", "--subject", "Deploy, now: v2.1",
@@ -272,6 +280,7 @@ def test_everyday_commands_import_nothing_they_do_not_need(argv, mailbox_path):
 
 
 @pytest.mark.sqlite_only
+@pytest.mark.local_only("what the local command path imports (the client's: tests/test_server.py)")
 def test_send_indexes_its_message_without_the_search_machinery(mailbox_path):
     """Every send writes its message's search entry: it loads the small agent_mail.index, not the query
     language and snippets of agent_mail.search, nor unicodedata for ASCII text."""
@@ -285,6 +294,7 @@ def test_send_indexes_its_message_without_the_search_machinery(mailbox_path):
 
 
 @pytest.mark.sqlite_only
+@pytest.mark.local_only("what the local command path imports (the client's: tests/test_server.py)")
 def test_search_of_plain_text_needs_no_regular_expressions(am, mailbox_path):
     """A search is a whole process (≤ 50 ms at a million messages): for ASCII text, cutting the query and
     marking the snippets take no regex (re and enum are ~4 ms of its start)."""
@@ -308,6 +318,7 @@ def test_cold_import_pulls_in_no_heavy_modules():
     assert proc.stdout.strip() == "[]", proc.stdout + proc.stderr
 
 
+@pytest.mark.local_only("what the local command path imports (the client's: tests/test_server.py)")
 def test_each_backend_imports_its_own_driver_only(mailbox_path, backend):
     """With site-packages in reach: the SQLite path never loads psycopg; the PostgreSQL path loads it, and
     neither loads the MCP SDK or the dashboard's Textual."""

@@ -15,7 +15,7 @@ import pytest
 
 from agent_mail import model
 from agent_mail.service import open_mailbox
-from conftest import process_env, raw_db
+from conftest import mailbox_itself, process_env, raw_db
 
 pytestmark = pytest.mark.backends  # every test here runs on SQLite and on PostgreSQL
 
@@ -197,7 +197,7 @@ def test_a_blocked_watch_wakes_when_a_delayed_message_falls_due(mailbox_path):
     assert elapsed < 60  # woken by the due time, not the 300 s timeout
 
 
-def test_cancel_before_due_and_its_errors(am):
+def test_cancel_before_due_and_its_errors(am, mailbox_path):
     receipt = am(*send_args("lead:main", "w:one", "w:two"), "--delay-minutes", "30").json
     one, two = (d["id"] for d in receipt["deliveries"])
     now = am(*send_args("lead:main", "w:one", subject="now")).json["id"]
@@ -210,7 +210,7 @@ def test_cancel_before_due_and_its_errors(am):
     assert "already cancelled" in am("cancel", "lead:main", one).error["error"]
     assert "no message" in am("cancel", "lead:main", model.new_message_id()).error["error"]
     # w:two's copy still stands, and w:one never sees the cancelled one
-    with open_mailbox() as mailbox:
+    with mailbox_itself(mailbox_path) as mailbox:
         db = mailbox.store.db
         db.execute("UPDATE messages SET deliver_at = '2000-01-01T00:00:00+00:00' WHERE deliver_at IS NOT NULL")
     assert ids(am("read", "w:one").json) == [now]
@@ -412,6 +412,7 @@ def test_mirror_follows_every_change(am, send, mirrored):
     assert not mirrored.exists()
 
 
+@pytest.mark.local_only("counts what an in-process send (the library, its store patched) reads back")
 def test_a_send_renders_its_recipients_mirrors_without_reading_back_what_it_wrote(am, send, tmp_path, report):
     """A send to N mirrored recipients lists the rows it just stored from memory: the store is asked for
     the rows (and attachments) of earlier mail only, and the files are what a full read-back renders."""

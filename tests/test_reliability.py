@@ -209,6 +209,8 @@ def test_output_over_the_file_size_limit_changes_nothing(tmp_path, send, am, mai
 
 
 @pytest.mark.sqlite_only  # about the SQLite file itself
+@pytest.mark.local_only("the file-size limit is set on the process that writes the SQLite file: a server's, not the "
+                        "client's")
 def test_a_mailbox_that_cannot_grow_refuses_cleanly(tmp_path, send, am, mailbox_path):
     send("a:x", "b:y", "before")
     db = raw_db(mailbox_path)
@@ -267,6 +269,8 @@ def fuzz_room(tmp_path, monkeypatch):
     return tmp_path
 
 
+@pytest.mark.local_only("stubs the blocking wait, the dashboard and serve in this process: through a server a fuzzed "
+                        "watch would wait its 55 minutes there")
 @settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 # `mcp` is left out: it serves JSON-RPC on stdin until the client closes it (test_mcp.py drives it).
 @given(command=st.sampled_from(sorted(set(spec.COMMANDS) - {"mcp"}) + ["bogus", "", "--version"]), tokens=_tokens())
@@ -411,6 +415,7 @@ def test_a_sticky_shared_directory_is_accepted(am, tmp_path, monkeypatch):
 
 
 @pytest.mark.sqlite_only  # about the SQLite file itself
+@pytest.mark.local_only("describe reports the mailbox's own storage; through a server it reports the server")
 def test_a_readable_mailbox_is_reported_by_describe(am, send, mailbox_path):
     send("a:x", "b:y", "hi")
     assert am("describe").json["storage"]["permissions"]["private"] is True

@@ -296,6 +296,7 @@ def test_the_fast_lookup_finds_what_trying_every_pattern_finds(patterns, anchore
     assert fast == sorted(r["id"] for r in rows if wildmatch.Matcher(r["pattern"]).covers(p))
 
 
+@pytest.mark.local_only("copy and token work on mailboxes themselves, not through a server")
 def test_a_copied_mailbox_keeps_its_reservations_and_tokens(am, repo, backend, tmp_path):
     """copy moves a whole mailbox (SQLite to PostgreSQL, or back): the holders' claims still block, and a token
     made before the move still authenticates after it (its hash travels, never the secret)."""

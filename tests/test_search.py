@@ -188,6 +188,8 @@ def test_cleanup_takes_messages_out_of_the_index(am, corpus, mailbox_path, backe
     assert hits(am, "deploy") == ["deploy again"]
 
 
+@pytest.mark.local_only("the migration that opening the mailbox runs: a server (its pool) opened it before the test "
+                        "rolled its schema back")
 def test_a_mailbox_from_before_search_is_indexed_when_it_is_opened(am, corpus, mailbox_path, backend):
     """The migration is additive and indexes what is already stored."""
     db = raw_db(mailbox_path)
@@ -205,6 +207,8 @@ def test_a_mailbox_from_before_search_is_indexed_when_it_is_opened(am, corpus, m
     assert hits(am, '"release notes"') == ["standup", "Deploy the release"]
 
 
+@pytest.mark.local_only("the migration that opening the mailbox runs: a server (its pool) opened it before the test "
+                        "rolled its schema back")
 def test_an_index_from_before_route_marks_is_rebuilt_when_the_mailbox_is_opened(am, corpus, mailbox_path, backend):
     """The index as it first shipped had no route marks; --from/--to/--agent would then find nothing in it."""
     db = raw_db(mailbox_path)
@@ -238,6 +242,7 @@ def test_rows_another_tool_stored_are_indexed_before_a_search(am, corpus, mailbo
     assert hits(am, "deploy", "--from", "old:tool") == ["written elsewhere"]
 
 
+@pytest.mark.local_only("copy works on mailboxes themselves, not through a server")
 def test_a_copied_mailbox_searches_the_same(am, corpus, backend, tmp_path):
     """copy builds the target's own index: SQLite to PostgreSQL, or PostgreSQL to SQLite."""
     from conftest import drop_schema, new_schema_name, postgres_problem

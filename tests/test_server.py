@@ -237,6 +237,26 @@ def test_a_watch_survives_a_server_restart(mailbox_path):
 
 
 @pytest.mark.sqlite_only
+def test_a_sigterm_right_after_listening_stops_the_server(mailbox_path):
+    """The moment serve says it is listening, a SIGTERM stops it (it once came before uvicorn's own handlers and
+    was swallowed: the server ran on)."""
+    for _ in range(3):
+        serve = subprocess.Popen([sys.executable, "-m", "agent_mail", "serve", "--listen", "127.0.0.1:0"],
+                                 env=process_env(AGENT_MAIL_DB=str(mailbox_path)), stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            assert "listening" in json.loads(serve.stderr.readline())
+            serve.send_signal(signal.SIGTERM)
+            _, err = serve.communicate(timeout=20)
+        finally:
+            if serve.poll() is None:
+                serve.kill()
+                serve.communicate()
+        assert serve.returncode == 0, err
+        assert json.loads(err.splitlines()[-1]) == {**json.loads(err.splitlines()[-1]), "stopped": True}
+
+
+@pytest.mark.sqlite_only
 def test_a_client_command_imports_the_standard_library_only(server):
     token = server.token("--agent", "a:x")
     code = ("import sys; before = set(sys.modules); from agent_mail import cli; code = cli.main(['read', 'a:x']); "

@@ -516,7 +516,7 @@ def test_a_partitioned_client_gets_a_clear_error_and_nothing_is_half_done(server
     the server ends the wait of the client it can no longer reach (its keepalive); the watch reconnects when the
     link returns and sees the mail that arrived meanwhile. (The watch reaches a second server listening on the
     link itself, without the relay, whose connection to the server would not be cut.)"""
-    from agent_mail.client import CONNECT_SECONDS
+    from agent_mail.client_calls import CONNECT_SECONDS
 
     host, relay = partitionable
     token = server.token("--agent", "*")

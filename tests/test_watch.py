@@ -15,7 +15,7 @@ import pytest
 
 from agent_mail import errors, model, waits
 from agent_mail.service import describe_liveness, open_mailbox
-from conftest import mailbox_exists, process_env, raw_db
+from conftest import mailbox_exists, mailbox_itself, process_env, raw_db
 
 pytestmark = pytest.mark.backends  # every test here runs on SQLite and on PostgreSQL
 
@@ -63,6 +63,7 @@ def test_watch_consumes_nothing(am, send):
     assert envelope_ids(am("read", "b:y").json) == [message]
 
 
+@pytest.mark.local_only("the library's blocking loop, called in-process")
 def test_the_blocking_loop_times_out_on_a_sub_floor_deadline(send):
     with open_mailbox() as mailbox:
         started = time.monotonic()
@@ -80,6 +81,7 @@ def test_the_blocking_loop_times_out_on_a_sub_floor_deadline(send):
     assert listed == ["b:y"]  # an identity that has only ever watched is still listed
 
 
+@pytest.mark.local_only("the library's blocking loop, called in-process with its refresh interval shortened")
 def test_the_blocking_loop_refreshes_its_session(monkeypatch, mailbox_path):
     monkeypatch.setattr(model, "REFRESH_SECONDS", 0.1)
     with open_mailbox() as mailbox:  # PostgreSQL refreshes the row idle_scale times less often
@@ -90,7 +92,7 @@ def test_the_blocking_loop_refreshes_its_session(monkeypatch, mailbox_path):
     assert state == "released" and reason == "timeout" and last_seen > started
 
 
-@pytest.mark.parametrize("argv, field", [
+REFUSED = [
     (["--timeout", "30"], "--timeout"),
     (["--timeout"], "--timeout"),
     (["--poll", "0.1"], "--poll"),
@@ -99,10 +101,19 @@ def test_the_blocking_loop_refreshes_its_session(monkeypatch, mailbox_path):
     (["--timeout-minutes", "abc"], "--timeout-minutes"),
     (["--timeout-minutes", "nan"], "--timeout-minutes"),
     (["--once", "--timeout-minutes", "30"], "--once"),
-])
-def test_rejected_flags_and_bounds(am, argv, field, mailbox_path):
+]
+
+
+@pytest.mark.parametrize("argv, field", REFUSED)
+def test_rejected_flags_and_bounds(am, argv, field):
     error = am("watch", "b:y", *argv).error
     assert error["problems"][0]["field"] == field
+
+
+@pytest.mark.local_only("whether the mailbox file or schema gets made (a server's mailbox exists before it serves)")
+@pytest.mark.parametrize("argv, field", REFUSED)
+def test_a_rejected_watch_makes_no_mailbox(am, argv, field, mailbox_path):
+    assert am("watch", "b:y", *argv).error["problems"][0]["field"] == field
     assert not mailbox_exists(mailbox_path)  # rejected before the mailbox is touched
 
 
@@ -173,7 +184,7 @@ def test_status_liveness_fields_are_projectable(am):
     assert set(rows[0]) == {"agent", "watching", "last_seen", "watch_state", "released_at"}
 
 
-def test_read_ack_and_send_carry_reachable_and_next(am, send):
+def test_read_ack_and_send_carry_reachable_and_next(am, send, mailbox_path):
     question = send("a:x", "b:y", "q")["id"]
     read = am("read", "b:y").json
     assert read["reachable"] is False
@@ -182,7 +193,7 @@ def test_read_ack_and_send_carry_reachable_and_next(am, send):
     assert ack["next"] == ["agent-mail watch b:y"]
     # a sender that never watched gets no re-arm hint; one whose watch lapsed does
     assert send("b:y", "a:x", "r")["next"] == []
-    with open_mailbox() as mailbox:
+    with mailbox_itself(mailbox_path) as mailbox:  # a watch that ran out (the command waits 5 minutes at least)
         mailbox.watch(agent="b:y", timeout_seconds=0.06)
     receipt = send("b:y", "a:x", "r2")
     assert receipt["sender_reachable"] is False and receipt["next"] == ["agent-mail watch b:y"]
@@ -198,7 +209,7 @@ def test_heartbeat_makes_read_reachable(am, send):
 def test_cleanup_sweeps_old_liveness_rows(am, mailbox_path):
     am("heartbeat", "old:agent").assert_ok()
     am("heartbeat", "new:agent").assert_ok()
-    with open_mailbox() as mailbox:
+    with mailbox_itself(mailbox_path) as mailbox:
         mailbox.watch(agent="old:agent", timeout_seconds=0.06)
     db = raw_db(mailbox_path)
     db.execute("UPDATE heartbeats SET last_seen = '2020-01-01T00:00:00+00:00' WHERE agent = 'old:agent'")
@@ -432,6 +443,7 @@ def _listener(mailbox_path, agent):
     return store
 
 
+@pytest.mark.local_only("the store's wake-ups, listened for and written by the library in this process")
 def test_only_mail_for_the_listener_wakes_it_and_only_once_committed(am, send, mailbox_path, wake_mode):
     """What a watch waits for: a committed message for it. Liveness, heartbeats, reads, acks, status,
     mail for others and a send that rolled back wake nothing (each wait runs out its bound)."""
@@ -517,6 +529,7 @@ def test_fifty_watches_all_wake_for_one_broadcast(mailbox_path, reap, am):
         assert [m["subject"] for m in json.loads(out)["messages"]] == ["all hands"], agent
 
 
+@pytest.mark.local_only("the blocking loop's safety net, run in-process with its intervals shortened")
 def test_mail_whose_wake_up_was_lost_is_found_at_the_next_refresh(am, send, mailbox_path, monkeypatch):
     """A sender killed between its commit and its wake-up, or another tool writing the mailbox: the
     watch's periodic look at the mailbox finds the mail anyway."""

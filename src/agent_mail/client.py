@@ -17,16 +17,8 @@ import os
 import time
 
 from agent_mail import calls, errors, jsonout, spec
+from agent_mail.client_calls import (Answered, Unreachable, _given, _refuse, read_token, request, CALL_TIMEOUT_SECONDS)
 
-TOKEN_VAR, TOKEN_FILE_VAR, CA_VAR = "AGENT_MAIL_TOKEN", "AGENT_MAIL_TOKEN_FILE", "AGENT_MAIL_CA"
-EXIT_HEADER = "X-Agent-Mail-Exit"
-CALL_TIMEOUT_SECONDS = 300.0
-# A server that does not accept the connection within this is unreachable (a partitioned network drops the
-# packets: without it a connect would wait for the system's two minutes of retries).
-CONNECT_SECONDS = 10.0
-# A connection gone quiet is probed (TCP keepalive: after 5 s idle, every 2 s, 3 probes; at most 11 s for data
-# not acknowledged): a server cut off by the network is noticed within about 11 s, however long the call waits.
-KEEPALIVE = (5, 2, 3, 11_000)
 # How long a watch keeps reconnecting to a server that is down (restarting, cut off, its storage down), and a
 # send keeps repeating itself (with its idempotency key), before it gives up (exit 1).
 RECONNECT_SECONDS = float(os.environ.get("AGENT_MAIL_RECONNECT_SECONDS", "60"))
@@ -39,190 +31,6 @@ _NOT_YET = "is not supported through a server yet: run it where the mailbox is, 
 NOT_REMOTE = {"copy": _ON_THE_MAILBOX, "token": _ON_THE_MAILBOX, "serve": _ON_THE_MAILBOX,
               "mcp": _NOT_YET}
 NOT_REMOTE_FLAGS = {("doctor", "repair"): _ON_THE_MAILBOX}
-# What changes mail an identity's mirror shows: after it, the mirrors kept on this machine are rendered again.
-KEEP_MIRRORS = ("send", "read", "ack", "dismiss", "archive", "delete", "cancel", "cleanup")
-
-
-class Answered(errors.AgentMailError):
-    """The server's refusal, as the command would have refused: its payload and exit code, already named as the
-    command line names arguments."""
-
-    def __init__(self, payload: dict, exit_code: int):
-        super().__init__(str(payload.get("error", "the server refused the call.")))
-        self._payload = payload
-        self.exit_code = exit_code
-
-    def renamed(self, namer) -> Answered:
-        return self
-
-    def payload(self) -> dict:
-        return dict(self._payload)
-
-
-class Unreachable(errors.AgentMailError):
-    """The server could not be reached, or stopped answering (`sent`: after the whole call had been sent), or
-    something else answered (`answered`: its HTTP status)."""
-
-    sent = False
-    answered: int | None = None
-
-    def passing(self) -> bool:
-        """Whether asking again may find the server: no answer came, or a proxy's "no server behind me"."""
-        return self.answered in (None, 502, 503, 504)
-
-
-def _refuse(field: str, why: str) -> errors.InvalidInput:
-    return errors.InvalidInput([(field, why + ".")])
-
-
-def read_token() -> str:
-    """The token: AGENT_MAIL_TOKEN, or the first line of the file AGENT_MAIL_TOKEN_FILE names (which only its
-    owner may read)."""
-    token = os.environ.get(TOKEN_VAR, "").strip()
-    if token:
-        return token
-    path = os.environ.get(TOKEN_FILE_VAR, "").strip()
-    if not path:
-        raise errors.Forbidden(f"AGENT_MAIL_DB names an agent-mail server, and no token is set: export {TOKEN_VAR}, "
-                               f"or {TOKEN_FILE_VAR} naming a 0600 file that holds it (the mailbox's operator makes "
-                               "one with agent-mail token create).", unauthenticated=True)
-    try:
-        with open(os.path.expanduser(path), "rb") as handle:
-            mode = os.fstat(handle.fileno()).st_mode
-            if mode & 0o077:
-                raise _refuse(TOKEN_FILE_VAR, f"names {path}, which others can read (mode {mode & 0o777:o}): anyone "
-                                              f"who reads it can act as you. chmod 600 {path}")
-            text = handle.read(4096).decode("utf-8", "replace")
-    except OSError as exc:
-        raise _refuse(TOKEN_FILE_VAR, f"names {path}, which cannot be read ({exc.strerror or exc})") from None
-    token = text.strip().splitlines()[0].strip() if text.strip() else ""
-    if not token:
-        raise _refuse(TOKEN_FILE_VAR, f"names {path}, which holds no token")
-    return token
-
-
-def _given(name: str, values: dict) -> dict:
-    """Checked values (by the operation's keywords) -> values by argument name, as the API takes them."""
-    given = {}
-    for arg in spec.COMMANDS[name].args:
-        value = values.get(arg.dest)
-        if value is None or value is False or value == [] or arg.kind == spec.REMOVED or \
-                (arg.default is not None and value == arg.default):  # a default the server fills in the same
-            continue
-        key = arg.name.lstrip("-").replace("-", "_")
-        given[key] = ",".join(value) if arg.kind == spec.FIELDS and isinstance(value, list) else value
-    return given
-
-
-def _connection(url: str, timeout: float | None):
-    import http.client
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url)
-    if parts.scheme == "https":
-        import ssl
-
-        context = ssl.create_default_context(cafile=os.environ.get(CA_VAR) or None)
-        return _probed(http.client.HTTPSConnection(parts.hostname, parts.port, context=context,
-                                                   timeout=CONNECT_SECONDS), timeout), parts.path
-    return _probed(http.client.HTTPConnection(parts.hostname, parts.port, timeout=CONNECT_SECONDS), timeout), \
-        parts.path
-
-
-def _probed(connection, timeout: float | None):
-    """`connection`, connecting within CONNECT_SECONDS, then waiting up to `timeout` (None: as long as it takes)
-    for each answer, its socket probed by TCP keepalive (KEEPALIVE) so a dead link is an error, not a hang."""
-    import socket
-
-    connect = connection.connect
-
-    def connected() -> None:
-        connect()
-        raw = connection.sock
-        idle, interval, count, user_timeout_ms = KEEPALIVE
-        raw.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        for option, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", interval), ("TCP_KEEPCNT", count),
-                              ("TCP_USER_TIMEOUT", user_timeout_ms)):
-            if hasattr(socket, option):  # Linux; others keep the system's
-                raw.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
-        raw.settimeout(timeout)
-    connection.connect = connected
-    return connection
-
-
-def request(url: str, token: str, name: str, given: dict, timeout: float | None = CALL_TIMEOUT_SECONDS, *,
-            path: str = "", body=None, content_type: str = "application/json", into=None):
-    """POST the call; (status, exit code, document). Unreachable when no answer came. `path`, `body`: another
-    endpoint than /v1/call/NAME, and a body other than `given` as JSON (bytes, a file, an iterable of chunks);
-    `into(response)`: takes a successful answer's body itself (then the document is None)."""
-    if body is None and into is None:
-        return _call(url, token, name, given, timeout, path)
-    import http.client
-
-    connection, base = _connection(url, timeout)
-    headers = {"Content-Type": content_type, "Authorization": f"Bearer {token}", "X-Agent-Mail-Names": "flags"}
-    chunked = body is not None and not isinstance(body, bytes) and not hasattr(body, "fileno")
-    if body is None:
-        body = jsonout.dumps(given).encode("utf-8")
-    elif hasattr(body, "fileno"):
-        headers["Content-Length"] = str(os.fstat(body.fileno()).st_size)
-    sent = False
-    try:
-        connection.request("POST", f"{base.rstrip('/')}{path or f'/v1/call/{name}'}", body=body, headers=headers,
-                           encode_chunked=chunked)
-        sent = True
-        response = connection.getresponse()
-        code = response.getheader(EXIT_HEADER)
-        if into is not None and response.status == 200:
-            into(response)
-            return response.status, int(code), None
-        data = response.read()
-    except (OSError, http.client.HTTPException) as exc:
-        after = (" The call was sent but its answer was lost: it may have been carried out; look (read --all, "
-                 "status) before repeating it.") if sent else " Nothing was sent."
-        lost = Unreachable(f"cannot reach the agent-mail server at {url} ({exc or type(exc).__name__}).{after}")
-        lost.sent = sent
-        raise lost from None
-    finally:
-        connection.close()
-    return _answered(url, response.status, code, data)
-
-
-def _call(url: str, token: str, name: str, given: dict, timeout: float | None, path: str):
-    """One plain call (a JSON object, its JSON answer) through agent_mail.wire: what every command but export and
-    import makes, without http.client's import."""
-    from agent_mail import wire
-
-    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}", "X-Agent-Mail-Names": "flags"}
-    try:
-        reply = wire.post(url, path or f"/v1/call/{name}", jsonout.dumps(given).encode("utf-8"), headers, timeout,
-                          connect_timeout=CONNECT_SECONDS, keepalive=KEEPALIVE)
-    except wire.Lost as exc:
-        after = (" The call was sent but its answer was lost: it may have been carried out; look (read --all, "
-                 "status) before repeating it.") if exc.sent else " Nothing was sent."
-        lost = Unreachable(f"cannot reach the agent-mail server at {url} ({exc.reason}).{after}")
-        lost.sent = exc.sent
-        raise lost from None
-    except ValueError as exc:  # not an http(s) URL: location.server_url() said it was one
-        raise _refuse("AGENT_MAIL_DB", f"is not a usable server URL ({exc})") from None
-    return _answered(url, reply.status, reply.header(EXIT_HEADER), reply.body)
-
-
-def _answered(url: str, status: int, code, data: bytes):
-    """(status, exit code, document) of an answer; Unreachable when it is no agent-mail answer."""
-    try:
-        document = jsonout.loads(data.decode("utf-8"))
-        code = int(code)
-    except (TypeError, ValueError):
-        # A proxy's own page for a server that went away behind it may follow a call the server carried out.
-        gateway = (" A proxy answers so when the server behind it went away: the call may have been carried out; "
-                   "look (read --all, status) before repeating it.") if status in (502, 503, 504) else ""
-        other = Unreachable(f"the server at {url} answered HTTP {status} with something that is not an "
-                            "agent-mail answer (is AGENT_MAIL_DB the agent-mail server, not a proxy's page?)."
-                            f"{gateway}")
-        other.sent, other.answered = True, status
-        raise other from None
-    return status, code, document
 
 
 def main(name: str, values: dict, emit) -> int:
@@ -251,8 +59,10 @@ def main(name: str, values: dict, emit) -> int:
         given = _with_uploads(values, given)
     if name in ("reserve", "release", "reservations"):
         given = _located(values, given)
+    _check_stdout()
+    emit = _said_after(name, values, emit)
     if name == "watch":
-        return _watch(url, token, values, given, emit)
+        return _watch_told_when_stopped(url, token, values, given, emit)
     if name == "export":
         return _export(url, token, values, given, emit)
     if name == "import":
@@ -264,11 +74,61 @@ def main(name: str, values: dict, emit) -> int:
     if name == "notifications":
         return _notifications(url, token, values, given, emit)
     status, code, document = _sent(url, token, given) if name == "send" else request(url, token, name, given)
-    if name in KEEP_MIRRORS and code in (errors.EXIT_OK, errors.EXIT_PARTIAL):
+    if code in (errors.EXIT_OK, errors.EXIT_PARTIAL):
+        # Any call may have published mail that fell due, as on the mailbox's machine, where whatever touches
+        # the mailbox renders its recipients' mirrors: the mirrors kept here are rendered again after each one.
         written = _refresh_mirrors(url, token)
         if name == "send" and isinstance(document.get("mirrors"), list):
-            document["mirrors"] = _sent_mirrors(document, written)
+            document["mirrors"] = _sent_mirrors(document, written, bool(values.get("no_ack")))
     return _answer(status, code, document, emit)
+
+
+def _check_stdout() -> None:
+    """On the mailbox's machine a result that cannot be written undoes its command; through a server the call is
+    carried out before its answer comes back. So a standard output that cannot take a result (closed, a pipe or
+    socket whose reader is gone, a device that takes nothing such as /dev/full) is found before anything is sent:
+    the command fails as it would there, and nothing is changed."""
+    import stat
+    import sys
+
+    stream = sys.stdout
+    try:
+        if stream is None:
+            raise OSError("standard output is closed")
+        try:
+            descriptor = stream.fileno()
+        except (OSError, ValueError, AttributeError):
+            return  # not a file (a stream of the caller's own): nothing to look at before
+        mode = os.fstat(descriptor).st_mode
+        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+            import select
+
+            poller = select.poll()
+            poller.register(descriptor, select.POLLOUT)
+            if any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0)):
+                raise OSError("the reader of standard output is gone")
+        elif stat.S_ISCHR(mode):
+            os.write(descriptor, b"")  # a device that refuses every write refuses this one too (a terminal takes it)
+    except OSError as exc:
+        raise errors.OutputError(f"could not write the result to standard output ({exc}); nothing was changed.") \
+            from None
+
+
+def _said_after(name: str, values: dict, emit):
+    """`emit`, whose failure, after a call that changed mail, says the truth: the server carried it out."""
+    changes = spec.COMMANDS[name].mutating or (name == "read" and not values.get("no_mark_read")
+                                              and values.get("thread") is None and not values.get("archived"))
+    if not changes:
+        return emit
+
+    def emitting(document) -> None:
+        try:
+            emit(document)
+        except errors.OutputError as exc:
+            said = str(exc).rsplit("; nothing was changed.", 1)[0]
+            raise errors.OutputError(f"{said}; the server had carried out the call already: look (read --all, "
+                                     "status) before repeating it.") from None
+    return emitting
 
 
 def _answer(status: int, code: int, document: dict, emit) -> int:
@@ -359,6 +219,22 @@ def _watch(url: str, token: str, values: dict, given: dict, emit) -> int:
         return _answer(status, code, document, emit)
 
 
+def _watch_told_when_stopped(url: str, token: str, values: dict, given: dict, emit) -> int:
+    """A blocked watch stopped by SIGTERM, SIGHUP or SIGINT says what became of its session, as on the mailbox's
+    machine: its connection closes with the process, and the server, seeing the client hang up, ends the wait and
+    releases the session."""
+    try:
+        return _watch(url, token, values, given, emit)
+    except (errors.Interrupted, KeyboardInterrupt) as stop:
+        if values["once"]:
+            raise
+        code = stop.exit_code if isinstance(stop, errors.Interrupted) else 130
+        name = {129: "SIGHUP", 130: "SIGINT", 143: "SIGTERM"}.get(code, f"signal {code - 128}")
+        raise errors.Interrupted(f"the wait for {values['agent']} was stopped by {name}; the server releases its "
+                                 "session as the connection closes, so status shows it as released, not armed.",
+                                 code) from None
+
+
 def _save(url: str, token: str, values: dict, given: dict, emit) -> int:
     """attachments --save-to: the content fetched, then written here exactly as without a server (staged under
     temporary names, moved into place after the result is printed)."""
@@ -395,8 +271,11 @@ def _export(url: str, token: str, values: dict, given: dict, emit) -> int:
 
     def copy(response, raw) -> None:
         summary.update(jsonout.loads(response.getheader("X-Agent-Mail-Result") or "{}"))
+        progress = _Progress(f"exported {summary.get('messages')} messages, writing", response.length)
         while chunk := response.read(1 << 20):
             raw.write(chunk)
+            progress.step(len(chunk))
+        progress.end()
         if response.length:  # the connection ended early: the file would be cut short
             raise Unreachable(f"the export from {url} was cut off; nothing was written.")
     output = values.get("output")
@@ -418,6 +297,40 @@ def _export(url: str, token: str, values: dict, given: dict, emit) -> int:
     emit({"file": target, **summary, "bytes": os.path.getsize(target),
           "next": [f"agent-mail import {target} --dry-run"] if summary.get("format") == "jsonl" else []})
     return errors.EXIT_OK
+
+
+class _Progress:
+    """'exported 7 messages, writing 1200 of 5000 bytes' on stderr, a few times a second, only when stderr is a
+    terminal (as an export shows its progress on the mailbox's machine)."""
+
+    def __init__(self, what: str, total: int | None):
+        import sys
+
+        self.what, self.total, self.done, self.shown_at = what, total, 0, 0.0
+        try:
+            self.on = sys.stderr is not None and sys.stderr.isatty()
+        except (OSError, ValueError):
+            self.on = False
+
+    def step(self, size: int) -> None:
+        self.done += size
+        if self.on and time.monotonic() - self.shown_at > 0.2:
+            self.shown_at = time.monotonic()
+            of = f" of {self.total}" if self.total is not None else ""
+            self._show(f"\ragent-mail: {self.what} {self.done}{of} bytes")
+
+    def end(self) -> None:
+        if self.on and self.shown_at:
+            self._show("\r\033[K")
+
+    def _show(self, text: str) -> None:
+        import sys
+
+        try:
+            sys.stderr.write(text)
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            self.on = False  # a terminal gone: the export goes on without it
 
 
 def _import(url: str, token: str, values: dict, emit) -> int:
@@ -468,10 +381,10 @@ def _mirror_documents(url: str, token: str, agent: str) -> dict:
 
 
 def _refresh_mirrors(url: str, token: str) -> dict[str, list[dict]]:
-    """After a command that changed mail, the mirrors kept on this machine for this server rendered again, as the
-    mailbox renders its own in the transaction that changed them: each one this token may act as (an identity it
-    does not name is kept current by its own agent's commands or --follow). Never fails the command, done already.
-    What was written, by identity."""
+    """After a call (it may have changed mail, or published mail that fell due), the mirrors kept on this machine
+    for this server rendered again, as the mailbox renders its own in the transaction that changed them: each one
+    this token may act as (an identity it does not name is kept current by its own agent's commands or --follow).
+    Never fails the command, done already. What was written, by identity."""
     from agent_mail import remote_mirrors
 
     written: dict[str, list[dict]] = {}
@@ -489,14 +402,17 @@ def _refresh_mirrors(url: str, token: str) -> dict[str, list[dict]]:
     return written
 
 
-def _sent_mirrors(receipt: dict, written: dict[str, list[dict]]) -> list[dict]:
+def _sent_mirrors(receipt: dict, written: dict[str, list[dict]], no_ack: bool = False) -> list[dict]:
     """A send's receipt lists the mirror files it rewrote on this machine, as a send on the mailbox's machine lists
     its own: its recipients' email mirrors (everyone's but the sender's for a broadcast), and the sender's system
-    channel when a recipient was refused."""
+    channel when a recipient was refused, and the replier's email mirror when its reply settled what it answers."""
     from agent_mail import notify
 
     sender = receipt.get("sender")
     to = {d.get("recipient") for d in receipt.get("deliveries") or [] if d.get("status") == "delivered"}
+    if receipt.get("acknowledged") is not None or (no_ack and receipt.get("reply_to") and receipt.get("refused", 0)
+                                                    < len(receipt.get("deliveries") or [])):
+        to.add(sender)  # a reply that went out settled what it answers: the replier's own mirror changed too
     listed = []
     for agent, results in written.items():
         for result in results:

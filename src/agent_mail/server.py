@@ -599,13 +599,14 @@ def serve(listen: str | None = None, tls_cert: str | None = None, tls_key: str |
     logging.getLogger("uvicorn.error").addFilter(lambda record: record.getMessage() != "Invalid HTTP request "
                                                                                       "received.")
     server.location = location
-    _log(listening=f"{scheme}://{shown_host}:{bound}", mailbox=redact_url(location), pid=os.getpid())
     import signal
 
     # uvicorn hands the signal that stopped it on to the handler before it once it has stopped: a stop asked for
-    # is a clean end here, not the command line's "stopped by SIGTERM" error.
-    previous = {number: signal.signal(number, lambda signum, frame: None) for number in (signal.SIGTERM,
-                                                                                         signal.SIGINT)}
+    # is a clean end here, not the command line's "stopped by SIGTERM" error. Set before "listening" is said, and
+    # until uvicorn's own handlers are in place (while it starts) it stops the server as theirs do: a SIGTERM
+    # that came right after "listening" was swallowed, and the server ran on.
+    previous = {number: signal.signal(number, server.handle_exit) for number in (signal.SIGTERM, signal.SIGINT)}
+    _log(listening=f"{scheme}://{shown_host}:{bound}", mailbox=redact_url(location), pid=os.getpid())
     try:
         server.run(sockets=[sock])
     finally:
