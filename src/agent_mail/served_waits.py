@@ -119,7 +119,9 @@ class ServedWaits:
         self._starting: asyncio.Lock | None = None
         self._keeper: asyncio.Task | None = None
         self._unreleased: set[str] = set()  # sessions whose release failed: released at the next beat
-        self._opens, self._looks = _Batches(self, self._open_all), _Batches(self, self._look_all)
+        # The looks of a batch are one statement on one store (Store.unread_of_many): spread over the pool's stores
+        # they would be as many statements, each as dear, that the engine's few cores run side by side anyway.
+        self._opens, self._looks = _Batches(self, self._open_all), _Batches(self, self._look_all, spread=False)
         # The answers of a batch come from one liveness look-up of everyone: on one store, not once per store.
         self._ends = _Batches(self, self._answers, first=self._release_all, spread=False)
 
