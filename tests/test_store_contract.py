@@ -218,6 +218,36 @@ class StoreContract:
         with store.transaction():
             assert store.next_due("b:y", now) is None and store.get_message(later["id"])["cancelled_at"] == now
 
+    @exercises("unread_of_many", "next_due_of_many")
+    def test_looks_of_many_identities_are_each_ones_look(self, store):
+        """One statement for many identities finds exactly what a look of each finds: its unread direct mail and the
+        broadcasts from others it has not read, due and not withdrawn, in arrival order; and each one's next due."""
+        direct, broadcast = _message(1, "b:y", created=_ago(3)), _message(2, "*", type="broadcast", created=_ago(2))
+        own = _message(3, "*", sender="c:z", type="broadcast", created=_ago(1))  # not for its sender
+        read, cancelled = _message(4, "c:z"), _message(5, "b:y")
+        scheduled, later = _message(6, "c:z", deliver_at=_ago(-30)), _message(7, "*", deliver_at=_ago(-60))
+        late = _message(8, "b:y", created=_ago(10), deliver_at=_ago(0.5))  # arrived when it fell due: after the rest
+        with store.transaction(write=True):
+            for message in (direct, broadcast, own, read, cancelled, scheduled, later, late):
+                store.insert_message(message)
+            store.set_flags("c:z", [read, broadcast], model.now_iso(), ("read",))
+            store.cancel(cancelled["id"], model.now_iso())
+        agents = ["b:y", "c:z", "d:w", "b:y", "a:x"]  # repeated: each key once
+        now = model.now_iso()
+        with store.transaction():
+            found = store.unread_of_many(agents, now)
+            assert found == {agent: store.unread(agent, now, lean=True) for agent in agents}
+            assert [m["id"] for m in found["b:y"]] == [direct["id"], broadcast["id"], own["id"], late["id"]]
+            assert [m["id"] for m in found["c:z"]] == [] and [m["id"] for m in found["d:w"]] == [broadcast["id"],
+                                                                                                own["id"]]
+            assert set(found["b:y"][0]) == {"id", "sender", "subject", "type", "created"}
+            due = store.next_due_of_many(agents, now)
+            assert due == {agent: store.next_due(agent, now) for agent in agents}
+            assert due["c:z"] == scheduled["deliver_at"] and due["b:y"] == later["deliver_at"]
+            assert store.unread_of_many([], now) == {} and store.next_due_of_many([], now) == {}
+            many = [f"n:{i}" for i in range(1200)]  # more than one statement's worth where each is a parameter
+            assert all(len(envelopes) == 2 for envelopes in store.unread_of_many(many, now).values())
+
     @exercises("add_attachment", "attachments_of", "attachment_content", "attachment_blob", "blob_size")
     def test_attachments(self, store):
         message, content = _message(1), b"\x00hello"

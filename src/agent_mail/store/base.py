@@ -253,6 +253,11 @@ class Store(WholeMailbox):
         Costs the page, not the backlog: backends walk an arrival-ordered index and stop at the limit."""
         raise NotImplementedError
 
+    def unread_of_many(self, agents: list[str], now: str) -> dict[str, list[dict]]:
+        """{agent: what unread(agent, now, lean=True) finds} for each of `agents`, in one statement (a server's
+        waits woken together: a broadcast wakes them all)."""
+        raise NotImplementedError
+
     def latest(self, agent: str, now: str, *, limit: int, sender: str | None = None) -> list[dict]:
         """The newest `limit` visible messages for `agent`, read or not, neither archived nor deleted,
         returned oldest first (envelope columns and state)."""
@@ -298,6 +303,10 @@ class Store(WholeMailbox):
 
     def next_due(self, agent: str, now: str) -> str | None:
         """When the next scheduled message for `agent` (or everyone) falls due, or None."""
+        raise NotImplementedError
+
+    def next_due_of_many(self, agents: list[str], now: str) -> dict[str, str | None]:
+        """{agent: next_due(agent, now)} for each of `agents`, in one statement."""
         raise NotImplementedError
 
     def cancel(self, message_id: str, at: str) -> None:

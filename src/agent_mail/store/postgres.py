@@ -157,6 +157,10 @@ class PostgresStore(SQLStore):
     def _x(self, sql: str, params: object = ()):
         return self.db.execute(_translate(sql), params)
 
+    # The identities of a look at many (store/sql_waits.py): one array parameter, one statement text whatever
+    # their number.
+    _IDENTITIES = "WITH a(agent) AS (SELECT unnest(CAST(:agents AS text[])))"
+
     def _many(self, sql: str, rows: list) -> int:
         cursor = self.db.cursor()
         cursor.executemany(_translate(sql), rows)

@@ -2,14 +2,18 @@
 every wait the server serves, so a thousand waits cost one connection, not a thousand.
 
 The hub LISTENs the broadcast channel for as long as it runs, and an identity's channel while at least one wait
-for that identity is in progress (subscribe / unsubscribe count them; the last one out UNLISTENs). A
-notification wakes exactly the waits it concerns: a direct message its recipient's, a broadcast (and a revoked
-token, which `Store.wake_waits` announces there) every wait.
+for that identity is in progress (subscribe / unsubscribe count them), and LINGER_SECONDS after the last one
+ended: a watch that answered arms again at once, and finds its channel LISTENed already (no round trip); and a
+broadcast that ends a thousand waits at once costs no thousand interruptions of the hub, only one UNLISTEN of
+them all LINGER_SECONDS later. A notification wakes exactly the waits it concerns: a direct message its
+recipient's, a broadcast (and a revoked token, which `Store.wake_waits` announces there) every wait (a
+notification on a lingering channel wakes nobody).
 
 It is a thread that sleeps in select() on the connection's socket and on a pipe of its own: the pipe interrupts
 the sleep at once when a LISTEN is asked for (a wait must be listening before its first look), which psycopg's
 AsyncConnection.notifies() cannot offer (it holds the connection's lock while it waits, so a LISTEN from another
-task would wait for it to time out: latency, or idle wake-ups). An idle hub costs nothing: no timeout, no poll.
+task would wait for it to time out: latency, or idle wake-ups). An idle hub costs nothing: no poll, and a timeout
+only while a channel lingers (one wake-up LINGER_SECONDS after the last wait of a burst ended).
 
 Its connection is also the presence of the waits it carries (see postgres._presence): its application_name names
 the server instance (`agent-mail serve INSTANCE`), the watch sessions the server holds are named
@@ -34,6 +38,7 @@ from agent_mail.store import redact_url, url_secrets
 from agent_mail.store.postgres import _DEFAULTS, SERVE_APP, _error_text, channel, split_url
 
 RETRY_SECONDS = (0.05, 2.0)  # the first and the longest pause between two attempts to connect again
+LINGER_SECONDS = 5.0  # an identity's channel stays LISTENed this long after its last wait ended
 
 
 class Hub:
@@ -46,6 +51,8 @@ class Hub:
         self.instance, self._on_wake = instance, on_wake
         self._lock = threading.Lock()
         self._counts: dict[str, int] = {}  # identity: waits in progress
+        self._lingering: dict[str, float] = {}  # identity without waits: when its channel may be UNLISTENed
+        self._channels: dict[str, str] = {}  # identity: its channel's name (made once)
         self._pending: list[tuple[str, Future]] = []  # subscriptions to confirm once their LISTEN is in effect
         self._listened: dict[str, str] = {}  # channel: identity, LISTENed on the connection now
         self._broadcast = channel(self.schema, "*")
@@ -68,7 +75,8 @@ class Hub:
         done: Future = Future()
         with self._lock:
             self._counts[agent] = self._counts.get(agent, 0) + 1
-            if channel(self.schema, agent) in self._listened and self._healthy():
+            self._lingering.pop(agent, None)
+            if self._channel(agent) in self._listened and self._healthy():
                 done.set_result(True)
                 return done
             self._pending.append((agent, done))
@@ -76,14 +84,19 @@ class Hub:
         return done
 
     def unsubscribe(self, agent: str) -> None:
-        """Count a wait for `agent` out; its channel is UNLISTENed when it was the last."""
+        """Count a wait for `agent` out; its channel lingers when it was the last (UNLISTENed LINGER_SECONDS later,
+        unless a wait for it comes first). The hub is interrupted only when nothing lingered yet: it sleeps until
+        the first channel's time is up, and UNLISTENs every channel whose time is up then."""
         with self._lock:
             left = self._counts.get(agent, 0) - 1
             if left > 0:
                 self._counts[agent] = left
                 return
             self._counts.pop(agent, None)
-        self._interrupt()
+            first = not self._lingering
+            self._lingering[agent] = time.monotonic() + LINGER_SECONDS
+        if first:
+            self._interrupt()  # it sleeps with no timeout: give it one
 
     def stop(self) -> None:
         self._stopping = True
@@ -103,6 +116,12 @@ class Hub:
             os.write(self._interrupt_w, b".")
         except (BlockingIOError, OSError):
             pass  # the pipe is full (the thread will wake anyway) or closed (stopping)
+
+    def _channel(self, agent: str) -> str:
+        name = self._channels.get(agent)
+        if name is None:
+            name = self._channels[agent] = channel(self.schema, agent)
+        return name
 
     def _healthy(self) -> bool:
         return self.db is not None and not self.db.closed and not self.db.broken
@@ -141,7 +160,11 @@ class Hub:
         """LISTEN the channels of the identities waited for, UNLISTEN the others (one round trip), then confirm
         the subscriptions waiting for it."""
         with self._lock:
-            wanted = {channel(self.schema, agent): agent for agent in self._counts}
+            now = time.monotonic()
+            for agent in [agent for agent, until in self._lingering.items() if until <= now]:
+                del self._lingering[agent]
+                self._channels.pop(agent, None)
+            wanted = {self._channel(agent): agent for agent in (*self._counts, *self._lingering)}
             wanted[self._broadcast] = "*"
             pending, self._pending = self._pending, []
             start = [name for name in wanted if name not in self._listened]
@@ -196,7 +219,10 @@ class Hub:
             try:
                 self._reconcile()
                 self._drain()
-                ready = select.select([self.db.fileno(), self._interrupt_r], [], [])[0]
+                with self._lock:
+                    until = min(self._lingering.values(), default=None)
+                timeout = None if until is None else max(0.0, until - time.monotonic()) + 0.05  # past it
+                ready = select.select([self.db.fileno(), self._interrupt_r], [], [], timeout)[0]
                 if self._interrupt_r in ready:
                     self._read_interrupts()
                 if self.db.fileno() in ready:

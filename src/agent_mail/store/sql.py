@@ -695,6 +695,6 @@ KEPT_ELSEWHERE = {"sql_overview": ("recent_rows", "batch_rows", "broadcast_talli
                                "attachment_blob", "stored_profiles", "stored_events", "blob_size", "restore_blob",
                                "restore_profile", "restore_event", "restore_messages", "last_seq"),
                   "sql_reservations": ("reservations_in", "save_reservations", "delete_reservations",
-                                       "expire_reservations")}
+                                       "expire_reservations"), "sql_waits": ("unread_of_many", "next_due_of_many")}
 for _module, _name in [(module, name) for module, names in KEPT_ELSEWHERE.items() for name in names]:
     setattr(SQLStore, _name, _kept_in(_module, _name))
