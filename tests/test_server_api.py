@@ -134,3 +134,22 @@ def test_export_and_import_go_between_the_client_and_the_server(server, second_m
     finally:
         fresh.stop()
     assert operator not in "".join(server.outputs)
+
+
+def test_an_import_by_a_token_that_may_not_is_refused_before_its_upload(server):
+    """The operator check comes first: an agent's token is answered 403 while its upload has barely begun (the
+    server waits for none of it, and spools none of it)."""
+    import socket
+
+    agent = server.token("--agent", "a:x")
+    with socket.create_connection(("127.0.0.1", server.port), timeout=15) as sock:
+        sock.sendall((f"POST /v1/import HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {agent}\r\n"
+                      "Content-Type: application/x-ndjson\r\nContent-Length: 100000000\r\n\r\n").encode()
+                     + b'{"format": "agent-mail"}\n')
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            chunk = sock.recv(65536)
+            assert chunk, answer
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 403"), answer[:200]
+    assert agent.encode() not in answer

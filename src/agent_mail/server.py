@@ -411,6 +411,7 @@ def app_for(location: str) -> Starlette:
             else:
                 carrier.ready()
                 grant = await carrier.run(_authenticated, carrier, _bearer(request), info)
+                grants.check(grant, "import", {})  # an operator's, before a byte of the upload is spooled here
                 path = os.path.join(directory, "upload.jsonl")
                 await _upload(request, path)
                 dry_run = request.query_params.get("dry_run", "false").lower()
