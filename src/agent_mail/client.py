@@ -26,10 +26,9 @@ RECONNECT_SECONDS = float(os.environ.get("AGENT_MAIL_RECONNECT_SECONDS", "60"))
 # What cannot go through a server, and why (exit 2, naming AGENT_MAIL_DB).
 _ON_THE_MAILBOX = "works on a mailbox itself, not through a server: run it where the mailbox is, with AGENT_MAIL_DB " \
                   "naming its file or postgresql:// URL"
-_NOT_YET = "is not supported through a server yet: run it where the mailbox is, with AGENT_MAIL_DB naming its " \
-           "file or postgresql:// URL"
 NOT_REMOTE = {"copy": _ON_THE_MAILBOX, "token": _ON_THE_MAILBOX, "serve": _ON_THE_MAILBOX,
-              "mcp": _NOT_YET}
+              "mcp": "serves MCP over stdio from a mailbox itself; through a server, harnesses speak MCP to the "
+                     "server's /mcp (agent-mail setup HARNESS --agent P:N writes that entry)"}
 NOT_REMOTE_FLAGS = {("doctor", "repair"): _ON_THE_MAILBOX}
 
 
