@@ -441,8 +441,13 @@ register(Command(
            "export is POST /v1/export (the export as the body, its summary in X-Agent-Mail-Result; the client "
            "writes --output on its own machine); import is POST /v1/import[?dry_run=true] with the export as the "
            "body (an operator's token).",
-           "Not yet through a server: dashboard, mcp, setup, notifications --follow, profile --mirror-dir. "
-           "Each says so (exit 2).",
+           "MCP over streamable HTTP at /mcp, the identity taken from the bearer token (setup HARNESS --agent "
+           "P:N with AGENT_MAIL_DB naming this server writes that entry). POST /v1/follow and /v1/dashboard carry "
+           "the client-side notification mirror and the dashboard. GET /v1/health answers {ok, stopping}.",
+           "On PostgreSQL one LISTEN connection per server process carries every blocked watch, and calls share a "
+           "pool of 8 connections. A send carries an idempotency key (stored once when repeated). A request must "
+           "arrive within AGENT_MAIL_SERVE_READ_SECONDS (30): later is 408; over the size cap 413; headers over "
+           "16 KiB 431. Off loopback, TLS or --insecure-no-tls.",
            "hook, guard and reserve, release, reservations run on the client's machine (the harness's input and "
            "process, the git checkout: the repository is located there and sent as POST /v1/call/... values "
            "`located: {key, fold}` with paths from its root) and carry their mailbox steps to the server: "
