@@ -298,11 +298,13 @@ def test_malformed_oversized_slow_and_truncated_requests_get_clear_4xx_and_the_s
         _refused(_answer(sock, until_closed=True), 408, token)
         assert time.monotonic() - started < READ_SECONDS + 5
     _still_serving(server, token, "after a slow head")
-    # An import's upload that stalls: 408 naming the file, however large it said it was.
+    # An import's upload that stalls (an operator's: any other token is refused before its upload): 408 naming the
+    # file, however large it said it was.
+    operator = server.token("--agent", "*")
     with socket.create_connection(("127.0.0.1", port), timeout=READ_SECONDS + 10) as sock:
-        sock.sendall(_post("/v1/import", b'{"kind": ', token, length=10**9))
+        sock.sendall(_post("/v1/import", b'{"kind": ', operator, length=10**9))
         started = time.monotonic()
-        document = _refused(_answer(sock), 408, token)
+        document = _refused(_answer(sock), 408, operator)
         assert document["problems"][0]["field"] == "file" and time.monotonic() - started < READ_SECONDS + 5
     _still_serving(server, token, "after a stalled upload")
     # Truncated: a Content-Length larger than what comes, then the connection closed.
