@@ -35,8 +35,10 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 from bench_herd import _stat  # noqa: E402
 from common import ROOT, cli_env, implementations, table  # noqa: E402
+from serving import database_ports  # noqa: E402
 
 PG_URL = os.environ.get("AGENT_MAIL_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
 HEADERS = ("measure", "agent-mail serve on PostgreSQL", "target")
@@ -78,37 +80,13 @@ def _database_url(name: str) -> str:
     return urlunsplit(parts._replace(path=f"/{name}"))
 
 
-def _database_ports(pid: int, port: int) -> set[int]:
-    """The local ports of the TCP connections process `pid` holds to `port`: its backends' client_port."""
-    inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    ports = set()
-    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(name) as handle:
-                lines = handle.read().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            if fields[9] in inodes and int(fields[2].rsplit(":", 1)[1], 16) == port:
-                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
-    return ports
-
-
 def _backends(pid: int) -> list[tuple[int, str]]:
     import psycopg
 
     with psycopg.connect(PG_URL, autocommit=True) as db:
         return [(r[0], r[1]) for r in db.execute(
             "SELECT pid, application_name FROM pg_stat_activity WHERE client_port = ANY(%s)",
-            (sorted(_database_ports(pid, db.info.port)),))]
+            (sorted(database_ports(pid, db.info.port)),))]
 
 
 def _armed(db: str) -> int:
