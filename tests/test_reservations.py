@@ -220,6 +220,12 @@ def test_a_killed_watch_stops_blocking_within_the_grace(am, repo, mailbox_path):
         assert "live" in am("release", "b:y", "src/lib.rs", "--force").error["error"]  # refused on a live holder
         os.kill(watch.pid, signal.SIGKILL)
         watch.wait(10)
+        # what the watch held is freed as it dies (its wake-up lock here; through a server, the server releases
+        # the session as it sees the connection close, a moment later): looked at until it is no longer armed
+        deadline = time.monotonic() + 10
+        while am("status", "--agent", "a:x").json["agents"][0]["watch_state"] == "armed":
+            assert time.monotonic() < deadline, "the killed watch still reads as armed"
+            time.sleep(0.05)
         # dead once its last refresh and the reserve's heartbeat are past counting, but within the grace: held
         _age(mailbox_path, "a:x", model.LIVENESS_SECONDS + 1)
         clash = json.loads(am("reserve", "b:y", "src/lib.rs").out)["conflicts"][0]
