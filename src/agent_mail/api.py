@@ -11,6 +11,8 @@ from agent_mail import errors, model, schemas, spec
 
 EXIT_HEADER = "X-Agent-Mail-Exit"
 RESULT_HEADER = "X-Agent-Mail-Result"  # export: its summary (JSON), the export itself being the body
+DELIVERY_HEADER = "X-Agent-Mail-Delivery"  # read with deliver=confirm: the delivery to confirm once printed
+DELIVERED_PATH = "/v1/delivered"  # where a delivery is confirmed (or cancelled)
 NAMES_HEADER = "X-Agent-Mail-Names"  # "flags": name arguments in problems as the command line does (--reply-to)
 # The looks beside the commands (agent_mail.served_looks): an identity's mirror documents, the supervisor's views.
 FOLLOW_PATH, DASHBOARD_PATH = "/v1/follow", "/v1/dashboard"
@@ -66,6 +68,13 @@ EXTRAS = {
                                "maximum": model.WATCH_MINUTES_MAX * 60,
                                "description": "How long this request waits (the client's remaining watch); "
                                               "timeout_minutes is then ignored."}},
+    "read": {"deliver": {"enum": ["confirm"],
+                         "description": "confirm: take delivery in two steps (agent_mail.deliveries). The marks "
+                                        f"are held, not made; the answer's {DELIVERY_HEADER} header names the "
+                                        f"delivery, which the client confirms at POST {DELIVERED_PATH} once it has "
+                                        "printed the result (or cancels if it could not). Unconfirmed, the "
+                                        "messages are delivered again after a minute. No header: nothing to "
+                                        "confirm."}},
     "attachments": {"with_content": {"type": "boolean", "description": "Add `contents`: sha256 -> base64 of each "
                                                                         "attachment listed."}},
     **{name: {"located": _LOCATED} for name in ("reserve", "release", "reservations")},
@@ -158,6 +167,23 @@ def _look_operation(operation_id: str, summary: str, body: dict, result: dict) -
                                   "content": {"application/json": {"schema": result}}}, **_errors()}}
 
 
+def _delivered_operation() -> dict:
+    return _look_operation(
+        "delivered", "Confirm a delivery a read answered with (read with deliver=confirm, its "
+                     f"{DELIVERY_HEADER} header) once its result was printed: its messages are marked read (and "
+                     "acknowledged, for read --ack) as of the moment they were handed over. printed=false cancels "
+                     "it: they are unread again at once. Settling again, or a delivery that expired and went to "
+                     "another reader, settles nothing. Acts as the delivery's identity: the token must name it.",
+        {"type": "object", "additionalProperties": False, "required": ["delivery", "printed"], "properties": {
+            "delivery": {"type": "string", "pattern": "^dlv_[0-9a-f]{32}$"},
+            "printed": {"type": "boolean", "description": "true: the result was written (mark the messages); "
+                                                          "false: it was not (make them unread again)."}}},
+        {"type": "object", "required": ["delivery", "agent"], "properties": {
+            "delivery": {"type": "string"}, "agent": {"type": ["string", "null"]},
+            "confirmed": {"type": "integer", "description": "How many messages were marked."},
+            "cancelled": {"type": "integer", "description": "How many were made unread again."}}})
+
+
 def _follow_operation() -> dict:
     document = {"type": ["object", "null"], "description": "The file's document; null: no file."}
     return _look_operation(
@@ -222,6 +248,7 @@ def openapi(version: str) -> dict:
                               "headers": _exit_header(),
                               "content": {"application/json": {"schema": schemas.result_schema(imported)}}},
                       **_errors()}}}
+    paths[DELIVERED_PATH] = {"post": _delivered_operation()}
     paths[FOLLOW_PATH] = {"post": _follow_operation()}
     paths[DASHBOARD_PATH] = {"post": _dashboard_operation()}
     paths["/v1/health"] = {"get": {"operationId": "health", "summary": "Whether the server is up (no token needed).",

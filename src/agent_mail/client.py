@@ -17,7 +17,8 @@ import os
 import time
 
 from agent_mail import calls, errors, jsonout, spec
-from agent_mail.client_calls import (Answered, Unreachable, _given, _refuse, read_token, request, CALL_TIMEOUT_SECONDS)
+from agent_mail.client_calls import (Answered, Unreachable, _given, _refuse, read_token, request, CALL_TIMEOUT_SECONDS,
+                                     DELIVERED_PATH, DELIVERY_HEADER)
 
 # How long a watch keeps reconnecting to a server that is down (restarting, cut off, its storage down), and a
 # send keeps repeating itself (with its idempotency key), before it gives up (exit 1).
@@ -59,7 +60,7 @@ def main(name: str, values: dict, emit) -> int:
     if name in ("reserve", "release", "reservations"):
         given = _located(values, given)
     _check_stdout()
-    emit = _said_after(name, values, emit)
+    emitted, emit = emit, _said_after(name, values, emit)
     if name == "watch":
         return _watch_told_when_stopped(url, token, values, given, emit)
     if name == "export":
@@ -72,6 +73,8 @@ def main(name: str, values: dict, emit) -> int:
         return _profile(url, token, values, given, emit)
     if name == "notifications":
         return _notifications(url, token, values, given, emit)
+    if _marks(name, values):  # deliver, then confirm
+        return _read(url, token, given, emitted)
     status, code, document = _sent(url, token, given) if name == "send" else request(url, token, name, given)
     if code in (errors.EXIT_OK, errors.EXIT_PARTIAL):
         # Any call may have published mail that fell due, as on the mailbox's machine, where whatever touches
@@ -113,10 +116,15 @@ def _check_stdout() -> None:
             from None
 
 
+def _marks(name: str, values: dict) -> bool:
+    """Whether the call is a read that marks mail (read, or acknowledged with --ack)."""
+    return name == "read" and (not values.get("no_mark_read") or bool(values.get("ack"))) and \
+        values.get("thread") is None and not values.get("archived")
+
+
 def _said_after(name: str, values: dict, emit):
     """`emit`, whose failure, after a call that changed mail, says the truth: the server carried it out."""
-    changes = spec.COMMANDS[name].mutating or (name == "read" and not values.get("no_mark_read")
-                                              and values.get("thread") is None and not values.get("archived"))
+    changes = spec.COMMANDS[name].mutating or _marks(name, values)
     if not changes:
         return emit
 
@@ -128,6 +136,43 @@ def _said_after(name: str, values: dict, emit):
             raise errors.OutputError(f"{said}; the server had carried out the call already: look (read --all, "
                                      "status) before repeating it.") from None
     return emitting
+
+
+def _read(url: str, token: str, given: dict, emit) -> int:
+    """A read that marks, in two steps (agent_mail.deliveries): the server holds the marks and names the delivery;
+    the result is printed here; then the delivery is confirmed and the mail marked read, so a read killed or unable
+    to print in between marks nothing, as on the mailbox's machine (its mail is delivered again: at once when it
+    could say so, after the hold otherwise)."""
+    status, code, document, delivery = request(url, token, "read", {**given, "deliver": "confirm"},
+                                               header=DELIVERY_HEADER)
+    if code not in (errors.EXIT_OK, errors.EXIT_PARTIAL):
+        raise Answered(document, code)
+    try:
+        emit(document)
+    except errors.OutputError:
+        if delivery is not None:
+            _settled(url, token, delivery, False, patience=2.0)
+        raise
+    if delivery is not None and not _settled(url, token, delivery, True, patience=10.0):
+        raise errors.StorageError(f"the server at {url} could not be told that the result was printed: its "
+                                  "messages were not marked read, and are delivered again within a minute.")
+    _refresh_mirrors(url, token)
+    return code
+
+
+def _settled(url: str, token: str, delivery: str, printed: bool, patience: float) -> bool:
+    """Confirm (or cancel) `delivery`, asking again while no server answers, for up to `patience` seconds (settling
+    twice settles once); whether it was settled."""
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            _, code, _ = request(url, token, "delivered", {"delivery": delivery, "printed": printed},
+                                 path=DELIVERED_PATH)
+            return code == errors.EXIT_OK
+        except Unreachable as exc:
+            if not exc.passing() or time.monotonic() >= deadline:
+                return False
+            time.sleep(0.25)
 
 
 def _answer(status: int, code: int, document: dict, emit) -> int:

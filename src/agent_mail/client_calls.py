@@ -12,6 +12,7 @@ from agent_mail import errors, jsonout, spec
 
 TOKEN_VAR, TOKEN_FILE_VAR, CA_VAR = "AGENT_MAIL_TOKEN", "AGENT_MAIL_TOKEN_FILE", "AGENT_MAIL_CA"
 EXIT_HEADER = "X-Agent-Mail-Exit"
+DELIVERY_HEADER, DELIVERED_PATH = "X-Agent-Mail-Delivery", "/v1/delivered"  # api's: a read's two steps
 CALL_TIMEOUT_SECONDS = 300.0
 # A server that does not accept the connection within this is unreachable (a partitioned network drops the
 # packets: without it a connect would wait for the system's two minutes of retries).
@@ -128,12 +129,13 @@ def _probed(connection, timeout: float | None):
 
 
 def request(url: str, token: str, name: str, given: dict, timeout: float | None = CALL_TIMEOUT_SECONDS, *,
-            path: str = "", body=None, content_type: str = "application/json", into=None):
+            path: str = "", body=None, content_type: str = "application/json", into=None, header: str = ""):
     """POST the call; (status, exit code, document). Unreachable when no answer came. `path`, `body`: another
     endpoint than /v1/call/NAME, and a body other than `given` as JSON (bytes, a file, an iterable of chunks);
-    `into(response)`: takes a successful answer's body itself (then the document is None)."""
+    `into(response)`: takes a successful answer's body itself (then the document is None). `header`: a plain
+    call's answer header to return too, fourth (None when absent)."""
     if body is None and into is None:
-        return _call(url, token, name, given, timeout, path)
+        return _call(url, token, name, given, timeout, path, header)
     import http.client
 
     connection, base = _connection(url, timeout)
@@ -165,7 +167,7 @@ def request(url: str, token: str, name: str, given: dict, timeout: float | None 
     return _answered(url, response.status, code, data)
 
 
-def _call(url: str, token: str, name: str, given: dict, timeout: float | None, path: str):
+def _call(url: str, token: str, name: str, given: dict, timeout: float | None, path: str, header: str = ""):
     """One plain call (a JSON object, its JSON answer) through agent_mail.wire: what every command but export and
     import makes, without http.client's import."""
     from agent_mail import wire
@@ -182,7 +184,8 @@ def _call(url: str, token: str, name: str, given: dict, timeout: float | None, p
         raise lost from None
     except ValueError as exc:  # not an http(s) URL: location.server_url() said it was one
         raise _refuse("AGENT_MAIL_DB", f"is not a usable server URL ({exc})") from None
-    return _answered(url, reply.status, reply.header(EXIT_HEADER), reply.body)
+    answered = _answered(url, reply.status, reply.header(EXIT_HEADER), reply.body)
+    return (*answered, reply.header(header)) if header else answered
 
 
 def _answered(url: str, status: int, code, data: bytes):

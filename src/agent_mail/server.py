@@ -141,9 +141,9 @@ def _status(error: errors.AgentMailError) -> int:
     return 503 if isinstance(error, errors.StorageError) else 500
 
 
-def _document(payload: object, status: int, code: int) -> Response:
-    return Response(jsonout.dumps(payload, end="\n"), status, media_type="application/json",
-                    headers={EXIT_HEADER: str(code)})
+def _document(payload: object, status: int, code: int, delivery: str | None = None) -> Response:
+    headers = {EXIT_HEADER: str(code)} if delivery is None else {EXIT_HEADER: str(code), api.DELIVERY_HEADER: delivery}
+    return Response(jsonout.dumps(payload, end="\n"), status, media_type="application/json", headers=headers)
 
 
 def _bearer(request: Request) -> str | None:
@@ -208,15 +208,48 @@ def _carry_out(carrier: _Carrier, name: str, presented: str | None, body: bytes,
         if uploaded is not None:
             values["uploaded"] = {**uploaded, "key": extras.get("idempotency_key")}
         values.update(api.carried(name, extras))
+        delivery = _delivery(values, extras.get("deliver")) if name == "read" else None
         if name in api.WAITS:
             _bound_wait(values, extras, store, grant, gone)
             if carrier.waits is not None and name == "watch" and not values["once"]:
                 values.pop("wanted")
                 return _Wait(values, grant)
         result = calls.run(name, values, mailbox=mailbox)
+        if delivery is not None and delivery.held:
+            info["delivery"] = delivery.id
         if name == "attachments" and extras.get("with_content") is True:
             result = {**result, "contents": _contents(store, result["attachments"])}
         return result
+
+
+def _delivery(values: dict, deliver: object):
+    """read with deliver=confirm: the Delivery its marks are held for (agent_mail.deliveries), when it marks."""
+    if deliver is None:
+        return None
+    if deliver != "confirm":
+        raise errors.InvalidInput([("deliver", "is 'confirm' (hold the marks until POST /v1/delivered), or "
+                                               "left out.")])
+    if values["no_mark_read"] and not values["ack"] or values["thread"] is not None or values["archived"]:
+        return None  # it marks nothing
+    from agent_mail.deliveries import Delivery
+
+    values["delivery"] = Delivery()
+    return values["delivery"]
+
+
+def _settle(carrier: _Carrier, presented: str | None, body: bytes, info: dict) -> dict:
+    """POST /v1/delivered: a delivery confirmed or cancelled (agent_mail.deliveries.settle)."""
+    from agent_mail import deliveries, service
+
+    with carrier.store() as store:
+        grant = tokens.authenticate(store, presented)  # before anything else is read
+        info["token_id"] = grant["id"]
+        delivery, printed = deliveries.checked(_given("delivered", body))
+
+        def may_act_as(agent: str) -> None:
+            info["as"] = grants.check(grant, "read", {"agent": agent, "no_mark_read": False, "thread": None,
+                                                      "archived": False, "ack": False})
+        return deliveries.settle(service.Mailbox(store), delivery, printed, may_act_as)
 
 
 def _bound_wait(values: dict, extras: dict, store, grant: dict, gone: threading.Event) -> None:
@@ -348,6 +381,24 @@ async def _call(carrier: _Carrier, name: str, request: Request, body: bytes, inf
             watching.cancel()
 
 
+async def _answered(request: Request, name: str, work) -> Response:
+    """The answer to a request beside the commands: `await work(info)`'s document (exit 0), or its error as
+    {error, problems}; logged as one line (no secrets)."""
+    started = time.monotonic()
+    info: dict = {"token_id": None, "as": None}
+    try:
+        response = _document(await work(info), 200, errors.EXIT_OK)
+    except errors.AgentMailError as exc:
+        response = _document(exc.payload(), _status(exc), exc.exit_code)
+    except Exception as exc:  # a bug: still JSON, never a traceback
+        response = _document({"error": f"internal error ({type(exc).__name__}: {exc}). Nothing was changed. "
+                                       "Please report this.", "problems": []}, 500, errors.EXIT_FAILED)
+    _log(method=request.method, path=request.url.path, command=name, token_id=info["token_id"],
+         **{"as": info["as"]}, status=response.status_code, exit=int(response.headers[EXIT_HEADER]),
+         ms=round((time.monotonic() - started) * 1000, 1))
+    return response
+
+
 def app_for(location: str) -> Starlette:
     """The ASGI application serving the mailbox at `location`."""
     carrier = _Carrier(location)
@@ -363,7 +414,7 @@ def app_for(location: str) -> Starlette:
             body = await _body(request)
             result = await _call(carrier, name, request, body, info)
             code = api.exit_code(name, result)
-            response = _document(result, 200, code)
+            response = _document(result, 200, code, info.get("delivery"))
         except errors.AgentMailError as exc:
             shown = exc.renamed(_namer(name, request))
             response = _document(shown.payload(), 404 if name not in SERVED else _status(exc), exc.exit_code)
@@ -434,10 +485,9 @@ def app_for(location: str) -> Starlette:
 
     async def looks(request: Request) -> Response:
         """POST /v1/follow and /v1/dashboard: a look that may wait (ended early by a client that hangs up)."""
-        started = time.monotonic()
         look = request.url.path.rsplit("/", 1)[1]
-        info: dict = {"token_id": None, "as": None}
-        try:
+
+        async def answer(info: dict) -> dict:
             body = await _body(request)
             carrier.ready()
             gone, hung_up, outcome = threading.Event(), anyio.Event(), []
@@ -452,16 +502,16 @@ def app_for(location: str) -> Starlette:
                     group.cancel_scope.cancel()
             if isinstance(outcome[0], Exception):
                 raise outcome[0]
-            response = _document(outcome[0], 200, errors.EXIT_OK)
-        except errors.AgentMailError as exc:
-            response = _document(exc.payload(), _status(exc), exc.exit_code)
-        except Exception as exc:  # a bug: still JSON, never a traceback
-            response = _document({"error": f"internal error ({type(exc).__name__}: {exc}). Nothing was changed. "
-                                           "Please report this.", "problems": []}, 500, errors.EXIT_FAILED)
-        _log(method=request.method, path=request.url.path, command=look, token_id=info["token_id"],
-             **{"as": info["as"]}, status=response.status_code, exit=int(response.headers[EXIT_HEADER]),
-             ms=round((time.monotonic() - started) * 1000, 1))
-        return response
+            return outcome[0]
+        return await _answered(request, look, answer)
+
+    async def delivered(request: Request) -> Response:
+        """POST /v1/delivered: confirm (or cancel) a delivery once the client printed (or could not print) it."""
+        async def settle(info: dict) -> dict:
+            body = await _body(request)
+            carrier.ready()
+            return await carrier.run(_settle, carrier, _bearer(request), body, info)
+        return await _answered(request, "delivered", settle)
 
     async def health(request: Request) -> Response:
         return _document({"ok": True, "stopping": _STOPPING.is_set()}, 200, errors.EXIT_OK)
@@ -473,6 +523,7 @@ def app_for(location: str) -> Starlette:
     return Starlette(routes=[Route("/v1/call/{command}", call, methods=["POST"]),  # the app's lifespan
                              Route("/v1/export", transfer, methods=["POST"]),
                              Route("/v1/import", transfer, methods=["POST"]),
+                             Route(api.DELIVERED_PATH, delivered, methods=["POST"]),
                              Route(api.FOLLOW_PATH, looks, methods=["POST"]),
                              Route(api.DASHBOARD_PATH, looks, methods=["POST"]),
                              Route("/v1/health", health, methods=["GET"]),

@@ -33,6 +33,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
+    from agent_mail.deliveries import Delivery
     from agent_mail.store.base import Store
     from agent_mail.waits import Waits
 
@@ -215,8 +216,10 @@ class Mailbox:
     @guarded("read")
     def read(self, *, agent: str, all: bool = False, from_: str | None = None, limit: int = 50,
              thread: str | None = None, archived: bool = False, no_mark_read: bool = False, ack: bool = False,
-             fields: list[str] | None = None, emit: Emit = no_emit) -> dict:
-        """Take delivery of `agent`'s mail; see spec.COMMANDS['read'] for the modes."""
+             fields: list[str] | None = None, delivery: Delivery | None = None, emit: Emit = no_emit) -> dict:
+        """Take delivery of `agent`'s mail; see spec.COMMANDS['read'] for the modes. `delivery` (a server's, for
+        a client that prints before it confirms): the marks are held for it rather than made, and the messages
+        another reader's delivery holds are left out, until confirm_delivery makes them (or they expire)."""
         now = model.now_iso()
         if thread is not None or archived:
             with self.store.transaction():
@@ -234,28 +237,37 @@ class Mailbox:
         with self.mirrors.changing(write=marking or ack):
             # The page comes from arrival-ordered indexes, and whole rows only for it: the cost is the
             # page's, not the backlog's. The unread total is counted, not listed.
+            # Mail another reader was handed through a server and has not confirmed is left to it (unread until
+            # then): every read that marks leaves it, so each message still goes to one reader.
+            held = self.store.leased_ids(agent, now) if marking or ack else set()
             if all:
                 listed = self.store.latest(agent, now, limit=limit, sender=from_)
             else:
-                listed = self.store.unread(agent, now, limit=limit, sender=from_)
+                listed = self.store.unread(agent, now, limit=limit + len(held), sender=from_)
+                listed = [m for m in listed if m["id"] not in held][:limit]
             found = self.store.addressed(agent, [m["id"] for m in listed], now)
             messages = [found[m["id"]] for m in listed]
-            unread = self.store.count_unread(agent, now)
-            page_unread = sum(m["read_at"] is None for m in messages)
-            fresh = [m for m in messages if m["read_at"] is None] if marking else []
-            unacked = [m for m in messages if m["acked_at"] is None] if ack else []
-            if fresh:
-                self.store.set_flags(agent, fresh, now, ("read",))
-            if unacked:
-                self.store.set_flags(agent, unacked, now, ("read", "ack"))
+            unread = self.store.count_unread(agent, now) - len(held)
+            page_unread = sum(m["read_at"] is None and m["id"] not in held for m in messages)
+            fresh = [m for m in messages if m["read_at"] is None and m["id"] not in held] if marking else []
+            unacked = [m for m in messages if m["acked_at"] is None and m["id"] not in held] if ack else []
+            if delivery is not None:
+                acking = {m["id"] for m in unacked}
+                delivery.hold(self.store, agent, [(m["id"], "read") for m in fresh if m["id"] not in acking]
+                              + [(m["id"], "read,ack") for m in unacked], now)
+            else:
+                if fresh:
+                    self.store.set_flags(agent, fresh, now, ("read",))
+                if unacked:
+                    self.store.set_flags(agent, unacked, now, ("read", "ack"))
             for m in fresh + unacked:
                 m["read_at"] = m["read_at"] or now
             for m in unacked:
                 m["acked_at"] = now
             # Marking (or --ack) takes delivery of every unread message on the page; --no-mark-read of none.
-            remaining = unread - (page_unread if marking or ack else 0)
+            remaining = max(0, unread - (page_unread if marking or ack else 0))
             result = self._read_result(agent, messages, fields, remaining=remaining)
-            changed = bool(fresh or unacked)
+            changed = bool(fresh or unacked) and delivery is None
             if changed:
                 self.mirrors.render([agent])
             emit(result)

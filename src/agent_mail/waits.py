@@ -52,6 +52,13 @@ def restore_handlers(previous: dict) -> None:
         signal.signal(number, handler)
 
 
+def _not_held(found, held: dict | None):
+    """Envelopes `found` (a list, or jsonout.Rendered) without those whose ids are `held`."""
+    if not held or not found:
+        return found
+    return [envelope for envelope in found if envelope["id"] not in held]
+
+
 class Waits:
     """The blocking operations of one mailbox."""
 
@@ -101,30 +108,43 @@ class Waits:
                 raise
 
     def envelopes(self, agent: str) -> list[dict]:
+        """`agent`'s unread envelopes, but for those held for a reader that has not confirmed them yet
+        (agent_mail.deliveries): that mail is being delivered, not waiting (a watch woken by it would wake its
+        agent for a read that finds nothing)."""
         with self.store.transaction():
-            return self.store.unread(agent, model.now_iso(), lean=True, layout_level=2)  # result.messages[i]
+            now = model.now_iso()
+            found = self.store.unread(agent, now, lean=True, layout_level=2)  # result.messages[i]
+            holds = self.store.holds_of_many([agent], now) if found else {}
+        return _not_held(found, holds.get(agent))
 
     def looks(self, agents: list[str]) -> dict[str, tuple[list[dict], float | None]]:
-        """What a look of each of `agents` finds, in one transaction of two statements: {agent: (its envelopes, or []
-        and the seconds until its next scheduled message falls due, or None)} (a server's waits woken together)."""
+        """What a look of each of `agents` finds, in one transaction of three statements: {agent: (its envelopes,
+        or [] and the seconds until its next scheduled message falls due or a hold on its mail ends, or None)} (a
+        server's waits woken together)."""
         now = model.now()
         at = model.iso(now)
         with self.store.transaction():
             unread = self.store.unread_of_many(agents, at)  # one statement for them all, not one each
+            holds = self.store.holds_of_many(agents, at)
+            unread = {agent: _not_held(unread[agent], holds.get(agent)) for agent in agents}
             nothing = [agent for agent in agents if not unread[agent]]
             dues = self.store.next_due_of_many(nothing, at) if nothing else {}
         found = {}
         for agent in agents:
-            due = model.parse_iso(dues.get(agent))
+            due = model.parse_iso(min((d for d in (dues.get(agent), *holds.get(agent, {}).values()) if d),
+                                      default=None))
             found[agent] = (unread[agent], None if due is None else max(0.0, (due - now).total_seconds()))
         return found
 
     def next_due(self, agent: str) -> float | None:
-        """Seconds until the next scheduled message for `agent` falls due, or None."""
+        """Seconds until the next scheduled message for `agent` falls due, or a hold on its mail ends (then it is
+        waiting again), or None."""
         now = model.now()
         with self.store.transaction():
-            due = self.store.next_due(agent, model.iso(now))
-        moment = model.parse_iso(due)
+            at = model.iso(now)
+            due = self.store.next_due(agent, at)
+            holds = self.store.holds_of_many([agent], at).get(agent, {})
+        moment = model.parse_iso(min((d for d in (due, *holds.values()) if d), default=None))
         return None if moment is None else max(0.0, (moment - now).total_seconds())
 
     def wait_for_mail(self, agent: str, session: str, seconds: float, look_for=None, wanted=None) -> list[dict]:

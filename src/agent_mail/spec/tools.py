@@ -445,9 +445,12 @@ register(Command(
            "P:N with AGENT_MAIL_DB naming this server writes that entry). POST /v1/follow and /v1/dashboard carry "
            "the client-side notification mirror and the dashboard. GET /v1/health answers {ok, stopping}.",
            "On PostgreSQL one LISTEN connection per server process carries every blocked watch, and calls share a "
-           "pool of 8 connections. A send carries an idempotency key (stored once when repeated). A request must "
-           "arrive within AGENT_MAIL_SERVE_READ_SECONDS (30): later is 408; over the size cap 413; headers over "
-           "16 KiB 431. Off loopback, TLS or --insecure-no-tls.",
+           "pool of 8 connections. A send carries an idempotency key (stored once when repeated). A read that "
+           "marks is delivered, then confirmed: with deliver=confirm the server holds the marks and names the "
+           "delivery (X-Agent-Mail-Delivery); the client prints, then POST /v1/delivered {delivery, printed} marks "
+           "the mail (or, printed=false, leaves it unread); unconfirmed, it is delivered again after 60 s. A "
+           "request must arrive within AGENT_MAIL_SERVE_READ_SECONDS (30): later is 408; over the size cap 413; "
+           "headers over 16 KiB 431. Off loopback, TLS or --insecure-no-tls.",
            "hook, guard and reserve, release, reservations run on the client's machine (the harness's input and "
            "process, the git checkout: the repository is located there and sent as POST /v1/call/... values "
            "`located: {key, fold}` with paths from its root) and carry their mailbox steps to the server: "

@@ -466,6 +466,31 @@ class Store(WholeMailbox):
         """Delete the reservations of `repo` expired at `now`; how many."""
         raise NotImplementedError
 
+    # -- deliveries awaiting confirmation (store/sql_deliveries.py) -----------------------------------
+    def leased_ids(self, agent: str, now: str) -> set[str]:
+        """The ids of `agent`'s messages held by a delivery not yet confirmed and not expired at `now`."""
+        raise NotImplementedError
+
+    def holds_of_many(self, agents: list[str], now: str) -> dict[str, dict[str, str]]:
+        """{agent: {message id: when its hold ends}} of the holds of `agents` not expired at `now`, for the
+        agents that have any (one statement per 500 agents)."""
+        raise NotImplementedError
+
+    def lease_deliveries(self, lease: str, agent: str, marks: list[tuple[str, str]], at: str,
+                         expires_at: str) -> None:
+        """Hold each (message id, flags: "read" or "read,ack") of `agent` for `lease` until `expires_at`, the
+        marks to be made at `at` once the delivery is confirmed; an expired hold of the same message is replaced
+        and `agent`'s other expired holds cleared."""
+        raise NotImplementedError
+
+    def lease_of(self, lease: str) -> list[dict]:
+        """The holds of `lease`, expired or not: {lease, agent, message_id, flags, at, expires_at}."""
+        raise NotImplementedError
+
+    def end_lease(self, lease: str) -> int:
+        """Delete the holds of `lease`; how many there were."""
+        raise NotImplementedError
+
     # -- access tokens (agent-mail serve) ------------------------------------
     def add_token(self, token: dict) -> None:
         """Store a token: {id, secret_hash (hex sha256 of the secret; the secret itself is never stored),

@@ -131,8 +131,16 @@ def m008_reservations(x) -> None:
     x("CREATE INDEX IF NOT EXISTS idx_reservations_repo ON reservations(repo, expires_at)")
 
 
+def m009_deliveries(x) -> None:
+    """Deliveries awaiting their reader's confirmation (SQLite's m014_deliveries)."""
+    x(f"""CREATE TABLE IF NOT EXISTS deliveries (
+        lease {T} NOT NULL, agent {T} NOT NULL, message_id {T} NOT NULL, flags {T} NOT NULL, at {T} NOT NULL,
+        expires_at {T} NOT NULL, PRIMARY KEY (agent, message_id))""")
+    x("CREATE INDEX IF NOT EXISTS idx_deliveries_lease ON deliveries(lease)")
+
+
 MIGRATIONS = (m001_tables, m002_indexes, m003_count_indexes, m004_batch_index, m005_search, m006_search_marks,
-              m007_tokens, m008_reservations)
+              m007_tokens, m008_reservations, m009_deliveries)
 
 
 def index_missing(x) -> int:

@@ -38,8 +38,11 @@ TABLES = {
 }
 #: Where applied migrations are recorded (every backend has it; copied by no one: each target has its own).
 MIGRATIONS_TABLE = "schema_migrations"
+#: Deliveries a reader has been answered but has not confirmed (a client of `agent-mail serve`): held for a
+#: moment, so copied by no one (a copy's messages stay unread, delivered again).
+DELIVERIES_TABLE = "deliveries"
 #: Every table of a mailbox.
-ALL_TABLES = (*TABLES, MIGRATIONS_TABLE)
+ALL_TABLES = (*TABLES, DELIVERIES_TABLE, MIGRATIONS_TABLE)
 #: The tables doctor requires of a complete SQLite mailbox (it has never asked for `watchers`, the seed lineage's
 #: and unused, nor `harness_sessions`).
 REQUIRED_TABLES = ("messages", "broadcast_acks", "watch_sessions", "heartbeats", "scheduled", "attachments",

@@ -4,8 +4,8 @@ A backend subclasses `SQLStore` and sets its dialect: the column that orders mes
 (`SEQ`), how a stored timestamp becomes comparable (`_ts`), index hints (`_hint`), and how a
 statement reaches its driver (`_x`, `_many`; queries are written with `:name` and `?` placeholders,
 which a driver of another style translates once per statement text). Everything else (the
-visibility rule, fan-out state, counts, threads, cleanup) is the same text on every engine; what only
-supervision, search, cleanup, copy, export and import use is in store/sql_overview.py and sql_bulk.py.
+visibility rule, fan-out state, counts, threads, cleanup) is the same text on every engine; what only some
+commands use is in modules of its own (KEPT_ELSEWHERE below), loaded by the first call that needs them.
 
 Timestamps are ISO 8601 text in UTC with microseconds, so text order is time order; SQLite also
 orders through julianday() because mailboxes of older implementations stored local offsets.
@@ -38,13 +38,11 @@ def decode_refs(raw: object) -> list:
 
 def encode_json(value: object) -> str:
     import json
-
     return json.dumps(value, ensure_ascii=False)
 
 
 def decode_json(text: str) -> dict:
     import json
-
     return json.loads(text)
 
 
@@ -691,10 +689,12 @@ class SQLStore(_BesideTheMail, Tokens, Store):
 # Statements over every identity's mail at once, and over whole tables: loaded only by the commands that use them.
 KEPT_ELSEWHERE = {"sql_overview": ("recent_rows", "batch_rows", "broadcast_tallies", "whole_thread", "search_rows",
                                    "oldest_unacked", "open_bounces", "sends_per_hour", "open_over_time", "cleanup"),
-                  "sql_bulk": ("table_counts", "read_rows", "write_rows", "count_stored", "stored_messages",
+                  "sql_bulk": ("table_counts", "read_rows", "write_rows", "count_stored", "stored_messages", "last_seq",
                                "attachment_blob", "stored_profiles", "stored_events", "blob_size", "restore_blob",
-                               "restore_profile", "restore_event", "restore_messages", "last_seq"),
+                               "restore_profile", "restore_event", "restore_messages"),
                   "sql_reservations": ("reservations_in", "save_reservations", "delete_reservations",
-                                       "expire_reservations"), "sql_waits": ("unread_of_many", "next_due_of_many")}
+                                       "expire_reservations"), "sql_waits": ("unread_of_many", "next_due_of_many"),
+                  "sql_deliveries": ("leased_ids", "holds_of_many", "lease_deliveries", "lease_of",
+                                     "end_lease")}
 for _module, _name in [(module, name) for module, names in KEPT_ELSEWHERE.items() for name in names]:
     setattr(SQLStore, _name, _kept_in(_module, _name))

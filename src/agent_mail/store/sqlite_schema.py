@@ -203,13 +203,22 @@ def m013_reservations(db: sqlite3.Connection) -> None:
     db.execute("CREATE INDEX IF NOT EXISTS idx_reservations_repo ON reservations(repo, expires_at)")
 
 
+def m014_deliveries(db: sqlite3.Connection) -> None:
+    """Deliveries answered to a reader through a server and not yet confirmed: which messages of an identity
+    each holds (one hold per message), the marks to make once it is confirmed, and until when."""
+    db.execute("""CREATE TABLE IF NOT EXISTS deliveries (
+        lease TEXT NOT NULL, agent TEXT NOT NULL, message_id TEXT NOT NULL, flags TEXT NOT NULL, at TEXT NOT NULL,
+        expires_at TEXT NOT NULL, PRIMARY KEY (agent, message_id))""")
+    db.execute("CREATE INDEX IF NOT EXISTS idx_deliveries_lease ON deliveries(lease)")
+
+
 def has_table(db: sqlite3.Connection, name: str) -> bool:
     return db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).fetchone() is not None
 
 
 MIGRATIONS = (m001_seed_schema, m002_inbox_indexes, m003_liveness, m004_delivery, m005_count_indexes,
               m006_arrival_indexes, m007_harness_sessions, m008_envelope_indexes, m009_batch_index, m010_search,
-              m011_route_marks, m012_tokens, m013_reservations)
+              m011_route_marks, m012_tokens, m013_reservations, m014_deliveries)
 
 
 def index_missing(db: sqlite3.Connection) -> int:
