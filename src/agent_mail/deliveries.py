@@ -31,8 +31,11 @@ class Delivery:
         self.seconds = seconds
         self.held = 0
 
-    def hold(self, store, agent: str, marks: list[tuple[str, str]], now: str) -> None:
-        """Hold the (message id, flags) marks of `agent` for this delivery, within the read's transaction."""
+    def hold(self, store, agent: str, fresh: list[dict], unacked: list[dict], now: str) -> None:
+        """Hold the marks a read of `agent` makes (`fresh` read, `unacked` read and acknowledged) for this
+        delivery, within the read's transaction."""
+        acking = {m["id"] for m in unacked}
+        marks = [(m["id"], "read") for m in fresh if m["id"] not in acking] + [(m["id"], "read,ack") for m in unacked]
         if marks:
             expires = model.iso(model.parse_iso(now) + _dt.timedelta(seconds=self.seconds))
             store.lease_deliveries(self.id, agent, marks, now, expires)

@@ -237,8 +237,7 @@ class Mailbox:
         with self.mirrors.changing(write=marking or ack):
             # The page comes from arrival-ordered indexes, and whole rows only for it: the cost is the
             # page's, not the backlog's. The unread total is counted, not listed.
-            # Mail another reader was handed through a server and has not confirmed is left to it (unread until
-            # then): every read that marks leaves it, so each message still goes to one reader.
+            # Mail handed to a reader through a server and not yet confirmed is left to it: one reader each.
             held = self.store.leased_ids(agent, now) if marking or ack else set()
             if all:
                 listed = self.store.latest(agent, now, limit=limit, sender=from_)
@@ -252,9 +251,7 @@ class Mailbox:
             fresh = [m for m in messages if m["read_at"] is None and m["id"] not in held] if marking else []
             unacked = [m for m in messages if m["acked_at"] is None and m["id"] not in held] if ack else []
             if delivery is not None:
-                acking = {m["id"] for m in unacked}
-                delivery.hold(self.store, agent, [(m["id"], "read") for m in fresh if m["id"] not in acking]
-                              + [(m["id"], "read,ack") for m in unacked], now)
+                delivery.hold(self.store, agent, fresh, unacked, now)
             else:
                 if fresh:
                     self.store.set_flags(agent, fresh, now, ("read",))
