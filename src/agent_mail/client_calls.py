@@ -129,13 +129,15 @@ def _probed(connection, timeout: float | None):
 
 
 def request(url: str, token: str, name: str, given: dict, timeout: float | None = CALL_TIMEOUT_SECONDS, *,
-            path: str = "", body=None, content_type: str = "application/json", into=None, header: str = ""):
+            path: str = "", body=None, content_type: str = "application/json", into=None, header: str = "",
+            names: str = "flags"):
     """POST the call; (status, exit code, document). Unreachable when no answer came. `path`, `body`: another
     endpoint than /v1/call/NAME, and a body other than `given` as JSON (bytes, a file, an iterable of chunks);
     `into(response)`: takes a successful answer's body itself (then the document is None). `header`: a plain
-    call's answer header to return too, fourth (None when absent)."""
+    call's answer header to return too, fourth (None when absent). `names`: how problems name arguments ("flags":
+    as the command line does; "": as the API does)."""
     if body is None and into is None:
-        return _call(url, token, name, given, timeout, path, header)
+        return _call(url, token, name, given, timeout, path, header, names)
     import http.client
 
     connection, base = _connection(url, timeout)
@@ -167,12 +169,15 @@ def request(url: str, token: str, name: str, given: dict, timeout: float | None 
     return _answered(url, response.status, code, data)
 
 
-def _call(url: str, token: str, name: str, given: dict, timeout: float | None, path: str, header: str = ""):
+def _call(url: str, token: str, name: str, given: dict, timeout: float | None, path: str, header: str = "",
+          names: str = "flags"):
     """One plain call (a JSON object, its JSON answer) through agent_mail.wire: what every command but export and
     import makes, without http.client's import."""
     from agent_mail import wire
 
-    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}", "X-Agent-Mail-Names": "flags"}
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
+    if names:
+        headers["X-Agent-Mail-Names"] = names
     try:
         reply = wire.post(url, path or f"/v1/call/{name}", jsonout.dumps(given).encode("utf-8"), headers, timeout,
                           connect_timeout=CONNECT_SECONDS, keepalive=KEEPALIVE)

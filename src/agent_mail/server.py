@@ -381,15 +381,18 @@ async def _call(carrier: _Carrier, name: str, request: Request, body: bytes, inf
             watching.cancel()
 
 
-async def _answered(request: Request, name: str, work) -> Response:
-    """The answer to a request beside the commands: `await work(info)`'s document (exit 0), or its error as
-    {error, problems}; logged as one line (no secrets)."""
+async def _answered(request: Request, name: str, work, namer=None, status: int | None = None) -> Response:
+    """The answer to a request: `await work(info)` (a Response, or a document answered with exit 0), or its
+    error as {error, problems} (named by `namer`, with HTTP `status` rather than the error's when given); logged
+    as one line (no secrets)."""
     started = time.monotonic()
     info: dict = {"token_id": None, "as": None}
     try:
-        response = _document(await work(info), 200, errors.EXIT_OK)
+        done = await work(info)
+        response = done if isinstance(done, Response) else _document(done, 200, errors.EXIT_OK)
     except errors.AgentMailError as exc:
-        response = _document(exc.payload(), _status(exc), exc.exit_code)
+        shown = exc.renamed(namer) if namer is not None else exc
+        response = _document(shown.payload(), status or _status(exc), exc.exit_code)
     except Exception as exc:  # a bug: still JSON, never a traceback
         response = _document({"error": f"internal error ({type(exc).__name__}: {exc}). Nothing was changed. "
                                        "Please report this.", "problems": []}, 500, errors.EXIT_FAILED)
@@ -404,27 +407,16 @@ def app_for(location: str) -> Starlette:
     carrier = _Carrier(location)
 
     async def call(request: Request) -> Response:
-        started = time.monotonic()
         name = request.path_params["command"]
-        info: dict = {"token_id": None, "as": None}
-        try:
+
+        async def carry_out(info: dict) -> Response:
             if name not in SERVED:
                 raise errors.InvalidInput([(None, f"{name!r} is not a command this server carries out; it serves "
                                                   f"{', '.join(SERVED)}.")])
             body = await _body(request)
             result = await _call(carrier, name, request, body, info)
-            code = api.exit_code(name, result)
-            response = _document(result, 200, code, info.get("delivery"))
-        except errors.AgentMailError as exc:
-            shown = exc.renamed(_namer(name, request))
-            response = _document(shown.payload(), 404 if name not in SERVED else _status(exc), exc.exit_code)
-        except Exception as exc:  # a bug: still JSON, never a traceback
-            response = _document({"error": f"internal error ({type(exc).__name__}: {exc}). Nothing was changed. "
-                                           "Please report this.", "problems": []}, 500, errors.EXIT_FAILED)
-        _log(method=request.method, path=request.url.path, command=name, token_id=info["token_id"],
-             **{"as": info["as"]}, status=response.status_code, exit=int(response.headers[EXIT_HEADER]),
-             ms=round((time.monotonic() - started) * 1000, 1))
-        return response
+            return _document(result, 200, api.exit_code(name, result), info.get("delivery"))
+        return await _answered(request, name, carry_out, _namer(name, request), None if name in SERVED else 404)
 
     async def transfer(request: Request) -> Response:
         """POST /v1/export (JSON values; the export as the body, its summary in a header) and POST /v1/import
@@ -432,12 +424,11 @@ def app_for(location: str) -> Starlette:
         import shutil
         import tempfile
 
-        started = time.monotonic()
         name = request.url.path.rsplit("/", 1)[1]
-        info: dict = {"token_id": None, "as": None}
         directory = tempfile.mkdtemp(prefix="agent-mail-serve-")
-        keep = False
-        try:
+        kept = []  # the export streamed from the directory, which its stream removes once sent
+
+        async def carry_out(info: dict):
             if name == "export":
                 body = await _body(request)
                 carrier.ready()
@@ -454,34 +445,25 @@ def app_for(location: str) -> Starlette:
                         shutil.rmtree(directory, ignore_errors=True)
                 from starlette.responses import StreamingResponse
 
-                response = StreamingResponse(content(), 200, media_type="application/x-ndjson" if summary["format"]
-                                             == "jsonl" else "application/mbox",
-                                             headers={EXIT_HEADER: "0", api.RESULT_HEADER: json.dumps(summary),
-                                                      "Content-Length": str(summary["bytes"])})
-                keep = True
-            else:
-                carrier.ready()
-                grant = await carrier.run(_authenticated, carrier, _bearer(request), info)
-                grants.check(grant, "import", {})  # an operator's, before a byte of the upload is spooled here
-                path = os.path.join(directory, "upload.jsonl")
-                await _upload(request, path)
-                dry_run = request.query_params.get("dry_run", "false").lower()
-                if dry_run not in ("true", "false"):
-                    raise errors.InvalidInput([("dry_run", "is true or false.")])
-                result = await carrier.run(_import_file, carrier, grant, path, dry_run == "true", info)
-                response = _document(result, 200, errors.EXIT_OK)
-        except errors.AgentMailError as exc:
-            response = _document(exc.renamed(_namer(name, request)).payload(), _status(exc), exc.exit_code)
-        except Exception as exc:  # a bug: still JSON, never a traceback
-            response = _document({"error": f"internal error ({type(exc).__name__}: {exc}). Nothing was changed. "
-                                           "Please report this.", "problems": []}, 500, errors.EXIT_FAILED)
+                kept.append(True)
+                return StreamingResponse(content(), 200, media_type="application/x-ndjson" if summary["format"]
+                                         == "jsonl" else "application/mbox",
+                                         headers={EXIT_HEADER: "0", api.RESULT_HEADER: json.dumps(summary),
+                                                  "Content-Length": str(summary["bytes"])})
+            carrier.ready()
+            grant = await carrier.run(_authenticated, carrier, _bearer(request), info)
+            grants.check(grant, "import", {})  # an operator's, before a byte of the upload is spooled here
+            path = os.path.join(directory, "upload.jsonl")
+            await _upload(request, path)
+            dry_run = request.query_params.get("dry_run", "false").lower()
+            if dry_run not in ("true", "false"):
+                raise errors.InvalidInput([("dry_run", "is true or false.")])
+            return await carrier.run(_import_file, carrier, grant, path, dry_run == "true", info)
+        try:
+            return await _answered(request, name, carry_out, _namer(name, request))
         finally:
-            if not keep:
+            if not kept:
                 shutil.rmtree(directory, ignore_errors=True)
-        _log(method=request.method, path=request.url.path, command=name, token_id=info["token_id"],
-             **{"as": info["as"]}, status=response.status_code, exit=int(response.headers[EXIT_HEADER]),
-             ms=round((time.monotonic() - started) * 1000, 1))
-        return response
 
     async def looks(request: Request) -> Response:
         """POST /v1/follow and /v1/dashboard: a look that may wait (ended early by a client that hangs up)."""

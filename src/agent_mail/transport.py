@@ -1,4 +1,4 @@
-"""One JSON call to an agent-mail server over HTTP (standard library only: http.client, ssl), for the front ends
+"""One JSON call to an agent-mail server (the command line client's call, standard library only), for the front ends
 other than the command line's client that reach a served mailbox: the dashboard started with AGENT_MAIL_DB naming
 a server. The answer keeps the server's exit code (X-Agent-Mail-Exit); a refusal is raised as the command would
 have refused (Refused, with the server's problems), a server out of reach as Unreachable (a StorageError: the
@@ -7,13 +7,7 @@ dashboard shows it and tries again).
 
 from __future__ import annotations
 
-import json
-import os
-
 from agent_mail import errors
-
-EXIT_HEADER = "X-Agent-Mail-Exit"
-CA_VAR = "AGENT_MAIL_CA"
 
 
 class Unreachable(errors.StorageError):
@@ -42,36 +36,15 @@ class Refused(errors.AgentMailError):
 
 def post(url: str, token: str, path: str, document: dict, timeout: float) -> dict:
     """POST `document` as JSON to `path` on the server at `url`; its answer when the exit code is 0 (or 3, a send
-    with refused recipients, whose receipt says so), else Refused; Unreachable when no answer came."""
-    import http.client
-    from urllib.parse import urlsplit
+    with refused recipients, whose receipt says so), else Refused; Unreachable when no answer came. The call is
+    the command line client's (agent_mail.client_calls: its wire, connect limit and keepalive probes), its
+    problems named as the API names arguments."""
+    from agent_mail import client_calls
 
-    parts = urlsplit(url)
-    if parts.scheme == "https":
-        import ssl
-
-        context = ssl.create_default_context(cafile=os.environ.get(CA_VAR) or None)
-        connection = http.client.HTTPSConnection(parts.hostname, parts.port, context=context, timeout=timeout)
-    else:
-        connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
-    sent = False
     try:
-        connection.request("POST", parts.path.rstrip("/") + path, body=json.dumps(document).encode("utf-8"),
-                           headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
-        sent = True
-        response = connection.getresponse()
-        code, data = response.getheader(EXIT_HEADER), response.read()
-    except (OSError, http.client.HTTPException) as exc:
-        after = " The call was sent but its answer was lost: look before repeating it." if sent else ""
-        raise Unreachable(f"cannot reach the agent-mail server at {url} ({exc or type(exc).__name__}).{after}") \
-            from None
-    finally:
-        connection.close()
-    try:
-        answer, code = json.loads(data), int(code)
-    except (TypeError, ValueError):
-        raise Unreachable(f"the server at {url} answered HTTP {response.status} with something that is not an "
-                          "agent-mail answer.") from None
+        _, code, answer = client_calls.request(url, token, "", document, timeout, path=path, names="")
+    except client_calls.Unreachable as exc:
+        raise Unreachable(exc.message) from None
     if code not in (errors.EXIT_OK, errors.EXIT_PARTIAL) or not isinstance(answer, dict):
         raise Refused(answer if isinstance(answer, dict) else {"error": str(answer)}, code)
     return answer
