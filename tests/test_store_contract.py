@@ -330,6 +330,37 @@ class StoreContract:
         with store.transaction():
             assert store.liveness("a:x")["a:x"]["armed_seen"] is None and "b:y" not in store.liveness("a:x")
 
+    @exercises("abandon_sessions", "release_keyed_session", "session_state")
+    def test_a_servers_sessions_stopped_by_key_or_abandoned(self, store):
+        """A server's session (HOLDER.KEY) is released by its identity and key wherever its holder is, abandoned
+        ones too; abandoning names the holder gone (released ones are left as they are), and an abandoned session
+        reads as a killed watch's: stale at once, still watching, never released."""
+        from agent_mail.liveness import describe_liveness
+
+        now, later = model.now_iso(), _ago(-1)
+        with store.transaction(write=True):
+            for session in ("srv1.k1.n", "srv1.k2.n", "srv1.k3.n", "srv22.k4.n", "srv1.a-uuid"):
+                store.open_session(session, "c:z", now)
+            store.release_session("srv1.k3.n", now, "done")
+            store.abandon_sessions(["srv1.k2.n", "srv1.k3.n", "srv22.k4.n", "srv1.a-uuid"])
+            store.abandon_sessions(["gone.k2.n"])  # again: as it is
+            assert [store.session_state(s) for s in ("srv1.k2.n", "gone.k2.n", "gone.k4.n", "gone.a-uuid",
+                                                     "srv1.k3.n", "gone.k3.n")] == \
+                [None, "armed", "armed", "armed", "released", None]
+            assert store.release_keyed_session("c:z", "k9", now, "signal 15") is None  # no such key
+            assert store.release_keyed_session("a:x", "k1", now, "signal 15") is None  # another identity's
+            assert store.release_keyed_session("c:z", "k2", later, "signal 15") == \
+                {"sessions": ["gone.k2.n"], "released": True, "released_at": later}  # abandoned, then stopped
+            assert store.release_keyed_session("c:z", "k2", now, "signal 15") == \
+                {"sessions": [], "released": False, "released_at": later}  # said again: no change
+            assert store.release_keyed_session("c:z", "k1", now, "signal 2")["sessions"] == ["srv1.k1.n"]
+            assert store.session_state("srv1.k1.n") == "released"
+            store.open_session("srv3.k5.n", "d:w", now)
+            store.abandon_sessions(["srv3.k5.n"])
+        with store.transaction():
+            state = describe_liveness(store.liveness("d:w")["d:w"], model.now())
+        assert (state["watch_state"], state["watching"], state["released_at"]) == ("stale", True, None)
+
     @exercises("harness_session", "save_harness_session", "harness_sessions_of", "untold", "newest_seq")
     def test_harness_sessions(self, store):
         now = model.now_iso()
