@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import threading
 import time
 
@@ -38,10 +39,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from agent_mail import __version__, api, calls, checks, errors, grants, jsonout, model, spec, tokens
+from agent_mail import __version__, api, calls, checks, errors, grants, jsonout, model, served_stops, spec, tokens
 from agent_mail.serve_edge import (Dated, MAX_HEAD_BYTES, _address, _body, _is_loopback, _keepalive, _log, _Protocol,
                                    _upload)
 from agent_mail.served_waits import ServedWaits, Stopping
+from agent_mail.waits import HungUp, Released
 
 EXIT_HEADER, NAMES_HEADER = api.EXIT_HEADER, api.NAMES_HEADER
 SERVED, LOCAL_TO_CLIENT, EXTRAS = api.SERVED, api.LOCAL_TO_CLIENT, api.EXTRAS
@@ -65,6 +67,7 @@ class _Carrier:
         self.location = location
         self.pooled = backend_name(location) == "postgresql"
         self.pool = self.limiter = self.waits = self.own_limiter = None
+        self.instance = secrets.token_hex(6)  # the holder named in the ids of the sessions of its waits
         _CARRIERS.append(self)
 
     def ready(self) -> None:
@@ -77,7 +80,7 @@ class _Carrier:
 
             self.pool = StorePool(self.location, POOL_SIZE)
             self.limiter = anyio.CapacityLimiter(POOL_SIZE)
-            self.waits = ServedWaits(self.location, self.pool, self.limiter, service.Mailbox)
+            self.waits = ServedWaits(self.location, self.pool, self.limiter, service.Mailbox, self.instance)
         else:
             self.limiter = anyio.CapacityLimiter(MAX_THREADS)
 
@@ -119,18 +122,14 @@ _ON_THE_HUB = tuple(name for name in SERVED if name not in api.WAITS or name == 
 class _Wait:
     """A watch to wait for on the server's event loop (PostgreSQL): what _carry_out checked for it."""
 
-    def __init__(self, values: dict, grant: dict):
-        self.values, self.grant = values, grant
+    def __init__(self, values: dict, grant: dict, key: str | None):
+        self.values, self.grant, self.key = values, grant, key
         minutes = values.get("timeout_minutes") or model.WATCH_MINUTES_DEFAULT
         self.seconds = values["timeout_seconds"] if values.get("timeout_seconds") is not None else minutes * 60.0
 
 
-class _HungUp(errors.AgentMailError):
-    """The client of a wait hung up: its session is released, and there is nobody to answer."""
-
-
 def _status(error: errors.AgentMailError) -> int:
-    if isinstance(error, _HungUp):
+    if isinstance(error, HungUp):
         return 499  # logged only (nginx's "client closed request")
     if getattr(error, "http_status", None):
         return error.http_status
@@ -209,18 +208,24 @@ def _carry_out(carrier: _Carrier, name: str, presented: str | None, body: bytes,
             values["uploaded"] = {**uploaded, "key": extras.get("idempotency_key")}
         values.update(api.carried(name, extras))
         if name in api.WAITS:
-            _bound_wait(values, extras, store, grant, gone)
+            key = _bound_wait(carrier, name, values, extras, store, grant, gone)
             if carrier.waits is not None and name == "watch" and not values["once"]:
                 values.pop("wanted")
-                return _Wait(values, grant)
+                return _Wait(values, grant, key)
         result = calls.run(name, values, mailbox=mailbox)
         if name == "attachments" and extras.get("with_content") is True:
             result = {**result, "contents": _contents(store, result["attachments"])}
         return result
 
 
-def _bound_wait(values: dict, extras: dict, store, grant: dict, gone: threading.Event) -> None:
-    """A watch's wait, ended by a stopping server, a revoked token or a client that hung up."""
+def _bound_wait(carrier: _Carrier, name: str, values: dict, extras: dict, store, grant: dict,
+                gone: threading.Event) -> str | None:
+    """A wait, ended by a stopping server, a revoked token or a client that hung up; a watch's also by its client's
+    stop call (its session released, from any replica: agent_mail.served_stops). A watch's client that hung up
+    leaves its session abandoned (stale at once, as a killed watch's); a hook's waiter's is released as it ends
+    (a harness ends its waiter routinely, and that client makes no stop call). The watch's stop_key, checked."""
+    key = served_stops.checked_key(extras.get("stop_key")) if name == "watch" else None
+    session = served_stops.session_id(carrier.instance, key) if name == "watch" and carrier.waits is None else None
     wait = extras.get("wait_seconds")
     if wait is not None and not values["once"]:
         if isinstance(wait, bool) or not isinstance(wait, (int, float)) or \
@@ -233,9 +238,19 @@ def _bound_wait(values: dict, extras: dict, store, grant: dict, gone: threading.
         if _STOPPING.is_set():
             raise Stopping()
         tokens.still_valid(store, grant)
-        return not gone.is_set()
+        if session is None:
+            return not gone.is_set()
+        if gone.is_set():
+            raise HungUp()
+        with store.transaction():
+            if store.session_state(session) == "released":
+                raise Released()
+        return True
     if not values["once"]:
         values["wanted"] = wanted
+        if session is not None:
+            values["session"] = session
+    return key
 
 
 def _look(location: str, look: str, presented: str | None, body: bytes, info: dict, gone: threading.Event) -> dict:
@@ -261,6 +276,16 @@ def _look(location: str, look: str, presented: str | None, body: bytes, info: di
             served_looks.dashboard(mailbox, values, wanted)
     finally:
         store.close()
+
+
+def _stop_wait(carrier: _Carrier, presented: str | None, body: bytes, info: dict) -> dict:
+    """POST /v1/watch/stop (agent_mail.served_stops): authenticate, check, grant, release the wait's session."""
+    with carrier.store() as store:
+        grant = tokens.authenticate(store, presented)  # before anything else is read
+        info["token_id"] = grant["id"]
+        values = served_stops.check(_given("the stop call", body))
+        info["as"] = served_stops.grant(grant, values)
+        return served_stops.stop(store, values)
 
 
 def _contents(store, listed: list[dict]) -> dict:
@@ -339,9 +364,10 @@ async def _call(carrier: _Carrier, name: str, request: Request, body: bytes, inf
         result = await carrier.run(_carry_out, carrier, name, _bearer(request), body, info, gone,
                                    own=name not in _ON_THE_HUB)
         if isinstance(result, _Wait):
-            result = await carrier.waits.wait(result.values["agent"], result.seconds, result.grant, since, hung_up)
+            result = await carrier.waits.wait(result.values["agent"], result.seconds, result.grant, since, hung_up,
+                                              result.key)
             if result is None:  # nobody to answer
-                raise _HungUp("the client hung up; its wait ended and its session was released.")
+                raise HungUp()
         return result
     finally:
         if watching is not None:
@@ -463,6 +489,25 @@ def app_for(location: str) -> Starlette:
              ms=round((time.monotonic() - started) * 1000, 1))
         return response
 
+    async def stop(request: Request) -> Response:
+        """POST /v1/watch/stop: a watch's client, stopped by a signal, releases its wait's session."""
+        started = time.monotonic()
+        info: dict = {"token_id": None, "as": None}
+        try:
+            body = await _body(request)
+            carrier.ready()
+            response = _document(await carrier.run(_stop_wait, carrier, _bearer(request), body, info), 200,
+                                 errors.EXIT_OK)
+        except errors.AgentMailError as exc:
+            response = _document(exc.payload(), _status(exc), exc.exit_code)
+        except Exception as exc:  # a bug: still JSON, never a traceback
+            response = _document({"error": f"internal error ({type(exc).__name__}: {exc}). Nothing was changed. "
+                                           "Please report this.", "problems": []}, 500, errors.EXIT_FAILED)
+        _log(method=request.method, path=request.url.path, command="stop_watch", token_id=info["token_id"],
+             **{"as": info["as"]}, status=response.status_code, exit=int(response.headers[EXIT_HEADER]),
+             ms=round((time.monotonic() - started) * 1000, 1))
+        return response
+
     async def health(request: Request) -> Response:
         return _document({"ok": True, "stopping": _STOPPING.is_set()}, 200, errors.EXIT_OK)
 
@@ -475,6 +520,7 @@ def app_for(location: str) -> Starlette:
                              Route("/v1/import", transfer, methods=["POST"]),
                              Route(api.FOLLOW_PATH, looks, methods=["POST"]),
                              Route(api.DASHBOARD_PATH, looks, methods=["POST"]),
+                             Route(api.STOP_PATH, stop, methods=["POST"]),
                              Route("/v1/health", health, methods=["GET"]),
                              Route("/openapi.json", openapi, methods=["GET"]),
                              Route("/mcp", mcp, methods=["GET", "POST", "DELETE"])],
