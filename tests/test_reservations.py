@@ -220,7 +220,7 @@ def test_a_killed_watch_stops_blocking_within_the_grace(am, repo, mailbox_path):
         assert "live" in am("release", "b:y", "src/lib.rs", "--force").error["error"]  # refused on a live holder
         os.kill(watch.pid, signal.SIGKILL)
         watch.wait(10)
-        # what the watch held is freed as it dies (its wake-up lock here; through a server, the server releases
+        # what the watch held is freed as it dies (its wake-up lock here; through a server, the server abandons
         # the session as it sees the connection close, a moment later): looked at until it is no longer armed
         deadline = time.monotonic() + 10
         while am("status", "--agent", "a:x").json["agents"][0]["watch_state"] == "armed":

@@ -61,6 +61,12 @@ def test_the_openapi_document_is_valid_and_covers_every_served_command(server):
         assert set(operation["responses"]) >= {"200", "400", "401", "403", "default"}
         assert "X-Agent-Mail-Exit" in operation["responses"]["200"]["headers"]
     assert document["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+    # A watch's client stopped by a signal releases its wait's session with the key its request carried.
+    stop = document["paths"][api.STOP_PATH]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert set(stop["required"]) == {"agent", "key"} and "stop_key" in api.EXTRAS["watch"]
+    from agent_mail import client
+
+    assert client.STOP_PATH == api.STOP_PATH  # the client keeps its own copy (it never loads the API's tables)
 
 
 # Checks that hold: no 5xx, status codes, content types, headers and bodies as documented, and what the schema

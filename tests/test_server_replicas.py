@@ -318,6 +318,40 @@ def test_a_replica_killed_under_a_blocked_watch_leaves_it_to_the_other(replicas,
         balancer.close()
 
 
+def test_a_signalled_watch_behind_a_balancer_is_released_through_the_other_replica(replicas, mailbox_path):
+    """SIGTERM to a watch whose wait one replica holds: its stop call goes (round robin) to the other, which
+    releases the session from the database; the holder ends the wait without writing to it again; `status`
+    right after the client exits reads released."""
+    a, b = replicas
+    balancer = RoundRobin([a.port, b.port])
+    worker = a.token("--agent", "deploy:worker")
+    watch = _watch(balancer.url, worker, "deploy:worker")
+    try:
+        _armed(mailbox_path, "deploy:worker", procs=[watch])
+        watch.send_signal(signal.SIGTERM)
+        out, err = watch.communicate(timeout=30)
+        assert watch.returncode == 143 and out == b"", err
+        assert "its session was released" in json.loads(err)["error"]
+        row = _json(_client(a.url, worker, "status", "--agent", "deploy:worker"))["agents"][0]
+        assert row["watch_state"] == "released" and row["released_at"] is not None
+        assert balancer.chosen[:2] == [a.port, b.port]  # the wait on A, the stop call on B
+        assert [line["status"] for line in _served(b, "stop_watch")] == [200]
+        deadline = time.monotonic() + 10
+        while not _served(a, "watch") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [line["status"] for line in _served(a, "watch")] in ([409], [499])  # ended: released, or hung up
+        db = raw_db(mailbox_path)
+        try:
+            rows = db.execute("SELECT state, released_at, released_reason FROM watch_sessions").fetchall()
+        finally:
+            db.close()
+        assert [tuple(r) for r in rows] == [("released", row["released_at"], "signal 15")]  # never un-released
+        assert worker not in "".join(b"".join(r.log).decode() for r in (a, b)) + err.decode()
+    finally:
+        _finish(watch)
+        balancer.close()
+
+
 # ---------------------------------------------------------------- the documented proxies, run for real
 
 

@@ -1,8 +1,9 @@
 """The waits `agent-mail serve` carries (issue 21), as real processes: on PostgreSQL hundreds of waits hold no more
 than the server's pool and its one LISTEN connection; a direct send wakes its recipient's waits only, a broadcast
-every wait; a revoked token ends its waits at once and only its; a client that hangs up, or a server killed,
-leaves no session shown listening; the LISTEN connection killed under the waits is made again and nothing is
-missed; SIGTERM ends every wait at once with 503."""
+every wait; a revoked token ends its waits at once and only its; a client that hangs up (killed) leaves its session
+stale at once, a server killed leaves no session shown listening; a stop call releases a wait's session and its
+holder ends the wait, and a bad one changes nothing; the LISTEN connection killed under the waits is made again and
+nothing is missed; SIGTERM ends every wait at once with 503."""
 
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 
 import pytest
 
-from conftest import TEST_PG_URL, process_env
+from conftest import TEST_PG_URL, process_env, raw_db
 from serving import Server, backends_of
 
 pytestmark = [pytest.mark.backends, pytest.mark.timeout(180)]
@@ -34,18 +36,19 @@ def server(mailbox_path):
 class Waits:
     """Waits held as raw HTTP requests, one thread each: their answers as they come."""
 
-    def __init__(self, server: Server, token: str, agents: list[str], seconds: float = 90.0):
+    def __init__(self, server: Server, token: str, agents: list[str], seconds: float = 90.0, keys: list | None = None):
         self.answers: dict[int, tuple[int, dict, float]] = {}
         self._threads = []
         for i, agent in enumerate(agents):
-            thread = threading.Thread(target=self._wait, args=(server.port, token, i, agent, seconds), daemon=True)
+            body = {"agent": agent, "wait_seconds": seconds, **({"stop_key": keys[i]} if keys else {})}
+            thread = threading.Thread(target=self._wait, args=(server.port, token, i, body, seconds), daemon=True)
             thread.start()
             self._threads.append(thread)
 
-    def _wait(self, port: int, token: str, i: int, agent: str, seconds: float) -> None:
+    def _wait(self, port: int, token: str, i: int, body: dict, seconds: float) -> None:
         connection = http.client.HTTPConnection("127.0.0.1", port, timeout=seconds + 30)
         try:
-            connection.request("POST", "/v1/call/watch", body=json.dumps({"agent": agent, "wait_seconds": seconds}),
+            connection.request("POST", "/v1/call/watch", body=json.dumps(body),
                                headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
             response = connection.getresponse()
             self.answers[i] = (response.status, json.loads(response.read()), time.monotonic())
@@ -137,7 +140,9 @@ def test_revocation_ends_the_waits_of_that_token_only(server):
     assert revoked not in "".join(server.outputs)
 
 
-def test_a_client_that_hangs_up_releases_its_session_at_once(server):
+def test_a_client_that_hangs_up_leaves_its_session_stale_at_once(server):
+    """A killed client makes no stop call: the server sees it hang up, ends the wait and abandons its session,
+    which reads as a killed watch's on the mailbox's machine: stale at once, never released, still watching."""
     token = server.token("--agent", "a:x")
     watch = subprocess.Popen([sys.executable, "-m", "agent_mail", "watch", "a:x"], stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL, env=process_env(AGENT_MAIL_DB=server.url,
@@ -151,7 +156,101 @@ def test_a_client_that_hangs_up_releases_its_session_at_once(server):
         if watch.poll() is None:
             watch.kill()
             watch.wait()
-    assert _states(server.mailbox, ["a:x"])["a:x"]["watch_state"] == "released"
+    state = _states(server.mailbox, ["a:x"])["a:x"]
+    assert state["watch_state"] == "stale" and state["released_at"] is None and state["watching"] is True
+
+
+def test_a_signalled_client_that_cannot_tell_its_server_exits_within_its_bound(server):
+    """The stop call is bounded: a server that does not answer (stopped here) is not waited for beyond about 2 s
+    to connect and as long for its answer, and the client says so."""
+    token = server.token("--agent", "a:x")
+    watch = subprocess.Popen([sys.executable, "-m", "agent_mail", "watch", "a:x"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, env=process_env(AGENT_MAIL_DB=server.url,
+                                                                     AGENT_MAIL_TOKEN=token))
+    try:
+        _until_armed(server.mailbox, ["a:x"])
+        server.proc.send_signal(signal.SIGSTOP)
+        started = time.monotonic()
+        watch.send_signal(signal.SIGTERM)
+        out, err = watch.communicate(timeout=30)
+        took = time.monotonic() - started
+    finally:
+        server.proc.send_signal(signal.SIGCONT)
+        if watch.poll() is None:
+            watch.kill()
+            watch.wait()
+    assert watch.returncode == 143 and out == b"" and took < 6, (took, err)
+    error = json.loads(err)["error"]
+    assert "did not confirm its release" in error and "may read as stale" in error and token not in err.decode()
+    _until_armed(server.mailbox, ["a:x"], armed=False, seconds=10)  # the server, running again, ends the wait
+
+
+def _stop(server: Server, token: str | None, body: object) -> tuple[int, dict]:
+    """POST /v1/watch/stop: (status, its JSON document)."""
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
+    status, answer = server.raw("/v1/watch/stop", raw, headers)
+    assert b"Traceback" not in answer
+    return status, json.loads(answer)
+
+
+def _sessions(mailbox: str, agent: str) -> list[tuple]:
+    db = raw_db(mailbox)
+    try:
+        return [tuple(row) for row in db.execute("SELECT state, released_at, released_reason FROM watch_sessions "
+                                                 "WHERE agent = ?", (agent,))]
+    finally:
+        db.close()
+
+
+def test_a_stop_call_releases_the_session_and_its_holder_ends_the_wait(server):
+    token = server.token("--agent", "s:x")
+    key = str(uuid.uuid4())
+    waits = Waits(server, token, ["s:x"], keys=[key])
+    _until_armed(server.mailbox, ["s:x"])
+    status, answer = _stop(server, token, {"agent": "s:x", "key": key, "signal": 15})
+    assert status == 200 and answer["agent"] == "s:x" and answer["released"] is True
+    assert _states(server.mailbox, ["s:x"])["s:x"]["watch_state"] == "released"  # at once: done before it answered
+    waits.until(1, seconds=10)  # the holder ends the wait, without writing to its session again
+    status, document, _ = waits.answers[0]
+    assert status == 409 and "released by its client" in document["error"]
+    [(state, released_at, reason)] = _sessions(server.mailbox, "s:x")
+    assert (state, released_at, reason) == ("released", answer["released_at"], "signal 15")
+    assert _stop(server, token, {"agent": "s:x", "key": key}) == \
+        (200, {"agent": "s:x", "released": False, "released_at": answer["released_at"]})  # said again: no change
+
+
+def test_a_bad_stop_call_is_refused_by_field_and_changes_nothing(server):
+    mine, other = server.token("--agent", "a:x"), server.token("--agent", "b:y")
+    keys = [str(uuid.uuid4()), str(uuid.uuid4())]
+    waits = Waits(server, mine, ["a:x"], keys=keys[:1])
+    theirs = Waits(server, other, ["b:y"], keys=keys[1:])
+    _until_armed(server.mailbox, ["a:x", "b:y"])
+    refused = [
+        (mine, b"{not json", 400, None),
+        (mine, b"[1, 2]", 400, None),
+        (mine, {}, 400, "agent"),
+        (mine, {"agent": "a:x"}, 400, "key"),
+        (mine, {"agent": "a:x", "key": "not-a-uuid"}, 400, "key"),
+        (mine, {"agent": 7, "key": keys[0]}, 400, "agent"),
+        (mine, {"agent": "a:x", "key": keys[0], "signal": "TERM"}, 400, "signal"),
+        (mine, {"agent": "a:x", "key": keys[0], "session": "x"}, 400, "session"),
+        (mine, {"agent": "a:x", "key": str(uuid.uuid4())}, 400, "key"),  # no wait has it
+        (mine, {"agent": "a:x", "key": keys[1]}, 400, "key"),  # another identity's wait
+        (mine, {"agent": "b:y", "key": keys[1]}, 403, "agent"),  # a token that cannot act as b:y
+        (None, {"agent": "a:x", "key": keys[0]}, 401, None),
+        ("am_nope_nope", {"agent": "a:x", "key": keys[0]}, 401, None),
+    ]
+    for token, body, code, field in refused:
+        status, answer = _stop(server, token, body)
+        assert status == code and answer["error"] and isinstance(answer["problems"], list), (body, answer)
+        if field is not None:
+            assert field in [problem["field"] for problem in answer["problems"]], (body, answer)
+    time.sleep(0.5)
+    assert not waits.answers and not theirs.answers  # both waits go on
+    assert {a: s["watch_state"] for a, s in _states(server.mailbox, ["a:x", "b:y"]).items()} == \
+        {"a:x": "armed", "b:y": "armed"}
+    assert all(token not in "".join(server.outputs) + b"".join(server.log).decode() for token in (mine, other))
 
 
 def test_a_killed_server_leaves_no_session_shown_listening(mailbox_path):

@@ -330,6 +330,37 @@ class StoreContract:
         with store.transaction():
             assert store.liveness("a:x")["a:x"]["armed_seen"] is None and "b:y" not in store.liveness("a:x")
 
+    @exercises("abandon_sessions", "release_keyed_session", "session_state")
+    def test_a_servers_sessions_stopped_by_key_or_abandoned(self, store):
+        """A server's session (HOLDER.KEY) is released by its identity and key wherever its holder is, abandoned
+        ones too; abandoning names the holder gone (released ones are left as they are), and an abandoned session
+        reads as a killed watch's: stale at once, still watching, never released."""
+        from agent_mail.liveness import describe_liveness
+
+        now, later = model.now_iso(), _ago(-1)
+        with store.transaction(write=True):
+            for session in ("srv1.k1.n", "srv1.k2.n", "srv1.k3.n", "srv22.k4.n", "srv1.a-uuid"):
+                store.open_session(session, "c:z", now)
+            store.release_session("srv1.k3.n", now, "done")
+            store.abandon_sessions(["srv1.k2.n", "srv1.k3.n", "srv22.k4.n", "srv1.a-uuid"])
+            store.abandon_sessions(["gone.k2.n"])  # again: as it is
+            assert [store.session_state(s) for s in ("srv1.k2.n", "gone.k2.n", "gone.k4.n", "gone.a-uuid",
+                                                     "srv1.k3.n", "gone.k3.n")] == \
+                [None, "armed", "armed", "armed", "released", None]
+            assert store.release_keyed_session("c:z", "k9", now, "signal 15") is None  # no such key
+            assert store.release_keyed_session("a:x", "k1", now, "signal 15") is None  # another identity's
+            assert store.release_keyed_session("c:z", "k2", later, "signal 15") == \
+                {"sessions": ["gone.k2.n"], "released": True, "released_at": later}  # abandoned, then stopped
+            assert store.release_keyed_session("c:z", "k2", now, "signal 15") == \
+                {"sessions": [], "released": False, "released_at": later}  # said again: no change
+            assert store.release_keyed_session("c:z", "k1", now, "signal 2")["sessions"] == ["srv1.k1.n"]
+            assert store.session_state("srv1.k1.n") == "released"
+            store.open_session("srv3.k5.n", "d:w", now)
+            store.abandon_sessions(["srv3.k5.n"])
+        with store.transaction():
+            state = describe_liveness(store.liveness("d:w")["d:w"], model.now())
+        assert (state["watch_state"], state["watching"], state["released_at"]) == ("stale", True, None)
+
     @exercises("harness_session", "save_harness_session", "harness_sessions_of", "untold", "newest_seq")
     def test_harness_sessions(self, store):
         now = model.now_iso()
@@ -562,6 +593,35 @@ class StoreContract:
                 assert store.delete_reservations([]) == 0
             with store.transaction():
                 assert store.reservations_in("github.com/o/r", at) == []
+        finally:
+            store.close()
+
+    @exercises("leased_ids", "holds_of_many", "lease_deliveries", "lease_of", "end_lease")
+    def test_deliveries_are_held_replaced_once_expired_listed_and_ended(self):
+        store = open_store(resolve_location()[0])
+        now = model.now()
+        at, soon, later = (model.iso(now), model.iso(now + dt.timedelta(minutes=1)),
+                           model.iso(now + dt.timedelta(minutes=60)))
+        after_soon = model.iso(now + dt.timedelta(minutes=2))
+        try:
+            with store.transaction(write=True):
+                store.lease_deliveries("d1", "b:y", [("m1", "read"), ("m2", "read,ack")], at, soon)
+                store.lease_deliveries("d2", "c:z", [("m1", "read")], at, later)  # another identity's own hold
+            with store.transaction():
+                assert store.leased_ids("b:y", at) == {"m1", "m2"} and store.leased_ids("b:y", after_soon) == set()
+                assert store.holds_of_many(["b:y", "c:z", "d:w"], at) == {"b:y": {"m1": soon, "m2": soon},
+                                                                          "c:z": {"m1": later}}
+                assert store.holds_of_many(["b:y"], after_soon) == {}
+                assert [(h["message_id"], h["flags"], h["agent"]) for h in store.lease_of("d1")] == \
+                    [("m1", "read", "b:y"), ("m2", "read,ack", "b:y")]
+            with store.transaction(write=True):  # d1 expired: a new delivery of m2 replaces its hold
+                store.lease_deliveries("d3", "b:y", [("m2", "read")], after_soon, later)
+            with store.transaction():
+                assert store.lease_of("d1") == [] and [h["message_id"] for h in store.lease_of("d3")] == ["m2"]
+            with store.transaction(write=True):
+                assert store.end_lease("d3") == 1 and store.end_lease("d3") == 0
+            with store.transaction():
+                assert store.holds_of_many(["b:y"], at) == {} and store.leased_ids("c:z", at) == {"m1"}
         finally:
             store.close()
 

@@ -16,6 +16,8 @@ DELIVERED_PATH = "/v1/delivered"  # where a delivery is confirmed (or cancelled)
 NAMES_HEADER = "X-Agent-Mail-Names"  # "flags": name arguments in problems as the command line does (--reply-to)
 # The looks beside the commands (agent_mail.served_looks): an identity's mirror documents, the supervisor's views.
 FOLLOW_PATH, DASHBOARD_PATH = "/v1/follow", "/v1/dashboard"
+# A watch's client stopped by a signal releases its wait's session there (agent_mail.served_stops).
+STOP_PATH = "/v1/watch/stop"
 LOOK_WAIT_MAX = 300  # served_looks.WAIT_SECONDS_MAX
 
 # The commands a client may call; the rest work on a mailbox itself, or are not served yet (the client says so).
@@ -67,7 +69,12 @@ EXTRAS = {
     "watch": {"wait_seconds": {"type": "number", "exclusiveMinimum": 0,
                                "maximum": model.WATCH_MINUTES_MAX * 60,
                                "description": "How long this request waits (the client's remaining watch); "
-                                              "timeout_minutes is then ignored."}},
+                                              "timeout_minutes is then ignored."},
+              "stop_key": {"type": "string", "format": "uuid",
+                           "description": f"A UUID the client makes for each blocked request: POST {STOP_PATH} "
+                                          "with it (from any replica) releases this wait's session, as a watch "
+                                          "stopped by a signal does before it exits. A client that hangs up "
+                                          "without that call leaves its session stale (killed)."}},
     "read": {"deliver": {"enum": ["confirm"],
                          "description": "confirm: take delivery in two steps (agent_mail.deliveries). The marks "
                                         f"are held, not made; the answer's {DELIVERY_HEADER} header names the "
@@ -200,6 +207,27 @@ def _follow_operation() -> dict:
             "fingerprint": {"type": "string"}, "at": {"type": "string"}}})
 
 
+def _stop_operation() -> dict:
+    return {"operationId": "stop_watch", "tags": ["mutating"],
+            "summary": "Release the session of a blocked watch (its request's stop_key), as a watch stopped by "
+                       "SIGTERM, SIGINT or SIGHUP does before it exits: status then shows it released, not stale. "
+                       "Works on any replica; the server holding the wait ends it. Acts as the identity: the "
+                       "token must name it.",
+            "requestBody": {"required": True, "content": {"application/json": {"schema": {
+                "type": "object", "additionalProperties": False, "required": ["agent", "key"], "properties": {
+                    "agent": {"type": "string", "description": "The identity the watch waits for (project:name)."},
+                    "key": {"type": "string", "format": "uuid", "description": "The watch request's stop_key."},
+                    "signal": {"type": "integer", "minimum": 1, "maximum": 64,
+                               "description": "The signal that stopped the client (the release's reason)."}}}}}},
+            "responses": {"200": {"description": "The session is released (`released`: by this call; false: its "
+                                                 "wait had ended already).", "headers": _exit_header(),
+                                  "content": {"application/json": {"schema": {
+                                      "type": "object", "required": ["agent", "released", "released_at"],
+                                      "properties": {"agent": {"type": "string"}, "released": {"type": "boolean"},
+                                                     "released_at": {"type": ["string", "null"]}}}}}},
+                          **_errors()}}
+
+
 def _dashboard_operation() -> dict:
     def view(**properties) -> dict:
         return {"type": "object", "additionalProperties": False, "properties": properties,
@@ -251,6 +279,7 @@ def openapi(version: str) -> dict:
     paths[DELIVERED_PATH] = {"post": _delivered_operation()}
     paths[FOLLOW_PATH] = {"post": _follow_operation()}
     paths[DASHBOARD_PATH] = {"post": _dashboard_operation()}
+    paths[STOP_PATH] = {"post": _stop_operation()}
     paths["/v1/health"] = {"get": {"operationId": "health", "summary": "Whether the server is up (no token needed).",
                                    "security": [], "responses": {"200": {
                                        "description": "Up.", "headers": _exit_header(),

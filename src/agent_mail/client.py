@@ -17,8 +17,12 @@ import os
 import time
 
 from agent_mail import calls, errors, jsonout, spec
-from agent_mail.client_calls import (Answered, Unreachable, _given, _refuse, read_token, request, CALL_TIMEOUT_SECONDS,
-                                     DELIVERED_PATH, DELIVERY_HEADER)
+from agent_mail.client_calls import Answered, Unreachable, _given, _refuse, read_token, request, CALL_TIMEOUT_SECONDS
+
+# How long a watch stopped by a signal waits to tell the server (to connect, then for the answer) before it exits
+# anyway: its session then reads as stale (the server sees the client hang up), unless the call reached it after all.
+STOP_SECONDS = 2.0
+STOP_PATH = "/v1/watch/stop"  # api.STOP_PATH (the client never loads the API's tables)
 
 # How long a watch keeps reconnecting to a server that is down (restarting, cut off, its storage down), and a
 # send keeps repeating itself (with its idempotency key), before it gives up (exit 1).
@@ -74,7 +78,11 @@ def main(name: str, values: dict, emit) -> int:
     if name == "notifications":
         return _notifications(url, token, values, given, emit)
     if _marks(name, values):  # deliver, then confirm
-        return _read(url, token, given, emitted)
+        from agent_mail import client_deliveries
+
+        code = client_deliveries.read(url, token, given, emitted)
+        _refresh_mirrors(url, token)
+        return code
     status, code, document = _sent(url, token, given) if name == "send" else request(url, token, name, given)
     if code in (errors.EXIT_OK, errors.EXIT_PARTIAL):
         # Any call may have published mail that fell due, as on the mailbox's machine, where whatever touches
@@ -138,43 +146,6 @@ def _said_after(name: str, values: dict, emit):
     return emitting
 
 
-def _read(url: str, token: str, given: dict, emit) -> int:
-    """A read that marks, in two steps (agent_mail.deliveries): the server holds the marks and names the delivery;
-    the result is printed here; then the delivery is confirmed and the mail marked read, so a read killed or unable
-    to print in between marks nothing, as on the mailbox's machine (its mail is delivered again: at once when it
-    could say so, after the hold otherwise)."""
-    status, code, document, delivery = request(url, token, "read", {**given, "deliver": "confirm"},
-                                               header=DELIVERY_HEADER)
-    if code not in (errors.EXIT_OK, errors.EXIT_PARTIAL):
-        raise Answered(document, code)
-    try:
-        emit(document)
-    except errors.OutputError:
-        if delivery is not None:
-            _settled(url, token, delivery, False, patience=2.0)
-        raise
-    if delivery is not None and not _settled(url, token, delivery, True, patience=10.0):
-        raise errors.StorageError(f"the server at {url} could not be told that the result was printed: its "
-                                  "messages were not marked read, and are delivered again within a minute.")
-    _refresh_mirrors(url, token)
-    return code
-
-
-def _settled(url: str, token: str, delivery: str, printed: bool, patience: float) -> bool:
-    """Confirm (or cancel) `delivery`, asking again while no server answers, for up to `patience` seconds (settling
-    twice settles once); whether it was settled."""
-    deadline = time.monotonic() + patience
-    while True:
-        try:
-            _, code, _ = request(url, token, "delivered", {"delivery": delivery, "printed": printed},
-                                 path=DELIVERED_PATH)
-            return code == errors.EXIT_OK
-        except Unreachable as exc:
-            if not exc.passing() or time.monotonic() >= deadline:
-                return False
-            time.sleep(0.25)
-
-
 def _answer(status: int, code: int, document: dict, emit) -> int:
     if code not in (errors.EXIT_OK, errors.EXIT_PARTIAL):
         raise Answered(document, code)
@@ -230,9 +201,10 @@ def _sent(url: str, token: str, given: dict) -> tuple:
         time.sleep(0.5)
 
 
-def _watch(url: str, token: str, values: dict, given: dict, emit) -> int:
+def _watch(url: str, token: str, values: dict, given: dict, emit, keys: list) -> int:
     """A blocked watch as one long request; when the server goes away (a restart) it reconnects and looks again
-    for the rest of its wait, up to RECONNECT_SECONDS without a server."""
+    for the rest of its wait, up to RECONNECT_SECONDS without a server. Each request carries a stop_key made here
+    (the latest appended to `keys`), with which a signal's stop releases that wait's session."""
     from agent_mail import model
 
     if values["once"]:
@@ -244,9 +216,10 @@ def _watch(url: str, token: str, values: dict, given: dict, emit) -> int:
     while True:
         wait = max(1.0, deadline - time.monotonic())
         began = time.monotonic()
+        keys.append(model.new_message_id())
         try:
-            status, code, document = request(url, token, "watch", {**given, "wait_seconds": round(wait, 3)},
-                                              timeout=wait + 60.0)
+            status, code, document = request(url, token, "watch", {**given, "wait_seconds": round(wait, 3),
+                                                                   "stop_key": keys[-1]}, timeout=wait + 60.0)
         except Unreachable as exc:
             if not exc.passing():
                 raise
@@ -264,19 +237,59 @@ def _watch(url: str, token: str, values: dict, given: dict, emit) -> int:
 
 
 def _watch_told_when_stopped(url: str, token: str, values: dict, given: dict, emit) -> int:
-    """A blocked watch stopped by SIGTERM, SIGHUP or SIGINT says what became of its session, as on the mailbox's
-    machine: its connection closes with the process, and the server, seeing the client hang up, ends the wait and
-    releases the session."""
+    """A blocked watch stopped by SIGTERM, SIGHUP or SIGINT releases its session before it exits, as on the
+    mailbox's machine: its signal handler tells the server (POST /v1/watch/stop with the stop_key of its last
+    request; any replica can take it) while the wait's connection is still open, waiting at most STOP_SECONDS, and
+    only then ends the wait and exits with the signal's code. A server that does not confirm it in time sees the
+    client hang up, and its session reads as stale, as a killed watch's (unless the call reached it after all).
+    Another signal while it tells the server gives up on that."""
+    if values["once"]:
+        return _watch(url, token, values, given, emit, [])
+    import _signal
+
+    keys: list = []
+    stopped: list = []  # [signal number, why the server could not be told (None: it was)], once one came
+
+    def stop(signum, frame):
+        if stopped:  # again, while telling the server: _stop_told gives up
+            raise KeyboardInterrupt
+        stopped.append(signum)
+        stopped.append(_stop_told(url, token, values["agent"], keys[-1], signum) if keys else None)
+        raise errors.Interrupted("stopped", 128 + signum)
+    previous = {}
+    for number in (1, 2, 15):  # SIGHUP, SIGINT, SIGTERM
+        try:
+            previous[number] = _signal.signal(number, stop)
+        except (ValueError, OSError):  # not the main thread
+            pass
     try:
-        return _watch(url, token, values, given, emit)
-    except (errors.Interrupted, KeyboardInterrupt) as stop:
-        if values["once"]:
+        return _watch(url, token, values, given, emit, keys)
+    except (errors.Interrupted, KeyboardInterrupt):
+        if len(stopped) < 2:
             raise
-        code = stop.exit_code if isinstance(stop, errors.Interrupted) else 130
-        name = {129: "SIGHUP", 130: "SIGINT", 143: "SIGTERM"}.get(code, f"signal {code - 128}")
-        raise errors.Interrupted(f"the wait for {values['agent']} was stopped by {name}; the server releases its "
-                                 "session as the connection closes, so status shows it as released, not armed.",
-                                 code) from None
+        signum, untold = stopped
+        name = {1: "SIGHUP", 2: "SIGINT", 15: "SIGTERM"}.get(signum, f"signal {signum}")
+        said = "its session was released, so status shows it as released, not armed." if untold is None else \
+            f"the server did not confirm its release ({untold}), so its session may read as stale (stopped without " \
+            "exiting), not released."
+        raise errors.Interrupted(f"the wait for {values['agent']} was stopped by {name}; {said}",
+                                 128 + signum) from None
+    finally:
+        for number, handler in previous.items():
+            _signal.signal(number, handler)
+
+
+def _stop_told(url: str, token: str, agent: str, key: str, signum: int) -> str | None:
+    """Release the stopped wait's session (POST /v1/watch/stop): None once done, else why not. Bounded by
+    STOP_SECONDS to connect and as long for the answer; another signal meanwhile gives up at once."""
+    try:
+        status, _, document = request(url, token, "", {"agent": agent, "key": key, "signal": signum},
+                                      STOP_SECONDS, path=STOP_PATH, connect_timeout=STOP_SECONDS)
+    except (errors.Interrupted, KeyboardInterrupt):
+        return "stopped again while telling it"
+    except errors.AgentMailError as exc:  # unreachable, or something else answered: its first sentence
+        return str(exc).split(". ", 1)[0].rstrip(".")
+    return None if status == 200 else str(document.get("error", f"HTTP {status}"))
 
 
 def _save(url: str, token: str, values: dict, given: dict, emit) -> int:

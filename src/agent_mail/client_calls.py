@@ -130,14 +130,14 @@ def _probed(connection, timeout: float | None):
 
 def request(url: str, token: str, name: str, given: dict, timeout: float | None = CALL_TIMEOUT_SECONDS, *,
             path: str = "", body=None, content_type: str = "application/json", into=None, header: str = "",
-            names: str = "flags"):
+            names: str = "flags", connect_timeout: float = CONNECT_SECONDS):
     """POST the call; (status, exit code, document). Unreachable when no answer came. `path`, `body`: another
     endpoint than /v1/call/NAME, and a body other than `given` as JSON (bytes, a file, an iterable of chunks);
     `into(response)`: takes a successful answer's body itself (then the document is None). `header`: a plain
     call's answer header to return too, fourth (None when absent). `names`: how problems name arguments ("flags":
-    as the command line does; "": as the API does)."""
+    as the command line does; "": as the API does). `connect_timeout`: of a plain call."""
     if body is None and into is None:
-        return _call(url, token, name, given, timeout, path, header, names)
+        return _call(url, token, name, given, timeout, path, header, names, connect_timeout)
     import http.client
 
     connection, base = _connection(url, timeout)
@@ -170,7 +170,7 @@ def request(url: str, token: str, name: str, given: dict, timeout: float | None 
 
 
 def _call(url: str, token: str, name: str, given: dict, timeout: float | None, path: str, header: str = "",
-          names: str = "flags"):
+          names: str = "flags", connect_timeout: float = CONNECT_SECONDS):
     """One plain call (a JSON object, its JSON answer) through agent_mail.wire: what every command but export and
     import makes, without http.client's import."""
     from agent_mail import wire
@@ -180,7 +180,7 @@ def _call(url: str, token: str, name: str, given: dict, timeout: float | None, p
         headers["X-Agent-Mail-Names"] = names
     try:
         reply = wire.post(url, path or f"/v1/call/{name}", jsonout.dumps(given).encode("utf-8"), headers, timeout,
-                          connect_timeout=CONNECT_SECONDS, keepalive=KEEPALIVE)
+                          connect_timeout=connect_timeout, keepalive=KEEPALIVE)
     except wire.Lost as exc:
         after = (" The call was sent but its answer was lost: it may have been carried out; look (read --all, "
                  "status) before repeating it.") if exc.sent else " Nothing was sent."

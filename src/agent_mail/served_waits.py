@@ -11,14 +11,19 @@ falling due, then looks again. The guarantees of a watch on its own connection h
 - a revoked token ends its waits at once: `token revoke` notifies the broadcast channel, every wait is woken,
   and a wait whose token was last found valid before the last such wake-up has it asked about again, in the
   same transaction as its look (once per token for all the waits looking together);
-- the server stopping (SIGTERM) or the client hanging up ends the wait at once, its session released;
+- the server stopping (SIGTERM) ends the wait at once, its session released; its client's stop call (POST
+  /v1/watch/stop, taken by this server or another replica: agent_mail.served_stops) releases its session in the
+  database and names it on the identity's channel, and the wait ends without writing to it again; the client
+  hanging up without that call (killed) ends it at once, its session abandoned (stale at once, as a killed
+  watch's);
 - the hub's connection dropping (a PostgreSQL restart) is made again, and every wait looks again;
 - the safety net for mail no wake-up announced (another tool writing the mailbox): once every
   HELD_REFRESH_SECONDS the server compares the mailbox's marker, for all its waits in one statement, and wakes
   them all if it moved. The same beat refreshes every session the server holds in one statement.
 
-The sessions are named INSTANCE.UUID, INSTANCE naming the hub connection (its application_name): `status` counts
-them alive exactly while that connection lives (store/postgres._presence).
+The sessions are named INSTANCE.DIGEST.NONCE (DIGEST from the client's stop_key: served_stops.session_id),
+INSTANCE naming the hub connection (its application_name): `status` counts them alive exactly while that
+connection lives (store/postgres._presence), and an abandoned one, renamed gone.DIGEST.NONCE, never.
 """
 
 from __future__ import annotations
@@ -50,10 +55,10 @@ class _Waiter:
     rather than an Event under a cancel scope: a broadcast wakes a thousand of them at once, and each costs a few
     microseconds instead of a cancel scope's tens."""
 
-    __slots__ = ("agent", "woken", "future")
+    __slots__ = ("agent", "woken", "future", "released")
 
     def __init__(self, agent: str):
-        self.agent, self.woken, self.future = agent, False, None
+        self.agent, self.woken, self.future, self.released = agent, False, None, False
 
     def wake(self) -> None:
         self.woken = True
@@ -134,13 +139,15 @@ class ServedWaits:
     """Every wait one server process carries on a PostgreSQL mailbox, over a pool of its stores (`pool`, used at
     most `limiter`'s capacity at once) and one hub, started on the first wait."""
 
-    def __init__(self, location: str, pool, limiter: anyio.CapacityLimiter, mailbox_for: Callable):
+    def __init__(self, location: str, pool, limiter: anyio.CapacityLimiter, mailbox_for: Callable,
+                 instance: str | None = None):
         self.location, self.pool, self.limiter, self.mailbox_for = location, pool, limiter, mailbox_for
-        self.instance = secrets.token_hex(6)
+        self.instance = instance or secrets.token_hex(6)
         self.hub = None
         self.stopping = False
         self.generation = 0  # counts the wake-ups of every wait (a broadcast, a revocation, a reconnection)
         self._waiters: dict[str, set[_Waiter]] = {}
+        self._held: dict[str, _Waiter] = {}  # session: its wait's waiter
         self._valid: dict[str, int] = {}  # token id: the generation at which it was last found valid
         self._revoked: dict[str, errors.Forbidden] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -182,7 +189,7 @@ class ServedWaits:
                 return
             from agent_mail.store.postgres_hub import Hub
 
-            hub = Hub(self.location, self.instance, self._woken_from_hub)
+            hub = Hub(self.location, self.instance, self._woken_from_hub, self._released_from_hub)
             await anyio.to_thread.run_sync(hub.start)
             self.hub = hub
             self._keeper = asyncio.get_running_loop().create_task(self._keep())
@@ -191,6 +198,19 @@ class ServedWaits:
         loop = self._loop
         if loop is not None and not loop.is_closed():
             loop.call_soon_threadsafe(self._wake, agents)
+
+    def _released_from_hub(self, sessions: list[str]) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._end_released, sessions)
+
+    def _end_released(self, sessions: list[str]) -> None:
+        """The waits whose sessions their clients' stop calls released (here or on another replica) end."""
+        for session in sessions:
+            waiter = self._held.get(session)
+            if waiter is not None:
+                waiter.released = True
+                waiter.wake()
 
     def _wake(self, agents: set[str] | None) -> None:
         if agents is None:
@@ -229,14 +249,19 @@ class ServedWaits:
             marker = current
 
     # -- one wait ---------------------------------------------------------------------------
-    async def wait(self, agent: str, seconds: float, grant: dict, since: int, gone: anyio.Event):
+    async def wait(self, agent: str, seconds: float, grant: dict, since: int, gone: anyio.Event,
+                   key: str | None = None):
         """Block as a watch does, for `agent`, until mail for it is there, `seconds` pass, the client is gone or
         the server stops; then release its session and return the watch's result (None when the client is
-        gone). `since`: the generation read before the token was authenticated."""
+        gone: its session abandoned). waits.Released when its client's stop call released its session. `since`:
+        the generation read before the token was authenticated; `key`: the client's stop_key (or None)."""
+        from agent_mail import served_stops
+
         await self._started()
         waiter = _Waiter(agent)
         self._waiters.setdefault(agent, set()).add(waiter)
-        session = f"{self.instance}.{model.new_message_id()}"
+        session = served_stops.session_id(self.instance, key)
+        self._held[session] = waiter
         opened = False
         subscribed = self.hub.subscribe(agent)
         try:
@@ -260,11 +285,17 @@ class ServedWaits:
                 found = await self._until_mail(waiter, seconds, grant, since, gone)
             finally:
                 watching.cancel()
+            if waiter.released:  # by its client's stop call, in the database: nothing more to write
+                from agent_mail.waits import Released
+
+                opened = False
+                raise Released()
             reason = "client gone" if found is None else "mail" if found else "timeout"
             answer = await self._ends.do((session, reason, agent, found))
             opened = False
             return answer
         finally:
+            self._held.pop(session, None)
             waiters = self._waiters.get(agent)
             if waiters is not None:
                 waiters.discard(waiter)
@@ -310,14 +341,18 @@ class ServedWaits:
 
     @staticmethod
     def _release_all(store, items: list[tuple[str, str, str, list | None]]) -> None:
-        """Release the sessions of every (session, reason, agent, found) ending together: one commit."""
+        """Release the sessions of every (session, reason, agent, found) ending together, and abandon those whose
+        clients hung up ("client gone": Store.abandon_sessions): one commit."""
         by_reason: dict[str, list[str]] = {}
         for session, reason, _, _ in items:
             by_reason.setdefault(reason, []).append(session)
         with store.transaction(write=True):
             now = model.now_iso()
             for reason, sessions in by_reason.items():
-                store.release_sessions(sessions, now, reason)
+                if reason == "client gone":
+                    store.abandon_sessions(sessions)
+                else:
+                    store.release_sessions(sessions, now, reason)
 
     def _answers(self, store, ended: list[tuple[str, str, str, list | None]]) -> list:
         """Each wait's answer as `watch` gives it (service.Mailbox._watch_result, whose every step this takes),
@@ -370,7 +405,7 @@ class ServedWaits:
         while True:
             if self.stopping:
                 raise Stopping()
-            if gone.is_set():
+            if gone.is_set() or waiter.released:
                 return None
             if look_now:
                 waiter.woken = False  # a wake-up during the look sets it again: looked at after

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import threading
 import time
 
@@ -38,10 +39,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from agent_mail import __version__, api, calls, checks, errors, grants, jsonout, model, spec, tokens
+from agent_mail import __version__, api, calls, checks, errors, grants, jsonout, model, served_stops, spec, tokens
 from agent_mail.serve_edge import (Dated, MAX_HEAD_BYTES, _address, _body, _is_loopback, _keepalive, _log, _Protocol,
                                    _upload)
 from agent_mail.served_waits import ServedWaits, Stopping
+from agent_mail.waits import HungUp, Released
 
 EXIT_HEADER, NAMES_HEADER = api.EXIT_HEADER, api.NAMES_HEADER
 SERVED, LOCAL_TO_CLIENT, EXTRAS = api.SERVED, api.LOCAL_TO_CLIENT, api.EXTRAS
@@ -65,6 +67,7 @@ class _Carrier:
         self.location = location
         self.pooled = backend_name(location) == "postgresql"
         self.pool = self.limiter = self.waits = self.own_limiter = None
+        self.instance = secrets.token_hex(6)  # the holder named in the ids of the sessions of its waits
         _CARRIERS.append(self)
 
     def ready(self) -> None:
@@ -77,7 +80,7 @@ class _Carrier:
 
             self.pool = StorePool(self.location, POOL_SIZE)
             self.limiter = anyio.CapacityLimiter(POOL_SIZE)
-            self.waits = ServedWaits(self.location, self.pool, self.limiter, service.Mailbox)
+            self.waits = ServedWaits(self.location, self.pool, self.limiter, service.Mailbox, self.instance)
         else:
             self.limiter = anyio.CapacityLimiter(MAX_THREADS)
 
@@ -119,18 +122,14 @@ _ON_THE_HUB = tuple(name for name in SERVED if name not in api.WAITS or name == 
 class _Wait:
     """A watch to wait for on the server's event loop (PostgreSQL): what _carry_out checked for it."""
 
-    def __init__(self, values: dict, grant: dict):
-        self.values, self.grant = values, grant
+    def __init__(self, values: dict, grant: dict, key: str | None):
+        self.values, self.grant, self.key = values, grant, key
         minutes = values.get("timeout_minutes") or model.WATCH_MINUTES_DEFAULT
         self.seconds = values["timeout_seconds"] if values.get("timeout_seconds") is not None else minutes * 60.0
 
 
-class _HungUp(errors.AgentMailError):
-    """The client of a wait hung up: its session is released, and there is nobody to answer."""
-
-
 def _status(error: errors.AgentMailError) -> int:
-    if isinstance(error, _HungUp):
+    if isinstance(error, HungUp):
         return 499  # logged only (nginx's "client closed request")
     if getattr(error, "http_status", None):
         return error.http_status
@@ -210,10 +209,10 @@ def _carry_out(carrier: _Carrier, name: str, presented: str | None, body: bytes,
         values.update(api.carried(name, extras))
         delivery = _delivery(values, extras.get("deliver")) if name == "read" else None
         if name in api.WAITS:
-            _bound_wait(values, extras, store, grant, gone)
+            key = _bound_wait(carrier, name, values, extras, store, grant, gone)
             if carrier.waits is not None and name == "watch" and not values["once"]:
                 values.pop("wanted")
-                return _Wait(values, grant)
+                return _Wait(values, grant, key)
         result = calls.run(name, values, mailbox=mailbox)
         if delivery is not None and delivery.held:
             info["delivery"] = delivery.id
@@ -252,8 +251,14 @@ def _settle(carrier: _Carrier, presented: str | None, body: bytes, info: dict) -
         return deliveries.settle(service.Mailbox(store), delivery, printed, may_act_as)
 
 
-def _bound_wait(values: dict, extras: dict, store, grant: dict, gone: threading.Event) -> None:
-    """A watch's wait, ended by a stopping server, a revoked token or a client that hung up."""
+def _bound_wait(carrier: _Carrier, name: str, values: dict, extras: dict, store, grant: dict,
+                gone: threading.Event) -> str | None:
+    """A wait, ended by a stopping server, a revoked token or a client that hung up; a watch's also by its client's
+    stop call (its session released, from any replica: agent_mail.served_stops). A watch's client that hung up
+    leaves its session abandoned (stale at once, as a killed watch's); a hook's waiter's is released as it ends
+    (a harness ends its waiter routinely, and that client makes no stop call). The watch's stop_key, checked."""
+    key = served_stops.checked_key(extras.get("stop_key")) if name == "watch" else None
+    session = served_stops.session_id(carrier.instance, key) if name == "watch" and carrier.waits is None else None
     wait = extras.get("wait_seconds")
     if wait is not None and not values["once"]:
         if isinstance(wait, bool) or not isinstance(wait, (int, float)) or \
@@ -266,9 +271,19 @@ def _bound_wait(values: dict, extras: dict, store, grant: dict, gone: threading.
         if _STOPPING.is_set():
             raise Stopping()
         tokens.still_valid(store, grant)
-        return not gone.is_set()
+        if session is None:
+            return not gone.is_set()
+        if gone.is_set():
+            raise HungUp()
+        with store.transaction():
+            if store.session_state(session) == "released":
+                raise Released()
+        return True
     if not values["once"]:
         values["wanted"] = wanted
+        if session is not None:
+            values["session"] = session
+    return key
 
 
 def _look(location: str, look: str, presented: str | None, body: bytes, info: dict, gone: threading.Event) -> dict:
@@ -294,6 +309,16 @@ def _look(location: str, look: str, presented: str | None, body: bytes, info: di
             served_looks.dashboard(mailbox, values, wanted)
     finally:
         store.close()
+
+
+def _stop_wait(carrier: _Carrier, presented: str | None, body: bytes, info: dict) -> dict:
+    """POST /v1/watch/stop (agent_mail.served_stops): authenticate, check, grant, release the wait's session."""
+    with carrier.store() as store:
+        grant = tokens.authenticate(store, presented)  # before anything else is read
+        info["token_id"] = grant["id"]
+        values = served_stops.check(_given("the stop call", body))
+        info["as"] = served_stops.grant(grant, values)
+        return served_stops.stop(store, values)
 
 
 def _contents(store, listed: list[dict]) -> dict:
@@ -372,9 +397,10 @@ async def _call(carrier: _Carrier, name: str, request: Request, body: bytes, inf
         result = await carrier.run(_carry_out, carrier, name, _bearer(request), body, info, gone,
                                    own=name not in _ON_THE_HUB)
         if isinstance(result, _Wait):
-            result = await carrier.waits.wait(result.values["agent"], result.seconds, result.grant, since, hung_up)
+            result = await carrier.waits.wait(result.values["agent"], result.seconds, result.grant, since, hung_up,
+                                              result.key)
             if result is None:  # nobody to answer
-                raise _HungUp("the client hung up; its wait ended and its session was released.")
+                raise HungUp()
         return result
     finally:
         if watching is not None:
@@ -487,13 +513,17 @@ def app_for(location: str) -> Starlette:
             return outcome[0]
         return await _answered(request, look, answer)
 
-    async def delivered(request: Request) -> Response:
-        """POST /v1/delivered: confirm (or cancel) a delivery once the client printed (or could not print) it."""
-        async def settle(info: dict) -> dict:
-            body = await _body(request)
-            carrier.ready()
-            return await carrier.run(_settle, carrier, _bearer(request), body, info)
-        return await _answered(request, "delivered", settle)
+    def carried_by(name: str, function):
+        """An endpoint whose JSON body `function(carrier, token, body, info)` answers in a worker thread:
+        POST /v1/delivered (a read's delivery confirmed or cancelled) and POST /v1/watch/stop (a watch's client,
+        stopped by a signal, releasing its wait's session)."""
+        async def endpoint(request: Request) -> Response:
+            async def carry_out(info: dict) -> dict:
+                body = await _body(request)
+                carrier.ready()
+                return await carrier.run(function, carrier, _bearer(request), body, info)
+            return await _answered(request, name, carry_out)
+        return endpoint
 
     async def health(request: Request) -> Response:
         return _document({"ok": True, "stopping": _STOPPING.is_set()}, 200, errors.EXIT_OK)
@@ -505,9 +535,10 @@ def app_for(location: str) -> Starlette:
     return Starlette(routes=[Route("/v1/call/{command}", call, methods=["POST"]),  # the app's lifespan
                              Route("/v1/export", transfer, methods=["POST"]),
                              Route("/v1/import", transfer, methods=["POST"]),
-                             Route(api.DELIVERED_PATH, delivered, methods=["POST"]),
+                             Route(api.DELIVERED_PATH, carried_by("delivered", _settle), methods=["POST"]),
                              Route(api.FOLLOW_PATH, looks, methods=["POST"]),
                              Route(api.DASHBOARD_PATH, looks, methods=["POST"]),
+                             Route(api.STOP_PATH, carried_by("stop_watch", _stop_wait), methods=["POST"]),
                              Route("/v1/health", health, methods=["GET"]),
                              Route("/openapi.json", openapi, methods=["GET"]),
                              Route("/mcp", mcp, methods=["GET", "POST", "DELETE"])],

@@ -301,17 +301,18 @@ class Mailbox:
 
     @guarded("watch")
     def watch(self, *, agent: str, timeout_minutes: float | None = None, once: bool = False,
-              timeout_seconds: float | None = None, wanted=None, emit: Emit = no_emit) -> dict:
+              timeout_seconds: float | None = None, wanted=None, session: str | None = None, emit: Emit = no_emit):
         """Block until `agent` has unread mail (or the timeout passes); return envelopes, consume nothing.
         timeout_seconds: a shorter wait than the command line allows (the MCP tool's bounded wait);
-        wanted(): checked at each refresh, False ends the wait early (the MCP call was cancelled)."""
+        wanted(): checked at each refresh, False ends the wait early (the MCP call was cancelled);
+        session: the liveness session's id (a server's wait names it from its client's key)."""
         if once:
             return self._watch_result(agent, self.waits.envelopes(agent), emit=emit, heartbeat=True)
         minutes = model.WATCH_MINUTES_DEFAULT if timeout_minutes is None else timeout_minutes
         if timeout_seconds is not None:
             minutes = timeout_seconds / 60.0
         # Handlers first (in wait_armed): a signal that arrives once the session exists must still release it.
-        messages = self.waits.wait_armed(agent, minutes * 60.0, wanted=wanted)
+        messages = self.waits.wait_armed(agent, minutes * 60.0, wanted=wanted, session=session)
         # On a shared mailbox the sender may be on another machine, where this agent's mirror directory is not:
         # the watch, on the agent's machine, brings the mirror up to date (files only, best effort).
         return self._watch_result(agent, messages, emit=emit, render=bool(messages) and self.store.kind != "sqlite")

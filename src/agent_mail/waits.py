@@ -18,6 +18,27 @@ SAFETY_CHECK_SECONDS = 15.0
 RELEASE_PATIENCE_SECONDS = 0.3  # how long a stopped watch waits for the write lock to release its session
 
 
+class HungUp(errors.AgentMailError):
+    """A server's watch whose client hung up without stopping it (killed, or its connection dropped): the wait
+    ends, its session is left armed and abandoned (Store.abandon_sessions: stale at once, as a killed watch's on
+    the mailbox's machine), and there is nobody to answer."""
+
+    def __init__(self):
+        super().__init__("the client hung up without stopping its wait; the wait ended and its session reads as "
+                         "stale (stopped without exiting).")
+
+
+class Released(errors.AgentMailError):
+    """A server's watch whose session its client released (POST /v1/watch/stop, through any replica, when a
+    signal stopped it): the wait ends with nothing found, its session left released."""
+
+    http_status = 409
+
+    def __init__(self):
+        super().__init__("this wait's session was released by its client (POST /v1/watch/stop); the wait ended "
+                         "with nothing found.")
+
+
 class Stopped(Exception):
     """A signal ended a blocked watch."""
 
@@ -66,11 +87,14 @@ class Waits:
         self.mailbox = mailbox
         self.store = mailbox.store
 
-    def wait_armed(self, agent: str, seconds: float, look_for=None, wanted=None) -> list[dict]:
+    def wait_armed(self, agent: str, seconds: float, look_for=None, wanted=None, session: str | None = None) \
+            -> list[dict]:
         """Block as a watch does (an armed liveness session, released on the way out, signals included) until
-        look_for() finds something, wanted() turns False, or `seconds` pass; what was found, or []."""
+        look_for() finds something, wanted() turns False, or `seconds` pass; what was found, or []. `session`: the
+        session's id (a server's, made from its client's key), else a new one. wanted() raising HungUp leaves the
+        session armed and abandoned instead."""
         self.store.relax_durability()  # this connection writes liveness only; skip its syncs
-        session = model.new_message_id()
+        session = session or model.new_message_id()
         previous = install_stop_handlers()
         try:
             # Listening first: where the listener holds the session's presence (a lock, a connection), the
@@ -88,6 +112,13 @@ class Waits:
             name = signal.Signals(stop.signum).name
             raise errors.Interrupted(f"the wait for {agent} was stopped by {name}; its session was released, "
                                      "so status shows it as released, not armed.", 128 + stop.signum) from None
+        except HungUp:
+            try:
+                with self.store.transaction(write=True):
+                    self.store.abandon_sessions([session])
+            except errors.StorageError:
+                pass  # the hang-up is what to report; an armed session left as it is turns stale by itself
+            raise
         except BaseException:
             self.release(session, "error", quietly=True)
             raise

@@ -117,7 +117,8 @@ def describe_document(storage: dict, version: str, command: str | None = None) -
             f"stale (hung) after {model.HUNG_SECONDS:.0f} s without a refresh. A watch that cannot hold one (no "
             f"pipes or locks on that file system) refreshes every {model.REFRESH_SECONDS:.0f} s and is stale "
             f"after {model.STALE_SECONDS:.0f} s without. On PostgreSQL a partitioned watch's connection is ended "
-            "by the server within about 10 s.",
+            "by the server within about 10 s. Through agent-mail serve the server holds it for the watch's client: "
+            "a client stopped by a signal releases its session before it exits, one killed is stale at once.",
         },
         "global_flags": {
             "--version": "Print {name, version} and exit. Takes no arguments.",

@@ -444,6 +444,9 @@ register(Command(
            "MCP over streamable HTTP at /mcp, the identity taken from the bearer token (setup HARNESS --agent "
            "P:N with AGENT_MAIL_DB naming this server writes that entry). POST /v1/follow and /v1/dashboard carry "
            "the client-side notification mirror and the dashboard. GET /v1/health answers {ok, stopping}.",
+           "A watch through it reads as on the mailbox's machine: a client stopped by SIGTERM, SIGINT or SIGHUP "
+           "releases its session before it exits (POST /v1/watch/stop with its request's stop_key, on any replica), "
+           "and a killed one leaves it stale at once.",
            "On PostgreSQL one LISTEN connection per server process carries every blocked watch, and calls share a "
            "pool of 8 connections. A send carries an idempotency key (stored once when repeated). A read that "
            "marks is delivered, then confirmed: with deliver=confirm the server holds the marks and names the "

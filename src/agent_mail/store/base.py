@@ -181,6 +181,16 @@ def gone_since(last_seen, now):
     return latest if last_seen is None or last_seen > latest else last_seen
 
 
+# The holder part of the id of a session a server held for a client that hung up without stopping its wait
+# (killed, or its connection dropped): see Store.abandon_sessions.
+GONE_HOLDER = "gone"
+
+
+def holder_gone(session_id: str) -> bool:
+    """Whether a watch session's id says nothing holds it any more (Store.abandon_sessions)."""
+    return session_id.startswith(GONE_HOLDER + ".")
+
+
 class Store(WholeMailbox):
     """A mailbox. Subclasses implement the queries; waiting has a polling default."""
 
@@ -397,6 +407,24 @@ class Store(WholeMailbox):
     def touch_sessions(self, prefix: str, at: str) -> int:
         """Refresh, in one statement, every armed session whose id starts with `prefix` (the sessions one
         server process holds, named INSTANCE.UUID); how many."""
+        raise NotImplementedError
+
+    def abandon_sessions(self, session_ids: list[str]) -> None:
+        """Mark the armed sessions of a server's waits whose clients hung up without stopping them (killed, or
+        their connection dropped) as held by nobody: each id's holder part (INSTANCE in INSTANCE.KEY) becomes
+        GONE_HOLDER, so liveness() reads them as a killed watch's, stale at once (gone_since), neither
+        released (the client never exited) nor alive (the server still is). Released ones are left as they are."""
+        raise NotImplementedError
+
+    def release_keyed_session(self, agent: str, key: str, at: str, reason: str) -> dict | None:
+        """Release `agent`'s armed sessions made with `key` (HOLDER.KEY.NONCE: a server's wait, stopped by its
+        client, which any replica can do), whatever holder their ids name, and announce each (announce_release).
+        {sessions: those released now, released (False: they were released already), released_at}, or None when
+        `agent` has no session of that key."""
+        raise NotImplementedError
+
+    def session_state(self, session_id: str) -> str | None:
+        """A watch session's state ('armed', 'released'), or None when there is no such session."""
         raise NotImplementedError
 
     def release_session_alone(self, session_id: str, at: str, reason: str, patience: float | None = None) -> None:

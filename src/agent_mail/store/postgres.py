@@ -46,6 +46,10 @@ _WATCH_APP = "agent-mail watch "  # application_name of a watch's connection, fo
 # application_name of a server process's LISTEN connection (postgres_hub), followed by its instance; the watch
 # sessions that server holds are named INSTANCE.UUID.
 SERVE_APP = "agent-mail serve "
+# The payload of a notification on an identity's channel that says which session its client's stop call released
+# (Store.announce_release): the server holding that wait ends it (postgres_hub, served_waits), whichever replica
+# took the call.
+RELEASED_NOTE = "released "
 # Connection settings we choose unless the URL or the environment does: a dead peer (a partition) is
 # noticed in seconds rather than the kernel's quarter of an hour.
 _DEFAULTS = {"connect_timeout": ("PGCONNECT_TIMEOUT", "5"), "application_name": ("PGAPPNAME", "agent-mail"),
@@ -425,6 +429,11 @@ class PostgresStore(SQLStore):
         # Likewise: the session's own row only, one round trip on the way out of a watch.
         self._autocommit("releasing a watch", lambda: self.release_session(session_id, at, reason))
 
+    def announce_release(self, agent: str, session_id: str) -> None:
+        # On the identity's channel, naming the session (delivered at commit, as every wake-up): the hub holding
+        # it ends that one wait; no other wait of the identity looks again for it.
+        self._x("SELECT pg_notify(?, ?)", (channel(self.schema, agent), RELEASED_NOTE + session_id))
+
     def mail_marker(self) -> object:
         return self._autocommit("waiting", lambda: self._value("SELECT MAX(seq) FROM messages"))
 
@@ -501,7 +510,8 @@ def _presence(store: PostgresStore, facts: dict[str, dict], agent: str | None) -
     server's LISTEN connection names the instance its id starts with; visible to every role) is seen now,
     unless its row was not refreshed for HUNG_SECONDS (hung); an armed session whose connection is gone is a
     dead watch, stale at once (a killed watch's connection ends at once; a partitioned one is ended by the
-    server within seconds, by the session's server-side keepalives)."""
+    server within seconds, by the session's server-side keepalives). A session a server abandoned (its client
+    hung up: Store.abandon_sessions) names the holder GONE_HOLDER, which no connection is named after: stale."""
     from agent_mail.store.base import gone_since
 
     present, serving = set(), set()

@@ -35,7 +35,7 @@ import psycopg
 
 from agent_mail import errors
 from agent_mail.store import redact_url, url_secrets
-from agent_mail.store.postgres import _DEFAULTS, SERVE_APP, _error_text, channel, split_url
+from agent_mail.store.postgres import _DEFAULTS, RELEASED_NOTE, SERVE_APP, _error_text, channel, split_url
 
 RETRY_SECONDS = (0.05, 2.0)  # the first and the longest pause between two attempts to connect again
 LINGER_SECONDS = 5.0  # an identity's channel stays LISTENed this long after its last wait ended
@@ -43,12 +43,14 @@ LINGER_SECONDS = 5.0  # an identity's channel stays LISTENed this long after its
 
 class Hub:
     """One server process's LISTEN connection; `on_wake(agents)` is called in the hub's thread with the identities
-    whose waits are to look again, or None for every wait (a broadcast, a revoked token, a reconnection)."""
+    whose waits are to look again, or None for every wait (a broadcast, a revoked token, a reconnection);
+    `on_released(sessions)` with the sessions their clients' stop calls released (a notification on an identity's
+    channel naming one: Store.announce_release), whose waits end."""
 
-    def __init__(self, url: str, instance: str, on_wake):
+    def __init__(self, url: str, instance: str, on_wake, on_released=None):
         self._conninfo, self.schema = split_url(url)
         self.display, self._secrets = redact_url(url), url_secrets(url)
-        self.instance, self._on_wake = instance, on_wake
+        self.instance, self._on_wake, self._on_released = instance, on_wake, on_released
         self._lock = threading.Lock()
         self._counts: dict[str, int] = {}  # identity: waits in progress
         self._lingering: dict[str, float] = {}  # identity without waits: when its channel may be UNLISTENed
@@ -186,13 +188,18 @@ class Hub:
 
     def _drain(self) -> None:
         woken: set[str] = set()
+        released: list[str] = []
         everyone = False
         for note in self.db.notifies(timeout=0):
             agent = self._listened.get(note.channel)
-            if agent == "*":
+            if note.payload.startswith(RELEASED_NOTE):  # one wait's session, no mail: that wait ends
+                released.append(note.payload[len(RELEASED_NOTE):])
+            elif agent == "*":
                 everyone = True
             elif agent is not None:
                 woken.add(agent)
+        if released and self._on_released is not None:
+            self._on_released(released)
         if everyone:
             self._on_wake(None)
         elif woken:

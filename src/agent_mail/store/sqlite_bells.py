@@ -18,22 +18,28 @@ def presence(path: str, db: sqlite3.Connection, facts: dict[str, dict], agent: s
     """The stored liveness `facts` of the mailbox at `path`, with what its armed sessions' pipes tell: a pipe
     whose lock is held is a live watch, seen now (unless it stopped refreshing for HUNG_SECONDS: hung); a pipe
     whose process is gone is a dead watch, stale at once; a pipe without a lock (an older agent-mail's watch)
-    counts by its refreshes, as before. A session without a pipe counts by its row."""
-    from agent_mail.store.base import gone_since
+    counts by its refreshes, as before. A session without a pipe counts by its row, unless its id says nothing
+    holds it (a server's wait whose client hung up: Store.abandon_sessions): stale at once, as a killed watch."""
+    from agent_mail.store.base import GONE_HOLDER, gone_since, holder_gone
     from agent_mail.store.sql import SQLStore
 
     pipes = pipe_presence(path, agent)
-    if not pipes:
+    where = "AND agent = ?" if agent is not None else ""
+    params = (agent,) if agent is not None else ()
+    # Without pipes only an abandoned session says more than its row (found by the ids' index: GONE_HOLDER.*).
+    if not pipes and db.execute(f"SELECT 1 FROM watch_sessions WHERE id >= ? AND id < ? AND state = 'armed' {where} "
+                                "LIMIT 1", (GONE_HOLDER + ".", GONE_HOLDER + "/", *params)).fetchone() is None:
         return facts
     now = model.now()
     spoken = {name for name, _, _ in pipes.values()}
     armed: dict[str, list] = {}  # identity: [(the moment an armed session was last known alive, alive now)]
-    where = "AND agent = ?" if agent is not None else ""
     for session, name, last_seen in db.execute(
-            f"SELECT id, agent, last_seen FROM watch_sessions WHERE state = 'armed' {where}",
-            (agent,) if agent is not None else ()):
+            f"SELECT id, agent, last_seen FROM watch_sessions WHERE state = 'armed' {where}", params):
         stored = model.parse_iso(last_seen)
-        if session not in pipes:
+        if holder_gone(session):  # its server's client hung up: nothing holds it
+            seen = (gone_since(stored, now), False)
+            spoken.add(name)
+        elif session not in pipes:
             seen = (stored, False)
         else:
             _, touched, held = pipes[session]
