@@ -547,7 +547,8 @@ def test_a_partitioned_client_gets_a_clear_error_and_nothing_is_half_done(server
                 assert "Nothing was sent" in _clear_error(refused.stderr, token)["error"]
                 while _alice(server)["watch_state"] == "armed" and time.monotonic() - cut_at < 25:
                     time.sleep(0.2)
-                assert _alice(server)["watch_state"] == "released"  # the server let the unreachable wait go
+                # the server let the unreachable wait go; its client never said it stopped: stale, not released
+                assert _alice(server)["watch_state"] == "stale"
                 _json(server.direct("send", "--from", "team:bob", "--to", "team:alice", "--subject", "meanwhile"))
                 time.sleep(max(0.0, 15 - (time.monotonic() - cut_at)))  # the keepalive noticed the dead link
                 assert held.poll() is None and watch.poll() is None  # both waiting for the link, neither failed
