@@ -622,6 +622,11 @@ class StoreContract:
                 assert store.end_lease("d3") == 1 and store.end_lease("d3") == 0
             with store.transaction():
                 assert store.holds_of_many(["b:y"], at) == {} and store.leased_ids("c:z", at) == {"m1"}
+            with store.transaction(write=True):  # cleanup sweeps holds that ended before its cutoff, no others
+                store.lease_deliveries("d4", "e:v", [("m9", "read")], _ago(60 * 24 * 9), _ago(60 * 24 * 8))
+                store.cleanup(_ago(60 * 24 * 7), dry_run=False)
+            with store.transaction():
+                assert store.lease_of("d4") == [] and store.leased_ids("c:z", at) == {"m1"}
         finally:
             store.close()
 
