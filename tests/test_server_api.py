@@ -159,3 +159,12 @@ def test_an_import_by_a_token_that_may_not_is_refused_before_its_upload(server):
             answer += chunk
     assert answer.startswith(b"HTTP/1.1 403"), answer[:200]
     assert agent.encode() not in answer
+
+
+def test_the_clients_copies_of_the_apis_names_are_the_apis():
+    """The client never loads agent_mail.api (its tables cost start-up time), so it keeps its own copies of the
+    few names it sends and reads; they must stay the API's."""
+    from agent_mail import api, client, client_calls
+
+    assert (client_calls.EXIT_HEADER, client_calls.DELIVERY_HEADER, client_calls.DELIVERED_PATH, client.STOP_PATH) \
+        == (api.EXIT_HEADER, api.DELIVERY_HEADER, api.DELIVERED_PATH, api.STOP_PATH)
