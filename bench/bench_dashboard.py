@@ -52,7 +52,7 @@ HEADERS = ("measure", "SQLite", "PostgreSQL", "target")
 APP_NAME = "agent-mail-bench-dashboard"
 SENDER = r"""
 import sys, time
-from agent_mail.service import open_mailbox
+from agent_mail.operations.mail import open_mailbox
 count, every, tag = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
 with open_mailbox() as mailbox:
     start = time.monotonic()
@@ -63,7 +63,7 @@ with open_mailbox() as mailbox:
 """
 DIRECT = r"""
 import sys, time
-from agent_mail.service import open_mailbox
+from agent_mail.operations.mail import open_mailbox
 with open_mailbox() as mailbox:
     mailbox.send(from_="busy:boss", to=[sys.argv[1]], subject="wake")
     print(time.monotonic(), flush=True)

@@ -42,7 +42,7 @@ SENDER = "herd:boss"
 HELD_REFRESH_SECONDS = 300.0  # agent_mail.model's: how often a watch that holds its presence wakes while idle
 OURS_SEND = r"""
 import sys, time
-from agent_mail.service import open_mailbox
+from agent_mail.operations.mail import open_mailbox
 with open_mailbox() as mailbox:
     mailbox.send(from_=sys.argv[1], to=[sys.argv[2]], subject="wake")
 print(time.perf_counter())

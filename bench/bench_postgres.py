@@ -47,7 +47,7 @@ WAKE_AGENT = "bench:watcher"
 # own per call, the driver already imported): the per-call cost without the process's start-up.
 WARM = r"""
 import contextlib, io, json, statistics, sys, time
-from agent_mail import cli
+from agent_mail.cli import main
 rounds, commands = int(sys.argv[1]), json.loads(sys.argv[2])
 result = {}
 for label, argv in commands:
@@ -55,7 +55,7 @@ for label, argv in commands:
     for _ in range(rounds + 1):
         started = time.perf_counter()
         with contextlib.redirect_stdout(io.StringIO()):
-            code = cli.main(argv)
+            code = main.main(argv)
         samples.append((time.perf_counter() - started) * 1000)
         assert code == 0, (argv, code)
     result[label] = statistics.median(samples[1:])
@@ -63,7 +63,7 @@ print(json.dumps(result))
 """
 COMMIT = r"""
 import os, sys, time
-from agent_mail.service import open_mailbox
+from agent_mail.operations.mail import open_mailbox
 with open_mailbox() as mailbox:
     mailbox.send(from_="bench:sender", to=[sys.argv[1]], subject="wake")
     print(time.monotonic(), flush=True)
@@ -166,7 +166,7 @@ def driver_rows(python: str, rounds: int) -> list[tuple]:
         return summary(samples)[0]
 
     bare, driver = median_ms("pass"), median_ms("import psycopg")
-    ours_sqlite = median_ms("import agent_mail.cli, agent_mail.service, sqlite3")
+    ours_sqlite = median_ms("import agent_mail.cli.main, agent_mail.operations.mail, sqlite3")
     return [("python -c 'import psycopg' minus a bare interpreter (the driver's import), ms", f"{driver - bare:.1f}",
              f"{ours_sqlite - bare:.1f} (our SQLite path's imports)", "", "")]
 

@@ -25,7 +25,8 @@ from common import cli_env, report, summary  # noqa: E402
 def seed(db: str, root: str) -> str:
     """1,000 reservations in the repository at `root`; the key they are filed under."""
     os.environ["AGENT_MAIL_DB"] = db
-    from agent_mail import model, repos
+    from agent_mail import model
+    from agent_mail.parts import repos
     from agent_mail.store import open_store
 
     key = repos.locate(cwd=root).key

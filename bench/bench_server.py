@@ -48,8 +48,8 @@ EXTRAS = ("psycopg[binary]>=3.3,<4", "starlette>=0.46,<2", "uvicorn>=0.34,<1")  
 IMPORTS = r"""
 import sys
 before = set(sys.modules)
-from agent_mail import cli
-code = cli.main(sys.argv[1:])
+from agent_mail.cli import main
+code = main.main(sys.argv[1:])
 new = {m.split('.')[0] for m in set(sys.modules) - before}
 print(code, json.dumps(sorted(m for m in new if m not in sys.stdlib_module_names and m != 'agent_mail')),
       file=sys.stderr)

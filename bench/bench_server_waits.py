@@ -42,10 +42,10 @@ from serving import database_ports  # noqa: E402
 
 PG_URL = os.environ.get("AGENT_MAIL_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
 HEADERS = ("measure", "agent-mail serve on PostgreSQL", "target")
-POOL_SIZE = 8  # agent_mail.server.POOL_SIZE
+POOL_SIZE = 8  # agent_mail.server.app.POOL_SIZE
 SEND = r"""
 import sys, time
-from agent_mail.service import open_mailbox
+from agent_mail.operations.mail import open_mailbox
 with open_mailbox() as mailbox:
     mailbox.send(from_="bench:lead", to=["*"], subject="everyone")
 print(time.perf_counter())

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from agent_mail import cli
+from agent_mail.cli import main
 
 SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
 
@@ -252,7 +252,7 @@ def _run_inprocess(*argv: str, stdin: bytes | None = None) -> Result:
     if stdin is not None:
         sys.stdin = io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8")
     try:
-        code = cli.main(list(argv))
+        code = main.main(list(argv))
     finally:
         sys.stdout, sys.stderr, sys.stdin = saved
     out.flush()
@@ -364,7 +364,7 @@ def mailbox_itself(mailbox):
     """The test mailbox opened in this process (the library's Mailbox on the file or schema itself, whatever
     AGENT_MAIL_DB names: also under AGENT_MAIL_TEST_THROUGH=server), for tests that set up with the library
     what the commands would not (a watch that ran out, a row to move)."""
-    from agent_mail.service import Mailbox
+    from agent_mail.operations.mail import Mailbox
     from agent_mail.store import open_store
 
     store = open_store(str(mailbox))

@@ -13,7 +13,10 @@ import threading
 
 import pytest
 
-from agent_mail import calls, checks, cli, errors, spec
+from agent_mail import calls, errors, spec
+from agent_mail.parts import checks
+from agent_mail.cli import main
+from agent_mail.protocols import mcp_tools
 
 VALID = {
     spec.IDENTITY: "proj:alice",
@@ -106,9 +109,9 @@ def test_the_command_line_and_a_named_call_refuse_the_same_value_with_the_same_p
     with pytest.raises(errors.InvalidInput) as named:
         calls.check(name, given)
     with pytest.raises(errors.InvalidInput) as words:
-        cli.parse([name] + _words(command, given))
+        main.parse([name] + _words(command, given))
     # The same problems; the command line names arguments as flags, a named call by their names.
-    assert sorted(map(json.dumps, named.value.renamed(cli.namer(command)).problems())) == \
+    assert sorted(map(json.dumps, named.value.renamed(main.namer(command)).problems())) == \
         sorted(map(json.dumps, words.value.problems()))
     assert key in {p["field"] for p in named.value.problems()}
     assert arg.name in {p["field"] for p in words.value.problems()}
@@ -117,22 +120,21 @@ def test_the_command_line_and_a_named_call_refuse_the_same_value_with_the_same_p
 def _mcp_problems(name: str, arguments: dict) -> list[dict]:
     import anyio
 
-    from agent_mail import mcp_server
+    from agent_mail.harness import mcp_stdio
 
-    server = mcp_server.AgentMailServer(None, ".")
+    server = mcp_stdio.AgentMailServer(None, ".")
     result = anyio.run(server.call_tool, name, arguments)
     assert result.is_error, result
     return json.loads(result.content[0].text)["problems"]
 
 
 @pytest.mark.parametrize("name,key,bad", [c for c in _cases() if c.values[0] in
-                                          __import__("agent_mail.mcp_server").mcp_server.TOOLS])
+                                          mcp_tools.TOOLS])
 def test_mcp_refuses_the_same_value_with_the_same_problems_in_its_own_names(name, key, bad):
     command = spec.COMMANDS[name]
     given = _baseline(command)
     given[key] = bad
-    if key in {checks.key(command.arg(f)) for f in __import__("agent_mail.mcp_server").mcp_server._NOT_TOOL_ARGS
-               .get(name, ())}:
+    if key in {checks.key(command.arg(f)) for f in mcp_tools.NOT_TOOL_ARGS.get(name, ())}:
         pytest.skip("not a tool argument")
     with pytest.raises(errors.InvalidInput) as named:
         calls.check(name, given)
@@ -157,14 +159,15 @@ def test_a_rule_between_arguments_names_them_in_each_front_ends_words():
     problem = named.value.problems()[0]
     assert problem == {"field": "no_ack", "message": "only applies with reply_to; drop it or add reply_to."}
     with pytest.raises(errors.InvalidInput) as words:
-        cli.parse(["send", "--from", "p:a", "--to", "p:b", "--subject", "s", "--no-ack"])
+        main.parse(["send", "--from", "p:a", "--to", "p:b", "--subject", "s", "--no-ack"])
     assert words.value.problems()[0] == {"field": "--no-ack",
                                          "message": "only applies with --reply-to; drop it or add --reply-to."}
     assert _mcp_problems("send", {"from": "p:a", "to": ["p:b"], "subject": "s", "no_ack": True})[0] == problem
 
 
 def test_the_hook_and_the_dashboard_check_their_identity_through_the_call_layer(monkeypatch):
-    from agent_mail import dashboard, hooks
+    from agent_mail import dashboard
+    from agent_mail.harness import hooks
 
     expected = checks.convert(spec.COMMANDS["hook"], spec.COMMANDS["hook"].arg("--agent"), "Bad Agent")[1]
     monkeypatch.setenv("AGENT_MAIL_AGENT", "Bad Agent")
@@ -205,17 +208,17 @@ MAILBOX_OPERATIONS = ("send", "read", "ack", "watch", "heartbeat", "dismiss", "a
 
 def _library_call(name: str, values: dict):
     """Call operation `name` as Python code would (keywords, typed values), on this test's mailbox."""
-    from agent_mail import history, location, service
+    from agent_mail.operations import history, location, mail
 
     if name in MAILBOX_OPERATIONS:
-        with service.open_mailbox() as mailbox:
+        with mail.open_mailbox() as mailbox:
             return getattr(mailbox, name)(**values)
     if name == "export":
-        with service.open_mailbox() as mailbox:
+        with mail.open_mailbox() as mailbox:
             return history.export(mailbox.store, **{k: values.get(k) for k in ("format", "output", "agent",
                                                                                  "since_days")})
     if name == "import":
-        with service.open_mailbox() as mailbox:
+        with mail.open_mailbox() as mailbox:
             return history.import_file(mailbox.store, values.get("file"), values.get("dry_run", False))
     if name == "doctor":
         return location.doctor(**values)
@@ -245,9 +248,9 @@ def test_each_public_operation_refuses_a_bad_value_from_python_naming_the_argume
 
 
 def test_the_library_refuses_what_the_issue_found_it_accepting():
-    from agent_mail import service
+    from agent_mail.operations import mail
 
-    with service.open_mailbox() as mailbox:
+    with mail.open_mailbox() as mailbox:
         with pytest.raises(errors.InvalidInput) as read:
             mailbox.read(agent="NOT A VALID ID", limit=-5)
         assert {p["field"] for p in read.value.problems()} == {"agent", "limit"}

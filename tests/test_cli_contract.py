@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from agent_mail import cli, spec
+from agent_mail.cli import main
+from agent_mail import spec
 from agent_mail.store import sqlite as sqlite_store
 from conftest import am_process, mailbox_exists, process_env
 
@@ -75,7 +76,7 @@ def test_every_example_parses(am):
         assert command.examples, f"{name} has no example"
         for example in command.examples:
             argv = shlex.split(example)
-            parsed_name, _ = cli.parse(argv)
+            parsed_name, _ = main.parse(argv)
             assert parsed_name == name, example
 
 
@@ -88,7 +89,7 @@ def test_parser_accepts_exactly_the_documented_flags(am):
             if arg.positional or arg.kind == spec.REMOVED:
                 continue
             with pytest.raises(Exception) as caught:
-                cli.parse([name, arg.name + "x-undocumented"])
+                main.parse([name, arg.name + "x-undocumented"])
             assert "is not a flag" in str(caught.value)
 
 
@@ -124,12 +125,12 @@ def test_values_that_look_like_flags_or_numbers_are_accepted(am):
 
 @pytest.mark.local_only("an in-process failure planted in the library (monkeypatched)")
 def test_internal_errors_are_json_not_tracebacks(am, monkeypatch):
-    from agent_mail import service
+    from agent_mail.operations import mail
 
     def boom(self, **kwargs):
         raise RuntimeError("kaboom")
 
-    monkeypatch.setattr(service.Mailbox, "status", boom)
+    monkeypatch.setattr(mail.Mailbox, "status", boom)
     error = am("status").error
     assert "internal error" in error["error"] and "kaboom" in error["error"]
 
@@ -269,11 +270,11 @@ def test_everyday_commands_import_nothing_they_do_not_need(argv, mailbox_path):
     """What a command imports is start-up time on every call: the ones an agent runs all day need no
     regular expressions, enum, json, signal, hashlib or ctypes (send checks and indexes plain text with
     str methods; a regex only for text that is not plain)."""
-    code = ("import sys; from agent_mail import cli; code = cli.main(sys.argv[1:]); "
+    code = ("import sys; from agent_mail.cli.main import main; code = main(sys.argv[1:]); "
             "heavy = {'re', 'enum', 'json', 'signal', 'hashlib', 'ctypes', 'select', 'typing', 'dataclasses', "
             "'uuid', 'urllib.parse', 'importlib.metadata', 'mcp', 'anyio', 'pydantic', 'psycopg', "
-            "'textual', 'rich', 'textual_serve', 'plotext', 'aiohttp', 'pathspec', 'agent_mail.wildmatch', "
-            "'agent_mail.reservations', 'agent_mail.repos', 'subprocess'}; "
+            "'textual', 'rich', 'textual_serve', 'plotext', 'aiohttp', 'pathspec', 'agent_mail.parts.wildmatch', "
+            "'agent_mail.operations.reservations', 'agent_mail.parts.repos', 'subprocess'}; "
             "print(code, sorted(heavy & set(sys.modules)), file=sys.stderr)")
     proc = subprocess.run([sys.executable, "-S", "-c", code, *argv], env=process_env(), capture_output=True, text=True)
     assert proc.stderr.strip().splitlines()[-1] == "0 []", proc.stderr
@@ -282,15 +283,15 @@ def test_everyday_commands_import_nothing_they_do_not_need(argv, mailbox_path):
 @pytest.mark.sqlite_only
 @pytest.mark.local_only("what the local command path imports (the client's: tests/test_server.py)")
 def test_send_indexes_its_message_without_the_search_machinery(mailbox_path):
-    """Every send writes its message's search entry: it loads the small agent_mail.index, not the query
-    language and snippets of agent_mail.search, nor unicodedata for ASCII text."""
-    code = ("import sys; from agent_mail import cli; code = cli.main(sys.argv[1:]); "
-            "print(code, sorted({'agent_mail.index', 'agent_mail.search', 'unicodedata'} & set(sys.modules)), "
+    """Every send writes its message's search entry: it loads the small agent_mail.store.index, not the query
+    language and snippets of agent_mail.parts.query_language, nor unicodedata for ASCII text."""
+    code = ("import sys; from agent_mail.cli.main import main; code = main(sys.argv[1:]); "
+            "print(code, sorted({'agent_mail.store.index', 'agent_mail.parts.query_language', 'unicodedata'} & set(sys.modules)), "
             "file=sys.stderr)")
     argv = ["send", "--from", "a:x", "--to", "b:y", "--subject", "Plain ASCII", "--body", "deploy at five"]
     proc = subprocess.run([sys.executable, "-S", "-c", code, *argv], env=process_env(), capture_output=True,
                           text=True)
-    assert proc.stderr.strip().splitlines()[-1] == "0 ['agent_mail.index']", proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == "0 ['agent_mail.store.index']", proc.stderr
 
 
 @pytest.mark.sqlite_only
@@ -300,7 +301,7 @@ def test_search_of_plain_text_needs_no_regular_expressions(am, mailbox_path):
     marking the snippets take no regex (re and enum are ~4 ms of its start)."""
     am("send", "--from", "a:x", "--to", "b:y", "--subject", "Deploy: v2",
        "--body", "The release-notes are out.").assert_ok()
-    code = ("import sys; from agent_mail import cli; code = cli.main(sys.argv[1:]); "
+    code = ("import sys; from agent_mail.cli.main import main; code = main(sys.argv[1:]); "
             "print(code, sorted({'re', 'enum', 'unicodedata', 'json'} & set(sys.modules)), file=sys.stderr)")
     proc = subprocess.run([sys.executable, "-S", "-c", code, "search", 'deplo* OR "release notes" -staging'],
                           env=process_env(), capture_output=True, text=True)
@@ -309,8 +310,8 @@ def test_search_of_plain_text_needs_no_regular_expressions(am, mailbox_path):
 
 
 def test_cold_import_pulls_in_no_heavy_modules():
-    code = ("import sys, agent_mail.cli; heavy = {'importlib.metadata', 'argparse', 'difflib', 'asyncio', "
-            "'email', 'http', 'urllib.parse', 'agent_mail.service', 'sqlite3', 'hashlib', 'uuid', 'typing', "
+    code = ("import sys, agent_mail.cli.main; heavy = {'importlib.metadata', 'argparse', 'difflib', 'asyncio', "
+            "'email', 'http', 'urllib.parse', 'agent_mail.operations.mail', 'sqlite3', 'hashlib', 'uuid', 'typing', "
             "'dataclasses', 'ctypes', 're', 'enum', 'json', 'signal', 'mcp', 'anyio', 'pydantic', 'pathspec'}; "
             "print(sorted(heavy & set(sys.modules)))")
     # -S: measure our imports, not what site-packages .pth files load
@@ -322,7 +323,7 @@ def test_cold_import_pulls_in_no_heavy_modules():
 def test_each_backend_imports_its_own_driver_only(mailbox_path, backend):
     """With site-packages in reach: the SQLite path never loads psycopg; the PostgreSQL path loads it, and
     neither loads the MCP SDK or the dashboard's Textual."""
-    code = ("import sys; from agent_mail import cli; code = cli.main(sys.argv[1:]); "
+    code = ("import sys; from agent_mail.cli.main import main; code = main(sys.argv[1:]); "
             "print(code, sorted({'psycopg', 'mcp', 'pydantic', 'anyio', 'textual', 'rich', 'textual_serve', "
             "'textual_plotext', 'plotext', 'aiohttp'} & set(sys.modules)), file=sys.stderr)")
     proc = subprocess.run([sys.executable, "-c", code, "status"], env=process_env(), capture_output=True, text=True)

@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from agent_mail import model, service
+from agent_mail import model
+from agent_mail.operations import mail
 from conftest import process_env, raw_db
 
 textual = pytest.importorskip("textual", reason="the dashboard needs the tui extra: pip install 'agent-mail[tui]'")
@@ -32,7 +33,7 @@ def send(am, sender, to, subject, *extra):
 
 
 def supervisor_call(what):
-    with service.open_mailbox() as mailbox:
+    with mail.open_mailbox() as mailbox:
         return what(data.Supervisor(mailbox))
 
 
@@ -155,7 +156,7 @@ def run_app(test, *, size=(80, 24), **options):
     async def main():
         first = supervisor_call(lambda s: {"fleet": s.fleet(), "feed": s.feed()})
         if options.get("human"):
-            with service.open_mailbox() as mailbox:
+            with mail.open_mailbox() as mailbox:
                 mailbox.profile(agent=options["human"], human=True)
         app = dashboard_app.Dashboard(first=first, **options)
         async with app.run_test(size=size) as pilot:

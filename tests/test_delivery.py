@@ -14,7 +14,7 @@ import time
 import pytest
 
 from agent_mail import model
-from agent_mail.service import open_mailbox
+from agent_mail.operations.mail import open_mailbox
 from conftest import mailbox_itself, process_env, raw_db
 
 pytestmark = pytest.mark.backends  # every test here runs on SQLite and on PostgreSQL
@@ -67,13 +67,13 @@ def test_any_bad_recipient_refuses_the_whole_send(am):
 
 KILLED_SENDER = """
 import sys
-from agent_mail import cli
+from agent_mail.cli import main
 recipients = [f"team:r{i}" for i in range(int(sys.argv[2]))]
 argv = ["send", "--from", "lead:main", "--subject", "fan-out", "--attach", sys.argv[1]]
 for r in recipients:
     argv += ["--to", r]
 while True:
-    cli.main(argv)
+    main.main(argv)
 """
 
 
@@ -506,11 +506,11 @@ def test_profile_show_set_clear(am, tmp_path, mirrored):
 
 RENDERER = """
 import sys
-from agent_mail import cli
+from agent_mail.cli import main
 for i in range(int(sys.argv[1])):
-    cli.main(["send", "--from", "a:x", "--to", "w:one", "--subject", f"{sys.argv[2]} {i}"])
+    main.main(["send", "--from", "a:x", "--to", "w:one", "--subject", f"{sys.argv[2]} {i}"])
     if i % 3 == 0:
-        cli.main(["read", "w:one", "--limit", "2"])
+        main.main(["read", "w:one", "--limit", "2"])
 """
 
 

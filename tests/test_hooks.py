@@ -205,10 +205,10 @@ def test_a_live_harness_session_is_reachable_while_it_works_and_says_how(harness
     assert done.returncode == 0, done.stderr
     delivery = json.loads(done.stdout)["deliveries"][0]
     assert delivery["status"] == "delivered" and delivery["reachable"] is True and words in delivery["reached_by"]
-    from agent_mail import service
+    from agent_mail.operations import mail
     from agent_mail.dashboard.data import Supervisor
 
-    with service.open_mailbox() as mailbox:
+    with mail.open_mailbox() as mailbox:
         fleet = {r["agent"]: r for r in Supervisor(mailbox).fleet()}
     assert fleet[AGENT]["listening"] is True and words in fleet[AGENT]["reached_by"]
     # The session ends: nobody will tell the model any more.
@@ -429,17 +429,17 @@ def test_setup_over_an_unreadable_settings_path_writes_nothing(tmp_path):
 
 
 def test_setup_that_fails_half_way_puts_back_what_it_wrote(tmp_path, monkeypatch, am):
-    from agent_mail import harness_setup
+    from agent_mail.harness import setup
 
     (tmp_path / ".mcp.json").write_text('{"mcpServers": {}}')
-    real = harness_setup._write
+    real = setup._write
 
     def failing(path, text):
         if path.endswith("settings.local.json") and text is not None and "agent_mail" in text:
             raise OSError(28, "No space left on device", path)
         real(path, text)
 
-    monkeypatch.setattr(harness_setup, "_write", failing)
+    monkeypatch.setattr(setup, "_write", failing)
     result = am("setup", "claude-code", "--agent", AGENT, "--dir", str(tmp_path))
     error = json.loads(result.err)  # the result was printed, then the write failed: the exit status decides
     assert result.code == 1 and "Nothing was changed" in error["error"] and error["output_discarded"] is True

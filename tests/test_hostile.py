@@ -22,7 +22,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent_mail import model, service, spec
+from agent_mail import model, spec
+from agent_mail.operations import mail
 from agent_mail.store import sqlite as sqlite_store
 from conftest import _run_inprocess, am_process, process_env
 
@@ -170,8 +171,8 @@ def test_watch_once_that_cannot_print_records_no_heartbeat(am):
 
 SAVER = r"""
 import sys
-from agent_mail import cli
-sys.exit(cli.main(["attachments", "b:y", sys.argv[1], "--save-to", sys.argv[2]]))
+from agent_mail.cli import main
+sys.exit(main.main(["attachments", "b:y", sys.argv[1], "--save-to", sys.argv[2]]))
 """
 
 
@@ -389,7 +390,7 @@ def test_a_symlinked_mailbox_is_resolved_to_the_real_file(am, monkeypatch, tmp_p
     link_dir.mkdir(mode=0o700)
     (link_dir / "mail.db").symlink_to(real_dir / "mail.db")
     monkeypatch.setenv("AGENT_MAIL_DB", str(link_dir / "mail.db"))
-    assert service.resolve_location()[0] == str(real_dir / "mail.db")
+    assert mail.resolve_location()[0] == str(real_dir / "mail.db")
     am("send", "--from", "a:x", "--to", "b:y", "--subject", "via link").assert_ok()
     storage = am("describe").json["storage"]
     assert storage["path"] == str(real_dir / "mail.db") and storage["link"] == str(link_dir / "mail.db")
@@ -406,7 +407,7 @@ def test_a_watch_through_a_symlink_listens_beside_the_real_file(monkeypatch, tmp
     real_dir.mkdir()
     (tmp_path / "mail.db").symlink_to(real_dir / "mail.db")
     monkeypatch.setenv("AGENT_MAIL_DB", str(tmp_path / "mail.db"))
-    with service.open_mailbox() as mailbox:
+    with mail.open_mailbox() as mailbox:
         mailbox.store.listen("b:y")
         pipe = mailbox.store._pipe.path
         mailbox.send(from_="a:x", to=["b:y"], subject="wake")
@@ -597,7 +598,7 @@ def test_a_watch_ends_when_its_mailbox_is_deleted_or_replaced(am, mailbox_path, 
     thread.start()
     try:
         with pytest.raises(errors.StorageError, match="deleted or replaced"):
-            with service.open_mailbox() as mailbox:
+            with mail.open_mailbox() as mailbox:
                 mailbox.watch(agent="w:z", timeout_seconds=60)
     finally:
         thread.join()

@@ -190,7 +190,7 @@ def test_a_blocked_watch_is_woken_by_a_send_from_another_process():
 
 
 def test_the_server_says_what_to_install_when_the_sdk_is_missing():
-    code = "import sys; sys.modules['mcp'] = None; from agent_mail import cli; sys.exit(cli.main(['mcp']))"
+    code = "import sys; sys.modules['mcp'] = None; from agent_mail.cli.main import main; sys.exit(main(['mcp']))"
     proc = subprocess.run([sys.executable, "-c", code], env=process_env(), capture_output=True, text=True,
                           timeout=30)
     assert proc.returncode == 1 and proc.stdout == ""

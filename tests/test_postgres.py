@@ -301,12 +301,12 @@ def test_a_server_restart_under_watches_and_senders_loses_nothing(mailbox_path, 
 
 _SENDER_LOOP = """
 import io, json, sys, contextlib
-from agent_mail import cli
+from agent_mail.cli import main
 n = sys.argv[1]
 while True:
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli.main(["send", "--from", f"send:s{n}", "--to", "w:one", "--to", "w:two", "--subject", "load"])
+        code = main.main(["send", "--from", f"send:s{n}", "--to", "w:one", "--to", "w:two", "--subject", "load"])
     if code == 0:
         print("ok", json.loads(out.getvalue())["batch_id"], flush=True)
     else:
@@ -390,10 +390,10 @@ def test_a_sender_without_the_mirror_directory_leaves_it_to_that_machine(tmp_pat
 def test_a_reader_cut_off_after_its_output_marks_nothing_read(mailbox_path, am, monkeypatch):
     """The result reached stdout, then the server ended the reader's connection before its commit: the
     command fails (the output is disowned), and the message is still unread for the next read."""
-    from agent_mail import cli
+    from agent_mail.cli import main
 
     am("send", "--from", "a:x", "--to", "b:y", "--subject", "precious").assert_ok()
-    printed = cli.emit
+    printed = main.emit
 
     def emit_then_cut(document):
         printed(document)
@@ -401,9 +401,9 @@ def test_a_reader_cut_off_after_its_output_marks_nothing_read(mailbox_path, am, 
             db.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = "
                        "'agent-mail' AND state = 'idle in transaction'")
 
-    monkeypatch.setattr(cli, "emit", emit_then_cut)
+    monkeypatch.setattr(main, "emit", emit_then_cut)
     result = am("read", "b:y")
-    monkeypatch.setattr(cli, "emit", printed)
+    monkeypatch.setattr(main, "emit", printed)
     assert result.code == 1 and "Traceback" not in result.err
     error = json.loads(result.err)
     assert error["output_discarded"] is True and "disregard" in error["error"]

@@ -11,7 +11,7 @@ import subprocess
 import pytest
 from conftest import am_process, process_env
 
-from agent_mail import repos
+from agent_mail.parts import repos
 
 pytestmark = pytest.mark.backends
 
@@ -120,7 +120,7 @@ def test_the_hook_before_every_edit_imports_no_json_or_regular_expressions(repo)
     import sys
 
     reserve("src/**")
-    code = ("import sys; from agent_mail import cli; code = cli.main(sys.argv[1:]); "
+    code = ("import sys; from agent_mail.cli.main import main; code = main(sys.argv[1:]); "
             "print(code, sorted({'re', 'enum', 'json', 'subprocess', 'pathspec', 'typing'} & set(sys.modules)), "
             "file=sys.stderr)")
     for path in ("src/lib.rs", "README.md"):

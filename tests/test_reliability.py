@@ -17,7 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent_mail import model, spec, waits
+from agent_mail import model, spec
+from agent_mail.parts import waits
 from conftest import _run_inprocess, examples, process_env, raw_db
 
 pytestmark = pytest.mark.backends  # every test here runs on SQLite and on PostgreSQL
@@ -55,14 +56,14 @@ def integrity(mailbox) -> str:
 
 WORKER = r"""
 import io, json, sys, time, contextlib
-from agent_mail import cli
+from agent_mail.cli import main
 role, me, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
 log = open(sys.argv[4], "a", buffering=1)
 
 def call(*argv):
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli.main(list(argv))
+        code = main.main(list(argv))
     if code not in (0,):
         log.write(json.dumps({"failure": argv[0], "code": code, "stderr": err.getvalue()}) + "\n")
         return None
@@ -133,18 +134,18 @@ def test_many_processes_at_once_deliver_everything_exactly_once(tmp_path, mailbo
 
 READER_LOOP = """
 import sys
-from agent_mail import cli
+from agent_mail.cli import main
 while True:
-    cli.main(["read", "b:y", "--limit", "3"])
+    main.main(["read", "b:y", "--limit", "3"])
 """
 
 ACKER_LOOP = """
 import sys
-from agent_mail import cli
+from agent_mail.cli import main
 ids = sys.argv[1:]
 i = 0
 while True:
-    cli.main(["ack", "b:y", *ids[i:i + 4]])
+    main.main(["ack", "b:y", *ids[i:i + 4]])
     i = (i + 4) % len(ids)
 """
 
@@ -263,9 +264,9 @@ def fuzz_room(tmp_path, monkeypatch):
     monkeypatch.setattr(dashboard, "show", lambda **options: None)
     monkeypatch.setattr(dashboard, "serve", lambda **options: None)
     # and `serve` checks its options and binds its port, but answers no request: it returns at once
-    from agent_mail import server
+    from agent_mail.server import app
 
-    monkeypatch.setattr(server._Server, "run", lambda self, sockets=None: None)
+    monkeypatch.setattr(app._Server, "run", lambda self, sockets=None: None)
     return tmp_path
 
 

@@ -16,7 +16,8 @@ from conftest import am_process, process_env, raw_db
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent_mail import model, repos, wildmatch
+from agent_mail import model
+from agent_mail.parts import repos, wildmatch
 
 pytestmark = pytest.mark.backends
 
@@ -294,7 +295,7 @@ def test_documented_output_fields_match_what_the_commands_print(am, repo):
 def test_the_fast_lookup_finds_what_trying_every_pattern_finds(patterns, anchored, path):
     """--check files patterns by their literal directory and sieves the rest by their plain text: it must find
     exactly the reservations that matching every pattern one by one finds."""
-    from agent_mail.reservations import Covering
+    from agent_mail.operations.reservations import Covering
 
     rows = [{"id": str(i), "pattern": ("/" if anchored else "") + "/".join(p)} for i, p in enumerate(patterns)]
     p = "/".join(path)
@@ -308,7 +309,7 @@ def test_a_copied_mailbox_keeps_its_reservations_and_tokens(am, repo, backend, t
     made before the move still authenticates after it (its hash travels, never the secret)."""
     from conftest import drop_schema, new_schema_name, pg_url, postgres_problem
 
-    from agent_mail import tokens
+    from agent_mail.operations import tokens
     from agent_mail.store import open_store
 
     if postgres_problem():

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent_mail import jsonout, liveness, model
+from agent_mail import jsonout, model
+from agent_mail.parts import liveness
 from agent_mail.store import sqlite as sqlite_store
 from agent_mail.store import sqlite_schema
 from conftest import _run_inprocess, examples

@@ -9,7 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent_mail import index, model, search
+from agent_mail.store import index
+from agent_mail import model
+from agent_mail.parts import query_language
 from conftest import examples, pg_url, raw_db
 
 pytestmark = pytest.mark.backends  # every test here runs on SQLite and on PostgreSQL
@@ -152,7 +154,7 @@ def test_searching_marks_nothing_read(am, corpus):
 def test_a_bad_query_is_an_error_showing_the_accepted_forms(am, corpus, query, says):
     error = am("search", "--", query).error  # (after --: a query may begin with '-')
     assert error["problems"][0]["field"] == "query" and says in error["problems"][0]["message"]
-    for form in search.FORMS:
+    for form in query_language.FORMS:
         assert form in error["error"]
 
 
@@ -309,10 +311,10 @@ def test_the_tokenizer_and_the_query_agree_on_both_backends():
     assert broadcast["people"] == f"a b {f} \ue000b"
     # no query can ask for a mark: its private-use character is not a letter or a digit
     assert index.words("\ue000f613a62 \ue000b") == ["f613a62", "b"]
-    assert search.parse("deploy").fts5(marks=index.routes(sender="a:b", agent="c:d")) == \
+    assert query_language.parse("deploy").fts5(marks=index.routes(sender="a:b", agent="c:d")) == \
         f'(("deploy")) AND ("{f}") AND ("\ue000f{"c:d".encode().hex()}" OR "{t}" OR "\ue000b")'
-    assert search.parse("deploy").tsquery(True, index.routes(recipient="c:d")) == f"(('\ue001deploy')) & ('{t}')"
-    assert search.parse('"release notes" deplo*').tsquery(True) == \
+    assert query_language.parse("deploy").tsquery(True, index.routes(recipient="c:d")) == f"(('\ue001deploy')) & ('{t}')"
+    assert query_language.parse('"release notes" deplo*').tsquery(True) == \
         "(('\ue001release' <-> '\ue001notes')) & (('\ue001deplo':*))"
 
 
@@ -341,7 +343,7 @@ def test_threads_are_looked_up_by_index_in_a_mailbox_of_unrelated_mail(am, corpu
             assert [r["id"] for r in store.thread(corpus["green"], "ops:lead", model.now_iso())] == \
                 [corpus["deploy"], corpus["green"]]
             assert len(store.whole_thread(corpus["green"])) == 3  # the send to two, and the answer
-            found = store.search_rows(search.parse("deploy"), subject_only=False, now=model.now_iso(), limit=10,
+            found = store.search_rows(query_language.parse("deploy"), subject_only=False, now=model.now_iso(), limit=10,
                                       thread_ids=[r["id"] for r in store.whole_thread(corpus["deploy"])])
             assert len(found) == 3
             store.db.set_trace_callback(None)

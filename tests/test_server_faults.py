@@ -236,7 +236,7 @@ def _still_serving(server: Server, token: str, subject: str) -> None:
 
 
 def test_malformed_oversized_slow_and_truncated_requests_get_clear_4xx_and_the_server_stays_up(server):
-    from agent_mail.serve_edge import MAX_HEAD_BYTES, MAX_REQUEST_BYTES
+    from agent_mail.server.edge import MAX_HEAD_BYTES, MAX_REQUEST_BYTES
 
     token = server.token("--agent", "a:x")
     port = server.port
@@ -518,7 +518,7 @@ def test_a_partitioned_client_gets_a_clear_error_and_nothing_is_half_done(server
     the server ends the wait of the client it can no longer reach (its keepalive); the watch reconnects when the
     link returns and sees the mail that arrived meanwhile. (The watch reaches a second server listening on the
     link itself, without the relay, whose connection to the server would not be cut.)"""
-    from agent_mail.client_calls import CONNECT_SECONDS
+    from agent_mail.protocols.http_client import CONNECT_SECONDS
 
     host, relay = partitionable
     token = server.token("--agent", "*")

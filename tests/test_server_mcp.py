@@ -74,8 +74,8 @@ def test_tools_send_read_and_ack_as_the_token_names(server):
 
     listed = connect(server, worker, tools)
     assert {t.name for t in listed} == HTTP_TOOLS
-    from agent_mail import mcp_server  # the same tools as over stdio, those that make sense remotely
-    stdio = {t.name: t for t in mcp_server.tool_definitions(None)}
+    from agent_mail.harness import mcp_stdio  # the same tools as over stdio, those that make sense remotely
+    stdio = {t.name: t for t in mcp_stdio.tool_definitions(None)}
     assert set(stdio) - HTTP_TOOLS == {"reserve", "release", "reservations"}
     for tool in listed:
         assert tool.description == stdio[tool.name].description
@@ -467,9 +467,9 @@ def _hooks_through_a_server() -> bool:
     """Whether the server carries hook calls (the hooks through a client, issue 21's hook work): then a harness set
     up for it keeps its hooks here, and its context is checked; before, the tests take the hooks out and look at
     the MCP entry alone."""
-    from agent_mail import api
+    from agent_mail.protocols import http_api
 
-    return "hook" in api.SERVED
+    return "hook" in http_api.SERVED
 
 
 def _lead_got(server: Server, subject: str) -> None:

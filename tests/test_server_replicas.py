@@ -195,8 +195,8 @@ def test_a_token_made_once_works_on_both_and_its_revocation_ends_waits_on_either
 CLIENT_IMPORTS = """
 import json, sys
 before = set(sys.modules)
-from agent_mail import cli
-codes = [cli.main(argv) for argv in json.loads(sys.argv[1])]
+from agent_mail.cli import main
+codes = [main.main(argv) for argv in json.loads(sys.argv[1])]
 new = {m.split('.')[0] for m in set(sys.modules) - before}
 print(json.dumps([codes, sorted(m for m in new if m not in sys.stdlib_module_names and m != 'agent_mail')]),
       file=sys.stderr)

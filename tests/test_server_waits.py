@@ -23,7 +23,7 @@ from serving import Server, backends_of
 
 pytestmark = [pytest.mark.backends, pytest.mark.timeout(180)]
 
-POOL_SIZE = 8  # agent_mail.server.POOL_SIZE: the server's connections for calls
+POOL_SIZE = 8  # agent_mail.server.app.POOL_SIZE: the server's connections for calls
 
 
 @pytest.fixture
@@ -66,7 +66,7 @@ class Waits:
 
 def _states(mailbox: str, agents: list[str]) -> dict[str, dict]:
     """What `status` says of each identity's presence, read in this process."""
-    from agent_mail import liveness
+    from agent_mail.parts import liveness
     from agent_mail.store import open_store
 
     store = open_store(mailbox)

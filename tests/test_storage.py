@@ -174,22 +174,22 @@ def test_locked_past_the_busy_timeout_is_a_clear_error(am, send, mailbox_path, m
 WRITER = """
 import json, subprocess, sys
 me, n = sys.argv[1], int(sys.argv[2])
-from agent_mail import cli
+from agent_mail.cli import main
 failures = 0
 for i in range(n):
-    code = cli.main(["send", "--from", me, "--to", "sink:inbox", "--subject", f"{me} {i}"])
+    code = main.main(["send", "--from", me, "--to", "sink:inbox", "--subject", f"{me} {i}"])
     failures += code != 0
 sys.exit(failures)
 """
 
 READER = """
 import io, json, sys, contextlib
-from agent_mail import cli
+from agent_mail.cli import main
 seen, failures = [], 0
 for _ in range(int(sys.argv[1])):
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        code = cli.main(["read", "sink:inbox", "--limit", "7"])
+        code = main.main(["read", "sink:inbox", "--limit", "7"])
     if code:
         failures += 1
         continue
@@ -240,8 +240,8 @@ def test_a_new_mailbox_opened_by_many_processes_in_the_same_instant(tmp_path):
     script = (
         "import os, sys, time\n"
         f"while not os.path.exists({str(go)!r}): time.sleep(0.001)\n"
-        "from agent_mail import cli\n"
-        "sys.exit(cli.main(['status']))\n"
+        "from agent_mail.cli.main import main\n"
+        "sys.exit(main(['status']))\n"
     )
     for attempt in range(5):
         box = tmp_path / f"box{attempt}" / "mail.db"

@@ -16,7 +16,7 @@ import threading
 import pytest
 
 from agent_mail import errors, model
-from agent_mail.service import open_mailbox, resolve_location
+from agent_mail.operations.mail import open_mailbox, resolve_location
 from agent_mail.store import base, open_store
 
 #: The public store methods the tests below call directly (each test names its own with @exercises).
@@ -335,7 +335,7 @@ class StoreContract:
         """A server's session (HOLDER.KEY) is released by its identity and key wherever its holder is, abandoned
         ones too; abandoning names the holder gone (released ones are left as they are), and an abandoned session
         reads as a killed watch's: stale at once, still watching, never released."""
-        from agent_mail.liveness import describe_liveness
+        from agent_mail.parts.liveness import describe_liveness
 
         now, later = model.now_iso(), _ago(-1)
         with store.transaction(write=True):
@@ -398,7 +398,7 @@ class StoreContract:
     @exercises("searchable", "index_missing", "index_behind", "search_rows", "whole_thread", "recent_rows",
                "batch_rows", "broadcast_tallies")
     def test_search_and_supervision(self, store):
-        from agent_mail import search
+        from agent_mail.parts import query_language
 
         first = _message(1, subject="deploy the release", batch_id="b1")
         copy = {**_message(1, "c:z", subject="deploy the release", batch_id="b1"), "id": model.new_message_id()}
@@ -412,9 +412,9 @@ class StoreContract:
         with store.transaction(write=True):
             assert not store.index_behind() and store.index_missing() == 0
         with store.transaction():
-            hits = store.search_rows(search.parse("deploy"), subject_only=False, now=model.now_iso(), limit=10)
+            hits = store.search_rows(query_language.parse("deploy"), subject_only=False, now=model.now_iso(), limit=10)
             assert {h["id"] for h in hits} == {first["id"], copy["id"]}
-            assert store.search_rows(search.parse("deploy"), subject_only=True, now=model.now_iso(), limit=10,
+            assert store.search_rows(query_language.parse("deploy"), subject_only=True, now=model.now_iso(), limit=10,
                                      agent="c:z") == [h for h in hits if h["id"] == copy["id"]]
             assert {r["id"] for r in store.whole_thread(reply["id"])} == {first["id"], copy["id"], reply["id"]}
             assert [r["id"] for r in store.recent_rows(2)] == [broadcast["id"], reply["id"]]
@@ -470,7 +470,7 @@ class StoreContract:
 
     @exercises("restore_messages", "restore_blob", "restore_profile", "restore_event", "last_seq")
     def test_restoring_records(self, store):
-        from agent_mail import search
+        from agent_mail.parts import query_language
 
         now = model.now_iso()
         content = b"blob"
@@ -502,7 +502,7 @@ class StoreContract:
             assert stored[0]["attachments"] == record["attachments"]
             assert store.count_unread("b:y", model.now_iso()) == 0 and store.count_unread("c:z", model.now_iso()) == 1
             assert store.stored_profiles() == [profile] and store.stored_events()[0]["payload"] == {"k": 1}
-            assert store.search_rows(search.parse("b.txt"), subject_only=False,
+            assert store.search_rows(query_language.parse("b.txt"), subject_only=False,
                                      now=model.now_iso(), limit=5)[0]["id"] == record["id"]
 
 

@@ -13,8 +13,9 @@ import time
 
 import pytest
 
-from agent_mail import errors, model, waits
-from agent_mail.service import describe_liveness, open_mailbox
+from agent_mail import errors, model
+from agent_mail.parts import waits
+from agent_mail.operations.mail import describe_liveness, open_mailbox
 from conftest import mailbox_exists, mailbox_itself, process_env, raw_db
 
 pytestmark = pytest.mark.backends  # every test here runs on SQLite and on PostgreSQL

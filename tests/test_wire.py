@@ -1,4 +1,4 @@
-"""agent_mail.wire: the client's one HTTP/1.1 exchange, against answers shaped every way a server or a proxy in
+"""agent_mail.protocols.wire: the client's one HTTP/1.1 exchange, against answers shaped every way a server or a proxy in
 front of one may shape them (a socket server in the test writes them byte for byte), over TLS with a CA of the
 test's own, and what it imports."""
 
@@ -13,7 +13,7 @@ import threading
 import pytest
 from conftest import process_env
 
-from agent_mail import wire
+from agent_mail.protocols import wire
 
 
 class Canned:
@@ -166,7 +166,7 @@ def test_tls_is_verified_against_the_ca_named(canned, tmp_path, monkeypatch):
 
 def test_a_plain_call_imports_no_http_client_email_re_or_json():
     """What makes a command through a server cheap to start: one exchange on the C socket module."""
-    code = ("import sys\nfrom agent_mail import wire\n"
+    code = ("import sys\nfrom agent_mail.protocols import wire\n"
             "try:\n    wire.post('http://127.0.0.1:9', '/x', b'', {}, 1)\nexcept wire.Lost:\n    pass\n"
             "print(sorted({'http.client', 'email', 'json', 're', 'enum', 'ssl', 'socket', 'urllib.parse'} & "
             "set(sys.modules)))")
@@ -183,7 +183,7 @@ def test_everyday_commands_through_a_server_import_no_http_client_json_or_re(mai
     server = Server(str(mailbox_path))
     try:
         token = server.token("--agent", "*")
-        code = ("import sys\nfrom agent_mail import cli\ncode = cli.main(sys.argv[1:])\n"
+        code = ("import sys\nfrom agent_mail.cli.main import main\ncode = main(sys.argv[1:])\n"
                 "print(code, sorted({'http.client', 'email', 'json', 're', 'enum', 'urllib.parse', 'base64', "
                 "'ssl', 'typing'} & set(sys.modules)), file=sys.stderr)")
         for argv in (["send", "--from", "a:x", "--to", "b:y", "--subject", "plain", "--body", "text"],

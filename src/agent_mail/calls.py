@@ -10,7 +10,7 @@ Front ends never import each other, and none checks a value of its own.
 
 from __future__ import annotations
 
-from agent_mail import checks
+from agent_mail.parts import checks
 
 check = checks.check
 
@@ -24,7 +24,7 @@ def run(name: str, values: dict, *, emit=_no_emit, mailbox=None) -> object:
     its result. `emit` is called with the result inside the transaction (the CLI prints there, so a
     result that could not be written is never committed). `mailbox`: an open Mailbox to use (the
     dashboard's and a long-lived server's); otherwise the one this process resolves is opened."""
-    from agent_mail import location, service
+    from agent_mail.operations import location, mail
 
     if name == "doctor":
         return location.doctor(**values, emit=emit)
@@ -32,13 +32,13 @@ def run(name: str, values: dict, *, emit=_no_emit, mailbox=None) -> object:
         return location.copy_mailbox(**values, emit=emit)
     if mailbox is not None:
         return _operate(mailbox, name, values, emit)
-    with service.open_mailbox() as opened:
+    with mail.open_mailbox() as opened:
         return _operate(opened, name, values, emit)
 
 
 def _operate(mailbox, name: str, values: dict, emit) -> object:
     if name in ("export", "import"):
-        from agent_mail import history
+        from agent_mail.operations import history
 
         if name == "import":
             result = history.import_file(mailbox.store, values["file"], values["dry_run"])
@@ -50,7 +50,7 @@ def _operate(mailbox, name: str, values: dict, emit) -> object:
             emit(summary)
         return summary
     if name == "token":
-        from agent_mail import tokens
+        from agent_mail.operations import tokens
 
         return tokens.token_command(mailbox.store, **values, emit=emit)
     return getattr(mailbox, name)(**values, emit=emit)

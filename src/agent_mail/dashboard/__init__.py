@@ -33,7 +33,7 @@ def first_look(human: str | None, overdue_minutes: float, served: tuple[str, str
     """Open the mailbox and read the first screenful (raising the CLI's errors), marking `human` as human.
     Through a server (`served`: its URL and the token), the token must name `human` to mark it, and be a
     supervisor's or an operator's to read the views: refused (exit 4) before anything is drawn."""
-    from agent_mail import service
+    from agent_mail.operations import mail
     from agent_mail.dashboard import data
 
     if served is not None:
@@ -44,7 +44,7 @@ def first_look(human: str | None, overdue_minutes: float, served: tuple[str, str
             remote.call("profile", {"agent": human, "human": True})
         return remote.read({"fleet": {"overdue_minutes": overdue_minutes}, "feed": {}})
 
-    with service.open_mailbox() as mailbox:
+    with mail.open_mailbox() as mailbox:
         if human is not None:
             profile = mailbox.store.profile(human)
             if not (profile and profile.get("human")):
@@ -53,16 +53,16 @@ def first_look(human: str | None, overdue_minutes: float, served: tuple[str, str
         return {"fleet": supervisor.fleet(overdue_minutes), "feed": supervisor.feed()}
 
 
-def main(values: dict, emit) -> int:
-    """`agent-mail dashboard [...]`, as the command line starts it."""
+def main(values: dict, emit, served: tuple[str, str] | None = None) -> int:
+    """`agent-mail dashboard [...]`, as the command line starts it (`served`: see run)."""
     run(human=values["as"], project=values["project"], overdue_minutes=values["overdue_minutes"], web=values["web"],
-        port=values["port"], served=values.get("served"))
+        port=values["port"], served=served)
     return errors.EXIT_OK
 
 
 def run(*, human: str | None = None, project: str | None = None, overdue_minutes: float | None = None,
         web: bool = False, port: int | None = None, served: tuple[str, str] | None = None) -> None:
-    """`served`: (URL, token) when AGENT_MAIL_DB names an agent-mail server (the client starts the dashboard so);
+    """`served`: (URL, token) when AGENT_MAIL_DB names an agent-mail server (the command line starts the dashboard so);
     it then reads and acts through that server (agent_mail.dashboard.served)."""
     from agent_mail import calls
 
@@ -114,7 +114,7 @@ def serve(*, human: str | None, project: str | None, overdue_minutes: float | No
         except OSError as exc:
             raise errors.InvalidInput([("port", f"127.0.0.1:{port} cannot be used ({exc.strerror}); pick another "
                                                   "port with --port N.")]) from None
-    from agent_mail import service
+    from agent_mail.operations import mail
 
     words = [sys.executable, "-m", "agent_mail", "dashboard"]
     for flag, value in (("--as", human), ("--project", project), ("--overdue-minutes", overdue_minutes)):
@@ -122,7 +122,7 @@ def serve(*, human: str | None, project: str | None, overdue_minutes: float | No
             words += [flag, str(value)]
     # The tab's dashboard opens the mailbox this command resolved, whatever the server's environment becomes.
     if not served:
-        os.environ["AGENT_MAIL_DB"] = service.resolve_location()[0]
+        os.environ["AGENT_MAIL_DB"] = mail.resolve_location()[0]
     server = Server(shlex.join(words), host="127.0.0.1", port=port, title="agent-mail dashboard")
     print(f"agent-mail dashboard: serving on http://127.0.0.1:{port} (ctrl+c to stop)", file=sys.stderr)
     server.serve()

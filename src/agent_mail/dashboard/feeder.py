@@ -15,7 +15,8 @@ from typing import Callable
 
 from textual.message import Message
 
-from agent_mail import errors, service
+from agent_mail import errors
+from agent_mail.operations import mail
 from agent_mail.dashboard import data
 
 #: How often the Feeder re-reads with no mail landing: ages, liveness and states others change.
@@ -79,9 +80,9 @@ class Feeder(threading.Thread):
                 if remote is not None:  # read through the server; woken by its waiting look
                     self._loop(remote, remote)
                     continue
-                store = open_store(service.resolve_location()[0])
+                store = open_store(mail.resolve_location()[0])
                 store.reconnect_seconds = 1.0  # a lost server is shown at once; this loop keeps retrying
-                supervisor = data.Supervisor(service.Mailbox(store))
+                supervisor = data.Supervisor(mail.Mailbox(store))
                 store.listen_everything()
                 self._loop(supervisor, store)
             except errors.AgentMailError as exc:

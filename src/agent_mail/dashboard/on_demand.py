@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from agent_mail import errors, service
+from agent_mail import errors
+from agent_mail.operations import mail
 from agent_mail.dashboard import data
 
 
@@ -41,8 +42,8 @@ class OnDemand:
             if self._supervisor is None:
                 from agent_mail.store import open_store
 
-                self._store = open_store(service.resolve_location()[0])
-                self._supervisor = data.Supervisor(service.Mailbox(self._store))
+                self._store = open_store(mail.resolve_location()[0])
+                self._supervisor = data.Supervisor(mail.Mailbox(self._store))
             return what(self._supervisor, *args, **kwargs), None
         except errors.AgentMailError as exc:
             if isinstance(exc, errors.StorageError):

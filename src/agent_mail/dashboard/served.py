@@ -1,6 +1,6 @@
 """The dashboard over a mailbox served by `agent-mail serve` (AGENT_MAIL_DB=http(s)://, with a token).
 
-A `ServedSupervisor` answers what agent_mail.supervision.Supervisor answers (the fleet, the feed, an inbox, a
+A `ServedSupervisor` answers what agent_mail.operations.supervision.Supervisor answers (the fleet, the feed, an inbox, a
 thread, the charts), read by POST /v1/dashboard, which needs a supervisor's or an operator's token. The human's
 actions (send, reply, cancel, ack, ...) are POST /v1/call/NAME with the same token, so they act only as the
 identities it names; an attachment saved goes into a directory on this machine, staged as the command line
@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import threading
 
-from agent_mail import api, errors, transport
+from agent_mail.protocols import http_api, transport
+from agent_mail import errors
 
 #: How long one waiting look lasts before it is asked again.
 WAIT_SECONDS = 30.0
@@ -34,7 +35,7 @@ class ServedSupervisor:
     # -- reads -------------------------------------------------------------------------------------------------
     def read(self, views: dict) -> dict:
         """Several views in one request: {name: its values} -> {name: what was read}."""
-        answer = transport.post(self.url, self.token, api.DASHBOARD_PATH, {"views": views}, READ_TIMEOUT)
+        answer = transport.post(self.url, self.token, http_api.DASHBOARD_PATH, {"views": views}, READ_TIMEOUT)
         self.marker = answer["marker"]
         return answer["views"]
 
@@ -104,7 +105,7 @@ class ServedSupervisor:
                 self.stopping.wait(0.5)  # no read has answered yet
                 continue
             try:
-                answer = transport.post(self.url, self.token, api.DASHBOARD_PATH,
+                answer = transport.post(self.url, self.token, http_api.DASHBOARD_PATH,
                                         {"after": after, "wait_seconds": WAIT_SECONDS}, WAIT_SECONDS + 30)
             except errors.AgentMailError:
                 self.stopping.wait(1.0)  # the reads show what is wrong, and are retried

@@ -78,7 +78,7 @@ class Command:
                  mutating: bool = False, item_fields: dict | None = None, items_key: str = "",
                  exclusive: tuple = (), one_of: tuple = (), requires: tuple = (), modes: dict | None = None,
                  notes: tuple = (), needs_mailbox: bool = True, documents: dict | None = None,
-                 front_end: str = "", extra: str = ""):
+                 extra: str = ""):
         self.name = name
         self.summary = summary
         self.args: tuple[Arg, ...] = args
@@ -94,10 +94,7 @@ class Command:
         self.notes = notes
         self.needs_mailbox = needs_mailbox
         self.documents = documents or {}  # fields of nested documents the output carries
-        # A command that starts another front end names its module, whose main(values, emit) runs it and
-        # returns the exit status; the command line starts it by name and so imports no other front end.
-        self.front_end = front_end
-        self.extra = extra  # the optional extra that module needs (pip install 'agent-mail[EXTRA]')
+        self.extra = extra  # the optional extra the command's front end needs (pip install 'agent-mail[EXTRA]')
 
     def arg(self, name: str) -> Arg:
         for candidate in self.args:

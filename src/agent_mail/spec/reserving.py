@@ -138,7 +138,6 @@ register(Command(
 
 register(Command(
     name="guard",
-    front_end="agent_mail.guards",
     summary="Git hooks that refuse a commit or push touching files another live identity holds exclusively (both "
     "sides of a rename), naming the holder and how to ask them. install adds a pre-commit and a pre-push hook to "
     "the hooks directory git runs (core.hooksPath when set); a hook already there is kept (renamed "

@@ -62,7 +62,7 @@ register(Command(
               "search deplo* --thread 9f1c2e34-5678-4abc-9def-0123456789ab --fields id,subject,snippet"),
 ))
 
-EXPORT_FORMAT = {  # the JSON Lines export, version 1 (agent_mail.history writes and reads it)
+EXPORT_FORMAT = {  # the JSON Lines export, version 1 (agent_mail.operations.history writes and reads it)
     "header": "The first line: {\"agent_mail_export\": 1} (the format's version).",
     "blob": "{type: 'blob', sha256, size, created, content_base64}: an attachment's content, once, before the "
     "first message that uses it.",
@@ -240,7 +240,7 @@ register(Command(
 
 register(Command(
     name="mcp",
-    front_end="agent_mail.mcp_server", extra="mcp",
+    extra="mcp",
     summary="Serve this mailbox to a model as MCP tools over stdio (for a harness: Claude Code, Codex, Gemini CLI). "
     "One tool per command a model needs (send, read, ack, watch with a bounded wait, status, heartbeat, dismiss, "
     "archive, delete, cancel, notifications, attachments), the same arguments without dashes, the same checks and "
@@ -272,7 +272,6 @@ register(Command(
 
 register(Command(
     name="dashboard",
-    front_end="agent_mail.dashboard",
     summary="The supervisor's live view of this mailbox in the terminal (or a browser tab with --web): Fleet (one "
     "row per identity: watch state, live sessions, unread, unacked, age of the oldest unacked, last seen; problems "
     "first: deaf with mail, overdue, stale, bounced), Traffic (sends as they land, per-recipient state, threads, "
@@ -302,7 +301,6 @@ register(Command(
 
 register(Command(
     name="hook",
-    front_end="agent_mail.hooks",
     summary="Run by a harness's hooks (set up by `agent-mail setup`), never by hand: reads the hook's JSON input "
     "on stdin. context (SessionStart, UserPromptSubmit / BeforeAgent, PostToolUse / AfterTool): adds the "
     "envelopes of mail new to this session, the unread count, bounces and the next steps to the model's "
@@ -414,7 +412,7 @@ register(Command(
 
 register(Command(
     name="serve",
-    front_end="agent_mail.server", extra="server",
+    extra="server",
     summary="Serve the mailbox AGENT_MAIL_DB names (a file or a postgresql:// URL) over HTTP, so agents on other "
     "machines use it with AGENT_MAIL_DB=http(s)://HOST:PORT and a token (agent-mail token create). Every command "
     "works through it with the same arguments, output and exit codes; each call acts only as the identities its "

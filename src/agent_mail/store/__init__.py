@@ -1,7 +1,7 @@
 """Backends, chosen from the mailbox location through one small registry.
 
 A location with a URL scheme names its backend (postgresql://..., postgres://...); http(s):// names an
-`agent-mail serve`, which commands reach through agent_mail.client and never open as a store; anything else is
+`agent-mail serve`, which commands reach through agent_mail.client.commands and never open as a store; anything else is
 the path of a SQLite file. Backends are imported only when chosen, so a command on the default
 SQLite mailbox never loads a database driver.
 """

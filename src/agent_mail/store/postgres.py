@@ -145,7 +145,7 @@ class PostgresStore(SQLStore):
         return True
 
     def _search_source(self) -> tuple[str, str, str]:
-        # The lexemes are ours already (agent_mail.index cut them, as it cut the stored tsvector): taken as
+        # The lexemes are ours already (agent_mail.store.index cut them, as it cut the stored tsvector): taken as
         # written, not passed through to_tsquery's parser, which could cut some differently.
         return "messages m", "m.search @@ CAST(:q AS tsquery)", "m.seq"
 

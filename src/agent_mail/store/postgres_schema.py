@@ -91,7 +91,7 @@ def m004_batch_index(x) -> None:
 
 
 def m005_search(x) -> None:
-    """Full-text search: each message's words (cut by agent_mail.index, the same as on SQLite) as a tsvector
+    """Full-text search: each message's words (cut by agent_mail.store.index, the same as on SQLite) as a tsvector
     column written with the row, under a GIN index; every message already stored indexed now."""
     x("ALTER TABLE messages ADD COLUMN IF NOT EXISTS search tsvector")
     index_missing(x)
@@ -99,14 +99,14 @@ def m005_search(x) -> None:
 
 
 def m006_search_marks(x) -> None:
-    """Each search column carries its route (agent_mail.index's marks, which --from/--to/--agent match) and its
+    """Each search column carries its route (agent_mail.store.index's marks, which --from/--to/--agent match) and its
     subject's own lexemes; columns written before they were (m005 as it first shipped) are written again.
     Checked on the newest message."""
     newest = x("SELECT seq, sender, subject FROM messages WHERE search IS NOT NULL ORDER BY seq DESC LIMIT 1"
                ).fetchone()
     if newest is None:
         return
-    from agent_mail import index
+    from agent_mail.store import index
 
     probe = [f"'{index.mark('f', newest[1])}'"] + [f"'{index.SUBJECT_MARK}{w}'" for w in index.words(newest[2])[:1]]
     marked = x("SELECT search @@ CAST(? AS tsquery) FROM messages WHERE seq = ?",
@@ -145,7 +145,7 @@ MIGRATIONS = (m001_tables, m002_indexes, m003_count_indexes, m004_batch_index, m
 
 def index_missing(x) -> int:
     """Write the search column of every message that lacks it, a batch at a time; how many."""
-    from agent_mail import index
+    from agent_mail.store import index
 
     total, after = 0, 0
     while True:

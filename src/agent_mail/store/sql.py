@@ -458,7 +458,7 @@ class SQLStore(_BesideTheMail, Tokens, Store):
     # -- messages ---------------------------------------------------------
     def insert_message(self, message: dict, attachment_names=()) -> None:
         """Store one row, indexed for search in the same transaction (its attachments' names included)."""
-        from agent_mail import index
+        from agent_mail.store import index
 
         entry = index.document(message, attachment_names)
         column, value = self._SEARCH_COLUMN

@@ -34,7 +34,7 @@ def read_rows(store, table: str, *, with_seq: bool, batch: int):
 
 
 def write_rows(store, table: str, rows: list, *, with_seq: bool, attachments_of=None) -> int:
-    from agent_mail import index
+    from agent_mail.store import index
 
     columns, numbered, key = schema.TABLES[table]
     write_columns = ((store.SEQ,) if numbered and with_seq else ()) + columns
@@ -171,7 +171,7 @@ _RESTORED = tuple(c for c in schema.MESSAGE_COLUMNS if c != "ttl_hours")
 
 
 def restore_messages(store, messages: list[dict]) -> int:
-    from agent_mail import index
+    from agent_mail.store import index
 
     marks, params = ids_clause([m["id"] for m in messages])
     there = {r[0] for r in store._x(f"SELECT id FROM messages WHERE id IN ({marks})", params)}

@@ -59,7 +59,7 @@ def search_rows(store, query, *, subject_only: bool, now: str, limit: int, befor
                 since: str | None = None, thread_ids: list[str] | None = None) -> list[dict]:
     """Stored rows matching `query` (newest stored first, at most `limit`, stored before seq `before`),
     within what `agent` may see when given."""
-    from agent_mail import index
+    from agent_mail.store import index
 
     source, match, order = store._search_source()
     marks = index.routes(agent=agent, sender=sender, recipient=recipient)

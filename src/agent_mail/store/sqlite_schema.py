@@ -156,7 +156,7 @@ SEARCH_TABLE = ("CREATE VIRTUAL TABLE IF NOT EXISTS message_search USING fts5(su
 
 
 def m010_search(db: sqlite3.Connection) -> None:
-    """Full-text search: an FTS5 table of each message's words (agent_mail.index cuts them, the same as on
+    """Full-text search: an FTS5 table of each message's words (agent_mail.store.index cuts them, the same as on
     PostgreSQL), rowid = the message's rowid, and every message already stored indexed now. A SQLite built
     without FTS5 skips it; `search` then says so."""
     try:
@@ -167,7 +167,7 @@ def m010_search(db: sqlite3.Connection) -> None:
 
 
 def m011_route_marks(db: sqlite3.Connection) -> None:
-    """Each index entry carries its route (agent_mail.index's marks, which --from/--to/--agent match); an index
+    """Each index entry carries its route (agent_mail.store.index's marks, which --from/--to/--agent match); an index
     written before they were (m010 as it first shipped) is rebuilt. Checked on the newest indexed message: a
     mailbox m010 has just indexed has them, and costs two lookups here."""
     if not has_table(db, "message_search"):
@@ -176,7 +176,7 @@ def m011_route_marks(db: sqlite3.Connection) -> None:
                         "ORDER BY s.rowid DESC LIMIT 1").fetchone()
     if newest is None:
         return
-    from agent_mail import index
+    from agent_mail.store import index
 
     marked = db.execute("SELECT 1 FROM message_search WHERE message_search MATCH ? AND rowid = ?",
                         (f'"{index.mark("f", newest[1])}"', newest[0])).fetchone()
@@ -235,7 +235,7 @@ def index_missing(db: sqlite3.Connection) -> int:
                 "ORDER BY m.rowid LIMIT 2000", (after,)).fetchall()
             if not rows:
                 return total
-            from agent_mail import index  # only when there is something to index (a new mailbox has nothing)
+            from agent_mail.store import index  # only when there is something to index (a new mailbox has nothing)
 
             if cache is None and len(rows) == 2000:  # more than a trickle: a bulk run
                 cache = db.execute("PRAGMA cache_size").fetchone()[0]

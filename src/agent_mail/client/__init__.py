@@ -1,0 +1,1 @@
+"""A front end: the command line's calls carried to an agent-mail server (standard library only)."""

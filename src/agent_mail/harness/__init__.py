@@ -1,0 +1,1 @@
+"""A front end: inside a coding harness -- its hooks, `setup`, the git guard and the stdio MCP server."""

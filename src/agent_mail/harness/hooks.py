@@ -1,0 +1,339 @@
+"""`agent-mail hook HARNESS EVENT`: mail put in the model's context from inside its harness.
+
+A harness (Claude Code, Codex, Gemini CLI) runs a hook command at points of a session and passes it a
+JSON document on stdin (session_id, hook_event_name, ...). The events:
+
+- context: SessionStart, UserPromptSubmit / BeforeAgent, PostToolUse / AfterTool. Adds to the model's
+  context what is new since this session was last told: envelopes (never bodies), the unread count,
+  bounces, and the next steps. Quiet when there is nothing new; never marks anything read. At session
+  start: the inbox as it stands, and a warning when another live session holds the same identity.
+- stop (Stop; Gemini CLI's AfterAgent): holds the session's stop once when mail it was not told of
+  arrived during the turn (the envelopes become the reason for one more turn); a second stop
+  (stop_hook_active) always passes.
+- wait (Claude Code only: the others have no hook that can wake an idle session): the asyncRewake
+  waiter, armed when a turn ends. Blocks like `watch` (it counts as one for liveness) until mail the
+  session was not told of arrives, then exits 2 with the envelopes on stderr, which wakes the idle
+  session. One per session: a newer waiter ends the older, which exits 0 quietly. Never blocks a
+  non-interactive run (claude -p, the SDK), and ends when the harness process does.
+- end: SessionEnd. The session stops counting as live; its waiter is ended.
+- pretool (Claude Code PreToolUse on Edit|Write|MultiEdit|NotebookEdit; Codex PreToolUse on apply_patch|Bash;
+  Gemini CLI BeforeTool on write_file|replace): denies an edit of a file another live identity holds
+  exclusively (agent_mail.operations.reservations), telling the model who holds it, why, until when, and the `send` that
+  asks them. Any other tool, a read, a file outside a git repository or one nobody holds passes silently.
+
+What a session was told is kept in the mailbox (agent_mail.operations.telling, which makes the notes and the documents each
+harness takes). When AGENT_MAIL_DB names an agent-mail server, the client starts this front end with a caller
+(`served`): what belongs to this machine stays here (the hook's stdin and stdout, the harness's process, the
+files and the repository of the checkout) and the server carries the mailbox's side: pretool as reservations
+--check of the paths located here, the other events as one served `hook` call each (the waiter as a long request
+that outlives a server restart), so the output is the same with or without a server.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from agent_mail import calls, errors, jsonout, model
+from agent_mail.parts.liveness import harness_pid, pid_alive
+from agent_mail.parts.liveness import host_name as _host
+from agent_mail.operations.telling import QUIET, WAKES_IDLE
+
+INPUT_MAX_BYTES = 4 * 1024 * 1024
+_NON_INTERACTIVE = ("sdk-cli", "sdk-ts", "sdk-py", "mcp")  # CLAUDE_CODE_ENTRYPOINT values of headless runs
+EXIT_WAKE = 2  # what an asyncRewake hook exits with to wake its session
+
+
+def read_input(stream=None) -> dict:
+    """The hook's JSON input from stdin; InvalidInput naming stdin if it is not a JSON object with a
+    session_id."""
+    if stream is None:
+        if sys.stdin is None or sys.stdin.isatty():
+            raise errors.InvalidInput([("stdin", "is a terminal (or closed), not the harness's hook input: this "
+                                                 "command is run by a harness's hooks, which pass a JSON object on "
+                                                 "stdin. See agent-mail setup.")])
+        stream = sys.stdin.buffer
+    raw = stream.read(INPUT_MAX_BYTES + 1)
+    if len(raw) > INPUT_MAX_BYTES:
+        raise errors.InvalidInput([("stdin", f"the hook input is over {INPUT_MAX_BYTES} bytes; the harness "
+                                             "sends a small JSON object.")])
+    try:
+        document = jsonout.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise errors.InvalidInput([("stdin", f"is not the harness's hook input (a JSON object): {exc}. This "
+                                             "command is run by the harness; see agent-mail setup.")]) from None
+    if not isinstance(document, dict):
+        raise errors.InvalidInput([("stdin", "must be a JSON object (the harness's hook input).")])
+    session = document.get("session_id")
+    if not isinstance(session, str) or not session.strip() or len(session) > 200:
+        raise errors.InvalidInput([("stdin", "has no usable session_id: the harness passes one to every hook.")])
+    return document
+
+
+def _checked(harness: str, event: str, agent: str | None) -> str:
+    """The hook's identity (given, or AGENT_MAIL_AGENT), checked with its harness and event by the call layer."""
+    agent = agent or os.environ.get("AGENT_MAIL_AGENT") or None
+    problems = []
+    if agent is None:
+        problems.append(("agent", "is required: this session's identity (project:name), given by agent-mail setup "
+                                  "in the hook command, or AGENT_MAIL_AGENT."))
+    calls.check("hook", {"harness": harness, "event": event, "agent": agent}, also=problems, with_inputs=False)
+    return agent
+
+
+# Codex 0.171 reports an edit made with `apply_patch <<EOF` in its shell as tool_name "Bash" (tool_input.command:
+# the patch; seen under `codex exec`), and a model given the apply_patch tool calls it "apply_patch".
+EDIT_TOOLS = {"claude-code": ("Edit", "Write", "MultiEdit", "NotebookEdit"), "codex": ("apply_patch", "Bash"),
+              "gemini": ("write_file", "replace")}
+_PATCH_HEADS = ("*** Update File: ", "*** Add File: ", "*** Delete File: ", "*** Move to: ")
+
+
+def edited_paths(harness: str, document: dict) -> list[str]:
+    """The files the tool call in a pre-tool hook's input would change ([] for any other tool)."""
+    if document.get("tool_name") not in EDIT_TOOLS[harness]:
+        return []
+    given = document.get("tool_input")
+    if harness == "codex":  # apply_patch: the files are named in the patch's headers, wherever its text rides
+        texts = [given] if isinstance(given, str) else [v for v in (given or {}).values() if isinstance(v, str)] \
+            if isinstance(given, dict) else []
+        return [line[len(head):].strip() for text in texts if "*** Begin Patch" in text
+                for line in text.splitlines() for head in _PATCH_HEADS if line.startswith(head)]
+    if not isinstance(given, dict):
+        return []
+    return [p for p in (given.get("file_path"), given.get("notebook_path")) if isinstance(p, str) and p]
+
+
+def denial(harness: str, note: str) -> dict:
+    """The harness's documented way to refuse a tool call, with the reason the model is shown."""
+    if harness == "gemini":  # BeforeTool: decision deny, the reason sent to the agent as the tool's error
+        return {"decision": "deny", "reason": note}
+    return {"hookSpecificOutput": {"hookEventName": "PreToolUse", "permissionDecision": "deny",
+                                   "permissionDecisionReason": note}}
+
+
+def pretool_note(agent: str, result: dict) -> str:
+    """Why the edit is refused: each file, who holds it, why, until when; and the literal command to ask."""
+    lines = ["agent-mail: this edit is refused: another live identity holds the file exclusively (a file "
+             "reservation). Do not change it another way."]
+    for c in result["conflicts"]:
+        why = f", reason {jsonout.quoted(c['reason'])}" if c["reason"] else ""
+        lines.append(f"- {c['pattern']} is held by {c['holder']} (pattern {c['holder_pattern']}{why}, until "
+                     f"{c['expires_at']}).")
+    lines += [f"Ask them: {step}" for step in result["next"]]
+    lines.append(f"Meanwhile work on something else; you are {agent}. Reads are not blocked.")
+    return "\n".join(lines)
+
+
+def _waits_here() -> bool:
+    """False for runs nobody waits on: claude -p and SDK runs wait for background hooks before exiting."""
+    if os.environ.get("CLAUDE_CODE_ENTRYPOINT", "") in _NON_INTERACTIVE:
+        return False
+    return os.environ.get("CLAUDE_CODE_SESSION_ATTENDED", "") != "0"
+
+
+def _start_time(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            fields = handle.read().rsplit(b")", 1)[1].split()
+        return fields[19].decode()
+    except (OSError, IndexError):
+        return None
+
+
+def _process_token(pid: int) -> str:
+    return f"{pid}:{_start_time(pid) or ''}@{_host()}"
+
+
+def _end_waiter(token: str | None) -> None:
+    """SIGTERM the waiter `token` names, if it is still that process on this machine."""
+    if not token:
+        return
+    pid_text, _, rest = token.partition(":")
+    started, _, host = rest.partition("@")
+    if host != _host() or not pid_text.isdigit() or int(pid_text) == os.getpid():
+        return
+    pid = int(pid_text)
+    if started and _start_time(pid) != started:
+        return  # that process is gone; the number was reused
+    try:
+        import signal
+
+        os.kill(pid, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+def main(values: dict, emit, served=None) -> int:
+    """`agent-mail hook HARNESS EVENT [--agent P:N]`, as the command line starts it (`served`: as the client
+    starts it, when AGENT_MAIL_DB names an agent-mail server: agent_mail.client.commands.Served)."""
+    return run(values["harness"], values["event"], values["agent"], emit, served)
+
+
+def run(harness: str, event: str, agent: str | None, emit, served=None) -> int:
+    """Run one hook; the exit status (0, or EXIT_WAKE for a waiter that found mail)."""
+    agent = _checked(harness, event, agent)
+    document = read_input()
+    printed = []
+    if event == "pretool" and not edited_paths(harness, document):
+        if harness in QUIET:  # not an edit: answered without opening the mailbox
+            emit(QUIET[harness])
+        return errors.EXIT_OK
+
+    def emit_once(document: dict) -> None:
+        emit(document)
+        printed.append(True)
+
+    if served is not None:
+        code = _served(served, harness, event, agent, document, emit_once)
+    else:
+        code = _local(harness, event, agent, document, emit_once)
+    if not printed and harness in QUIET and event != "wait":
+        emit(QUIET[harness])
+    return code
+
+
+def _local(harness: str, event: str, agent: str, document: dict, emit) -> int:
+    """The hook on the mailbox this process opens."""
+    from agent_mail.operations import mail, telling
+
+    with mail.open_mailbox() as mailbox:
+        if event == "pretool":
+            pretool(harness, agent, document, emit, lambda located, relative: calls.call(
+                "reservations", {"agent": agent, "paths": relative, "check": True}, mailbox=mailbox))
+            return errors.EXIT_OK
+        session = telling.Session(mailbox, harness, agent, document)
+        if event == "context":
+            session.context(emit)
+        elif event == "stop":
+            session.stop(emit, bool(document.get("stop_hook_active")))
+        elif event == "end":
+            _end_waiter(session.end())
+        elif wait(session, model.WATCH_MINUTES_DEFAULT) is not None:
+            return EXIT_WAKE
+    return errors.EXIT_OK
+
+
+def pretool(harness: str, agent: str, document: dict, emit, check) -> dict | None:
+    """Deny the edit if another live identity holds a file it changes; None (silence) otherwise. `check(located,
+    paths)`: reservations --check of paths said from the root of the repository located here (`located`: {key,
+    fold}), on the mailbox or through a server."""
+    from agent_mail.parts import repos
+
+    paths = edited_paths(harness, document)
+    cwd = document.get("cwd") if isinstance(document.get("cwd"), str) else None
+    grouped: dict[str, tuple] = {}
+    for path in paths:
+        full = path if os.path.isabs(path) else os.path.join(cwd or os.getcwd(), path)
+        try:
+            repository = repos.locate(cwd=os.path.dirname(full) if os.path.isdir(os.path.dirname(full)) else cwd)
+            relative = repository.path(full)
+        except errors.InvalidInput:
+            continue  # outside any repository: nothing to hold
+        grouped.setdefault(repository.key, (repository, []))[1].append(relative)
+    conflicts: dict = {"conflicts": [], "next": []}
+    for repository, relative in grouped.values():
+        os.chdir(repository.root)  # this process's last act: the check takes paths from the repository's root
+        result = check({"key": repository.key, "fold": repository.fold}, relative)
+        conflicts["conflicts"] += result["conflicts"]
+        conflicts["next"] += [step for step in result["next"] if step not in conflicts["next"]]
+    if not conflicts["conflicts"]:
+        return None
+    output = denial(harness, pretool_note(agent, conflicts))
+    emit(output)
+    return output
+
+
+def wait(session, minutes: float) -> str | None:
+    """Block until mail this session was not told of arrives (the note to wake it with) or until the wait ends
+    (None): timeout, a newer waiter, the harness gone, or a non-interactive run."""
+    from agent_mail.operations import telling
+
+    if session.harness not in WAKES_IDLE or not _waits_here():
+        return None
+    me = _process_token(os.getpid())
+    _end_waiter(session.arm(me))
+    harness = harness_pid()
+    note: list[str] = []
+
+    def write_note(told: str) -> None:  # on stderr before the commit: if it cannot be written, it was not told
+        sys.stderr.write(told + "\n")
+        sys.stderr.flush()
+    try:
+        found = session.mailbox.wait_armed(session.agent, minutes * 60.0, lambda: session.look(me, note, write_note),
+                                           lambda: pid_alive(harness))
+    except (telling.Superseded, errors.Interrupted):
+        # Replaced by a newer waiter (which SIGTERMs this one) or ended with its session: its liveness
+        # session is released; a quiet exit 0, since any other status is a hook failure the harness
+        # would show the user at every turn.
+        return None
+    finally:
+        session.forget_waiter(me)
+    return note[0] if found and note else None
+
+
+# -- through an agent-mail server (AGENT_MAIL_DB=http(s)://) ------------------------------------------------------
+def _served(served, harness: str, event: str, agent: str, document: dict, emit) -> int:
+    """The hook on this machine (its input and output, the harness's process, the files of the checkout), its
+    mailbox steps carried by the server: pretool as reservations --check, the others as one served hook call."""
+    if event == "pretool":
+        pretool(harness, agent, document, emit, lambda located, relative: served.reservations_check(
+            agent, located, relative))
+        return errors.EXIT_OK
+    if event == "wait":
+        return _served_wait(served, harness, agent, document)
+    result = served.call("hook", {"harness": harness, "event": event, "agent": agent,
+                                  "session": _session(document)})[1]
+    if result.get("output") is not None:
+        emit(result["output"])
+    _end_waiter(result.get("waiter"))
+    return errors.EXIT_OK
+
+
+def _session(document: dict, waiter: str | None = None) -> dict:
+    """The harness session as this machine knows it, for the server."""
+    found = {"session_id": document["session_id"], "pid": harness_pid(), "host": _host(),
+             "stop_hook_active": document.get("stop_hook_active") is True}
+    if isinstance(document.get("hook_event_name"), str):
+        found["hook_event_name"] = document["hook_event_name"][:200]
+    if waiter is not None:
+        found["waiter"] = waiter
+    return found
+
+
+def _served_wait(served, harness: str, agent: str, document: dict) -> int:
+    """The waiter as a long request the server holds (armed there like a watch, refreshing the session), reconnecting
+    across a server restart. This process watches the harness: when it dies, the session is ended through the
+    server (so it stops counting as live at once) and this process exits, which ends the request. It replaces the
+    session's older waiter: a first short request names it, and it is SIGTERMed here, as without a server."""
+    import threading
+
+    if harness not in WAKES_IDLE or not _waits_here():
+        return errors.EXIT_OK
+    me, harness_process = _process_token(os.getpid()), harness_pid()
+    given = {"harness": harness, "event": "wait", "agent": agent, "session": _session(document, me)}
+    done = threading.Event()
+
+    def watch_harness() -> None:
+        while not done.wait(1.0):
+            if harness_process is not None and not pid_alive(harness_process):
+                try:
+                    served.call("hook", {**given, "event": "end", "session": _session(document)}, timeout=10.0)
+                except errors.AgentMailError:
+                    pass  # the session stops counting by itself once it stops showing signs of life
+                os._exit(errors.EXIT_OK)
+    threading.Thread(target=watch_harness, daemon=True).start()
+    try:
+        # First a glance (armed, then a look at once): the older waiter it replaces is named, and ended here.
+        result = served.call("hook", {**given, "wait_seconds": 0.05})[1]
+        if not result.get("wake"):
+            _end_waiter(result.get("waiter"))
+            result = served.wait("hook", given, model.WATCH_MINUTES_DEFAULT * 60.0)
+    except errors.Interrupted:
+        return errors.EXIT_OK  # ended by a newer waiter or the session's end: quietly, as without a server
+    finally:
+        done.set()
+    if not result or not result.get("wake"):
+        return errors.EXIT_OK
+    sys.stderr.write(result["note"] + "\n")
+    sys.stderr.flush()
+    return EXIT_WAKE

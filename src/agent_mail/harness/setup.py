@@ -1,0 +1,626 @@
+"""`agent-mail setup HARNESS --agent P:N`: connect a harness to the mailbox in one command.
+
+For a project directory DIR, the MCP server `agent-mail` (this interpreter running `agent_mail mcp
+--agent P:N`, with the mailbox it resolved in its environment) and the hooks (`agent_mail hook ...`):
+- Claude Code: DIR/.mcp.json (the server, nothing personal in it: teams commit it) and
+  DIR/.claude/settings.local.json (personal, not committed: the interpreter, identity and mailbox in `env`;
+  context on SessionStart, UserPromptSubmit and PostToolUse; the stop guard and the asyncRewake waiter
+  on Stop; end on SessionEnd; `mcp__agent-mail` allowed and the server enabled, so no prompt asks).
+- Codex: DIR/.codex/config.toml (the server, its tools approved, and features.daemon_auto_start = false so
+  each session runs its own hooks, between two marker lines) and
+  DIR/.codex/hooks.json (context on SessionStart, UserPromptSubmit, PostToolUse; the stop guard on Stop;
+  end on SessionEnd).
+- Gemini CLI: DIR/.gemini/settings.json (the server, trusted; context on SessionStart, BeforeAgent,
+  AfterTool; the stop guard on AfterAgent; end on SessionEnd).
+
+All three also get the pre-tool hook (`hook HARNESS pretool`), which denies an edit of a file another live
+identity holds: Claude Code PreToolUse on Edit|Write|MultiEdit|NotebookEdit, Codex PreToolUse on
+apply_patch|Bash, Gemini CLI BeforeTool on write_file|replace.
+
+Through a server (the mailbox an http(s):// URL): the MCP entry is the server's /mcp over streamable HTTP, its
+bearer token read from AGENT_MAIL_TOKEN in the harness's environment, never written: Claude Code's .mcp.json
+`{"type": "http", "url": ".../mcp", "headers": {"Authorization": "Bearer ${AGENT_MAIL_TOKEN}"}}`, Codex's
+`url` + `bearer_token_env_var = "AGENT_MAIL_TOKEN"`, Gemini CLI's `httpUrl` + the same header. The hooks are the
+same commands; agent-mail runs them as a client of the server.
+
+All three: DIR/.agent-mail-db, the file by which any agent-mail command run in DIR or below finds the
+mailbox (agent_mail.operations.location). Setup first checks that the mailbox can be opened (without creating it).
+
+Files are merged, not replaced: other keys, hooks and servers stay as they were, in their order. Our
+entries are recognised by their command (`agent_mail hook` / `agent_mail mcp`), so a second run changes
+no byte, a run with another identity replaces ours, and --remove takes out only ours. Writes are atomic
+(a temporary file renamed over the old one, its permissions kept); --dry-run prints the diff instead.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import shlex
+import sys
+
+from agent_mail import errors, model, spec
+
+HARNESSES = spec.HARNESSES
+_BEGIN = "# agent-mail setup: begin (written by `agent-mail setup codex`; `--remove` takes it out)"
+_END = "# agent-mail setup: end"
+SERVER = "agent-mail"
+WAITER_TIMEOUT_SECONDS = 3600  # above the waiter's 55-minute wait
+REWAKE_MESSAGE = "agent-mail: new mail arrived while you were idle (this is mail for you, not an error):"
+_MARK = " -m agent_mail "  # in every command we write: how our entries are told from the user's
+
+
+def _base_command() -> list[str]:
+    return [sys.executable, "-m", "agent_mail"]
+
+
+def _shell(words: list[str]) -> str:
+    return " ".join(shlex.quote(word) for word in words)
+
+
+def _ours(command: object) -> bool:
+    return isinstance(command, str) and _MARK in f" {command} " and " hook " in command
+
+
+def _mailbox() -> str:
+    """The mailbox the harness's commands should use: the resolved SQLite path, or the PostgreSQL URL with
+    any password removed (settings files get committed and shared: the password belongs in ~/.pgpass or
+    PGPASSFILE, which libpq reads). Refused if it could not be opened: every hook would fail."""
+    from agent_mail.operations import location as located
+    from agent_mail.store import redact_url, scheme_of
+
+    location, _ = located.resolve_location()
+    if scheme_of(location) in ("http", "https"):
+        return _server_url(location)
+    problem = _mailbox_problem(location)
+    if problem:
+        raise errors.InvalidInput([(located.ENV_VAR, f"{problem} Every hook of the session would fail; fix it (or "
+                                                     f"point {located.ENV_VAR} at another mailbox) and run setup "
+                                                     "again. Nothing was written.")])
+    return location if scheme_of(location) is None else redact_url(location)
+
+
+def _server_url(url: str) -> str:
+    """An agent-mail server's URL as the harness's entries name it (no trailing slash); refused when it could
+    not be one: the URL a client uses, without credentials in it (those would land in the files setup writes)."""
+    from urllib.parse import urlsplit
+
+    from agent_mail.operations import location as located
+
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (raises for a port that is not a number)
+    except ValueError as exc:
+        parts, problem = None, f"is not a URL ({exc})"
+    else:
+        problem = None
+    if parts is not None and not parts.hostname:
+        problem = "names no host"
+    elif parts is not None and (parts.username or parts.password):
+        problem = "carries a user or password; the server takes a token (AGENT_MAIL_TOKEN), never a password"
+    elif parts is not None and (parts.query or parts.fragment):
+        problem = "has a query or fragment; give the server's base URL (https://HOST:PORT, or its path behind a proxy)"
+    if problem:
+        raise errors.InvalidInput([(located.ENV_VAR, f"{url!r} {problem}. Fix it and run setup again. Nothing was "
+                                                     "written.")])
+    return url.rstrip("/")
+
+
+def _is_server(mailbox: str) -> bool:
+    return mailbox.startswith(("http://", "https://"))
+
+
+TOKEN_VAR = "AGENT_MAIL_TOKEN"
+TOKEN_FILE_VAR = "AGENT_MAIL_TOKEN_FILE"
+# How each harness's remote MCP entry reads the token: from the environment of the harness's process (Claude Code
+# and Gemini CLI expand ${VAR} in a server's headers; Codex names the variable), so no file holds it.
+BEARER_FROM_ENV = "Bearer ${" + TOKEN_VAR + "}"
+
+
+def _mailbox_problem(location: str) -> str | None:
+    """Why the mailbox at `location` could not be opened, or None; found without creating it (no file, no
+    directory, no PostgreSQL schema): describe's report of it, and for a file not made yet, whether the
+    nearest directory that exists above it is a directory this user can create it in."""
+    from agent_mail.store import backend_for, scheme_of
+
+    report = backend_for(location).report(location, "", location)
+    if report.get("problem"):
+        return f"the mailbox {report.get('url') or location} cannot be opened: {report['problem']}"
+    if scheme_of(location) is not None or report.get("exists"):
+        return None
+    above = os.path.dirname(location)
+    while not os.path.lexists(above) and os.path.dirname(above) != above:
+        above = os.path.dirname(above)
+    if not os.path.isdir(above):
+        return f"the mailbox {location} cannot be created: {above} is a file, not a directory."
+    if not os.access(above, os.W_OK | os.X_OK):
+        return f"the mailbox {location} cannot be created: {above} is not writable by this user."
+    return None
+
+
+def _load(path: str) -> tuple[dict | None, str | None]:
+    """(document, original text) of a JSON settings file; (None, None) when absent."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except FileNotFoundError:
+        return None, None
+    except UnicodeDecodeError:
+        raise errors.InvalidInput([(path, "is not UTF-8 text; fix or move it, then run setup again. Nothing was "
+                                          "written.")]) from None
+    except OSError as exc:
+        raise errors.AgentMailError(f"cannot read {path}: {exc.strerror}. Nothing was written.") from None
+    if not text.strip():
+        return {}, text
+    try:
+        document = json.loads(text)
+    except ValueError as exc:
+        raise errors.InvalidInput([(path, f"is not valid JSON ({exc}); fix it (or move it aside), then run setup "
+                                          "again. Nothing was written.")]) from None
+    if not isinstance(document, dict):
+        raise errors.InvalidInput([(path, "must hold a JSON object; fix it, then run setup again. Nothing was "
+                                          "written.")])
+    return document, text
+
+
+def _dump(document: dict) -> str:
+    return json.dumps(document, indent=2, ensure_ascii=False) + "\n"
+
+
+def _hook_entries(harness: str, agent: str, mailbox: str) -> dict[str, list[dict]]:
+    """Our hooks for `harness`, by its event names, in its settings' shape."""
+    # The mailbox rides in the command (harnesses run it with a POSIX shell): a session started without
+    # AGENT_MAIL_DB in its environment still reaches the mailbox set up here.
+    base = f"AGENT_MAIL_DB={shlex.quote(mailbox)} " + _shell(_base_command())
+
+    def hook(event: str, **extra) -> dict:
+        command = base + " " + _shell(["hook", harness, event, "--agent", agent])
+        if harness == "gemini":  # named, for its /hooks panel; timeouts in milliseconds
+            return {"type": "command", "name": f"agent-mail-{event}", "command": command, "timeout": 30_000, **extra}
+        return {"type": "command", "command": command, **extra}
+
+    if harness == "gemini":
+        return {
+            "SessionStart": [{"hooks": [hook("context")]}],
+            "BeforeAgent": [{"hooks": [hook("context")]}],
+            "AfterTool": [{"matcher": ".*", "hooks": [hook("context")]}],
+            "BeforeTool": [{"matcher": "write_file|replace", "hooks": [hook("pretool")]}],
+            "AfterAgent": [{"hooks": [hook("stop")]}],
+            "SessionEnd": [{"hooks": [hook("end")]}],
+        }
+    entries = {
+        "SessionStart": [{"hooks": [hook("context")]}],
+        "UserPromptSubmit": [{"hooks": [hook("context")]}],
+        "PostToolUse": [{"matcher": "*" if harness == "claude-code" else ".*", "hooks": [hook("context")]}],
+        "Stop": [{"hooks": [hook("stop")]}],
+        # Before an edit: refused when another live identity holds the file. Codex edits with apply_patch, which it
+        # reports as "Bash" when run in its shell (the hook reads the patch; other commands pass at once); its
+        # pre-tool-use.command.output schema takes the same permissionDecision as Claude Code's.
+        "PreToolUse": [{"matcher": "Edit|Write|MultiEdit|NotebookEdit" if harness == "claude-code" else
+                        "apply_patch|Bash", "hooks": [hook("pretool")]}],
+    }
+    if harness == "claude-code":
+        # rewakeMessage and rewakeSummary (Claude Code's settings schema, marked internal there) replace what a
+        # wake is framed as: "Stop hook blocking error from command ..." to the model and "Stop hook feedback" to
+        # the user. Only a plugin's hook may set the summary per wake, so the user's line cannot name the sender.
+        entries["Stop"][0]["hooks"].append(hook("wait", asyncRewake=True, timeout=WAITER_TIMEOUT_SECONDS,
+                                                rewakeMessage=REWAKE_MESSAGE, rewakeSummary=f"agent-mail: new mail "
+                                                f"for {agent}"))
+    # Codex 0.171 fires SessionEnd too (its session-end.command.input schema; seen under `codex exec`).
+    entries["SessionEnd"] = [{"hooks": [hook("end")]}]
+    return entries
+
+
+def _without_ours(groups: object) -> object:
+    """A hook event's matcher groups with our hooks taken out (and groups left empty by that)."""
+    if not isinstance(groups, list):
+        return groups
+    kept = []
+    for group in groups:
+        if isinstance(group, dict) and isinstance(group.get("hooks"), list):
+            hooks = [h for h in group["hooks"] if not (isinstance(h, dict) and _ours(h.get("command")))]
+            if not hooks and group["hooks"]:
+                continue  # it held only ours
+            if len(hooks) != len(group["hooks"]):
+                group = {**group, "hooks": hooks}
+        kept.append(group)
+    return kept
+
+
+def _hooks_merged(document: dict, harness: str, agent: str, mailbox: str, remove: bool) -> dict:
+    """`document` (a settings object with a "hooks" key) with our hooks replaced, or taken out."""
+    document = dict(document)
+    hooks = document.get("hooks", {})
+    if not isinstance(hooks, dict):
+        raise errors.InvalidInput([("hooks", "in the settings is not an object; fix it, then run setup again.")])
+    hooks = {event: _without_ours(groups) for event, groups in hooks.items()}
+    hooks = {event: groups for event, groups in hooks.items() if groups != []}
+    if not remove:
+        for event, groups in _hook_entries(harness, agent, mailbox).items():
+            hooks[event] = (hooks.get(event) or []) + groups
+    if hooks:
+        document["hooks"] = hooks
+    else:
+        document.pop("hooks", None)
+    return document
+
+
+def _personal_env(agent: str, mailbox: str) -> dict[str, str]:
+    """What Claude Code's settings.local.json `env` gives the session (and so its MCP server, which inherits
+    it): the values that differ per person, kept out of the .mcp.json a team commits."""
+    return {"AGENT_MAIL_PYTHON": sys.executable, "AGENT_MAIL_AGENT": agent, "AGENT_MAIL_DB": mailbox}
+
+
+def _claude_settings(document: dict, agent: str, mailbox: str, remove: bool) -> dict:
+    document = _hooks_merged(document, "claude-code", agent, mailbox, remove)
+    env = document.get("env", {})
+    if not isinstance(env, dict):
+        raise errors.InvalidInput([("env", "in the settings is not an object; fix it, then run setup again.")])
+    mine = _personal_env(agent, mailbox)
+    env = {name: value for name, value in env.items() if name not in mine}
+    if not remove:
+        env.update(mine)
+    if env:
+        document["env"] = env
+    else:
+        document.pop("env", None)
+    permissions = dict(document.get("permissions") or {})
+    allow = [rule for rule in permissions.get("allow", []) if rule != f"mcp__{SERVER}"]
+    if not remove:
+        allow.append(f"mcp__{SERVER}")
+    if allow:
+        permissions["allow"] = allow
+    else:
+        permissions.pop("allow", None)
+    if permissions:
+        document["permissions"] = permissions
+    else:
+        document.pop("permissions", None)
+    enabled = [name for name in document.get("enabledMcpjsonServers", []) if name != SERVER]
+    if not remove:
+        enabled.append(SERVER)
+    if enabled:
+        document["enabledMcpjsonServers"] = enabled
+    else:
+        document.pop("enabledMcpjsonServers", None)
+    return document
+
+
+def _server_entry(agent: str, mailbox: str) -> dict:
+    base = _base_command()
+    return {"command": base[0], "args": base[1:] + ["mcp", "--agent", agent], "env": {"AGENT_MAIL_DB": mailbox}}
+
+
+# Claude Code's .mcp.json is the file a team commits: nothing personal in it. The interpreter, identity and
+# mailbox come from the session's environment, which .claude/settings.local.json's `env` sets and the server
+# inherits. (Claude Code expands ${VAR} in .mcp.json before that env applies, so the shell reads $VAR instead.)
+SHARED_SERVER = {"type": "stdio", "command": "sh", "args": [
+    "-c", 'test -n "$AGENT_MAIL_PYTHON" || { echo "agent-mail: run agent-mail setup claude-code --agent P:N in this '
+    'directory (it sets AGENT_MAIL_PYTHON in .claude/settings.local.json)" >&2; exit 1; }; '
+    'exec "$AGENT_MAIL_PYTHON" -m agent_mail mcp']}
+
+
+def remote_entry(harness: str, url: str) -> dict:
+    """The MCP entry of a harness reaching the server at `url` over streamable HTTP (its /mcp), the token read
+    from the environment: Claude Code's .mcp.json (`type: http`) or Gemini CLI's settings (`httpUrl`)."""
+    if harness == "gemini":
+        return {"httpUrl": f"{url}/mcp", "headers": {"Authorization": BEARER_FROM_ENV}}
+    return {"type": "http", "url": f"{url}/mcp", "headers": {"Authorization": BEARER_FROM_ENV}}
+
+
+def _servers(document: dict, agent: str, mailbox: str, remove: bool, **extra) -> dict:
+    document = dict(document)
+    servers = document.get("mcpServers", {})
+    if not isinstance(servers, dict):
+        raise errors.InvalidInput([("mcpServers", "is not an object; fix it, then run setup again.")])
+    servers = {name: spec for name, spec in servers.items() if name != SERVER}
+    if not remove and _is_server(mailbox):
+        remote = remote_entry("claude-code" if "type" in extra else "gemini", mailbox)
+        servers[SERVER] = {**remote, **{k: v for k, v in extra.items() if k != "type"}}
+    elif not remove:
+        servers[SERVER] = dict(SHARED_SERVER) if "type" in extra else {**_server_entry(agent, mailbox), **extra}
+    if servers:
+        document["mcpServers"] = servers
+    else:
+        document.pop("mcpServers", None)
+    return document
+
+
+def _toml_string(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)  # a JSON string is a TOML basic string
+
+
+def _codex_config(path: str, agent: str, mailbox: str, remove: bool) -> dict:
+    """The plan for .codex/config.toml: our [mcp_servers.agent-mail] table between two marker comments,
+    replaced or taken out; the rest of the file kept byte for byte. Checked with tomllib before and after."""
+    import tomllib
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            before = handle.read()
+    except FileNotFoundError:
+        before = None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise errors.AgentMailError(f"cannot read {path}: {exc}. Nothing was written.") from None
+    text = before or ""
+    try:
+        tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise errors.InvalidInput([(path, f"is not valid TOML ({exc}); fix it, then run setup again. Nothing was "
+                                          "written.")]) from None
+    lines = text.splitlines(keepends=True)
+    if _BEGIN in text and _END in text:
+        start = next(i for i, line in enumerate(lines) if line.rstrip("\n") == _BEGIN)
+        end = next(i for i, line in enumerate(lines) if line.rstrip("\n") == _END and i > start)
+        lines = lines[:start] + lines[end + 1:]
+        while lines and lines[-1].strip() == "" and start >= len(lines):
+            lines.pop()
+    kept = "".join(lines)
+    if not remove:
+        if SERVER in tomllib.loads(kept).get("mcp_servers", {}):
+            raise errors.InvalidInput([(path, f"already defines mcp_servers.{SERVER} (not written by setup); remove "
+                                              "it, then run setup again. Nothing was written.")])
+        if _is_server(mailbox):  # streamable HTTP; Codex reads the bearer token from the variable named
+            block = [_BEGIN, f"[mcp_servers.{SERVER}]", f"url = {_toml_string(mailbox + '/mcp')}",
+                     f"bearer_token_env_var = {_toml_string(TOKEN_VAR)}",
+                     'default_tools_approval_mode = "approve"']
+        else:
+            entry = _server_entry(agent, mailbox)
+            block = [_BEGIN, f"[mcp_servers.{SERVER}]", f"command = {_toml_string(entry['command'])}",
+                     "args = [" + ", ".join(_toml_string(a) for a in entry["args"]) + "]",
+                     'default_tools_approval_mode = "approve"',  # no approval prompt per call (as Claude's allow)
+                     f"env = {{ AGENT_MAIL_DB = {_toml_string(mailbox)} }}"]
+        if "features" not in tomllib.loads(kept):
+            # Interactive `codex` otherwise starts (or joins) a shared app-server daemon that runs the hooks and
+            # the MCP server for every session: the hooks' parent is then that daemon, which outlives /exit, and
+            # Codex fires no SessionEnd when the terminal client leaves (seen with 0.171.0). Without it the
+            # session's own codex process runs them and SessionEnd fires at /exit. A daemon already running is
+            # still joined (only `codex --no-daemon` avoids it).
+            block += ["[features]", "daemon_auto_start = false"]
+        block.append(_END)
+        kept = kept + ("\n" if kept and not kept.endswith("\n") else "") + ("\n" if kept.strip() else "")
+        kept += "\n".join(block) + "\n"
+        try:
+            tomllib.loads(kept)
+        except tomllib.TOMLDecodeError as exc:
+            raise errors.InvalidInput([(path, f"cannot take the [mcp_servers.{SERVER}] table ({exc}); add it by "
+                                              "hand. Nothing was written.")]) from None
+    after = kept if kept.strip() else None  # a file left with nothing (setup made it, or it held only ours) goes
+    if after == before or (after is None and before is None):
+        action, after = "unchanged", before
+    elif after is None:
+        action = "remove"
+    else:
+        action = "create" if before is None else "update"
+    return _planned(path, action, before, after)
+
+
+def _planned(path: str, action: str, before: str | None, after: str | None) -> dict:
+    diff = "".join(difflib.unified_diff((before or "").splitlines(True), (after or "").splitlines(True),
+                                        fromfile=path if before is not None else "/dev/null",
+                                        tofile=path if after is not None else "/dev/null"))
+    return {"path": path, "action": action, "diff": diff, "_text": after, "_before": before}
+
+
+def _plan(path: str, change) -> dict:
+    document, before = _load(path)
+    after_document = change(document or {})
+    after = _dump(after_document) if after_document else None
+    if document is None and after is None:
+        action = "unchanged"
+    elif before is not None and after is not None and (after == before or after_document == document):
+        action, after = "unchanged", before  # the same settings: not a byte rewritten
+    elif after is None:
+        action = "remove"
+    else:
+        action = "create" if document is None else "update"
+    return _planned(path, action, before, after)
+
+
+_PROJECT_NOTE = ("# The agent-mail mailbox of this directory tree (written by `agent-mail setup`; AGENT_MAIL_DB "
+                 "overrides it).\n")
+_HARNESS_FILES = {"claude-code": (".mcp.json", SERVER), "codex": (os.path.join(".codex", "config.toml"), _BEGIN),
+                  "gemini": (os.path.join(".gemini", "settings.json"), SERVER)}
+
+
+def _project_file_plan(root: str, harness: str, mailbox: str, remove: bool) -> dict:
+    """The plan for DIR/.agent-mail-db, the file by which a plain shell in the project finds the mailbox the
+    harness uses: written with the mailbox; on --remove taken out once no other harness set up here uses it
+    (and only if it still names what setup wrote)."""
+    from agent_mail.operations import location
+
+    path = os.path.join(root, location.PROJECT_FILE)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            before: str | None = handle.read(location.PROJECT_FILE_MAX_BYTES + 1)
+    except FileNotFoundError:
+        before = None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise errors.AgentMailError(f"cannot read {path}: {exc}. Nothing was written.") from None
+    text = _PROJECT_NOTE + mailbox + "\n"
+    if remove:
+        others = [h for h, (name, mark) in _HARNESS_FILES.items() if h != harness and _mentions(
+            os.path.join(root, name), mark)]
+        after = None if before == text and not others else before
+    else:
+        after = text
+    action = "unchanged" if after == before else ("remove" if after is None else
+                                                  ("create" if before is None else "update"))
+    return _planned(path, action, before, after)
+
+
+def _mentions(path: str, mark: str) -> bool:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return mark in handle.read()
+    except OSError:
+        return False
+
+
+def _remove_emptied_directories(root: str, plans: list[dict]) -> None:
+    """A harness directory (.claude, .codex, .gemini) left empty by --remove goes too: setup made it."""
+    for plan in plans:
+        directory = os.path.dirname(plan["path"])
+        if plan["action"] == "remove" and directory != root:
+            try:
+                os.rmdir(directory)  # only when empty
+            except OSError:
+                pass
+
+
+def _write(path: str, text: str | None) -> None:
+    if text is None:
+        os.unlink(path)
+        return
+    directory = os.path.dirname(path)
+    os.makedirs(directory, exist_ok=True)
+    try:
+        mode = os.stat(path).st_mode & 0o7777
+    except FileNotFoundError:
+        mode = 0o644
+    temporary = os.path.join(directory, f".{os.path.basename(path)}.agent-mail-{os.getpid()}.tmp")
+    try:
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(temporary, mode)
+        os.replace(temporary, path)
+    except BaseException:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        raise
+
+
+NOTES = {
+    "claude-code": [
+        "Start `claude` in this directory: the agent-mail MCP tools (mcp__agent-mail__*) are allowed, mail reaches "
+        "the model's context on session start, each prompt and after tool calls, a stop is held once for mail that "
+        "arrived during the turn, and an idle session is woken when mail arrives (an asyncRewake hook).",
+        "claude -p and SDK runs are not kept waiting: the waiter only arms in interactive sessions.",
+    ],
+    "codex": [
+        "Start `codex` in this directory: the agent-mail MCP server and hooks load from .codex/ (Codex reads a "
+        "project's .codex/ once the project is trusted, and asks you to review new hooks before they run).",
+        "Mail reaches the model's context on session start, each prompt and after tool calls; a stop is held once "
+        "for mail that arrived during the turn.",
+        "Codex cannot wake an idle session (its hooks have no asyncRewake): an idle Codex hears of mail at its "
+        "next prompt. For an agent that must wait, have it call the watch tool.",
+    ],
+    "gemini": [
+        "Start `gemini` in this directory: the agent-mail MCP server (trusted: no confirmation per call) and hooks "
+        "load from .gemini/settings.json once you trust the folder (Gemini CLI asks, and asks you to review new "
+        "project hooks).",
+        "Mail reaches the model's context on session start, each prompt (BeforeAgent) and after tool calls "
+        "(AfterTool); a finished turn (AfterAgent) is sent back once for mail that arrived during it.",
+        "Gemini CLI cannot wake an idle session (its hooks have no asyncRewake): an idle Gemini hears of mail at "
+        "its next prompt. For an agent that must wait, have it call the watch tool.",
+    ],
+}
+
+
+_STARTS = {"claude-code": "claude", "codex": "codex", "gemini": "gemini"}
+
+
+def _token_report(harness: str, mailbox: str, remove: bool) -> dict | None:
+    """Through a server: where the harness's MCP entry and hooks read the token from (never the token)."""
+    if not _is_server(mailbox) or remove:
+        return None
+    return {"variable": TOKEN_VAR, "set": bool(os.environ.get(TOKEN_VAR, "").strip()),
+            "file_variable": TOKEN_FILE_VAR, "file_set": bool(os.environ.get(TOKEN_FILE_VAR, "").strip())}
+
+
+def _remote_notes(harness: str, mailbox: str) -> list[str]:
+    if not _is_server(mailbox):
+        return []
+    start = _STARTS[harness]
+    notes = [f"The MCP server is the agent-mail server's {mailbox}/mcp (streamable HTTP), the identity taken from "
+             f"the token; the hooks run agent-mail as a client of {mailbox}. No file holds the token: "
+             f"{'.mcp.json' if harness == 'claude-code' else 'the settings'} read it from {TOKEN_VAR} in the "
+             f"environment `{start}` starts with."]
+    if not os.environ.get(TOKEN_VAR, "").strip():
+        notes.append(f"{TOKEN_VAR} is not set here. Export it before starting `{start}` (the mailbox's operator "
+                     "makes a token with agent-mail token create --agent P:N). With "
+                     f"{TOKEN_FILE_VAR} instead: the hooks read the file themselves, but an MCP entry can only read "
+                     f"a variable, so start `{start}` with {TOKEN_VAR}=\"$(cat \"${TOKEN_FILE_VAR}\")\" {start}.")
+    if mailbox.startswith("http://") and not _loopback(mailbox):
+        notes.append(f"{mailbox} is plain http to another machine: the token and the mail cross the network in "
+                     "clear. Prefer https:// (agent-mail serve --tls-cert, or a TLS proxy in front).")
+    return notes
+
+
+def _loopback(url: str) -> bool:
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    host = urlsplit(url).hostname or ""
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def setup(harness: str, agent: str, directory: str | None = None, dry_run: bool = False, remove: bool = False,
+          emit=None) -> dict:
+    if harness not in HARNESSES:
+        raise errors.InvalidInput([("harness", f"{harness!r}: agent-mail sets up {', '.join(HARNESSES)}.")])
+    problem = model.identity_problem(agent)
+    if problem:
+        raise errors.InvalidInput([("agent", problem)])
+    root = os.path.realpath(os.path.expanduser(directory or os.getcwd()))
+    if not os.path.isdir(root):
+        raise errors.InvalidInput([("dir", f"{root} is not a directory; give the project directory the harness "
+                                              "starts in.")])
+    mailbox = _mailbox()
+    project_file = _project_file_plan(root, harness, mailbox, remove)
+    if harness == "claude-code":
+        plans = [
+            _plan(os.path.join(root, ".mcp.json"), lambda d: _servers(d, agent, mailbox, remove, type="stdio")),
+            _plan(os.path.join(root, ".claude", "settings.local.json"),
+                  lambda d: _claude_settings(d, agent, mailbox, remove)),
+        ]
+    elif harness == "codex":
+        plans = [
+            _codex_config(os.path.join(root, ".codex", "config.toml"), agent, mailbox, remove),
+            _plan(os.path.join(root, ".codex", "hooks.json"),
+                  lambda d: _hooks_merged(d, "codex", agent, mailbox, remove)),
+        ]
+    else:
+        plans = [_plan(os.path.join(root, ".gemini", "settings.json"),
+                       lambda d: _hooks_merged(_servers(d, agent, mailbox, remove, trust=True), "gemini", agent,
+                                               mailbox, remove))]
+    plans.append(project_file)
+    files = [{k: v for k, v in plan.items() if not k.startswith("_")} for plan in plans]
+    result = {
+        "harness": harness, "agent": agent, "mailbox": mailbox, "dir": root, "removed": remove,
+        "dry_run": dry_run, "files": files,
+        "wakes_idle_session": harness == "claude-code" and not remove,
+        "token": _token_report(harness, mailbox, remove),
+        "notes": [] if remove else NOTES[harness] + _remote_notes(harness, mailbox) + [
+            f"A plain shell in {root} or below now uses this mailbox too: {os.path.basename(project_file['path'])} "
+            "names it (AGENT_MAIL_DB still wins). It is personal, like .claude/settings.local.json: keep it out of "
+            "version control unless it names a shared mailbox."],
+    }
+    if emit is not None:
+        emit(result)  # printed first, then written: a result that could not be printed changed nothing
+    done: list[dict] = []
+    if not dry_run:
+        try:
+            for plan in plans:
+                if plan["action"] != "unchanged":
+                    _write(plan["path"], plan["_text"])
+                    done.append(plan)
+            _remove_emptied_directories(root, plans)
+        except OSError as exc:
+            for plan in reversed(done):  # all or nothing: put back what was already written
+                try:
+                    _write(plan["path"], plan["_before"])
+                except OSError:
+                    pass
+            raise errors.AgentMailError(f"could not write {exc.filename or plan['path']}: {exc.strerror}. Nothing "
+                                        "was changed: check the directory's permissions and run setup again.") from None
+    return result

@@ -1,0 +1,1 @@
+"""The operations over one mailbox, returning data: the Mailbox and its groups of operations."""

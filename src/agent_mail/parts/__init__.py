@@ -1,0 +1,1 @@
+"""What the operations are built from: value checks, inputs, liveness, notifications, waits, reservation paths."""

@@ -1,0 +1,1 @@
+"""A front end: `agent-mail serve`, the mailbox over HTTP (the `server` extra)."""

@@ -1,0 +1,690 @@
+"""`agent-mail serve`: the mailbox its own AGENT_MAIL_DB resolves, served over HTTP (Starlette on uvicorn, the
+`server` extra), so agents on other machines reach it with AGENT_MAIL_DB=http(s)://HOST:PORT and a token.
+
+API: `POST /v1/call/COMMAND`, a JSON object of the command's values by argument name, `Authorization: Bearer
+TOKEN`. Each call is checked by the call layer (agent_mail.calls) exactly as the command line's are, then by the
+token's grant (agent_mail.server.grants), then carried out on the mailbox; the answer is the command's own result
+document (its `next` steps as the command line's strings) with the exit code the command would have in the
+X-Agent-Mail-Exit header, or {error, problems} with an HTTP status matching it. Files never come from or go to
+this machine on a client's behalf: a send's attachments and refs arrive as content and text, saved attachments
+leave as content, and the arguments that name a file here are refused.
+
+Each call runs in a worker thread. On PostgreSQL it borrows a store from a pool of POOL_SIZE connected ones
+(store/pool.py), and a blocked watch holds neither a thread nor a connection while it waits: it awaits the wake-up
+of the server's one LISTEN connection (agent_mail.server.waits, store/postgres_hub.py), so the server's
+connections number POOL_SIZE + 1 whatever the number of waits. On SQLite each call opens the file for itself and a
+blocked watch waits in its thread on its own wake-up pipe. SIGTERM ends the waits at once (each answers 503) and
+then the server. See docs/design.md.
+
+Beside the commands, two looks (agent_mail.server.looks): POST /v1/follow, an identity's notification documents
+for a client that writes its mirror on its own machine, and POST /v1/dashboard, the supervisor's views; each may
+wait for a change (`after`, `wait_seconds`) as a watch waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import threading
+import time
+
+import anyio
+import uvicorn
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from agent_mail import __version__, calls, errors, jsonout, model, spec
+from agent_mail.protocols import http_api
+from agent_mail.parts import checks
+from agent_mail.server import grants, stops
+from agent_mail.operations import tokens
+from agent_mail.server.edge import (Dated, MAX_HEAD_BYTES, _address, _body, _is_loopback, _keepalive, _log, _Protocol,
+                                   _upload)
+from agent_mail.server.waits import ServedWaits, Stopping
+from agent_mail.parts.waits import HungUp, Released
+
+EXIT_HEADER, NAMES_HEADER = http_api.EXIT_HEADER, http_api.NAMES_HEADER
+SERVED, LOCAL_TO_CLIENT, EXTRAS = http_api.SERVED, http_api.LOCAL_TO_CLIENT, http_api.EXTRAS
+DEFAULT_LISTEN = "127.0.0.1:8025"
+MAX_THREADS = 1000  # calls carried out at once on SQLite (a blocked watch holds one there)
+# PostgreSQL connections for calls (and the looks of waits): the server's calls are short and mostly the database's
+# work, so a few more than the cores of a typical host keep it busy; more would only queue inside PostgreSQL.
+POOL_SIZE = 8
+_STOPPING = threading.Event()
+_CARRIERS: list = []  # every app's _Carrier in this process, for SIGTERM
+
+
+class _Carrier:
+    """How the calls of one served mailbox are carried out: on PostgreSQL a pool of stores, at most POOL_SIZE
+    calls at once, and the waits on the server's LISTEN connection; on SQLite a store opened per call, and a
+    blocked watch in a thread of its own."""
+
+    def __init__(self, location: str):
+        from agent_mail.store import backend_name
+
+        self.location = location
+        self.pooled = backend_name(location) == "postgresql"
+        self.pool = self.limiter = self.waits = self.own_limiter = None
+        self.instance = secrets.token_hex(6)  # the holder named in the ids of the sessions of its waits
+        _CARRIERS.append(self)
+
+    def ready(self) -> None:
+        """Made in the event loop (anyio's limiters belong to it), on the first call."""
+        if self.limiter is not None:
+            return
+        if self.pooled:
+            from agent_mail.operations import mail
+            from agent_mail.store.pool import StorePool
+
+            self.pool = StorePool(self.location, POOL_SIZE)
+            self.limiter = anyio.CapacityLimiter(POOL_SIZE)
+            self.waits = ServedWaits(self.location, self.pool, self.limiter, mail.Mailbox, self.instance)
+        else:
+            self.limiter = anyio.CapacityLimiter(MAX_THREADS)
+
+    def store(self, own: bool = False):
+        """A context manager giving a store for one call (`own`: a connection of its own, outside the pool, for a
+        call that may block in its thread)."""
+        if self.pool is not None and not own:
+            return self.pool.store()
+        from contextlib import closing
+
+        from agent_mail.store import open_store
+
+        return closing(open_store(self.location))
+
+    async def run(self, function, *args, own: bool = False):
+        """`function(*args)` in a worker thread: within the pool's limit, or (`own`) within MAX_THREADS."""
+        if own and self.pooled:
+            if self.own_limiter is None:
+                self.own_limiter = anyio.CapacityLimiter(MAX_THREADS)
+            return await anyio.to_thread.run_sync(function, *args, limiter=self.own_limiter)
+        return await anyio.to_thread.run_sync(function, *args, limiter=self.limiter)
+
+    def stop_waits(self) -> None:
+        if self.waits is not None:
+            self.waits.stop_all()
+
+    def close(self) -> None:
+        if self.waits is not None:
+            self.waits.close()
+        if self.pool is not None:
+            self.pool.close()
+
+
+# The calls whose waits the server's LISTEN connection carries (PostgreSQL). A hook's waiter blocks in a thread on
+# a connection of its own, outside the pool (so idle harness sessions never starve the calls): see docs/design.md.
+_ON_THE_HUB = tuple(name for name in SERVED if name not in http_api.WAITS or name == "watch")
+
+
+class _Wait:
+    """A watch to wait for on the server's event loop (PostgreSQL): what _carry_out checked for it."""
+
+    def __init__(self, values: dict, grant: dict, key: str | None):
+        self.values, self.grant, self.key = values, grant, key
+        minutes = values.get("timeout_minutes") or model.WATCH_MINUTES_DEFAULT
+        self.seconds = values["timeout_seconds"] if values.get("timeout_seconds") is not None else minutes * 60.0
+
+
+def _status(error: errors.AgentMailError) -> int:
+    if isinstance(error, HungUp):
+        return 499  # logged only (nginx's "client closed request")
+    if getattr(error, "http_status", None):
+        return error.http_status
+    if isinstance(error, errors.Forbidden):
+        return 401 if error.unauthenticated else 403
+    if error.exit_code == errors.EXIT_INVALID:
+        return 400
+    return 503 if isinstance(error, errors.StorageError) else 500
+
+
+def _document(payload: object, status: int, code: int, delivery: str | None = None) -> Response:
+    headers = {EXIT_HEADER: str(code)} if delivery is None else {EXIT_HEADER: str(code), http_api.DELIVERY_HEADER: delivery}
+    return Response(jsonout.dumps(payload, end="\n"), status, media_type="application/json", headers=headers)
+
+
+def _bearer(request: Request) -> str | None:
+    header = request.headers.get("authorization", "")
+    scheme, _, value = header.partition(" ")
+    return value.strip() if scheme.lower() == "bearer" and value.strip() else None
+
+
+def _given(name: str, body: bytes) -> dict:
+    try:
+        given = json.loads(body or b"{}")
+    except (ValueError, RecursionError) as exc:
+        raise errors.InvalidInput([(None, f"the request body is not JSON ({exc}); send a JSON object of the "
+                                          f"values of {name} by argument name.")]) from None
+    if not isinstance(given, dict):
+        raise errors.InvalidInput([(None, f"the request body must be a JSON object of the values of {name} by "
+                                          "argument name.")])
+    return given
+
+
+def _uploads(given: dict) -> dict:
+    """A send's content read on the client's machine: {refs, attachments: [{name, content}]}."""
+    import base64
+    import binascii
+
+    files, refs = given.pop("upload_attachments", None) or [], given.pop("client_refs", None) or []
+    problems, attachments = [], []
+    if not isinstance(files, list) or not isinstance(refs, list) or not all(isinstance(r, str) for r in refs):
+        raise errors.InvalidInput([(None, "upload_attachments and client_refs must be lists.")])
+    for upload in files:
+        try:
+            content = base64.b64decode(upload["content_base64"], validate=True)
+            if not isinstance(upload["name"], str):
+                raise TypeError
+            attachments.append({"name": upload["name"], "content": content})
+        except (KeyError, TypeError, ValueError, binascii.Error):
+            problems.append(("attach", "each upload is {name, content_base64} (standard base64)."))
+    if problems:
+        raise errors.InvalidInput(problems)
+    return {"refs": refs, "attachments": attachments}
+
+
+def _carry_out(carrier: _Carrier, name: str, presented: str | None, body: bytes, info: dict, gone: threading.Event):
+    """Authenticate, check, grant and run one call on a store of its own; the result (or, for a watch that waits
+    on PostgreSQL, the _Wait the event loop carries out)."""
+    from agent_mail.operations import mail
+
+    with carrier.store(own=name not in _ON_THE_HUB) as store:
+        grant = tokens.authenticate(store, presented)  # before anything else is read
+        info["token_id"] = grant["id"]
+        given = _given(name, body)
+        extras = {key: given.pop(key) for key in EXTRAS.get(name, ()) if key in given and key != "upload_attachments"
+                  and key != "client_refs"}
+        uploaded = _uploads(given) if name == "send" else None
+        local = [(key, "names a file on the server's machine; the client reads and writes files on its own machine "
+                       "(run the command through agent-mail with AGENT_MAIL_DB naming this server).")
+                 for key in LOCAL_TO_CLIENT.get(name, ()) if given.get(key) not in (None, False, [])]
+        values = calls.check(name, given, skip=LOCAL_TO_CLIENT.get(name, ()), also=local, with_inputs=False)
+        info["as"] = grants.check(grant, name, values)
+        mailbox = mail.Mailbox(store)
+        mailbox.publish_due()
+        if uploaded is not None:
+            values["uploaded"] = {**uploaded, "key": extras.get("idempotency_key")}
+        values.update(http_api.carried(name, extras))
+        delivery = _delivery(values, extras.get("deliver")) if name == "read" else None
+        if name in http_api.WAITS:
+            key = _bound_wait(carrier, name, values, extras, store, grant, gone)
+            if carrier.waits is not None and name == "watch" and not values["once"]:
+                values.pop("wanted")
+                return _Wait(values, grant, key)
+        result = calls.run(name, values, mailbox=mailbox)
+        if delivery is not None and delivery.held:
+            info["delivery"] = delivery.id
+        if name == "attachments" and extras.get("with_content") is True:
+            result = {**result, "contents": _contents(store, result["attachments"])}
+        return result
+
+
+def _delivery(values: dict, deliver: object):
+    """read with deliver=confirm: the Delivery its marks are held for (agent_mail.operations.deliveries), when it marks."""
+    if deliver is None:
+        return None
+    if deliver != "confirm":
+        raise errors.InvalidInput([("deliver", "is 'confirm' (hold the marks until POST /v1/delivered), or "
+                                               "left out.")])
+    if values["no_mark_read"] and not values["ack"] or values["thread"] is not None or values["archived"]:
+        return None  # it marks nothing
+    from agent_mail.operations.deliveries import Delivery
+
+    values["delivery"] = Delivery()
+    return values["delivery"]
+
+
+def _settle(carrier: _Carrier, presented: str | None, body: bytes, info: dict) -> dict:
+    """POST /v1/delivered: a delivery confirmed or cancelled (agent_mail.operations.deliveries.settle)."""
+    from agent_mail.operations import deliveries, mail
+
+    with carrier.store() as store:
+        grant = tokens.authenticate(store, presented)  # before anything else is read
+        info["token_id"] = grant["id"]
+        delivery, printed = deliveries.checked(_given("delivered", body))
+
+        def may_act_as(agent: str) -> None:
+            info["as"] = grants.check(grant, "read", {"agent": agent, "no_mark_read": False, "thread": None,
+                                                      "archived": False, "ack": False})
+        return deliveries.settle(mail.Mailbox(store), delivery, printed, may_act_as)
+
+
+def _bound_wait(carrier: _Carrier, name: str, values: dict, extras: dict, store, grant: dict,
+                gone: threading.Event) -> str | None:
+    """A wait, ended by a stopping server, a revoked token or a client that hung up; a watch's also by its client's
+    stop call (its session released, from any replica: agent_mail.server.stops). A watch's client that hung up
+    leaves its session abandoned (stale at once, as a killed watch's); a hook's waiter's is released as it ends
+    (a harness ends its waiter routinely, and that client makes no stop call). The watch's stop_key, checked."""
+    key = stops.checked_key(extras.get("stop_key")) if name == "watch" else None
+    session = stops.session_id(carrier.instance, key) if name == "watch" and carrier.waits is None else None
+    wait = extras.get("wait_seconds")
+    if wait is not None and not values["once"]:
+        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or \
+                not 0 < wait <= model.WATCH_MINUTES_MAX * 60:
+            raise errors.InvalidInput([("wait_seconds", "must be a number of seconds within the watch's limits.")])
+        values["timeout_minutes"] = None
+        values["timeout_seconds"] = float(wait)
+
+    def wanted() -> bool:
+        if _STOPPING.is_set():
+            raise Stopping()
+        tokens.still_valid(store, grant)
+        if session is None:
+            return not gone.is_set()
+        if gone.is_set():
+            raise HungUp()
+        with store.transaction():
+            if store.session_state(session) == "released":
+                raise Released()
+        return True
+    if not values["once"]:
+        values["wanted"] = wanted
+        if session is not None:
+            values["session"] = session
+    return key
+
+
+def _look(location: str, look: str, presented: str | None, body: bytes, info: dict, gone: threading.Event) -> dict:
+    """POST /v1/follow or /v1/dashboard (agent_mail.server.looks): authenticate, check, grant, wait if asked, read."""
+    from agent_mail.server import looks
+    from agent_mail.operations import mail
+    from agent_mail.store import open_store
+
+    store = open_store(location)
+    try:
+        grant = tokens.authenticate(store, presented)  # before anything else is read
+        info["token_id"] = grant["id"]
+        given = _given(look, body)
+        values = looks.check_follow(given) if look == "follow" else looks.check_dashboard(given)
+        info["as"] = looks.grant(grant, look, values)
+
+        def wanted() -> bool:
+            if _STOPPING.is_set():
+                raise Stopping()
+            tokens.still_valid(store, grant)
+            return not gone.is_set()
+        mailbox = mail.Mailbox(store)
+        return looks.follow(mailbox, values, wanted) if look == "follow" else \
+            looks.dashboard(mailbox, values, wanted)
+    finally:
+        store.close()
+
+
+def _stop_wait(carrier: _Carrier, presented: str | None, body: bytes, info: dict) -> dict:
+    """POST /v1/watch/stop (agent_mail.server.stops): authenticate, check, grant, release the wait's session."""
+    with carrier.store() as store:
+        grant = tokens.authenticate(store, presented)  # before anything else is read
+        info["token_id"] = grant["id"]
+        values = stops.check(_given("the stop call", body))
+        info["as"] = stops.grant(grant, values)
+        return stops.stop(store, values)
+
+
+def _contents(store, listed: list[dict]) -> dict:
+    import base64
+
+    with store.transaction():
+        return {a["sha256"]: base64.b64encode(store.attachment_content(a["sha256"]) or b"").decode("ascii")
+                for a in listed}
+
+
+def _export_file(carrier: _Carrier, presented: str | None, body: bytes, info: dict, directory: str) -> dict:
+    """An export written whole into `directory` on this machine (then streamed to the client, who writes it on
+    its own); its summary."""
+    from agent_mail.operations import mail
+
+    with carrier.store() as store:
+        grant = tokens.authenticate(store, presented)
+        info["token_id"] = grant["id"]
+        given = _given("export", body)
+        local = [("output", "the client writes the export on its own machine (--output there, or stdout).")] \
+            if given.get("output") is not None else []
+        values = calls.check("export", given, skip=("output",), also=local, with_inputs=False)
+        info["as"] = grants.check(grant, "export", values)
+        values["output"] = os.path.join(directory, "export")
+        return calls.run("export", values, mailbox=mail.Mailbox(store))
+
+
+def _authenticated(carrier: _Carrier, presented: str | None, info: dict) -> dict:
+    with carrier.store() as store:
+        grant = tokens.authenticate(store, presented)
+        info["token_id"] = grant["id"]
+        return grant
+
+
+def _import_file(carrier: _Carrier, grant: dict, path: str, dry_run: bool, info: dict) -> dict:
+    """The uploaded export at `path` imported (all or nothing); its result, naming no file of this machine."""
+    from agent_mail.operations import mail
+
+    with carrier.store() as store:
+        tokens.still_valid(store, grant)
+        values = calls.check("import", {"file": path, "dry_run": dry_run}, with_inputs=False)
+        info["as"] = grants.check(grant, "import", values)
+        result = calls.run("import", values, mailbox=mail.Mailbox(store))
+        return {**result, "file": None, "next": []}
+
+
+def _namer(name: str, request: Request):
+    command = spec.COMMANDS.get(name)
+    if command is not None and request.headers.get(NAMES_HEADER) == "flags":
+        return checks.flag_namer(command)
+    return lambda key: key
+
+
+async def _hung_up(request: Request, carrier: _Carrier, gone: threading.Event, hung_up: anyio.Event,
+                   name: str) -> None:
+    """Set `gone` and `hung_up` when the client hangs up (the request's body is read: what comes next is the
+    disconnect, and nothing polls for it). A wait in a thread of its own (SQLite) is woken to notice."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    gone.set()
+    hung_up.set()
+    if carrier.waits is None or name not in _ON_THE_HUB:
+        await anyio.to_thread.run_sync(_wake_waits, carrier.location)
+
+
+async def _call(carrier: _Carrier, name: str, request: Request, body: bytes, info: dict) -> dict:
+    """Carry out one call: in a worker thread, and a watch that waits on PostgreSQL on the event loop."""
+    carrier.ready()
+    gone, hung_up = threading.Event(), anyio.Event()
+    since = carrier.waits.generation if carrier.waits is not None else 0  # before the token is looked at
+    # A client that hangs up ends its wait: watched by a plain task, cancelled at the end (a task group's cancel
+    # scope costs ~20 times as much, a thousand times over when a broadcast answers every wait at once).
+    watching = asyncio.get_running_loop().create_task(_hung_up(request, carrier, gone, hung_up, name)) \
+        if name in http_api.WAITS else None
+    try:
+        result = await carrier.run(_carry_out, carrier, name, _bearer(request), body, info, gone,
+                                   own=name not in _ON_THE_HUB)
+        if isinstance(result, _Wait):
+            result = await carrier.waits.wait(result.values["agent"], result.seconds, result.grant, since, hung_up,
+                                              result.key)
+            if result is None:  # nobody to answer
+                raise HungUp()
+        return result
+    finally:
+        if watching is not None:
+            watching.cancel()
+
+
+async def _answered(request: Request, name: str, work, namer=None, status: int | None = None) -> Response:
+    """The answer to a request: `await work(info)` (a Response, or a document answered with exit 0), or its
+    error as {error, problems} (named by `namer`, with HTTP `status` rather than the error's when given); logged
+    as one line (no secrets)."""
+    started = time.monotonic()
+    info: dict = {"token_id": None, "as": None}
+    try:
+        done = await work(info)
+        response = done if isinstance(done, Response) else _document(done, 200, errors.EXIT_OK)
+    except errors.AgentMailError as exc:
+        shown = exc.renamed(namer) if namer is not None else exc
+        response = _document(shown.payload(), status or _status(exc), exc.exit_code)
+    except Exception as exc:  # a bug: still JSON, never a traceback
+        response = _document({"error": f"internal error ({type(exc).__name__}: {exc}). Nothing was changed. "
+                                       "Please report this.", "problems": []}, 500, errors.EXIT_FAILED)
+    _log(method=request.method, path=request.url.path, command=name, token_id=info["token_id"],
+         **{"as": info["as"]}, status=response.status_code, exit=int(response.headers[EXIT_HEADER]),
+         ms=round((time.monotonic() - started) * 1000, 1))
+    return response
+
+
+def app_for(location: str) -> Starlette:
+    """The ASGI application serving the mailbox at `location`."""
+    carrier = _Carrier(location)
+
+    async def call(request: Request) -> Response:
+        name = request.path_params["command"]
+
+        async def carry_out(info: dict) -> Response:
+            if name not in SERVED:
+                raise errors.InvalidInput([(None, f"{name!r} is not a command this server carries out; it serves "
+                                                  f"{', '.join(SERVED)}.")])
+            body = await _body(request)
+            result = await _call(carrier, name, request, body, info)
+            return _document(result, 200, http_api.exit_code(name, result), info.get("delivery"))
+        return await _answered(request, name, carry_out, _namer(name, request), None if name in SERVED else 404)
+
+    async def transfer(request: Request) -> Response:
+        """POST /v1/export (JSON values; the export as the body, its summary in a header) and POST /v1/import
+        (the export as the body, ?dry_run=true)."""
+        import shutil
+        import tempfile
+
+        name = request.url.path.rsplit("/", 1)[1]
+        directory = tempfile.mkdtemp(prefix="agent-mail-serve-")
+        kept = []  # the export streamed from the directory, which its stream removes once sent
+
+        async def carry_out(info: dict):
+            if name == "export":
+                body = await _body(request)
+                carrier.ready()
+                summary = await carrier.run(_export_file, carrier, _bearer(request), body, info, directory)
+                path = os.path.join(directory, "export")
+                summary = {key: value for key, value in summary.items() if key not in ("file", "next")}
+
+                async def content():
+                    try:
+                        with open(path, "rb") as source:
+                            while chunk := await anyio.to_thread.run_sync(source.read, 1 << 20):
+                                yield chunk
+                    finally:
+                        shutil.rmtree(directory, ignore_errors=True)
+                from starlette.responses import StreamingResponse
+
+                kept.append(True)
+                return StreamingResponse(content(), 200, media_type="application/x-ndjson" if summary["format"]
+                                         == "jsonl" else "application/mbox",
+                                         headers={EXIT_HEADER: "0", http_api.RESULT_HEADER: json.dumps(summary),
+                                                  "Content-Length": str(summary["bytes"])})
+            carrier.ready()
+            grant = await carrier.run(_authenticated, carrier, _bearer(request), info)
+            grants.check(grant, "import", {})  # an operator's, before a byte of the upload is spooled here
+            path = os.path.join(directory, "upload.jsonl")
+            await _upload(request, path)
+            dry_run = request.query_params.get("dry_run", "false").lower()
+            if dry_run not in ("true", "false"):
+                raise errors.InvalidInput([("dry_run", "is true or false.")])
+            return await carrier.run(_import_file, carrier, grant, path, dry_run == "true", info)
+        try:
+            return await _answered(request, name, carry_out, _namer(name, request))
+        finally:
+            if not kept:
+                shutil.rmtree(directory, ignore_errors=True)
+
+    async def looks(request: Request) -> Response:
+        """POST /v1/follow and /v1/dashboard: a look that may wait (ended early by a client that hangs up)."""
+        look = request.url.path.rsplit("/", 1)[1]
+
+        async def answer(info: dict) -> dict:
+            body = await _body(request)
+            carrier.ready()
+            gone, hung_up, outcome = threading.Event(), anyio.Event(), []
+            async with anyio.create_task_group() as group:
+                group.start_soon(_hung_up, request, carrier, gone, hung_up, look)
+                try:  # a look that waits blocks its thread, on a connection of its own (outside the pool)
+                    outcome.append(await carrier.run(_look, location, look, _bearer(request), body, info, gone,
+                                                     own=True))
+                except Exception as exc:  # raised below, out of the task group (which would wrap it)
+                    outcome.append(exc)
+                finally:
+                    group.cancel_scope.cancel()
+            if isinstance(outcome[0], Exception):
+                raise outcome[0]
+            return outcome[0]
+        return await _answered(request, look, answer)
+
+    def carried_by(name: str, function):
+        """An endpoint whose JSON body `function(carrier, token, body, info)` answers in a worker thread:
+        POST /v1/delivered (a read's delivery confirmed or cancelled) and POST /v1/watch/stop (a watch's client,
+        stopped by a signal, releasing its wait's session)."""
+        async def endpoint(request: Request) -> Response:
+            async def carry_out(info: dict) -> dict:
+                body = await _body(request)
+                carrier.ready()
+                return await carrier.run(function, carrier, _bearer(request), body, info)
+            return await _answered(request, name, carry_out)
+        return endpoint
+
+    async def health(request: Request) -> Response:
+        return _document({"ok": True, "stopping": _STOPPING.is_set()}, 200, errors.EXIT_OK)
+
+    async def openapi(request: Request) -> Response:
+        return _document(http_api.openapi(__version__), 200, errors.EXIT_OK)
+
+    mcp = _mcp_endpoint(location)  # MCP over streamable HTTP (agent_mail.server.mcp_http), its session manager run by
+    return Starlette(routes=[Route("/v1/call/{command}", call, methods=["POST"]),  # the app's lifespan
+                             Route("/v1/export", transfer, methods=["POST"]),
+                             Route("/v1/import", transfer, methods=["POST"]),
+                             Route(http_api.DELIVERED_PATH, carried_by("delivered", _settle), methods=["POST"]),
+                             Route(http_api.FOLLOW_PATH, looks, methods=["POST"]),
+                             Route(http_api.DASHBOARD_PATH, looks, methods=["POST"]),
+                             Route(http_api.STOP_PATH, carried_by("stop_watch", _stop_wait), methods=["POST"]),
+                             Route("/v1/health", health, methods=["GET"]),
+                             Route("/openapi.json", openapi, methods=["GET"]),
+                             Route("/mcp", mcp, methods=["GET", "POST", "DELETE"])],
+                     lifespan=getattr(mcp, "lifespan", None), exception_handlers={HTTPException: _not_routed},
+                     middleware=[Middleware(Dated)])
+
+
+def _mcp_endpoint(location: str):
+    """The /mcp endpoint, or, without the mcp extra, an answer saying how to get it."""
+    try:
+        from agent_mail.server import mcp_http
+    except ImportError as exc:
+        why = f"MCP over HTTP needs the 'mcp' extra on the server, which is not installed ({exc}): pip install " \
+              "'agent-mail[server]'."
+
+        async def missing(request: Request) -> Response:
+            return _document({"error": why, "problems": []}, 501, errors.EXIT_FAILED)
+        return missing
+    return mcp_http.Endpoint(location, _STOPPING, _log, MAX_THREADS)
+
+async def _not_routed(request: Request, exc: HTTPException) -> Response:
+    """Starlette's own refusals (a path the API has not: 404; a method it is not called with: 405) in JSON with the
+    exit code, like every other answer, and logged."""
+    text = {404: f"{request.url.path} is not a path of the agent-mail API; calls are POST /v1/call/COMMAND (GET "
+                 "/openapi.json describes them all).",
+            405: f"{request.url.path} is not called with {request.method}; see GET /openapi.json."}.get(
+        exc.status_code, str(exc.detail))
+    response = _document(errors.InvalidInput([(None, text)]).payload(), exc.status_code, errors.EXIT_INVALID)
+    response.headers.update(exc.headers or {})
+    _log(method=request.method, path=request.url.path, status=exc.status_code, exit=errors.EXIT_INVALID)
+    return response
+
+
+def _wake_waits(location: str) -> None:
+    from agent_mail.store import open_store
+
+    try:
+        store = open_store(location)
+        try:
+            with store.transaction(write=True):
+                store.wake_waits()
+        finally:
+            store.close()
+    except errors.AgentMailError:
+        pass  # each wait still ends at its next refresh
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, whose SIGTERM first ends the waits it carries (uvicorn would wait for them)."""
+
+    location = ""
+
+    def handle_exit(self, sig, frame) -> None:
+        if not _STOPPING.is_set():
+            _STOPPING.set()
+            for carrier in _CARRIERS:
+                carrier.stop_waits()  # the waits on the event loop
+            threading.Thread(target=_wake_waits, args=(self.location,), daemon=True).start()  # those in threads
+        super().handle_exit(sig, frame)
+        stop = getattr(self, "_stop_now", None)
+        if stop is not None:
+            self._loop.call_soon_threadsafe(stop.set)
+
+    async def main_loop(self) -> None:
+        """uvicorn's own loop wakes ten times a second, to see whether it should stop and to refresh its Date header
+        (a quarter of a percent of a core: all an idle server would cost); this one sleeps until asked to stop
+        (answers are dated as they are sent: serve_edge.Dated), looking once a minute all the same."""
+        import asyncio
+
+        self._loop, self._stop_now = asyncio.get_running_loop(), asyncio.Event()
+        counter = 0
+        while not await self.on_tick(counter):
+            counter = (counter + 10) % 864000
+            try:
+                await asyncio.wait_for(self._stop_now.wait(), 60.0)
+            except TimeoutError:
+                pass
+
+
+def serve(listen: str | None = None, tls_cert: str | None = None, tls_key: str | None = None,
+          insecure_no_tls: bool = False) -> None:
+    """Serve until SIGTERM / SIGINT."""
+    import socket
+
+    from agent_mail.operations import location as locating
+    from agent_mail.store import open_store, redact_url
+
+    host, port = _address(listen or DEFAULT_LISTEN)
+    if not _is_loopback(host) and not tls_cert and not insecure_no_tls:
+        raise errors.InvalidInput([("listen", f"{host} is not a loopback address: tokens and mail would cross the "
+                                              "network in clear. Give --tls-cert FILE --tls-key FILE, or (behind a "
+                                              "TLS proxy you trust) --insecure-no-tls.")])
+    problems = [(flag, f"{path!r} is not a readable file.") for flag, path in (("tls_cert", tls_cert),
+                                                                                ("tls_key", tls_key))
+                if path and not os.path.isfile(path)]
+    if problems:
+        raise errors.InvalidInput(problems)
+    location, _ = locating.resolve_location()
+    open_store(location).close()  # create or migrate it now, and fail here rather than on the first call
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    _keepalive(sock)
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)  # connections are queued from the moment "listening" is logged (uvicorn accepts them)
+    except OSError as exc:
+        sock.close()
+        raise errors.AgentMailError(f"cannot listen on {host}:{port} ({exc.strerror or exc}).") from None
+    bound = sock.getsockname()[1]
+    scheme = "https" if tls_cert else "http"
+    shown_host = f"[{host}]" if ":" in host else host
+    config = uvicorn.Config(app_for(location), log_level="warning", access_log=False, lifespan="on",
+                            ssl_certfile=tls_cert, ssl_keyfile=tls_key, timeout_graceful_shutdown=10,
+                            http=_Protocol, h11_max_incomplete_event_size=MAX_HEAD_BYTES, date_header=False)
+    server = _Server(config)
+    import logging
+
+    # uvicorn's own line for a malformed request (not JSON): _Protocol logs its refusal as every request is logged.
+    logging.getLogger("uvicorn.error").addFilter(lambda record: record.getMessage() != "Invalid HTTP request "
+                                                                                      "received.")
+    server.location = location
+    import signal
+
+    # uvicorn hands the signal that stopped it on to the handler before it once it has stopped: a stop asked for
+    # is a clean end here, not the command line's "stopped by SIGTERM" error. Set before "listening" is said, and
+    # until uvicorn's own handlers are in place (while it starts) it stops the server as theirs do: a SIGTERM
+    # that came right after "listening" was swallowed, and the server ran on.
+    previous = {number: signal.signal(number, server.handle_exit) for number in (signal.SIGTERM, signal.SIGINT)}
+    _log(listening=f"{scheme}://{shown_host}:{bound}", mailbox=redact_url(location), pid=os.getpid())
+    try:
+        server.run(sockets=[sock])
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        for carrier in _CARRIERS:
+            carrier.close()
+    _log(stopped=True)
+
+
+def main(values: dict, emit) -> int:
+    """`agent-mail serve [--listen HOST:PORT] [--tls-cert FILE --tls-key FILE | --insecure-no-tls]`."""
+    serve(**values)
+    return errors.EXIT_OK

@@ -1,0 +1,255 @@
+"""The edge of `agent-mail serve`: how a request may arrive and what is refused before the application sees it.
+
+A request's line and headers must come within READ_SECONDS of the connection's opening (uvicorn has no such
+limit: `_Protocol`), a head over MAX_HEAD_BYTES is 431, a body may pause no longer than READ_SECONDS and must come
+whole within that plus its size at MIN_BODY_RATE (408), a Content-Length over the cap is 413 before any of the
+body is read, a body cut short is 400, a request that is not HTTP is 400: every refusal JSON `{error, problems}`
+with the exit code header, logged as one JSON line (`_log`: never a token). Connections are probed when quiet
+(KEEPALIVE), so a client cut off by the network ends its wait. Also the listen address's checks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import anyio
+import h11
+from starlette.requests import ClientDisconnect, Request
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from agent_mail.protocols import http_api
+from agent_mail import errors, jsonout, model
+
+EXIT_HEADER = http_api.EXIT_HEADER
+# What a call may carry: a send's body and attachments (base64: 4/3 of their size), with room for the rest.
+MAX_REQUEST_BYTES = model.ATTACHMENTS_MAX_BYTES_PER_SEND * 4 // 3 + model.BODY_MAX_CHARS * 4 + 1_000_000
+MAX_IMPORT_BYTES = 8 * 1024**3  # an import's upload, spooled to a temporary file here
+MAX_HEAD_BYTES = 16 * 1024  # a request's line and headers (a token is under 100 bytes): more is refused, 431
+# How long a request may take to arrive: its line and headers from the connection's opening (or the first byte
+# of the next request on a kept-alive connection); then its body may pause no longer than this, and must come
+# whole within this plus its size at MIN_BODY_RATE. Later is answered 408 and the connection closed, so a slow or
+# stalled client holds no connection, task or thread for longer. AGENT_MAIL_SERVE_READ_SECONDS changes it.
+READ_SECONDS = float(os.environ.get("AGENT_MAIL_SERVE_READ_SECONDS", "30"))
+LINGER_SECONDS = 2.0  # after a refusal answered before the body was all read: the rest read and dropped, then closed
+MIN_BODY_RATE = 64 * 1024  # bytes a second, on average: a large send's upload on a slow link still comes in time
+# A connection gone quiet is probed (TCP keepalive: after 5 s idle, every 2 s, 3 probes, and at most 11 s for
+# unacknowledged data): a client cut off by the network ends its wait within about 11 s, as a dead client is
+# noticed on the PostgreSQL side.
+KEEPALIVE = (5, 2, 3, 11_000)
+
+class TooLarge(errors.InvalidInput):
+    """A request larger than the most a call carries: refused from its Content-Length, before its body is read."""
+
+    http_status = 413
+
+
+class TooSlow(errors.InvalidInput):
+    """A request that did not arrive in time (READ_SECONDS, MIN_BODY_RATE)."""
+
+    http_status = 408
+
+
+def _log(**fields) -> None:
+    """One JSON line per request on stderr. Never a token: only its id, which is not secret."""
+    fields = {"time": model.now_iso(), **fields}
+    try:
+        sys.stderr.write(json.dumps(fields) + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+async def _body(request: Request) -> bytes:
+    """A call's body: at most MAX_REQUEST_BYTES (a larger Content-Length is refused before any of it is read),
+    arriving in time (_arriving), not cut short."""
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > MAX_REQUEST_BYTES):
+        raise TooLarge([(None, f"the request is larger than {MAX_REQUEST_BYTES} bytes, the most a call carries; "
+                               "nothing was done.")])
+    return b"".join([chunk async for chunk in _arriving(request, MAX_REQUEST_BYTES, None)])
+
+
+async def _arriving(request: Request, most: int, field: str | None):
+    """The request's body, chunk by chunk as it comes: each chunk within READ_SECONDS of the last, the whole
+    within READ_SECONDS plus its size at MIN_BODY_RATE (else TooSlow), at most `most` bytes (else TooLarge), not
+    cut short by the client hanging up."""
+    declared = request.headers.get("content-length")
+    expected = int(declared) if declared is not None and declared.isdigit() else most
+    deadline = time.monotonic() + READ_SECONDS + expected / MIN_BODY_RATE
+    chunks, size = request.stream().__aiter__(), 0
+    while True:
+        try:
+            with anyio.fail_after(max(0.0, min(READ_SECONDS, deadline - time.monotonic()))):
+                chunk = await chunks.__anext__()
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            raise TooSlow([(field, f"the request's body did not arrive in time (a pause over {READ_SECONDS:g} s, "
+                                   f"or slower than {MIN_BODY_RATE // 1024} KiB/s); nothing was done. Send it "
+                                   "again.")]) from None
+        except ClientDisconnect:
+            raise errors.InvalidInput([(field, "the request ended before its body was complete (the connection "
+                                               "closed before Content-Length bytes came); nothing was done.")]) \
+                from None
+        size += len(chunk)
+        if size > most:
+            raise TooLarge([(field, f"the request is larger than {most} bytes, the most it may carry; nothing was "
+                                    "done.")])
+        yield chunk
+
+
+async def _upload(request: Request, path: str) -> None:
+    """An import's upload spooled to `path`: at most MAX_IMPORT_BYTES, arriving in time (_arriving)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_IMPORT_BYTES:
+        raise TooLarge([("file", f"the upload is larger than {MAX_IMPORT_BYTES} bytes, the most an import through "
+                                 "a server takes; nothing was imported. Run import where the mailbox is.")])
+    with open(path, "wb") as out:
+        async for chunk in _arriving(request, MAX_IMPORT_BYTES, "file"):
+            out.write(chunk)
+
+
+def _refusal(status: int, reason: str, text: str) -> bytes:
+    """A whole HTTP/1.1 answer, {error, problems} in JSON, to a request the protocol refuses before the application
+    sees it; the connection closes after it."""
+    _log(status=status, exit=errors.EXIT_INVALID, refused=text)
+    body = jsonout.dumps(errors.InvalidInput([(None, text)]).payload(), end="\n").encode("utf-8")
+    return (f"HTTP/1.1 {status} {reason}\r\ndate: {http_date().decode()}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\n"
+            f"{EXIT_HEADER}: {errors.EXIT_INVALID}\r\nconnection: close\r\n\r\n").encode("ascii") + body
+
+
+class _Protocol(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol, with a request's head held to READ_SECONDS, its own refusals (a malformed
+    request, a head over MAX_HEAD_BYTES) in JSON like the application's, and the connection closed LINGER_SECONDS
+    after an answer given before the request's body was all read (a refusal: the rest is read and dropped till
+    then, so the client can read the answer; closing at once could reset the connection under it)."""
+
+    _head_timer = None
+    _linger = None
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._head_timer = self.loop.call_later(READ_SECONDS, self._head_late)
+
+    def data_received(self, data: bytes) -> None:
+        if self.conn.their_state is h11.IDLE:
+            if self._head_timer is None:  # the next request's first byte
+                self._head_timer = self.loop.call_later(READ_SECONDS, self._head_late)
+            head = self.conn.trailing_data[0] + data
+            end = head.find(b"\r\n\r\n")
+            if end > MAX_HEAD_BYTES or (end < 0 and len(head) > MAX_HEAD_BYTES):  # h11 holds it to that only
+                self._refuse(431)  # when it comes in pieces
+                return
+        super().data_received(data)
+        if self._linger is not None and self.conn.their_state is not h11.SEND_BODY:  # the refused body ended
+            self._linger.cancel()
+            self._linger = None
+        if self.conn.their_state is not h11.IDLE and self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def connection_lost(self, exc) -> None:
+        for timer in (self._head_timer, self._linger):
+            if timer is not None:
+                timer.cancel()
+        self._head_timer = self._linger = None
+        super().connection_lost(exc)
+
+    def _head_late(self) -> None:
+        self._head_timer = None
+        if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
+            return
+        if self.conn.trailing_data[0]:  # part of a request came, too slowly: say so
+            self.transport.write(_refusal(408, "Request Timeout", f"the request's line and headers did not arrive "
+                                                                  f"within {READ_SECONDS:g} s; nothing was done."))
+        self.transport.close()
+
+    def send_400_response(self, msg: str) -> None:
+        self._refuse(431 if len(self.conn.trailing_data[0]) > MAX_HEAD_BYTES else 400)
+
+    def _refuse(self, status: int) -> None:
+        if status == 431:
+            answer = _refusal(431, "Request Header Fields Too Large", f"the request's line and headers are larger "
+                                                                      f"than {MAX_HEAD_BYTES} bytes; nothing was done.")
+        else:
+            answer = _refusal(400, "Bad Request", "this is not a well-formed HTTP/1.1 request; nothing was done. "
+                                                  "Send POST /v1/call/COMMAND with a JSON body.")
+        if not self.transport.is_closing():
+            self.transport.write(answer)
+            self.transport.close()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing() and self._linger is None:
+            self._linger = self.loop.call_later(LINGER_SECONDS, self._linger_end)
+
+    def _linger_end(self) -> None:
+        self._linger = None
+        if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():
+            self.transport.close()
+
+
+def _keepalive(sock) -> None:
+    """Probe a quiet connection (KEEPALIVE); accepted connections inherit it from the listening socket."""
+    import socket
+
+    idle, interval, count, user_timeout_ms = KEEPALIVE
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", interval), ("TCP_KEEPCNT", count),
+                          ("TCP_USER_TIMEOUT", user_timeout_ms)):
+        if hasattr(socket, option):  # Linux; others keep what they have
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+
+
+def _address(listen: str) -> tuple[str, int]:
+    host, colon, port = listen.rpartition(":")
+    host = host.strip("[]")
+    if not colon or not host or not port.isdigit() or int(port) > 65535:
+        raise errors.InvalidInput([("listen", f"{listen!r} is not HOST:PORT (e.g. 127.0.0.1:8025).")])
+    return host, int(port)
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+_DATE: list = [0, b""]  # (the second it was made for, the Date header's value)
+
+
+def http_date() -> bytes:
+    """The Date header's value for now (made once a second at most)."""
+    now = int(time.time())
+    if _DATE[0] != now:
+        from email.utils import formatdate
+
+        _DATE[:] = [now, formatdate(now, usegmt=True).encode("ascii")]
+    return _DATE[1]
+
+
+class Dated:
+    """Every answer dated as it is sent (HTTP wants a Date from a server with a clock). uvicorn's own Date header is
+    turned off: it is refreshed by a tick ten times a second, the only thing an idle server would do."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def dated(message):
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), (b"date", http_date())]}
+            await send(message)
+        return await self.app(scope, receive, dated)
