@@ -1,4 +1,4 @@
-"""A read that marks, through a server: delivered, then confirmed (agent_mail.operations.deliveries says why and how). Loaded
+"""A read that marks, through a server: delivered, then confirmed (operations.deliveries says why and how). Loaded
 by the command line's client for that read only. Standard library only.
 """
 
@@ -11,7 +11,7 @@ from agent_mail.protocols.http_client import DELIVERED_PATH, DELIVERY_HEADER, An
 
 
 def read(url: str, token: str, given: dict, emit) -> int:
-    """A read that marks, in two steps (agent_mail.operations.deliveries): the server holds the marks and names the delivery;
+    """A read that marks, in two steps (operations.deliveries): the server holds the marks and names the delivery;
     the result is printed here; then the delivery is confirmed and the mail marked read, so a read killed or unable
     to print in between marks nothing, as on the mailbox's machine (its mail is delivered again: at once when it
     could say so, after the hold otherwise)."""

@@ -21,7 +21,7 @@ JSON document on stdin (session_id, hook_event_name, ...). The events:
   exclusively (agent_mail.operations.reservations), telling the model who holds it, why, until when, and the `send` that
   asks them. Any other tool, a read, a file outside a git repository or one nobody holds passes silently.
 
-What a session was told is kept in the mailbox (agent_mail.operations.telling, which makes the notes and the documents each
+What a session was told is kept in the mailbox (operations.telling, which makes the notes and the documents each
 harness takes). When AGENT_MAIL_DB names an agent-mail server, the client starts this front end with a caller
 (`served`): what belongs to this machine stays here (the hook's stdin and stdout, the harness's process, the
 files and the repository of the checkout) and the server carries the mailbox's side: pretool as reservations

@@ -1,6 +1,6 @@
 """`agent-mail mcp`: the mailbox as MCP tools over stdio, on the official MCP SDK (`MCPServer`).
 
-Imported only by that command (the `mcp` extra). The tools are made from the spec (agent_mail.protocols.mcp_tools, shared
+Imported only by that command (the `mcp` extra). The tools are made from the spec (protocols.mcp_tools, shared
 with the streamable HTTP endpoint of `agent-mail serve`): one per command a model should call, the same names,
 arguments named without dashes, JSON Schema types, ranges and descriptions from the spec. A call's JSON
 arguments go straight into the call layer (agent_mail.calls), which checks them by the same rules as every front

@@ -29,7 +29,7 @@ import time
 from agent_mail.parts import checks
 from agent_mail import errors, model
 from agent_mail.store.schema import STATE_COLUMNS as _STATE
-from agent_mail.store.sql import decode_refs
+from agent_mail.store.sql_values import decode_refs
 
 VERSION = 1
 BATCH = 500

@@ -447,38 +447,37 @@ class Mailbox:
         """Messages matching a query, ranked; see Searching.search."""
         return self._group("searching").search(**options)
 
+    @guarded("reserve")
+    def reserve(self, **options) -> dict:
+        """Reserve files for an agent; see reservations.reserve (the pattern matching loads only for these)."""
+        from agent_mail.operations import reservations
+
+        return reservations.reserve(self, **options)
+
+    @guarded("release")
+    def release(self, **options) -> dict:
+        """Release an agent's reservations; see reservations.release."""
+        from agent_mail.operations import reservations
+
+        return reservations.release(self, **options)
+
+    @guarded("reservations")
+    def reservations(self, **options) -> dict:
+        """The reservations in force, or a check of paths against them; see reservations.reservations."""
+        from agent_mail.operations import reservations
+
+        return reservations.reservations(self, **options)
+
+    @guarded("hook")
+    def hook(self, **options) -> dict:
+        """One step of a harness's hook carried for a client (agent-mail serve); see telling.served_step."""
+        from agent_mail.operations import telling
+
+        return telling.served_step(self, **options)
+
     def wait_armed(self, agent: str, seconds: float, look_for=None, wanted=None) -> list[dict]:
         """Block as a watch does until look_for() finds something; see Waits.wait_armed."""
         return self.waits.wait_armed(agent, seconds, look_for, wanted)
-
-
-def _reservation_operation(name: str):
-    """Mailbox.reserve, .release and .reservations: the operations of agent_mail.operations.reservations (which loads
-    the pattern matching only when a reservation command runs), guarded like every other."""
-    def operation(self, **options) -> dict:
-        from agent_mail.operations import reservations
-
-        return getattr(reservations, name)(self, **options)
-
-    operation.__name__ = operation.__qualname__ = name
-    operation.__doc__ = f"{spec.COMMANDS[name].summary.split('. ')[0]}; see reservations.{name}."
-    return guarded(name)(operation)
-
-
-for _name in ("reserve", "release", "reservations"):
-    setattr(Mailbox, _name, _reservation_operation(_name))
-
-
-@guarded("hook")
-def _hook(self, **options) -> dict:
-    """One step of a harness's hook carried for a client (agent-mail serve); see telling.served_step."""
-    from agent_mail.operations import telling
-
-    return telling.served_step(self, **options)
-
-
-_hook.__name__ = _hook.__qualname__ = "hook"
-Mailbox.hook = _hook
 
 
 @contextmanager

@@ -55,7 +55,8 @@ class Profiles:
                 current = updated
             result = {**{k: current[k] for k in ("agent", "human", "mirror_dir", "max_entries", "updated_at")},
                       "mirrors": mirrors,
-                      "mirror_problem": notifications.mirror_problem(current["mirror_dir"]) if current["mirror_dir"] else None}
+                      "mirror_problem": (notifications.mirror_problem(current["mirror_dir"]) if current["mirror_dir"]
+                                         else None)}
             emit(result)
         return result
 
@@ -81,7 +82,8 @@ class Profiles:
             profile = self.store.profile(agent)
             cleared = False
             if clear_email and profile and profile["mirror_dir"]:
-                cleared = self.mirrors.write(profile["mirror_dir"], notifications.EMAIL_FILE, None)["status"] == "removed"
+                written = self.mirrors.write(profile["mirror_dir"], notifications.EMAIL_FILE, None)
+                cleared = written["status"] == "removed"
             result = {
                 "agent": agent,
                 "email": self.mirrors.unread_mirror(agent, profile),

@@ -1,4 +1,4 @@
-"""What a harness session is told of its mail: the mailbox side of `agent-mail hook` (agent_mail.harness.hooks, the front
+"""What a harness session is told of its mail: the mailbox side of `agent-mail hook` (harness.hooks, the front
 end that reads the harness's input and prints its output), shared by a hook that opens the mailbox itself and by
 `agent-mail serve`, which carries a hook's step for a client whose mailbox is an agent-mail server.
 

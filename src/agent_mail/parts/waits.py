@@ -140,7 +140,7 @@ class Waits:
 
     def envelopes(self, agent: str) -> list[dict]:
         """`agent`'s unread envelopes, but for those held for a reader that has not confirmed them yet
-        (agent_mail.operations.deliveries): that mail is being delivered, not waiting (a watch woken by it would wake its
+        (operations.deliveries): that mail is being delivered, not waiting (a watch woken by it would wake its
         agent for a read that finds nothing)."""
         with self.store.transaction():
             now = model.now_iso()

@@ -8,28 +8,56 @@ SQLite mailbox never loads a database driver.
 
 from __future__ import annotations
 
-# scheme -> (backend name, module, class, the extra that installs its driver, the driver's module, the module whose
-# report/doctor/locate functions inspect, check and repair its mailboxes)
+from agent_mail.store.urls import redact_url, scheme_of
+
+
+
+def _sqlite():
+    from agent_mail.store import sqlite
+
+    return sqlite.SQLiteStore
+
+
+def _postgres():
+    from agent_mail.store import postgres
+
+    return postgres.PostgresStore
+
+
+def _psycopg() -> None:
+    import psycopg  # noqa: F401 (only asked whether it is there)
+
+
+def _sqlite_checks():
+    from agent_mail.store import sqlite_checks
+
+    return sqlite_checks
+
+
+def _maintenance():
+    from agent_mail.store import maintenance
+
+    return maintenance
+
+
+def _remote():
+    from agent_mail.store import remote
+
+    return remote
+
+
+# scheme -> (backend name, its store class (loaded when chosen), the extra that installs its driver, the driver (loaded
+# to see it is there), the module whose report/doctor/locate functions inspect, check and repair its mailboxes)
 BACKENDS = {
-    "sqlite": ("sqlite", "agent_mail.store.sqlite", "SQLiteStore", None, None, "agent_mail.store.sqlite_checks"),
-    "postgresql": ("postgresql", "agent_mail.store.postgres", "PostgresStore", "postgres", "psycopg",
-                   "agent_mail.store.maintenance"),
-    "postgres": ("postgresql", "agent_mail.store.postgres", "PostgresStore", "postgres", "psycopg",
-                 "agent_mail.store.maintenance"),
+    "sqlite": ("sqlite", _sqlite, None, None, _sqlite_checks),
+    "postgresql": ("postgresql", _postgres, "postgres", _psycopg, _maintenance),
+    "postgres": ("postgresql", _postgres, "postgres", _psycopg, _maintenance),
     # A server: no store here (the client carries the commands to it); describe reports on it, doctor and copy refuse.
-    "http": ("server", None, None, None, None, "agent_mail.store.remote"),
-    "https": ("server", None, None, None, None, "agent_mail.store.remote"),
+    "http": ("server", None, None, None, _remote),
+    "https": ("server", None, None, None, _remote),
 }
 # Where a location of a scheme not registered is reported on: as a server mailbox that cannot be opened.
-_UNKNOWN_SCHEME_CHECKS = "agent_mail.store.maintenance"
-
-
-def scheme_of(location: str) -> str | None:
-    """The URL scheme of `location`, lower-cased, or None for a file path."""
-    head, sep, _ = location.partition("://")
-    if not sep or not head or not head.replace("+", "").replace("-", "").isalnum():
-        return None
-    return head.lower()
+_UNKNOWN_SCHEME_CHECKS = _maintenance
 
 
 def backend_name(location: str) -> str:
@@ -37,10 +65,9 @@ def backend_name(location: str) -> str:
     return "sqlite" if scheme is None else BACKENDS.get(scheme, (scheme,))[0]
 
 
-def backend_module(location: str):
-    """The module of the backend `location` names; errors.InvalidInput for an unknown scheme or a missing driver."""
-    import importlib
-
+def store_class(location: str):
+    """The store class of the backend `location` names; errors.InvalidInput for an unknown scheme or a missing
+    driver."""
     from agent_mail import errors
 
     scheme = scheme_of(location) or "sqlite"
@@ -48,20 +75,20 @@ def backend_module(location: str):
         known = ", ".join(f"{s}://" for s in BACKENDS if s != "sqlite")
         raise errors.InvalidInput([("AGENT_MAIL_DB", f"names a {scheme}:// mailbox, which agent-mail cannot open. "
                                                      f"Give a file path (SQLite) or a {known} URL.")])
-    _, module, _, extra, driver, _ = BACKENDS[scheme]
-    if module is None:
+    _, store, extra, driver, _ = BACKENDS[scheme]
+    if store is None:
         raise errors.InvalidInput([("AGENT_MAIL_DB", f"names an agent-mail server ({redact_url(location)}): this "
                                                      "command works on a mailbox itself, not through a server. Run it "
                                                      "where the mailbox is, with AGENT_MAIL_DB naming its file or "
                                                      "postgresql:// URL.")])
     if driver is not None:
         try:
-            importlib.import_module(driver)
-        except ImportError:
+            driver()
+        except ImportError as exc:
             raise errors.StorageError(
-                f"AGENT_MAIL_DB names a {scheme}:// mailbox, but its driver ({driver}) is not installed. Run: "
+                f"AGENT_MAIL_DB names a {scheme}:// mailbox, but its driver ({exc.name}) is not installed. Run: "
                 f"pip install \"agent-mail[{extra}]\"") from None
-    return importlib.import_module(module)
+    return store()
 
 
 class Backend:
@@ -72,19 +99,28 @@ class Backend:
     def __init__(self, location: str):
         scheme = scheme_of(location) or "sqlite"
         self.name = backend_name(location)
-        self.checks = BACKENDS[scheme][5] if scheme in BACKENDS else _UNKNOWN_SCHEME_CHECKS
+        self.checks = BACKENDS[scheme][4] if scheme in BACKENDS else _UNKNOWN_SCHEME_CHECKS
 
     def _function(self, what: str):
-        import importlib
-
-        return getattr(importlib.import_module(self.checks), what)
+        return getattr(self.checks(), what)
 
     def report(self, location: str, source: str, given: str | None) -> dict:
-        """What `describe` says of the mailbox at `location` (chosen by `source`; `given` as written there)."""
+        """What `describe` says of the mailbox at `location` (chosen by `source`; `given` as written there). A
+        mailbox agent-mail cannot open here (an unknown scheme, a driver not installed) is reported with why."""
+        if self.name not in ("sqlite", "server"):
+            from agent_mail import errors
+
+            try:
+                store_class(location)
+            except errors.AgentMailError as exc:
+                return {"backend": self.name, "url": redact_url(location), "source": source, "exists": None,
+                        "problem": exc.message}
         return self._function("report")(location, source, given)
 
     def doctor(self, location: str, repair: bool, emit) -> dict:
         """Check the mailbox at `location` (and with `repair`, rebuild it if damaged); emit and return the report."""
+        if self.name not in ("sqlite", "server"):
+            store_class(location)  # an unknown scheme or a missing driver is the error
         return self._function("doctor")(location, repair, emit)
 
     def locate(self, value: str, field: str) -> str:
@@ -99,51 +135,4 @@ def backend_for(location: str) -> Backend:
 
 def open_store(location: str):
     """The store `location` names, connected (creating or migrating its schema on first use)."""
-    scheme = scheme_of(location) or "sqlite"
-    module = backend_module(location)
-    return getattr(module, BACKENDS[scheme][2])(location)
-
-
-def with_query(url: str, pairs: list[tuple[str, str]]) -> str:
-    """`url` with its query replaced by `pairs`, the rest kept character for character (urlunsplit would turn
-    postgresql://?service=x into postgresql:?service=x, which libpq cannot read)."""
-    from urllib.parse import urlencode
-
-    base = url.partition("?")[0]
-    return f"{base}?{urlencode(pairs)}" if pairs else base
-
-
-def redact_url(url: str) -> str:
-    """The URL with any password removed (user:secret@ -> user@, password=... dropped)."""
-    from urllib.parse import parse_qsl, urlsplit
-
-    try:
-        parts = urlsplit(url)
-        userinfo, at, hosts = parts.netloc.rpartition("@")
-        if at and ":" in userinfo:
-            url = url.replace(parts.netloc, f"{userinfo.partition(':')[0]}@{hosts}", 1)
-        query = parse_qsl(parts.query, keep_blank_values=True)
-        kept = [(k, v) for k, v in query if k != "password"]
-        return with_query(url, kept) if len(kept) != len(query) else url
-    except ValueError:
-        return url.split("://", 1)[0] + "://(unreadable URL)"
-
-
-def url_secrets(url: str) -> list[str]:
-    """The passwords a URL carries, to be scrubbed from any text we show."""
-    import os
-    from urllib.parse import parse_qsl, unquote, urlsplit
-
-    found = []
-    try:
-        parts = urlsplit(url)
-        userinfo, at, _ = parts.netloc.rpartition("@")
-        if at and ":" in userinfo:
-            secret = userinfo.partition(":")[2]
-            found += [secret, unquote(secret)]
-        found += [v for k, v in parse_qsl(parts.query, keep_blank_values=True) if k == "password"]
-    except ValueError:
-        pass
-    if os.environ.get("PGPASSWORD"):
-        found.append(os.environ["PGPASSWORD"])
-    return [s for s in found if s]
+    return store_class(location)(location)

@@ -3,7 +3,7 @@
 One tokenizer for every backend: a message's words are the runs of letters and digits of its subject, body,
 sender and recipient identities and attachment names, with accents taken off and case folded
 (`Déploy-Plan.PDF` is `deploy plan pdf`). The index stores those words (SQLite: an FTS5 table; PostgreSQL: a
-tsvector built here, position by position), and a query is cut into words the same way (agent_mail.parts.query_language),
+tsvector built here, position by position), and a query is cut into words the same way (parts.query_language),
 so both backends match exactly the same messages.
 
 Every send indexes its message, so this module is part of `send`'s start-up: it is kept small, and the query

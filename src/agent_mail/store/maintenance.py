@@ -1,4 +1,5 @@
-"""A mailbox on a database server inspected and checked, and the report `doctor` gives of any backend's mailbox.
+"""A mailbox on a database server inspected and checked (PostgreSQL: the store registry has made sure it can be
+opened here), and the report `doctor` gives of any backend's mailbox.
 
 The registry (store/__init__.py) names this module for every server location (postgresql://..., and a scheme
 it does not know, which is reported as a mailbox that cannot be opened); `backend_for(location)` calls its
@@ -22,15 +23,13 @@ def doctor_report(path: str, *, ok: bool, integrity: list, schema: dict | None, 
 def report(location: str, source: str, given: str | None) -> dict:
     """What `describe` says of a server mailbox, its password never shown; a missing driver or an unknown
     scheme is reported as the problem."""
-    from agent_mail.store import backend_module, backend_name, redact_url
+    from agent_mail.store import postgres
+    from agent_mail.store.urls import redact_url
 
-    found = {"backend": backend_name(location), "url": redact_url(location), "source": source}
+    found = {"backend": "postgresql", "url": redact_url(location), "source": source}
+
     try:
-        module = backend_module(location)
-    except errors.AgentMailError as exc:
-        return {**found, "exists": None, "problem": exc.message}
-    try:
-        return {**found, **module.inspect(location)}
+        return {**found, **postgres.inspect(location)}
     except errors.InvalidInput as exc:
         return {**found, "exists": None, "problem": exc.message}
 
@@ -38,9 +37,10 @@ def report(location: str, source: str, given: str | None) -> dict:
 def doctor(location: str, repair: bool, emit) -> dict:
     """Check a mailbox on a database server: its schema and counts. Integrity is the server's own business
     (a damaged server is repaired with its tools), so --repair has nothing to do there and repair stays null."""
-    from agent_mail.store import backend_module, redact_url
+    from agent_mail.store import postgres
+    from agent_mail.store.urls import redact_url
 
-    found = backend_module(location).check(location)
+    found = postgres.check(location)
     schema = found["schema"]
     ok = schema is None or schema["complete"]
     result = doctor_report(redact_url(location), ok=ok, integrity=[], schema=schema, counts=found["counts"],

@@ -32,8 +32,8 @@ import psycopg
 from psycopg import errors as pg_errors
 
 from agent_mail import errors, model
-from agent_mail.store import redact_url as redact
-from agent_mail.store import url_secrets as _secrets
+from agent_mail.store.urls import redact_url as redact
+from agent_mail.store.urls import url_secrets as _secrets
 from agent_mail.store.postgres_schema import MIGRATIONS, T, index_missing
 from agent_mail.store.sql import SQLStore
 
@@ -52,7 +52,7 @@ SERVE_APP = "agent-mail serve "
 RELEASED_NOTE = "released "
 # Connection settings we choose unless the URL or the environment does: a dead peer (a partition) is
 # noticed in seconds rather than the kernel's quarter of an hour.
-_DEFAULTS = {"connect_timeout": ("PGCONNECT_TIMEOUT", "5"), "application_name": ("PGAPPNAME", "agent-mail"),
+CONNECT_DEFAULTS = {"connect_timeout": ("PGCONNECT_TIMEOUT", "5"), "application_name": ("PGAPPNAME", "agent-mail"),
              "keepalives": (None, "1"), "keepalives_idle": (None, "5"), "keepalives_interval": (None, "2"),
              "keepalives_count": (None, "3"), "tcp_user_timeout": (None, "10000")}
 
@@ -60,7 +60,7 @@ def split_url(url: str) -> tuple[str, str]:
     """(the URL libpq is given, the schema): our own `schema=` parameter taken out, anything else kept."""
     from urllib.parse import parse_qsl, urlsplit
 
-    from agent_mail.store import with_query
+    from agent_mail.store.urls import with_query
 
     parts = urlsplit(url)
     query = parse_qsl(parts.query, keep_blank_values=True)
@@ -84,7 +84,7 @@ def _scrubbed(text: str, secrets: list[str]) -> str:
     return text.strip()
 
 
-def _error_text(exc: Exception, secrets: list[str]) -> str:
+def error_text(exc: Exception, secrets: list[str]) -> str:
     """The first line of a driver error, without any password: the only form a driver error is shown in."""
     return _scrubbed(str(exc).splitlines()[0] if str(exc) else type(exc).__name__, secrets)
 
@@ -197,7 +197,7 @@ class PostgresStore(SQLStore):
 
     def _fail(self, exc: Exception, doing: str) -> errors.StorageError:
         """The one place a driver error becomes ours: what went wrong, that nothing changed, what to do."""
-        text = _error_text(exc, self._secrets)
+        text = error_text(exc, self._secrets)
         where = f"the PostgreSQL mailbox {self.display} (schema {self.schema})"
         if isinstance(exc, pg_errors.LockNotAvailable):
             return errors.StorageError(f"{where} was locked by another writer while {doing} (waited up to "
@@ -235,7 +235,7 @@ class PostgresStore(SQLStore):
         except psycopg.ProgrammingError as exc:
             raise errors.InvalidInput([("AGENT_MAIL_DB", f"is not a usable PostgreSQL URL: {self._scrub(str(exc))}. "
                                                          "Write postgresql://USER@HOST[:PORT]/DATABASE.")]) from None
-        extra = {key: value for key, (env, value) in _DEFAULTS.items()
+        extra = {key: value for key, (env, value) in CONNECT_DEFAULTS.items()
                  if key not in given and not (env and os.environ.get(env))}
         try:
             self.db = psycopg.connect(make_conninfo(self._conninfo, **extra), autocommit=True)
@@ -536,7 +536,7 @@ def _presence(store: PostgresStore, facts: dict[str, dict], agent: str | None) -
         else:
             armed.setdefault(name, []).append((now, True))
     for name, seen in armed.items():
-        entry = store._fact(facts, name)
+        entry = store.fact_entry(facts, name)
         entry["armed_seen"] = max(moment for moment, _ in seen)
         if any(alive for _, alive in seen):
             entry["session_seen"] = now
@@ -559,7 +559,7 @@ def inspect(url: str) -> dict:
                 report["migrations"] = [r[0] for r in db.execute(
                     f'SELECT name FROM "{schema}".schema_migrations ORDER BY name')]
     except psycopg.Error as exc:
-        report["problem"] = f"cannot read it: {_error_text(exc, _secrets(url))}"
+        report["problem"] = f"cannot read it: {error_text(exc, _secrets(url))}"
     return report
 
 
@@ -580,7 +580,7 @@ def check(url: str) -> dict:
                        if "schema_migrations" in present else set())
     except psycopg.Error as exc:
         raise errors.StorageError(f"cannot check the PostgreSQL mailbox {redact(url)}: "
-                                  f"{_error_text(exc, _secrets(url))}.") from None
+                                  f"{error_text(exc, _secrets(url))}.") from None
     expected = [m.__name__ for m in MIGRATIONS]
     missing = [t for t in tables if t not in present] if present else []
     return {"schema": {"migrations_applied": len(applied & set(expected)), "migrations_expected": len(expected),

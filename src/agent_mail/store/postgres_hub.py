@@ -34,8 +34,8 @@ from concurrent.futures import Future
 import psycopg
 
 from agent_mail import errors
-from agent_mail.store import redact_url, url_secrets
-from agent_mail.store.postgres import _DEFAULTS, RELEASED_NOTE, SERVE_APP, _error_text, channel, split_url
+from agent_mail.store.urls import redact_url, url_secrets
+from agent_mail.store.postgres import CONNECT_DEFAULTS, RELEASED_NOTE, SERVE_APP, error_text, channel, split_url
 
 RETRY_SECONDS = (0.05, 2.0)  # the first and the longest pause between two attempts to connect again
 LINGER_SECONDS = 5.0  # an identity's channel stays LISTENed this long after its last wait ended
@@ -143,7 +143,7 @@ class Hub:
 
         try:
             given = conninfo_to_dict(self._conninfo)
-            extra = {key: value for key, (env, value) in _DEFAULTS.items()
+            extra = {key: value for key, (env, value) in CONNECT_DEFAULTS.items()
                      if key not in given and not (env and os.environ.get(env))}
             extra["application_name"] = SERVE_APP + self.instance  # the presence of its waits: always ours
             db = psycopg.connect(make_conninfo(self._conninfo, **extra), autocommit=True)
@@ -152,7 +152,7 @@ class Hub:
                        + f'LISTEN "{self._broadcast}"'.encode())
         except psycopg.Error as exc:
             raise errors.StorageError(f"the server cannot listen for wake-ups on the PostgreSQL mailbox {self.display}"
-                                      f" (schema {self.schema}): {_error_text(exc, self._secrets)}. Check that it is "
+                                      f" (schema {self.schema}): {error_text(exc, self._secrets)}. Check that it is "
                                       "running and reachable.") from None
         self.db = db
         with self._lock:

@@ -16,55 +16,32 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 from agent_mail.store.base import Store
-from agent_mail.store.sql_tokens import Tokens
+from agent_mail.store.sql_values import decode_json, decode_refs, encode_json, ids_clause, page
 
 _FLAG_COLUMNS = {"read": "read_at", "ack": "acked_at", "archive": "archived_at", "delete": "deleted_at"}
 
 
-def decode_refs(raw: object) -> list:
-    """Refs are stored as JSON text; older mailboxes may hold anything, so never fail on them."""
-    if raw is None or raw == "":
-        return []
-    import json  # only for rows that carry refs: `import json` costs more than a whole query
-
-    try:
-        value = json.loads(raw)
-    except (TypeError, ValueError):
-        return [raw]
-    if isinstance(value, list):
-        return value
-    return [value]
-
-
-def encode_json(value: object) -> str:
-    import json
-    return json.dumps(value, ensure_ascii=False)
-
-
-def decode_json(text: str) -> dict:
-    import json
-    return json.loads(text)
-
-
-def ids_clause(ids: list[str], prefix: str = "id") -> tuple[str, dict]:
-    params = {f"{prefix}{i}": value for i, value in enumerate(ids)}
-    return ",".join(f":{name}" for name in params), params
-
-
-def page(rows: list[dict], limit: int | None, newest: bool) -> list[dict]:
-    """Merge the direct and broadcast halves into arrival order and keep the oldest (or newest) `limit`,
-    returned oldest first."""
-    rows.sort(key=lambda r: (r["arrival"], r["seq"]))
-    if limit is not None:
-        rows = rows[-limit:] if newest else rows[:limit]
-    return rows
+def _statements(module: str):
+    """The statement module `module` (store/MODULE.py), imported when one of its methods is first called: they are
+    SQLStore methods, kept apart because only a few commands need them (see KEPT_ELSEWHERE)."""
+    if module == "sql_overview":
+        from agent_mail.store import sql_overview as statements
+    elif module == "sql_bulk":
+        from agent_mail.store import sql_bulk as statements
+    elif module == "sql_reservations":
+        from agent_mail.store import sql_reservations as statements
+    elif module == "sql_waits":
+        from agent_mail.store import sql_waits as statements
+    else:
+        from agent_mail.store import sql_deliveries as statements
+    return statements
 
 
 def _kept_in(module: str, name: str):
     """A method that is the function `name` of store/`module`.py, imported when first called."""
 
     def method(self, *args, **kwargs):
-        return getattr(__import__(f"agent_mail.store.{module}", fromlist=[name]), name)(self, *args, **kwargs)
+        return getattr(_statements(module), name)(self, *args, **kwargs)
 
     method.__name__ = method.__qualname__ = name
     method.__doc__ = getattr(Store, name).__doc__
@@ -114,227 +91,18 @@ class _Fragments:
         return direct, broadcast
 
 
-class _BesideTheMail:
-    """The SQL of what sits beside the mail (profiles, system events, every identity's counts, liveness, harness
-    sessions): part of SQLStore, declared apart to keep each class readable; spelled through its dialect hooks."""
-
-    # -- profiles and the system channel ---------------------------------------------
-    def profile(self, agent: str) -> dict | None:
-        rows = self._query("SELECT agent, human, mirror_dir, max_entries, updated_at FROM profiles WHERE agent = ?",
-                           (agent,))
-        if not rows:
-            return None
-        rows[0]["human"] = bool(rows[0]["human"])
-        return rows[0]
-
-    def save_profile(self, profile: dict) -> None:
-        self._x(
-            "INSERT INTO profiles (agent, human, mirror_dir, max_entries, updated_at) "
-            "VALUES (:agent, :human, :mirror_dir, :max_entries, :updated_at) ON CONFLICT (agent) DO UPDATE SET "
-            "human = excluded.human, mirror_dir = excluded.mirror_dir, max_entries = excluded.max_entries, "
-            "updated_at = excluded.updated_at",
-            {**profile, "human": int(bool(profile["human"]))},
-        )
-
-    def mirrored_agents(self) -> list[str]:
-        return [r[0] for r in self._x("SELECT agent FROM profiles WHERE mirror_dir IS NOT NULL ORDER BY agent")]
-
-    def humans(self) -> set[str]:
-        return {r[0] for r in self._x("SELECT agent FROM profiles WHERE human = 1")}
-
-    def add_event(self, event_id: str, agent: str, source: str, payload: dict, at: str) -> None:
-        self._x("INSERT INTO system_events (id, agent, source, payload, created) VALUES (?, ?, ?, ?, ?)",
-                (event_id, agent, source, encode_json(payload), at))
-
-    def events(self, agent: str) -> list[dict]:
-        return [
-            {"id": r[0], "source": r[1], **decode_json(r[2]), "created": r[3]}
-            for r in self._x(f"SELECT id, source, payload, created FROM system_events WHERE agent = ? "
-                             f"AND dismissed_at IS NULL ORDER BY {self.SEQ}", (agent,))
-        ]
-
-    def dismiss_events(self, agent: str, event_ids: list[str], at: str) -> list[str]:
-        """Dismiss these events of `agent`; return the ids that were open."""
-        marks, params = ids_clause(event_ids)
-        found = [r[0] for r in self._x(
-            f"SELECT id FROM system_events WHERE agent = :agent AND dismissed_at IS NULL AND id IN ({marks})",
-            {"agent": agent, **params})]
-        if found:
-            self._many("UPDATE system_events SET dismissed_at = ? WHERE id = ?", [(at, i) for i in found])
-        return found
-
-    # -- overview and maintenance ---------------------------------------------
-    def agent_counts(self, now: str) -> dict[str, dict]:
-        counts: dict[str, dict] = {}
-        params = {"now": now}
-        visible = self.F.visible
-
-        def entry(agent: str) -> dict:
-            return counts.setdefault(agent, {"unread": 0, "unacked": 0})
-
-        # The partial indexes of open mail cover these counts (SQLite is told so: its planner would otherwise
-        # take an arrival-ordered index and read every row).
-        for key, index, condition in (
-            ("unread", "idx_messages_unread", "read_at IS NULL"),
-            ("unacked", "idx_messages_unacked", "acked_at IS NULL AND archived_at IS NULL AND deleted_at IS NULL"),
-        ):
-            for agent, n in self._x(
-                f"SELECT recipient, COUNT(*) FROM messages m {self._hint(index)} WHERE {condition} "
-                f"AND recipient != '*' AND {visible} GROUP BY recipient", params):
-                entry(agent)[key] = n
-        # Separate DISTINCTs: each walks its index skipping duplicates; a UNION would sort every row.
-        for sql in (self._distinct("sender", "messages"),
-                    self._distinct("recipient", f"messages {self._hint('idx_messages_recipient')}"),
-                    self._distinct("agent", "watch_sessions"), "SELECT agent FROM heartbeats",
-                    "SELECT agent FROM profiles"):
-            for (agent,) in self._x(sql):
-                if agent != "*":
-                    entry(agent)
-        sent_broadcasts = dict(self._x(
-            f"SELECT sender, COUNT(*) FROM messages m WHERE recipient = '*' AND {visible} GROUP BY sender", params
-        ).fetchall())
-        total_broadcasts = sum(sent_broadcasts.values())
-        if total_broadcasts:
-            settled = self._broadcast_state(params)
-            for agent, row in counts.items():
-                waiting = total_broadcasts - sent_broadcasts.get(agent, 0)
-                read, done = settled.get(agent, (0, 0))
-                row["unread"] += waiting - read
-                row["unacked"] += waiting - done
-        return counts
-
-    def _broadcast_state(self, params: dict) -> dict[str, tuple[int, int]]:
-        """{agent: (broadcasts read, broadcasts acted on)} over visible broadcasts from others.
-
-        Every broadcast_acks row is made for a visible broadcast by someone else (state is only
-        ever recorded for mail an agent could see, cancelling works only before a message is
-        visible, and cleanup removes a message's rows with it). When a count of the rows that
-        belong to visible broadcasts confirms that, the rows are aggregated per agent straight
-        from an index; otherwise (a mailbox some other writer left inconsistent) they are joined
-        to their messages, which is exact but reads every row's message.
-        """
-        visible = self.F.visible
-        total = belonging = 0
-        if not self._BROADCAST_STATE_BY_JOIN:
-            total = self._value("SELECT COUNT(*) FROM broadcast_acks")
-            belonging = self._value(
-                f"SELECT COUNT(*) FROM messages m {self._hint('idx_messages_broadcasts')} JOIN broadcast_acks b "
-                f"ON b.message_id = m.id WHERE m.recipient = '*' AND {visible}", params)
-        acted = ("CASE WHEN b.acked_at IS NOT NULL OR b.archived_at IS NOT NULL OR b.deleted_at IS NOT NULL "
-                 "THEN 1 ELSE 0 END")
-        if self._BROADCAST_STATE_BY_JOIN or total != belonging:
-            sql = (f"SELECT b.agent, COUNT(b.read_at), SUM({acted}) FROM messages m JOIN broadcast_acks b "
-                   f"ON b.message_id = m.id WHERE m.recipient = '*' AND m.sender != b.agent AND {visible} "
-                   "GROUP BY b.agent")
-            return {agent: (read, int(done)) for agent, read, done in self._x(sql, params)}
-        state: dict[str, tuple[int, int]] = {}
-        for agent, read in self._x("SELECT agent, COUNT(*) FROM broadcast_acks b WHERE read_at IS NOT NULL "
-                                   "GROUP BY agent"):
-            state[agent] = (read, 0)
-        for agent, done in self._x("SELECT agent, COUNT(*) FROM broadcast_acks b WHERE b.acked_at IS NOT NULL "
-                                   "OR b.archived_at IS NOT NULL OR b.deleted_at IS NOT NULL GROUP BY agent"):
-            state[agent] = (state.get(agent, (0, 0))[0], done)
-        return state
-
-    # -- liveness ------------------------------------------------------------
-    def open_session(self, session_id: str, agent: str, at: str) -> None:
-        self._x("INSERT INTO watch_sessions (id, agent, started_at, last_seen, state) VALUES (?, ?, ?, ?, 'armed')",
-                (session_id, agent, at, at))
-
-    def touch_session(self, session_id: str, at: str) -> None:
-        self._x("UPDATE watch_sessions SET last_seen = ? WHERE id = ? AND state = 'armed'", (at, session_id))
-
-    def release_session(self, session_id: str, at: str, reason: str) -> None:
-        self._x("UPDATE watch_sessions SET state = 'released', released_at = :at, released_reason = :reason, "
-                "last_seen = :at WHERE id = :id AND state = 'armed'", {"at": at, "reason": reason, "id": session_id})
-
-    def record_heartbeat(self, agent: str, at: str) -> None:
-        self._x("INSERT INTO heartbeats (agent, last_seen) VALUES (?, ?) "
-                "ON CONFLICT (agent) DO UPDATE SET last_seen = excluded.last_seen", (agent, at))
-
-    def _latest(self, column: str) -> str:
-        """Two columns: the latest `column` of a group, as stored, and anything (its sort key, where used)."""
-        return f"MAX({column}), NULL"
-
-    def liveness(self, agent: str | None = None) -> dict[str, dict]:
-        from agent_mail.model import parse_iso
-
-        where = "agent = :agent" if agent is not None else "1 = 1"
-        # One statement (each part a latest time per identity, and the session count as text), one round trip.
-        parts = (
-            ("session_seen", f"SELECT 'session_seen', agent, {self._latest('last_seen')} FROM watch_sessions "
-                             f"WHERE {where} GROUP BY agent"),
-            ("armed_seen", f"SELECT 'armed_seen', agent, {self._latest('last_seen')} FROM watch_sessions "
-                           f"WHERE state = 'armed' AND {where} GROUP BY agent"),
-            ("released_at", f"SELECT 'released_at', agent, {self._latest('released_at')} FROM watch_sessions "
-                            f"WHERE state = 'released' AND {where} GROUP BY agent"),
-            ("heartbeat", f"SELECT 'heartbeat', agent, {self._latest('last_seen')} FROM heartbeats WHERE {where} "
-                          "GROUP BY agent"),
-            ("sessions", f"SELECT 'sessions', agent, CAST(COUNT(*) AS TEXT), NULL FROM watch_sessions WHERE {where} "
-                         "GROUP BY agent"),
-        )
-        facts: dict[str, dict] = {}
-        for key, name, value, _ in self._x(" UNION ALL ".join(sql for _, sql in parts), {"agent": agent}):
-            self._fact(facts, name)[key] = int(value) if key == "sessions" else parse_iso(value)
-        return facts
-
-    @staticmethod
-    def _fact(facts: dict, name: str) -> dict:
-        return facts.setdefault(name, {"armed_seen": None, "released_at": None, "session_seen": None,
-                                       "heartbeat": None, "sessions": 0})
-
-    # -- harness sessions (hooks) -------------------------------------------
-    def harness_session(self, session_id: str) -> dict | None:
-        from agent_mail.store.schema import HARNESS_COLUMNS
-
-        rows = self._query(f"SELECT {', '.join(HARNESS_COLUMNS)} FROM harness_sessions WHERE id = ?", (session_id,))
-        return rows[0] if rows else None
-
-    def save_harness_session(self, session: dict) -> None:
-        from agent_mail.store.schema import HARNESS_COLUMNS
-
-        self._x(
-            f"INSERT INTO harness_sessions ({', '.join(HARNESS_COLUMNS)}) "
-            f"VALUES ({', '.join(':' + c for c in HARNESS_COLUMNS)}) "
-            f"ON CONFLICT (id) DO UPDATE SET {', '.join(f'{c} = excluded.{c}' for c in HARNESS_COLUMNS[1:])}",
-            {c: session.get(c) for c in HARNESS_COLUMNS})
-
-    def harness_sessions_of(self, agent: str | None = None) -> list[dict]:
-        where = "ended_at IS NULL" + (" AND agent = :agent" if agent is not None else "")
-        return self._query(f"SELECT id, harness, agent, pid, host, started_at, last_seen FROM harness_sessions "
-                           f"WHERE {where}", {"agent": agent})
-
-    def untold(self, agent: str, now: str, told_seq: int, told_at: str | None, limit: int) -> tuple[list[dict], int]:
-        """(the oldest `limit` unread envelopes for `agent` it has not been told of, how many there are): mail
-        committed after message `told_seq` (writers are serialised, so insertion order is commit order), and
-        delayed mail that fell due after `told_at`. Reads only the rows since, and the delayed mail that
-        arrived since (the arrival index)."""
-        F = self.F
-        params = {"agent": agent, "now": now, "seq": told_seq, "since": told_at or now}
-        unread = (f"((m.recipient = :agent AND m.read_at IS NULL) OR (m.recipient = '*' AND m.sender != :agent "
-                  f"AND {F.not_read_by})) AND {F.visible}")
-        rows = self._query(
-            f"SELECT {F.envelope} FROM messages m WHERE m.{self.SEQ} > :seq AND {unread} "
-            f"UNION SELECT {F.envelope} FROM messages m {self._hint('idx_messages_arrival')} WHERE {F.m_arrived} > "
-            f"{self._ts(':since')} AND {F.m_arrived} <= {self._ts(':now')} AND m.deliver_at IS NOT NULL AND {unread}",
-            params)
-        return page(rows, limit, newest=False), len(rows)
-
-    def newest_seq(self) -> int:
-        return self.mail_marker() or 0  # the newest message, as the watch's safety net reads it
-
-    def events_since(self, agent: str, after: int) -> tuple[list[dict], int]:
-        """(undismissed system events of `agent` after event `after`, the newest event in insertion order)."""
-        rows = self._x(f"SELECT {self.SEQ}, id, source, payload, created FROM system_events WHERE agent = ? "
-                       f"AND dismissed_at IS NULL AND {self.SEQ} > ? ORDER BY {self.SEQ}", (agent, after)).fetchall()
-        newest = self._value(f"SELECT COALESCE(MAX({self.SEQ}), 0) FROM system_events")
-        return [{"id": r[1], "source": r[2], **decode_json(r[3]), "created": r[4]} for r in rows], newest
-
-    def mail_marker(self) -> object:
-        return self._value(f"SELECT MAX({self.SEQ}) FROM messages")
+_TOKEN_COLUMNS = "id, agents, supervisor, note, created, revoked_at"
 
 
-class SQLStore(_BesideTheMail, Tokens, Store):
+def _token(row: dict) -> dict:
+    import json  # here, not at the top: this module is on every command's path
+
+    row["agents"] = json.loads(row["agents"])
+    row["supervisor"] = bool(row["supervisor"])
+    return row
+
+
+class SQLStore(Store):
     """The queries of a mailbox in a SQL database; subclasses supply the connection and the dialect."""
 
     #: The column numbering messages (and system events) in insertion order.
@@ -684,6 +452,298 @@ class SQLStore(_BesideTheMail, Tokens, Store):
     def attachment_content(self, sha256: str) -> bytes | None:
         row = self._x("SELECT content FROM attachment_blobs WHERE sha256 = ?", (sha256,)).fetchone()
         return None if row is None else bytes(row[0])
+
+    # -- what sits beside the mail: profiles, system events, every identity's counts, liveness, sessions ----
+    # -- profiles and the system channel ---------------------------------------------
+    def profile(self, agent: str) -> dict | None:
+        rows = self._query("SELECT agent, human, mirror_dir, max_entries, updated_at FROM profiles WHERE agent = ?",
+                           (agent,))
+        if not rows:
+            return None
+        rows[0]["human"] = bool(rows[0]["human"])
+        return rows[0]
+
+    def save_profile(self, profile: dict) -> None:
+        self._x(
+            "INSERT INTO profiles (agent, human, mirror_dir, max_entries, updated_at) "
+            "VALUES (:agent, :human, :mirror_dir, :max_entries, :updated_at) ON CONFLICT (agent) DO UPDATE SET "
+            "human = excluded.human, mirror_dir = excluded.mirror_dir, max_entries = excluded.max_entries, "
+            "updated_at = excluded.updated_at",
+            {**profile, "human": int(bool(profile["human"]))},
+        )
+
+    def mirrored_agents(self) -> list[str]:
+        return [r[0] for r in self._x("SELECT agent FROM profiles WHERE mirror_dir IS NOT NULL ORDER BY agent")]
+
+    def humans(self) -> set[str]:
+        return {r[0] for r in self._x("SELECT agent FROM profiles WHERE human = 1")}
+
+    def add_event(self, event_id: str, agent: str, source: str, payload: dict, at: str) -> None:
+        self._x("INSERT INTO system_events (id, agent, source, payload, created) VALUES (?, ?, ?, ?, ?)",
+                (event_id, agent, source, encode_json(payload), at))
+
+    def events(self, agent: str) -> list[dict]:
+        return [
+            {"id": r[0], "source": r[1], **decode_json(r[2]), "created": r[3]}
+            for r in self._x(f"SELECT id, source, payload, created FROM system_events WHERE agent = ? "
+                             f"AND dismissed_at IS NULL ORDER BY {self.SEQ}", (agent,))
+        ]
+
+    def dismiss_events(self, agent: str, event_ids: list[str], at: str) -> list[str]:
+        """Dismiss these events of `agent`; return the ids that were open."""
+        marks, params = ids_clause(event_ids)
+        found = [r[0] for r in self._x(
+            f"SELECT id FROM system_events WHERE agent = :agent AND dismissed_at IS NULL AND id IN ({marks})",
+            {"agent": agent, **params})]
+        if found:
+            self._many("UPDATE system_events SET dismissed_at = ? WHERE id = ?", [(at, i) for i in found])
+        return found
+
+    # -- overview and maintenance ---------------------------------------------
+    def agent_counts(self, now: str) -> dict[str, dict]:
+        counts: dict[str, dict] = {}
+        params = {"now": now}
+        visible = self.F.visible
+
+        def entry(agent: str) -> dict:
+            return counts.setdefault(agent, {"unread": 0, "unacked": 0})
+
+        # The partial indexes of open mail cover these counts (SQLite is told so: its planner would otherwise
+        # take an arrival-ordered index and read every row).
+        for key, index, condition in (
+            ("unread", "idx_messages_unread", "read_at IS NULL"),
+            ("unacked", "idx_messages_unacked", "acked_at IS NULL AND archived_at IS NULL AND deleted_at IS NULL"),
+        ):
+            for agent, n in self._x(
+                f"SELECT recipient, COUNT(*) FROM messages m {self._hint(index)} WHERE {condition} "
+                f"AND recipient != '*' AND {visible} GROUP BY recipient", params):
+                entry(agent)[key] = n
+        # Separate DISTINCTs: each walks its index skipping duplicates; a UNION would sort every row.
+        for sql in (self._distinct("sender", "messages"),
+                    self._distinct("recipient", f"messages {self._hint('idx_messages_recipient')}"),
+                    self._distinct("agent", "watch_sessions"), "SELECT agent FROM heartbeats",
+                    "SELECT agent FROM profiles"):
+            for (agent,) in self._x(sql):
+                if agent != "*":
+                    entry(agent)
+        sent_broadcasts = dict(self._x(
+            f"SELECT sender, COUNT(*) FROM messages m WHERE recipient = '*' AND {visible} GROUP BY sender", params
+        ).fetchall())
+        total_broadcasts = sum(sent_broadcasts.values())
+        if total_broadcasts:
+            settled = self._broadcast_state(params)
+            for agent, row in counts.items():
+                waiting = total_broadcasts - sent_broadcasts.get(agent, 0)
+                read, done = settled.get(agent, (0, 0))
+                row["unread"] += waiting - read
+                row["unacked"] += waiting - done
+        return counts
+
+    def _broadcast_state(self, params: dict) -> dict[str, tuple[int, int]]:
+        """{agent: (broadcasts read, broadcasts acted on)} over visible broadcasts from others.
+
+        Every broadcast_acks row is made for a visible broadcast by someone else (state is only
+        ever recorded for mail an agent could see, cancelling works only before a message is
+        visible, and cleanup removes a message's rows with it). When a count of the rows that
+        belong to visible broadcasts confirms that, the rows are aggregated per agent straight
+        from an index; otherwise (a mailbox some other writer left inconsistent) they are joined
+        to their messages, which is exact but reads every row's message.
+        """
+        visible = self.F.visible
+        total = belonging = 0
+        if not self._BROADCAST_STATE_BY_JOIN:
+            total = self._value("SELECT COUNT(*) FROM broadcast_acks")
+            belonging = self._value(
+                f"SELECT COUNT(*) FROM messages m {self._hint('idx_messages_broadcasts')} JOIN broadcast_acks b "
+                f"ON b.message_id = m.id WHERE m.recipient = '*' AND {visible}", params)
+        acted = ("CASE WHEN b.acked_at IS NOT NULL OR b.archived_at IS NOT NULL OR b.deleted_at IS NOT NULL "
+                 "THEN 1 ELSE 0 END")
+        if self._BROADCAST_STATE_BY_JOIN or total != belonging:
+            sql = (f"SELECT b.agent, COUNT(b.read_at), SUM({acted}) FROM messages m JOIN broadcast_acks b "
+                   f"ON b.message_id = m.id WHERE m.recipient = '*' AND m.sender != b.agent AND {visible} "
+                   "GROUP BY b.agent")
+            return {agent: (read, int(done)) for agent, read, done in self._x(sql, params)}
+        state: dict[str, tuple[int, int]] = {}
+        for agent, read in self._x("SELECT agent, COUNT(*) FROM broadcast_acks b WHERE read_at IS NOT NULL "
+                                   "GROUP BY agent"):
+            state[agent] = (read, 0)
+        for agent, done in self._x("SELECT agent, COUNT(*) FROM broadcast_acks b WHERE b.acked_at IS NOT NULL "
+                                   "OR b.archived_at IS NOT NULL OR b.deleted_at IS NOT NULL GROUP BY agent"):
+            state[agent] = (state.get(agent, (0, 0))[0], done)
+        return state
+
+    # -- liveness ------------------------------------------------------------
+    def open_session(self, session_id: str, agent: str, at: str) -> None:
+        self._x("INSERT INTO watch_sessions (id, agent, started_at, last_seen, state) VALUES (?, ?, ?, ?, 'armed')",
+                (session_id, agent, at, at))
+
+    def touch_session(self, session_id: str, at: str) -> None:
+        self._x("UPDATE watch_sessions SET last_seen = ? WHERE id = ? AND state = 'armed'", (at, session_id))
+
+    def release_session(self, session_id: str, at: str, reason: str) -> None:
+        self._x("UPDATE watch_sessions SET state = 'released', released_at = :at, released_reason = :reason, "
+                "last_seen = :at WHERE id = :id AND state = 'armed'", {"at": at, "reason": reason, "id": session_id})
+
+    def record_heartbeat(self, agent: str, at: str) -> None:
+        self._x("INSERT INTO heartbeats (agent, last_seen) VALUES (?, ?) "
+                "ON CONFLICT (agent) DO UPDATE SET last_seen = excluded.last_seen", (agent, at))
+
+    def _latest(self, column: str) -> str:
+        """Two columns: the latest `column` of a group, as stored, and anything (its sort key, where used)."""
+        return f"MAX({column}), NULL"
+
+    def liveness(self, agent: str | None = None) -> dict[str, dict]:
+        from agent_mail.model import parse_iso
+
+        where = "agent = :agent" if agent is not None else "1 = 1"
+        # One statement (each part a latest time per identity, and the session count as text), one round trip.
+        parts = (
+            ("session_seen", f"SELECT 'session_seen', agent, {self._latest('last_seen')} FROM watch_sessions "
+                             f"WHERE {where} GROUP BY agent"),
+            ("armed_seen", f"SELECT 'armed_seen', agent, {self._latest('last_seen')} FROM watch_sessions "
+                           f"WHERE state = 'armed' AND {where} GROUP BY agent"),
+            ("released_at", f"SELECT 'released_at', agent, {self._latest('released_at')} FROM watch_sessions "
+                            f"WHERE state = 'released' AND {where} GROUP BY agent"),
+            ("heartbeat", f"SELECT 'heartbeat', agent, {self._latest('last_seen')} FROM heartbeats WHERE {where} "
+                          "GROUP BY agent"),
+            ("sessions", f"SELECT 'sessions', agent, CAST(COUNT(*) AS TEXT), NULL FROM watch_sessions WHERE {where} "
+                         "GROUP BY agent"),
+        )
+        facts: dict[str, dict] = {}
+        for key, name, value, _ in self._x(" UNION ALL ".join(sql for _, sql in parts), {"agent": agent}):
+            self.fact_entry(facts, name)[key] = int(value) if key == "sessions" else parse_iso(value)
+        return facts
+
+    @staticmethod
+    def fact_entry(facts: dict, name: str) -> dict:
+        return facts.setdefault(name, {"armed_seen": None, "released_at": None, "session_seen": None,
+                                       "heartbeat": None, "sessions": 0})
+
+    # -- harness sessions (hooks) -------------------------------------------
+    def harness_session(self, session_id: str) -> dict | None:
+        from agent_mail.store.schema import HARNESS_COLUMNS
+
+        rows = self._query(f"SELECT {', '.join(HARNESS_COLUMNS)} FROM harness_sessions WHERE id = ?", (session_id,))
+        return rows[0] if rows else None
+
+    def save_harness_session(self, session: dict) -> None:
+        from agent_mail.store.schema import HARNESS_COLUMNS
+
+        self._x(
+            f"INSERT INTO harness_sessions ({', '.join(HARNESS_COLUMNS)}) "
+            f"VALUES ({', '.join(':' + c for c in HARNESS_COLUMNS)}) "
+            f"ON CONFLICT (id) DO UPDATE SET {', '.join(f'{c} = excluded.{c}' for c in HARNESS_COLUMNS[1:])}",
+            {c: session.get(c) for c in HARNESS_COLUMNS})
+
+    def harness_sessions_of(self, agent: str | None = None) -> list[dict]:
+        where = "ended_at IS NULL" + (" AND agent = :agent" if agent is not None else "")
+        return self._query(f"SELECT id, harness, agent, pid, host, started_at, last_seen FROM harness_sessions "
+                           f"WHERE {where}", {"agent": agent})
+
+    def untold(self, agent: str, now: str, told_seq: int, told_at: str | None, limit: int) -> tuple[list[dict], int]:
+        """(the oldest `limit` unread envelopes for `agent` it has not been told of, how many there are): mail
+        committed after message `told_seq` (writers are serialised, so insertion order is commit order), and
+        delayed mail that fell due after `told_at`. Reads only the rows since, and the delayed mail that
+        arrived since (the arrival index)."""
+        F = self.F
+        params = {"agent": agent, "now": now, "seq": told_seq, "since": told_at or now}
+        unread = (f"((m.recipient = :agent AND m.read_at IS NULL) OR (m.recipient = '*' AND m.sender != :agent "
+                  f"AND {F.not_read_by})) AND {F.visible}")
+        rows = self._query(
+            f"SELECT {F.envelope} FROM messages m WHERE m.{self.SEQ} > :seq AND {unread} "
+            f"UNION SELECT {F.envelope} FROM messages m {self._hint('idx_messages_arrival')} WHERE {F.m_arrived} > "
+            f"{self._ts(':since')} AND {F.m_arrived} <= {self._ts(':now')} AND m.deliver_at IS NOT NULL AND {unread}",
+            params)
+        return page(rows, limit, newest=False), len(rows)
+
+    def newest_seq(self) -> int:
+        return self.mail_marker() or 0  # the newest message, as the watch's safety net reads it
+
+    def events_since(self, agent: str, after: int) -> tuple[list[dict], int]:
+        """(undismissed system events of `agent` after event `after`, the newest event in insertion order)."""
+        rows = self._x(f"SELECT {self.SEQ}, id, source, payload, created FROM system_events WHERE agent = ? "
+                       f"AND dismissed_at IS NULL AND {self.SEQ} > ? ORDER BY {self.SEQ}", (agent, after)).fetchall()
+        newest = self._value(f"SELECT COALESCE(MAX({self.SEQ}), 0) FROM system_events")
+        return [{"id": r[1], "source": r[2], **decode_json(r[3]), "created": r[4]} for r in rows], newest
+
+    def mail_marker(self) -> object:
+        return self._value(f"SELECT MAX({self.SEQ}) FROM messages")
+
+    # -- the access tokens of `agent-mail serve`, and the sessions a server holds ----------------------------
+    def add_token(self, token: dict) -> None:
+        import json
+
+        self._x("INSERT INTO tokens (id, secret_hash, agents, supervisor, note, created) VALUES (?, ?, ?, ?, ?, ?)",
+                (token["id"], token["secret_hash"], json.dumps(token["agents"]), int(token["supervisor"]),
+                 token["note"], token["created"]))
+
+    def tokens(self) -> list[dict]:
+        return [_token(r) for r in self._query(f"SELECT {_TOKEN_COLUMNS} FROM tokens ORDER BY created, id")]
+
+    def token(self, token_id: str) -> dict | None:
+        rows = self._query(f"SELECT {_TOKEN_COLUMNS}, secret_hash FROM tokens WHERE id = ?", (token_id,))
+        return _token(rows[0]) if rows else None
+
+    def revoke_token(self, token_id: str, at: str) -> bool:
+        changed = self._x("UPDATE tokens SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL", (at, token_id))
+        if not changed.rowcount:
+            return False
+        self.wake_waits()  # every wait looks again, and one made with this token finds it revoked
+        return True
+
+    def wake_waits(self) -> None:
+        self._wake("*")
+
+    def touch_sessions(self, prefix: str, at: str) -> int:
+        # The sessions a server holds are named INSTANCE.UUID: one statement refreshes them all.
+        return self._x("UPDATE watch_sessions SET last_seen = :at WHERE state = 'armed' AND "
+                       "substr(id, 1, :n) = :prefix", {"at": at, "n": len(prefix), "prefix": prefix}).rowcount
+
+    def release_sessions(self, session_ids: list[str], at: str, reason: str) -> None:
+        for start in range(0, len(session_ids), 500):  # within any engine's limit on parameters
+            chunk = session_ids[start:start + 500]
+            self._x(f"UPDATE watch_sessions SET state = 'released', released_at = ?, released_reason = ?, "
+                    f"last_seen = ? WHERE state = 'armed' AND id IN ({', '.join('?' * len(chunk))})",
+                    (at, reason, at, *chunk))
+
+    def abandon_sessions(self, session_ids: list[str]) -> None:
+        from agent_mail.store.base import GONE_HOLDER
+
+        # Each new id is made from the old one in SQL: one statement per position of its key part (a server's ids
+        # all have it at the same place), within any engine's limit on parameters. A released session keeps its id.
+        by_start: dict[int, list[str]] = {}
+        for session in session_ids:
+            by_start.setdefault(session.find(".") + 2, []).append(session)
+        for start, ids in by_start.items():
+            for first in range(0, len(ids), 500):
+                chunk = ids[first:first + 500]
+                self._x(f"UPDATE watch_sessions SET id = '{GONE_HOLDER}.' || substr(id, {int(start)}) "
+                        f"WHERE state = 'armed' AND id IN ({', '.join('?' * len(chunk))})", tuple(chunk))
+
+    def release_keyed_session(self, agent: str, key: str, at: str, reason: str) -> dict | None:
+        # Inside the write transaction nobody renames a session meanwhile (abandoning one takes the write lock too),
+        # so the ids read are the ids released. `key` is hex digits: nothing in it is special to LIKE.
+        rows = self._query("SELECT id, state, released_at FROM watch_sessions WHERE agent = ? AND id LIKE ?",
+                           (agent, f"%.{key}.%"))
+        if not rows:
+            return None
+        armed = sorted(row["id"] for row in rows if row["state"] == "armed")
+        if armed:
+            self.release_sessions(armed, at, reason)
+            for session in armed:
+                self.announce_release(agent, session)
+        ended = [row["released_at"] for row in rows if row["released_at"] is not None]
+        return {"sessions": armed, "released": bool(armed), "released_at": at if armed else max(ended, default=None)}
+
+    def announce_release(self, agent: str, session_id: str) -> None:
+        """Tell the server holding `session_id` (released by its client's stop call) that its wait is over, when
+        the transaction commits: here `agent`'s waits are woken, and a server's asks whether its session is still
+        armed (PostgreSQL says which session, on the identity's channel)."""
+        self._wake(agent)
+
+    def session_state(self, session_id: str) -> str | None:
+        rows = self._query("SELECT state FROM watch_sessions WHERE id = ?", (session_id,))
+        return rows[0]["state"] if rows else None
 
 
 # Statements over every identity's mail at once, and over whole tables: loaded only by the commands that use them.

@@ -9,7 +9,7 @@ hooks (SEQ, _ts, _SEARCH_COLUMN, _index_batch).
 from __future__ import annotations
 
 from agent_mail.store import schema
-from agent_mail.store.sql import decode_json, encode_json, ids_clause
+from agent_mail.store.sql_values import decode_json, encode_json, ids_clause
 
 _STATE = schema.STATE_COLUMNS
 

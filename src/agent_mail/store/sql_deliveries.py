@@ -4,7 +4,7 @@ name (store/base.py says what each promises), loaded only by a read that takes d
 
 from __future__ import annotations
 
-from agent_mail.store.sql import ids_clause
+from agent_mail.store.sql_values import ids_clause
 
 _COLUMNS = "lease, agent, message_id, flags, at, expires_at"
 

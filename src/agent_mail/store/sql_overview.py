@@ -8,7 +8,7 @@ them. Written once for every engine, through the store's dialect hooks.
 from __future__ import annotations
 
 from agent_mail.store import schema
-from agent_mail.store.sql import ids_clause
+from agent_mail.store.sql_values import ids_clause
 
 
 def recent_rows(store, limit: int, before_seq: int | None = None) -> list[dict]:

@@ -3,7 +3,7 @@ what each promises), loaded only by the reservation commands. Written once for e
 
 from __future__ import annotations
 
-from agent_mail.store.sql import ids_clause
+from agent_mail.store.sql_values import ids_clause
 
 _COLUMNS = "id, repo, agent, pattern, exclusive, reason, created, renewed_at, expires_at"
 

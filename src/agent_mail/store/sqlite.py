@@ -13,7 +13,8 @@ import sqlite3
 import time
 
 from agent_mail import errors, jsonout
-from agent_mail.store.sql import SQLStore, ids_clause
+from agent_mail.store.sql import SQLStore
+from agent_mail.store.sql_values import ids_clause
 from agent_mail.store.sqlite_bells import WakePipe, presence, ring_bells
 
 # Marks a file as an agent-mail mailbox ("AGML"). Older mailboxes carry 0.

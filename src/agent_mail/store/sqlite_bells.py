@@ -53,7 +53,7 @@ def presence(path: str, db: sqlite3.Connection, facts: dict[str, dict], agent: s
     for name, seen in armed.items():
         if name not in spoken:
             continue  # no pipe of its speaks: the stored facts stand
-        entry = SQLStore._fact(facts, name)
+        entry = SQLStore.fact_entry(facts, name)
         times = [moment for moment, _ in seen if moment is not None]
         entry["armed_seen"] = max(times) if times else None
         live = [moment for moment, alive in seen if alive and moment is not None]
