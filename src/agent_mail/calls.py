@@ -1,7 +1,7 @@
 """The call layer every front end enters: a command's name and its values -> checked values -> the
 operation -> data.
 
-The command line (cli.py), the MCP server, the harness hooks and the dashboard each turn their own input
+The command line (cli/main.py), the MCP server, the harness hooks and the dashboard each turn their own input
 into values by argument name, hand them to `call` (or `check`, then `run`), and render what comes back
 in their own way: the result's `next` steps are `spec.Step`s (data), a refusal is an InvalidInput whose
 problems are keyed by argument name and renamed by the front end (`errors.AgentMailError.renamed`).

@@ -24,7 +24,7 @@ _PREFIX = "dlv_"
 
 
 class Delivery:
-    """A delivery a read makes (service.Mailbox.read's `delivery`): its id and how many marks it holds."""
+    """A delivery a read makes (mail.Mailbox.read's `delivery`): its id and how many marks it holds."""
 
     def __init__(self, seconds: float = DELIVERY_HOLD_SECONDS):
         self.id = _PREFIX + secrets.token_hex(16)

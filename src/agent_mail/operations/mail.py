@@ -1,13 +1,13 @@
 """The operations over one mailbox, returning plain data: send, read, watch, heartbeat, status and
 cleanup here; the handling of mail, profiles and notifications, and search in modules of their own
-(handling, profiles, searching), loaded when first used, so a send or a read does not pay for them.
+(handling, profiles, search), loaded when first used, so a send or a read does not pay for them.
 
 Every mutating operation takes `emit`, a function that delivers the result to
 the caller (the CLI prints it). `emit` runs inside the transaction, before the
 commit, so a result that could not be delivered changes nothing.
 
-Locating the mailbox, checking inputs and reading liveness are agent_mail.operations.location, .inputs and
-.liveness; the names callers have long imported from here (open_mailbox, input_problems, ...) still resolve.
+Locating the mailbox is operations/location.py's; checking inputs and reading liveness are parts/inputs.py's and
+parts/liveness.py's.
 """
 
 from __future__ import annotations
@@ -18,15 +18,11 @@ from contextlib import contextmanager
 from agent_mail import errors, model, spec
 from agent_mail.parts import liveness
 from agent_mail.parts.checks import guarded
-from agent_mail.parts.liveness import describe_liveness, live_sessions
-from agent_mail.operations.location import DEFAULT_PATH, ENV_VAR, copy_mailbox, doctor, resolve_location, storage_report
+from agent_mail.parts.liveness import describe_liveness
+from agent_mail.operations.location import resolve_location
 from agent_mail.parts.mirror_files import Mirrors
 from agent_mail.operations.results import invisible, next_steps, no_emit
 from agent_mail.operations.results import project as _project
-
-__all__ = ["DEFAULT_PATH", "ENV_VAR", "Mailbox", "copy_mailbox", "describe_liveness", "doctor", "invisible",
-           "live_sessions", "next_steps", "no_emit", "open_mailbox", "resolve_location", "storage_report"]
-
 
 # Annotations are never evaluated (see the __future__ import); the names they use are
 # imported for type checkers only, so the CLI does not pay for importing typing.
@@ -39,15 +35,6 @@ if TYPE_CHECKING:
     from agent_mail.parts.waits import Waits
 
     Emit = Callable[[dict], None]  # receives the result document, inside the transaction
-
-
-def __getattr__(name: str):
-    """Input checks that moved to agent_mail.parts.inputs, still reachable here; loaded when asked for."""
-    if name in ("input_problems", "prepare_send"):
-        from agent_mail.parts import inputs
-
-        return getattr(inputs, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class Mailbox:
@@ -393,7 +380,7 @@ class Mailbox:
 
     # -- handling, attachments, profiles and search: operations of their own modules ----------
     def _group(self, module: str):
-        """The operations of a module of their own (handling, profiles, searching), imported when first used."""
+        """The operations of a module of their own (handling, profiles, search), imported when first used."""
         if module == "handling":
             from agent_mail.operations.handling import Handling as group
         elif module == "profiles":
@@ -445,7 +432,7 @@ class Mailbox:
     @guarded("search")
     def search(self, **options) -> dict:
         """Messages matching a query, ranked; see Searching.search."""
-        return self._group("searching").search(**options)
+        return self._group("search").search(**options)
 
     @guarded("reserve")
     def reserve(self, **options) -> dict:

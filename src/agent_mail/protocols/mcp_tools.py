@@ -1,5 +1,5 @@
-"""The mailbox as MCP tools, declared once for both MCP front ends: `agent-mail mcp` (stdio, mcp_server.py) and
-the streamable HTTP endpoint of `agent-mail serve` (/mcp, mcp_http.py). Made from the spec like the OpenAPI
+"""The mailbox as MCP tools, declared once for both MCP front ends: `agent-mail mcp` (stdio, harness/mcp_stdio.py) and
+the streamable HTTP endpoint of `agent-mail serve` (/mcp, server/mcp_http.py). Made from the spec like the OpenAPI
 document (through agent_mail.protocols.schemas): one tool per command a model should call, the same names, arguments
 named without dashes, JSON Schema types, ranges and descriptions from the spec; a result's `next` steps
 rendered as the tool calls to make; a refusal as a tool error carrying the same `problems`, each argument named

@@ -1,6 +1,6 @@
 """Every command, argument, default, output field and example, declared once.
 
-The argument parser (cli.py), the call layer's checks, `describe`, the MCP tool schemas and the usage
+The argument parser (cli/main.py), the call layer's checks, `describe`, the MCP tool schemas and the usage
 text are all built from these definitions, so the manual cannot disagree with what is accepted. The
 pieces are in .base; the commands are declared in .mail and .tools; the manual's whole-tool parts
 (invariants, exit codes, describe's document) are here.
