@@ -203,9 +203,13 @@ def test_cancel_before_due_and_its_errors(am, mailbox_path):
     receipt = am(*send_args("lead:main", "w:one", "w:two"), "--delay-minutes", "30").json
     one, two = (d["id"] for d in receipt["deliveries"])
     now = am(*send_args("lead:main", "w:one", subject="now")).json["id"]
-    assert "not w:two" in am("cancel", "w:two", two).error["error"]
-    error = am("cancel", "other:agent", one).error
-    assert "only its sender" in error["error"]
+    # Neither a recipient of a message not yet due nor a stranger learns that it exists, or who sent it: the
+    # answer every other command gives for a message an identity may not see.
+    for stranger, message in (("w:two", two), ("other:agent", one)):
+        error = am("cancel", stranger, message).error["error"]
+        assert f"is visible to {stranger}" in error and "lead:main" not in error, error
+    error = am("cancel", "w:one", now).error["error"]  # one it received: it may know who sent it
+    assert "sent to w:one by lead:main" in error and "only its sender" in error, error
     error = am("cancel", "lead:main", one, now).error
     assert "cannot be withdrawn" in error["error"]
     assert am("cancel", "lead:main", one).json == {"sender": "lead:main", "cancelled": [one], "count": 1}
@@ -570,3 +574,31 @@ def test_a_reply_refused_everywhere_settles_nothing(am, send):
     assert row == {"unread": 1, "unacked": 1}  # the question is still open: no answer went out
     am("heartbeat", "a:x").assert_ok()
     assert send("b:y", "a:x", "answer", "--reply-to", question, "--require-reachable")["acknowledged"] == question
+
+
+@pytest.mark.local_only("the library's send with an idempotency key (a client's repeat through a server: "
+                        "tests/test_server_faults.py)")
+def test_an_idempotency_key_repeats_one_send_and_refuses_another(mailbox_path):
+    """A key reused for the same send answers with what was stored; reused for another send (other recipients,
+    another body, ...) it is refused, naming the first send, and nothing more is stored: the second message is
+    never lost without a word."""
+    from agent_mail import errors
+
+    key = model.new_message_id()
+    send = {"from_": "a:x", "to": ["b:y", "c:z"], "subject": "once", "body": "the body"}
+    with mailbox_itself(mailbox_path) as mailbox:
+        first = mailbox.send(**send, uploaded={"key": key})
+        again = mailbox.send(**send, uploaded={"key": key})
+        assert again["batch_id"] == first["batch_id"] == key
+        assert [d["id"] for d in again["deliveries"]] == [d["id"] for d in first["deliveries"]]
+        for changed, what in (({"to": ["b:y"]}, "list of recipients"), ({"to": ["b:y", "d:w"]}, "list of recipients"),
+                              ({"body": "another body"}, "body"), ({"subject": "other"}, "subject"),
+                              ({"from_": "a:y"}, "sender")):
+            with pytest.raises(errors.InvalidInput) as refused:
+                mailbox.send(**{**send, **changed}, uploaded={"key": key})
+            problem = refused.value.problems()[0]
+            field, message = problem["field"], problem["message"]
+            assert field == "idempotency_key" and f"batch {key}" in message and what in message, problem
+            assert "b:y, c:z" in message and "'once'" in message
+        assert mailbox.read(agent="b:y", no_mark_read=True)["count"] == 1
+        assert mailbox.read(agent="d:w", no_mark_read=True)["count"] == 0

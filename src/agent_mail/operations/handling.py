@@ -99,10 +99,11 @@ class Handling:
             problems = []
             for message_id in wanted:
                 message = self.store.get_message(message_id)
-                if message is None:
-                    problems.append(("ids", f"no message has id {message_id}."))
+                if message is None or (message["sender"] != sender
+                                       and not self.store.visible_to(sender, [message_id], now)):
+                    problems.append(("ids", invisible(message_id, sender)))  # whether it exists, and whose, is not told
                 elif message["sender"] != sender:
-                    problems.append(("ids", f"message {message_id} was sent by {message['sender']}, not {sender}; "
+                    problems.append(("ids", f"message {message_id} was sent to {sender} by {message['sender']}; "
                                             "only its sender can cancel it."))
                 elif message["cancelled_at"] is not None:
                     problems.append(("ids", f"message {message_id} was already cancelled at "

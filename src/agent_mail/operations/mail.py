@@ -112,7 +112,8 @@ class Mailbox:
         with self.mirrors.changing():
             earlier = self.store.batch_rows([batch]) if key is not None else []
             if earlier:  # this send, repeated: its first answer was lost
-                receipt = _repeated(self.store, earlier, from_, recipients, prepared, reply_to, no_ack)
+                receipt = _repeated(self.store, earlier, from_, recipients, prepared, reply_to, no_ack,
+                                    require_reachable)
                 emit(receipt)
                 return receipt
             gone = self._reply_to_problems(from_, reply_to) if reply_to is not None else []
@@ -482,13 +483,48 @@ def open_mailbox() -> Iterator["Mailbox"]:
         store.close()
 
 
+def _what_differs(store, rows: list[dict], from_: str, recipients: list[str], prepared: dict,
+                  reply_to: str | None, require_reachable: bool) -> str | None:
+    """What of a send repeated under an idempotency key is not what the key first stored (sender, recipients,
+    subject, body, refs, reply, attachments), in words; None when it is the same send. A first send with
+    --require-reachable may have stored fewer recipients than it named (the refused ones are not stored)."""
+    from agent_mail.store.sql_values import decode_refs
+
+    first = rows[0]
+    stored = {row["recipient"] for row in rows}
+    named = set(recipients)
+    if first["sender"] != from_:
+        return "sender"
+    if stored != named and not (require_reachable and stored <= named):
+        return "list of recipients"
+    if first["subject"] != prepared["subject"]:
+        return "subject"
+    if (first["body"] or "") != (prepared["body"] or ""):
+        return "body"
+    refs = first["refs"] if isinstance(first["refs"], list) else decode_refs(first["refs"])
+    if refs != list(prepared["refs"] or []):
+        return "set of refs"
+    if (first["reply_to"] or None) != reply_to:
+        return "reply_to"
+    attached = [(a["name"], a["sha256"]) for a in store.attachments_of([first["id"]]).get(first["id"], [])]
+    if attached != [(a["name"], a["sha256"]) for a in prepared["attachments"]]:
+        return "set of attachments"
+    return None
+
+
 def _repeated(store, rows: list[dict], from_: str, recipients: list[str], prepared: dict, reply_to: str | None,
-              no_ack: bool) -> dict:
+              no_ack: bool, require_reachable: bool) -> dict:
     """The receipt of a send already stored under its idempotency key (`rows`: what it stored; nothing is
     written again)."""
-    if any(row["sender"] != from_ or row["subject"] != prepared["subject"] for row in rows):
-        raise errors.InvalidInput([("idempotency_key", "was given with another send (another sender or subject); "
-                                                       "make a new key for each send.")])
+    differs = _what_differs(store, rows, from_, recipients, prepared, reply_to, require_reachable)
+    if differs:
+        first = rows[0]
+        raise errors.InvalidInput([("idempotency_key", f"was given with another send: batch {first['batch_id']}, "
+                                                       f"sent by {first['sender']} at {first['created']} to "
+                                                       f"{', '.join(sorted({r['recipient'] for r in rows}))} with the "
+                                                       f"subject {first['subject']!r}, had another {differs}. A key "
+                                                       "repeats one send; make a new key for each send. Nothing was "
+                                                       "sent.")])
     seen = liveness.for_send(store, from_, [row["recipient"] for row in rows], False)
     deliveries = []
     for row in rows:
