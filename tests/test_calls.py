@@ -261,3 +261,24 @@ def test_the_library_refuses_what_the_issue_found_it_accepting():
             mailbox.ack(agent="p:a")  # neither ids nor all
         with pytest.raises(errors.InvalidInput):
             mailbox.send(from_="p:a", to=[], subject="s")
+
+
+def _text_args():
+    for command in spec.COMMANDS.values():
+        for arg in command.args:
+            if arg.kind not in (spec.INT, spec.NUMBER, spec.FLAG, spec.FIELDS, spec.PATH, spec.REMOVED):
+                yield pytest.param(command.name, checks.key(arg), id=f"{command.name}-{checks.key(arg)}")
+
+
+@pytest.mark.parametrize("name,key", list(_text_args()))
+def test_a_lone_surrogate_in_any_text_is_refused_by_name_before_anything_is_done(name, key):
+    """A JSON client can send an escaped lone surrogate ("\\udbff") where a command line cannot: every text argument
+    refuses it by name (a server once stored some of them, or failed with a 500, for reserve, release,
+    reservations and a hook's session)."""
+    command = spec.COMMANDS[name]
+    given = _baseline(command)
+    arg = checks.by_key(command)[key]
+    given[key] = ["x\udbff"] if arg.repeat else "x\udbff"
+    with pytest.raises(errors.InvalidInput) as refused:
+        calls.check(name, given)
+    assert key in {p["field"] for p in refused.value.problems()}, refused.value.problems()

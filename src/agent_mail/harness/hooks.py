@@ -65,7 +65,7 @@ def read_input(stream=None) -> dict:
     if not isinstance(document, dict):
         raise errors.InvalidInput([("stdin", "must be a JSON object (the harness's hook input).")])
     session = document.get("session_id")
-    if not isinstance(session, str) or not session.strip() or len(session) > 200:
+    if not isinstance(session, str) or not session.strip() or len(session) > 200 or model.has_surrogates(session):
         raise errors.InvalidInput([("stdin", "has no usable session_id: the harness passes one to every hook.")])
     return document
 

@@ -287,14 +287,15 @@ def _session_input(session) -> dict:
         raise fail(f"has unknown keys {sorted(set(session) - known)}")
     sid, event, pid = session.get("session_id"), session.get("hook_event_name"), session.get("pid")
     host, waiter = session.get("host"), session.get("waiter")
-    if not isinstance(sid, str) or not sid.strip() or len(sid) > 200:
-        raise fail("has no usable session_id (1-200 characters)")
-    if event is not None and (not isinstance(event, str) or len(event) > 200):
+    if not isinstance(sid, str) or not sid.strip() or len(sid) > 200 or model.has_surrogates(sid):
+        raise fail("has no usable session_id (1-200 characters of UTF-8 text)")
+    if event is not None and (not isinstance(event, str) or len(event) > 200 or model.has_surrogates(event)):
         raise fail("hook_event_name must be a short text")
     if pid is not None and (isinstance(pid, bool) or not isinstance(pid, int) or pid < 1):
         raise fail("pid must be a process id")
     for name, value, most in (("host", host, 300), ("waiter", waiter, 400)):
-        if value is not None and (not isinstance(value, str) or not value or len(value) > most):
+        if value is not None and (not isinstance(value, str) or not value or len(value) > most
+                                  or model.has_surrogates(value)):
             raise fail(f"{name} must be a text of at most {most} characters")
     if not isinstance(session.get("stop_hook_active", False), bool):
         raise fail("stop_hook_active must be true or false")

@@ -161,6 +161,9 @@ def _one(command: spec.Command, arg: spec.Arg, value: object) -> tuple[object, s
         return None, "is empty; give a path."
     if "\x00" in value:
         return None, "contains a NUL character."
+    if kind != spec.PATH and model.has_surrogates(value):  # a path may name a local file as the system spells it
+        return None, "is not valid UTF-8 text (it holds a byte, or an escaped lone surrogate, that is not UTF-8). " \
+                     "Pass UTF-8."
     return value, None
 
 

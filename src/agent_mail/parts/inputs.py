@@ -216,7 +216,8 @@ def _admit_uploaded(files: list[dict]) -> tuple[list[dict], list[tuple[str, str]
     attachments, total = [], 0
     for upload in files:
         name, content = upload["name"], upload["content"]
-        problem = model.bidi_problem(name) if name else "is empty"
+        problem = ("is not valid UTF-8 text" if model.has_surrogates(name) else model.bidi_problem(name)) if name \
+            else "is empty"
         if problem or "/" in name or "\x00" in name:
             problems.append(("attach", f"the file name {name!r} {problem or 'is not a plain file name'}"))
             continue
