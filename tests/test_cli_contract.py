@@ -260,6 +260,21 @@ def test_closed_pipe_reader_changes_nothing(send, am):
     assert am("read", "b:y", "--no-mark-read").json["count"] == 1
 
 
+@pytest.mark.local_only("describe through a server reports the server; the pipe is the same")
+def test_describe_into_a_pipe_closed_early_ends_quietly_as_a_unix_tool_does():
+    """`agent-mail describe | head` took what it wanted: describe ends with the closed pipe's status (141) and
+    says nothing on stderr; the manual says so."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "agent_mail", "describe"], env=process_env(),
+                              stdout=write_end, stderr=subprocess.PIPE)
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 141 and proc.stderr == b""
+    assert "141" in spec.EXIT_CODES and "describe" in spec.EXIT_CODES["141"]
+
+
 @pytest.mark.sqlite_only  # -S: no site-packages, so no driver; the PostgreSQL path is checked below
 @pytest.mark.local_only("what the local command path imports (the client's: tests/test_server.py)")
 @pytest.mark.parametrize("argv", [["read", "a:b"], ["status"], ["watch", "a:b", "--once"], ["ack", "a:b", "--all"],

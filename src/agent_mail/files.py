@@ -334,8 +334,8 @@ def stage_attachments(directory: str, attachments: list[dict], contents: dict[st
 
 
 def write_new(output: str, field: str, write) -> str:
-    """Create the new file `output` (never replacing one) with what `write(raw)` writes to a binary file: written
-    aside, synced, then linked into place, so nothing is ever found half written under its name. Returns its
+    """Create the new file `output` (never replacing one; readable by its owner only) with what `write(raw)` writes
+    to a binary file: written aside, synced, then linked into place, so nothing is ever found half written under its name. Returns its
     absolute path; InvalidInput naming `field` when it exists or its directory does not."""
     target = os.path.abspath(os.path.expanduser(output))
     if os.path.lexists(target):
@@ -346,7 +346,8 @@ def write_new(output: str, field: str, write) -> str:
         raise errors.InvalidInput([(field, f"{directory} is not a directory; nothing was written.")])
     aside = os.path.join(directory, f".{os.path.basename(target)}.am-{os.getpid()}.part")
     try:
-        with open(aside, "xb") as raw:
+        # 0600, as the mailbox, its attachments and its tokens are: an export holds the mail itself
+        with os.fdopen(os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as raw:
             write(raw)
             raw.flush()
             os.fsync(raw.fileno())

@@ -204,9 +204,9 @@ def emit(document: object) -> None:
         stream.flush()
     except (OSError, ValueError) as exc:
         _silence_stdout()
-        raise errors.OutputError(
-            f"could not write the result to standard output ({exc}); nothing was changed."
-        ) from None
+        failed = errors.OutputError(f"could not write the result to standard output ({exc}); nothing was changed.")
+        failed.reader_gone = isinstance(exc, BrokenPipeError)
+        raise failed from None
 
 
 def _write_all(buffer, data: bytes) -> None:
@@ -263,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         printed.append(True)
 
     previous = _stop_on_signals()
+    name = None
     try:
         name, values = parse(args)
         try:
@@ -270,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
         except errors.AgentMailError as exc:  # named as the command line names its arguments
             raise exc.renamed(namer(spec.COMMANDS[name])) if name in spec.COMMANDS else exc from None
     except errors.AgentMailError as exc:
+        if name in ("describe", "help") and getattr(exc, "reader_gone", False):
+            return CLOSED_PIPE  # `agent-mail describe | head`: the reader had what it wanted
         _emit_error(exc, printed=bool(printed))
         return exc.exit_code
     except KeyboardInterrupt:
@@ -283,6 +286,9 @@ def main(argv: list[str] | None = None) -> int:
         return errors.EXIT_FAILED
     finally:
         _restore_signals(previous)
+
+
+CLOSED_PIPE = 141  # 128 + SIGPIPE: how a Unix tool ends when its reader closed the pipe
 
 
 def _at_a_terminal() -> bool:

@@ -88,10 +88,14 @@ def check(grant: dict, name: str, values: dict) -> str | None:
         agent = values.get("agent")
         if everyone or grant["supervisor"] or (agent is not None and covers(grant, agent)):
             return agent
+        if agent is None and not values.get("check") and (values.get("path") or values.get("paths")):
+            return None  # who holds these paths, and are they live: what any identity asks before an edit (a
+            # refused reserve names the holders anyway)
         what = f"{agent!r}" if agent else "every identity's reservations"
-        raise _refuse("agent" if agent else None, f"{what}: {scope(grant)}; give --agent naming your own identity "
-                                                  "(reservations --check --agent, or your own list), or use a "
-                                                  "supervisor's token to see everyone's.")
+        raise _refuse("agent" if agent else None, f"{what}: {scope(grant)}; ask who holds a file with --path, "
+                                                  "give --agent naming your own identity (reservations --check "
+                                                  "--agent, or your own list), or use a supervisor's token to see "
+                                                  "everyone's.")
     if name == "doctor":
         if everyone or grant["supervisor"]:
             return None

@@ -72,6 +72,9 @@ EXIT_CODES = {
     "token. Nothing was read or changed.",
     "130": "Interrupted by SIGINT (any command); 143: SIGTERM, 129: SIGHUP. Nothing was changed; a stopped watch "
     "released its session.",
+    "141": "describe or help whose reader stopped reading (a pipe closed early, as `| head` does): nothing is "
+    "printed to stderr, as any Unix tool ends on a closed pipe. Every other command reports a closed pipe as an "
+    "error (exit 1) and changes nothing.",
 }
 
 DESCRIPTION = (
