@@ -496,17 +496,17 @@ def _profile(url: str, token: str, values: dict, given: dict, emit) -> int:
     if code != errors.EXIT_OK:
         raise Answered(document, code)
     old_dir = mirrors.recorded(url, agent)
-    mirrors: list[dict] = []
+    written: list[dict] = []
     if wanted_dir is not None or clearing:
         documents = _mirror_documents(url, token, agent)  # acting as the identity: refused (exit 4) before writing
         new_dir = wanted_dir if wanted_dir is not None else None
         mirrors.record(url, agent, new_dir)
         if old_dir and old_dir != new_dir:
-            mirrors += mirrors.remove(agent, old_dir)
+            written += mirrors.remove(agent, old_dir)
         if new_dir:
-            mirrors += mirrors.write(agent, new_dir, documents["email"], documents["system"])
+            written += mirrors.write(agent, new_dir, documents["email"], documents["system"])
         old_dir = new_dir
-    emit({**document, "mirror_dir": old_dir, "mirrors": mirrors, "mirror_problem": mirrors.problem(old_dir)})
+    emit({**document, "mirror_dir": old_dir, "mirrors": written, "mirror_problem": mirrors.problem(old_dir)})
     return errors.EXIT_OK
 
 
@@ -573,9 +573,9 @@ def _follow(url: str, token: str, agent: str, emit) -> int:
             if code != errors.EXIT_OK:
                 raise Answered(document, code)
             if document["fingerprint"] != after:
-                mirrors = mirrors.write(agent, directory, document["email"], document["system"])
+                written = mirrors.write(agent, directory, document["email"], document["system"])
                 updates, after = updates + 1, document["fingerprint"]  # counted as written, before it is said
-                emit(jsonout.OneLine(agent=agent, unread=document["unread"], mirrors=mirrors, at=document["at"]))
+                emit(jsonout.OneLine(agent=agent, unread=document["unread"], mirrors=written, at=document["at"]))
     except waits.Stopped as stop:
         result = jsonout.OneLine(agent=agent, updates=updates, stopped_by=signal.Signals(stop.signum).name)
         emit(result)
