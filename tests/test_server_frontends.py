@@ -202,7 +202,7 @@ def test_the_mirror_commands_import_the_standard_library_only(server, state, tmp
     _json(server.direct("send", "--from", "b:y", "--to", "a:x", "--subject", "for the mirror"))
     for argv in (["profile", "a:x", "--mirror-dir", str(here)], ["notifications", "a:x"]):
         code = ("import sys; before = set(sys.modules); from agent_mail.cli.main import main; "
-                f"code = cli.main({argv!r}); new = {{m.split('.')[0] for m in set(sys.modules) - before}}; "
+                f"code = main({argv!r}); new = {{m.split('.')[0] for m in set(sys.modules) - before}}; "
                 "print(code, sorted(m for m in new if m not in sys.stdlib_module_names and m != 'agent_mail'), "
                 "file=sys.stderr)")
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
