@@ -17,12 +17,12 @@ import os
 import time
 
 from agent_mail import calls, errors, jsonout, spec
+from agent_mail.protocols import http_api
 from agent_mail.protocols.http_client import Answered, Unreachable, _given, _refuse, read_token, request, CALL_TIMEOUT_SECONDS
 
 # How long a watch stopped by a signal waits to tell the server (to connect, then for the answer) before it exits
 # anyway: its session then reads as stale (the server sees the client hang up), unless the call reached it after all.
 STOP_SECONDS = 2.0
-STOP_PATH = "/v1/watch/stop"  # http_api.STOP_PATH (the client never loads the API's tables)
 
 # How long a watch keeps reconnecting to a server that is down (restarting, cut off, its storage down), and a
 # send keeps repeating itself (with its idempotency key), before it gives up (exit 1).
@@ -33,7 +33,7 @@ _ON_THE_MAILBOX = "works on a mailbox itself, not through a server: run it where
                   "naming its file or postgresql:// URL"
 NOT_REMOTE = {"copy": _ON_THE_MAILBOX, "token": _ON_THE_MAILBOX, "serve": _ON_THE_MAILBOX,
               "mcp": "serves MCP over stdio from a mailbox itself; through a server, harnesses speak MCP to the "
-                     "server's /mcp (agent-mail setup HARNESS --agent P:N writes that entry)"}
+                     f"server's {http_api.MCP_PATH} (agent-mail setup HARNESS --agent P:N writes that entry)"}
 NOT_REMOTE_FLAGS = {("doctor", "repair"): _ON_THE_MAILBOX}
 
 
@@ -276,7 +276,7 @@ def _stop_told(url: str, token: str, agent: str, key: str, signum: int) -> str |
     STOP_SECONDS to connect and as long for the answer; another signal meanwhile gives up at once."""
     try:
         status, _, document = request(url, token, "", {"agent": agent, "key": key, "signal": signum},
-                                      STOP_SECONDS, path=STOP_PATH, connect_timeout=STOP_SECONDS)
+                                      STOP_SECONDS, path=http_api.STOP_PATH, connect_timeout=STOP_SECONDS)
     except (errors.Interrupted, KeyboardInterrupt):
         return "stopped again while telling it"
     except errors.AgentMailError as exc:  # unreachable, or something else answered: its first sentence
@@ -319,7 +319,7 @@ def _export(url: str, token: str, values: dict, given: dict, emit) -> int:
     summary: dict = {}
 
     def copy(response, raw) -> None:
-        summary.update(jsonout.loads(response.getheader("X-Agent-Mail-Result") or "{}"))
+        summary.update(jsonout.loads(response.getheader(http_api.RESULT_HEADER) or "{}"))
         progress = _Progress(f"exported {summary.get('messages')} messages, writing", response.length)
         while chunk := response.read(1 << 20):
             raw.write(chunk)
@@ -329,7 +329,7 @@ def _export(url: str, token: str, values: dict, given: dict, emit) -> int:
             raise Unreachable(f"the export from {url} was cut off; nothing was written.")
     output = values.get("output")
     if output is None or output == "-":
-        status, code, document = request(url, token, "export", given, None, path="/v1/export",
+        status, code, document = request(url, token, "export", given, None, path=http_api.EXPORT_PATH,
                                           into=lambda response: copy(response, sys.stdout.buffer))
         if document is not None:
             raise Answered(document, code)
@@ -338,7 +338,7 @@ def _export(url: str, token: str, values: dict, given: dict, emit) -> int:
     answered: list = []
 
     def write(raw) -> None:
-        answered.extend(request(url, token, "export", given, None, path="/v1/export",
+        answered.extend(request(url, token, "export", given, None, path=http_api.EXPORT_PATH,
                                 into=lambda response: copy(response, raw)))
         if answered[2] is not None:
             raise Answered(answered[2], answered[1])
@@ -391,8 +391,8 @@ def _import(url: str, token: str, values: dict, emit) -> int:
     if path == "-":
         shown = "stdin"
         source = iter(lambda: sys.stdin.buffer.read(1 << 20), b"")
-        status, code, document = request(url, token, "import", {}, None, path=f"/v1/import{query}", body=source,
-                                          content_type="application/x-ndjson")
+        status, code, document = request(url, token, "import", {}, None, path=http_api.IMPORT_PATH + query, body=source,
+                                          content_type=http_api.JSON_LINES)
     else:
         shown = os.path.abspath(os.path.expanduser(path))
         try:
@@ -400,8 +400,8 @@ def _import(url: str, token: str, values: dict, emit) -> int:
         except OSError as exc:
             raise _refuse("file", f"cannot open {shown} ({exc.strerror}); nothing was imported") from None
         with handle:
-            status, code, document = request(url, token, "import", {}, None, path=f"/v1/import{query}",
-                                              body=handle, content_type="application/x-ndjson")
+            status, code, document = request(url, token, "import", {}, None, path=http_api.IMPORT_PATH + query,
+                                              body=handle, content_type=http_api.JSON_LINES)
     if code != errors.EXIT_OK:
         raise Answered(document, code)
     document["file"] = shown
@@ -416,8 +416,6 @@ def _import(url: str, token: str, values: dict, emit) -> int:
 def _look_at_mirror(url: str, token: str, agent: str, after: str | None = None, wait: float | None = None,
                     timeout: float | None = CALL_TIMEOUT_SECONDS):
     """POST /v1/follow: `agent`'s mirror documents (as acting as `agent`: the token must name it)."""
-    from agent_mail.protocols import http_api
-
     body = {"agent": agent} if after is None else {"agent": agent, "after": after, "wait_seconds": wait}
     return request(url, token, "follow", body, timeout, path=http_api.FOLLOW_PATH)
 
@@ -543,8 +541,6 @@ def _follow(url: str, token: str, agent: str, emit) -> int:
     with the same final line as on the mailbox's machine."""
     import signal
 
-    from agent_mail.protocols import http_api
-    from agent_mail import jsonout
     from agent_mail.client import mirrors
     from agent_mail.parts import waits
 

@@ -69,7 +69,7 @@ class ServedSupervisor:
         given = {key: value for key, value in values.items() if value is not None}
         if name == "attachments" and given.get("save_to") is not None:
             return self._save(given)
-        return transport.post(self.url, self.token, f"/v1/call/{name}", given, READ_TIMEOUT)
+        return transport.post(self.url, self.token, http_api.call_path(name), given, READ_TIMEOUT)
 
     def _save(self, given: dict) -> dict:
         """Attachments saved into a directory on this machine: fetched, then staged and published as the command
@@ -79,8 +79,8 @@ class ServedSupervisor:
         from agent_mail import files
 
         directory, overwrite = given.pop("save_to"), bool(given.pop("overwrite", False))
-        document = transport.post(self.url, self.token, "/v1/call/attachments", {**given, "with_content": True},
-                                  READ_TIMEOUT)
+        document = transport.post(self.url, self.token, http_api.call_path("attachments"),
+                                  {**given, "with_content": True}, READ_TIMEOUT)
         contents = {sha: base64.b64decode(text) for sha, text in document.pop("contents", {}).items()}
         staged = files.stage_attachments(directory, document["attachments"], contents, overwrite)
         staged.publish()

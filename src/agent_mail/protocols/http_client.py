@@ -9,10 +9,9 @@ from __future__ import annotations
 import os
 
 from agent_mail import errors, jsonout, spec
+from agent_mail.protocols import http_api, wire
 
-TOKEN_VAR, TOKEN_FILE_VAR, CA_VAR = "AGENT_MAIL_TOKEN", "AGENT_MAIL_TOKEN_FILE", "AGENT_MAIL_CA"
-EXIT_HEADER = "X-Agent-Mail-Exit"
-DELIVERY_HEADER, DELIVERED_PATH = "X-Agent-Mail-Delivery", "/v1/delivered"  # api's: a read's two steps
+TOKEN_VAR, TOKEN_FILE_VAR = "AGENT_MAIL_TOKEN", "AGENT_MAIL_TOKEN_FILE"
 CALL_TIMEOUT_SECONDS = 300.0
 # A server that does not accept the connection within this is unreachable (a partitioned network drops the
 # packets: without it a connect would wait for the system's two minutes of retries).
@@ -100,7 +99,7 @@ def _connection(url: str, timeout: float | None):
     if parts.scheme == "https":
         import ssl
 
-        context = ssl.create_default_context(cafile=os.environ.get(CA_VAR) or None)
+        context = ssl.create_default_context(cafile=os.environ.get(wire.CA_VAR) or None)
         return _probed(http.client.HTTPSConnection(parts.hostname, parts.port, context=context,
                                                    timeout=CONNECT_SECONDS), timeout), parts.path
     return _probed(http.client.HTTPConnection(parts.hostname, parts.port, timeout=CONNECT_SECONDS), timeout), \
@@ -129,19 +128,19 @@ def _probed(connection, timeout: float | None):
 
 
 def request(url: str, token: str, name: str, given: dict, timeout: float | None = CALL_TIMEOUT_SECONDS, *,
-            path: str = "", body=None, content_type: str = "application/json", into=None, header: str = "",
+            path: str = "", body=None, content_type: str = http_api.JSON, into=None, header: str = "",
             names: str = "flags", connect_timeout: float = CONNECT_SECONDS):
     """POST the call; (status, exit code, document). Unreachable when no answer came. `path`, `body`: another
-    endpoint than /v1/call/NAME, and a body other than `given` as JSON (bytes, a file, an iterable of chunks);
-    `into(response)`: takes a successful answer's body itself (then the document is None). `header`: a plain
-    call's answer header to return too, fourth (None when absent). `names`: how problems name arguments ("flags":
-    as the command line does; "": as the API does). `connect_timeout`: of a plain call."""
+    endpoint than the call's own (http_api.call_path), and a body other than `given` as JSON (bytes, a file, an
+    iterable of chunks); `into(response)`: takes a successful answer's body itself (then the document is None).
+    `header`: a plain call's answer header to return too, fourth (None when absent). `names`: how problems name
+    arguments ("flags": as the command line does; "": as the API does). `connect_timeout`: of a plain call."""
     if body is None and into is None:
         return _call(url, token, name, given, timeout, path, header, names, connect_timeout)
     import http.client
 
     connection, base = _connection(url, timeout)
-    headers = {"Content-Type": content_type, "Authorization": f"Bearer {token}", "X-Agent-Mail-Names": "flags"}
+    headers = {"Content-Type": content_type, "Authorization": f"Bearer {token}", http_api.NAMES_HEADER: "flags"}
     chunked = body is not None and not isinstance(body, bytes) and not hasattr(body, "fileno")
     if body is None:
         body = jsonout.dumps(given).encode("utf-8")
@@ -149,11 +148,11 @@ def request(url: str, token: str, name: str, given: dict, timeout: float | None 
         headers["Content-Length"] = str(os.fstat(body.fileno()).st_size)
     sent = False
     try:
-        connection.request("POST", f"{base.rstrip('/')}{path or f'/v1/call/{name}'}", body=body, headers=headers,
+        connection.request("POST", base.rstrip("/") + (path or http_api.call_path(name)), body=body, headers=headers,
                            encode_chunked=chunked)
         sent = True
         response = connection.getresponse()
-        code = response.getheader(EXIT_HEADER)
+        code = response.getheader(http_api.EXIT_HEADER)
         if into is not None and response.status == 200:
             into(response)
             return response.status, int(code), None
@@ -171,16 +170,14 @@ def request(url: str, token: str, name: str, given: dict, timeout: float | None 
 
 def _call(url: str, token: str, name: str, given: dict, timeout: float | None, path: str, header: str = "",
           names: str = "flags", connect_timeout: float = CONNECT_SECONDS):
-    """One plain call (a JSON object, its JSON answer) through agent_mail.protocols.wire: what every command but export and
-    import makes, without http.client's import."""
-    from agent_mail.protocols import wire
-
-    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
+    """One plain call (a JSON object, its JSON answer) through agent_mail.protocols.wire: what every command but
+    export and import makes, without http.client's import."""
+    headers = {"Content-Type": http_api.JSON, "Authorization": f"Bearer {token}"}
     if names:
-        headers["X-Agent-Mail-Names"] = names
+        headers[http_api.NAMES_HEADER] = names
     try:
-        reply = wire.post(url, path or f"/v1/call/{name}", jsonout.dumps(given).encode("utf-8"), headers, timeout,
-                          connect_timeout=connect_timeout, keepalive=KEEPALIVE)
+        reply = wire.post(url, path or http_api.call_path(name), jsonout.dumps(given).encode("utf-8"), headers,
+                          timeout, connect_timeout=connect_timeout, keepalive=KEEPALIVE)
     except wire.Lost as exc:
         after = (" The call was sent but its answer was lost: it may have been carried out; look (read --all, "
                  "status) before repeating it.") if exc.sent else " Nothing was sent."
@@ -189,7 +186,7 @@ def _call(url: str, token: str, name: str, given: dict, timeout: float | None, p
         raise lost from None
     except ValueError as exc:  # not an http(s) URL: location.server_url() said it was one
         raise _refuse("AGENT_MAIL_DB", f"is not a usable server URL ({exc})") from None
-    answered = _answered(url, reply.status, reply.header(EXIT_HEADER), reply.body)
+    answered = _answered(url, reply.status, reply.header(http_api.EXIT_HEADER), reply.body)
     return (*answered, reply.header(header)) if header else answered
 
 

@@ -42,7 +42,7 @@ from starlette.routing import Route
 from agent_mail import __version__, calls, errors, jsonout, model, spec
 from agent_mail.protocols import http_api
 from agent_mail.parts import checks
-from agent_mail.server import grants, stops
+from agent_mail.server import grants, openapi, stops
 from agent_mail.operations import tokens
 from agent_mail.server.edge import (Dated, MAX_HEAD_BYTES, _address, _body, _is_loopback, _keepalive, _log, _Protocol,
                                    _upload)
@@ -50,7 +50,7 @@ from agent_mail.server.waits import ServedWaits, Stopping
 from agent_mail.parts.waits import HungUp, Released
 
 EXIT_HEADER, NAMES_HEADER = http_api.EXIT_HEADER, http_api.NAMES_HEADER
-SERVED, LOCAL_TO_CLIENT, EXTRAS = http_api.SERVED, http_api.LOCAL_TO_CLIENT, http_api.EXTRAS
+SERVED, LOCAL_TO_CLIENT, EXTRAS = openapi.SERVED, openapi.LOCAL_TO_CLIENT, openapi.EXTRAS
 DEFAULT_LISTEN = "127.0.0.1:8025"
 MAX_THREADS = 1000  # calls carried out at once on SQLite (a blocked watch holds one there)
 # PostgreSQL connections for calls (and the looks of waits): the server's calls are short and mostly the database's
@@ -120,7 +120,7 @@ class _Carrier:
 
 # The calls whose waits the server's LISTEN connection carries (PostgreSQL). A hook's waiter blocks in a thread on
 # a connection of its own, outside the pool (so idle harness sessions never starve the calls): see docs/design.md.
-_ON_THE_HUB = tuple(name for name in SERVED if name not in http_api.WAITS or name == "watch")
+_ON_THE_HUB = tuple(name for name in SERVED if name not in openapi.WAITS or name == "watch")
 
 
 class _Wait:
@@ -145,8 +145,10 @@ def _status(error: errors.AgentMailError) -> int:
 
 
 def _document(payload: object, status: int, code: int, delivery: str | None = None) -> Response:
-    headers = {EXIT_HEADER: str(code)} if delivery is None else {EXIT_HEADER: str(code), http_api.DELIVERY_HEADER: delivery}
-    return Response(jsonout.dumps(payload, end="\n"), status, media_type="application/json", headers=headers)
+    headers = {EXIT_HEADER: str(code)}
+    if delivery is not None:
+        headers[http_api.DELIVERY_HEADER] = delivery
+    return Response(jsonout.dumps(payload, end="\n"), status, media_type=http_api.JSON, headers=headers)
 
 
 def _bearer(request: Request) -> str | None:
@@ -210,9 +212,9 @@ def _carry_out(carrier: _Carrier, name: str, presented: str | None, body: bytes,
         mailbox.publish_due()
         if uploaded is not None:
             values["uploaded"] = {**uploaded, "key": extras.get("idempotency_key")}
-        values.update(http_api.carried(name, extras))
+        values.update(openapi.carried(name, extras))
         delivery = _delivery(values, extras.get("deliver")) if name == "read" else None
-        if name in http_api.WAITS:
+        if name in openapi.WAITS:
             key = _bound_wait(carrier, name, values, extras, store, grant, gone)
             if carrier.waits is not None and name == "watch" and not values["once"]:
                 values.pop("wanted")
@@ -226,12 +228,13 @@ def _carry_out(carrier: _Carrier, name: str, presented: str | None, body: bytes,
 
 
 def _delivery(values: dict, deliver: object):
-    """read with deliver=confirm: the Delivery its marks are held for (agent_mail.operations.deliveries), when it marks."""
+    """read with deliver=confirm: the Delivery its marks are held for (agent_mail.operations.deliveries), when it
+    marks."""
     if deliver is None:
         return None
     if deliver != "confirm":
-        raise errors.InvalidInput([("deliver", "is 'confirm' (hold the marks until POST /v1/delivered), or "
-                                               "left out.")])
+        raise errors.InvalidInput([("deliver", f"is 'confirm' (hold the marks until POST {http_api.DELIVERED_PATH}), "
+                                               "or left out.")])
     if values["no_mark_read"] and not values["ack"] or values["thread"] is not None or values["archived"]:
         return None  # it marks nothing
     from agent_mail.operations.deliveries import Delivery
@@ -397,7 +400,7 @@ async def _call(carrier: _Carrier, name: str, request: Request, body: bytes, inf
     # A client that hangs up ends its wait: watched by a plain task, cancelled at the end (a task group's cancel
     # scope costs ~20 times as much, a thousand times over when a broadcast answers every wait at once).
     watching = asyncio.get_running_loop().create_task(_hung_up(request, carrier, gone, hung_up, name)) \
-        if name in http_api.WAITS else None
+        if name in openapi.WAITS else None
     try:
         result = await carrier.run(_carry_out, carrier, name, _bearer(request), body, info, gone,
                                    own=name not in _ON_THE_HUB)
@@ -446,7 +449,7 @@ def app_for(location: str) -> Starlette:
                                                   f"{', '.join(SERVED)}.")])
             body = await _body(request)
             result = await _call(carrier, name, request, body, info)
-            return _document(result, 200, http_api.exit_code(name, result), info.get("delivery"))
+            return _document(result, 200, openapi.exit_code(name, result), info.get("delivery"))
         return await _answered(request, name, carry_out, _namer(name, request), None if name in SERVED else 404)
 
     async def transfer(request: Request) -> Response:
@@ -477,8 +480,8 @@ def app_for(location: str) -> Starlette:
                 from starlette.responses import StreamingResponse
 
                 kept.append(True)
-                return StreamingResponse(content(), 200, media_type="application/x-ndjson" if summary["format"]
-                                         == "jsonl" else "application/mbox",
+                return StreamingResponse(content(), 200, media_type=http_api.JSON_LINES if summary["format"]
+                                         == "jsonl" else http_api.MBOX,
                                          headers={EXIT_HEADER: "0", http_api.RESULT_HEADER: json.dumps(summary),
                                                   "Content-Length": str(summary["bytes"])})
             carrier.ready()
@@ -533,20 +536,20 @@ def app_for(location: str) -> Starlette:
     async def health(request: Request) -> Response:
         return _document({"ok": True, "stopping": _STOPPING.is_set()}, 200, errors.EXIT_OK)
 
-    async def openapi(request: Request) -> Response:
-        return _document(http_api.openapi(__version__), 200, errors.EXIT_OK)
+    async def described(request: Request) -> Response:
+        return _document(openapi.document(__version__), 200, errors.EXIT_OK)
 
     mcp = _mcp_endpoint(location)  # MCP over streamable HTTP (agent_mail.server.mcp_http), its session manager run by
-    return Starlette(routes=[Route("/v1/call/{command}", call, methods=["POST"]),  # the app's lifespan
-                             Route("/v1/export", transfer, methods=["POST"]),
-                             Route("/v1/import", transfer, methods=["POST"]),
+    return Starlette(routes=[Route(http_api.call_path("{command}"), call, methods=["POST"]),  # the app's lifespan
+                             Route(http_api.EXPORT_PATH, transfer, methods=["POST"]),
+                             Route(http_api.IMPORT_PATH, transfer, methods=["POST"]),
                              Route(http_api.DELIVERED_PATH, carried_by("delivered", _settle), methods=["POST"]),
                              Route(http_api.FOLLOW_PATH, looks, methods=["POST"]),
                              Route(http_api.DASHBOARD_PATH, looks, methods=["POST"]),
                              Route(http_api.STOP_PATH, carried_by("stop_watch", _stop_wait), methods=["POST"]),
-                             Route("/v1/health", health, methods=["GET"]),
-                             Route("/openapi.json", openapi, methods=["GET"]),
-                             Route("/mcp", mcp, methods=["GET", "POST", "DELETE"])],
+                             Route(http_api.HEALTH_PATH, health, methods=["GET"]),
+                             Route(http_api.OPENAPI_PATH, described, methods=["GET"]),
+                             Route(http_api.MCP_PATH, mcp, methods=["GET", "POST", "DELETE"])],
                      lifespan=getattr(mcp, "lifespan", None), exception_handlers={HTTPException: _not_routed},
                      middleware=[Middleware(Dated)])
 
@@ -567,9 +570,9 @@ def _mcp_endpoint(location: str):
 async def _not_routed(request: Request, exc: HTTPException) -> Response:
     """Starlette's own refusals (a path the API has not: 404; a method it is not called with: 405) in JSON with the
     exit code, like every other answer, and logged."""
-    text = {404: f"{request.url.path} is not a path of the agent-mail API; calls are POST /v1/call/COMMAND (GET "
-                 "/openapi.json describes them all).",
-            405: f"{request.url.path} is not called with {request.method}; see GET /openapi.json."}.get(
+    text = {404: f"{request.url.path} is not a path of the agent-mail API; calls are POST "
+                 f"{http_api.CALL_PATH}COMMAND (GET {http_api.OPENAPI_PATH} describes them all).",
+            405: f"{request.url.path} is not called with {request.method}; see GET {http_api.OPENAPI_PATH}."}.get(
         exc.status_code, str(exc.detail))
     response = _document(errors.InvalidInput([(None, text)]).payload(), exc.status_code, errors.EXIT_INVALID)
     response.headers.update(exc.headers or {})

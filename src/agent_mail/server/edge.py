@@ -117,7 +117,7 @@ def _refusal(status: int, reason: str, text: str) -> bytes:
     sees it; the connection closes after it."""
     _log(status=status, exit=errors.EXIT_INVALID, refused=text)
     body = jsonout.dumps(errors.InvalidInput([(None, text)]).payload(), end="\n").encode("utf-8")
-    return (f"HTTP/1.1 {status} {reason}\r\ndate: {http_date().decode()}\r\ncontent-type: application/json\r\n"
+    return (f"HTTP/1.1 {status} {reason}\r\ndate: {http_date().decode()}\r\ncontent-type: {http_api.JSON}\r\n"
             f"content-length: {len(body)}\r\n"
             f"{EXIT_HEADER}: {errors.EXIT_INVALID}\r\nconnection: close\r\n\r\n").encode("ascii") + body
 
@@ -177,7 +177,7 @@ class _Protocol(H11Protocol):
                                                                       f"than {MAX_HEAD_BYTES} bytes; nothing was done.")
         else:
             answer = _refusal(400, "Bad Request", "this is not a well-formed HTTP/1.1 request; nothing was done. "
-                                                  "Send POST /v1/call/COMMAND with a JSON body.")
+                                                  f"Send POST {http_api.CALL_PATH}COMMAND with a JSON body.")
         if not self.transport.is_closing():
             self.transport.write(answer)
             self.transport.close()
