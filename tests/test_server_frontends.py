@@ -311,7 +311,7 @@ def test_the_dashboard_reads_and_acts_through_the_server(server, monkeypatch):
 
 def test_the_dashboard_refuses_what_the_token_does_not_allow_before_drawing(server):
     from agent_mail import dashboard
-    from agent_mail.protocols.transport import Refused
+    from agent_mail.protocols.http_client import Refused
 
     agent, watcher = server.token("--agent", "ops:human"), server.token("--agent", "ops:human", "--supervisor")
     with pytest.raises(Refused) as looked:  # an agent's token: the fleet is everyone's

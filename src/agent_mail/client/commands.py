@@ -18,7 +18,8 @@ import time
 
 from agent_mail import calls, errors, jsonout, spec
 from agent_mail.protocols import http_api
-from agent_mail.protocols.http_client import Answered, Unreachable, _given, _refuse, read_token, request, CALL_TIMEOUT_SECONDS
+from agent_mail.protocols.http_client import (CALL_TIMEOUT_SECONDS, Refused, Unreachable, _given, _refuse, accepted,
+                                              read_token, request)
 
 # How long a watch stopped by a signal waits to tell the server (to connect, then for the answer) before it exits
 # anyway: its session then reads as stale (the server sees the client hang up), unless the call reached it after all.
@@ -139,9 +140,7 @@ def _said_after(name: str, values: dict, emit):
 
 
 def _answer(status: int, code: int, document: dict, emit) -> int:
-    if code not in (errors.EXIT_OK, errors.EXIT_PARTIAL):
-        raise Answered(document, code)
-    emit(document)
+    emit(accepted(code, document))
     return code
 
 
@@ -186,7 +185,7 @@ def _sent(url: str, token: str, given: dict) -> tuple:
         lost_at = lost_at or time.monotonic()
         if time.monotonic() - lost_at > RECONNECT_SECONDS:
             if not sent:  # the last answer, or why none came, is the whole story
-                raise Answered(document, code) if status else lost
+                raise Refused(document, code) if status else lost
             raise Unreachable(f"cannot reach the agent-mail server at {url}: the send went out but no answer came "
                               f"back for {RECONNECT_SECONDS:.0f} s; it may have been stored (once: its idempotency "
                               f"key was {given['idempotency_key']}). Look (read, status) before sending it again.")
@@ -295,7 +294,7 @@ def _save(url: str, token: str, values: dict, given: dict, emit) -> int:
     given.pop("overwrite", None)
     status, code, document = request(url, token, "attachments", {**given, "with_content": True})
     if code != errors.EXIT_OK:
-        raise Answered(document, code)
+        raise Refused(document, code)
     contents = {sha: base64.b64decode(text) for sha, text in document.pop("contents", {}).items()}
     staged = files.stage_attachments(values["save_to"], document["attachments"], contents, values["overwrite"])
     result = {**document, "directory": staged.target, "saved": staged.saved}
@@ -332,7 +331,7 @@ def _export(url: str, token: str, values: dict, given: dict, emit) -> int:
         status, code, document = request(url, token, "export", given, None, path=http_api.EXPORT_PATH,
                                           into=lambda response: copy(response, sys.stdout.buffer))
         if document is not None:
-            raise Answered(document, code)
+            raise Refused(document, code)
         sys.stdout.buffer.flush()
         return errors.EXIT_OK
     answered: list = []
@@ -341,7 +340,7 @@ def _export(url: str, token: str, values: dict, given: dict, emit) -> int:
         answered.extend(request(url, token, "export", given, None, path=http_api.EXPORT_PATH,
                                 into=lambda response: copy(response, raw)))
         if answered[2] is not None:
-            raise Answered(answered[2], answered[1])
+            raise Refused(answered[2], answered[1])
     target = files.write_new(output, "output", write)
     emit({"file": target, **summary, "bytes": os.path.getsize(target),
           "next": [f"agent-mail import {target} --dry-run"] if summary.get("format") == "jsonl" else []})
@@ -403,7 +402,7 @@ def _import(url: str, token: str, values: dict, emit) -> int:
             status, code, document = request(url, token, "import", {}, None, path=http_api.IMPORT_PATH + query,
                                               body=handle, content_type=http_api.JSON_LINES)
     if code != errors.EXIT_OK:
-        raise Answered(document, code)
+        raise Refused(document, code)
     document["file"] = shown
     document["next"] = [f"agent-mail import {shown}"] if values["dry_run"] and any(document["added"].values()) \
         else []
@@ -423,7 +422,7 @@ def _look_at_mirror(url: str, token: str, agent: str, after: str | None = None, 
 def _mirror_documents(url: str, token: str, agent: str) -> dict:
     status, code, document = _look_at_mirror(url, token, agent)
     if code != errors.EXIT_OK:
-        raise Answered(document, code)
+        raise Refused(document, code)
     return document
 
 
@@ -492,7 +491,7 @@ def _profile(url: str, token: str, values: dict, given: dict, emit) -> int:
         wanted_dir = os.path.realpath(os.path.expanduser(wanted_dir))
     status, code, document = request(url, token, "profile", given)  # the settings the mailbox keeps
     if code != errors.EXIT_OK:
-        raise Answered(document, code)
+        raise Refused(document, code)
     old_dir = mirrors.recorded(url, agent)
     written: list[dict] = []
     if wanted_dir is not None or clearing:
@@ -523,7 +522,7 @@ def _notifications(url: str, token: str, values: dict, given: dict, emit) -> int
         _mirror_documents(url, token, agent)  # clearing is acting as the identity, as it is on the mailbox
     status, code, document = request(url, token, "notifications", given)
     if code != errors.EXIT_OK:
-        raise Answered(document, code)
+        raise Refused(document, code)
     directory = mirrors.recorded(url, agent)
     cleared = False
     if directory:
@@ -567,7 +566,7 @@ def _follow(url: str, token: str, agent: str, emit) -> int:
                 continue
             lost_at = None
             if code != errors.EXIT_OK:
-                raise Answered(document, code)
+                raise Refused(document, code)
             if document["fingerprint"] != after:
                 written = mirrors.write(agent, directory, document["email"], document["system"])
                 updates, after = updates + 1, document["fingerprint"]  # counted as written, before it is said
@@ -614,7 +613,7 @@ def _located(values: dict, given: dict) -> dict:
 
 class Served:
     """What a front end started by the client (hook, guard) calls the server with: checked values by argument name
-    in, the result document out (Answered for a refusal; Unreachable when no server answered). The token is read
+    in, the result document out (Refused for a refusal; Unreachable when no server answered). The token is read
     at the first call, so what needs no mailbox (guard install) needs no token."""
 
     Unreachable = Unreachable
@@ -628,9 +627,7 @@ class Served:
         if self._token is None:
             self._token = read_token()
         status, code, document = request(self.url, self._token, name, given, timeout)
-        if code not in (errors.EXIT_OK, errors.EXIT_PARTIAL):
-            raise Answered(document, code)
-        return code, document
+        return code, accepted(code, document)
 
     def reservations_check(self, agent: str, located: dict, paths: list[str]) -> dict:
         """reservations --check of paths already said from the root of the repository located here."""
@@ -660,7 +657,7 @@ class Served:
                 time.sleep(0.5)
                 continue
             if code not in (errors.EXIT_OK, errors.EXIT_PARTIAL):
-                raise Answered(document, code)
+                raise Refused(document, code)
             return document
 
     def _read(self) -> str:

@@ -8,7 +8,7 @@ import time
 
 from agent_mail import errors
 from agent_mail.protocols import http_api
-from agent_mail.protocols.http_client import Answered, Unreachable, request
+from agent_mail.protocols.http_client import Unreachable, accepted, request
 
 
 def read(url: str, token: str, given: dict, emit) -> int:
@@ -18,8 +18,7 @@ def read(url: str, token: str, given: dict, emit) -> int:
     could say so, after the hold otherwise)."""
     status, code, document, delivery = request(url, token, "read", {**given, "deliver": "confirm"},
                                                header=http_api.DELIVERY_HEADER)
-    if code not in (errors.EXIT_OK, errors.EXIT_PARTIAL):
-        raise Answered(document, code)
+    accepted(code, document)
     try:
         emit(document)
     except errors.OutputError:

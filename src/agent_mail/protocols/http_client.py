@@ -1,7 +1,8 @@
 """A client's calls to an agent-mail server (standard library only): the token it presents, one call and its
 answer (plain calls through agent_mail.protocols.wire; a streamed body or answer through http.client), and the errors a
-front end shows (Answered: the server's refusal; Unreachable: no answer). Used by the command line's client
-(agent_mail.client.commands) for every command it carries to a server.
+front end shows (Refused: the server's refusal; Unreachable: no answer). Used by the front ends that reach a served
+mailbox: the command line's client (agent_mail.client) for every command it carries to a server, and the
+dashboard (agent_mail.dashboard.served), by the API's names (agent_mail.protocols.http_api).
 """
 
 from __future__ import annotations
@@ -20,25 +21,32 @@ CONNECT_SECONDS = 10.0
 # not acknowledged): a server cut off by the network is noticed within about 11 s, however long the call waits.
 KEEPALIVE = (5, 2, 3, 11_000)
 
-class Answered(errors.AgentMailError):
-    """The server's refusal, as the command would have refused: its payload and exit code, already named as the
-    command line names arguments."""
+
+class Refused(errors.AgentMailError):
+    """The server's refusal, as the command would have refused: its payload ({error, problems}, named as the call
+    asked: the command line's flags, or the API's names) and the exit code the command would have."""
 
     def __init__(self, payload: dict, exit_code: int):
         super().__init__(str(payload.get("error", "the server refused the call.")))
         self._payload = payload
         self.exit_code = exit_code
 
-    def renamed(self, namer) -> Answered:
+    def renamed(self, namer) -> Refused:
         return self
+
+    def problems(self) -> list[dict]:
+        problems = self._payload.get("problems")
+        return list(problems) if isinstance(problems, list) and problems else [{"field": None,
+                                                                                "message": self.message}]
 
     def payload(self) -> dict:
         return dict(self._payload)
 
 
-class Unreachable(errors.AgentMailError):
+class Unreachable(errors.StorageError):
     """The server could not be reached, or stopped answering (`sent`: after the whole call had been sent), or
-    something else answered (`answered`: its HTTP status)."""
+    something else answered (`answered`: its HTTP status). A StorageError: the mailbox is out of reach (the
+    dashboard shows it and tries again)."""
 
     sent = False
     answered: int | None = None
@@ -205,3 +213,19 @@ def _answered(url: str, status: int, code, data: bytes):
         other.sent, other.answered = True, status
         raise other from None
     return status, code, document
+
+
+def accepted(code: int, document) -> dict:
+    """A call's answer `document` when its exit code is 0, or 3 (a send with refused recipients, a reserve with
+    conflicts: the result says so); else the server's refusal, raised as Refused."""
+    if code not in (errors.EXIT_OK, errors.EXIT_PARTIAL) or not isinstance(document, dict):
+        raise Refused(document if isinstance(document, dict) else {"error": str(document)}, code)
+    return document
+
+
+def post(url: str, token: str, path: str, document: dict, timeout: float) -> dict:
+    """POST `document` as JSON to `path` on the server at `url`, its problems named as the API names arguments (for
+    a front end other than the command line's, such as the dashboard); its answer (accepted), else Refused;
+    Unreachable when no answer came."""
+    _, code, answer = request(url, token, "", document, timeout, path=path, names="")
+    return accepted(code, answer)
