@@ -17,9 +17,6 @@ CALL_TIMEOUT_SECONDS = 300.0
 # A server that does not accept the connection within this is unreachable (a partitioned network drops the
 # packets: without it a connect would wait for the system's two minutes of retries).
 CONNECT_SECONDS = 10.0
-# A connection gone quiet is probed (TCP keepalive: after 5 s idle, every 2 s, 3 probes; at most 11 s for data
-# not acknowledged): a server cut off by the network is noticed within about 11 s, however long the call waits.
-KEEPALIVE = (5, 2, 3, 11_000)
 
 
 class Refused(errors.AgentMailError):
@@ -116,20 +113,13 @@ def _connection(url: str, timeout: float | None):
 
 def _probed(connection, timeout: float | None):
     """`connection`, connecting within CONNECT_SECONDS, then waiting up to `timeout` (None: as long as it takes)
-    for each answer, its socket probed by TCP keepalive (KEEPALIVE) so a dead link is an error, not a hang."""
-    import socket
-
+    for each answer, its socket probed when quiet (wire.keep_probing) so a dead link is an error, not a hang."""
     connect = connection.connect
 
     def connected() -> None:
         connect()
         raw = connection.sock
-        idle, interval, count, user_timeout_ms = KEEPALIVE
-        raw.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        for option, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", interval), ("TCP_KEEPCNT", count),
-                              ("TCP_USER_TIMEOUT", user_timeout_ms)):
-            if hasattr(socket, option):  # Linux; others keep the system's
-                raw.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+        wire.keep_probing(raw)
         raw.settimeout(timeout)
     connection.connect = connected
     return connection
@@ -185,7 +175,7 @@ def _call(url: str, token: str, name: str, given: dict, timeout: float | None, p
         headers[http_api.NAMES_HEADER] = names
     try:
         reply = wire.post(url, path or http_api.call_path(name), jsonout.dumps(given).encode("utf-8"), headers,
-                          timeout, connect_timeout=connect_timeout, keepalive=KEEPALIVE)
+                          timeout, connect_timeout=connect_timeout, keepalive=True)
     except wire.Lost as exc:
         after = (" The call was sent but its answer was lost: it may have been carried out; look (read --all, "
                  "status) before repeating it.") if exc.sent else " Nothing was sent."

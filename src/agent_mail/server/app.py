@@ -40,12 +40,11 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from agent_mail import __version__, calls, errors, jsonout, model, spec
-from agent_mail.protocols import http_api
+from agent_mail.protocols import http_api, wire
 from agent_mail.parts import checks
 from agent_mail.server import grants, openapi, stops
 from agent_mail.operations import tokens
-from agent_mail.server.edge import (Dated, MAX_HEAD_BYTES, _address, _body, _is_loopback, _keepalive, _log, _Protocol,
-                                   _upload)
+from agent_mail.server.edge import Dated, MAX_HEAD_BYTES, _address, _body, _is_loopback, _log, _Protocol, _upload
 from agent_mail.server.waits import ServedWaits, Stopping
 from agent_mail.parts.waits import HungUp, Released
 
@@ -649,7 +648,7 @@ def serve(listen: str | None = None, tls_cert: str | None = None, tls_key: str |
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    _keepalive(sock)
+    wire.keep_probing(sock)  # the connections it accepts inherit it
     try:
         sock.bind((host, port))
         sock.listen(2048)  # connections are queued from the moment "listening" is logged (uvicorn accepts them)

@@ -5,7 +5,8 @@ limit: `_Protocol`), a head over MAX_HEAD_BYTES is 431, a body may pause no long
 whole within that plus its size at MIN_BODY_RATE (408), a Content-Length over the cap is 413 before any of the
 body is read, a body cut short is 400, a request that is not HTTP is 400: every refusal JSON `{error, problems}`
 with the exit code header, logged as one JSON line (`_log`: never a token). Connections are probed when quiet
-(KEEPALIVE), so a client cut off by the network ends its wait. Also the listen address's checks.
+(TCP keepalive, agent_mail.protocols.wire.keep_probing: set on the listening socket by agent_mail.server.app), so a
+client cut off by the network ends its wait. Also the listen address's checks.
 """
 
 from __future__ import annotations
@@ -35,10 +36,6 @@ MAX_HEAD_BYTES = 16 * 1024  # a request's line and headers (a token is under 100
 READ_SECONDS = float(os.environ.get("AGENT_MAIL_SERVE_READ_SECONDS", "30"))
 LINGER_SECONDS = 2.0  # after a refusal answered before the body was all read: the rest read and dropped, then closed
 MIN_BODY_RATE = 64 * 1024  # bytes a second, on average: a large send's upload on a slow link still comes in time
-# A connection gone quiet is probed (TCP keepalive: after 5 s idle, every 2 s, 3 probes, and at most 11 s for
-# unacknowledged data): a client cut off by the network ends its wait within about 11 s, as a dead client is
-# noticed on the PostgreSQL side.
-KEEPALIVE = (5, 2, 3, 11_000)
 
 class TooLarge(errors.InvalidInput):
     """A request larger than the most a call carries: refused from its Content-Length, before its body is read."""
@@ -191,18 +188,6 @@ class _Protocol(H11Protocol):
         self._linger = None
         if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():
             self.transport.close()
-
-
-def _keepalive(sock) -> None:
-    """Probe a quiet connection (KEEPALIVE); accepted connections inherit it from the listening socket."""
-    import socket
-
-    idle, interval, count, user_timeout_ms = KEEPALIVE
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for option, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", interval), ("TCP_KEEPCNT", count),
-                          ("TCP_USER_TIMEOUT", user_timeout_ms)):
-        if hasattr(socket, option):  # Linux; others keep what they have
-            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
 
 
 def _address(listen: str) -> tuple[str, int]:
