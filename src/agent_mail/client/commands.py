@@ -25,8 +25,8 @@ from agent_mail.protocols.http_client import (CALL_TIMEOUT_SECONDS, Refused, Unr
 # anyway: its session then reads as stale (the server sees the client hang up), unless the call reached it after all.
 STOP_SECONDS = 2.0
 
-# How long a watch keeps reconnecting to a server that is down (restarting, cut off, its storage down), and a
-# send keeps repeating itself (with its idempotency key), before it gives up (exit 1).
+# How long a watch (and --follow, a hook's waiter) keeps reconnecting to a server that is down (restarting, cut off,
+# its storage down), and a send keeps repeating itself (with its idempotency key), before it gives up (exit 1).
 RECONNECT_SECONDS = float(os.environ.get("AGENT_MAIL_RECONNECT_SECONDS", "60"))
 
 # What cannot go through a server, and why (exit 2, naming AGENT_MAIL_DB).
@@ -192,10 +192,39 @@ def _sent(url: str, token: str, given: dict) -> tuple:
         time.sleep(0.5)
 
 
+def _reconnecting(url: str, ask, gave_up: str):
+    """The first answer of a server to a long request, made by `ask()` -> (status, exit code, document), or None
+    when `ask()` says there is nothing left to ask for (it returns None). While no server answers (it restarts, is
+    cut off, or is stopping: unreachable, or 502, 503, 504) it is asked again every half second, for up to
+    RECONNECT_SECONDS without a server (a request that was sent and waited over a second had one: the time without
+    starts again), then Unreachable, ending with `gave_up`. What answers otherwise is not a server: raised at once."""
+    lost_at = None
+    while True:
+        began = time.monotonic()
+        try:
+            answer = ask()
+            if answer is None:
+                return None
+            status = answer[0]
+        except Unreachable as exc:
+            if not exc.passing():
+                raise
+            answer, status = None, 0
+            if exc.sent and time.monotonic() - began > 1:  # it had a server, waiting: a new loss starts now
+                lost_at = None
+        if status not in (0, 502, 503, 504):
+            return answer
+        lost_at = lost_at or time.monotonic()  # no server now, or one stopping: ask again once it is back
+        if time.monotonic() - lost_at > RECONNECT_SECONDS:
+            raise Unreachable(f"the agent-mail server at {url} has not answered for {RECONNECT_SECONDS:.0f} s; "
+                              f"{gave_up}")
+        time.sleep(0.5)
+
+
 def _watch(url: str, token: str, values: dict, given: dict, emit, keys: list) -> int:
     """A blocked watch as one long request; when the server goes away (a restart) it reconnects and looks again
-    for the rest of its wait, up to RECONNECT_SECONDS without a server. Each request carries a stop_key made here
-    (the latest appended to `keys`), with which a signal's stop releases that wait's session."""
+    for the rest of its wait (_reconnecting). Each request carries a stop_key made here (the latest appended to
+    `keys`), with which a signal's stop releases that wait's session."""
     from agent_mail import model
 
     if values["once"]:
@@ -203,28 +232,13 @@ def _watch(url: str, token: str, values: dict, given: dict, emit, keys: list) ->
     minutes = values.get("timeout_minutes") or model.WATCH_MINUTES_DEFAULT
     deadline = time.monotonic() + minutes * 60.0
     given.pop("timeout_minutes", None)
-    lost_at = None
-    while True:
+
+    def ask():
         wait = max(1.0, deadline - time.monotonic())
-        began = time.monotonic()
         keys.append(model.new_message_id())
-        try:
-            status, code, document = request(url, token, "watch", {**given, "wait_seconds": round(wait, 3),
-                                                                   "stop_key": keys[-1]}, timeout=wait + 60.0)
-        except Unreachable as exc:
-            if not exc.passing():
-                raise
-            status, code, document = 0, errors.EXIT_FAILED, None
-            if exc.sent and time.monotonic() - began > 1:  # it had a server, waiting: a new loss starts now
-                lost_at = None
-        if status in (0, 502, 503, 504):  # no server now, or one stopping: look again once it is back
-            lost_at = lost_at or time.monotonic()
-            if time.monotonic() - lost_at > RECONNECT_SECONDS:
-                raise Unreachable(f"the agent-mail server at {url} has not answered for {RECONNECT_SECONDS:.0f} s; "
-                                  "the watch gave up. Nothing was marked read.")
-            time.sleep(0.5)
-            continue
-        return _answer(status, code, document, emit)
+        return request(url, token, "watch", {**given, "wait_seconds": round(wait, 3), "stop_key": keys[-1]},
+                       timeout=wait + 60.0)
+    return _answer(*_reconnecting(url, ask, "the watch gave up. Nothing was marked read."), emit)
 
 
 def _watch_told_when_stopped(url: str, token: str, values: dict, given: dict, emit) -> int:
@@ -550,21 +564,12 @@ def _follow(url: str, token: str, agent: str, emit) -> int:
                                 f"agent-mail profile {agent} --mirror-dir DIR")
     wait = http_api.LOOK_WAIT_MAX / 5  # a minute a request: a half-open connection is noticed soon
     previous = waits.install_stop_handlers()
-    updates, after, lost_at = 0, None, None
+    updates, after = 0, None
     try:
-        while True:
-            try:
-                status, code, document = _look_at_mirror(url, token, agent, after, wait, timeout=wait + 60.0)
-            except Unreachable:
-                status, code, document = 0, errors.EXIT_FAILED, None
-            if status in (0, 502, 503, 504):  # no server now, or one stopping: look again once it is back
-                lost_at = lost_at or time.monotonic()
-                if time.monotonic() - lost_at > RECONNECT_SECONDS:
-                    raise Unreachable(f"the agent-mail server at {url} has not answered for {RECONNECT_SECONDS:.0f} "
-                                      "s; --follow gave up. The mirror holds what was last written.")
-                time.sleep(0.5)
-                continue
-            lost_at = None
+        while True:  # each look answered by a server (_reconnecting): across its restarts
+            status, code, document = _reconnecting(
+                url, lambda seen=after: _look_at_mirror(url, token, agent, seen, wait, timeout=wait + 60.0),
+                "--follow gave up. The mirror holds what was last written.")
             if code != errors.EXIT_OK:
                 raise Refused(document, code)
             if document["fingerprint"] != after:
@@ -634,31 +639,19 @@ class Served:
         return self.call("reservations", {"agent": agent, "paths": paths, "check": True, "located": located})[1]
 
     def wait(self, name: str, given: dict, seconds: float) -> dict | None:
-        """A blocking call as one long request that outlives a server restart (as a watch does): reconnects and
-        asks again for the rest of its wait, up to RECONNECT_SECONDS without a server; its document, or None when
-        the wait ran out while the server was away."""
+        """A blocking call as one long request that outlives a server restart (as a watch does, _reconnecting): it
+        asks again for the rest of its wait; its document, or None when the wait ran out while the server was
+        away."""
         deadline = time.monotonic() + seconds
-        lost_at = None
-        while True:
+
+        def ask():
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
-            try:
-                status, code, document = request(self.url, self._token or self._read(), name,
-                                                  {**given, "wait_seconds": round(max(1.0, left), 3)},
-                                                  timeout=left + 60.0)
-            except Unreachable:
-                status, code, document = 0, errors.EXIT_FAILED, None
-            if status in (0, 502, 503, 504):
-                lost_at = lost_at or time.monotonic()
-                if time.monotonic() - lost_at > RECONNECT_SECONDS:
-                    raise Unreachable(f"the agent-mail server at {self.url} has not answered for "
-                                      f"{RECONNECT_SECONDS:.0f} s; the wait gave up.")
-                time.sleep(0.5)
-                continue
-            if code not in (errors.EXIT_OK, errors.EXIT_PARTIAL):
-                raise Refused(document, code)
-            return document
+            return request(self.url, self._token or self._read(), name,
+                           {**given, "wait_seconds": round(max(1.0, left), 3)}, timeout=left + 60.0)
+        answer = _reconnecting(self.url, ask, "the wait gave up.")
+        return None if answer is None else accepted(answer[1], answer[2])
 
     def _read(self) -> str:
         self._token = read_token()
