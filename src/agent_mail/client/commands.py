@@ -18,8 +18,8 @@ import time
 
 from agent_mail import calls, errors, jsonout, spec
 from agent_mail.protocols import http_api
-from agent_mail.protocols.http_client import (CALL_TIMEOUT_SECONDS, Refused, Unreachable, _given, _refuse, accepted,
-                                              read_token, request)
+from agent_mail.protocols.http_client import (CALL_TIMEOUT_SECONDS, Refused, Unreachable, accepted, read_token,
+                                              request)
 
 # How long a watch stopped by a signal waits to tell the server (to connect, then for the answer) before it exits
 # anyway: its session then reads as stale (the server sees the client hang up), unless the call reached it after all.
@@ -44,11 +44,12 @@ def main(name: str, values: dict, emit) -> int:
 
     url = location.server_url()
     if name in NOT_REMOTE:
-        raise _refuse("AGENT_MAIL_DB", f"names an agent-mail server ({url}); {name} {NOT_REMOTE[name]}")
+        raise errors.InvalidInput([("AGENT_MAIL_DB", f"names an agent-mail server ({url}); {name} "
+                                                     f"{NOT_REMOTE[name]}.")])
     for (command, key), why in NOT_REMOTE_FLAGS.items():
         if command == name and values.get(key) not in (None, False, []):
-            raise _refuse("AGENT_MAIL_DB", f"names an agent-mail server ({url}); {name} --{key.replace('_', '-')} "
-                                           f"{why}")
+            raise errors.InvalidInput([("AGENT_MAIL_DB", f"names an agent-mail server ({url}); {name} "
+                                                         f"--{key.replace('_', '-')} {why}.")])
     token = read_token()
     given = _given(name, values)
     calls.check(name, given, with_inputs=False)  # what is sent is what the call layer accepts
@@ -84,6 +85,19 @@ def main(name: str, values: dict, emit) -> int:
         if name == "send" and isinstance(document.get("mirrors"), list):
             document["mirrors"] = _sent_mirrors(document, written, bool(values.get("no_ack")))
     return _answer(status, code, document, emit)
+
+
+def _given(name: str, values: dict) -> dict:
+    """Checked values (by the operation's keywords) -> values by argument name, as the API takes them."""
+    given = {}
+    for arg in spec.COMMANDS[name].args:
+        value = values.get(arg.dest)
+        if value is None or value is False or value == [] or arg.kind == spec.REMOVED or \
+                (arg.default is not None and value == arg.default):  # a default the server fills in the same
+            continue
+        key = arg.name.lstrip("-").replace("-", "_")
+        given[key] = ",".join(value) if arg.kind == spec.FIELDS and isinstance(value, list) else value
+    return given
 
 
 def _check_stdout() -> None:
@@ -411,7 +425,8 @@ def _import(url: str, token: str, values: dict, emit) -> int:
         try:
             handle = open(shown, "rb")
         except OSError as exc:
-            raise _refuse("file", f"cannot open {shown} ({exc.strerror}); nothing was imported") from None
+            raise errors.InvalidInput([("file", f"cannot open {shown} ({exc.strerror}); nothing was imported.")]) \
+                from None
         with handle:
             status, code, document = request(url, token, "import", {}, None, path=http_api.IMPORT_PATH + query,
                                               body=handle, content_type=http_api.JSON_LINES)
@@ -529,7 +544,8 @@ def _notifications(url: str, token: str, values: dict, given: dict, emit) -> int
     agent = values["agent"]
     if values.get("follow"):
         if values.get("dismiss") or values.get("clear_email"):
-            raise _refuse("follow", "runs until stopped; give --dismiss and --clear-email in a call of their own")
+            raise errors.InvalidInput([("follow", "runs until stopped; give --dismiss and --clear-email in a call "
+                                                  "of their own.")])
         return _follow(url, token, agent, emit)
     clear_email = bool(given.pop("clear_email", False))
     if clear_email:
@@ -560,8 +576,8 @@ def _follow(url: str, token: str, agent: str, emit) -> int:
     directory = mirrors.recorded(url, agent)
     if not directory:
         _mirror_documents(url, token, agent)  # a token that may not act as the identity is refused first (exit 4)
-        raise _refuse("follow", f"{agent} has no mirror directory on this machine to keep current; set one first: "
-                                f"agent-mail profile {agent} --mirror-dir DIR")
+        raise errors.InvalidInput([("follow", f"{agent} has no mirror directory on this machine to keep current; "
+                                              f"set one first: agent-mail profile {agent} --mirror-dir DIR.")])
     wait = http_api.LOOK_WAIT_MAX / 5  # a minute a request: a half-open connection is noticed soon
     previous = waits.install_stop_handlers()
     updates, after = 0, None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from agent_mail import errors, jsonout, spec
+from agent_mail import errors, jsonout
 from agent_mail.protocols import http_api, wire
 
 TOKEN_VAR, TOKEN_FILE_VAR = "AGENT_MAIL_TOKEN", "AGENT_MAIL_TOKEN_FILE"
@@ -81,19 +81,6 @@ def read_token() -> str:
     if not token:
         raise _refuse(TOKEN_FILE_VAR, f"names {path}, which holds no token")
     return token
-
-
-def _given(name: str, values: dict) -> dict:
-    """Checked values (by the operation's keywords) -> values by argument name, as the API takes them."""
-    given = {}
-    for arg in spec.COMMANDS[name].args:
-        value = values.get(arg.dest)
-        if value is None or value is False or value == [] or arg.kind == spec.REMOVED or \
-                (arg.default is not None and value == arg.default):  # a default the server fills in the same
-            continue
-        key = arg.name.lstrip("-").replace("-", "_")
-        given[key] = ",".join(value) if arg.kind == spec.FIELDS and isinstance(value, list) else value
-    return given
 
 
 def _connection(url: str, timeout: float | None):

@@ -44,7 +44,8 @@ from agent_mail.protocols import http_api, wire
 from agent_mail.parts import checks
 from agent_mail.server import grants, openapi, stops
 from agent_mail.operations import tokens
-from agent_mail.server.edge import Dated, MAX_HEAD_BYTES, _address, _body, _is_loopback, _log, _Protocol, _upload
+from agent_mail.server.edge import (MAX_HEAD_BYTES, Dated, EdgeProtocol, is_loopback, listen_address, log, read_body,
+                                    spool_upload)
 from agent_mail.server.waits import ServedWaits, Stopping
 from agent_mail.parts.waits import HungUp, Released
 
@@ -429,7 +430,7 @@ async def _answered(request: Request, name: str, work, namer=None, status: int |
     except Exception as exc:  # a bug: still JSON, never a traceback
         response = _document({"error": f"internal error ({type(exc).__name__}: {exc}). Nothing was changed. "
                                        "Please report this.", "problems": []}, 500, errors.EXIT_FAILED)
-    _log(method=request.method, path=request.url.path, command=name, token_id=info["token_id"],
+    log(method=request.method, path=request.url.path, command=name, token_id=info["token_id"],
          **{"as": info["as"]}, status=response.status_code, exit=int(response.headers[EXIT_HEADER]),
          ms=round((time.monotonic() - started) * 1000, 1))
     return response
@@ -446,7 +447,7 @@ def app_for(location: str) -> Starlette:
             if name not in SERVED:
                 raise errors.InvalidInput([(None, f"{name!r} is not a command this server carries out; it serves "
                                                   f"{', '.join(SERVED)}.")])
-            body = await _body(request)
+            body = await read_body(request)
             result = await _call(carrier, name, request, body, info)
             return _document(result, 200, openapi.exit_code(name, result), info.get("delivery"))
         return await _answered(request, name, carry_out, _namer(name, request), None if name in SERVED else 404)
@@ -463,7 +464,7 @@ def app_for(location: str) -> Starlette:
 
         async def carry_out(info: dict):
             if name == "export":
-                body = await _body(request)
+                body = await read_body(request)
                 carrier.ready()
                 summary = await carrier.run(_export_file, carrier, _bearer(request), body, info, directory)
                 path = os.path.join(directory, "export")
@@ -487,7 +488,7 @@ def app_for(location: str) -> Starlette:
             grant = await carrier.run(_authenticated, carrier, _bearer(request), info)
             grants.check(grant, "import", {})  # an operator's, before a byte of the upload is spooled here
             path = os.path.join(directory, "upload.jsonl")
-            await _upload(request, path)
+            await spool_upload(request, path)
             dry_run = request.query_params.get("dry_run", "false").lower()
             if dry_run not in ("true", "false"):
                 raise errors.InvalidInput([("dry_run", "is true or false.")])
@@ -503,7 +504,7 @@ def app_for(location: str) -> Starlette:
         look = request.url.path.rsplit("/", 1)[1]
 
         async def answer(info: dict) -> dict:
-            body = await _body(request)
+            body = await read_body(request)
             carrier.ready()
             gone, hung_up, outcome = threading.Event(), anyio.Event(), []
             async with anyio.create_task_group() as group:
@@ -526,7 +527,7 @@ def app_for(location: str) -> Starlette:
         stopped by a signal, releasing its wait's session)."""
         async def endpoint(request: Request) -> Response:
             async def carry_out(info: dict) -> dict:
-                body = await _body(request)
+                body = await read_body(request)
                 carrier.ready()
                 return await carrier.run(function, carrier, _bearer(request), body, info)
             return await _answered(request, name, carry_out)
@@ -564,7 +565,7 @@ def _mcp_endpoint(location: str):
         async def missing(request: Request) -> Response:
             return _document({"error": why, "problems": []}, 501, errors.EXIT_FAILED)
         return missing
-    return mcp_http.Endpoint(location, _STOPPING, _log, MAX_THREADS)
+    return mcp_http.Endpoint(location, _STOPPING, log, MAX_THREADS)
 
 async def _not_routed(request: Request, exc: HTTPException) -> Response:
     """Starlette's own refusals (a path the API has not: 404; a method it is not called with: 405) in JSON with the
@@ -575,7 +576,7 @@ async def _not_routed(request: Request, exc: HTTPException) -> Response:
         exc.status_code, str(exc.detail))
     response = _document(errors.InvalidInput([(None, text)]).payload(), exc.status_code, errors.EXIT_INVALID)
     response.headers.update(exc.headers or {})
-    _log(method=request.method, path=request.url.path, status=exc.status_code, exit=errors.EXIT_INVALID)
+    log(method=request.method, path=request.url.path, status=exc.status_code, exit=errors.EXIT_INVALID)
     return response
 
 
@@ -612,7 +613,7 @@ class _Server(uvicorn.Server):
     async def main_loop(self) -> None:
         """uvicorn's own loop wakes ten times a second, to see whether it should stop and to refresh its Date header
         (a quarter of a percent of a core: all an idle server would cost); this one sleeps until asked to stop
-        (answers are dated as they are sent: serve_edge.Dated), looking once a minute all the same."""
+        (answers are dated as they are sent: edge.Dated), looking once a minute all the same."""
         import asyncio
 
         self._loop, self._stop_now = asyncio.get_running_loop(), asyncio.Event()
@@ -633,8 +634,8 @@ def serve(listen: str | None = None, tls_cert: str | None = None, tls_key: str |
     from agent_mail.operations import location as locating
     from agent_mail.store import open_store, redact_url
 
-    host, port = _address(listen or DEFAULT_LISTEN)
-    if not _is_loopback(host) and not tls_cert and not insecure_no_tls:
+    host, port = listen_address(listen or DEFAULT_LISTEN)
+    if not is_loopback(host) and not tls_cert and not insecure_no_tls:
         raise errors.InvalidInput([("listen", f"{host} is not a loopback address: tokens and mail would cross the "
                                               "network in clear. Give --tls-cert FILE --tls-key FILE, or (behind a "
                                               "TLS proxy you trust) --insecure-no-tls.")])
@@ -660,11 +661,11 @@ def serve(listen: str | None = None, tls_cert: str | None = None, tls_key: str |
     shown_host = f"[{host}]" if ":" in host else host
     config = uvicorn.Config(app_for(location), log_level="warning", access_log=False, lifespan="on",
                             ssl_certfile=tls_cert, ssl_keyfile=tls_key, timeout_graceful_shutdown=10,
-                            http=_Protocol, h11_max_incomplete_event_size=MAX_HEAD_BYTES, date_header=False)
+                            http=EdgeProtocol, h11_max_incomplete_event_size=MAX_HEAD_BYTES, date_header=False)
     server = _Server(config)
     import logging
 
-    # uvicorn's own line for a malformed request (not JSON): _Protocol logs its refusal as every request is logged.
+    # uvicorn's own line for a malformed request (not JSON): EdgeProtocol logs its refusal as every request is logged.
     logging.getLogger("uvicorn.error").addFilter(lambda record: record.getMessage() != "Invalid HTTP request "
                                                                                       "received.")
     server.location = location
@@ -675,7 +676,7 @@ def serve(listen: str | None = None, tls_cert: str | None = None, tls_key: str |
     # until uvicorn's own handlers are in place (while it starts) it stops the server as theirs do: a SIGTERM
     # that came right after "listening" was swallowed, and the server ran on.
     previous = {number: signal.signal(number, server.handle_exit) for number in (signal.SIGTERM, signal.SIGINT)}
-    _log(listening=f"{scheme}://{shown_host}:{bound}", mailbox=redact_url(location), pid=os.getpid())
+    log(listening=f"{scheme}://{shown_host}:{bound}", mailbox=redact_url(location), pid=os.getpid())
     try:
         server.run(sockets=[sock])
     finally:
@@ -683,7 +684,7 @@ def serve(listen: str | None = None, tls_cert: str | None = None, tls_key: str |
             signal.signal(number, handler)
         for carrier in _CARRIERS:
             carrier.close()
-    _log(stopped=True)
+    log(stopped=True)
 
 
 def main(values: dict, emit) -> int:
