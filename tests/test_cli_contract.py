@@ -301,8 +301,8 @@ def test_send_indexes_its_message_without_the_search_machinery(mailbox_path):
     """Every send writes its message's search entry: it loads the small agent_mail.store.index, not the query
     language and snippets of agent_mail.parts.query_language, nor unicodedata for ASCII text."""
     code = ("import sys; from agent_mail.cli.main import main; code = main(sys.argv[1:]); "
-            "print(code, sorted({'agent_mail.store.index', 'agent_mail.parts.query_language', 'unicodedata'} & set(sys.modules)), "
-            "file=sys.stderr)")
+            "print(code, sorted({'agent_mail.store.index', 'agent_mail.parts.query_language', 'unicodedata'} & "
+            "set(sys.modules)), file=sys.stderr)")
     argv = ["send", "--from", "a:x", "--to", "b:y", "--subject", "Plain ASCII", "--body", "deploy at five"]
     proc = subprocess.run([sys.executable, "-S", "-c", code, *argv], env=process_env(), capture_output=True,
                           text=True)

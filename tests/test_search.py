@@ -313,7 +313,8 @@ def test_the_tokenizer_and_the_query_agree_on_both_backends():
     assert index.words("\ue000f613a62 \ue000b") == ["f613a62", "b"]
     assert query_language.parse("deploy").fts5(marks=index.routes(sender="a:b", agent="c:d")) == \
         f'(("deploy")) AND ("{f}") AND ("\ue000f{"c:d".encode().hex()}" OR "{t}" OR "\ue000b")'
-    assert query_language.parse("deploy").tsquery(True, index.routes(recipient="c:d")) == f"(('\ue001deploy')) & ('{t}')"
+    assert query_language.parse("deploy").tsquery(True, index.routes(recipient="c:d")) == \
+        f"(('\ue001deploy')) & ('{t}')"
     assert query_language.parse('"release notes" deplo*').tsquery(True) == \
         "(('\ue001release' <-> '\ue001notes')) & (('\ue001deplo':*))"
 

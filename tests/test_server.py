@@ -259,8 +259,8 @@ def test_a_sigterm_right_after_listening_stops_the_server(mailbox_path):
 @pytest.mark.sqlite_only
 def test_a_client_command_imports_the_standard_library_only(server):
     token = server.token("--agent", "a:x")
-    code = ("import sys; before = set(sys.modules); from agent_mail.cli.main import main; code = main(['read', 'a:x']); "
-            "new = {m.split('.')[0] for m in set(sys.modules) - before}; "
+    code = ("import sys; before = set(sys.modules); from agent_mail.cli.main import main; "
+            "code = main(['read', 'a:x']); new = {m.split('.')[0] for m in set(sys.modules) - before}; "
             "print(code, sorted(m for m in new if m not in sys.stdlib_module_names and m != 'agent_mail'), "
             "file=sys.stderr)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

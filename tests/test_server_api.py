@@ -46,17 +46,18 @@ def test_the_openapi_document_is_valid_and_covers_every_served_command(server):
     from openapi_spec_validator import validate
 
     from agent_mail.protocols import http_api, schemas
+    from agent_mail.server import openapi
     from agent_mail import spec
 
     document = _openapi(server)
     validate(document)
-    for name in http_api.SERVED:
+    for name in openapi.SERVED:
         operation = document["paths"][f"/v1/call/{name}"]["post"]
         body = operation["requestBody"]["content"]["application/json"]["schema"]
         command = spec.COMMANDS[name]
         # The same arguments, types and ranges as the MCP tools: both are made by agent_mail.protocols.schemas.
-        expected = schemas.arguments_schema(command, extra=http_api.EXTRAS.get(name), nullable=True)
-        for key in http_api.LOCAL_TO_CLIENT.get(name, ()):
+        expected = schemas.arguments_schema(command, extra=openapi.EXTRAS.get(name), nullable=True)
+        for key in openapi.LOCAL_TO_CLIENT.get(name, ()):
             expected["properties"].pop(key, None)
         assert body == expected, name
         assert set(operation["responses"]) >= {"200", "400", "401", "403", "default"}
@@ -64,10 +65,7 @@ def test_the_openapi_document_is_valid_and_covers_every_served_command(server):
     assert document["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
     # A watch's client stopped by a signal releases its wait's session with the key its request carried.
     stop = document["paths"][http_api.STOP_PATH]["post"]["requestBody"]["content"]["application/json"]["schema"]
-    assert set(stop["required"]) == {"agent", "key"} and "stop_key" in http_api.EXTRAS["watch"]
-    from agent_mail.client import commands
-
-    assert commands.STOP_PATH == http_api.STOP_PATH  # the client keeps its own copy (it never loads the API's tables)
+    assert set(stop["required"]) == {"agent", "key"} and "stop_key" in openapi.EXTRAS["watch"]
 
 
 # Checks that hold: no 5xx, status codes, content types, headers and bodies as documented, and what the schema
@@ -162,11 +160,11 @@ def test_an_import_by_a_token_that_may_not_is_refused_before_its_upload(server):
     assert agent.encode() not in answer
 
 
-def test_the_clients_copies_of_the_apis_names_are_the_apis():
-    """The client never loads agent_mail.protocols.http_api (its tables cost start-up time), so it keeps its own copies of the
-    few names it sends and reads; they must stay the API's."""
-    from agent_mail.protocols import http_api, http_client
-    from agent_mail.client import commands
-
-    assert (http_client.EXIT_HEADER, http_client.DELIVERY_HEADER, http_client.DELIVERED_PATH, commands.STOP_PATH) \
-        == (http_api.EXIT_HEADER, http_api.DELIVERY_HEADER, http_api.DELIVERED_PATH, http_api.STOP_PATH)
+def test_the_apis_names_are_one_module_that_imports_nothing():
+    """Server, client and dashboard share the API's names (agent_mail.protocols.http_api); the client loads it on every
+    command it carries to a server, so it loads nothing else."""
+    code = ("import sys\nbefore = set(sys.modules)\nimport agent_mail.protocols.http_api\n"
+            "print(sorted(set(sys.modules) - before))")
+    done = subprocess.run([sys.executable, "-S", "-c", code], env=process_env(), capture_output=True, text=True)
+    assert done.stdout.strip() == str(["agent_mail", "agent_mail.protocols", "agent_mail.protocols.http_api"]), \
+        done.stdout + done.stderr

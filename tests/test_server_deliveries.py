@@ -1,5 +1,5 @@
-"""A read through a server takes delivery in two steps (agent_mail.operations.deliveries): the server holds the marks and
-names the delivery, the client prints, then confirms. Real server processes, on both backings: nothing is marked
+"""A read through a server takes delivery in two steps (agent_mail.operations.deliveries): the server holds the marks
+and names the delivery, the client prints, then confirms. Real server processes, on both backings: nothing is marked
 read that was not printed, a delivery that was not confirmed comes again (at once when cancelled, after its hold
 otherwise), concurrent readers still get each message once, and /v1/delivered refuses what it should."""
 

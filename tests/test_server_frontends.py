@@ -202,7 +202,7 @@ def test_the_mirror_commands_import_the_standard_library_only(server, state, tmp
     _json(server.direct("send", "--from", "b:y", "--to", "a:x", "--subject", "for the mirror"))
     for argv in (["profile", "a:x", "--mirror-dir", str(here)], ["notifications", "a:x"]):
         code = ("import sys; before = set(sys.modules); from agent_mail.cli.main import main; "
-                f"code = cli.main({argv!r}); new = {{m.split('.')[0] for m in set(sys.modules) - before}}; "
+                f"code = main({argv!r}); new = {{m.split('.')[0] for m in set(sys.modules) - before}}; "
                 "print(code, sorted(m for m in new if m not in sys.stdlib_module_names and m != 'agent_mail'), "
                 "file=sys.stderr)")
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -311,7 +311,7 @@ def test_the_dashboard_reads_and_acts_through_the_server(server, monkeypatch):
 
 def test_the_dashboard_refuses_what_the_token_does_not_allow_before_drawing(server):
     from agent_mail import dashboard
-    from agent_mail.protocols.transport import Refused
+    from agent_mail.protocols.http_client import Refused
 
     agent, watcher = server.token("--agent", "ops:human"), server.token("--agent", "ops:human", "--supervisor")
     with pytest.raises(Refused) as looked:  # an agent's token: the fleet is everyone's

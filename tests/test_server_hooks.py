@@ -421,8 +421,9 @@ def test_a_hook_through_the_server_loads_the_standard_library_only(server, repo,
     code = ("import sys; before = set(sys.modules); from agent_mail.cli.main import main; code = main(['hook', "
             f"'claude-code', {event!r}, '--agent', {AGENT!r}]); new = set(sys.modules) - before; "
             "print(code, sorted(m for m in {n.split('.')[0] for n in new} if m not in sys.stdlib_module_names and "
-            "m != 'agent_mail'), sorted(m for m in new if m.startswith(('agent_mail.store.', 'agent_mail.operations.mail', "
-            "'agent_mail.server.app', 'agent_mail.parts.wildmatch')) or m == 'agent_mail.operations.reservations'), file=sys.stderr)")
+            "m != 'agent_mail'), sorted(m for m in new if m.startswith(('agent_mail.store.', "
+            "'agent_mail.operations.mail', 'agent_mail.server.app', 'agent_mail.parts.wildmatch')) "
+            "or m == 'agent_mail.operations.reservations'), file=sys.stderr)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(repo),
                           input=json.dumps({**document, "cwd": str(repo)}),
                           env=process_env(AGENT_MAIL_DB=server.url, AGENT_MAIL_TOKEN=token))

@@ -467,9 +467,9 @@ def _hooks_through_a_server() -> bool:
     """Whether the server carries hook calls (the hooks through a client, issue 21's hook work): then a harness set
     up for it keeps its hooks here, and its context is checked; before, the tests take the hooks out and look at
     the MCP entry alone."""
-    from agent_mail.protocols import http_api
+    from agent_mail.server import openapi
 
-    return "hook" in http_api.SERVED
+    return "hook" in openapi.SERVED
 
 
 def _lead_got(server: Server, subject: str) -> None:

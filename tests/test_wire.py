@@ -1,6 +1,6 @@
-"""agent_mail.protocols.wire: the client's one HTTP/1.1 exchange, against answers shaped every way a server or a proxy in
-front of one may shape them (a socket server in the test writes them byte for byte), over TLS with a CA of the
-test's own, and what it imports."""
+"""agent_mail.protocols.wire: the client's one HTTP/1.1 exchange, against answers shaped every way a server or a
+proxy in front of one may shape them (a socket server in the test writes them byte for byte), over TLS with a CA of
+the test's own, and what it imports."""
 
 from __future__ import annotations
 

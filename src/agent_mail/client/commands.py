@@ -17,15 +17,16 @@ import os
 import time
 
 from agent_mail import calls, errors, jsonout, spec
-from agent_mail.protocols.http_client import Answered, Unreachable, _given, _refuse, read_token, request, CALL_TIMEOUT_SECONDS
+from agent_mail.protocols import http_api
+from agent_mail.protocols.http_client import (CALL_TIMEOUT_SECONDS, Refused, Unreachable, accepted, read_token,
+                                              request)
 
 # How long a watch stopped by a signal waits to tell the server (to connect, then for the answer) before it exits
 # anyway: its session then reads as stale (the server sees the client hang up), unless the call reached it after all.
 STOP_SECONDS = 2.0
-STOP_PATH = "/v1/watch/stop"  # http_api.STOP_PATH (the client never loads the API's tables)
 
-# How long a watch keeps reconnecting to a server that is down (restarting, cut off, its storage down), and a
-# send keeps repeating itself (with its idempotency key), before it gives up (exit 1).
+# How long a watch (and --follow, a hook's waiter) keeps reconnecting to a server that is down (restarting, cut off,
+# its storage down), and a send keeps repeating itself (with its idempotency key), before it gives up (exit 1).
 RECONNECT_SECONDS = float(os.environ.get("AGENT_MAIL_RECONNECT_SECONDS", "60"))
 
 # What cannot go through a server, and why (exit 2, naming AGENT_MAIL_DB).
@@ -33,7 +34,7 @@ _ON_THE_MAILBOX = "works on a mailbox itself, not through a server: run it where
                   "naming its file or postgresql:// URL"
 NOT_REMOTE = {"copy": _ON_THE_MAILBOX, "token": _ON_THE_MAILBOX, "serve": _ON_THE_MAILBOX,
               "mcp": "serves MCP over stdio from a mailbox itself; through a server, harnesses speak MCP to the "
-                     "server's /mcp (agent-mail setup HARNESS --agent P:N writes that entry)"}
+                     f"server's {http_api.MCP_PATH} (agent-mail setup HARNESS --agent P:N writes that entry)"}
 NOT_REMOTE_FLAGS = {("doctor", "repair"): _ON_THE_MAILBOX}
 
 
@@ -43,11 +44,12 @@ def main(name: str, values: dict, emit) -> int:
 
     url = location.server_url()
     if name in NOT_REMOTE:
-        raise _refuse("AGENT_MAIL_DB", f"names an agent-mail server ({url}); {name} {NOT_REMOTE[name]}")
+        raise errors.InvalidInput([("AGENT_MAIL_DB", f"names an agent-mail server ({url}); {name} "
+                                                     f"{NOT_REMOTE[name]}.")])
     for (command, key), why in NOT_REMOTE_FLAGS.items():
         if command == name and values.get(key) not in (None, False, []):
-            raise _refuse("AGENT_MAIL_DB", f"names an agent-mail server ({url}); {name} --{key.replace('_', '-')} "
-                                           f"{why}")
+            raise errors.InvalidInput([("AGENT_MAIL_DB", f"names an agent-mail server ({url}); {name} "
+                                                         f"--{key.replace('_', '-')} {why}.")])
     token = read_token()
     given = _given(name, values)
     calls.check(name, given, with_inputs=False)  # what is sent is what the call layer accepts
@@ -83,6 +85,19 @@ def main(name: str, values: dict, emit) -> int:
         if name == "send" and isinstance(document.get("mirrors"), list):
             document["mirrors"] = _sent_mirrors(document, written, bool(values.get("no_ack")))
     return _answer(status, code, document, emit)
+
+
+def _given(name: str, values: dict) -> dict:
+    """Checked values (by the operation's keywords) -> values by argument name, as the API takes them."""
+    given = {}
+    for arg in spec.COMMANDS[name].args:
+        value = values.get(arg.dest)
+        if value is None or value is False or value == [] or arg.kind == spec.REMOVED or \
+                (arg.default is not None and value == arg.default):  # a default the server fills in the same
+            continue
+        key = arg.name.lstrip("-").replace("-", "_")
+        given[key] = ",".join(value) if arg.kind == spec.FIELDS and isinstance(value, list) else value
+    return given
 
 
 def _check_stdout() -> None:
@@ -139,9 +154,7 @@ def _said_after(name: str, values: dict, emit):
 
 
 def _answer(status: int, code: int, document: dict, emit) -> int:
-    if code not in (errors.EXIT_OK, errors.EXIT_PARTIAL):
-        raise Answered(document, code)
-    emit(document)
+    emit(accepted(code, document))
     return code
 
 
@@ -186,17 +199,46 @@ def _sent(url: str, token: str, given: dict) -> tuple:
         lost_at = lost_at or time.monotonic()
         if time.monotonic() - lost_at > RECONNECT_SECONDS:
             if not sent:  # the last answer, or why none came, is the whole story
-                raise Answered(document, code) if status else lost
+                raise Refused(document, code) if status else lost
             raise Unreachable(f"cannot reach the agent-mail server at {url}: the send went out but no answer came "
                               f"back for {RECONNECT_SECONDS:.0f} s; it may have been stored (once: its idempotency "
                               f"key was {given['idempotency_key']}). Look (read, status) before sending it again.")
         time.sleep(0.5)
 
 
+def _reconnecting(url: str, ask, gave_up: str):
+    """The first answer of a server to a long request, made by `ask()` -> (status, exit code, document), or None
+    when `ask()` says there is nothing left to ask for (it returns None). While no server answers (it restarts, is
+    cut off, or is stopping: unreachable, or 502, 503, 504) it is asked again every half second, for up to
+    RECONNECT_SECONDS without a server (a request that was sent and waited over a second had one: the time without
+    starts again), then Unreachable, ending with `gave_up`. What answers otherwise is not a server: raised at once."""
+    lost_at = None
+    while True:
+        began = time.monotonic()
+        try:
+            answer = ask()
+            if answer is None:
+                return None
+            status = answer[0]
+        except Unreachable as exc:
+            if not exc.passing():
+                raise
+            answer, status = None, 0
+            if exc.sent and time.monotonic() - began > 1:  # it had a server, waiting: a new loss starts now
+                lost_at = None
+        if status not in (0, 502, 503, 504):
+            return answer
+        lost_at = lost_at or time.monotonic()  # no server now, or one stopping: ask again once it is back
+        if time.monotonic() - lost_at > RECONNECT_SECONDS:
+            raise Unreachable(f"the agent-mail server at {url} has not answered for {RECONNECT_SECONDS:.0f} s; "
+                              f"{gave_up}")
+        time.sleep(0.5)
+
+
 def _watch(url: str, token: str, values: dict, given: dict, emit, keys: list) -> int:
     """A blocked watch as one long request; when the server goes away (a restart) it reconnects and looks again
-    for the rest of its wait, up to RECONNECT_SECONDS without a server. Each request carries a stop_key made here
-    (the latest appended to `keys`), with which a signal's stop releases that wait's session."""
+    for the rest of its wait (_reconnecting). Each request carries a stop_key made here (the latest appended to
+    `keys`), with which a signal's stop releases that wait's session."""
     from agent_mail import model
 
     if values["once"]:
@@ -204,28 +246,13 @@ def _watch(url: str, token: str, values: dict, given: dict, emit, keys: list) ->
     minutes = values.get("timeout_minutes") or model.WATCH_MINUTES_DEFAULT
     deadline = time.monotonic() + minutes * 60.0
     given.pop("timeout_minutes", None)
-    lost_at = None
-    while True:
+
+    def ask():
         wait = max(1.0, deadline - time.monotonic())
-        began = time.monotonic()
         keys.append(model.new_message_id())
-        try:
-            status, code, document = request(url, token, "watch", {**given, "wait_seconds": round(wait, 3),
-                                                                   "stop_key": keys[-1]}, timeout=wait + 60.0)
-        except Unreachable as exc:
-            if not exc.passing():
-                raise
-            status, code, document = 0, errors.EXIT_FAILED, None
-            if exc.sent and time.monotonic() - began > 1:  # it had a server, waiting: a new loss starts now
-                lost_at = None
-        if status in (0, 502, 503, 504):  # no server now, or one stopping: look again once it is back
-            lost_at = lost_at or time.monotonic()
-            if time.monotonic() - lost_at > RECONNECT_SECONDS:
-                raise Unreachable(f"the agent-mail server at {url} has not answered for {RECONNECT_SECONDS:.0f} s; "
-                                  "the watch gave up. Nothing was marked read.")
-            time.sleep(0.5)
-            continue
-        return _answer(status, code, document, emit)
+        return request(url, token, "watch", {**given, "wait_seconds": round(wait, 3), "stop_key": keys[-1]},
+                       timeout=wait + 60.0)
+    return _answer(*_reconnecting(url, ask, "the watch gave up. Nothing was marked read."), emit)
 
 
 def _watch_told_when_stopped(url: str, token: str, values: dict, given: dict, emit) -> int:
@@ -276,7 +303,7 @@ def _stop_told(url: str, token: str, agent: str, key: str, signum: int) -> str |
     STOP_SECONDS to connect and as long for the answer; another signal meanwhile gives up at once."""
     try:
         status, _, document = request(url, token, "", {"agent": agent, "key": key, "signal": signum},
-                                      STOP_SECONDS, path=STOP_PATH, connect_timeout=STOP_SECONDS)
+                                      STOP_SECONDS, path=http_api.STOP_PATH, connect_timeout=STOP_SECONDS)
     except (errors.Interrupted, KeyboardInterrupt):
         return "stopped again while telling it"
     except errors.AgentMailError as exc:  # unreachable, or something else answered: its first sentence
@@ -295,7 +322,7 @@ def _save(url: str, token: str, values: dict, given: dict, emit) -> int:
     given.pop("overwrite", None)
     status, code, document = request(url, token, "attachments", {**given, "with_content": True})
     if code != errors.EXIT_OK:
-        raise Answered(document, code)
+        raise Refused(document, code)
     contents = {sha: base64.b64decode(text) for sha, text in document.pop("contents", {}).items()}
     staged = files.stage_attachments(values["save_to"], document["attachments"], contents, values["overwrite"])
     result = {**document, "directory": staged.target, "saved": staged.saved}
@@ -319,7 +346,7 @@ def _export(url: str, token: str, values: dict, given: dict, emit) -> int:
     summary: dict = {}
 
     def copy(response, raw) -> None:
-        summary.update(jsonout.loads(response.getheader("X-Agent-Mail-Result") or "{}"))
+        summary.update(jsonout.loads(response.getheader(http_api.RESULT_HEADER) or "{}"))
         progress = _Progress(f"exported {summary.get('messages')} messages, writing", response.length)
         while chunk := response.read(1 << 20):
             raw.write(chunk)
@@ -329,19 +356,19 @@ def _export(url: str, token: str, values: dict, given: dict, emit) -> int:
             raise Unreachable(f"the export from {url} was cut off; nothing was written.")
     output = values.get("output")
     if output is None or output == "-":
-        status, code, document = request(url, token, "export", given, None, path="/v1/export",
+        status, code, document = request(url, token, "export", given, None, path=http_api.EXPORT_PATH,
                                           into=lambda response: copy(response, sys.stdout.buffer))
         if document is not None:
-            raise Answered(document, code)
+            raise Refused(document, code)
         sys.stdout.buffer.flush()
         return errors.EXIT_OK
     answered: list = []
 
     def write(raw) -> None:
-        answered.extend(request(url, token, "export", given, None, path="/v1/export",
+        answered.extend(request(url, token, "export", given, None, path=http_api.EXPORT_PATH,
                                 into=lambda response: copy(response, raw)))
         if answered[2] is not None:
-            raise Answered(answered[2], answered[1])
+            raise Refused(answered[2], answered[1])
     target = files.write_new(output, "output", write)
     emit({"file": target, **summary, "bytes": os.path.getsize(target),
           "next": [f"agent-mail import {target} --dry-run"] if summary.get("format") == "jsonl" else []})
@@ -391,19 +418,20 @@ def _import(url: str, token: str, values: dict, emit) -> int:
     if path == "-":
         shown = "stdin"
         source = iter(lambda: sys.stdin.buffer.read(1 << 20), b"")
-        status, code, document = request(url, token, "import", {}, None, path=f"/v1/import{query}", body=source,
-                                          content_type="application/x-ndjson")
+        status, code, document = request(url, token, "import", {}, None, path=http_api.IMPORT_PATH + query, body=source,
+                                          content_type=http_api.JSON_LINES)
     else:
         shown = os.path.abspath(os.path.expanduser(path))
         try:
             handle = open(shown, "rb")
         except OSError as exc:
-            raise _refuse("file", f"cannot open {shown} ({exc.strerror}); nothing was imported") from None
+            raise errors.InvalidInput([("file", f"cannot open {shown} ({exc.strerror}); nothing was imported.")]) \
+                from None
         with handle:
-            status, code, document = request(url, token, "import", {}, None, path=f"/v1/import{query}",
-                                              body=handle, content_type="application/x-ndjson")
+            status, code, document = request(url, token, "import", {}, None, path=http_api.IMPORT_PATH + query,
+                                              body=handle, content_type=http_api.JSON_LINES)
     if code != errors.EXIT_OK:
-        raise Answered(document, code)
+        raise Refused(document, code)
     document["file"] = shown
     document["next"] = [f"agent-mail import {shown}"] if values["dry_run"] and any(document["added"].values()) \
         else []
@@ -416,8 +444,6 @@ def _import(url: str, token: str, values: dict, emit) -> int:
 def _look_at_mirror(url: str, token: str, agent: str, after: str | None = None, wait: float | None = None,
                     timeout: float | None = CALL_TIMEOUT_SECONDS):
     """POST /v1/follow: `agent`'s mirror documents (as acting as `agent`: the token must name it)."""
-    from agent_mail.protocols import http_api
-
     body = {"agent": agent} if after is None else {"agent": agent, "after": after, "wait_seconds": wait}
     return request(url, token, "follow", body, timeout, path=http_api.FOLLOW_PATH)
 
@@ -425,7 +451,7 @@ def _look_at_mirror(url: str, token: str, agent: str, after: str | None = None, 
 def _mirror_documents(url: str, token: str, agent: str) -> dict:
     status, code, document = _look_at_mirror(url, token, agent)
     if code != errors.EXIT_OK:
-        raise Answered(document, code)
+        raise Refused(document, code)
     return document
 
 
@@ -494,19 +520,19 @@ def _profile(url: str, token: str, values: dict, given: dict, emit) -> int:
         wanted_dir = os.path.realpath(os.path.expanduser(wanted_dir))
     status, code, document = request(url, token, "profile", given)  # the settings the mailbox keeps
     if code != errors.EXIT_OK:
-        raise Answered(document, code)
+        raise Refused(document, code)
     old_dir = mirrors.recorded(url, agent)
-    mirrors: list[dict] = []
+    written: list[dict] = []
     if wanted_dir is not None or clearing:
         documents = _mirror_documents(url, token, agent)  # acting as the identity: refused (exit 4) before writing
         new_dir = wanted_dir if wanted_dir is not None else None
         mirrors.record(url, agent, new_dir)
         if old_dir and old_dir != new_dir:
-            mirrors += mirrors.remove(agent, old_dir)
+            written += mirrors.remove(agent, old_dir)
         if new_dir:
-            mirrors += mirrors.write(agent, new_dir, documents["email"], documents["system"])
+            written += mirrors.write(agent, new_dir, documents["email"], documents["system"])
         old_dir = new_dir
-    emit({**document, "mirror_dir": old_dir, "mirrors": mirrors, "mirror_problem": mirrors.problem(old_dir)})
+    emit({**document, "mirror_dir": old_dir, "mirrors": written, "mirror_problem": mirrors.problem(old_dir)})
     return errors.EXIT_OK
 
 
@@ -518,14 +544,15 @@ def _notifications(url: str, token: str, values: dict, given: dict, emit) -> int
     agent = values["agent"]
     if values.get("follow"):
         if values.get("dismiss") or values.get("clear_email"):
-            raise _refuse("follow", "runs until stopped; give --dismiss and --clear-email in a call of their own")
+            raise errors.InvalidInput([("follow", "runs until stopped; give --dismiss and --clear-email in a call "
+                                                  "of their own.")])
         return _follow(url, token, agent, emit)
     clear_email = bool(given.pop("clear_email", False))
     if clear_email:
         _mirror_documents(url, token, agent)  # clearing is acting as the identity, as it is on the mailbox
     status, code, document = request(url, token, "notifications", given)
     if code != errors.EXIT_OK:
-        raise Answered(document, code)
+        raise Refused(document, code)
     directory = mirrors.recorded(url, agent)
     cleared = False
     if directory:
@@ -543,39 +570,28 @@ def _follow(url: str, token: str, agent: str, emit) -> int:
     with the same final line as on the mailbox's machine."""
     import signal
 
-    from agent_mail.protocols import http_api
-    from agent_mail import jsonout
     from agent_mail.client import mirrors
     from agent_mail.parts import waits
 
     directory = mirrors.recorded(url, agent)
     if not directory:
         _mirror_documents(url, token, agent)  # a token that may not act as the identity is refused first (exit 4)
-        raise _refuse("follow", f"{agent} has no mirror directory on this machine to keep current; set one first: "
-                                f"agent-mail profile {agent} --mirror-dir DIR")
+        raise errors.InvalidInput([("follow", f"{agent} has no mirror directory on this machine to keep current; "
+                                              f"set one first: agent-mail profile {agent} --mirror-dir DIR.")])
     wait = http_api.LOOK_WAIT_MAX / 5  # a minute a request: a half-open connection is noticed soon
     previous = waits.install_stop_handlers()
-    updates, after, lost_at = 0, None, None
+    updates, after = 0, None
     try:
-        while True:
-            try:
-                status, code, document = _look_at_mirror(url, token, agent, after, wait, timeout=wait + 60.0)
-            except Unreachable:
-                status, code, document = 0, errors.EXIT_FAILED, None
-            if status in (0, 502, 503, 504):  # no server now, or one stopping: look again once it is back
-                lost_at = lost_at or time.monotonic()
-                if time.monotonic() - lost_at > RECONNECT_SECONDS:
-                    raise Unreachable(f"the agent-mail server at {url} has not answered for {RECONNECT_SECONDS:.0f} "
-                                      "s; --follow gave up. The mirror holds what was last written.")
-                time.sleep(0.5)
-                continue
-            lost_at = None
+        while True:  # each look answered by a server (_reconnecting): across its restarts
+            status, code, document = _reconnecting(
+                url, lambda seen=after: _look_at_mirror(url, token, agent, seen, wait, timeout=wait + 60.0),
+                "--follow gave up. The mirror holds what was last written.")
             if code != errors.EXIT_OK:
-                raise Answered(document, code)
+                raise Refused(document, code)
             if document["fingerprint"] != after:
-                mirrors = mirrors.write(agent, directory, document["email"], document["system"])
+                written = mirrors.write(agent, directory, document["email"], document["system"])
                 updates, after = updates + 1, document["fingerprint"]  # counted as written, before it is said
-                emit(jsonout.OneLine(agent=agent, unread=document["unread"], mirrors=mirrors, at=document["at"]))
+                emit(jsonout.OneLine(agent=agent, unread=document["unread"], mirrors=written, at=document["at"]))
     except waits.Stopped as stop:
         result = jsonout.OneLine(agent=agent, updates=updates, stopped_by=signal.Signals(stop.signum).name)
         emit(result)
@@ -618,7 +634,7 @@ def _located(values: dict, given: dict) -> dict:
 
 class Served:
     """What a front end started by the client (hook, guard) calls the server with: checked values by argument name
-    in, the result document out (Answered for a refusal; Unreachable when no server answered). The token is read
+    in, the result document out (Refused for a refusal; Unreachable when no server answered). The token is read
     at the first call, so what needs no mailbox (guard install) needs no token."""
 
     Unreachable = Unreachable
@@ -632,40 +648,26 @@ class Served:
         if self._token is None:
             self._token = read_token()
         status, code, document = request(self.url, self._token, name, given, timeout)
-        if code not in (errors.EXIT_OK, errors.EXIT_PARTIAL):
-            raise Answered(document, code)
-        return code, document
+        return code, accepted(code, document)
 
     def reservations_check(self, agent: str, located: dict, paths: list[str]) -> dict:
         """reservations --check of paths already said from the root of the repository located here."""
         return self.call("reservations", {"agent": agent, "paths": paths, "check": True, "located": located})[1]
 
     def wait(self, name: str, given: dict, seconds: float) -> dict | None:
-        """A blocking call as one long request that outlives a server restart (as a watch does): reconnects and
-        asks again for the rest of its wait, up to RECONNECT_SECONDS without a server; its document, or None when
-        the wait ran out while the server was away."""
+        """A blocking call as one long request that outlives a server restart (as a watch does, _reconnecting): it
+        asks again for the rest of its wait; its document, or None when the wait ran out while the server was
+        away."""
         deadline = time.monotonic() + seconds
-        lost_at = None
-        while True:
+
+        def ask():
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
-            try:
-                status, code, document = request(self.url, self._token or self._read(), name,
-                                                  {**given, "wait_seconds": round(max(1.0, left), 3)},
-                                                  timeout=left + 60.0)
-            except Unreachable:
-                status, code, document = 0, errors.EXIT_FAILED, None
-            if status in (0, 502, 503, 504):
-                lost_at = lost_at or time.monotonic()
-                if time.monotonic() - lost_at > RECONNECT_SECONDS:
-                    raise Unreachable(f"the agent-mail server at {self.url} has not answered for "
-                                      f"{RECONNECT_SECONDS:.0f} s; the wait gave up.")
-                time.sleep(0.5)
-                continue
-            if code not in (errors.EXIT_OK, errors.EXIT_PARTIAL):
-                raise Answered(document, code)
-            return document
+            return request(self.url, self._token or self._read(), name,
+                           {**given, "wait_seconds": round(max(1.0, left), 3)}, timeout=left + 60.0)
+        answer = _reconnecting(self.url, ask, "the wait gave up.")
+        return None if answer is None else accepted(answer[1], answer[2])
 
     def _read(self) -> str:
         self._token = read_token()

@@ -7,7 +7,8 @@ from __future__ import annotations
 import time
 
 from agent_mail import errors
-from agent_mail.protocols.http_client import DELIVERED_PATH, DELIVERY_HEADER, Answered, Unreachable, request
+from agent_mail.protocols import http_api
+from agent_mail.protocols.http_client import Unreachable, accepted, request
 
 
 def read(url: str, token: str, given: dict, emit) -> int:
@@ -16,9 +17,8 @@ def read(url: str, token: str, given: dict, emit) -> int:
     to print in between marks nothing, as on the mailbox's machine (its mail is delivered again: at once when it
     could say so, after the hold otherwise)."""
     status, code, document, delivery = request(url, token, "read", {**given, "deliver": "confirm"},
-                                               header=DELIVERY_HEADER)
-    if code not in (errors.EXIT_OK, errors.EXIT_PARTIAL):
-        raise Answered(document, code)
+                                               header=http_api.DELIVERY_HEADER)
+    accepted(code, document)
     try:
         emit(document)
     except errors.OutputError:
@@ -38,7 +38,7 @@ def _settled(url: str, token: str, delivery: str, printed: bool, patience: float
     while True:
         try:
             _, code, _ = request(url, token, "delivered", {"delivery": delivery, "printed": printed},
-                                 path=DELIVERED_PATH)
+                                 path=http_api.DELIVERED_PATH)
             return code == errors.EXIT_OK
         except Unreachable as exc:
             if not exc.passing() or time.monotonic() >= deadline:

@@ -4,8 +4,9 @@ machine, so the setting is kept on that machine too, per server and identity, an
 The setting lives in `mirrors.json` in the user's state directory for agent-mail (AGENT_MAIL_STATE_DIR, else
 $XDG_STATE_HOME/agent-mail, else ~/.local/state/agent-mail), a 0600 file in a 0700 directory, replaced whole
 (temporary file, then rename): {server URL: {identity: directory}}. The server never learns the path, and never
-writes on a client's behalf: the documents come from it (POST /v1/follow) and are written here with parts/notifications.py's
-guarantees (atomic, .notification never followed when it is a link, the directory never created).
+writes on a client's behalf: the documents come from it (POST /v1/follow) and are written here with
+parts/notifications.py's guarantees (atomic, .notification never followed when it is a link, the directory never
+created).
 
 Standard library and the ground layers only: the client imports it.
 """

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 
-from agent_mail.protocols import http_api, transport
+from agent_mail.protocols import http_api, http_client
 from agent_mail import errors
 
 #: How long one waiting look lasts before it is asked again.
@@ -35,7 +35,7 @@ class ServedSupervisor:
     # -- reads -------------------------------------------------------------------------------------------------
     def read(self, views: dict) -> dict:
         """Several views in one request: {name: its values} -> {name: what was read}."""
-        answer = transport.post(self.url, self.token, http_api.DASHBOARD_PATH, {"views": views}, READ_TIMEOUT)
+        answer = http_client.post(self.url, self.token, http_api.DASHBOARD_PATH, {"views": views}, READ_TIMEOUT)
         self.marker = answer["marker"]
         return answer["views"]
 
@@ -69,7 +69,7 @@ class ServedSupervisor:
         given = {key: value for key, value in values.items() if value is not None}
         if name == "attachments" and given.get("save_to") is not None:
             return self._save(given)
-        return transport.post(self.url, self.token, f"/v1/call/{name}", given, READ_TIMEOUT)
+        return http_client.post(self.url, self.token, http_api.call_path(name), given, READ_TIMEOUT)
 
     def _save(self, given: dict) -> dict:
         """Attachments saved into a directory on this machine: fetched, then staged and published as the command
@@ -79,8 +79,8 @@ class ServedSupervisor:
         from agent_mail import files
 
         directory, overwrite = given.pop("save_to"), bool(given.pop("overwrite", False))
-        document = transport.post(self.url, self.token, "/v1/call/attachments", {**given, "with_content": True},
-                                  READ_TIMEOUT)
+        document = http_client.post(self.url, self.token, http_api.call_path("attachments"),
+                                    {**given, "with_content": True}, READ_TIMEOUT)
         contents = {sha: base64.b64decode(text) for sha, text in document.pop("contents", {}).items()}
         staged = files.stage_attachments(directory, document["attachments"], contents, overwrite)
         staged.publish()
@@ -105,8 +105,8 @@ class ServedSupervisor:
                 self.stopping.wait(0.5)  # no read has answered yet
                 continue
             try:
-                answer = transport.post(self.url, self.token, http_api.DASHBOARD_PATH,
-                                        {"after": after, "wait_seconds": WAIT_SECONDS}, WAIT_SECONDS + 30)
+                answer = http_client.post(self.url, self.token, http_api.DASHBOARD_PATH,
+                                          {"after": after, "wait_seconds": WAIT_SECONDS}, WAIT_SECONDS + 30)
             except errors.AgentMailError:
                 self.stopping.wait(1.0)  # the reads show what is wrong, and are retried
                 continue

@@ -41,6 +41,7 @@ import shlex
 import sys
 
 from agent_mail import errors, model, spec
+from agent_mail.protocols import http_api
 
 HARNESSES = spec.HARNESSES
 _BEGIN = "# agent-mail setup: begin (written by `agent-mail setup codex`; `--remove` takes it out)"
@@ -305,8 +306,8 @@ def remote_entry(harness: str, url: str) -> dict:
     """The MCP entry of a harness reaching the server at `url` over streamable HTTP (its /mcp), the token read
     from the environment: Claude Code's .mcp.json (`type: http`) or Gemini CLI's settings (`httpUrl`)."""
     if harness == "gemini":
-        return {"httpUrl": f"{url}/mcp", "headers": {"Authorization": BEARER_FROM_ENV}}
-    return {"type": "http", "url": f"{url}/mcp", "headers": {"Authorization": BEARER_FROM_ENV}}
+        return {"httpUrl": url + http_api.MCP_PATH, "headers": {"Authorization": BEARER_FROM_ENV}}
+    return {"type": "http", "url": url + http_api.MCP_PATH, "headers": {"Authorization": BEARER_FROM_ENV}}
 
 
 def _servers(document: dict, agent: str, mailbox: str, remove: bool, **extra) -> dict:
@@ -362,7 +363,7 @@ def _codex_config(path: str, agent: str, mailbox: str, remove: bool) -> dict:
             raise errors.InvalidInput([(path, f"already defines mcp_servers.{SERVER} (not written by setup); remove "
                                               "it, then run setup again. Nothing was written.")])
         if _is_server(mailbox):  # streamable HTTP; Codex reads the bearer token from the variable named
-            block = [_BEGIN, f"[mcp_servers.{SERVER}]", f"url = {_toml_string(mailbox + '/mcp')}",
+            block = [_BEGIN, f"[mcp_servers.{SERVER}]", f"url = {_toml_string(mailbox + http_api.MCP_PATH)}",
                      f"bearer_token_env_var = {_toml_string(TOKEN_VAR)}",
                      'default_tools_approval_mode = "approve"']
         else:
@@ -538,8 +539,8 @@ def _remote_notes(harness: str, mailbox: str) -> list[str]:
     if not _is_server(mailbox):
         return []
     start = _STARTS[harness]
-    notes = [f"The MCP server is the agent-mail server's {mailbox}/mcp (streamable HTTP), the identity taken from "
-             f"the token; the hooks run agent-mail as a client of {mailbox}. No file holds the token: "
+    notes = [f"The MCP server is the agent-mail server's {mailbox}{http_api.MCP_PATH} (streamable HTTP), the identity "
+             f"taken from the token; the hooks run agent-mail as a client of {mailbox}. No file holds the token: "
              f"{'.mcp.json' if harness == 'claude-code' else 'the settings'} read it from {TOKEN_VAR} in the "
              f"environment `{start}` starts with."]
     if not os.environ.get(TOKEN_VAR, "").strip():

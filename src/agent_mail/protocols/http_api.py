@@ -1,305 +1,40 @@
-"""The HTTP API `agent-mail serve` offers, declared once: which commands it carries out, the arguments that stay
-on the client's machine, the values only a client sends, and the OpenAPI 3.1 document describing it all
-(served at GET /openapi.json), made from the spec through agent_mail.protocols.schemas as the MCP tools are.
+"""The names of the HTTP API `agent-mail serve` offers, written once: its paths, its headers and the media types of
+its bodies. The server routes and answers by them (agent_mail.server), the command line's client
+(agent_mail.client, through agent_mail.protocols.http_client) and the dashboard (agent_mail.dashboard.served)
+call by them. What the API carries, and its OpenAPI document, are the server's: agent_mail.server.openapi.
 
-Only the standard library and the ground layer: the server reads these tables, the client never needs them.
+Imports nothing: the client loads it on every command it carries to a server, where start-up time counts.
 """
 
-from __future__ import annotations
+# -- paths ---------------------------------------------------------------------------------------------------------
+CALL_PATH = "/v1/call/"  # + a command's name: POST its values by argument name, get its result document
+EXPORT_PATH = "/v1/export"  # POST export's values: the export as the body, its summary in RESULT_HEADER
+IMPORT_PATH = "/v1/import"  # POST an export as the body (?dry_run=true): import's result document
+DELIVERED_PATH = "/v1/delivered"  # where a read's delivery (DELIVERY_HEADER) is confirmed, or cancelled
+STOP_PATH = "/v1/watch/stop"  # a watch's client stopped by a signal releases its wait's session (server.stops)
+# The looks beside the commands (agent_mail.server.looks): an identity's mirror documents, the supervisor's views.
+FOLLOW_PATH = "/v1/follow"
+DASHBOARD_PATH = "/v1/dashboard"
+HEALTH_PATH = "/v1/health"  # GET: whether the server is up (no token needed)
+OPENAPI_PATH = "/openapi.json"  # GET: the OpenAPI 3.1 document describing it all
+MCP_PATH = "/mcp"  # MCP over streamable HTTP (agent_mail.server.mcp_http)
 
-from agent_mail import errors, model, spec
-from agent_mail.protocols import schemas
-
-EXIT_HEADER = "X-Agent-Mail-Exit"
+# -- headers -------------------------------------------------------------------------------------------------------
+EXIT_HEADER = "X-Agent-Mail-Exit"  # every answer: the exit code the command would have on the command line
 RESULT_HEADER = "X-Agent-Mail-Result"  # export: its summary (JSON), the export itself being the body
 DELIVERY_HEADER = "X-Agent-Mail-Delivery"  # read with deliver=confirm: the delivery to confirm once printed
-DELIVERED_PATH = "/v1/delivered"  # where a delivery is confirmed (or cancelled)
 NAMES_HEADER = "X-Agent-Mail-Names"  # "flags": name arguments in problems as the command line does (--reply-to)
-# The looks beside the commands (agent_mail.server.looks): an identity's mirror documents, the supervisor's views.
-FOLLOW_PATH, DASHBOARD_PATH = "/v1/follow", "/v1/dashboard"
-# A watch's client stopped by a signal releases its wait's session there (agent_mail.server.stops).
-STOP_PATH = "/v1/watch/stop"
-LOOK_WAIT_MAX = 300  # served_looks.WAIT_SECONDS_MAX
 
-# The commands a client may call; the rest work on a mailbox itself, or are not served yet (the client says so).
-SERVED = ("send", "read", "ack", "watch", "heartbeat", "dismiss", "archive", "delete", "cancel", "attachments",
-          "profile", "notifications", "status", "search", "cleanup", "doctor", "reserve", "release", "reservations",
-          "hook")
-# The calls that may block: a hanging-up client, a stopping server or a revoked token ends them (hook: its waiter).
-WAITS = ("watch", "hook")
-# Arguments that name a file on the server's machine: what the client reads or writes on its own machine instead.
-LOCAL_TO_CLIENT = {"send": ("body_file", "attach", "ref"), "attachments": ("save_to", "overwrite"),
-                   "profile": ("mirror_dir",), "notifications": ("follow",), "doctor": ("repair",)}
-_LOCATED = {"type": "object", "required": ["key"], "additionalProperties": False,
-            "description": "The repository as the client located it on its own machine (its key, and whether its "
-                           "core.ignorecase folds case); patterns and paths are then said from its root. The server "
-                           "never looks at files of its own for it: without `located`, `repo` names the key.",
-            "properties": {"key": {"type": "string", "minLength": 1, "maxLength": 1000},
-                           "fold": {"type": "boolean"}}}
-_SESSION = {"type": "object", "required": ["session_id"],
-            "description": "The harness session as the client's machine knows it: its session_id and "
-                           "hook_event_name (from the hook's input), stop_hook_active, the harness's process id and "
-                           "the machine's name (so status counts it live while it shows signs of life), and a "
-                           "waiter's process token.",
-            "properties": {"session_id": {"type": "string", "minLength": 1, "maxLength": 200},
-                           "hook_event_name": {"type": ["string", "null"], "maxLength": 200},
-                           "stop_hook_active": {"type": "boolean"},
-                           "pid": {"type": ["integer", "null"], "minimum": 1},
-                           "host": {"type": ["string", "null"], "maxLength": 300},
-                           "waiter": {"type": ["string", "null"], "maxLength": 400}}}
-# What a hook step answers through a server: the harness's output as the hook prints it, and a waiter's note.
-HOOK_RESULT = {"type": "object", "required": ["output", "wake", "note"], "properties": {
-    "output": {"type": ["object", "null"], "description": "What the hook prints for the harness (null: nothing)."},
-    "wake": {"type": "boolean", "description": "wait: mail arrived; the hook exits 2 with `note` on stderr."},
-    "note": {"type": ["string", "null"], "description": "wait: the envelopes that wake the session."}}}
-# Values only a client sends, beside the command's own: content it read, a watch's remaining wait.
-EXTRAS = {
-    "send": {
-        "upload_attachments": {"type": "array", "description": "Attachments read on the client's machine.",
-                               "items": {"type": "object", "required": ["name", "content_base64"],
-                                         "properties": {"name": {"type": "string"},
-                                                        "content_base64": {"type": "string",
-                                                                           "contentEncoding": "base64"}}}},
-        "client_refs": {"type": "array", "items": {"type": "string"},
-                        "description": "Absolute paths on the client's machine the message points at (checked "
-                                       "there)."},
-        "idempotency_key": {"type": "string", "format": "uuid",
-                            "description": "A UUID the client makes for each send and sends again with it when the "
-                                           "answer was lost: the send is stored once (the key is its batch_id), "
-                                           "a repeat answered with the receipt of what was stored."}},
-    "watch": {"wait_seconds": {"type": "number", "exclusiveMinimum": 0,
-                               "maximum": model.WATCH_MINUTES_MAX * 60,
-                               "description": "How long this request waits (the client's remaining watch); "
-                                              "timeout_minutes is then ignored."},
-              "stop_key": {"type": "string", "format": "uuid",
-                           "description": f"A UUID the client makes for each blocked request: POST {STOP_PATH} "
-                                          "with it (from any replica) releases this wait's session, as a watch "
-                                          "stopped by a signal does before it exits. A client that hangs up "
-                                          "without that call leaves its session stale (killed)."}},
-    "read": {"deliver": {"enum": ["confirm"],
-                         "description": "confirm: take delivery in two steps (agent_mail.operations.deliveries). The marks "
-                                        f"are held, not made; the answer's {DELIVERY_HEADER} header names the "
-                                        f"delivery, which the client confirms at POST {DELIVERED_PATH} once it has "
-                                        "printed the result (or cancels if it could not). Unconfirmed, the "
-                                        "messages are delivered again after a minute. No header: nothing to "
-                                        "confirm."}},
-    "attachments": {"with_content": {"type": "boolean", "description": "Add `contents`: sha256 -> base64 of each "
-                                                                        "attachment listed."}},
-    **{name: {"located": _LOCATED} for name in ("reserve", "release", "reservations")},
-    "hook": {"session": _SESSION,
-             "wait_seconds": {"type": "number", "exclusiveMinimum": 0, "maximum": model.WATCH_MINUTES_MAX * 60,
-                              "description": "wait: how long this request waits (the client's remaining wait)."}},
-}
-# What a served call's operation takes from the extras (beside its checked values): a reservation command's
-# repository as the client located it ({} when it sent none: the server then needs `repo`, never looking at its own
-# files); a hook step's session as the client's machine knows it (a waiter's `once` is False: it blocks).
-_TAKEN = {"reserve": ("located",), "release": ("located",), "reservations": ("located",), "hook": ("session",)}
+# -- media types ---------------------------------------------------------------------------------------------------
+JSON = "application/json"  # a call's values, every answer but an export's
+JSON_LINES = "application/x-ndjson"  # an export in JSON Lines (what import takes)
+MBOX = "application/mbox"  # an export in mbox
+OCTETS = "application/octet-stream"  # an import's body as the OpenAPI document declares it (read whatever its type)
+
+# The longest a look (FOLLOW_PATH, DASHBOARD_PATH) waits in one request (its `wait_seconds`); the client asks again.
+LOOK_WAIT_MAX = 300
 
 
-def carried(name: str, extras: dict) -> dict:
-    """The values the operation of served call `name` takes from the client's extras."""
-    taken = {key: extras.get(key) or {} for key in _TAKEN.get(name, ())}
-    if name == "hook":
-        taken["once"] = False
-    return taken
-
-
-def exit_code(name: str, result: dict) -> int:
-    """The exit code a served call's result has on the command line: 3 for a send with refused recipients, and
-    for a reserve or reservations --check with conflicts."""
-    if name == "send" and result.get("refused") or name in ("reserve", "reservations") and result.get("conflicts"):
-        return errors.EXIT_PARTIAL
-    return errors.EXIT_OK
-
-EXIT_CODES = (errors.EXIT_OK, errors.EXIT_FAILED, errors.EXIT_INVALID, errors.EXIT_PARTIAL, errors.EXIT_FORBIDDEN)
-_ERROR = {"type": "object", "required": ["error", "problems"], "properties": {
-    "error": {"type": "string", "description": "What went wrong and how to fix it."},
-    "problems": {"type": "array", "items": {"type": "object", "properties": {
-        "field": {"type": ["string", "null"], "description": "The argument at fault (by the API's name, or the "
-                                                             "command line's when asked with X-Agent-Mail-Names)."},
-        "message": {"type": "string"}}}}}}
-
-
-def _exit_header() -> dict:
-    return {EXIT_HEADER: {"required": True, "description": "The exit code the command would have on the command "
-                                                            "line (0 ok, 1 failed, 2 invalid, 3 partial, 4 forbidden).",
-                          "schema": {"type": "integer", "enum": list(EXIT_CODES)}}}
-
-
-def _error_response(text: str) -> dict:
-    return {"description": text, "headers": _exit_header(),
-            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
-
-
-def _errors() -> dict:
-    return {"400": _error_response("The call is invalid (exit 2): every problem by argument name."),
-            "401": _error_response("No valid token: missing, unknown or revoked (exit 4)."),
-            "403": _error_response("The token may not act as, or look at, the identity the call names (exit 4)."),
-            "408": _error_response("The request did not arrive within the server's read limit (exit 2); nothing "
-                                   "was done."),
-            "413": _error_response("The request is larger than the most a call carries (exit 2); refused from its "
-                                   "Content-Length, nothing was done."),
-            "431": _error_response("The request's line and headers are larger than 16 KiB (exit 2)."),
-            "503": _error_response("The mailbox cannot be reached now, or the server is stopping (exit 1)."),
-            "default": _error_response("Any other failure (exit 1): still {error, problems}.")}
-
-
-def _call_operation(name: str) -> dict:
-    command = spec.COMMANDS[name]
-    body = schemas.arguments_schema(command, extra=EXTRAS.get(name), nullable=True)
-    for key in LOCAL_TO_CLIENT.get(name, ()):
-        body["properties"].pop(key, None)
-    ok = {"description": "The command's result document, as the command line prints it (exit 0; send with refused "
-                         "recipients: exit 3).", "headers": _exit_header(),
-          "content": {"application/json": {"schema": HOOK_RESULT if name == "hook" else
-                                           schemas.result_schema(command)}}}
-    return {"operationId": name, "summary": command.summary, "tags": ["mutating" if command.mutating else "looking"],
-            "parameters": [{"name": NAMES_HEADER, "in": "header", "required": False,
-                            "description": "`flags`: name arguments in problems as the command line does "
-                                           "(`--reply-to`); anything else: as the API does (`reply_to`).",
-                            "schema": {"type": "string"}}],
-            "requestBody": {"required": False, "description": "No body: no values (as {}).",
-                            "content": {"application/json": {"schema": body}}},
-            "responses": {"200": ok, **_errors()}}
-
-
-def _wait_seconds() -> dict:
-    return {"type": "number", "exclusiveMinimum": 0, "maximum": LOOK_WAIT_MAX,
-            "description": "With `after`: wait up to this long for a change before answering."}
-
-
-def _look_operation(operation_id: str, summary: str, body: dict, result: dict) -> dict:
-    return {"operationId": operation_id, "summary": summary, "tags": ["looking"],
-            "requestBody": {"required": False, "content": {"application/json": {"schema": body}}},
-            "responses": {"200": {"description": "What was read.", "headers": _exit_header(),
-                                  "content": {"application/json": {"schema": result}}}, **_errors()}}
-
-
-def _delivered_operation() -> dict:
-    return _look_operation(
-        "delivered", "Confirm a delivery a read answered with (read with deliver=confirm, its "
-                     f"{DELIVERY_HEADER} header) once its result was printed: its messages are marked read (and "
-                     "acknowledged, for read --ack) as of the moment they were handed over. printed=false cancels "
-                     "it: they are unread again at once. Settling again, or a delivery that expired and went to "
-                     "another reader, settles nothing. Acts as the delivery's identity: the token must name it.",
-        {"type": "object", "additionalProperties": False, "required": ["delivery", "printed"], "properties": {
-            "delivery": {"type": "string", "pattern": "^dlv_[0-9a-f]{32}$"},
-            "printed": {"type": "boolean", "description": "true: the result was written (mark the messages); "
-                                                          "false: it was not (make them unread again)."}}},
-        {"type": "object", "required": ["delivery", "agent"], "properties": {
-            "delivery": {"type": "string"}, "agent": {"type": ["string", "null"]},
-            "confirmed": {"type": "integer", "description": "How many messages were marked."},
-            "cancelled": {"type": "integer", "description": "How many were made unread again."}}})
-
-
-def _follow_operation() -> dict:
-    document = {"type": ["object", "null"], "description": "The file's document; null: no file."}
-    return _look_operation(
-        "follow", "An identity's notification mirror as its two files hold it (.notification/email.json and "
-                  "system.json), for the client to write on its own machine (profile --mirror-dir, notifications, "
-                  "notifications --follow). Acts as the identity: the token must name it.",
-        {"type": "object", "additionalProperties": False, "required": ["agent"], "properties": {
-            "agent": {"type": "string", "description": "The identity (project:name)."},
-            "after": {"type": "string", "description": "The fingerprint of the documents last written: with "
-                                                        "wait_seconds, answer once they differ."},
-            "wait_seconds": _wait_seconds()}},
-        {"type": "object", "required": ["agent", "unread", "email", "system", "fingerprint", "at"], "properties": {
-            "agent": {"type": "string"}, "unread": {"type": "integer"}, "email": document, "system": document,
-            "fingerprint": {"type": "string"}, "at": {"type": "string"}}})
-
-
-def _stop_operation() -> dict:
-    return {"operationId": "stop_watch", "tags": ["mutating"],
-            "summary": "Release the session of a blocked watch (its request's stop_key), as a watch stopped by "
-                       "SIGTERM, SIGINT or SIGHUP does before it exits: status then shows it released, not stale. "
-                       "Works on any replica; the server holding the wait ends it. Acts as the identity: the "
-                       "token must name it.",
-            "requestBody": {"required": True, "content": {"application/json": {"schema": {
-                "type": "object", "additionalProperties": False, "required": ["agent", "key"], "properties": {
-                    "agent": {"type": "string", "description": "The identity the watch waits for (project:name)."},
-                    "key": {"type": "string", "format": "uuid", "description": "The watch request's stop_key."},
-                    "signal": {"type": "integer", "minimum": 1, "maximum": 64,
-                               "description": "The signal that stopped the client (the release's reason)."}}}}}},
-            "responses": {"200": {"description": "The session is released (`released`: by this call; false: its "
-                                                 "wait had ended already).", "headers": _exit_header(),
-                                  "content": {"application/json": {"schema": {
-                                      "type": "object", "required": ["agent", "released", "released_at"],
-                                      "properties": {"agent": {"type": "string"}, "released": {"type": "boolean"},
-                                                     "released_at": {"type": ["string", "null"]}}}}}},
-                          **_errors()}}
-
-
-def _dashboard_operation() -> dict:
-    def view(**properties) -> dict:
-        return {"type": "object", "additionalProperties": False, "properties": properties,
-                "required": [name for name in properties if name in ("agent", "id")]}
-    views = {"fleet": view(overdue_minutes={"type": "number", "exclusiveMinimum": 0, "maximum": 10**6}),
-             "feed": view(), "inbox": view(agent={"type": "string"}), "thread": view(id={"type": "string"}),
-             "message": view(id={"type": "string"}), "hourly": view(by={"enum": ["project", "identity"]}),
-             "backlog": view(), "reservations": view()}
-    return _look_operation(
-        "dashboard", "The supervisor's views (fleet, feed, an inbox, a thread, charts), as the dashboard shows them; "
-                     "marks nothing read. Needs a supervisor's or an operator's token.",
-        {"type": "object", "additionalProperties": False, "properties": {
-            "views": {"type": "object", "additionalProperties": False, "properties": views},
-            "after": {"type": "integer", "description": "The marker of an earlier answer: with wait_seconds, answer "
-                                                        "once a message was stored since."},
-            "wait_seconds": _wait_seconds()}},
-        {"type": "object", "required": ["marker", "views"], "properties": {
-            "marker": {"type": "integer"}, "views": {"type": "object"}}})
-
-
-def openapi(version: str) -> dict:
-    """The OpenAPI 3.1 document of the API, every served command's arguments from the spec."""
-    paths = {f"/v1/call/{name}": {"post": _call_operation(name)} for name in SERVED}
-    export = spec.COMMANDS["export"]
-    exported = schemas.arguments_schema(export, leave_out=("--output",), nullable=True)
-    paths["/v1/export"] = {"post": {
-        "operationId": "export", "summary": export.summary + " The client writes it (--output, or stdout).",
-        "requestBody": {"required": False, "content": {"application/json": {"schema": exported}}},
-        "responses": {"200": {"description": "The export itself (JSON Lines, or mbox); its summary (format, bytes "
-                                             f"and counts) as JSON in {RESULT_HEADER}.",
-                              "headers": {**_exit_header(), RESULT_HEADER: {"required": True,
-                                                                            "schema": {"type": "string"}}},
-                              "content": {"application/x-ndjson": {"schema": {"type": "string"}},
-                                          "application/mbox": {"schema": {"type": "string"}}}},
-                      **_errors()}}}
-    imported = spec.COMMANDS["import"]
-    paths["/v1/import"] = {"post": {
-        "operationId": "import", "summary": imported.summary + " Needs an operator's token ('*').",
-        "parameters": [{"name": "dry_run", "in": "query", "required": False, "schema": {"type": "string",
-                                                                                        "enum": ["true", "false"]},
-                        "description": imported.arg("--dry-run").help}],
-        # The export file's bytes as they are (JSON Lines); the server reads the body whatever its type says.
-        "requestBody": {"required": True, "content": {"application/octet-stream": {"schema": {
-            "type": "string", "format": "binary"}}}},
-        "responses": {"200": {"description": "import's result document (file: null; the client names its own).",
-                              "headers": _exit_header(),
-                              "content": {"application/json": {"schema": schemas.result_schema(imported)}}},
-                      **_errors()}}}
-    paths[DELIVERED_PATH] = {"post": _delivered_operation()}
-    paths[FOLLOW_PATH] = {"post": _follow_operation()}
-    paths[DASHBOARD_PATH] = {"post": _dashboard_operation()}
-    paths[STOP_PATH] = {"post": _stop_operation()}
-    paths["/v1/health"] = {"get": {"operationId": "health", "summary": "Whether the server is up (no token needed).",
-                                   "security": [], "responses": {"200": {
-                                       "description": "Up.", "headers": _exit_header(),
-                                       "content": {"application/json": {"schema": {
-                                           "type": "object", "required": ["ok", "stopping"],
-                                           "properties": {"ok": {"type": "boolean"},
-                                                          "stopping": {"type": "boolean"}}}}}}}}}
-    return {
-        "openapi": "3.1.0",
-        "info": {"title": "agent-mail", "version": version,
-                 "description": "The agent-mail mailbox served by `agent-mail serve`. Each command is POST "
-                                "/v1/call/COMMAND with its values by argument name (the command line's flag "
-                                "without dashes); the answer is the command's own result document, with the exit "
-                                f"code the command would have in the {EXIT_HEADER} header. A token acts only as "
-                                "the identities it names (agent-mail token create)."},
-        "servers": [{"url": "/"}],
-        "security": [{"bearer": []}],
-        "paths": paths,
-        "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
-                                                      "description": "A token from agent-mail token create."}},
-                       "schemas": {"Error": _ERROR}},
-    }
+def call_path(name: str) -> str:
+    """The path of command `name`'s call."""
+    return CALL_PATH + name

@@ -1,45 +1,49 @@
 """A client's calls to an agent-mail server (standard library only): the token it presents, one call and its
 answer (plain calls through agent_mail.protocols.wire; a streamed body or answer through http.client), and the errors a
-front end shows (Answered: the server's refusal; Unreachable: no answer). Used by the command line's client
-(agent_mail.client.commands) for every command it carries to a server.
+front end shows (Refused: the server's refusal; Unreachable: no answer). Used by the front ends that reach a served
+mailbox: the command line's client (agent_mail.client) for every command it carries to a server, and the
+dashboard (agent_mail.dashboard.served), by the API's names (agent_mail.protocols.http_api).
 """
 
 from __future__ import annotations
 
 import os
 
-from agent_mail import errors, jsonout, spec
+from agent_mail import errors, jsonout
+from agent_mail.protocols import http_api, wire
 
-TOKEN_VAR, TOKEN_FILE_VAR, CA_VAR = "AGENT_MAIL_TOKEN", "AGENT_MAIL_TOKEN_FILE", "AGENT_MAIL_CA"
-EXIT_HEADER = "X-Agent-Mail-Exit"
-DELIVERY_HEADER, DELIVERED_PATH = "X-Agent-Mail-Delivery", "/v1/delivered"  # api's: a read's two steps
+TOKEN_VAR, TOKEN_FILE_VAR = "AGENT_MAIL_TOKEN", "AGENT_MAIL_TOKEN_FILE"
 CALL_TIMEOUT_SECONDS = 300.0
 # A server that does not accept the connection within this is unreachable (a partitioned network drops the
 # packets: without it a connect would wait for the system's two minutes of retries).
 CONNECT_SECONDS = 10.0
-# A connection gone quiet is probed (TCP keepalive: after 5 s idle, every 2 s, 3 probes; at most 11 s for data
-# not acknowledged): a server cut off by the network is noticed within about 11 s, however long the call waits.
-KEEPALIVE = (5, 2, 3, 11_000)
 
-class Answered(errors.AgentMailError):
-    """The server's refusal, as the command would have refused: its payload and exit code, already named as the
-    command line names arguments."""
+
+class Refused(errors.AgentMailError):
+    """The server's refusal, as the command would have refused: its payload ({error, problems}, named as the call
+    asked: the command line's flags, or the API's names) and the exit code the command would have."""
 
     def __init__(self, payload: dict, exit_code: int):
         super().__init__(str(payload.get("error", "the server refused the call.")))
         self._payload = payload
         self.exit_code = exit_code
 
-    def renamed(self, namer) -> Answered:
+    def renamed(self, namer) -> Refused:
         return self
+
+    def problems(self) -> list[dict]:
+        problems = self._payload.get("problems")
+        return list(problems) if isinstance(problems, list) and problems else [{"field": None,
+                                                                                "message": self.message}]
 
     def payload(self) -> dict:
         return dict(self._payload)
 
 
-class Unreachable(errors.AgentMailError):
+class Unreachable(errors.StorageError):
     """The server could not be reached, or stopped answering (`sent`: after the whole call had been sent), or
-    something else answered (`answered`: its HTTP status)."""
+    something else answered (`answered`: its HTTP status). A StorageError: the mailbox is out of reach (the
+    dashboard shows it and tries again)."""
 
     sent = False
     answered: int | None = None
@@ -79,19 +83,6 @@ def read_token() -> str:
     return token
 
 
-def _given(name: str, values: dict) -> dict:
-    """Checked values (by the operation's keywords) -> values by argument name, as the API takes them."""
-    given = {}
-    for arg in spec.COMMANDS[name].args:
-        value = values.get(arg.dest)
-        if value is None or value is False or value == [] or arg.kind == spec.REMOVED or \
-                (arg.default is not None and value == arg.default):  # a default the server fills in the same
-            continue
-        key = arg.name.lstrip("-").replace("-", "_")
-        given[key] = ",".join(value) if arg.kind == spec.FIELDS and isinstance(value, list) else value
-    return given
-
-
 def _connection(url: str, timeout: float | None):
     import http.client
     from urllib.parse import urlsplit
@@ -100,7 +91,7 @@ def _connection(url: str, timeout: float | None):
     if parts.scheme == "https":
         import ssl
 
-        context = ssl.create_default_context(cafile=os.environ.get(CA_VAR) or None)
+        context = ssl.create_default_context(cafile=os.environ.get(wire.CA_VAR) or None)
         return _probed(http.client.HTTPSConnection(parts.hostname, parts.port, context=context,
                                                    timeout=CONNECT_SECONDS), timeout), parts.path
     return _probed(http.client.HTTPConnection(parts.hostname, parts.port, timeout=CONNECT_SECONDS), timeout), \
@@ -109,39 +100,32 @@ def _connection(url: str, timeout: float | None):
 
 def _probed(connection, timeout: float | None):
     """`connection`, connecting within CONNECT_SECONDS, then waiting up to `timeout` (None: as long as it takes)
-    for each answer, its socket probed by TCP keepalive (KEEPALIVE) so a dead link is an error, not a hang."""
-    import socket
-
+    for each answer, its socket probed when quiet (wire.keep_probing) so a dead link is an error, not a hang."""
     connect = connection.connect
 
     def connected() -> None:
         connect()
         raw = connection.sock
-        idle, interval, count, user_timeout_ms = KEEPALIVE
-        raw.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        for option, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", interval), ("TCP_KEEPCNT", count),
-                              ("TCP_USER_TIMEOUT", user_timeout_ms)):
-            if hasattr(socket, option):  # Linux; others keep the system's
-                raw.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+        wire.keep_probing(raw)
         raw.settimeout(timeout)
     connection.connect = connected
     return connection
 
 
 def request(url: str, token: str, name: str, given: dict, timeout: float | None = CALL_TIMEOUT_SECONDS, *,
-            path: str = "", body=None, content_type: str = "application/json", into=None, header: str = "",
+            path: str = "", body=None, content_type: str = http_api.JSON, into=None, header: str = "",
             names: str = "flags", connect_timeout: float = CONNECT_SECONDS):
     """POST the call; (status, exit code, document). Unreachable when no answer came. `path`, `body`: another
-    endpoint than /v1/call/NAME, and a body other than `given` as JSON (bytes, a file, an iterable of chunks);
-    `into(response)`: takes a successful answer's body itself (then the document is None). `header`: a plain
-    call's answer header to return too, fourth (None when absent). `names`: how problems name arguments ("flags":
-    as the command line does; "": as the API does). `connect_timeout`: of a plain call."""
+    endpoint than the call's own (http_api.call_path), and a body other than `given` as JSON (bytes, a file, an
+    iterable of chunks); `into(response)`: takes a successful answer's body itself (then the document is None).
+    `header`: a plain call's answer header to return too, fourth (None when absent). `names`: how problems name
+    arguments ("flags": as the command line does; "": as the API does). `connect_timeout`: of a plain call."""
     if body is None and into is None:
         return _call(url, token, name, given, timeout, path, header, names, connect_timeout)
     import http.client
 
     connection, base = _connection(url, timeout)
-    headers = {"Content-Type": content_type, "Authorization": f"Bearer {token}", "X-Agent-Mail-Names": "flags"}
+    headers = {"Content-Type": content_type, "Authorization": f"Bearer {token}", http_api.NAMES_HEADER: "flags"}
     chunked = body is not None and not isinstance(body, bytes) and not hasattr(body, "fileno")
     if body is None:
         body = jsonout.dumps(given).encode("utf-8")
@@ -149,11 +133,11 @@ def request(url: str, token: str, name: str, given: dict, timeout: float | None 
         headers["Content-Length"] = str(os.fstat(body.fileno()).st_size)
     sent = False
     try:
-        connection.request("POST", f"{base.rstrip('/')}{path or f'/v1/call/{name}'}", body=body, headers=headers,
+        connection.request("POST", base.rstrip("/") + (path or http_api.call_path(name)), body=body, headers=headers,
                            encode_chunked=chunked)
         sent = True
         response = connection.getresponse()
-        code = response.getheader(EXIT_HEADER)
+        code = response.getheader(http_api.EXIT_HEADER)
         if into is not None and response.status == 200:
             into(response)
             return response.status, int(code), None
@@ -171,16 +155,14 @@ def request(url: str, token: str, name: str, given: dict, timeout: float | None 
 
 def _call(url: str, token: str, name: str, given: dict, timeout: float | None, path: str, header: str = "",
           names: str = "flags", connect_timeout: float = CONNECT_SECONDS):
-    """One plain call (a JSON object, its JSON answer) through agent_mail.protocols.wire: what every command but export and
-    import makes, without http.client's import."""
-    from agent_mail.protocols import wire
-
-    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
+    """One plain call (a JSON object, its JSON answer) through agent_mail.protocols.wire: what every command but
+    export and import makes, without http.client's import."""
+    headers = {"Content-Type": http_api.JSON, "Authorization": f"Bearer {token}"}
     if names:
-        headers["X-Agent-Mail-Names"] = names
+        headers[http_api.NAMES_HEADER] = names
     try:
-        reply = wire.post(url, path or f"/v1/call/{name}", jsonout.dumps(given).encode("utf-8"), headers, timeout,
-                          connect_timeout=connect_timeout, keepalive=KEEPALIVE)
+        reply = wire.post(url, path or http_api.call_path(name), jsonout.dumps(given).encode("utf-8"), headers,
+                          timeout, connect_timeout=connect_timeout, keepalive=True)
     except wire.Lost as exc:
         after = (" The call was sent but its answer was lost: it may have been carried out; look (read --all, "
                  "status) before repeating it.") if exc.sent else " Nothing was sent."
@@ -189,7 +171,7 @@ def _call(url: str, token: str, name: str, given: dict, timeout: float | None, p
         raise lost from None
     except ValueError as exc:  # not an http(s) URL: location.server_url() said it was one
         raise _refuse("AGENT_MAIL_DB", f"is not a usable server URL ({exc})") from None
-    answered = _answered(url, reply.status, reply.header(EXIT_HEADER), reply.body)
+    answered = _answered(url, reply.status, reply.header(http_api.EXIT_HEADER), reply.body)
     return (*answered, reply.header(header)) if header else answered
 
 
@@ -208,3 +190,19 @@ def _answered(url: str, status: int, code, data: bytes):
         other.sent, other.answered = True, status
         raise other from None
     return status, code, document
+
+
+def accepted(code: int, document) -> dict:
+    """A call's answer `document` when its exit code is 0, or 3 (a send with refused recipients, a reserve with
+    conflicts: the result says so); else the server's refusal, raised as Refused."""
+    if code not in (errors.EXIT_OK, errors.EXIT_PARTIAL) or not isinstance(document, dict):
+        raise Refused(document if isinstance(document, dict) else {"error": str(document)}, code)
+    return document
+
+
+def post(url: str, token: str, path: str, document: dict, timeout: float) -> dict:
+    """POST `document` as JSON to `path` on the server at `url`, its problems named as the API names arguments (for
+    a front end other than the command line's, such as the dashboard); its answer (accepted), else Refused;
+    Unreachable when no answer came."""
+    _, code, answer = request(url, token, "", document, timeout, path=path, names="")
+    return accepted(code, answer)

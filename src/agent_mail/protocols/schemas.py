@@ -1,6 +1,6 @@
-"""JSON Schema for a command's arguments and result, made from the spec: what the MCP tools (harness/mcp_stdio.py) and
-the HTTP API's OpenAPI document (the server's /openapi.json) both declare, so the two cannot drift from each other or from
-`describe`. Arguments are named as calls name them (the flag without dashes, `reply_to`)."""
+"""JSON Schema for a command's arguments and result, made from the spec: what the MCP tools (harness/mcp_stdio.py)
+and the HTTP API's OpenAPI document (the server's /openapi.json) both declare, so the two cannot drift from each
+other or from `describe`. Arguments are named as calls name them (the flag without dashes, `reply_to`)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,8 @@ measured against (issue 21: at most 1.5x a local cold start). A call here is one
 request is written whole, the answer read by its Content-Length (or chunked, as a proxy may send it, or to the
 end of the connection), the connection closed. Plain http on the C socket module alone; https through `ssl`
 (and `socket`, which ssl wraps), verified against the system's CAs or AGENT_MAIL_CA. Streaming (export, import)
-keeps http.client, imported only there.
+keeps http.client, imported only there. Also the TCP keepalive (keep_probing) both ends of a connection set: the
+client's calls, here and through http.client, and the server's listening socket (agent_mail.server.app).
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ import os
 
 CA_VAR = "AGENT_MAIL_CA"
 MAX_HEADER_BYTES = 65_536
+# A connection gone quiet is probed (TCP keepalive: after 5 s idle, every 2 s, 3 probes, and at most 11 s for data
+# not acknowledged): a peer cut off by the network is noticed within about 11 s, however long a call waits. The
+# same on both sides: the client's calls (here and agent_mail.protocols.http_client) and the server's connections.
+KEEPALIVE = (5, 2, 3, 11_000)  # idle seconds, seconds between probes, probes, most milliseconds unacknowledged
 
 
 class Lost(Exception):
@@ -59,10 +64,24 @@ def split(url: str) -> tuple[str, str, int, str]:
     return scheme, host, port, ("/" + path).rstrip("/") if slash else ""
 
 
+def keep_probing(sock) -> None:
+    """Have the system probe `sock` when it goes quiet (KEEPALIVE), so a peer cut off by the network is an error,
+    not a hang. A listening socket's accepted connections inherit it. Any socket, by the C module's constants (the
+    `socket` module loads `enum`, which a plain call does without)."""
+    import _socket
+
+    idle, interval, count, user_timeout_ms = KEEPALIVE
+    sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_KEEPALIVE, 1)
+    for option, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", interval), ("TCP_KEEPCNT", count),
+                          ("TCP_USER_TIMEOUT", user_timeout_ms)):
+        if hasattr(_socket, option):  # Linux; others keep the system's
+            sock.setsockopt(_socket.IPPROTO_TCP, getattr(_socket, option), value)
+
+
 def _connect(scheme: str, host: str, port: int, connect_timeout: float | None, timeout: float | None,
-             keepalive: tuple | None):
+             keepalive: bool):
     """A connected socket: within `connect_timeout`, then each answer awaited up to `timeout` (None: as long as
-    it takes), probed when quiet by TCP keepalive (idle, interval, count, user timeout in ms) where given."""
+    it takes), probed when quiet (keep_probing) if `keepalive`."""
     if scheme == "https":
         import socket as sockets
         import ssl
@@ -70,7 +89,8 @@ def _connect(scheme: str, host: str, port: int, connect_timeout: float | None, t
         context = ssl.create_default_context(cafile=os.environ.get(CA_VAR) or None)
         raw = sockets.create_connection((host, port), timeout=connect_timeout)
         try:
-            _probe(raw, sockets, keepalive)
+            if keepalive:
+                keep_probing(raw)
             sock = context.wrap_socket(raw, server_hostname=host)
             sock.settimeout(timeout)
             return sock
@@ -87,24 +107,14 @@ def _connect(scheme: str, host: str, port: int, connect_timeout: float | None, t
         try:
             sock.settimeout(connect_timeout)
             sock.connect(address)
-            _probe(sock, _socket, keepalive)
+            if keepalive:
+                keep_probing(sock)
             sock.settimeout(timeout)
             return sock
         except OSError as exc:
             sock.close()
             problem = exc
     raise problem or OSError(f"no address for {host}")
-
-
-def _probe(sock, module, keepalive: tuple | None) -> None:
-    if keepalive is None:
-        return
-    idle, interval, count, user_timeout_ms = keepalive
-    sock.setsockopt(module.SOL_SOCKET, module.SO_KEEPALIVE, 1)
-    for option, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", interval), ("TCP_KEEPCNT", count),
-                          ("TCP_USER_TIMEOUT", user_timeout_ms)):
-        if hasattr(module, option):  # Linux; others keep the system's
-            sock.setsockopt(module.IPPROTO_TCP, getattr(module, option), value)
 
 
 def _reason(exc: BaseException) -> str:
@@ -115,9 +125,10 @@ def _reason(exc: BaseException) -> str:
 
 
 def post(url: str, path: str, body: bytes, headers: dict[str, str], timeout: float | None, *,
-         connect_timeout: float | None = None, keepalive: tuple | None = None) -> Reply:
+         connect_timeout: float | None = None, keepalive: bool = False) -> Reply:
     """POST `body` to `path` under `url`; the whole answer, or Lost. `connect_timeout` (default: `timeout`) bounds
-    the connecting; `timeout` each wait for the answer's bytes."""
+    the connecting; `timeout` each wait for the answer's bytes; `keepalive`: the connection probed when quiet
+    (keep_probing)."""
     scheme, host, port, prefix = split(url)
     shown_host = f"[{host}]" if ":" in host else host
     default = 443 if scheme == "https" else 80

@@ -40,17 +40,17 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from agent_mail import __version__, calls, errors, jsonout, model, spec
-from agent_mail.protocols import http_api
+from agent_mail.protocols import http_api, wire
 from agent_mail.parts import checks
-from agent_mail.server import grants, stops
+from agent_mail.server import grants, openapi, stops
 from agent_mail.operations import tokens
-from agent_mail.server.edge import (Dated, MAX_HEAD_BYTES, _address, _body, _is_loopback, _keepalive, _log, _Protocol,
-                                   _upload)
+from agent_mail.server.edge import (MAX_HEAD_BYTES, Dated, EdgeProtocol, is_loopback, listen_address, log, read_body,
+                                    spool_upload)
 from agent_mail.server.waits import ServedWaits, Stopping
 from agent_mail.parts.waits import HungUp, Released
 
 EXIT_HEADER, NAMES_HEADER = http_api.EXIT_HEADER, http_api.NAMES_HEADER
-SERVED, LOCAL_TO_CLIENT, EXTRAS = http_api.SERVED, http_api.LOCAL_TO_CLIENT, http_api.EXTRAS
+SERVED, LOCAL_TO_CLIENT, EXTRAS = openapi.SERVED, openapi.LOCAL_TO_CLIENT, openapi.EXTRAS
 DEFAULT_LISTEN = "127.0.0.1:8025"
 MAX_THREADS = 1000  # calls carried out at once on SQLite (a blocked watch holds one there)
 # PostgreSQL connections for calls (and the looks of waits): the server's calls are short and mostly the database's
@@ -120,7 +120,7 @@ class _Carrier:
 
 # The calls whose waits the server's LISTEN connection carries (PostgreSQL). A hook's waiter blocks in a thread on
 # a connection of its own, outside the pool (so idle harness sessions never starve the calls): see docs/design.md.
-_ON_THE_HUB = tuple(name for name in SERVED if name not in http_api.WAITS or name == "watch")
+_ON_THE_HUB = tuple(name for name in SERVED if name not in openapi.WAITS or name == "watch")
 
 
 class _Wait:
@@ -145,8 +145,10 @@ def _status(error: errors.AgentMailError) -> int:
 
 
 def _document(payload: object, status: int, code: int, delivery: str | None = None) -> Response:
-    headers = {EXIT_HEADER: str(code)} if delivery is None else {EXIT_HEADER: str(code), http_api.DELIVERY_HEADER: delivery}
-    return Response(jsonout.dumps(payload, end="\n"), status, media_type="application/json", headers=headers)
+    headers = {EXIT_HEADER: str(code)}
+    if delivery is not None:
+        headers[http_api.DELIVERY_HEADER] = delivery
+    return Response(jsonout.dumps(payload, end="\n"), status, media_type=http_api.JSON, headers=headers)
 
 
 def _bearer(request: Request) -> str | None:
@@ -210,9 +212,9 @@ def _carry_out(carrier: _Carrier, name: str, presented: str | None, body: bytes,
         mailbox.publish_due()
         if uploaded is not None:
             values["uploaded"] = {**uploaded, "key": extras.get("idempotency_key")}
-        values.update(http_api.carried(name, extras))
+        values.update(openapi.carried(name, extras))
         delivery = _delivery(values, extras.get("deliver")) if name == "read" else None
-        if name in http_api.WAITS:
+        if name in openapi.WAITS:
             key = _bound_wait(carrier, name, values, extras, store, grant, gone)
             if carrier.waits is not None and name == "watch" and not values["once"]:
                 values.pop("wanted")
@@ -226,12 +228,13 @@ def _carry_out(carrier: _Carrier, name: str, presented: str | None, body: bytes,
 
 
 def _delivery(values: dict, deliver: object):
-    """read with deliver=confirm: the Delivery its marks are held for (agent_mail.operations.deliveries), when it marks."""
+    """read with deliver=confirm: the Delivery its marks are held for (agent_mail.operations.deliveries), when it
+    marks."""
     if deliver is None:
         return None
     if deliver != "confirm":
-        raise errors.InvalidInput([("deliver", "is 'confirm' (hold the marks until POST /v1/delivered), or "
-                                               "left out.")])
+        raise errors.InvalidInput([("deliver", f"is 'confirm' (hold the marks until POST {http_api.DELIVERED_PATH}), "
+                                               "or left out.")])
     if values["no_mark_read"] and not values["ack"] or values["thread"] is not None or values["archived"]:
         return None  # it marks nothing
     from agent_mail.operations.deliveries import Delivery
@@ -397,7 +400,7 @@ async def _call(carrier: _Carrier, name: str, request: Request, body: bytes, inf
     # A client that hangs up ends its wait: watched by a plain task, cancelled at the end (a task group's cancel
     # scope costs ~20 times as much, a thousand times over when a broadcast answers every wait at once).
     watching = asyncio.get_running_loop().create_task(_hung_up(request, carrier, gone, hung_up, name)) \
-        if name in http_api.WAITS else None
+        if name in openapi.WAITS else None
     try:
         result = await carrier.run(_carry_out, carrier, name, _bearer(request), body, info, gone,
                                    own=name not in _ON_THE_HUB)
@@ -427,7 +430,7 @@ async def _answered(request: Request, name: str, work, namer=None, status: int |
     except Exception as exc:  # a bug: still JSON, never a traceback
         response = _document({"error": f"internal error ({type(exc).__name__}: {exc}). Nothing was changed. "
                                        "Please report this.", "problems": []}, 500, errors.EXIT_FAILED)
-    _log(method=request.method, path=request.url.path, command=name, token_id=info["token_id"],
+    log(method=request.method, path=request.url.path, command=name, token_id=info["token_id"],
          **{"as": info["as"]}, status=response.status_code, exit=int(response.headers[EXIT_HEADER]),
          ms=round((time.monotonic() - started) * 1000, 1))
     return response
@@ -444,9 +447,9 @@ def app_for(location: str) -> Starlette:
             if name not in SERVED:
                 raise errors.InvalidInput([(None, f"{name!r} is not a command this server carries out; it serves "
                                                   f"{', '.join(SERVED)}.")])
-            body = await _body(request)
+            body = await read_body(request)
             result = await _call(carrier, name, request, body, info)
-            return _document(result, 200, http_api.exit_code(name, result), info.get("delivery"))
+            return _document(result, 200, openapi.exit_code(name, result), info.get("delivery"))
         return await _answered(request, name, carry_out, _namer(name, request), None if name in SERVED else 404)
 
     async def transfer(request: Request) -> Response:
@@ -461,7 +464,7 @@ def app_for(location: str) -> Starlette:
 
         async def carry_out(info: dict):
             if name == "export":
-                body = await _body(request)
+                body = await read_body(request)
                 carrier.ready()
                 summary = await carrier.run(_export_file, carrier, _bearer(request), body, info, directory)
                 path = os.path.join(directory, "export")
@@ -477,15 +480,15 @@ def app_for(location: str) -> Starlette:
                 from starlette.responses import StreamingResponse
 
                 kept.append(True)
-                return StreamingResponse(content(), 200, media_type="application/x-ndjson" if summary["format"]
-                                         == "jsonl" else "application/mbox",
+                return StreamingResponse(content(), 200, media_type=http_api.JSON_LINES if summary["format"]
+                                         == "jsonl" else http_api.MBOX,
                                          headers={EXIT_HEADER: "0", http_api.RESULT_HEADER: json.dumps(summary),
                                                   "Content-Length": str(summary["bytes"])})
             carrier.ready()
             grant = await carrier.run(_authenticated, carrier, _bearer(request), info)
             grants.check(grant, "import", {})  # an operator's, before a byte of the upload is spooled here
             path = os.path.join(directory, "upload.jsonl")
-            await _upload(request, path)
+            await spool_upload(request, path)
             dry_run = request.query_params.get("dry_run", "false").lower()
             if dry_run not in ("true", "false"):
                 raise errors.InvalidInput([("dry_run", "is true or false.")])
@@ -501,7 +504,7 @@ def app_for(location: str) -> Starlette:
         look = request.url.path.rsplit("/", 1)[1]
 
         async def answer(info: dict) -> dict:
-            body = await _body(request)
+            body = await read_body(request)
             carrier.ready()
             gone, hung_up, outcome = threading.Event(), anyio.Event(), []
             async with anyio.create_task_group() as group:
@@ -524,7 +527,7 @@ def app_for(location: str) -> Starlette:
         stopped by a signal, releasing its wait's session)."""
         async def endpoint(request: Request) -> Response:
             async def carry_out(info: dict) -> dict:
-                body = await _body(request)
+                body = await read_body(request)
                 carrier.ready()
                 return await carrier.run(function, carrier, _bearer(request), body, info)
             return await _answered(request, name, carry_out)
@@ -533,20 +536,20 @@ def app_for(location: str) -> Starlette:
     async def health(request: Request) -> Response:
         return _document({"ok": True, "stopping": _STOPPING.is_set()}, 200, errors.EXIT_OK)
 
-    async def openapi(request: Request) -> Response:
-        return _document(http_api.openapi(__version__), 200, errors.EXIT_OK)
+    async def described(request: Request) -> Response:
+        return _document(openapi.document(__version__), 200, errors.EXIT_OK)
 
     mcp = _mcp_endpoint(location)  # MCP over streamable HTTP (agent_mail.server.mcp_http), its session manager run by
-    return Starlette(routes=[Route("/v1/call/{command}", call, methods=["POST"]),  # the app's lifespan
-                             Route("/v1/export", transfer, methods=["POST"]),
-                             Route("/v1/import", transfer, methods=["POST"]),
+    return Starlette(routes=[Route(http_api.call_path("{command}"), call, methods=["POST"]),  # the app's lifespan
+                             Route(http_api.EXPORT_PATH, transfer, methods=["POST"]),
+                             Route(http_api.IMPORT_PATH, transfer, methods=["POST"]),
                              Route(http_api.DELIVERED_PATH, carried_by("delivered", _settle), methods=["POST"]),
                              Route(http_api.FOLLOW_PATH, looks, methods=["POST"]),
                              Route(http_api.DASHBOARD_PATH, looks, methods=["POST"]),
                              Route(http_api.STOP_PATH, carried_by("stop_watch", _stop_wait), methods=["POST"]),
-                             Route("/v1/health", health, methods=["GET"]),
-                             Route("/openapi.json", openapi, methods=["GET"]),
-                             Route("/mcp", mcp, methods=["GET", "POST", "DELETE"])],
+                             Route(http_api.HEALTH_PATH, health, methods=["GET"]),
+                             Route(http_api.OPENAPI_PATH, described, methods=["GET"]),
+                             Route(http_api.MCP_PATH, mcp, methods=["GET", "POST", "DELETE"])],
                      lifespan=getattr(mcp, "lifespan", None), exception_handlers={HTTPException: _not_routed},
                      middleware=[Middleware(Dated)])
 
@@ -562,18 +565,18 @@ def _mcp_endpoint(location: str):
         async def missing(request: Request) -> Response:
             return _document({"error": why, "problems": []}, 501, errors.EXIT_FAILED)
         return missing
-    return mcp_http.Endpoint(location, _STOPPING, _log, MAX_THREADS)
+    return mcp_http.Endpoint(location, _STOPPING, log, MAX_THREADS)
 
 async def _not_routed(request: Request, exc: HTTPException) -> Response:
     """Starlette's own refusals (a path the API has not: 404; a method it is not called with: 405) in JSON with the
     exit code, like every other answer, and logged."""
-    text = {404: f"{request.url.path} is not a path of the agent-mail API; calls are POST /v1/call/COMMAND (GET "
-                 "/openapi.json describes them all).",
-            405: f"{request.url.path} is not called with {request.method}; see GET /openapi.json."}.get(
+    text = {404: f"{request.url.path} is not a path of the agent-mail API; calls are POST "
+                 f"{http_api.CALL_PATH}COMMAND (GET {http_api.OPENAPI_PATH} describes them all).",
+            405: f"{request.url.path} is not called with {request.method}; see GET {http_api.OPENAPI_PATH}."}.get(
         exc.status_code, str(exc.detail))
     response = _document(errors.InvalidInput([(None, text)]).payload(), exc.status_code, errors.EXIT_INVALID)
     response.headers.update(exc.headers or {})
-    _log(method=request.method, path=request.url.path, status=exc.status_code, exit=errors.EXIT_INVALID)
+    log(method=request.method, path=request.url.path, status=exc.status_code, exit=errors.EXIT_INVALID)
     return response
 
 
@@ -610,7 +613,7 @@ class _Server(uvicorn.Server):
     async def main_loop(self) -> None:
         """uvicorn's own loop wakes ten times a second, to see whether it should stop and to refresh its Date header
         (a quarter of a percent of a core: all an idle server would cost); this one sleeps until asked to stop
-        (answers are dated as they are sent: serve_edge.Dated), looking once a minute all the same."""
+        (answers are dated as they are sent: edge.Dated), looking once a minute all the same."""
         import asyncio
 
         self._loop, self._stop_now = asyncio.get_running_loop(), asyncio.Event()
@@ -631,8 +634,8 @@ def serve(listen: str | None = None, tls_cert: str | None = None, tls_key: str |
     from agent_mail.operations import location as locating
     from agent_mail.store import open_store, redact_url
 
-    host, port = _address(listen or DEFAULT_LISTEN)
-    if not _is_loopback(host) and not tls_cert and not insecure_no_tls:
+    host, port = listen_address(listen or DEFAULT_LISTEN)
+    if not is_loopback(host) and not tls_cert and not insecure_no_tls:
         raise errors.InvalidInput([("listen", f"{host} is not a loopback address: tokens and mail would cross the "
                                               "network in clear. Give --tls-cert FILE --tls-key FILE, or (behind a "
                                               "TLS proxy you trust) --insecure-no-tls.")])
@@ -646,7 +649,7 @@ def serve(listen: str | None = None, tls_cert: str | None = None, tls_key: str |
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    _keepalive(sock)
+    wire.keep_probing(sock)  # the connections it accepts inherit it
     try:
         sock.bind((host, port))
         sock.listen(2048)  # connections are queued from the moment "listening" is logged (uvicorn accepts them)
@@ -658,11 +661,11 @@ def serve(listen: str | None = None, tls_cert: str | None = None, tls_key: str |
     shown_host = f"[{host}]" if ":" in host else host
     config = uvicorn.Config(app_for(location), log_level="warning", access_log=False, lifespan="on",
                             ssl_certfile=tls_cert, ssl_keyfile=tls_key, timeout_graceful_shutdown=10,
-                            http=_Protocol, h11_max_incomplete_event_size=MAX_HEAD_BYTES, date_header=False)
+                            http=EdgeProtocol, h11_max_incomplete_event_size=MAX_HEAD_BYTES, date_header=False)
     server = _Server(config)
     import logging
 
-    # uvicorn's own line for a malformed request (not JSON): _Protocol logs its refusal as every request is logged.
+    # uvicorn's own line for a malformed request (not JSON): EdgeProtocol logs its refusal as every request is logged.
     logging.getLogger("uvicorn.error").addFilter(lambda record: record.getMessage() != "Invalid HTTP request "
                                                                                       "received.")
     server.location = location
@@ -673,7 +676,7 @@ def serve(listen: str | None = None, tls_cert: str | None = None, tls_key: str |
     # until uvicorn's own handlers are in place (while it starts) it stops the server as theirs do: a SIGTERM
     # that came right after "listening" was swallowed, and the server ran on.
     previous = {number: signal.signal(number, server.handle_exit) for number in (signal.SIGTERM, signal.SIGINT)}
-    _log(listening=f"{scheme}://{shown_host}:{bound}", mailbox=redact_url(location), pid=os.getpid())
+    log(listening=f"{scheme}://{shown_host}:{bound}", mailbox=redact_url(location), pid=os.getpid())
     try:
         server.run(sockets=[sock])
     finally:
@@ -681,7 +684,7 @@ def serve(listen: str | None = None, tls_cert: str | None = None, tls_key: str |
             signal.signal(number, handler)
         for carrier in _CARRIERS:
             carrier.close()
-    _log(stopped=True)
+    log(stopped=True)
 
 
 def main(values: dict, emit) -> int:

@@ -1,11 +1,12 @@
 """The edge of `agent-mail serve`: how a request may arrive and what is refused before the application sees it.
 
 A request's line and headers must come within READ_SECONDS of the connection's opening (uvicorn has no such
-limit: `_Protocol`), a head over MAX_HEAD_BYTES is 431, a body may pause no longer than READ_SECONDS and must come
+limit: EdgeProtocol), a head over MAX_HEAD_BYTES is 431, a body may pause no longer than READ_SECONDS and must come
 whole within that plus its size at MIN_BODY_RATE (408), a Content-Length over the cap is 413 before any of the
 body is read, a body cut short is 400, a request that is not HTTP is 400: every refusal JSON `{error, problems}`
-with the exit code header, logged as one JSON line (`_log`: never a token). Connections are probed when quiet
-(KEEPALIVE), so a client cut off by the network ends its wait. Also the listen address's checks.
+with the exit code header, logged as one JSON line (`log`: never a token). Connections are probed when quiet
+(TCP keepalive, agent_mail.protocols.wire.keep_probing: set on the listening socket by agent_mail.server.app), so a
+client cut off by the network ends its wait. Also the listen address's checks.
 """
 
 from __future__ import annotations
@@ -35,10 +36,6 @@ MAX_HEAD_BYTES = 16 * 1024  # a request's line and headers (a token is under 100
 READ_SECONDS = float(os.environ.get("AGENT_MAIL_SERVE_READ_SECONDS", "30"))
 LINGER_SECONDS = 2.0  # after a refusal answered before the body was all read: the rest read and dropped, then closed
 MIN_BODY_RATE = 64 * 1024  # bytes a second, on average: a large send's upload on a slow link still comes in time
-# A connection gone quiet is probed (TCP keepalive: after 5 s idle, every 2 s, 3 probes, and at most 11 s for
-# unacknowledged data): a client cut off by the network ends its wait within about 11 s, as a dead client is
-# noticed on the PostgreSQL side.
-KEEPALIVE = (5, 2, 3, 11_000)
 
 class TooLarge(errors.InvalidInput):
     """A request larger than the most a call carries: refused from its Content-Length, before its body is read."""
@@ -52,7 +49,7 @@ class TooSlow(errors.InvalidInput):
     http_status = 408
 
 
-def _log(**fields) -> None:
+def log(**fields) -> None:
     """One JSON line per request on stderr. Never a token: only its id, which is not secret."""
     fields = {"time": model.now_iso(), **fields}
     try:
@@ -62,7 +59,7 @@ def _log(**fields) -> None:
         pass
 
 
-async def _body(request: Request) -> bytes:
+async def read_body(request: Request) -> bytes:
     """A call's body: at most MAX_REQUEST_BYTES (a larger Content-Length is refused before any of it is read),
     arriving in time (_arriving), not cut short."""
     declared = request.headers.get("content-length")
@@ -101,7 +98,7 @@ async def _arriving(request: Request, most: int, field: str | None):
         yield chunk
 
 
-async def _upload(request: Request, path: str) -> None:
+async def spool_upload(request: Request, path: str) -> None:
     """An import's upload spooled to `path`: at most MAX_IMPORT_BYTES, arriving in time (_arriving)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > MAX_IMPORT_BYTES:
@@ -115,14 +112,14 @@ async def _upload(request: Request, path: str) -> None:
 def _refusal(status: int, reason: str, text: str) -> bytes:
     """A whole HTTP/1.1 answer, {error, problems} in JSON, to a request the protocol refuses before the application
     sees it; the connection closes after it."""
-    _log(status=status, exit=errors.EXIT_INVALID, refused=text)
+    log(status=status, exit=errors.EXIT_INVALID, refused=text)
     body = jsonout.dumps(errors.InvalidInput([(None, text)]).payload(), end="\n").encode("utf-8")
-    return (f"HTTP/1.1 {status} {reason}\r\ndate: {http_date().decode()}\r\ncontent-type: application/json\r\n"
+    return (f"HTTP/1.1 {status} {reason}\r\ndate: {http_date().decode()}\r\ncontent-type: {http_api.JSON}\r\n"
             f"content-length: {len(body)}\r\n"
             f"{EXIT_HEADER}: {errors.EXIT_INVALID}\r\nconnection: close\r\n\r\n").encode("ascii") + body
 
 
-class _Protocol(H11Protocol):
+class EdgeProtocol(H11Protocol):
     """uvicorn's HTTP/1.1 protocol, with a request's head held to READ_SECONDS, its own refusals (a malformed
     request, a head over MAX_HEAD_BYTES) in JSON like the application's, and the connection closed LINGER_SECONDS
     after an answer given before the request's body was all read (a refusal: the rest is read and dropped till
@@ -177,7 +174,7 @@ class _Protocol(H11Protocol):
                                                                       f"than {MAX_HEAD_BYTES} bytes; nothing was done.")
         else:
             answer = _refusal(400, "Bad Request", "this is not a well-formed HTTP/1.1 request; nothing was done. "
-                                                  "Send POST /v1/call/COMMAND with a JSON body.")
+                                                  f"Send POST {http_api.CALL_PATH}COMMAND with a JSON body.")
         if not self.transport.is_closing():
             self.transport.write(answer)
             self.transport.close()
@@ -193,19 +190,8 @@ class _Protocol(H11Protocol):
             self.transport.close()
 
 
-def _keepalive(sock) -> None:
-    """Probe a quiet connection (KEEPALIVE); accepted connections inherit it from the listening socket."""
-    import socket
-
-    idle, interval, count, user_timeout_ms = KEEPALIVE
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for option, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", interval), ("TCP_KEEPCNT", count),
-                          ("TCP_USER_TIMEOUT", user_timeout_ms)):
-        if hasattr(socket, option):  # Linux; others keep what they have
-            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
-
-
-def _address(listen: str) -> tuple[str, int]:
+def listen_address(listen: str) -> tuple[str, int]:
+    """(host, port) of --listen's HOST:PORT (a host in brackets for IPv6); InvalidInput if it is not one."""
     host, colon, port = listen.rpartition(":")
     host = host.strip("[]")
     if not colon or not host or not port.isdigit() or int(port) > 65535:
@@ -213,7 +199,8 @@ def _address(listen: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """Whether `host` (a name or an address) is this machine's loopback: no TLS needed there."""
     import ipaddress
 
     if host == "localhost":

@@ -6,8 +6,8 @@
   once they differ: asked at once, on every wake-up for the identity (mail committed to it, a broadcast), when a
   delayed message for it falls due, and every SAFETY_CHECK_SECONDS (mail whose wake-up was lost).
 - the supervisor's views (`POST /v1/dashboard`): the fleet, the feed, an inbox, a thread, the charts, as
-  agent_mail.operations.supervision reads them for a dashboard on this machine. Given `after` (the mail marker of the last
-  answer) and `wait_seconds`, it answers once any message has been stored since.
+  agent_mail.operations.supervision reads them for a dashboard on this machine. Given `after` (the mail marker of the
+  last answer) and `wait_seconds`, it answers once any message has been stored since.
 
 Each wait holds no transaction, listens as a watch does, and ends early when `wanted()` says so (the server
 stopping, the token revoked, the client gone). The standard library and the layers below only.

@@ -8,17 +8,18 @@ bearer token. Part of the server front end: only server.py imports it (the `mcp`
   a proxy can answer any request); GET and DELETE are answered 405, as the transport allows (no stream for the
   server to speak first on, no session to end). A tool result comes back as a server-sent event stream, which
   the SDK pings every 15 s: a long watch stays alive behind a proxy that cuts idle connections.
-- Each tool call is checked by the call layer (agent_mail.calls) and then by the token's grant (agent_mail.server.grants)
-  exactly as POST /v1/call does, on a store of its own in a worker thread: a token for team:alice cannot read,
-  ack or watch team:bob's mail or send as bob (a tool error naming the identity and the token's scope, exit 4's
-  refusal, nothing changed).
+- Each tool call is checked by the call layer (agent_mail.calls) and then by the token's grant
+  (agent_mail.server.grants) exactly as POST /v1/call does, on a store of its own in a worker thread: a token for
+  team:alice cannot read, ack or watch team:bob's mail or send as bob (a tool error naming the identity and the
+  token's scope, exit 4's refusal, nothing changed).
 - The identity a tool acts as, when the call leaves it out: the token's, when it names exactly one identity
   (`--agent P:N`); a token for a project (`P:*`), several identities or any ('*') names none, so the call must
   give `agent` / `from`.
 - Nothing names a file on the server's machine: the arguments that would (send's attach, ref and body_file,
   attachments' save_to and overwrite) are left out of the tools and refused if given anyway; run those through
   the command line with AGENT_MAIL_DB naming the server. The tools are those of `agent-mail mcp` that the
-  server carries out (http_api.SERVED), less the reservation tools (the repository is on the caller's machine).
+  server carries out (agent_mail.server.openapi.SERVED), less the reservation tools (the repository is on the
+  caller's machine).
 - A blocked watch waits in a worker thread (never on the event loop) and ends when its client hangs up, its
   token is revoked, or the server stops (SIGTERM). One JSON log line per request, with the token's id only.
 """
@@ -40,18 +41,17 @@ from mcp.types import CallToolResult, Tool
 from agent_mail import __version__, calls, errors, jsonout, model, spec
 from agent_mail.protocols import http_api, mcp_tools
 from agent_mail.parts import checks
-from agent_mail.server import grants
+from agent_mail.server import grants, openapi
 from agent_mail.operations import tokens
 
-PATH = "/mcp"
 # A tool call carries no attachments (files stay on the client's machine): a body at its longest, escaped.
 MAX_REQUEST_BYTES = model.BODY_MAX_CHARS * 6 + 1_000_000
 # The reservation tools work on a repository of the caller's machine, which only the command line can locate there
 # (it sends the server the repository's key): a model calling over HTTP could only guess it.
 ON_THE_CALLERS_REPOSITORY = ("reserve", "release", "reservations")
-TOOLS = tuple(name for name in mcp_tools.TOOLS if name in http_api.SERVED and name not in ON_THE_CALLERS_REPOSITORY)
+TOOLS = tuple(name for name in mcp_tools.TOOLS if name in openapi.SERVED and name not in ON_THE_CALLERS_REPOSITORY)
 # What a tool call over HTTP cannot pass: the arguments naming a file on the server's machine.
-LOCAL = {name: tuple(http_api.LOCAL_TO_CLIENT.get(name, ())) for name in TOOLS}
+LOCAL = {name: tuple(openapi.LOCAL_TO_CLIENT.get(name, ())) for name in TOOLS}
 _LOCAL_WHY = ("names a file on the server's machine, which an MCP call over HTTP cannot use; run the command "
               "line (agent-mail {name}, with AGENT_MAIL_DB naming this server) for files on your machine.")
 DEFAULT_NOTE = "Default: the identity your token names, when it names exactly one."
@@ -139,8 +139,9 @@ class Endpoint:
                 info["exit"] = exc.exit_code
                 return
             if method != "POST":  # stateless: no stream for the server to speak first on, no session to end
-                await _send_json(sending, 405, {"error": f"{method} /mcp: this server keeps no MCP session and "
-                                                         "opens no stream of its own; send each message with POST.",
+                await _send_json(sending, 405, {"error": f"{method} {http_api.MCP_PATH}: this server keeps no MCP "
+                                                         "session and opens no stream of its own; send each message "
+                                                         "with POST.",
                                                 "problems": []}, errors.EXIT_INVALID, [(b"allow", b"POST")])
                 info["exit"] = errors.EXIT_INVALID
                 return
@@ -165,7 +166,7 @@ class Endpoint:
                                                          "changed. Please report this.", "problems": []},
                                  errors.EXIT_FAILED)
         finally:
-            self.log(method=method, path=PATH, command=info["command"], token_id=info["token_id"],
+            self.log(method=method, path=http_api.MCP_PATH, command=info["command"], token_id=info["token_id"],
                      **{"as": info["as"]}, status=info["status"], exit=info["exit"],
                      ms=round((time.monotonic() - started) * 1000, 1))
 
@@ -332,6 +333,6 @@ async def _refusal(exc: errors.AgentMailError, send) -> None:
 async def _send_json(send, status: int, payload: dict, code: int, extra: list | None = None) -> None:
     data = jsonout.dumps(payload, end="\n").encode("utf-8")
     await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
+                "headers": [(b"content-type", http_api.JSON.encode()), (b"content-length", str(len(data)).encode()),
                             (http_api.EXIT_HEADER.lower().encode(), str(code).encode()), *(extra or [])]})
     await send({"type": "http.response.body", "body": data})

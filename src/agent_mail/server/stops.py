@@ -26,6 +26,7 @@ import hashlib
 import os
 
 from agent_mail import errors, model
+from agent_mail.protocols import http_api
 from agent_mail.server import grants
 
 FIELDS = ("agent", "key", "signal")
@@ -50,7 +51,7 @@ def checked_key(key: object) -> str | None:
         return None
     if not isinstance(key, str) or model.message_id_problem(key):
         raise errors.InvalidInput([("stop_key", "is a UUID the client makes for each blocked watch request; POST "
-                                                "/v1/watch/stop with it releases that wait's session.")])
+                                                f"{http_api.STOP_PATH} with it releases that wait's session.")])
     return key.lower()
 
 

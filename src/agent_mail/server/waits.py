@@ -355,8 +355,8 @@ class ServedWaits:
                     store.release_sessions(sessions, now, reason)
 
     def _answers(self, store, ended: list[tuple[str, str, str, list | None]]) -> list:
-        """Each wait's answer as `watch` gives it (operations/mail.py: Mailbox._watch_result, whose every step this takes),
-        for many waits in one read transaction, once their sessions are released: the mirrors of those told of
+        """Each wait's answer as `watch` gives it (operations/mail.py: Mailbox._watch_result, whose every step this
+        takes), for many waits in one read transaction, once their sessions are released: the mirrors of those told of
         mail brought up to date, and whether each is reachable after its wait (another watch of its armed) from
         one liveness look-up. None where the client is gone."""
         from agent_mail.parts.liveness import describe_liveness
