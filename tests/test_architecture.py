@@ -35,7 +35,7 @@ LAYERS = (
     ("parts", ("agent_mail.parts",)),  # what the operations are built from
     ("store", ("agent_mail.store",)),
     ("ground", ("agent_mail", "agent_mail.spec", "agent_mail.model", "agent_mail.errors", "agent_mail.jsonout",
-                "agent_mail.files")),
+                "agent_mail.files", "agent_mail.urls")),
 )
 FRONT_END_LAYER = "front ends"
 CALL_LAYER = "agent_mail.calls"

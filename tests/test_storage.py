@@ -263,7 +263,7 @@ def test_a_new_mailbox_opened_by_many_processes_in_the_same_instant(tmp_path):
     ("postgresql://h/db?sslmode=verify-full", "postgresql://h/db?sslmode=verify-full"),
 ])
 def test_a_mailbox_url_is_shown_without_its_password(url, shown):
-    from agent_mail.store.urls import redact_url, url_secrets
+    from agent_mail.urls import redact_url, url_secrets
 
     assert redact_url(url) == shown
     for secret in url_secrets(url):

@@ -263,7 +263,7 @@ def _served_check(served, root: str, agent: str, paths: list[str]) -> dict:
 def _check(hook: str, action: str, stdin_text: str, served=None) -> int:
     from agent_mail import calls
     from agent_mail.operations import location, mail
-    from agent_mail.store.urls import scheme_of
+    from agent_mail.urls import scheme_of
 
     root = _git(["rev-parse", "--show-toplevel"], os.getcwd()).strip()
     agent, source = recorded_identity(root)

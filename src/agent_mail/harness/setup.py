@@ -69,7 +69,7 @@ def _mailbox() -> str:
     any password removed (settings files get committed and shared: the password belongs in ~/.pgpass or
     PGPASSFILE, which libpq reads). Refused if it could not be opened: every hook would fail."""
     from agent_mail.operations import location as located
-    from agent_mail.store.urls import redact_url, scheme_of
+    from agent_mail.urls import redact_url, scheme_of
 
     location, _ = located.resolve_location()
     if scheme_of(location) in ("http", "https"):

@@ -41,7 +41,7 @@ def resolve_location() -> tuple[str, str]:
 
 def _located() -> tuple[str, str, str]:
     """(location, source, the value as it was written)."""
-    from agent_mail.store.urls import scheme_of
+    from agent_mail.urls import scheme_of
 
     override = os.environ.get(ENV_VAR, "")
     if override:  # set but empty counts as unset, as shells make it easy to write
@@ -64,7 +64,7 @@ def _located() -> tuple[str, str, str]:
 def server_url() -> str | None:
     """The agent-mail server this invocation's mailbox is (AGENT_MAIL_DB or the project file naming an
     http(s):// URL), or None for a mailbox opened here."""
-    from agent_mail.store.urls import scheme_of
+    from agent_mail.urls import scheme_of
 
     try:
         location = _located()[0]

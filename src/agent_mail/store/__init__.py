@@ -8,7 +8,7 @@ SQLite mailbox never loads a database driver.
 
 from __future__ import annotations
 
-from agent_mail.store.urls import redact_url, scheme_of
+from agent_mail.urls import redact_url, scheme_of
 
 
 

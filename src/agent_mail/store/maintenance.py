@@ -24,7 +24,7 @@ def report(location: str, source: str, given: str | None) -> dict:
     """What `describe` says of a server mailbox, its password never shown; a missing driver or an unknown
     scheme is reported as the problem."""
     from agent_mail.store import postgres
-    from agent_mail.store.urls import redact_url
+    from agent_mail.urls import redact_url
 
     found = {"backend": "postgresql", "url": redact_url(location), "source": source}
 
@@ -38,7 +38,7 @@ def doctor(location: str, repair: bool, emit) -> dict:
     """Check a mailbox on a database server: its schema and counts. Integrity is the server's own business
     (a damaged server is repaired with its tools), so --repair has nothing to do there and repair stays null."""
     from agent_mail.store import postgres
-    from agent_mail.store.urls import redact_url
+    from agent_mail.urls import redact_url
 
     found = postgres.check(location)
     schema = found["schema"]

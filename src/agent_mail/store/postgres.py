@@ -32,8 +32,8 @@ import psycopg
 from psycopg import errors as pg_errors
 
 from agent_mail import errors, model
-from agent_mail.store.urls import redact_url as redact
-from agent_mail.store.urls import url_secrets as _secrets
+from agent_mail.urls import redact_url as redact
+from agent_mail.urls import url_secrets as _secrets
 from agent_mail.store.postgres_schema import MIGRATIONS, T, index_missing
 from agent_mail.store.sql import SQLStore
 
@@ -60,7 +60,7 @@ def split_url(url: str) -> tuple[str, str]:
     """(the URL libpq is given, the schema): our own `schema=` parameter taken out, anything else kept."""
     from urllib.parse import parse_qsl, urlsplit
 
-    from agent_mail.store.urls import with_query
+    from agent_mail.urls import with_query
 
     parts = urlsplit(url)
     query = parse_qsl(parts.query, keep_blank_values=True)

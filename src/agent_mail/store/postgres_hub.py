@@ -34,7 +34,7 @@ from concurrent.futures import Future
 import psycopg
 
 from agent_mail import errors
-from agent_mail.store.urls import redact_url, url_secrets
+from agent_mail.urls import redact_url, url_secrets
 from agent_mail.store.postgres import CONNECT_DEFAULTS, RELEASED_NOTE, SERVE_APP, error_text, channel, split_url
 
 RETRY_SECONDS = (0.05, 2.0)  # the first and the longest pause between two attempts to connect again

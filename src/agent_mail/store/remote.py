@@ -10,7 +10,7 @@ from agent_mail import errors
 
 
 def report(location: str, source: str, given: str | None) -> dict:
-    from agent_mail.store.urls import redact_url
+    from agent_mail.urls import redact_url
 
     if os.environ.get("AGENT_MAIL_TOKEN"):
         token = "AGENT_MAIL_TOKEN"
