@@ -245,7 +245,7 @@ class Result:
         return json.loads(self.err)
 
 
-def _run_inprocess(*argv: str, stdin: bytes | None = None) -> Result:
+def run_inprocess(*argv: str, stdin: bytes | None = None) -> Result:
     out, err = io.TextIOWrapper(io.BytesIO(), encoding="utf-8"), io.TextIOWrapper(io.BytesIO(), encoding="utf-8")
     saved = sys.stdout, sys.stderr, sys.stdin
     sys.stdout, sys.stderr = out, err
@@ -263,7 +263,7 @@ def _run_inprocess(*argv: str, stdin: bytes | None = None) -> Result:
 @pytest.fixture
 def am():
     """Run `agent-mail ARGS` in-process: am("send", "--from", ...) -> Result."""
-    return _run_inprocess
+    return run_inprocess
 
 
 def process_env(**extra: str) -> dict:

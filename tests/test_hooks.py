@@ -432,14 +432,14 @@ def test_setup_that_fails_half_way_puts_back_what_it_wrote(tmp_path, monkeypatch
     from agent_mail.harness import setup
 
     (tmp_path / ".mcp.json").write_text('{"mcpServers": {}}')
-    real = setup._write
+    real = setup.write
 
     def failing(path, text):
         if path.endswith("settings.local.json") and text is not None and "agent_mail" in text:
             raise OSError(28, "No space left on device", path)
         real(path, text)
 
-    monkeypatch.setattr(setup, "_write", failing)
+    monkeypatch.setattr(setup, "write", failing)
     result = am("setup", "claude-code", "--agent", AGENT, "--dir", str(tmp_path))
     error = json.loads(result.err)  # the result was printed, then the write failed: the exit status decides
     assert result.code == 1 and "Nothing was changed" in error["error"] and error["output_discarded"] is True

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from agent_mail import model, spec
 from agent_mail.operations import mail
 from agent_mail.store import sqlite as sqlite_store
-from conftest import _run_inprocess, am_process, process_env
+from conftest import run_inprocess, am_process, process_env
 
 
 def closed_stdout(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -238,10 +238,10 @@ class _FailingCommit:
 
 def test_a_result_printed_before_a_failed_commit_is_declared_void(am, send, monkeypatch):
     send("a:x", "b:y", "precious")
-    connect = sqlite_store.SQLiteStore._connect
+    connect = sqlite_store.SQLiteStore.connect
     with monkeypatch.context() as patch:
-        patch.setattr(sqlite_store.SQLiteStore, "_connect", lambda self: _FailingCommit(connect(self)))
-        result = _run_inprocess("read", "b:y")
+        patch.setattr(sqlite_store.SQLiteStore, "connect", lambda self: _FailingCommit(connect(self)))
+        result = run_inprocess("read", "b:y")
     assert result.code == 1
     assert json.loads(result.out)["count"] == 1  # the document reached stdout...
     error = json.loads(result.err)
@@ -283,7 +283,7 @@ def test_damage_is_named_and_nothing_more_is_written(am, mailbox_path):
     outcomes = {}
     for argv in (["read", "b:y", "--all", "--limit", "10000", "--no-mark-read"], ["status"],
                  ["send", "--from", "a:x", "--to", "b:y", "--subject", "after"], ["read", "b:y"]):
-        result = _run_inprocess(*argv)
+        result = run_inprocess(*argv)
         assert "Traceback" not in result.err and "internal error" not in result.err
         if result.code:
             error = json.loads(result.err)["error"]
@@ -291,7 +291,7 @@ def test_damage_is_named_and_nothing_more_is_written(am, mailbox_path):
         outcomes[argv[0]] = result.code
     assert outcomes["read"] != 0  # reading everything meets the damage
     before = digest(mailbox_path)
-    refused = _run_inprocess("send", "--from", "a:x", "--to", "b:y", "--subject", "more")
+    refused = run_inprocess("send", "--from", "a:x", "--to", "b:y", "--subject", "more")
     assert refused.code == 1 and "damaged" in json.loads(refused.err)["error"]
     assert digest(mailbox_path) == before  # nothing more was written into it
     assert os.path.exists(str(mailbox_path) + ".damaged")
@@ -455,10 +455,10 @@ def test_a_profile_that_failed_to_commit_leaves_nothing_in_the_mirror_directory(
     send("c:d", "c:d", "a bounce-free note")
     mirror = tmp_path / "m"
     mirror.mkdir()
-    connect = sqlite_store.SQLiteStore._connect
+    connect = sqlite_store.SQLiteStore.connect
     with monkeypatch.context() as patch:
-        patch.setattr(sqlite_store.SQLiteStore, "_connect", lambda self: _FailingCommit(connect(self)))
-        result = _run_inprocess("profile", "c:d", "--mirror-dir", str(mirror))
+        patch.setattr(sqlite_store.SQLiteStore, "connect", lambda self: _FailingCommit(connect(self)))
+        result = run_inprocess("profile", "c:d", "--mirror-dir", str(mirror))
     assert result.code == 1 and "nothing was changed" in json.loads(result.err)["error"], result
     assert os.listdir(mirror) == []
     assert am("profile", "c:d").json["mirror_dir"] is None
@@ -652,7 +652,7 @@ def test_a_stranger_sees_no_thread_no_attachments_and_cannot_reply(am, tmp_path)
               "--attach", str(source)).json["id"]
     reply = am("send", "--from", "b:y", "--to", "a:x", "--subject", "re", "--reply-to", root).json["id"]
     for argv in (["read", "c:z", "--thread", reply], ["attachments", "c:z", root]):
-        result = _run_inprocess(*argv)
+        result = run_inprocess(*argv)
         assert result.code == 2 and "the plan" not in result.err and "is visible to c:z" in result.err
     refused = am("send", "--from", "c:z", "--to", "a:x", "--subject", "butting in", "--reply-to", root).error
     assert refused["problems"][0]["field"] == "--reply-to"
@@ -865,14 +865,14 @@ def test_text_checks_without_a_regex_say_what_the_patterns_say(value):
 
     surrogate = re.search(r"[\ud800-\udfff]", value) is not None
     assert model.has_surrogates(value) == surrogate
-    bidi = re.search(model._BIDI, value)
+    bidi = re.search(model.BIDI, value)
     assert (model.bidi_problem(value) is None) == (bidi is None)
     if not surrogate and bidi is None and value.strip() and "\n" not in value and "\r" not in value:
-        control = re.search(model._LINE_CONTROL, value) is not None
+        control = re.search(model.LINE_CONTROL, value) is not None
         refused = model.subject_problem(value[:model.SUBJECT_MAX_CHARS])
         assert (refused == "contains control characters. Use plain printable text.") == control, refused
     if not surrogate and bidi is None:
-        match = re.search(model._BODY_CONTROL, value)
+        match = re.search(model.BODY_CONTROL, value)
         refused = model.body_problem(value)
         assert (refused is not None and "control character" in refused) == (match is not None), refused
         if match:

@@ -75,7 +75,7 @@ def test_without_the_driver_a_postgresql_url_names_the_extra(mailbox_path):
 
 
 def test_an_unknown_scheme_and_a_bad_schema_name_are_input_errors(monkeypatch):
-    from conftest import _run_inprocess as am
+    from conftest import run_inprocess as am
 
     monkeypatch.setenv("AGENT_MAIL_DB", "mysql://root@localhost/db")
     assert am("status").error["problems"][0]["field"] == "AGENT_MAIL_DB"
@@ -85,7 +85,7 @@ def test_an_unknown_scheme_and_a_bad_schema_name_are_input_errors(monkeypatch):
 
 
 def test_connection_refused_is_a_clear_error_and_quick(monkeypatch):
-    from conftest import _run_inprocess as am
+    from conftest import run_inprocess as am
 
     monkeypatch.setenv("AGENT_MAIL_DB", "postgresql://postgres@127.0.0.1:1/test")
     started = time.monotonic()
@@ -160,14 +160,14 @@ def test_schemas_keep_mailboxes_apart_in_one_database(mailbox_path, am):
 
 def test_clients_whose_clocks_disagree_still_agree_on_order_liveness_and_due_times(am, monkeypatch):
     """A client whose clock is ten minutes slow and one ten minutes fast: timestamps come from the server."""
-    real = model._system_now
-    monkeypatch.setattr(model, "_followed", None)
-    monkeypatch.setattr(model, "_system_now", lambda: real() - dt.timedelta(minutes=10))
+    real = model.system_now
+    monkeypatch.setattr(model, "followed", None)
+    monkeypatch.setattr(model, "system_now", lambda: real() - dt.timedelta(minutes=10))
     am("send", "--from", "slow:clock", "--to", "b:y", "--subject", "first").assert_ok()
     am("heartbeat", "slow:clock").assert_ok()
     am("send", "--from", "slow:clock", "--to", "b:y", "--subject", "due in a minute",
        "--delay-minutes", "1").assert_ok()
-    monkeypatch.setattr(model, "_system_now", lambda: real() + dt.timedelta(minutes=10))
+    monkeypatch.setattr(model, "system_now", lambda: real() + dt.timedelta(minutes=10))
     am("send", "--from", "fast:clock", "--to", "b:y", "--subject", "second").assert_ok()
     read = am("read", "b:y", "--no-mark-read").json["messages"]
     assert [m["subject"] for m in read] == ["first", "second"]  # the scheduled one is not due for anyone

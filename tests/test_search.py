@@ -362,7 +362,7 @@ def test_threads_are_looked_up_by_index_in_a_mailbox_of_unrelated_mail(am, corpu
 def test_words_of_ascii_text_are_the_patterns_runs(text):
     """ASCII text is cut without a regex (a send's start-up); it must give exactly the pattern's runs."""
     expected = [w[:index.MAX_WORD] for w in index.word_pattern().findall(
-        text.lower() if text.isascii() else index._fold(text))]
+        text.lower() if text.isascii() else index.fold(text))]
     assert index.words(text) == expected
     runs = [(m.start(), m.end(), w) for m in index.word_pattern().finditer(text) for w in index.words(m.group())]
     assert index.spans(text) == runs
