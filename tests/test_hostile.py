@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from agent_mail import model, spec
 from agent_mail.operations import mail
 from agent_mail.store import sqlite as sqlite_store
-from conftest import run_inprocess, am_process, process_env
+from conftest import am_process, armed, process_env, run_inprocess
 
 
 def closed_stdout(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -580,10 +580,7 @@ def test_a_watch_ends_when_its_mailbox_is_deleted_or_replaced(am, mailbox_path, 
     am("status").assert_ok()
 
     def take_it_away():
-        deadline = time.monotonic() + 20
-        while am("status", "--agent", "w:z").json["agents"][0]["watch_state"] != "armed":
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        armed("w:z", timeout=20)
         if how == "deleted":
             for suffix in ("", "-wal", "-shm"):
                 if os.path.exists(str(mailbox_path) + suffix):
@@ -750,10 +747,7 @@ def test_sigterm_ends_a_watch_whose_refresh_is_blocked_on_the_lock(am, mailbox_p
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     holder = None
     try:
-        deadline = time.monotonic() + 20
-        while am("status", "--agent", "w:z").json["agents"][0]["watch_state"] != "armed":
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        armed("w:z", timeout=20, procs=[watch])
         holder = _hold_write_lock(mailbox_path)
         time.sleep(model.REFRESH_SECONDS + 1.0)  # its refresh is now waiting for the lock
         sent_at = time.monotonic()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -15,7 +14,8 @@ import time
 import pytest
 
 from agent_mail import model
-from conftest import TEST_PG_URL, drop_schema, new_schema_name, pg_url, process_env, raw_db, require_postgres
+from conftest import (TEST_PG_URL, armed, drop_schema, new_schema_name, pg_url, process_env, raw_db, require,
+                      unavailable, until)
 
 @pytest.fixture
 def backend():
@@ -25,7 +25,7 @@ def backend():
 
 @pytest.fixture(autouse=True)
 def _server():
-    require_postgres()
+    require("postgresql")
 
 
 def _am(*argv, env=None, timeout=60):
@@ -181,21 +181,6 @@ def test_clients_whose_clocks_disagree_still_agree_on_order_liveness_and_due_tim
 # ---------------------------------------------------------------- faults under watches and senders
 
 
-def _wait_armed(mailbox_path, agent, timeout=30):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            db = raw_db(mailbox_path)
-            row = db.execute("SELECT 1 FROM watch_sessions WHERE agent = ? AND state = 'armed'", (agent,)).fetchone()
-            db.close()
-            if row:
-                return
-        except Exception:  # noqa: BLE001 - not created yet
-            pass
-        time.sleep(0.05)
-    raise AssertionError("the watch never armed")
-
-
 def _watch_backends(schema: str) -> list[int]:
     with _admin() as db:
         return [r[0] for r in db.execute(
@@ -208,11 +193,8 @@ def test_a_watch_whose_connection_is_terminated_reconnects_and_misses_nothing(ma
     watch = subprocess.Popen([sys.executable, "-m", "agent_mail", "watch", "b:y"], env=process_env(),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        _wait_armed(mailbox_path, "b:y")
-        deadline = time.monotonic() + 10
-        while not (pids := _watch_backends(mailbox_path)) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert pids
+        armed("b:y", procs=[watch])
+        pids = until(lambda: _watch_backends(mailbox_path), 10, "the watch holds no connection")
         with _admin() as db:
             for pid in pids:
                 db.execute("SELECT pg_terminate_backend(%s)", (pid,))
@@ -236,15 +218,13 @@ def test_a_sender_terminated_mid_transaction_changes_nothing(mailbox_path, am):
             sender = subprocess.Popen([sys.executable, "-m", "agent_mail", "send", "--from", "a:x", "--to", "b:y",
                                        "--to", "c:z", "--subject", "never half"], env=process_env(),
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            deadline = time.monotonic() + 20
-            waiting = []
-            while not waiting and time.monotonic() < deadline:
+            def waiting() -> list[int]:
                 with _admin() as db:
-                    waiting = [r[0] for r in db.execute(
+                    return [r[0] for r in db.execute(
                         "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND application_name = "
                         "'agent-mail'")]
-                time.sleep(0.05)
-            assert waiting
+
+            waiting = until(waiting, 20, "the sender never waited for the lock")
             with _admin() as db:
                 db.execute("SELECT pg_terminate_backend(%s)", (waiting[0],))
             out, err = sender.communicate(timeout=60)
@@ -255,19 +235,16 @@ def test_a_sender_terminated_mid_transaction_changes_nothing(mailbox_path, am):
     assert am("read", "c:z", "--no-mark-read").json["count"] == 0
 
 
-_PG_CLUSTER = shutil.which("pg_ctlcluster")
-
-
-@pytest.mark.skipif(not _PG_CLUSTER or os.geteuid() != 0 or not os.path.isdir("/etc/postgresql"),
-                    reason="restarting the server needs pg_ctlcluster and root (a Debian cluster on this machine)")
+@pytest.mark.requires("pg_ctlcluster")
 def test_a_server_restart_under_watches_and_senders_loses_nothing(mailbox_path, am):
+    if os.geteuid() != 0 or not os.path.isdir("/etc/postgresql"):
+        unavailable("restarting the shared server needs root and its Debian cluster (/etc/postgresql)")
     am("status").assert_ok()
     version = sorted(os.listdir("/etc/postgresql"))[0]
     watches = {a: subprocess.Popen([sys.executable, "-m", "agent_mail", "watch", a], env=process_env(),
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE) for a in ("w:one", "w:two")}
     try:
-        for agent in watches:
-            _wait_armed(mailbox_path, agent)
+        armed(list(watches), procs=list(watches.values()))
         senders = [subprocess.Popen([sys.executable, "-c", _SENDER_LOOP, str(i)], env=process_env(),
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(3)]
         time.sleep(0.5)

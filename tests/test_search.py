@@ -247,10 +247,9 @@ def test_rows_another_tool_stored_are_indexed_before_a_search(am, corpus, mailbo
 @pytest.mark.local_only("copy works on mailboxes themselves, not through a server")
 def test_a_copied_mailbox_searches_the_same(am, corpus, backend, tmp_path):
     """copy builds the target's own index: SQLite to PostgreSQL, or PostgreSQL to SQLite."""
-    from conftest import drop_schema, new_schema_name, postgres_problem
+    from conftest import drop_schema, new_schema_name, require
 
-    if postgres_problem():
-        pytest.skip(postgres_problem())
+    require("postgresql")
     schema = new_schema_name()
     target = pg_url(schema) if backend == "sqlite" else str(tmp_path / "copy.db")
     try:

@@ -16,7 +16,7 @@ import pytest
 from agent_mail import errors, model
 from agent_mail.parts import waits
 from agent_mail.operations.mail import describe_liveness, open_mailbox
-from conftest import mailbox_exists, mailbox_itself, process_env, raw_db
+from conftest import armed, mailbox_exists, mailbox_itself, process_env, raw_db, until
 
 pytestmark = pytest.mark.backends  # every test here runs on SQLite and on PostgreSQL
 
@@ -230,27 +230,6 @@ def _start_watch(*extra, env=None):
                             env=env or process_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
-def _wait_until_armed(mailbox_path, proc, agent="b:y", timeout=30):
-    """Readiness is the watch's own liveness row, not a sleep."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.communicate()
-        if mailbox_exists(mailbox_path):
-            try:
-                db = raw_db(mailbox_path)
-                try:
-                    row = db.execute("SELECT last_seen FROM watch_sessions WHERE agent = ? AND state = 'armed'",
-                                     (agent,)).fetchone()
-                finally:
-                    db.close()
-                if row:
-                    return row[0]
-            except Exception:  # noqa: BLE001 - the table does not exist yet (either engine's error)
-                pass
-        time.sleep(0.02)
-    raise AssertionError("the watch never armed")
-
-
 @pytest.fixture
 def reap():
     """Kill any watch a test leaves behind."""
@@ -270,7 +249,8 @@ def _send_process(subject="wake"):
 def test_a_blocked_watch_is_woken_by_a_send_from_another_process(mailbox_path, reap, am, backend):
     watch = _start_watch("--timeout-minutes", "5")
     reap(watch)
-    first_seen = _wait_until_armed(mailbox_path, watch)
+    armed("b:y", procs=[watch])
+    first_seen = am("status", "--agent", "b:y").json["agents"][0]["last_seen"]
     # while blocked: watching, armed, last_seen advancing, and no lock held
     time.sleep(model.REFRESH_SECONDS + 0.7)
     row = am("status", "--agent", "b:y").json["agents"][0]
@@ -304,7 +284,7 @@ def test_a_blocked_watch_is_woken_by_a_send_from_another_process(mailbox_path, r
 def test_wake_without_file_notifications_falls_back_to_polling(mailbox_path, reap):
     watch = _start_watch("--timeout-minutes", "5", env=process_env(AGENT_MAIL_POLL="1"))
     reap(watch)
-    _wait_until_armed(mailbox_path, watch)
+    armed("b:y", procs=[watch])
     assert _send_process().returncode == 0
     out, _ = watch.communicate(timeout=30)
     assert json.loads(out)["count"] == 1
@@ -313,7 +293,7 @@ def test_wake_without_file_notifications_falls_back_to_polling(mailbox_path, rea
 def test_a_send_to_someone_else_does_not_wake_the_watch(mailbox_path, reap):
     watch = _start_watch("--timeout-minutes", "5")
     reap(watch)
-    _wait_until_armed(mailbox_path, watch)
+    armed("b:y", procs=[watch])
     subprocess.run([sys.executable, "-m", "agent_mail", "send", "--from", "a:x", "--to", "c:z", "--subject", "no"],
                    env=process_env(), check=True, capture_output=True)
     time.sleep(0.5)
@@ -327,7 +307,7 @@ def test_a_send_to_someone_else_does_not_wake_the_watch(mailbox_path, reap):
 def test_a_signalled_watch_releases_its_session(mailbox_path, reap, am, signum, code):
     watch = _start_watch()
     reap(watch)
-    _wait_until_armed(mailbox_path, watch)
+    armed("b:y", procs=[watch])
     watch.send_signal(signum)
     out, err = watch.communicate(timeout=30)
     assert watch.returncode == code and out == b""
@@ -353,7 +333,7 @@ def test_a_killed_watch_is_stale_at_once(mailbox_path, reap, am):
     STALE_SECONDS of missed refreshes it took before."""
     watch = _start_watch()
     reap(watch)
-    _wait_until_armed(mailbox_path, watch)
+    armed("b:y", procs=[watch])
     assert am("status", "--agent", "b:y").json["agents"][0]["watch_state"] == "armed"
     watch.kill()
     watch.communicate(timeout=30)
@@ -382,7 +362,7 @@ def test_a_hung_watch_stays_armed_while_alive_and_goes_stale_when_its_refreshes_
     nothing; no refresh for HUNG_SECONDS means it is hung (alive, deaf): stale."""
     watch = _start_watch()
     reap(watch)
-    _wait_until_armed(mailbox_path, watch)
+    armed("b:y", procs=[watch])
     watch.send_signal(signal.SIGSTOP)
     try:
         _age_presence(mailbox_path, backend, model.STALE_SECONDS + 5)
@@ -400,7 +380,7 @@ def test_an_idle_watch_does_not_wake_for_its_presence(mailbox_path, reap):
     REFRESH_SECONDS) and look at the mailbox; nothing wakes it but mail (and, rarely, HELD_REFRESH_SECONDS)."""
     watch = _start_watch("--timeout-minutes", "5")
     reap(watch)
-    _wait_until_armed(mailbox_path, watch)
+    armed("b:y", procs=[watch])
     time.sleep(0.5)  # from writing its row to sleeping
 
     def woken() -> int:
@@ -412,19 +392,21 @@ def test_an_idle_watch_does_not_wake_for_its_presence(mailbox_path, reap):
     assert woken() == before and watch.poll() is None
 
 
+def _armed_sessions(mailbox_path) -> int:
+    """How many watch sessions are armed (status shows one state per identity, not how many hold it)."""
+    con = raw_db(mailbox_path)
+    try:
+        return con.execute("SELECT COUNT(*) FROM watch_sessions WHERE state = 'armed'").fetchone()[0]
+    finally:
+        con.close()
+
+
 def test_two_watches_one_exits_the_other_keeps_the_identity_armed(mailbox_path, reap, am):
     first, second = _start_watch(), _start_watch()
     reap(first)
     reap(second)
-    _wait_until_armed(mailbox_path, first)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        con = raw_db(mailbox_path)
-        armed = con.execute("SELECT COUNT(*) FROM watch_sessions WHERE state = 'armed'").fetchone()[0]
-        con.close()
-        if armed == 2:
-            break
-        time.sleep(0.02)
+    armed("b:y", procs=[first])
+    until(lambda: _armed_sessions(mailbox_path) == 2, 30, "the second watch never armed")
     first.send_signal(signal.SIGTERM)
     first.communicate(timeout=30)
     assert am("status", "--agent", "b:y").json["agents"][0]["watch_state"] == "armed"
@@ -499,7 +481,7 @@ def test_a_direct_message_leaves_the_other_watches_blocked(mailbox_path, reap, a
                for agent in ("team:a", "team:b")}
     for agent, proc in watches.items():
         reap(proc)
-        _wait_until_armed(mailbox_path, proc, agent=agent)
+        armed(agent, procs=[proc])
     assert subprocess.run([sys.executable, "-m", "agent_mail", "send", "--from", "x:y", "--to", "team:a", "--subject",
                            "only a"], env=process_env(), capture_output=True).returncode == 0
     out, _ = watches["team:a"].communicate(timeout=30)
@@ -517,13 +499,7 @@ def test_fifty_watches_all_wake_for_one_broadcast(mailbox_path, reap, am):
         watches[agent] = subprocess.Popen([sys.executable, "-m", "agent_mail", "watch", agent], env=process_env(),
                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         reap(watches[agent])
-    deadline = time.monotonic() + 120
-    while True:
-        armed = {r["agent"] for r in am("status", "--project", "herd").json["agents"] if r["watch_state"] == "armed"}
-        if armed == set(agents):
-            break
-        assert time.monotonic() < deadline, f"only {len(armed)} of 50 armed"
-        time.sleep(0.2)
+    armed(agents, timeout=120, procs=list(watches.values()))
     assert am("send", "--from", "boss:main", "--to", "*", "--subject", "all hands").json["delivered"] == 1
     for agent, proc in watches.items():
         out, err = proc.communicate(timeout=60)  # well before their 55-minute timeout
@@ -541,7 +517,7 @@ def test_mail_whose_wake_up_was_lost_is_found_at_the_next_refresh(am, send, mail
     import threading
 
     def write_behind_its_back():
-        time.sleep(0.5)
+        armed("b:y")  # the watch below is blocked: what it finds now, its periodic look finds
         db = raw_db(mailbox_path)
         with db:
             db.execute("INSERT INTO messages (id, sender, recipient, subject, created) "
