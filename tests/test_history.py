@@ -17,7 +17,7 @@ import pytest
 
 from conftest import armed, drop_schema, mailbox_exists, new_schema_name, pg_url, postgres_problem, process_env, require, until
 
-pytestmark = pytest.mark.backends
+pytestmark = [pytest.mark.backends, pytest.mark.fast]
 
 
 @pytest.fixture

@@ -46,6 +46,7 @@ def subjects(document) -> list[str]:
 # ---------------------------------------------------------------- 1. the suggested `next` never settles unseen mail
 
 
+@pytest.mark.fast
 def test_the_suggested_ack_never_settles_mail_that_arrived_after_the_read(am, send):
     for i in range(11):
         send("a:x", "w:z", f"m{i}")
@@ -60,6 +61,7 @@ def test_the_suggested_ack_never_settles_mail_that_arrived_after_the_read(am, se
     assert subjects(am("read", "w:z").json) == ["URGENT"]
 
 
+@pytest.mark.fast
 def test_ack_all_leaves_unread_mail_alone_and_says_so(am, send):
     seen = send("a:x", "w:z", "seen")["id"]
     am("read", "w:z").assert_ok()
@@ -70,6 +72,7 @@ def test_ack_all_leaves_unread_mail_alone_and_says_so(am, send):
     assert row["id"] == unseen and row["read_at"] is None and row["acked_at"] is None
 
 
+@pytest.mark.fast
 def test_no_mark_read_never_suggests_acking_what_was_not_delivered(am, send):
     for i in range(12):
         send("a:x", "w:z", f"m{i}")
@@ -86,6 +89,7 @@ def test_no_mark_read_never_suggests_acking_what_was_not_delivered(am, send):
     ["--subject", "-h"],
     ["--subject", "help wanted", "--body", "--help"],
 ])
+@pytest.mark.fast
 def test_help_as_a_value_is_sent_not_taken_for_help(am, extra):
     receipt = am("send", "--from", "a:x", "--to", "b:y", *extra).json
     stored = am("read", "b:y").json["messages"][0]
@@ -93,6 +97,7 @@ def test_help_as_a_value_is_sent_not_taken_for_help(am, extra):
     assert stored["subject"] == extra[1]
 
 
+@pytest.mark.fast
 def test_help_where_a_flag_stands_still_prints_the_manual(am):
     manual = am("describe", "send").json
     assert am("send", "--help").json == manual
@@ -100,6 +105,7 @@ def test_help_where_a_flag_stands_still_prints_the_manual(am):
     assert am("send", "--", "-h").error  # after --, everything is a positional value
 
 
+@pytest.mark.fast
 def test_version_takes_no_arguments(am):
     assert am("--version").json["name"] == "agent-mail"
     assert am("--version", "extra").error["problems"][0]["field"] == "--version"
@@ -108,6 +114,7 @@ def test_version_takes_no_arguments(am):
 # ---------------------------------------------------------------- 3-6. a failed command changed nothing
 
 
+@pytest.mark.fast
 def test_profile_that_cannot_print_writes_no_mirror_file(am, send, tmp_path):
     send("a:x", "p:n", "waiting")
     mirror = tmp_path / "mirror"
@@ -118,6 +125,7 @@ def test_profile_that_cannot_print_writes_no_mirror_file(am, send, tmp_path):
     assert am("profile", "p:n").json["mirror_dir"] is None
 
 
+@pytest.mark.fast
 def test_profile_moved_without_printing_puts_the_old_mirror_back(am, send, tmp_path):
     old, new = tmp_path / "old", tmp_path / "new"
     old.mkdir()
@@ -137,6 +145,7 @@ def _attachment_message(am, tmp_path) -> str:
     return am("send", "--from", "a:x", "--to", "b:y", "--subject", "file", "--attach", str(source)).json["id"]
 
 
+@pytest.mark.fast
 def test_overwrite_that_cannot_print_replaces_nothing(am, tmp_path):
     message = _attachment_message(am, tmp_path)
     target = tmp_path / "inbox"
@@ -151,6 +160,7 @@ def test_overwrite_that_cannot_print_replaces_nothing(am, tmp_path):
     assert (target / "report.txt").read_bytes() == b"new content\n"
 
 
+@pytest.mark.fast
 def test_save_that_cannot_print_leaves_no_directory(am, tmp_path):
     message = _attachment_message(am, tmp_path)
     target = tmp_path / "made" / "for" / "this"
@@ -159,6 +169,7 @@ def test_save_that_cannot_print_leaves_no_directory(am, tmp_path):
     assert not (tmp_path / "made").exists()
 
 
+@pytest.mark.fast
 def test_watch_once_that_cannot_print_records_no_heartbeat(am):
     proc = closed_stdout("watch", "w:z", "--once")
     assert proc.returncode == 1
@@ -201,6 +212,7 @@ def test_a_save_killed_at_any_moment_leaves_no_truncated_file(am, tmp_path):
     assert outcomes  # each kill left the file whole or absent, never truncated
 
 
+@pytest.mark.fast
 def test_stale_temporary_files_of_a_killed_save_are_swept(am, tmp_path):
     message = _attachment_message(am, tmp_path)
     target = tmp_path / "inbox"
@@ -236,6 +248,7 @@ class _FailingCommit:
         return getattr(self._db, name)
 
 
+@pytest.mark.fast
 def test_a_result_printed_before_a_failed_commit_is_declared_void(am, send, monkeypatch):
     send("a:x", "b:y", "precious")
     connect = sqlite_store.SQLiteStore.connect
@@ -342,6 +355,7 @@ def test_repair_of_a_mailbox_cut_short_saves_what_remains_and_counts_what_was_lo
         assert am("doctor").json["ok"] is True
 
 
+@pytest.mark.fast
 def test_doctor_on_a_healthy_mailbox_lifts_a_stale_marker(am, send, mailbox_path):
     send("a:x", "b:y", "fine")
     (mailbox_path.parent / "mail.db.damaged").write_text('{"error": "found earlier"}')
@@ -354,6 +368,7 @@ def test_doctor_on_a_healthy_mailbox_lifts_a_stale_marker(am, send, mailbox_path
 # ---------------------------------------------------------------- 10-13. odd mailbox paths
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("kind", ["device", "fifo"])
 def test_a_mailbox_path_that_is_not_a_regular_file_is_refused_for_what_it_is(am, monkeypatch, tmp_path, kind):
     if kind == "device":
@@ -367,6 +382,7 @@ def test_a_mailbox_path_that_is_not_a_regular_file_is_refused_for_what_it_is(am,
     assert word in am("describe").json["storage"]["problem"]
 
 
+@pytest.mark.fast
 def test_a_new_mailbox_on_a_full_disk_reports_the_lack_of_space(tmp_path):
     path = tmp_path / "full" / "mail.db"
 
@@ -383,6 +399,7 @@ def test_a_new_mailbox_on_a_full_disk_reports_the_lack_of_space(tmp_path):
     assert not path.exists()
 
 
+@pytest.mark.fast
 def test_a_symlinked_mailbox_is_resolved_to_the_real_file(am, monkeypatch, tmp_path):
     real_dir = tmp_path / "real"
     real_dir.mkdir(mode=0o700)
@@ -402,6 +419,7 @@ def test_a_symlinked_mailbox_is_resolved_to_the_real_file(am, monkeypatch, tmp_p
         os.chmod(real_dir, 0o700)
 
 
+@pytest.mark.fast
 def test_a_watch_through_a_symlink_listens_beside_the_real_file(monkeypatch, tmp_path):
     real_dir = tmp_path / "real"
     real_dir.mkdir()
@@ -415,6 +433,7 @@ def test_a_watch_through_a_symlink_listens_beside_the_real_file(monkeypatch, tmp
     assert os.path.dirname(os.path.dirname(pipe)) == str(real_dir)
 
 
+@pytest.mark.fast
 def test_every_directory_made_for_the_mailbox_is_private_whatever_the_umask(tmp_path):
     path = tmp_path / "a" / "b" / "c" / "mail.db"
     proc = subprocess.run([sys.executable, "-m", "agent_mail", "status"], env=process_env(AGENT_MAIL_DB=str(path)),
@@ -425,6 +444,7 @@ def test_every_directory_made_for_the_mailbox_is_private_whatever_the_umask(tmp_
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
 
 
+@pytest.mark.fast
 def test_blank_mailbox_variable_is_refused_and_empty_means_unset(am, monkeypatch, tmp_path):
     monkeypatch.setenv("AGENT_MAIL_DB", " ")
     error = am("status").error
@@ -437,6 +457,7 @@ def test_blank_mailbox_variable_is_refused_and_empty_means_unset(am, monkeypatch
 # ---------------------------------------------------------------- 14. the mirror directory
 
 
+@pytest.mark.fast
 def test_a_removed_mirror_directory_is_never_recreated(am, tmp_path):
     mirror = tmp_path / "deep" / "mirror"
     mirror.mkdir(parents=True)
@@ -448,6 +469,7 @@ def test_a_removed_mirror_directory_is_never_recreated(am, tmp_path):
     assert "no longer exists" in am("profile", "p:n").json["mirror_problem"]
 
 
+@pytest.mark.fast
 def test_a_profile_that_failed_to_commit_leaves_nothing_in_the_mirror_directory(am, send, tmp_path, monkeypatch):
     """A full disk at COMMIT: `profile --mirror-dir` exits 1, "nothing was changed", and so it is: not even the
     .notification folder its render made is left (it held only files the rollback took back)."""
@@ -464,6 +486,7 @@ def test_a_profile_that_failed_to_commit_leaves_nothing_in_the_mirror_directory(
     assert am("profile", "c:d").json["mirror_dir"] is None
 
 
+@pytest.mark.fast
 def test_a_planted_notification_link_is_never_followed(am, tmp_path):
     mirror, elsewhere = tmp_path / "mirror", tmp_path / "elsewhere"
     mirror.mkdir()
@@ -488,6 +511,7 @@ def _without_dac_override():
             raise OSError(ctypes.get_errno(), "prctl")
 
 
+@pytest.mark.fast
 def test_a_mirror_directory_this_user_cannot_write_is_refused(am, tmp_path):
     mirror = tmp_path / "locked"
     mirror.mkdir()
@@ -509,6 +533,7 @@ def _dead_pid() -> int:
     return int(proc.stdout)
 
 
+@pytest.mark.fast
 def test_files_of_killed_mailbox_creations_are_swept_safely(am, send, mailbox_path):
     send("a:x", "b:y", "exists")
     directory = mailbox_path.parent
@@ -529,6 +554,7 @@ def test_files_of_killed_mailbox_creations_are_swept_safely(am, send, mailbox_pa
     assert am("doctor").json["temporary_files"] == []
 
 
+@pytest.mark.fast
 def test_doctor_names_the_step_that_removes_leftover_files_and_that_step_removes_them(am, send, mailbox_path):
     send("a:x", "b:y", "exists")
     directory = mailbox_path.parent
@@ -612,6 +638,7 @@ def _set(mailbox_path, message_id, **columns):
     db.close()
 
 
+@pytest.mark.fast
 def test_a_delayed_message_sorts_by_when_it_arrived(am, send, mailbox_path, tmp_path):
     mirror = tmp_path / "mirror"
     mirror.mkdir()
@@ -631,6 +658,7 @@ def test_a_delayed_message_sorts_by_when_it_arrived(am, send, mailbox_path, tmp_
     assert [e["received_at"] for e in mirror_doc["emails"]] == [fell_due]
 
 
+@pytest.mark.fast
 def test_cleanup_never_ages_out_mail_that_has_not_arrived(am, send, mailbox_path):
     later = send("a:x", "b:y", "in two days", "--delay-minutes", "2880")["id"]
     _set(mailbox_path, later, created="2000-01-01T00:00:00.000000+00:00")
@@ -642,6 +670,7 @@ def test_cleanup_never_ages_out_mail_that_has_not_arrived(am, send, mailbox_path
 # ---------------------------------------------------------------- 19. one visibility rule
 
 
+@pytest.mark.fast
 def test_a_stranger_sees_no_thread_no_attachments_and_cannot_reply(am, tmp_path):
     source = tmp_path / "secret.txt"
     source.write_text("secret")
@@ -658,6 +687,7 @@ def test_a_stranger_sees_no_thread_no_attachments_and_cannot_reply(am, tmp_path)
     assert am("attachments", "a:x", root).json["count"] == 1
 
 
+@pytest.mark.fast
 def test_thread_state_fields_are_the_readers_own(am, send):
     root = send("a:x", "b:y", "question")["id"]
     am("read", "b:y").assert_ok()
@@ -671,6 +701,7 @@ def test_thread_state_fields_are_the_readers_own(am, send):
 # ---------------------------------------------------------------- 20. file names and depth
 
 
+@pytest.mark.fast
 def test_a_ref_whose_name_is_not_utf8_is_bad_input(am, tmp_path):
     name = os.fsdecode(str(tmp_path).encode() + b"/\xff.txt")
     open(name, "w").close()
@@ -680,6 +711,7 @@ def test_a_ref_whose_name_is_not_utf8_is_bad_input(am, tmp_path):
     assert am("send", "--from", "a:x", "--to", "b:y", "--subject", "s", "--refs", refs).error
 
 
+@pytest.mark.fast
 def test_an_attachment_whose_name_is_not_utf8_still_travels(am, tmp_path):
     name = os.fsdecode(str(tmp_path).encode() + b"/caf\xe9.txt")
     with open(name, "wb") as handle:
@@ -690,6 +722,7 @@ def test_an_attachment_whose_name_is_not_utf8_still_travels(am, tmp_path):
     assert open(saved["path"], "rb").read() == b"content"
 
 
+@pytest.mark.fast
 def test_a_mailbox_path_that_is_not_utf8_works_and_prints_strict_json(tmp_path):
     directory = os.fsdecode(str(tmp_path).encode() + b"/\xff")
     env = process_env(AGENT_MAIL_DB=os.path.join(directory, "mail.db"))
@@ -702,6 +735,7 @@ def test_a_mailbox_path_that_is_not_utf8_works_and_prints_strict_json(tmp_path):
     assert json.loads(am_process("read", "b:y", env=env).stdout)["count"] == 1
 
 
+@pytest.mark.fast
 def test_deeply_nested_refs_are_bad_input(am):
     error = am("send", "--from", "a:x", "--to", "b:y", "--subject", "s", "--refs", "[" * 20000 + "]" * 20000).error
     assert error["problems"][0]["field"] == "--refs" and "nested" in error["error"]
@@ -768,6 +802,7 @@ def test_sigterm_ends_a_watch_whose_refresh_is_blocked_on_the_lock(am, mailbox_p
 # ---------------------------------------------------------------- limits and parsing
 
 
+@pytest.mark.fast
 def test_identities_have_a_length_limit(am):
     ok = "p:" + "n" * model.NAME_MAX_CHARS
     assert am("send", "--from", "a:x", "--to", ok, "--subject", "s").json
@@ -777,6 +812,7 @@ def test_identities_have_a_length_limit(am):
     assert am("describe").json["limits"]["identity_part_max_chars"] == model.NAME_MAX_CHARS
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("value", ["1_0", "\u0665", " 5", "5 ", "1e1", "+5", "0x10", "5.", ".5e1", "１０"])
 def test_numbers_are_accepted_in_their_plain_form_only(am, value):
     error = am("read", "b:y", "--limit", value).error
@@ -784,11 +820,13 @@ def test_numbers_are_accepted_in_their_plain_form_only(am, value):
     assert am("send", "--from", "a:x", "--to", "b:y", "--subject", "s", "--delay-minutes", value).error
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("value", ["0.5", "5", "12.25"])
 def test_plain_numbers_are_accepted(am, value):
     assert am("send", "--from", "a:x", "--to", "b:y", "--subject", "s", "--delay-minutes", value).json
 
 
+@pytest.mark.fast
 def test_a_flag_that_needs_another_is_refused_alone(am, send):
     message = send("a:x", "b:y", "s")["id"]
     error = am("attachments", "b:y", message, "--overwrite").error
@@ -797,6 +835,7 @@ def test_a_flag_that_needs_another_is_refused_alone(am, send):
     assert am("send", "--from", "a:x", "--to", "b:y", "--subject", "s", "--no-ack").error
 
 
+@pytest.mark.fast
 def test_the_same_file_attached_twice_is_attached_once(am, tmp_path, monkeypatch):
     (tmp_path / "f.txt").write_text("x")
     monkeypatch.chdir(tmp_path)
@@ -805,6 +844,7 @@ def test_the_same_file_attached_twice_is_attached_once(am, tmp_path, monkeypatch
     assert [a["name"] for a in receipt["attachments"]] == ["f.txt"]
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("text", ["\u202eexe.txt", "pay \u2066me\u2069", "\u202aa"])
 def test_bidirectional_controls_are_refused_in_what_is_shown(am, tmp_path, text):
     assert am("send", "--from", "a:x", "--to", "b:y", "--subject", text).error["problems"][0]["field"] == "--subject"
@@ -819,11 +859,13 @@ def test_bidirectional_controls_are_refused_in_what_is_shown(am, tmp_path, text)
 # ---------------------------------------------------------------- the docs tell the truth
 
 
+@pytest.mark.fast
 def test_problems_the_mailbox_finds_are_reported_with_the_others(am):
     error = am("send", "--from", "a:x", "--to", "b:y", "--subject", "", "--reply-to", model.new_message_id()).error
     assert sorted(p["field"] for p in error["problems"]) == ["--reply-to", "--subject"]
 
 
+@pytest.mark.fast
 def test_describe_documents_what_the_code_does(am, send, tmp_path):
     manual = am("describe").json
     assert "--version" in manual["global_flags"]
@@ -840,6 +882,7 @@ def test_describe_documents_what_the_code_does(am, send, tmp_path):
     assert set(written) == set(documented)
 
 
+@pytest.mark.fast
 def test_the_quick_start_uses_a_virtual_environment():
     readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md"), encoding="utf-8").read()
     quick_start = readme.split("## Quick start", 1)[1].split("##", 1)[0]
@@ -850,6 +893,7 @@ _TEXT = st.text(alphabet=st.characters(exclude_categories=()) | st.sampled_from(
     "\x00\x07\t\n\r\x1b\x7f\x85\x9f\u00a0\u200d\u2028\u202a\u202e\u2066\u2069\ud800\udfff é"), max_size=40)
 
 
+@pytest.mark.fast
 @settings(max_examples=300, deadline=None)
 @given(value=_TEXT)
 def test_text_checks_without_a_regex_say_what_the_patterns_say(value):

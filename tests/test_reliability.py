@@ -186,6 +186,7 @@ def _limit_file_size(limit: int):
     return apply
 
 
+@pytest.mark.fast
 @pytest.mark.sqlite_only  # about the SQLite file itself
 def test_output_over_the_file_size_limit_changes_nothing(tmp_path, send, am, mailbox_path):
     for i in range(6):
@@ -209,6 +210,7 @@ def test_output_over_the_file_size_limit_changes_nothing(tmp_path, send, am, mai
     assert integrity(mailbox_path) == "ok"
 
 
+@pytest.mark.fast
 @pytest.mark.sqlite_only  # about the SQLite file itself
 @pytest.mark.local_only("the file-size limit is set on the process that writes the SQLite file: a server's, not the "
                         "client's")
@@ -270,6 +272,7 @@ def fuzz_room(tmp_path, monkeypatch):
     return tmp_path
 
 
+@pytest.mark.fast
 @pytest.mark.local_only("stubs the blocking wait, the dashboard and serve in this process: through a server a fuzzed "
                         "watch would wait its 55 minutes there")
 @settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -387,6 +390,7 @@ def test_fuzzed_mailbox_paths_describe_and_work_or_refuse(fuzz_room, monkeypatch
 # ---------------------------------------------------------------- privacy and permissions
 
 
+@pytest.mark.fast
 @pytest.mark.sqlite_only  # about the SQLite file itself
 def test_a_world_writable_directory_is_refused_untouched(am, send, mailbox_path):
     send("a:x", "b:y", "hi")
@@ -399,6 +403,7 @@ def test_a_world_writable_directory_is_refused_untouched(am, send, mailbox_path)
     assert am("read", "b:y").json["count"] == 1  # nothing was marked by the refused call
 
 
+@pytest.mark.fast
 @pytest.mark.sqlite_only  # about the SQLite file itself
 def test_a_world_writable_mailbox_is_refused(am, send, mailbox_path):
     send("a:x", "b:y", "hi")
@@ -406,6 +411,7 @@ def test_a_world_writable_mailbox_is_refused(am, send, mailbox_path):
     assert "chmod 600" in am("status").error["error"]
 
 
+@pytest.mark.fast
 def test_a_sticky_shared_directory_is_accepted(am, tmp_path, monkeypatch):
     shared = tmp_path / "shared"
     shared.mkdir()
@@ -415,6 +421,7 @@ def test_a_sticky_shared_directory_is_accepted(am, tmp_path, monkeypatch):
     assert stat.S_IMODE(os.stat(shared / "mail.db").st_mode) == 0o600
 
 
+@pytest.mark.fast
 @pytest.mark.sqlite_only  # about the SQLite file itself
 @pytest.mark.local_only("describe reports the mailbox's own storage; through a server it reports the server")
 def test_a_readable_mailbox_is_reported_by_describe(am, send, mailbox_path):

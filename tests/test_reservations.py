@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from agent_mail import model
 from agent_mail.parts import repos, wildmatch
 
-pytestmark = pytest.mark.backends
+pytestmark = [pytest.mark.backends, pytest.mark.fast]
 
 
 def git(*args: str, cwd) -> str:

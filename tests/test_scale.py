@@ -17,6 +17,8 @@ from agent_mail.store import sqlite as sqlite_store
 from agent_mail.store import sqlite_schema
 from conftest import run_inprocess, examples
 
+pytestmark = pytest.mark.fast
+
 AGENTS = ["t:a", "t:b", "t:c", "u:d"]
 
 

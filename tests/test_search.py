@@ -14,7 +14,7 @@ from agent_mail import model
 from agent_mail.parts import query_language
 from conftest import examples, pg_url, raw_db
 
-pytestmark = pytest.mark.backends  # every test here runs on SQLite and on PostgreSQL
+pytestmark = [pytest.mark.backends, pytest.mark.fast]  # every test here runs on SQLite and on PostgreSQL
 
 
 @pytest.fixture

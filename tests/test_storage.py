@@ -17,6 +17,8 @@ from agent_mail.store import sqlite as sqlite_store
 from agent_mail.store import sqlite_schema
 from conftest import process_env, until
 
+pytestmark = pytest.mark.fast
+
 LEGACY_SCHEMA = """
 CREATE TABLE messages (
     id TEXT PRIMARY KEY, sender TEXT NOT NULL, recipient TEXT NOT NULL, subject TEXT NOT NULL,

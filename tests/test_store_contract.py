@@ -20,6 +20,8 @@ from agent_mail.operations.mail import open_mailbox, resolve_location
 from agent_mail.store import base, open_store
 from conftest import armed
 
+pytestmark = pytest.mark.fast
+
 #: The public store methods the tests below call directly (each test names its own with @exercises).
 EXERCISED: set[str] = set()
 

@@ -30,6 +30,7 @@ def envelope_ids(document):
 # ---------------------------------------------------------------- what watch reports
 
 
+@pytest.mark.fast
 def test_once_with_and_without_mail(am, send):
     empty = am("watch", "b:y", "--once").json
     assert empty["messages"] == [] and empty["count"] == 0 and empty["timeout"] is True
@@ -39,6 +40,7 @@ def test_once_with_and_without_mail(am, send):
     assert found["next"][0] == "agent-mail read b:y"
 
 
+@pytest.mark.fast
 def test_watch_reports_exactly_what_read_delivers(am, send):
     send("c:z", "b:y", "introduce c:z")
     direct = send("a:x", "b:y", "direct")["id"]
@@ -55,6 +57,7 @@ def test_watch_reports_exactly_what_read_delivers(am, send):
         assert set(envelope) == ENVELOPE
 
 
+@pytest.mark.fast
 def test_watch_consumes_nothing(am, send):
     message = send("a:x", "b:y", "hi", "--body", "secret body")["id"]
     before = am("status", "--agent", "b:y", "--fields", "unread,unacked").json
@@ -105,12 +108,14 @@ REFUSED = [
 ]
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("argv, field", REFUSED)
 def test_rejected_flags_and_bounds(am, argv, field):
     error = am("watch", "b:y", *argv).error
     assert error["problems"][0]["field"] == field
 
 
+@pytest.mark.fast
 @pytest.mark.local_only("whether the mailbox file or schema gets made (a server's mailbox exists before it serves)")
 @pytest.mark.parametrize("argv, field", REFUSED)
 def test_a_rejected_watch_makes_no_mailbox(am, argv, field, mailbox_path):
@@ -118,11 +123,13 @@ def test_a_rejected_watch_makes_no_mailbox(am, argv, field, mailbox_path):
     assert not mailbox_exists(mailbox_path)  # rejected before the mailbox is touched
 
 
+@pytest.mark.fast
 def test_removed_flags_name_their_replacement(am):
     assert "--timeout-minutes" in am("watch", "b:y", "--timeout", "30").error["error"]
     assert "--once" in am("watch", "b:y", "--poll", "1").error["error"]
 
 
+@pytest.mark.fast
 def test_describe_documents_watch_and_the_discipline(am):
     doc = am("describe").json
     watch = doc["commands"]["watch"]
@@ -164,11 +171,13 @@ NOW = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.timezone.utc)
     # heartbeat only: watching and reachable, but it never watched
     (_facts(sessions=0, heartbeat=NOW - dt.timedelta(seconds=10)), "never", True, True),
 ])
+@pytest.mark.fast
 def test_liveness_states(facts, state, watching, reachable):
     described = describe_liveness(facts, NOW)
     assert (described["watch_state"], described["watching"], described["reachable"]) == (state, watching, reachable)
 
 
+@pytest.mark.fast
 def test_heartbeat_counts_as_presence_and_lists_the_identity(am, send):
     beat = am("heartbeat", "hook:agent").json
     assert beat["reachable"] is True and beat["unread"] == 0 and beat["next"] == []
@@ -179,12 +188,14 @@ def test_heartbeat_counts_as_presence_and_lists_the_identity(am, send):
     assert am("heartbeat", "hook:agent").json["next"] == ["agent-mail read hook:agent"]
 
 
+@pytest.mark.fast
 def test_status_liveness_fields_are_projectable(am):
     am("heartbeat", "a:x").assert_ok()
     rows = am("status", "--fields", "agent,watching,last_seen,watch_state,released_at").json["agents"]
     assert set(rows[0]) == {"agent", "watching", "last_seen", "watch_state", "released_at"}
 
 
+@pytest.mark.fast
 def test_read_ack_and_send_carry_reachable_and_next(am, send, mailbox_path):
     question = send("a:x", "b:y", "q")["id"]
     read = am("read", "b:y").json
@@ -200,6 +211,7 @@ def test_read_ack_and_send_carry_reachable_and_next(am, send, mailbox_path):
     assert receipt["sender_reachable"] is False and receipt["next"] == ["agent-mail watch b:y"]
 
 
+@pytest.mark.fast
 def test_heartbeat_makes_read_reachable(am, send):
     send("a:x", "b:y", "q")
     am("heartbeat", "b:y").assert_ok()
@@ -207,6 +219,7 @@ def test_heartbeat_makes_read_reachable(am, send):
     assert read["reachable"] is True and not any("watch" in step for step in read["next"])
 
 
+@pytest.mark.fast
 def test_cleanup_sweeps_old_liveness_rows(am, mailbox_path):
     am("heartbeat", "old:agent").assert_ok()
     am("heartbeat", "new:agent").assert_ok()
@@ -303,6 +316,7 @@ def test_a_send_to_someone_else_does_not_wake_the_watch(mailbox_path, reap):
     assert [m["subject"] for m in json.loads(out)["messages"]] == ["yes"]
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGHUP, 129)])
 def test_a_signalled_watch_releases_its_session(mailbox_path, reap, am, signum, code):
     watch = _start_watch()
@@ -327,6 +341,7 @@ def _state_within(am, seconds: float, wanted: str) -> dict:
         time.sleep(0.05)
 
 
+@pytest.mark.fast
 def test_a_killed_watch_is_stale_at_once(mailbox_path, reap, am):
     """Issue 20, finding 20: what a blocked watch holds (SQLite: the lock on its wake-up pipe; PostgreSQL: its
     connection) is freed when it dies, so a SIGKILLed watch reads as stale within 2 s, well before the
@@ -356,6 +371,7 @@ def _age_presence(mailbox_path, backend, seconds: float) -> None:
     db.close()
 
 
+@pytest.mark.fast
 def test_a_hung_watch_stays_armed_while_alive_and_goes_stale_when_its_refreshes_stop_for_minutes(
         mailbox_path, reap, am, backend):
     """A watch that holds its presence refreshes only every HELD_REFRESH_SECONDS: a missed few seconds mean
