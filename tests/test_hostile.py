@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from agent_mail import model, spec
 from agent_mail.operations import mail
 from agent_mail.store import sqlite as sqlite_store
-from conftest import am_process, armed, process_env, run_inprocess
+from conftest import am_process, armed, as_a_user, process_env, run_inprocess
 
 
 def closed_stdout(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -501,24 +501,12 @@ def test_a_planted_notification_link_is_never_followed(am, tmp_path):
     assert refused["problems"][0]["field"] == "--mirror-dir"
 
 
-def _without_dac_override():
-    """For root: drop the capabilities that let it write anywhere, for the program about to run."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    for capability in (1, 2):  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH
-        if libc.prctl(24, capability, 0, 0, 0) != 0:  # PR_CAPBSET_DROP: gone from what exec grants
-            raise OSError(ctypes.get_errno(), "prctl")
-
-
-@pytest.mark.fast
 def test_a_mirror_directory_this_user_cannot_write_is_refused(am, tmp_path):
     mirror = tmp_path / "locked"
     mirror.mkdir()
     os.chmod(mirror, 0o555)
-    preexec = _without_dac_override if os.geteuid() == 0 else None
     proc = subprocess.run([sys.executable, "-m", "agent_mail", "profile", "p:n", "--mirror-dir", str(mirror)],
-                          env=process_env(), capture_output=True, preexec_fn=preexec, timeout=60)
+                          env=process_env(), capture_output=True, timeout=60, **as_a_user())
     assert proc.returncode == 2, proc.stderr
     problem = json.loads(proc.stderr)["problems"][0]
     assert problem["field"] == "--mirror-dir" and "not writable" in problem["message"]
