@@ -60,7 +60,7 @@ def drive_in_tmux(tmp_path, *, live: bool):
         subprocess.run([*tmux, "send-keys", "-t", name, "4"], check=True)  # from Traffic (it used to stay)
         until(lambda: "Sends per hour" in pane(), 10, f"4 did not show the Charts:\n{pane()}")
         subprocess.run([*tmux, "send-keys", "-t", name, "4"], check=True)
-        time.sleep(0.5)
+        time.sleep(0.5)  # time for a second "4" to take the Charts away, which it must not
         assert "Sends per hour" in pane(), pane()
         subprocess.run([*tmux, "send-keys", "-t", name, "?"], check=True)
         until(lambda: "Looking marks nothing read" in pane(), 10, f"no help:\n{pane()}")
@@ -97,7 +97,7 @@ def test_the_dashboard_ends_when_its_terminal_closes_or_it_is_terminated(tmp_pat
     try:
         pane = lambda: subprocess.run([*tmux, "capture-pane", "-p"], capture_output=True, text=True).stdout  # noqa: E731
         until(lambda: "identities" in pane(), 30, "the dashboard never drew")
-        time.sleep(0.5)
+        time.sleep(0.5)  # past its first draw, into its running loop: no state it shows says so
         if how == "SIGTERM":
             os.kill(pid, signal.SIGTERM)
         else:

@@ -275,7 +275,7 @@ def test_mbox_opens_in_a_real_mail_client(am, history, tmp_path, backend):
         assert "->" in screen  # the reply threaded under what it answers
         # open the first message of the thread and list its attachments
         subprocess.run([*tmux, "send-keys", "/", "Deploy the release", "Enter"], check=True)
-        time.sleep(0.5)
+        time.sleep(0.5)  # mutt moves its cursor to the match, which no text on the screen shows
         subprocess.run([*tmux, "send-keys", "v"], check=True)
         shown("Report Q4.pdf", "mutt did not list the attachments")
         assert "notes.txt" in pane()

@@ -235,6 +235,14 @@ def test_a_sender_terminated_mid_transaction_changes_nothing(mailbox_path, am):
     assert am("read", "c:z", "--no-mark-read").json["count"] == 0
 
 
+def _stored_sends(mailbox) -> int:
+    db = raw_db(mailbox)
+    try:
+        return db.execute("SELECT COUNT(*) FROM messages WHERE sender LIKE 'send:%'").fetchone()[0]
+    finally:
+        db.close()
+
+
 @pytest.mark.requires("pg_ctlcluster")
 def test_a_server_restart_under_watches_and_senders_loses_nothing(mailbox_path, am):
     if os.geteuid() != 0 or not os.path.isdir("/etc/postgresql"):
@@ -247,10 +255,10 @@ def test_a_server_restart_under_watches_and_senders_loses_nothing(mailbox_path, 
         armed(list(watches), procs=list(watches.values()))
         senders = [subprocess.Popen([sys.executable, "-c", _SENDER_LOOP, str(i)], env=process_env(),
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(3)]
-        time.sleep(0.5)
+        until(lambda: _stored_sends(mailbox_path) > 0, 30, "the senders never sent")  # sending when it restarts
         subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart"], check=True,
                        capture_output=True, timeout=120)
-        time.sleep(1.0)
+        time.sleep(1.0)  # the senders go on after the restart
         for proc in senders:
             proc.kill()  # each line is flushed whole; a send cut off here proves all-or-nothing too
         logs = [proc.communicate(timeout=60)[0] for proc in senders]

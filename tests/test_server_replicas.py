@@ -431,7 +431,7 @@ def _through_proxy(replicas, mailbox_path, url: str, proc: subprocess.Popen, cer
                                stderr=subprocess.PIPE,
                                env=process_env(AGENT_MAIL_DB=url, AGENT_MAIL_TOKEN=lead, AGENT_MAIL_CA=cert,
                                                AGENT_MAIL_RECONNECT_SECONDS="3"))
-        time.sleep(1.5)
+        time.sleep(1.5)  # the send is through the proxy to the stopped replica, waiting there (nothing to look at)
     finally:
         again.proc.send_signal(signal.SIGKILL)
         again.proc.wait(timeout=10)
