@@ -134,8 +134,8 @@ def scale_rows(clis: dict[str, str], rounds: int) -> list[tuple]:
                  broadcast_readers=shape["broadcast_readers"])
             subprocess.run([ours, "copy", "--from", source], env=cli_env(url), check=True, stdout=subprocess.DEVNULL)
         subprocess.run([ours, "status"], env=cli_env(url), check=True, stdout=subprocess.DEVNULL)  # settle
-        pg = {label: bench_scale._median_ms(ours, argv, url, rounds) for label, argv in bench_scale.PER_AGENT}
-        pg["status"] = bench_scale._median_ms(ours, ["status"], url, rounds)
+        pg = {label: bench_scale.median_ms(ours, argv, url, rounds) for label, argv in bench_scale.PER_AGENT}
+        pg["status"] = bench_scale.median_ms(ours, ["status"], url, rounds)
         import json
 
         commands = [*bench_scale.PER_AGENT, ("status", ["status"])]

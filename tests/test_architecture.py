@@ -249,7 +249,8 @@ def private_reaches(roots: tuple[Path, ...], package: str = PACKAGE) -> list[str
                             module_names.add(alias.asname or alias.name)
                 elif isinstance(node, ast.Import):
                     for alias in node.names:
-                        if alias.name.split(".")[0] == package:
+                        beside = root != SRC and (root / f"{alias.name}.py").exists()  # a test's or bench's helper
+                        if alias.name.split(".")[0] == package or beside:
                             module_names.add(alias.asname or alias.name.split(".")[0])
             for node in ast.walk(tree):
                 if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
@@ -444,7 +445,11 @@ def test_reading_finds_private_names_reached_by_a_string(tmp_path):
                                  "    monkeypatch.setattr('pkg.model._now', None)\n"
                                  "    getattr(model, 'public')\n    setattr(obj, '_own', 1)\n"
                                  "    monkeypatch.setattr(model, '__doc__', '')\n")
+    (tmp_path / "helper.py").write_text("def _median():\n    return 1\n")
+    (tmp_path / "bench.py").write_text("import helper\n\nhelper._median()\n")
     found = private_reaches((tmp_path,), "pkg")
+    assert found[0].endswith("bench.py:3: helper._median"), found
+    found = found[1:]
     assert [f.split(": ", 1)[1] for f in found] == ["monkeypatch.setattr(model, '_clock', None)",
                                                     "setattr(Thing, '_WINDOW', 2)",
                                                     "monkeypatch.setattr('pkg.model._now', None)"], found
