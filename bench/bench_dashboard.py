@@ -44,7 +44,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from bench_herd import _stat  # noqa: E402
+from bench_herd import process_stat  # noqa: E402
 from common import cli_env, implementations, machine, percentile, table  # noqa: E402
 
 PG_URL = os.environ.get("AGENT_MAIL_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
@@ -129,10 +129,10 @@ class Fleet:
         raise RuntimeError("the herd never armed")
 
     def switches(self) -> dict[str, int]:
-        return {n: _stat(p.pid)[1] for n, p in self.procs.items() if p.poll() is None}
+        return {n: process_stat(p.pid)[1] for n, p in self.procs.items() if p.poll() is None}
 
     def herd_cpu(self) -> float:
-        return sum(_stat(p.pid)[0] for p in self.procs.values() if p.poll() is None)
+        return sum(process_stat(p.pid)[0] for p in self.procs.values() if p.poll() is None)
 
     def wake_one(self, name: str) -> float:
         """ms from a direct message's commit until the blocked watch on `name` printed it and exited."""
@@ -182,7 +182,7 @@ class Fleet:
             with psycopg.connect(PG_URL, autocommit=True) as db:
                 pids = [r[0] for r in db.execute("SELECT pid FROM pg_stat_activity WHERE application_name = %s",
                                                  (APP_NAME,))]
-            total += sum(_stat(pid)[0] for pid in pids)
+            total += sum(process_stat(pid)[0] for pid in pids)
         return total
 
     def stop(self) -> None:

@@ -53,7 +53,7 @@ def agents(n: int) -> list[str]:
     return [f"herd:w{i:03d}" for i in range(n)]
 
 
-def _stat(pid: int) -> tuple[float, int]:
+def process_stat(pid: int) -> tuple[float, int]:
     """(CPU seconds, voluntary context switches) of a process. CPU time from schedstat (nanoseconds):
     the tick counts in /proc/PID/stat (10 ms each) are far too coarse for processes that sleep."""
     try:
@@ -105,7 +105,7 @@ class Herd:
         raise RuntimeError("the herd never armed")
 
     def stats(self) -> dict[str, tuple[float, int]]:
-        return {name: _stat(proc.pid) for name, proc in self.procs.items() if proc.returncode is None}
+        return {name: process_stat(proc.pid) for name, proc in self.procs.items() if proc.returncode is None}
 
     def stop(self) -> None:
         for proc in self.procs.values():

@@ -36,7 +36,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 import bench_concurrency  # noqa: E402
 import bench_scale  # noqa: E402
-from bench_herd import _stat  # noqa: E402
+from bench_herd import process_stat  # noqa: E402
 from common import cli_env, implementations, summary, table  # noqa: E402
 from seed import seed  # noqa: E402
 
@@ -134,8 +134,8 @@ def scale_rows(clis: dict[str, str], rounds: int) -> list[tuple]:
                  broadcast_readers=shape["broadcast_readers"])
             subprocess.run([ours, "copy", "--from", source], env=cli_env(url), check=True, stdout=subprocess.DEVNULL)
         subprocess.run([ours, "status"], env=cli_env(url), check=True, stdout=subprocess.DEVNULL)  # settle
-        pg = {label: bench_scale._median_ms(ours, argv, url, rounds) for label, argv in bench_scale.PER_AGENT}
-        pg["status"] = bench_scale._median_ms(ours, ["status"], url, rounds)
+        pg = {label: bench_scale.median_ms(ours, argv, url, rounds) for label, argv in bench_scale.PER_AGENT}
+        pg["status"] = bench_scale.median_ms(ours, ["status"], url, rounds)
         import json
 
         commands = [*bench_scale.PER_AGENT, ("status", ["status"])]
@@ -280,9 +280,9 @@ def _idle_share(ours: str, location: str, watches: int, windows: tuple[float, ..
         shares = []
         load = os.getloadavg()[0]
         for seconds in windows:
-            before = sum(_stat(pid)[0] for pid in pids)
+            before = sum(process_stat(pid)[0] for pid in pids)
             time.sleep(seconds)
-            after = sum(_stat(pid)[0] for pid in pids)
+            after = sum(process_stat(pid)[0] for pid in pids)
             shares.append((after - before) / seconds * 100)
         return (watches, load, *shares)
     finally:

@@ -47,7 +47,7 @@ PER_AGENT = (
 )
 
 
-def _median_ms(cli: str, argv: list[str], db: str, rounds: int) -> float:
+def median_ms(cli: str, argv: list[str], db: str, rounds: int) -> float:
     samples = []
     for _ in range(rounds):
         started = time.perf_counter()
@@ -63,10 +63,10 @@ def measure(cli: str, db: str, shape: dict, rounds: int, slow_rounds: int, clean
     seed(db, shape["messages"], shape["agents"], broadcasts=shape["broadcasts"],
          broadcast_readers=shape["broadcast_readers"])
     subprocess.run([cli, "status"], env=cli_env(db), check=True, stdout=subprocess.DEVNULL)  # settle
-    result = {label: _median_ms(cli, argv, db, rounds) for label, argv in PER_AGENT}
-    result["status"] = _median_ms(cli, ["status"], db, slow_rounds)
+    result = {label: median_ms(cli, argv, db, rounds) for label, argv in PER_AGENT}
+    result["status"] = median_ms(cli, ["status"], db, slow_rounds)
     if cleanup:
-        result["cleanup"] = _median_ms(cli, ["cleanup", "--older-than", "30", "--dry-run"], db, slow_rounds)
+        result["cleanup"] = median_ms(cli, ["cleanup", "--older-than", "30", "--dry-run"], db, slow_rounds)
     result["bytes"] = os.path.getsize(db) / shape["messages"]
     return result
 

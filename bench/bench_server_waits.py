@@ -36,7 +36,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
-from bench_herd import _stat  # noqa: E402
+from bench_herd import process_stat  # noqa: E402
 from common import ROOT, cli_env, implementations, table  # noqa: E402
 from serving import database_ports  # noqa: E402
 
@@ -175,10 +175,10 @@ def measure(python: str, waits: int, watches: int, idle_seconds: float) -> dict:
         backends = _backends(server.pid)
         threads = len(os.listdir(f"/proc/{server.pid}/task"))
         pids = [server.pid] + [pid for pid, _ in backends]
-        before = sum(_stat(pid)[0] for pid in pids)
+        before = sum(process_stat(pid)[0] for pid in pids)
         started = time.monotonic()
         time.sleep(idle_seconds)
-        idle = (sum(_stat(pid)[0] for pid in pids) - before) / (time.monotonic() - started) * 100
+        idle = (sum(process_stat(pid)[0] for pid in pids) - before) / (time.monotonic() - started) * 100
         # One broadcast, from its commit until the last wait was answered.
         selector = selectors.DefaultSelector()
         for proc in procs:

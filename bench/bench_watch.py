@@ -27,7 +27,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_herd import _stat, start_commit  # noqa: E402
+from bench_herd import process_stat, start_commit  # noqa: E402
 from common import cli_env, implementations, report, summary  # noqa: E402
 
 AGENT = "bench:watcher"
@@ -107,7 +107,7 @@ def measure_wake(implementation: str, cli: str, db: str, rounds: int, via_cli: b
 
 
 def _cpu_seconds(pid: int) -> float:
-    return _stat(pid)[0]  # schedstat nanoseconds: ticks are too coarse for a sleeping process
+    return process_stat(pid)[0]  # schedstat nanoseconds: ticks are too coarse for a sleeping process
 
 
 def measure_idle(clis: dict[str, str], dbs: dict[str, str], seconds: float) -> dict[str, float]:

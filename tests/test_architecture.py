@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.fast
+
 SRC = Path(__file__).resolve().parent.parent / "src"
 TESTS = Path(__file__).resolve().parent
 PACKAGE = "agent_mail"
@@ -227,8 +229,10 @@ def runaway_files(src: Path = SRC, package: str = PACKAGE, limit: int = RUNAWAY_
 
 
 def private_reaches(roots: tuple[Path, ...], package: str = PACKAGE) -> list[str]:
-    """Where a module uses another module's `_name`: `from M import _name`, or `m._name` on a module `m` of the
-    package it imported by name. (Dunder names are public by convention.)"""
+    """Where a module uses another module's `_name`: `from M import _name`, `m._name` on a module `m` of the
+    package it imported by name, or the same spelled as strings: `setattr(m, "_name", ...)` (getattr, delattr,
+    monkeypatch.setattr alike) and `monkeypatch.setattr("pkg.m._name", ...)`. (Dunder names are public by
+    convention.)"""
     found = []
     for root in roots:
         for path in sorted(root.rglob("*.py")):
@@ -245,7 +249,8 @@ def private_reaches(roots: tuple[Path, ...], package: str = PACKAGE) -> list[str
                             module_names.add(alias.asname or alias.name)
                 elif isinstance(node, ast.Import):
                     for alias in node.names:
-                        if alias.name.split(".")[0] == package:
+                        beside = root != SRC and (root / f"{alias.name}.py").exists()  # a test's or bench's helper
+                        if alias.name.split(".")[0] == package or beside:
                             module_names.add(alias.asname or alias.name.split(".")[0])
             for node in ast.walk(tree):
                 if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
@@ -254,7 +259,32 @@ def private_reaches(roots: tuple[Path, ...], package: str = PACKAGE) -> list[str
                         base = base.value
                     if isinstance(base, ast.Name) and base.id in module_names:
                         found.append(f"{path}:{node.lineno}: {ast.unparse(node)}")
+                elif isinstance(node, ast.Call) and _reaches_by_string(node, module_names, package):
+                    found.append(f"{path}:{node.lineno}: {ast.unparse(node)}")
     return found
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _reaches_by_string(call: ast.Call, module_names: set[str], package: str) -> bool:
+    """A setattr/getattr/delattr (or monkeypatch's) naming a private name of the package by a string."""
+    func = call.func
+    name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+    if name not in ("setattr", "getattr", "delattr", "hasattr") or not call.args:
+        return False
+    first = call.args[0]
+    if isinstance(first, ast.Constant) and isinstance(first.value, str):  # monkeypatch.setattr("pkg.m._name", v)
+        parts = first.value.split(".")
+        return parts[0] == package and any(_private(part) for part in parts[1:])
+    second = call.args[1] if len(call.args) > 1 else None
+    if not (isinstance(second, ast.Constant) and isinstance(second.value, str) and _private(second.value)):
+        return False
+    base = first
+    while isinstance(base, ast.Attribute):
+        base = base.value
+    return isinstance(base, ast.Name) and base.id in module_names
 
 
 # ---- The rules, on the package itself. ----
@@ -406,3 +436,20 @@ def test_reading_finds_private_names_used_outside_their_module(tmp_path):
                                  "        return self._mine\n")
     found = private_reaches((tmp_path,), "pkg")
     assert len(found) == 2 and "import _secret" in found[0] and "model._other" in found[1], found
+
+
+def test_reading_finds_private_names_reached_by_a_string(tmp_path):
+    _made_up(tmp_path, ops__mail="from pkg import model\nfrom pkg.model import Thing\n\n\ndef f(monkeypatch, obj):\n"
+                                 "    monkeypatch.setattr(model, '_clock', None)\n"
+                                 "    setattr(Thing, '_WINDOW', 2)\n"
+                                 "    monkeypatch.setattr('pkg.model._now', None)\n"
+                                 "    getattr(model, 'public')\n    setattr(obj, '_own', 1)\n"
+                                 "    monkeypatch.setattr(model, '__doc__', '')\n")
+    (tmp_path / "helper.py").write_text("def _median():\n    return 1\n")
+    (tmp_path / "bench.py").write_text("import helper\n\nhelper._median()\n")
+    found = private_reaches((tmp_path,), "pkg")
+    assert found[0].endswith("bench.py:3: helper._median"), found
+    found = found[1:]
+    assert [f.split(": ", 1)[1] for f in found] == ["monkeypatch.setattr(model, '_clock', None)",
+                                                    "setattr(Thing, '_WINDOW', 2)",
+                                                    "monkeypatch.setattr('pkg.model._now', None)"], found

@@ -18,6 +18,8 @@ from agent_mail.parts import checks
 from agent_mail.cli import main
 from agent_mail.protocols import mcp_tools
 
+pytestmark = pytest.mark.fast
+
 VALID = {
     spec.IDENTITY: "proj:alice",
     spec.RECIPIENT: "proj:bob",

@@ -10,21 +10,21 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import threading
 
 import pytest
 
-from conftest import am_process, process_env
+from conftest import am_process, armed, disarmed, find, process_env, until
 from fake_model import FakeModel
-from harnesses import URGENT, harness, private_tmp, send_urgent_mail
+from harnesses import URGENT, private_tmp, send_urgent_mail
 
 AGENT = "proj:coder"
 
 
-CLAUDE, pytestmark = harness("claude", "AGENT_MAIL_CLAUDE", "@anthropic-ai/claude-code")
+CLAUDE = find("claude")
+pytestmark = pytest.mark.requires("claude")
 pytest.importorskip("mcp", reason="the mcp extra is not installed")
 
 
@@ -157,7 +157,7 @@ def _interactive_home(home, project) -> None:
     }))
 
 
-@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+@pytest.mark.requires("tmux")
 def test_an_idle_interactive_session_is_woken_by_a_send(project):
     import time
 
@@ -179,19 +179,13 @@ def test_an_idle_interactive_session_is_woken_by_a_send(project):
             def status():
                 return json.loads(am_process("status", "--agent", AGENT).stdout)["agents"][0]
 
-            deadline = time.monotonic() + 60
-            while "❯" not in subprocess.run([*tmux, "capture-pane", "-p", "-t", name], capture_output=True,
-                                            text=True).stdout:
-                assert time.monotonic() < deadline, "claude did not reach its prompt"
-                time.sleep(0.2)
+            until(lambda: "❯" in subprocess.run([*tmux, "capture-pane", "-p", "-t", name], capture_output=True,
+                                                text=True).stdout, 60, "claude did not reach its prompt")
             subprocess.run([*tmux, "send-keys", "-t", name, "hello"], check=True)
             time.sleep(0.3)
             subprocess.run([*tmux, "send-keys", "-t", name, "Enter"], check=True)
             # The turn ends; the waiter arms: the identity shows as armed, a live session holds it.
-            deadline = time.monotonic() + 60
-            while status()["watch_state"] != "armed":
-                assert time.monotonic() < deadline, "the waiter never armed"
-                time.sleep(0.2)
+            armed(AGENT, timeout=60)
             assert status()["sessions"] == 1
             # Issue 20 #1: the live session is reachable and says how.
             assert status()["reachable"] is True and "woken when idle" in status()["reached_by"]
@@ -206,17 +200,11 @@ def test_an_idle_interactive_session_is_woken_by_a_send(project):
             assert "agent-mail: new mail arrived while you were idle" in woke and "blocking error" not in woke
             assert len([r for r in model.requests if _main_loop(r)]) == turns + 1
             # Woken once, then it re-arms for the next mail.
-            deadline = time.monotonic() + 60
-            while status()["watch_state"] != "armed":
-                assert time.monotonic() < deadline, "the waiter did not re-arm"
-                time.sleep(0.2)
+            armed(AGENT, timeout=60)
         finally:
             subprocess.run([*tmux, "kill-session", "-t", name], capture_output=True)
     # The waiter ends with its session (it checks the harness process every 5 s).
-    deadline = time.monotonic() + 30
-    while status()["watch_state"] == "armed":
-        assert time.monotonic() < deadline, "the waiter outlived its session"
-        time.sleep(0.5)
+    disarmed(AGENT, timeout=30)
 
 
 def _any_tool_result(request: dict) -> bool:
@@ -225,7 +213,7 @@ def _any_tool_result(request: dict) -> bool:
                for m in request["messages"])
 
 
-@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+@pytest.mark.requires("tmux")
 def test_mail_a_watch_tool_result_showed_is_not_told_again(project):
     """Issue 20 #2: the model calls mcp__agent-mail__watch {"wait_seconds": 60}; mail arrives; the next
     request carries the envelope once, in the tool result, not again as PostToolUse context; and no later
@@ -248,15 +236,6 @@ def test_mail_a_watch_tool_result_showed_is_not_told_again(project):
             return [{"type": "text", "text": "Got it."}]
         return [{"type": "tool_use", "name": "mcp__agent-mail__watch", "input": {"wait_seconds": 60}}]
 
-    def status():
-        return json.loads(am_process("status", "--agent", AGENT).stdout)["agents"][0]
-
-    def until(predicate, what: str, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            assert time.monotonic() < deadline, what
-            time.sleep(0.2)
-
     def say(text: str) -> None:
         subprocess.run([*tmux, "send-keys", "-t", name, text], check=True)
         time.sleep(0.3)
@@ -274,10 +253,10 @@ def test_mail_a_watch_tool_result_showed_is_not_told_again(project):
                        check=True)
         try:
             until(lambda: "❯" in subprocess.run([*tmux, "capture-pane", "-p", "-t", name], capture_output=True,
-                                                text=True).stdout, "claude did not reach its prompt")
+                                                text=True).stdout, 60, "claude did not reach its prompt")
             say("check your mail")
             # The watch tool call is blocked: the identity shows as armed. Then the mail comes.
-            until(lambda: status()["watch_state"] == "armed", "the watch tool never armed")
+            armed(AGENT, timeout=60)  # the watch tool never armed
             assert am_process("send", "--from", "boss:lead", "--to", AGENT, "--subject", subject,
                               env=process_env()).returncode == 0
             answered = model.wait_for(lambda r: _main_loop(r) and _any_tool_result(r), timeout=60)
@@ -287,9 +266,8 @@ def test_mail_a_watch_tool_result_showed_is_not_told_again(project):
             assert len(results) == 1 and subject in json.dumps(results), "the tool result did not show the mail"
             assert json.dumps(answered["messages"]).count(subject) == 1, "told twice: the tool result and again"
             # The turn ended ("Got it."); the waiter armed for the next mail, and nothing wakes the session.
-            until(lambda: status()["watch_state"] == "armed" and len([r for r in model.requests
-                                                                      if _main_loop(r)]) == 2,
-                  "the waiter never armed after the turn")
+            until(lambda: len([r for r in model.requests if _main_loop(r)]) == 2, 60, "the turn never ended")
+            armed(AGENT, timeout=60)  # the waiter, armed after the turn
             time.sleep(3)
             assert len([r for r in model.requests if _main_loop(r)]) == 2, "the session was woken for told mail"
             say("next task")

@@ -15,7 +15,7 @@ from agent_mail import spec
 from agent_mail.store import sqlite as sqlite_store
 from conftest import am_process, mailbox_exists, process_env
 
-pytestmark = pytest.mark.backends  # every test here runs on SQLite and on PostgreSQL
+pytestmark = [pytest.mark.backends, pytest.mark.fast]  # every test here runs on SQLite and on PostgreSQL
 
 
 @pytest.mark.local_only("describe reports the mailbox's own storage; through a server it reports the server")

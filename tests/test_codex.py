@@ -11,21 +11,21 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import time
 
 import pytest
 
-from conftest import am_process, process_env
+from conftest import am_process, find, process_env, until
 from fake_model import FakeModel
-from harnesses import HELD, URGENT, harness, mail_during_the_turn, private_tmp, send_urgent_mail
+from harnesses import HELD, URGENT, mail_during_the_turn, private_tmp, send_urgent_mail
 
 AGENT = "proj:coder"
 
 
-CODEX, pytestmark = harness("codex", "AGENT_MAIL_CODEX", "@openai/codex")
+CODEX = find("codex")
+pytestmark = pytest.mark.requires("codex")
 pytest.importorskip("mcp", reason="the mcp extra is not installed")
 
 
@@ -147,7 +147,7 @@ def _stop_daemon(home) -> None:
             continue
 
 
-@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+@pytest.mark.requires("tmux")
 def test_an_interactive_codex_session_ends_with_its_exit(project):
     """Issue 20 #3: interactive `codex` (hooks trusted in its review dialog, as a user does) ran the hooks and
     the MCP server in a shared app-server daemon it started, which outlives /exit: the session stayed live
@@ -161,10 +161,7 @@ def test_an_interactive_codex_session_ends_with_its_exit(project):
         return subprocess.run([*tmux, "capture-pane", "-p", "-t", name], capture_output=True, text=True).stdout
 
     def wait_for(what, seconds: float, why: str) -> None:
-        deadline = time.monotonic() + seconds
-        while not what():
-            assert time.monotonic() < deadline, f"{why}:\n{pane()}"
-            time.sleep(0.2)
+        until(what, seconds, lambda: f"{why}:\n{pane()}", interval=0.2)
 
     def keys(*typed: str) -> None:
         subprocess.run([*tmux, "send-keys", "-t", name, *typed], check=True)

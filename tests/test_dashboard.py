@@ -44,6 +44,7 @@ def unread_of(am, agent):
 # ---------------------------------------------------------------- what it reads
 
 
+@pytest.mark.fast
 def test_fleet_puts_problems_first_and_spells_them(am):
     send(am, "ops:lead", "api:worker", "old work")
     send(am, "ops:lead", "web:worker", "fresh work")
@@ -59,6 +60,7 @@ def test_fleet_puts_problems_first_and_spells_them(am):
     assert by_agent["web:worker"]["watch_state"] == "never" and by_agent["web:worker"]["unacked"] == 1
 
 
+@pytest.mark.fast
 def test_reservations_are_shown_per_identity_with_dead_holders_marked(am):
     """Issue 22: the Fleet counts them, an identity's Inbox lists them, a dead holder's marked as blocking nobody."""
     import datetime as dt
@@ -90,6 +92,7 @@ def test_reservations_are_shown_per_identity_with_dead_holders_marked(am):
     assert holding(inbox["reservations"]) == "\nHolds: /docs/ (exclusive, holder dead: blocks nobody)"
 
 
+@pytest.mark.fast
 def test_overdue_follows_the_threshold(am, monkeypatch):
     send(am, "ops:lead", "web:worker", "slow one")
     am("read", "web:worker").assert_ok()
@@ -114,6 +117,7 @@ def states(mailbox_path):
         db.close()
 
 
+@pytest.mark.fast
 def test_looking_marks_nothing_read(am, mailbox_path):
     first = send(am, "ops:lead", ["api:worker", "web:worker"], "look only")
     send(am, "ops:lead", "*", "everyone look")
@@ -135,6 +139,7 @@ def test_looking_marks_nothing_read(am, mailbox_path):
     assert {a: unread_of(am, a) for a in unread} == unread
 
 
+@pytest.mark.fast
 def test_charts_count_sends_per_hour_and_the_backlog(am):
     send(am, "ops:lead", ["api:worker", "web:worker"], "one")  # a fan-out is one send
     send(am, "api:worker", "ops:lead", "two")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -16,20 +15,9 @@ import time
 
 import pytest
 
-from conftest import process_env
+from conftest import process_env, require, until
 
 pytest.importorskip("textual", reason="the dashboard needs the tui extra: pip install 'agent-mail[tui]'")
-
-CHROMIUM = next((p for p in (os.environ.get("AGENT_MAIL_CHROMIUM"), shutil.which("chromium-headless-shell"),
-                             shutil.which("chromium")) if p), None)
-
-
-def need(tool: str, path: str | None, install: str) -> None:
-    if path is None:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must run this test: {tool} is missing ({install})")
-        pytest.skip(f"{tool} is not installed ({install})")
-
 
 def am_process(*argv):
     done = subprocess.run([sys.executable, "-m", "agent_mail", *argv], env=process_env(), capture_output=True,
@@ -38,23 +26,17 @@ def am_process(*argv):
     return json.loads(done.stdout)
 
 
-def wait(condition, seconds, what):
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.1)
-
-
+@pytest.mark.requires("tmux")
 def test_in_a_real_terminal_through_tmux(tmp_path):
     drive_in_tmux(tmp_path, live=False)
 
 
+@pytest.mark.requires("tmux")
 def test_in_a_real_terminal_a_send_appears_live(tmp_path):
     drive_in_tmux(tmp_path, live=True)
 
 
 def drive_in_tmux(tmp_path, *, live: bool):
-    need("tmux", shutil.which("tmux"), "apt-get install tmux")
     am_process("send", "--from", "ops:lead", "--to", "web:worker", "--subject", "first task")
     tmux = ["tmux", "-S", str(tmp_path / "tmux.sock")]  # a tmux server of its own, ended with the test
     name = "dashboard"
@@ -68,24 +50,24 @@ def drive_in_tmux(tmp_path, *, live: bool):
         return subprocess.run([*tmux, "capture-pane", "-p", "-t", name], capture_output=True, text=True).stdout
 
     try:
-        wait(lambda: "web:worker" in pane() and "identities" in pane(), 30, f"the Fleet never showed:\n{pane()}")
+        until(lambda: "web:worker" in pane() and "identities" in pane(), 30, f"the Fleet never showed:\n{pane()}")
         assert "deaf with mail" in pane()  # spelled, not only coloured
         subprocess.run([*tmux, "send-keys", "-t", name, "2"], check=True)
-        wait(lambda: "first task" in pane(), 10, f"Traffic never showed:\n{pane()}")
+        until(lambda: "first task" in pane(), 10, f"Traffic never showed:\n{pane()}")
         am_process("send", "--from", "api:worker", "--to", "web:worker", "--subject", "live from tmux")
         if live:
-            wait(lambda: "live from tmux" in pane(), 20, f"the new send never appeared:\n{pane()}")
+            until(lambda: "live from tmux" in pane(), 20, f"the new send never appeared:\n{pane()}")
         subprocess.run([*tmux, "send-keys", "-t", name, "4"], check=True)  # from Traffic (it used to stay)
-        wait(lambda: "Sends per hour" in pane(), 10, f"4 did not show the Charts:\n{pane()}")
+        until(lambda: "Sends per hour" in pane(), 10, f"4 did not show the Charts:\n{pane()}")
         subprocess.run([*tmux, "send-keys", "-t", name, "4"], check=True)
-        time.sleep(0.5)
+        time.sleep(0.5)  # time for a second "4" to take the Charts away, which it must not
         assert "Sends per hour" in pane(), pane()
         subprocess.run([*tmux, "send-keys", "-t", name, "?"], check=True)
-        wait(lambda: "Looking marks nothing read" in pane(), 10, f"no help:\n{pane()}")
+        until(lambda: "Looking marks nothing read" in pane(), 10, f"no help:\n{pane()}")
         subprocess.run([*tmux, "send-keys", "-t", name, "Escape"], check=True)
-        time.sleep(0.3)
+        until(lambda: "Looking marks nothing read" not in pane(), 10, f"Escape did not close the help:\n{pane()}")
         subprocess.run([*tmux, "send-keys", "-t", name, "q"], check=True)
-        wait(lambda: "dashboard-exited-0" in pane(), 20, f"q did not end the dashboard cleanly:\n{pane()}")
+        until(lambda: "dashboard-exited-0" in pane(), 20, f"q did not end the dashboard cleanly:\n{pane()}")
         assert "Traceback" not in pane()
     finally:
         subprocess.run([*tmux, "kill-server"], capture_output=True)
@@ -93,9 +75,9 @@ def drive_in_tmux(tmp_path, *, live: bool):
     assert am_process("status", "--agent", "web:worker")["agents"][0]["unread"] == 2
 
 
+@pytest.mark.requires("tmux")
 @pytest.mark.parametrize("how", ["the terminal closes", "SIGTERM"])
 def test_the_dashboard_ends_when_its_terminal_closes_or_it_is_terminated(tmp_path, how):
-    need("tmux", shutil.which("tmux"), "apt-get install tmux")
     am_process("send", "--from", "ops:lead", "--to", "web:worker", "--subject", "first task")
     tmux = ["tmux", "-S", str(tmp_path / "tmux.sock")]
     env = process_env(TERM="xterm-256color")
@@ -114,13 +96,13 @@ def test_the_dashboard_ends_when_its_terminal_closes_or_it_is_terminated(tmp_pat
 
     try:
         pane = lambda: subprocess.run([*tmux, "capture-pane", "-p"], capture_output=True, text=True).stdout  # noqa: E731
-        wait(lambda: "identities" in pane(), 30, "the dashboard never drew")
-        time.sleep(0.5)
+        until(lambda: "identities" in pane(), 30, "the dashboard never drew")
+        time.sleep(0.5)  # past its first draw, into its running loop: no state it shows says so
         if how == "SIGTERM":
             os.kill(pid, signal.SIGTERM)
         else:
             subprocess.run([*tmux, "kill-server"], capture_output=True)
-        wait(lambda: not alive(), 20, f"the dashboard went on running after {how}")
+        until(lambda: not alive(), 20, f"the dashboard went on running after {how}")
     finally:
         subprocess.run([*tmux, "kill-server"], capture_output=True)
         if alive():
@@ -165,7 +147,7 @@ class DevTools:
 
 
 def test_web_in_headless_chromium(tmp_path):
-    need("Chromium", CHROMIUM, "apt-get install chromium-headless-shell")
+    chromium = require("chromium")
     import aiohttp
 
     port = free_port()
@@ -178,13 +160,13 @@ def test_web_in_headless_chromium(tmp_path):
         def listening():
             with socket.socket() as s:
                 return s.connect_ex(("127.0.0.1", port)) == 0
-        wait(listening, 30, "the --web server never listened")
-        browser = subprocess.Popen([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
+        until(listening, 30, "the --web server never listened")
+        browser = subprocess.Popen([chromium, "--headless", "--no-sandbox", "--disable-gpu",
                                     "--remote-debugging-port=0", f"--user-data-dir={profile}", "--window-size=1200,800",
                                     "about:blank"],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         active = profile / "DevToolsActivePort"
-        wait(lambda: active.exists() and active.read_text().strip(), 30, "Chromium never opened its DevTools port")
+        until(lambda: active.exists() and active.read_text().strip(), 30, "Chromium never opened its DevTools port")
         devtools_port = active.read_text().split()[0]
 
         async def drive():
@@ -231,13 +213,11 @@ def test_web_in_headless_chromium(tmp_path):
     # Nothing the server started outlives it (each tab's dashboard runs in the server's process group).
     def group_left():
         return subprocess.run(["pgrep", "-g", str(server.pid)], capture_output=True).stdout.split()
-    deadline = time.monotonic() + 15
-    while group_left() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    left = group_left()
-    if left:
-        os.killpg(server.pid, signal.SIGKILL)
-    assert left == [], "a tab's dashboard outlived the --web server"
+    try:
+        until(lambda: not group_left(), 15, "a tab's dashboard outlived the --web server")
+    finally:
+        if group_left():
+            os.killpg(server.pid, signal.SIGKILL)
 
 
 def test_web_refuses_a_port_in_use():

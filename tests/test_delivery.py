@@ -34,6 +34,7 @@ def send_args(frm, *to, subject="hello"):
 # ---------------------------------------------------------------- fan-out
 
 
+@pytest.mark.fast
 def test_fan_out_gives_each_recipient_its_own_copy_and_state(am):
     receipt = am(*send_args("lead:main", "w:one", "w:two", "w:one"), "--body", "b").json
     assert receipt["id"] is None and receipt["recipient"] is None
@@ -47,18 +48,21 @@ def test_fan_out_gives_each_recipient_its_own_copy_and_state(am):
     assert am("status", "--agent", "w:one", "--fields", "unacked").json["agents"][0]["unacked"] == 1
 
 
+@pytest.mark.fast
 def test_single_recipient_keeps_the_top_level_id(am):
     receipt = am(*send_args("a:x", "b:y")).json
     assert receipt["id"] == receipt["deliveries"][0]["id"] and receipt["recipient"] == "b:y"
     assert receipt["deliveries"][0]["status"] == "delivered"
 
 
+@pytest.mark.fast
 def test_broadcast_must_stand_alone(am):
     error = am(*send_args("a:x", "*", "b:y")).error
     assert error["problems"][0]["field"] == "--to"
     assert am("status").json["count"] == 0
 
 
+@pytest.mark.fast
 def test_any_bad_recipient_refuses_the_whole_send(am):
     error = am(*send_args("a:x", "b:y", "Not Valid", "c:z")).error
     assert [p["field"] for p in error["problems"]] == ["--to"]
@@ -104,6 +108,7 @@ def test_a_killed_sender_leaves_every_send_all_or_nothing(tmp_path, mailbox_path
 # ---------------------------------------------------------------- reachability and bounces
 
 
+@pytest.mark.fast
 def test_each_delivery_says_whether_the_recipient_is_reachable(am):
     am("heartbeat", "w:awake").assert_ok()
     am("profile", "jj:boss", "--human").assert_ok()
@@ -113,6 +118,7 @@ def test_each_delivery_says_whether_the_recipient_is_reachable(am):
     assert receipt["delivered"] == 4  # accepted either way: mail waits
 
 
+@pytest.mark.fast
 def test_require_reachable_refuses_the_unreachable_and_bounces(am):
     am("heartbeat", "w:awake").assert_ok()
     result = am(*send_args("lead:main", "w:awake", "w:asleep", "lead:main", subject="urgent"), "--require-reachable")
@@ -141,6 +147,7 @@ def test_bounces_are_kept_until_dismissed_never_capped(am):
     assert error["problems"][0]["field"] == "--dismiss"
 
 
+@pytest.mark.fast
 def test_broadcast_require_reachable_with_nobody_listening(am):
     am(*send_args("w:one", "lead:main")).assert_ok()
     result = am(*send_args("lead:main", "*"), "--require-reachable")
@@ -152,6 +159,7 @@ def test_broadcast_require_reachable_with_nobody_listening(am):
 # ---------------------------------------------------------------- delay
 
 
+@pytest.mark.fast
 def test_a_delayed_message_is_invisible_until_due(am, mailbox_path):
     receipt = am(*send_args("lead:main", "w:one", subject="later"), "--delay-minutes", "60").json
     delivery = receipt["deliveries"][0]
@@ -199,6 +207,7 @@ def test_a_blocked_watch_wakes_when_a_delayed_message_falls_due(mailbox_path):
     assert elapsed < 60  # woken by the due time, not the 300 s timeout
 
 
+@pytest.mark.fast
 def test_cancel_before_due_and_its_errors(am, mailbox_path):
     receipt = am(*send_args("lead:main", "w:one", "w:two"), "--delay-minutes", "30").json
     one, two = (d["id"] for d in receipt["deliveries"])
@@ -223,6 +232,7 @@ def test_cancel_before_due_and_its_errors(am, mailbox_path):
     assert ids(am("read", "w:two").json) == [two]
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("value", ["-1", "43201", "nan", "soon"])
 def test_delay_bounds(am, value):
     assert am(*send_args("a:x", "b:y"), "--delay-minutes", value).error["problems"][0]["field"] == "--delay-minutes"
@@ -238,6 +248,7 @@ def report(tmp_path):
     return path
 
 
+@pytest.mark.fast
 def test_attachments_are_stored_once_and_outlive_the_original(am, report, tmp_path, mailbox_path):
     receipt = am(*send_args("lead:main", "w:one", "w:two"), "--attach", str(report)).json
     assert receipt["attachments"][0]["name"] == "report.txt" and receipt["attachments"][0]["size"] == 18
@@ -254,6 +265,7 @@ def test_attachments_are_stored_once_and_outlive_the_original(am, report, tmp_pa
     assert am("attachments", "w:stranger", message["id"]).error["problems"][0]["field"] == "id"
 
 
+@pytest.mark.fast
 def test_attachment_validation(am, tmp_path, report):
     big = tmp_path / "big.bin"
     with open(big, "wb") as handle:
@@ -266,6 +278,7 @@ def test_attachment_validation(am, tmp_path, report):
     assert am("status").json["count"] == 0
 
 
+@pytest.mark.fast
 def test_attachment_total_and_count_caps(am, tmp_path, monkeypatch):
     monkeypatch.setattr(model, "ATTACHMENTS_MAX_BYTES_PER_SEND", 10)
     monkeypatch.setattr(model, "ATTACHMENTS_MAX_COUNT", 2)
@@ -278,6 +291,7 @@ def test_attachment_total_and_count_caps(am, tmp_path, monkeypatch):
     assert "in all" in am(*send_args("a:x", "b:y"), *files[:4]).error["error"]
 
 
+@pytest.mark.fast
 def test_symlinked_attachment_attaches_the_target(am, report, tmp_path):
     link = tmp_path / "link.txt"
     link.symlink_to(report)
@@ -307,6 +321,7 @@ def _plant_attachment(mailbox_path, message_id, name, content=b"x"):
     ("bell\x07name", "bellname"),
     ("what?.txt", "what.txt"),
 ])
+@pytest.mark.fast
 def test_hostile_names_never_leave_the_directory(am, mailbox_path, tmp_path, hostile, expected):
     message = am(*send_args("a:x", "b:y")).json["id"]
     _plant_attachment(mailbox_path, message, hostile)
@@ -317,6 +332,7 @@ def test_hostile_names_never_leave_the_directory(am, mailbox_path, tmp_path, hos
     assert not (tmp_path / "escape.txt").exists()
 
 
+@pytest.mark.fast
 def test_saving_never_overwrites_unasked_and_never_follows_links(am, mailbox_path, tmp_path):
     message = am(*send_args("a:x", "b:y")).json["id"]
     _plant_attachment(mailbox_path, message, "notes.txt", b"new")
@@ -345,6 +361,7 @@ def test_saving_never_overwrites_unasked_and_never_follows_links(am, mailbox_pat
 # ---------------------------------------------------------------- handling
 
 
+@pytest.mark.fast
 def test_dismiss_archive_delete(am, send):
     one, two = (send("a:x", "b:y", s)["id"] for s in ("one", "two"))
     three = send("a:x", "b:y", "three", "--reply-to", one)["id"]
@@ -365,6 +382,7 @@ def test_dismiss_archive_delete(am, send):
     assert "is visible to c:z" in am("delete", "c:z", one).error["error"]
 
 
+@pytest.mark.fast
 def test_deleting_a_broadcast_is_per_agent(am, send):
     send("c:z", "a:x", "hi")
     send("b:y", "a:x", "hi")
@@ -390,6 +408,7 @@ def _mirror(path):
     return json.loads(path.read_text()) if path.exists() else None
 
 
+@pytest.mark.fast
 def test_mirror_follows_every_change(am, send, mirrored):
     assert not mirrored.exists()
     first = send("a:x", "w:one", "one", "--body", "first body")["id"]
@@ -418,6 +437,7 @@ def test_mirror_follows_every_change(am, send, mirrored):
     assert not mirrored.exists()
 
 
+@pytest.mark.fast
 @pytest.mark.local_only("counts what an in-process send (the library, its store patched) reads back")
 def test_a_send_renders_its_recipients_mirrors_without_reading_back_what_it_wrote(am, send, tmp_path, report):
     """A send to N mirrored recipients lists the rows it just stored from memory: the store is asked for
@@ -452,6 +472,7 @@ def test_a_send_renders_its_recipients_mirrors_without_reading_back_what_it_wrot
     assert _mirror(files[agents[0]])["data"]["email_ids"][1] == earlier
 
 
+@pytest.mark.fast
 def test_clearing_the_mirror_marks_nothing_read(am, send, mirrored):
     send("a:x", "w:one", "one")
     result = am("notifications", "w:one", "--clear-email").json
@@ -460,6 +481,7 @@ def test_clearing_the_mirror_marks_nothing_read(am, send, mirrored):
     assert am("status", "--agent", "w:one", "--fields", "unread").json["agents"][0]["unread"] == 1
 
 
+@pytest.mark.fast
 def test_a_scheduled_message_renders_the_mirror_when_due(am, mirrored, mailbox_path):
     am(*send_args("a:x", "w:one"), "--delay-minutes", "60").assert_ok()
     assert not mirrored.exists()
@@ -471,6 +493,7 @@ def test_a_scheduled_message_renders_the_mirror_when_due(am, mirrored, mailbox_p
     assert _mirror(mirrored)["data"]["count"] == 1
 
 
+@pytest.mark.fast
 def test_system_channel_file(am, tmp_path):
     directory = tmp_path / "lead"
     directory.mkdir()
@@ -483,6 +506,7 @@ def test_system_channel_file(am, tmp_path):
     assert not system.exists()
 
 
+@pytest.mark.fast
 def test_a_failed_render_is_reported_and_never_fails_the_send(am, tmp_path):
     directory = tmp_path / "broken"
     directory.mkdir()
@@ -494,6 +518,7 @@ def test_a_failed_render_is_reported_and_never_fails_the_send(am, tmp_path):
     assert am("read", "w:one").json["count"] == 1
 
 
+@pytest.mark.fast
 def test_profile_show_set_clear(am, tmp_path, mirrored):
     shown = am("profile", "w:one").json
     assert shown["max_entries"] == 2 and shown["mirror_dir"] == str(mirrored.parent.parent)
@@ -565,6 +590,7 @@ def test_a_read_that_could_not_be_printed_leaves_the_mirror_as_the_mailbox(am, m
     assert am("status", "--agent", "w:one", "--fields", "unread").json["agents"][0]["unread"] == 1
 
 
+@pytest.mark.fast
 def test_a_reply_refused_everywhere_settles_nothing(am, send):
     question = send("a:x", "b:y", "question")["id"]
     result = am("send", "--from", "b:y", "--to", "a:x", "--subject", "answer", "--reply-to", question,

@@ -14,14 +14,15 @@ import subprocess
 
 import pytest
 
-from conftest import am_process, process_env
+from conftest import am_process, find, process_env
 from fake_model import FakeModel
-from harnesses import HELD, URGENT, harness, mail_during_the_turn, private_tmp, send_urgent_mail
+from harnesses import HELD, URGENT, mail_during_the_turn, private_tmp, send_urgent_mail
 
 AGENT = "proj:coder"
 
 
-GEMINI, pytestmark = harness("gemini", "AGENT_MAIL_GEMINI", "@google/gemini-cli")
+GEMINI = find("gemini")
+pytestmark = pytest.mark.requires("gemini")
 pytest.importorskip("mcp", reason="the mcp extra is not installed")
 
 

@@ -9,16 +9,16 @@ import json
 import mailbox
 import os
 import pty
-import shutil
 import subprocess
 import sys
 import time
 
 import pytest
 
-from conftest import drop_schema, mailbox_exists, new_schema_name, pg_url, postgres_problem, process_env
+from conftest import (armed, drop_schema, mailbox_exists, new_schema_name, pg_url, postgres_problem, process_env,
+                      require, until)
 
-pytestmark = pytest.mark.backends
+pytestmark = [pytest.mark.backends, pytest.mark.fast]
 
 
 @pytest.fixture
@@ -247,18 +247,11 @@ def test_mbox_reads_back_as_standard_email(am, history, tmp_path):
     assert {m["X-Agent-Mail-State"] for m in mails if m["X-Agent-Mail-Type"] == "direct"} >= {"acked", "unread"}
 
 
-MUTT = shutil.which("mutt")
-
-
 def test_mbox_opens_in_a_real_mail_client(am, history, tmp_path, backend):
     if backend != "sqlite":
         pytest.skip("the file is the same from either backend")
-    if MUTT is None:
-        if os.environ.get("CI"):
-            pytest.fail("CI must run this test: mutt is missing (apt-get install mutt)")
-        pytest.skip("mutt is not installed (apt-get install mutt)")
-    if shutil.which("tmux") is None:
-        pytest.skip("tmux is not installed")
+    mutt = require("mutt")
+    require("tmux")
     path = tmp_path / "team.mbox"
     am("export", "--format", "mbox", "--output", str(path)).assert_ok()
     muttrc = tmp_path / "muttrc"
@@ -267,28 +260,25 @@ def test_mbox_opens_in_a_real_mail_client(am, history, tmp_path, backend):
                       "set index_format='%4C %-18.18L %s'\n")
     tmux = ["tmux", "-S", str(tmp_path / "tmux.sock")]
     subprocess.run([*tmux, "new-session", "-d", "-x", "120", "-y", "30",
-                    f"env TERM=xterm-256color LANG=C.UTF-8 {MUTT} -n -R -F {muttrc} -f {path}; sleep 30"], check=True)
+                    f"env TERM=xterm-256color LANG=C.UTF-8 {mutt} -n -R -F {muttrc} -f {path}; sleep 30"], check=True)
 
     def pane():
         return subprocess.run([*tmux, "capture-pane", "-p"], capture_output=True, text=True).stdout
 
-    def until(seen, what):
-        deadline = time.monotonic() + 20
-        while seen not in pane():
-            assert time.monotonic() < deadline, f"{what}:\n{pane()}"
-            time.sleep(0.2)
+    def shown(seen, what):
+        until(lambda: seen in pane(), 20, lambda: f"{what}:\n{pane()}")
 
     try:
-        until("Deploy the release", "mutt never listed the mail")
+        shown("Deploy the release", "mutt never listed the mail")
         screen = pane()
         assert "7 msgs" in screen or "Msgs:7" in screen, screen
         assert "done" in screen and "standup in 5" in screen
         assert "->" in screen  # the reply threaded under what it answers
         # open the first message of the thread and list its attachments
         subprocess.run([*tmux, "send-keys", "/", "Deploy the release", "Enter"], check=True)
-        time.sleep(0.5)
+        time.sleep(0.5)  # mutt moves its cursor to the match, which no text on the screen shows
         subprocess.run([*tmux, "send-keys", "v"], check=True)
-        until("Report Q4.pdf", "mutt did not list the attachments")
+        shown("Report Q4.pdf", "mutt did not list the attachments")
         assert "notes.txt" in pane()
     finally:
         subprocess.run([*tmux, "kill-server"], capture_output=True)
@@ -303,10 +293,7 @@ def test_a_filtered_import_into_a_live_mailbox_wakes_its_watch(am, history, tmp_
                                  env=process_env(AGENT_MAIL_DB=str(tmp_path / "live.db")), stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE)
         try:
-            deadline = time.monotonic() + 30
-            while am("status", "--agent", "web:worker").json["agents"][0]["watch_state"] != "armed":
-                assert time.monotonic() < deadline
-                time.sleep(0.1)
+            armed("web:worker", str(tmp_path / "live.db"), procs=[watch])
             started = time.monotonic()
             am("import", str(path)).assert_ok()
             out, _ = watch.communicate(timeout=60)

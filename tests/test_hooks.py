@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import am_process, process_env
+from conftest import am_process, armed, as_a_user, presences, process_env, until
 
 pytestmark = pytest.mark.backends  # every test here runs on SQLite and on PostgreSQL
 
@@ -86,9 +86,8 @@ def test_broadcasts_delayed_mail_and_bounces_are_told_when_they_arrive():
     assert "all hands" in note and "(broadcast)" in note
     later = send("in a moment", AGENT, "--delay-minutes", "0.02")  # falls due 1.2 s after it was sent
     assert context("PostToolUse") is None  # not yet due: not shown
-    time.sleep(1.5)
-    note = context("PostToolUse")
-    assert note is not None and later in note
+    note = until(lambda: context("PostToolUse"), 30, "the delayed mail was never told")  # once it falls due
+    assert later in note
     # A refused send (the recipient is not listening) leaves a bounce for the sender, told to its session.
     refused = am_process("send", "--from", AGENT, "--to", "deaf:one", "--subject", "hello?", "--require-reachable")
     assert refused.returncode == 3, refused.stderr
@@ -239,24 +238,13 @@ def _waiter(session: str = "s-1", **env) -> subprocess.Popen:
     return proc
 
 
-def _armed() -> bool:
-    return json.loads(am_process("status", "--agent", AGENT).stdout)["agents"][0]["watch_state"] == "armed"
-
-
-def _until(predicate, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-
-
 def test_the_waiter_exits_2_with_the_envelopes_when_new_mail_lands():
     context("SessionStart")
     send("already told")
     context("PostToolUse")
     waiter = _waiter(CLAUDE_PID=str(os.getpid()))
     try:
-        _until(_armed)  # it counts as a watch
+        armed(AGENT, procs=[waiter])  # it counts as a watch
         assert waiter.poll() is None  # mail it was told of does not wake it
         message = send("wake up")
         assert waiter.wait(timeout=20) == 2
@@ -267,14 +255,14 @@ def test_the_waiter_exits_2_with_the_envelopes_when_new_mail_lands():
             waiter.kill()
             waiter.wait()
     assert context("PostToolUse") is None  # told by the wake: not again
-    assert not _armed()
+    assert presences(AGENT)[AGENT]["watch_state"] != "armed"
 
 
 def test_a_newer_waiter_replaces_the_older_so_one_wake_per_mail():
     context("SessionStart")
     older = _waiter(CLAUDE_PID=str(os.getpid()))
     try:
-        _until(_armed)
+        armed(AGENT)
         newer = _waiter(CLAUDE_PID=str(os.getpid()))
         try:
             assert older.wait(timeout=20) == 0  # ended quietly: no wake, and no hook failure to show
@@ -300,7 +288,7 @@ def test_the_waiter_never_blocks_a_run_nobody_waits_on_and_ends_with_its_harness
     harness = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         waiter = _waiter(CLAUDE_PID=str(harness.pid))
-        _until(_armed)
+        armed(AGENT)
         harness.kill()
         harness.wait()
         assert waiter.wait(timeout=20) == 0  # checked at its next refresh (5 s): no wake, no cost
@@ -347,8 +335,8 @@ def test_bad_hook_arguments_name_the_field(argv, field):
 # ---------------------------------------------------------------- setup
 
 
-def setup(directory, *extra: str):
-    return am_process("setup", "claude-code", "--agent", AGENT, "--dir", str(directory), *extra)
+def setup(directory, *extra: str, **kwargs):
+    return am_process("setup", "claude-code", "--agent", AGENT, "--dir", str(directory), *extra, **kwargs)
 
 
 def test_setup_merges_into_existing_settings_and_leaves_the_rest(tmp_path):
@@ -410,15 +398,16 @@ def test_setup_refuses_malformed_settings_and_writes_nothing(tmp_path):
     assert settings.read_text() == "{ this is not json" and not (tmp_path / ".mcp.json").exists()
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes read-only files anyway")
 def test_setup_on_a_read_only_directory_changes_nothing(tmp_path):
-    tmp_path.chmod(0o555)
+    project = tmp_path / "project"  # the mailbox's own directory (under tmp_path) stays writable
+    project.mkdir()
+    project.chmod(0o555)
     try:
-        done = setup(tmp_path)
-        assert done.returncode == 1 and "Nothing was changed" in json.loads(done.stderr)["error"]
+        done = setup(project, **as_a_user())  # as root (CI), without the capabilities that ignore file modes
+        assert done.returncode == 1 and "Nothing was changed" in json.loads(done.stderr)["error"], done.stderr
     finally:
-        tmp_path.chmod(0o755)
-    assert list(tmp_path.iterdir()) == []
+        project.chmod(0o755)
+    assert list(project.iterdir()) == []
 
 
 def test_setup_over_an_unreadable_settings_path_writes_nothing(tmp_path):
@@ -432,14 +421,14 @@ def test_setup_that_fails_half_way_puts_back_what_it_wrote(tmp_path, monkeypatch
     from agent_mail.harness import setup
 
     (tmp_path / ".mcp.json").write_text('{"mcpServers": {}}')
-    real = setup._write
+    real = setup.write
 
     def failing(path, text):
         if path.endswith("settings.local.json") and text is not None and "agent_mail" in text:
             raise OSError(28, "No space left on device", path)
         real(path, text)
 
-    monkeypatch.setattr(setup, "_write", failing)
+    monkeypatch.setattr(setup, "write", failing)
     result = am("setup", "claude-code", "--agent", AGENT, "--dir", str(tmp_path))
     error = json.loads(result.err)  # the result was printed, then the write failed: the exit status decides
     assert result.code == 1 and "Nothing was changed" in error["error"] and error["output_discarded"] is True

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from agent_mail import model, spec
 from agent_mail.operations import mail
 from agent_mail.store import sqlite as sqlite_store
-from conftest import _run_inprocess, am_process, process_env
+from conftest import am_process, armed, as_a_user, process_env, run_inprocess
 
 
 def closed_stdout(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -46,6 +46,7 @@ def subjects(document) -> list[str]:
 # ---------------------------------------------------------------- 1. the suggested `next` never settles unseen mail
 
 
+@pytest.mark.fast
 def test_the_suggested_ack_never_settles_mail_that_arrived_after_the_read(am, send):
     for i in range(11):
         send("a:x", "w:z", f"m{i}")
@@ -60,6 +61,7 @@ def test_the_suggested_ack_never_settles_mail_that_arrived_after_the_read(am, se
     assert subjects(am("read", "w:z").json) == ["URGENT"]
 
 
+@pytest.mark.fast
 def test_ack_all_leaves_unread_mail_alone_and_says_so(am, send):
     seen = send("a:x", "w:z", "seen")["id"]
     am("read", "w:z").assert_ok()
@@ -70,6 +72,7 @@ def test_ack_all_leaves_unread_mail_alone_and_says_so(am, send):
     assert row["id"] == unseen and row["read_at"] is None and row["acked_at"] is None
 
 
+@pytest.mark.fast
 def test_no_mark_read_never_suggests_acking_what_was_not_delivered(am, send):
     for i in range(12):
         send("a:x", "w:z", f"m{i}")
@@ -86,6 +89,7 @@ def test_no_mark_read_never_suggests_acking_what_was_not_delivered(am, send):
     ["--subject", "-h"],
     ["--subject", "help wanted", "--body", "--help"],
 ])
+@pytest.mark.fast
 def test_help_as_a_value_is_sent_not_taken_for_help(am, extra):
     receipt = am("send", "--from", "a:x", "--to", "b:y", *extra).json
     stored = am("read", "b:y").json["messages"][0]
@@ -93,6 +97,7 @@ def test_help_as_a_value_is_sent_not_taken_for_help(am, extra):
     assert stored["subject"] == extra[1]
 
 
+@pytest.mark.fast
 def test_help_where_a_flag_stands_still_prints_the_manual(am):
     manual = am("describe", "send").json
     assert am("send", "--help").json == manual
@@ -100,6 +105,7 @@ def test_help_where_a_flag_stands_still_prints_the_manual(am):
     assert am("send", "--", "-h").error  # after --, everything is a positional value
 
 
+@pytest.mark.fast
 def test_version_takes_no_arguments(am):
     assert am("--version").json["name"] == "agent-mail"
     assert am("--version", "extra").error["problems"][0]["field"] == "--version"
@@ -108,6 +114,7 @@ def test_version_takes_no_arguments(am):
 # ---------------------------------------------------------------- 3-6. a failed command changed nothing
 
 
+@pytest.mark.fast
 def test_profile_that_cannot_print_writes_no_mirror_file(am, send, tmp_path):
     send("a:x", "p:n", "waiting")
     mirror = tmp_path / "mirror"
@@ -118,6 +125,7 @@ def test_profile_that_cannot_print_writes_no_mirror_file(am, send, tmp_path):
     assert am("profile", "p:n").json["mirror_dir"] is None
 
 
+@pytest.mark.fast
 def test_profile_moved_without_printing_puts_the_old_mirror_back(am, send, tmp_path):
     old, new = tmp_path / "old", tmp_path / "new"
     old.mkdir()
@@ -137,6 +145,7 @@ def _attachment_message(am, tmp_path) -> str:
     return am("send", "--from", "a:x", "--to", "b:y", "--subject", "file", "--attach", str(source)).json["id"]
 
 
+@pytest.mark.fast
 def test_overwrite_that_cannot_print_replaces_nothing(am, tmp_path):
     message = _attachment_message(am, tmp_path)
     target = tmp_path / "inbox"
@@ -151,6 +160,7 @@ def test_overwrite_that_cannot_print_replaces_nothing(am, tmp_path):
     assert (target / "report.txt").read_bytes() == b"new content\n"
 
 
+@pytest.mark.fast
 def test_save_that_cannot_print_leaves_no_directory(am, tmp_path):
     message = _attachment_message(am, tmp_path)
     target = tmp_path / "made" / "for" / "this"
@@ -159,6 +169,7 @@ def test_save_that_cannot_print_leaves_no_directory(am, tmp_path):
     assert not (tmp_path / "made").exists()
 
 
+@pytest.mark.fast
 def test_watch_once_that_cannot_print_records_no_heartbeat(am):
     proc = closed_stdout("watch", "w:z", "--once")
     assert proc.returncode == 1
@@ -201,6 +212,7 @@ def test_a_save_killed_at_any_moment_leaves_no_truncated_file(am, tmp_path):
     assert outcomes  # each kill left the file whole or absent, never truncated
 
 
+@pytest.mark.fast
 def test_stale_temporary_files_of_a_killed_save_are_swept(am, tmp_path):
     message = _attachment_message(am, tmp_path)
     target = tmp_path / "inbox"
@@ -236,12 +248,13 @@ class _FailingCommit:
         return getattr(self._db, name)
 
 
+@pytest.mark.fast
 def test_a_result_printed_before_a_failed_commit_is_declared_void(am, send, monkeypatch):
     send("a:x", "b:y", "precious")
-    connect = sqlite_store.SQLiteStore._connect
+    connect = sqlite_store.SQLiteStore.connect
     with monkeypatch.context() as patch:
-        patch.setattr(sqlite_store.SQLiteStore, "_connect", lambda self: _FailingCommit(connect(self)))
-        result = _run_inprocess("read", "b:y")
+        patch.setattr(sqlite_store.SQLiteStore, "connect", lambda self: _FailingCommit(connect(self)))
+        result = run_inprocess("read", "b:y")
     assert result.code == 1
     assert json.loads(result.out)["count"] == 1  # the document reached stdout...
     error = json.loads(result.err)
@@ -283,7 +296,7 @@ def test_damage_is_named_and_nothing_more_is_written(am, mailbox_path):
     outcomes = {}
     for argv in (["read", "b:y", "--all", "--limit", "10000", "--no-mark-read"], ["status"],
                  ["send", "--from", "a:x", "--to", "b:y", "--subject", "after"], ["read", "b:y"]):
-        result = _run_inprocess(*argv)
+        result = run_inprocess(*argv)
         assert "Traceback" not in result.err and "internal error" not in result.err
         if result.code:
             error = json.loads(result.err)["error"]
@@ -291,7 +304,7 @@ def test_damage_is_named_and_nothing_more_is_written(am, mailbox_path):
         outcomes[argv[0]] = result.code
     assert outcomes["read"] != 0  # reading everything meets the damage
     before = digest(mailbox_path)
-    refused = _run_inprocess("send", "--from", "a:x", "--to", "b:y", "--subject", "more")
+    refused = run_inprocess("send", "--from", "a:x", "--to", "b:y", "--subject", "more")
     assert refused.code == 1 and "damaged" in json.loads(refused.err)["error"]
     assert digest(mailbox_path) == before  # nothing more was written into it
     assert os.path.exists(str(mailbox_path) + ".damaged")
@@ -342,6 +355,7 @@ def test_repair_of_a_mailbox_cut_short_saves_what_remains_and_counts_what_was_lo
         assert am("doctor").json["ok"] is True
 
 
+@pytest.mark.fast
 def test_doctor_on_a_healthy_mailbox_lifts_a_stale_marker(am, send, mailbox_path):
     send("a:x", "b:y", "fine")
     (mailbox_path.parent / "mail.db.damaged").write_text('{"error": "found earlier"}')
@@ -354,6 +368,7 @@ def test_doctor_on_a_healthy_mailbox_lifts_a_stale_marker(am, send, mailbox_path
 # ---------------------------------------------------------------- 10-13. odd mailbox paths
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("kind", ["device", "fifo"])
 def test_a_mailbox_path_that_is_not_a_regular_file_is_refused_for_what_it_is(am, monkeypatch, tmp_path, kind):
     if kind == "device":
@@ -367,6 +382,7 @@ def test_a_mailbox_path_that_is_not_a_regular_file_is_refused_for_what_it_is(am,
     assert word in am("describe").json["storage"]["problem"]
 
 
+@pytest.mark.fast
 def test_a_new_mailbox_on_a_full_disk_reports_the_lack_of_space(tmp_path):
     path = tmp_path / "full" / "mail.db"
 
@@ -383,6 +399,7 @@ def test_a_new_mailbox_on_a_full_disk_reports_the_lack_of_space(tmp_path):
     assert not path.exists()
 
 
+@pytest.mark.fast
 def test_a_symlinked_mailbox_is_resolved_to_the_real_file(am, monkeypatch, tmp_path):
     real_dir = tmp_path / "real"
     real_dir.mkdir(mode=0o700)
@@ -402,6 +419,7 @@ def test_a_symlinked_mailbox_is_resolved_to_the_real_file(am, monkeypatch, tmp_p
         os.chmod(real_dir, 0o700)
 
 
+@pytest.mark.fast
 def test_a_watch_through_a_symlink_listens_beside_the_real_file(monkeypatch, tmp_path):
     real_dir = tmp_path / "real"
     real_dir.mkdir()
@@ -409,12 +427,13 @@ def test_a_watch_through_a_symlink_listens_beside_the_real_file(monkeypatch, tmp
     monkeypatch.setenv("AGENT_MAIL_DB", str(tmp_path / "mail.db"))
     with mail.open_mailbox() as mailbox:
         mailbox.store.listen("b:y")
-        pipe = mailbox.store._pipe.path
+        pipes = os.listdir(real_dir / ".mail.db.wake")  # its wake-up pipe, beside the real file
+        assert pipes and not (tmp_path / ".mail.db.wake").exists()
         mailbox.send(from_="a:x", to=["b:y"], subject="wake")
         assert mailbox.store.wait_for_wake(10) is True
-    assert os.path.dirname(os.path.dirname(pipe)) == str(real_dir)
 
 
+@pytest.mark.fast
 def test_every_directory_made_for_the_mailbox_is_private_whatever_the_umask(tmp_path):
     path = tmp_path / "a" / "b" / "c" / "mail.db"
     proc = subprocess.run([sys.executable, "-m", "agent_mail", "status"], env=process_env(AGENT_MAIL_DB=str(path)),
@@ -425,6 +444,7 @@ def test_every_directory_made_for_the_mailbox_is_private_whatever_the_umask(tmp_
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
 
 
+@pytest.mark.fast
 def test_blank_mailbox_variable_is_refused_and_empty_means_unset(am, monkeypatch, tmp_path):
     monkeypatch.setenv("AGENT_MAIL_DB", " ")
     error = am("status").error
@@ -437,6 +457,7 @@ def test_blank_mailbox_variable_is_refused_and_empty_means_unset(am, monkeypatch
 # ---------------------------------------------------------------- 14. the mirror directory
 
 
+@pytest.mark.fast
 def test_a_removed_mirror_directory_is_never_recreated(am, tmp_path):
     mirror = tmp_path / "deep" / "mirror"
     mirror.mkdir(parents=True)
@@ -448,6 +469,7 @@ def test_a_removed_mirror_directory_is_never_recreated(am, tmp_path):
     assert "no longer exists" in am("profile", "p:n").json["mirror_problem"]
 
 
+@pytest.mark.fast
 def test_a_profile_that_failed_to_commit_leaves_nothing_in_the_mirror_directory(am, send, tmp_path, monkeypatch):
     """A full disk at COMMIT: `profile --mirror-dir` exits 1, "nothing was changed", and so it is: not even the
     .notification folder its render made is left (it held only files the rollback took back)."""
@@ -455,15 +477,16 @@ def test_a_profile_that_failed_to_commit_leaves_nothing_in_the_mirror_directory(
     send("c:d", "c:d", "a bounce-free note")
     mirror = tmp_path / "m"
     mirror.mkdir()
-    connect = sqlite_store.SQLiteStore._connect
+    connect = sqlite_store.SQLiteStore.connect
     with monkeypatch.context() as patch:
-        patch.setattr(sqlite_store.SQLiteStore, "_connect", lambda self: _FailingCommit(connect(self)))
-        result = _run_inprocess("profile", "c:d", "--mirror-dir", str(mirror))
+        patch.setattr(sqlite_store.SQLiteStore, "connect", lambda self: _FailingCommit(connect(self)))
+        result = run_inprocess("profile", "c:d", "--mirror-dir", str(mirror))
     assert result.code == 1 and "nothing was changed" in json.loads(result.err)["error"], result
     assert os.listdir(mirror) == []
     assert am("profile", "c:d").json["mirror_dir"] is None
 
 
+@pytest.mark.fast
 def test_a_planted_notification_link_is_never_followed(am, tmp_path):
     mirror, elsewhere = tmp_path / "mirror", tmp_path / "elsewhere"
     mirror.mkdir()
@@ -478,23 +501,12 @@ def test_a_planted_notification_link_is_never_followed(am, tmp_path):
     assert refused["problems"][0]["field"] == "--mirror-dir"
 
 
-def _without_dac_override():
-    """For root: drop the capabilities that let it write anywhere, for the program about to run."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    for capability in (1, 2):  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH
-        if libc.prctl(24, capability, 0, 0, 0) != 0:  # PR_CAPBSET_DROP: gone from what exec grants
-            raise OSError(ctypes.get_errno(), "prctl")
-
-
 def test_a_mirror_directory_this_user_cannot_write_is_refused(am, tmp_path):
     mirror = tmp_path / "locked"
     mirror.mkdir()
     os.chmod(mirror, 0o555)
-    preexec = _without_dac_override if os.geteuid() == 0 else None
     proc = subprocess.run([sys.executable, "-m", "agent_mail", "profile", "p:n", "--mirror-dir", str(mirror)],
-                          env=process_env(), capture_output=True, preexec_fn=preexec, timeout=60)
+                          env=process_env(), capture_output=True, timeout=60, **as_a_user())
     assert proc.returncode == 2, proc.stderr
     problem = json.loads(proc.stderr)["problems"][0]
     assert problem["field"] == "--mirror-dir" and "not writable" in problem["message"]
@@ -509,6 +521,7 @@ def _dead_pid() -> int:
     return int(proc.stdout)
 
 
+@pytest.mark.fast
 def test_files_of_killed_mailbox_creations_are_swept_safely(am, send, mailbox_path):
     send("a:x", "b:y", "exists")
     directory = mailbox_path.parent
@@ -529,6 +542,7 @@ def test_files_of_killed_mailbox_creations_are_swept_safely(am, send, mailbox_pa
     assert am("doctor").json["temporary_files"] == []
 
 
+@pytest.mark.fast
 def test_doctor_names_the_step_that_removes_leftover_files_and_that_step_removes_them(am, send, mailbox_path):
     send("a:x", "b:y", "exists")
     directory = mailbox_path.parent
@@ -580,10 +594,7 @@ def test_a_watch_ends_when_its_mailbox_is_deleted_or_replaced(am, mailbox_path, 
     am("status").assert_ok()
 
     def take_it_away():
-        deadline = time.monotonic() + 20
-        while am("status", "--agent", "w:z").json["agents"][0]["watch_state"] != "armed":
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        armed("w:z", timeout=20)
         if how == "deleted":
             for suffix in ("", "-wal", "-shm"):
                 if os.path.exists(str(mailbox_path) + suffix):
@@ -615,6 +626,7 @@ def _set(mailbox_path, message_id, **columns):
     db.close()
 
 
+@pytest.mark.fast
 def test_a_delayed_message_sorts_by_when_it_arrived(am, send, mailbox_path, tmp_path):
     mirror = tmp_path / "mirror"
     mirror.mkdir()
@@ -634,6 +646,7 @@ def test_a_delayed_message_sorts_by_when_it_arrived(am, send, mailbox_path, tmp_
     assert [e["received_at"] for e in mirror_doc["emails"]] == [fell_due]
 
 
+@pytest.mark.fast
 def test_cleanup_never_ages_out_mail_that_has_not_arrived(am, send, mailbox_path):
     later = send("a:x", "b:y", "in two days", "--delay-minutes", "2880")["id"]
     _set(mailbox_path, later, created="2000-01-01T00:00:00.000000+00:00")
@@ -645,6 +658,7 @@ def test_cleanup_never_ages_out_mail_that_has_not_arrived(am, send, mailbox_path
 # ---------------------------------------------------------------- 19. one visibility rule
 
 
+@pytest.mark.fast
 def test_a_stranger_sees_no_thread_no_attachments_and_cannot_reply(am, tmp_path):
     source = tmp_path / "secret.txt"
     source.write_text("secret")
@@ -652,7 +666,7 @@ def test_a_stranger_sees_no_thread_no_attachments_and_cannot_reply(am, tmp_path)
               "--attach", str(source)).json["id"]
     reply = am("send", "--from", "b:y", "--to", "a:x", "--subject", "re", "--reply-to", root).json["id"]
     for argv in (["read", "c:z", "--thread", reply], ["attachments", "c:z", root]):
-        result = _run_inprocess(*argv)
+        result = run_inprocess(*argv)
         assert result.code == 2 and "the plan" not in result.err and "is visible to c:z" in result.err
     refused = am("send", "--from", "c:z", "--to", "a:x", "--subject", "butting in", "--reply-to", root).error
     assert refused["problems"][0]["field"] == "--reply-to"
@@ -661,6 +675,7 @@ def test_a_stranger_sees_no_thread_no_attachments_and_cannot_reply(am, tmp_path)
     assert am("attachments", "a:x", root).json["count"] == 1
 
 
+@pytest.mark.fast
 def test_thread_state_fields_are_the_readers_own(am, send):
     root = send("a:x", "b:y", "question")["id"]
     am("read", "b:y").assert_ok()
@@ -674,6 +689,7 @@ def test_thread_state_fields_are_the_readers_own(am, send):
 # ---------------------------------------------------------------- 20. file names and depth
 
 
+@pytest.mark.fast
 def test_a_ref_whose_name_is_not_utf8_is_bad_input(am, tmp_path):
     name = os.fsdecode(str(tmp_path).encode() + b"/\xff.txt")
     open(name, "w").close()
@@ -683,6 +699,7 @@ def test_a_ref_whose_name_is_not_utf8_is_bad_input(am, tmp_path):
     assert am("send", "--from", "a:x", "--to", "b:y", "--subject", "s", "--refs", refs).error
 
 
+@pytest.mark.fast
 def test_an_attachment_whose_name_is_not_utf8_still_travels(am, tmp_path):
     name = os.fsdecode(str(tmp_path).encode() + b"/caf\xe9.txt")
     with open(name, "wb") as handle:
@@ -693,6 +710,7 @@ def test_an_attachment_whose_name_is_not_utf8_still_travels(am, tmp_path):
     assert open(saved["path"], "rb").read() == b"content"
 
 
+@pytest.mark.fast
 def test_a_mailbox_path_that_is_not_utf8_works_and_prints_strict_json(tmp_path):
     directory = os.fsdecode(str(tmp_path).encode() + b"/\xff")
     env = process_env(AGENT_MAIL_DB=os.path.join(directory, "mail.db"))
@@ -705,6 +723,7 @@ def test_a_mailbox_path_that_is_not_utf8_works_and_prints_strict_json(tmp_path):
     assert json.loads(am_process("read", "b:y", env=env).stdout)["count"] == 1
 
 
+@pytest.mark.fast
 def test_deeply_nested_refs_are_bad_input(am):
     error = am("send", "--from", "a:x", "--to", "b:y", "--subject", "s", "--refs", "[" * 20000 + "]" * 20000).error
     assert error["problems"][0]["field"] == "--refs" and "nested" in error["error"]
@@ -750,10 +769,7 @@ def test_sigterm_ends_a_watch_whose_refresh_is_blocked_on_the_lock(am, mailbox_p
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     holder = None
     try:
-        deadline = time.monotonic() + 20
-        while am("status", "--agent", "w:z").json["agents"][0]["watch_state"] != "armed":
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        armed("w:z", timeout=20, procs=[watch])
         holder = _hold_write_lock(mailbox_path)
         time.sleep(model.REFRESH_SECONDS + 1.0)  # its refresh is now waiting for the lock
         sent_at = time.monotonic()
@@ -774,6 +790,7 @@ def test_sigterm_ends_a_watch_whose_refresh_is_blocked_on_the_lock(am, mailbox_p
 # ---------------------------------------------------------------- limits and parsing
 
 
+@pytest.mark.fast
 def test_identities_have_a_length_limit(am):
     ok = "p:" + "n" * model.NAME_MAX_CHARS
     assert am("send", "--from", "a:x", "--to", ok, "--subject", "s").json
@@ -783,6 +800,7 @@ def test_identities_have_a_length_limit(am):
     assert am("describe").json["limits"]["identity_part_max_chars"] == model.NAME_MAX_CHARS
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("value", ["1_0", "\u0665", " 5", "5 ", "1e1", "+5", "0x10", "5.", ".5e1", "１０"])
 def test_numbers_are_accepted_in_their_plain_form_only(am, value):
     error = am("read", "b:y", "--limit", value).error
@@ -790,11 +808,13 @@ def test_numbers_are_accepted_in_their_plain_form_only(am, value):
     assert am("send", "--from", "a:x", "--to", "b:y", "--subject", "s", "--delay-minutes", value).error
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("value", ["0.5", "5", "12.25"])
 def test_plain_numbers_are_accepted(am, value):
     assert am("send", "--from", "a:x", "--to", "b:y", "--subject", "s", "--delay-minutes", value).json
 
 
+@pytest.mark.fast
 def test_a_flag_that_needs_another_is_refused_alone(am, send):
     message = send("a:x", "b:y", "s")["id"]
     error = am("attachments", "b:y", message, "--overwrite").error
@@ -803,6 +823,7 @@ def test_a_flag_that_needs_another_is_refused_alone(am, send):
     assert am("send", "--from", "a:x", "--to", "b:y", "--subject", "s", "--no-ack").error
 
 
+@pytest.mark.fast
 def test_the_same_file_attached_twice_is_attached_once(am, tmp_path, monkeypatch):
     (tmp_path / "f.txt").write_text("x")
     monkeypatch.chdir(tmp_path)
@@ -811,6 +832,7 @@ def test_the_same_file_attached_twice_is_attached_once(am, tmp_path, monkeypatch
     assert [a["name"] for a in receipt["attachments"]] == ["f.txt"]
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("text", ["\u202eexe.txt", "pay \u2066me\u2069", "\u202aa"])
 def test_bidirectional_controls_are_refused_in_what_is_shown(am, tmp_path, text):
     assert am("send", "--from", "a:x", "--to", "b:y", "--subject", text).error["problems"][0]["field"] == "--subject"
@@ -825,11 +847,13 @@ def test_bidirectional_controls_are_refused_in_what_is_shown(am, tmp_path, text)
 # ---------------------------------------------------------------- the docs tell the truth
 
 
+@pytest.mark.fast
 def test_problems_the_mailbox_finds_are_reported_with_the_others(am):
     error = am("send", "--from", "a:x", "--to", "b:y", "--subject", "", "--reply-to", model.new_message_id()).error
     assert sorted(p["field"] for p in error["problems"]) == ["--reply-to", "--subject"]
 
 
+@pytest.mark.fast
 def test_describe_documents_what_the_code_does(am, send, tmp_path):
     manual = am("describe").json
     assert "--version" in manual["global_flags"]
@@ -846,6 +870,7 @@ def test_describe_documents_what_the_code_does(am, send, tmp_path):
     assert set(written) == set(documented)
 
 
+@pytest.mark.fast
 def test_the_quick_start_uses_a_virtual_environment():
     readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md"), encoding="utf-8").read()
     quick_start = readme.split("## Quick start", 1)[1].split("##", 1)[0]
@@ -856,6 +881,7 @@ _TEXT = st.text(alphabet=st.characters(exclude_categories=()) | st.sampled_from(
     "\x00\x07\t\n\r\x1b\x7f\x85\x9f\u00a0\u200d\u2028\u202a\u202e\u2066\u2069\ud800\udfff é"), max_size=40)
 
 
+@pytest.mark.fast
 @settings(max_examples=300, deadline=None)
 @given(value=_TEXT)
 def test_text_checks_without_a_regex_say_what_the_patterns_say(value):
@@ -865,14 +891,14 @@ def test_text_checks_without_a_regex_say_what_the_patterns_say(value):
 
     surrogate = re.search(r"[\ud800-\udfff]", value) is not None
     assert model.has_surrogates(value) == surrogate
-    bidi = re.search(model._BIDI, value)
+    bidi = re.search(model.BIDI, value)
     assert (model.bidi_problem(value) is None) == (bidi is None)
     if not surrogate and bidi is None and value.strip() and "\n" not in value and "\r" not in value:
-        control = re.search(model._LINE_CONTROL, value) is not None
+        control = re.search(model.LINE_CONTROL, value) is not None
         refused = model.subject_problem(value[:model.SUBJECT_MAX_CHARS])
         assert (refused == "contains control characters. Use plain printable text.") == control, refused
     if not surrogate and bidi is None:
-        match = re.search(model._BODY_CONTROL, value)
+        match = re.search(model.BODY_CONTROL, value)
         refused = model.body_problem(value)
         assert (refused is not None and "control character" in refused) == (match is not None), refused
         if match:

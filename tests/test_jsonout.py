@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 from agent_mail import jsonout
 from conftest import examples
 
+pytestmark = pytest.mark.fast
+
 _SCALARS = st.one_of(
     st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False, allow_infinity=False),
     st.text(), st.text(alphabet=st.characters(min_codepoint=0, max_codepoint=0x9f)),

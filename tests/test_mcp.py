@@ -11,7 +11,7 @@ import time
 import pytest
 
 from agent_mail import spec
-from conftest import am_process, process_env
+from conftest import am_process, armed, disarmed, presences, process_env
 
 mcp = pytest.importorskip("mcp", reason="the mcp extra is not installed (pip install -e '.[test]')")
 import anyio  # noqa: E402
@@ -172,7 +172,7 @@ def test_a_blocked_watch_is_woken_by_a_send_from_another_process():
 
     async def body(client):
         async def send_later():
-            await anyio.sleep(1.0)
+            await anyio.to_thread.run_sync(lambda: armed(ME))  # the watch is blocked
             sent["at"] = time.monotonic()
             done = await anyio.to_thread.run_sync(lambda: am_process(
                 "send", "--from", "boss:lead", "--to", ME, "--subject", "wake up"))
@@ -218,13 +218,9 @@ def test_a_cancelled_watch_call_releases_its_session():
     async def body(client):
         with anyio.move_on_after(2):
             await client.call_tool("watch", {"wait_seconds": 600})
-        deadline = time.monotonic() + 30
-        while True:  # the server is still running: only the call was given up
-            state = json.loads(am_process("status", "--agent", ME).stdout)["agents"][0]["watch_state"]
-            if state == "released":
-                return state
-            assert time.monotonic() < deadline, state
-            await anyio.sleep(0.2)
+        # the server is still running: only the call was given up
+        await anyio.to_thread.run_sync(lambda: disarmed(ME))
+        return presences(ME)[ME]["watch_state"]
 
     assert session(body, "--agent", ME) == "released"
 

@@ -9,7 +9,7 @@ from agent_mail import model
 
 from conftest import raw_db  # noqa: E402
 
-pytestmark = pytest.mark.backends  # every test here runs on SQLite and on PostgreSQL
+pytestmark = [pytest.mark.backends, pytest.mark.fast]  # every test here runs on SQLite and on PostgreSQL
 
 
 def ids(document):

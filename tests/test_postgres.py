@@ -6,7 +6,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -15,7 +14,8 @@ import time
 import pytest
 
 from agent_mail import model
-from conftest import TEST_PG_URL, drop_schema, new_schema_name, pg_url, process_env, raw_db, require_postgres
+from conftest import (TEST_PG_URL, armed, drop_schema, new_schema_name, pg_url, process_env, raw_db, require,
+                      unavailable, until)
 
 @pytest.fixture
 def backend():
@@ -25,7 +25,7 @@ def backend():
 
 @pytest.fixture(autouse=True)
 def _server():
-    require_postgres()
+    require("postgresql")
 
 
 def _am(*argv, env=None, timeout=60):
@@ -75,7 +75,7 @@ def test_without_the_driver_a_postgresql_url_names_the_extra(mailbox_path):
 
 
 def test_an_unknown_scheme_and_a_bad_schema_name_are_input_errors(monkeypatch):
-    from conftest import _run_inprocess as am
+    from conftest import run_inprocess as am
 
     monkeypatch.setenv("AGENT_MAIL_DB", "mysql://root@localhost/db")
     assert am("status").error["problems"][0]["field"] == "AGENT_MAIL_DB"
@@ -85,7 +85,7 @@ def test_an_unknown_scheme_and_a_bad_schema_name_are_input_errors(monkeypatch):
 
 
 def test_connection_refused_is_a_clear_error_and_quick(monkeypatch):
-    from conftest import _run_inprocess as am
+    from conftest import run_inprocess as am
 
     monkeypatch.setenv("AGENT_MAIL_DB", "postgresql://postgres@127.0.0.1:1/test")
     started = time.monotonic()
@@ -160,14 +160,14 @@ def test_schemas_keep_mailboxes_apart_in_one_database(mailbox_path, am):
 
 def test_clients_whose_clocks_disagree_still_agree_on_order_liveness_and_due_times(am, monkeypatch):
     """A client whose clock is ten minutes slow and one ten minutes fast: timestamps come from the server."""
-    real = model._system_now
-    monkeypatch.setattr(model, "_followed", None)
-    monkeypatch.setattr(model, "_system_now", lambda: real() - dt.timedelta(minutes=10))
+    real = model.system_now
+    monkeypatch.setattr(model, "followed", None)
+    monkeypatch.setattr(model, "system_now", lambda: real() - dt.timedelta(minutes=10))
     am("send", "--from", "slow:clock", "--to", "b:y", "--subject", "first").assert_ok()
     am("heartbeat", "slow:clock").assert_ok()
     am("send", "--from", "slow:clock", "--to", "b:y", "--subject", "due in a minute",
        "--delay-minutes", "1").assert_ok()
-    monkeypatch.setattr(model, "_system_now", lambda: real() + dt.timedelta(minutes=10))
+    monkeypatch.setattr(model, "system_now", lambda: real() + dt.timedelta(minutes=10))
     am("send", "--from", "fast:clock", "--to", "b:y", "--subject", "second").assert_ok()
     read = am("read", "b:y", "--no-mark-read").json["messages"]
     assert [m["subject"] for m in read] == ["first", "second"]  # the scheduled one is not due for anyone
@@ -179,21 +179,6 @@ def test_clients_whose_clocks_disagree_still_agree_on_order_liveness_and_due_tim
 
 
 # ---------------------------------------------------------------- faults under watches and senders
-
-
-def _wait_armed(mailbox_path, agent, timeout=30):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            db = raw_db(mailbox_path)
-            row = db.execute("SELECT 1 FROM watch_sessions WHERE agent = ? AND state = 'armed'", (agent,)).fetchone()
-            db.close()
-            if row:
-                return
-        except Exception:  # noqa: BLE001 - not created yet
-            pass
-        time.sleep(0.05)
-    raise AssertionError("the watch never armed")
 
 
 def _watch_backends(schema: str) -> list[int]:
@@ -208,11 +193,8 @@ def test_a_watch_whose_connection_is_terminated_reconnects_and_misses_nothing(ma
     watch = subprocess.Popen([sys.executable, "-m", "agent_mail", "watch", "b:y"], env=process_env(),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        _wait_armed(mailbox_path, "b:y")
-        deadline = time.monotonic() + 10
-        while not (pids := _watch_backends(mailbox_path)) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert pids
+        armed("b:y", procs=[watch])
+        pids = until(lambda: _watch_backends(mailbox_path), 10, "the watch holds no connection")
         with _admin() as db:
             for pid in pids:
                 db.execute("SELECT pg_terminate_backend(%s)", (pid,))
@@ -236,15 +218,13 @@ def test_a_sender_terminated_mid_transaction_changes_nothing(mailbox_path, am):
             sender = subprocess.Popen([sys.executable, "-m", "agent_mail", "send", "--from", "a:x", "--to", "b:y",
                                        "--to", "c:z", "--subject", "never half"], env=process_env(),
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            deadline = time.monotonic() + 20
-            waiting = []
-            while not waiting and time.monotonic() < deadline:
+            def waiting() -> list[int]:
                 with _admin() as db:
-                    waiting = [r[0] for r in db.execute(
+                    return [r[0] for r in db.execute(
                         "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND application_name = "
                         "'agent-mail'")]
-                time.sleep(0.05)
-            assert waiting
+
+            waiting = until(waiting, 20, "the sender never waited for the lock")
             with _admin() as db:
                 db.execute("SELECT pg_terminate_backend(%s)", (waiting[0],))
             out, err = sender.communicate(timeout=60)
@@ -255,25 +235,30 @@ def test_a_sender_terminated_mid_transaction_changes_nothing(mailbox_path, am):
     assert am("read", "c:z", "--no-mark-read").json["count"] == 0
 
 
-_PG_CLUSTER = shutil.which("pg_ctlcluster")
+def _stored_sends(mailbox) -> int:
+    db = raw_db(mailbox)
+    try:
+        return db.execute("SELECT COUNT(*) FROM messages WHERE sender LIKE 'send:%'").fetchone()[0]
+    finally:
+        db.close()
 
 
-@pytest.mark.skipif(not _PG_CLUSTER or os.geteuid() != 0 or not os.path.isdir("/etc/postgresql"),
-                    reason="restarting the server needs pg_ctlcluster and root (a Debian cluster on this machine)")
+@pytest.mark.requires("pg_ctlcluster")
 def test_a_server_restart_under_watches_and_senders_loses_nothing(mailbox_path, am):
+    if os.geteuid() != 0 or not os.path.isdir("/etc/postgresql"):
+        unavailable("restarting the shared server needs root and its Debian cluster (/etc/postgresql)")
     am("status").assert_ok()
     version = sorted(os.listdir("/etc/postgresql"))[0]
     watches = {a: subprocess.Popen([sys.executable, "-m", "agent_mail", "watch", a], env=process_env(),
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE) for a in ("w:one", "w:two")}
     try:
-        for agent in watches:
-            _wait_armed(mailbox_path, agent)
+        armed(list(watches), procs=list(watches.values()))
         senders = [subprocess.Popen([sys.executable, "-c", _SENDER_LOOP, str(i)], env=process_env(),
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(3)]
-        time.sleep(0.5)
+        until(lambda: _stored_sends(mailbox_path) > 0, 30, "the senders never sent")  # sending when it restarts
         subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart"], check=True,
                        capture_output=True, timeout=120)
-        time.sleep(1.0)
+        time.sleep(1.0)  # the senders go on after the restart
         for proc in senders:
             proc.kill()  # each line is flushed whole; a send cut off here proves all-or-nothing too
         logs = [proc.communicate(timeout=60)[0] for proc in senders]

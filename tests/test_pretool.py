@@ -103,7 +103,7 @@ def test_the_repository_read_from_its_files_is_the_one_git_names(repo, tmp_path,
                         "GIT_COMMITTER_EMAIL": "t@e"})
     subprocess.run(["git", "worktree", "add", "-q", str(tmp_path / "wt")], cwd=repo, check=True)
     for where in (repo, repo / "src", tmp_path / "wt"):
-        cheap = repos._found_cheaply(str(where))
+        cheap = repos.found_cheaply(str(where))
         assert cheap is not None
         monkeypatch.setenv("GIT_CEILING_DIRECTORIES", "/nonexistent")  # forces asking git
         asked = repos.locate(cwd=str(where))

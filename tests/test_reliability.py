@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from agent_mail import model, spec
 from agent_mail.parts import waits
-from conftest import _run_inprocess, examples, process_env, raw_db
+from conftest import run_inprocess, examples, process_env, raw_db
 
 pytestmark = pytest.mark.backends  # every test here runs on SQLite and on PostgreSQL
 
@@ -186,6 +186,7 @@ def _limit_file_size(limit: int):
     return apply
 
 
+@pytest.mark.fast
 @pytest.mark.sqlite_only  # about the SQLite file itself
 def test_output_over_the_file_size_limit_changes_nothing(tmp_path, send, am, mailbox_path):
     for i in range(6):
@@ -209,6 +210,7 @@ def test_output_over_the_file_size_limit_changes_nothing(tmp_path, send, am, mai
     assert integrity(mailbox_path) == "ok"
 
 
+@pytest.mark.fast
 @pytest.mark.sqlite_only  # about the SQLite file itself
 @pytest.mark.local_only("the file-size limit is set on the process that writes the SQLite file: a server's, not the "
                         "client's")
@@ -266,17 +268,18 @@ def fuzz_room(tmp_path, monkeypatch):
     # and `serve` checks its options and binds its port, but answers no request: it returns at once
     from agent_mail.server import app
 
-    monkeypatch.setattr(app._Server, "run", lambda self, sockets=None: None)
+    monkeypatch.setattr(app.Server, "run", lambda self, sockets=None: None)
     return tmp_path
 
 
+@pytest.mark.fast
 @pytest.mark.local_only("stubs the blocking wait, the dashboard and serve in this process: through a server a fuzzed "
                         "watch would wait its 55 minutes there")
 @settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 # `mcp` is left out: it serves JSON-RPC on stdin until the client closes it (test_mcp.py drives it).
 @given(command=st.sampled_from(sorted(set(spec.COMMANDS) - {"mcp"}) + ["bogus", "", "--version"]), tokens=_tokens())
 def test_fuzzed_argv_never_tracebacks(fuzz_room, command, tokens):
-    result = _run_inprocess(command, *tokens, stdin=b"body from stdin")
+    result = run_inprocess(command, *tokens, stdin=b"body from stdin")
     assert "Traceback" not in result.out + result.err
     if result.code == 0 and command == "dashboard" and result.out == "":  # it drew a screen and printed nothing
         assert result.err == ""
@@ -298,9 +301,9 @@ def test_fuzzed_argv_never_tracebacks(fuzz_room, command, tokens):
 @settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(subject=_TEXT, body=_TEXT)
 def test_fuzzed_text_is_stored_exactly_or_refused(fuzz_room, subject, body):
-    result = _run_inprocess("send", "--from", "a:x", "--to", "b:y", "--subject", subject, "--body", body)
+    result = run_inprocess("send", "--from", "a:x", "--to", "b:y", "--subject", subject, "--body", body)
     if result.code == 0:
-        stored = _run_inprocess("read", "b:y", "--thread", json.loads(result.out)["id"])
+        stored = run_inprocess("read", "b:y", "--thread", json.loads(result.out)["id"])
         message = json.loads(stored.out)["messages"][0]
         assert (message["subject"], message["body"]) == (subject, body)
     else:
@@ -344,12 +347,12 @@ def test_fuzzed_file_names_are_sent_or_refused_never_internal_errors(fuzz_room, 
         return
     shown = os.fsdecode(path)
     value = json.dumps([shown]) if flag == "--refs" else shown
-    result = _run_inprocess("send", "--from", "a:x", "--to", "b:y", "--subject", "s", flag, value)
+    result = run_inprocess("send", "--from", "a:x", "--to", "b:y", "--subject", "s", flag, value)
     _judge(result)
     if result.code == 0 and flag == "--attach":
         message = json.loads(result.out)["id"]
         target = os.path.join(str(fuzz_room), "saved")
-        _judge(_run_inprocess("attachments", "b:y", message, "--save-to", target, "--overwrite"))
+        _judge(run_inprocess("attachments", "b:y", message, "--save-to", target, "--overwrite"))
     os.unlink(path)
 
 
@@ -359,7 +362,7 @@ def test_fuzzed_file_names_are_sent_or_refused_never_internal_errors(fuzz_room, 
 def test_fuzzed_json_depth_is_bad_input_never_an_internal_error(fuzz_room, depth, inner, wrap):
     opening, closing = (wrap, "") if wrap == "[{" else (wrap[0], wrap[1])
     refs = opening * depth + inner + closing * depth
-    _judge(_run_inprocess("send", "--from", "a:x", "--to", "b:y", "--subject", "s", "--refs", refs))
+    _judge(run_inprocess("send", "--from", "a:x", "--to", "b:y", "--subject", "s", "--refs", refs))
 
 
 @settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -368,7 +371,7 @@ def test_fuzzed_json_depth_is_bad_input_never_an_internal_error(fuzz_room, depth
        half=st.integers(min_value=1, max_value=model.NAME_MAX_CHARS + 2), char=st.sampled_from(["a", "é", "日", "😀"]))
 def test_fuzzed_sizes_around_every_limit(fuzz_room, subject, body, half, char):
     recipient = "p:" + "n" * half
-    result = _run_inprocess("send", "--from", "a:x", "--to", recipient, "--subject", (char * subject) or " ",
+    result = run_inprocess("send", "--from", "a:x", "--to", recipient, "--subject", (char * subject) or " ",
                             "--body", char * body)
     _judge(result)
     fits = 0 < subject <= model.SUBJECT_MAX_CHARS and body <= model.BODY_MAX_CHARS and half <= model.NAME_MAX_CHARS
@@ -380,13 +383,14 @@ def test_fuzzed_sizes_around_every_limit(fuzz_room, subject, body, half, char):
 def test_fuzzed_mailbox_paths_describe_and_work_or_refuse(fuzz_room, monkeypatch, name):
     path = os.path.join(os.fsencode(str(fuzz_room)), b"boxes", name, b"mail.db")
     monkeypatch.setenv("AGENT_MAIL_DB", os.fsdecode(path))
-    _judge(_run_inprocess("describe"))
-    _judge(_run_inprocess("status"))
+    _judge(run_inprocess("describe"))
+    _judge(run_inprocess("status"))
 
 
 # ---------------------------------------------------------------- privacy and permissions
 
 
+@pytest.mark.fast
 @pytest.mark.sqlite_only  # about the SQLite file itself
 def test_a_world_writable_directory_is_refused_untouched(am, send, mailbox_path):
     send("a:x", "b:y", "hi")
@@ -399,6 +403,7 @@ def test_a_world_writable_directory_is_refused_untouched(am, send, mailbox_path)
     assert am("read", "b:y").json["count"] == 1  # nothing was marked by the refused call
 
 
+@pytest.mark.fast
 @pytest.mark.sqlite_only  # about the SQLite file itself
 def test_a_world_writable_mailbox_is_refused(am, send, mailbox_path):
     send("a:x", "b:y", "hi")
@@ -406,6 +411,7 @@ def test_a_world_writable_mailbox_is_refused(am, send, mailbox_path):
     assert "chmod 600" in am("status").error["error"]
 
 
+@pytest.mark.fast
 def test_a_sticky_shared_directory_is_accepted(am, tmp_path, monkeypatch):
     shared = tmp_path / "shared"
     shared.mkdir()
@@ -415,6 +421,7 @@ def test_a_sticky_shared_directory_is_accepted(am, tmp_path, monkeypatch):
     assert stat.S_IMODE(os.stat(shared / "mail.db").st_mode) == 0o600
 
 
+@pytest.mark.fast
 @pytest.mark.sqlite_only  # about the SQLite file itself
 @pytest.mark.local_only("describe reports the mailbox's own storage; through a server it reports the server")
 def test_a_readable_mailbox_is_reported_by_describe(am, send, mailbox_path):

@@ -9,17 +9,16 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
-from conftest import am_process, process_env, raw_db
+from conftest import am_process, armed, disarmed, process_env, raw_db
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent_mail import model
 from agent_mail.parts import repos, wildmatch
 
-pytestmark = pytest.mark.backends
+pytestmark = [pytest.mark.backends, pytest.mark.fast]
 
 
 def git(*args: str, cwd) -> str:
@@ -210,10 +209,7 @@ def test_a_killed_watch_stops_blocking_within_the_grace(am, repo, mailbox_path):
     watch = subprocess.Popen([sys.executable, "-m", "agent_mail", "watch", "a:x", "--timeout-minutes", "5"],
                              env=process_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 20
-        while am("status", "--agent", "a:x").json["agents"][0]["watch_state"] != "armed":
-            assert time.monotonic() < deadline, "the watch never armed"
-            time.sleep(0.05)
+        armed("a:x", timeout=20, procs=[watch])
         am("reserve", "a:x", "src/**").assert_ok()
         _age(mailbox_path, "a:x", model.STALE_SECONDS + 1)  # the reserve's own heartbeat is past
         clash = json.loads(am("reserve", "b:y", "src/lib.rs").out)["conflicts"][0]
@@ -223,10 +219,7 @@ def test_a_killed_watch_stops_blocking_within_the_grace(am, repo, mailbox_path):
         watch.wait(10)
         # what the watch held is freed as it dies (its wake-up lock here; through a server, the server abandons
         # the session as it sees the connection close, a moment later): looked at until it is no longer armed
-        deadline = time.monotonic() + 10
-        while am("status", "--agent", "a:x").json["agents"][0]["watch_state"] == "armed":
-            assert time.monotonic() < deadline, "the killed watch still reads as armed"
-            time.sleep(0.05)
+        disarmed("a:x", timeout=10)  # the killed watch no longer reads as armed
         # dead once its last refresh and the reserve's heartbeat are past counting, but within the grace: held
         _age(mailbox_path, "a:x", model.LIVENESS_SECONDS + 1)
         clash = json.loads(am("reserve", "b:y", "src/lib.rs").out)["conflicts"][0]
@@ -307,13 +300,12 @@ def test_the_fast_lookup_finds_what_trying_every_pattern_finds(patterns, anchore
 def test_a_copied_mailbox_keeps_its_reservations_and_tokens(am, repo, backend, tmp_path):
     """copy moves a whole mailbox (SQLite to PostgreSQL, or back): the holders' claims still block, and a token
     made before the move still authenticates after it (its hash travels, never the secret)."""
-    from conftest import drop_schema, new_schema_name, pg_url, postgres_problem
+    from conftest import drop_schema, new_schema_name, pg_url, require
 
     from agent_mail.operations import tokens
     from agent_mail.store import open_store
 
-    if postgres_problem():
-        pytest.skip(postgres_problem())
+    require("postgresql")
     am("reserve", "proj:holder", "src/**", "--reason", "parser rewrite").assert_ok()
     secret = am("token", "create", "--agent", "proj:holder", "--note", "moved").json["token"]
     schema = new_schema_name()

@@ -15,13 +15,15 @@ from agent_mail import jsonout, model
 from agent_mail.parts import liveness
 from agent_mail.store import sqlite as sqlite_store
 from agent_mail.store import sqlite_schema
-from conftest import _run_inprocess, examples
+from conftest import run_inprocess, examples
+
+pytestmark = pytest.mark.fast
 
 AGENTS = ["t:a", "t:b", "t:c", "u:d"]
 
 
 def ok(*argv):
-    result = _run_inprocess(*argv)
+    result = run_inprocess(*argv)
     assert result.code == 0, result.err
     return json.loads(result.out)
 
@@ -108,7 +110,7 @@ def test_pages_and_counts_match_a_brute_force_reading(mailbox_path, ops):
                 command = "ack" if op == "ack-one" else op
                 ok(command, actor, unread[n % len(unread)]["id"])
         elif op == "cancel" and scheduled:
-            _run_inprocess("cancel", actor, scheduled[n % len(scheduled)])  # refused unless actor sent it
+            run_inprocess("cancel", actor, scheduled[n % len(scheduled)])  # refused unless actor sent it
         elif op == "fall-due" and scheduled:
             # a scheduled message falls due between messages already there: it sorts by when it arrived
             due = (dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=n)).isoformat(timespec="microseconds")

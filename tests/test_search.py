@@ -14,7 +14,7 @@ from agent_mail import model
 from agent_mail.parts import query_language
 from conftest import examples, pg_url, raw_db
 
-pytestmark = pytest.mark.backends  # every test here runs on SQLite and on PostgreSQL
+pytestmark = [pytest.mark.backends, pytest.mark.fast]  # every test here runs on SQLite and on PostgreSQL
 
 
 @pytest.fixture
@@ -129,7 +129,7 @@ def test_results_are_the_same_whichever_way_the_newest_rows_are_walked(am, corpu
     everything = hits(am, "deploy", "--limit", "20")
     assert everything[0] == "Deploy the release"  # the subject tier, then the rest newest first
     assert everything[1:8] == [f"note {n}" for n in range(6, -1, -1)] and len(everything) == 11
-    monkeypatch.setattr(PostgresStore, "_SEARCH_WINDOW", 2)
+    monkeypatch.setattr(PostgresStore, "SEARCH_WINDOW", 2)
     assert hits(am, "deploy", "--limit", "20") == everything
     assert hits(am, "deploy", "--limit", "3") == everything[:3]
     assert hits(am, "step", "--limit", "5") == everything[1:6]
@@ -247,10 +247,9 @@ def test_rows_another_tool_stored_are_indexed_before_a_search(am, corpus, mailbo
 @pytest.mark.local_only("copy works on mailboxes themselves, not through a server")
 def test_a_copied_mailbox_searches_the_same(am, corpus, backend, tmp_path):
     """copy builds the target's own index: SQLite to PostgreSQL, or PostgreSQL to SQLite."""
-    from conftest import drop_schema, new_schema_name, postgres_problem
+    from conftest import drop_schema, new_schema_name, require
 
-    if postgres_problem():
-        pytest.skip(postgres_problem())
+    require("postgresql")
     schema = new_schema_name()
     target = pg_url(schema) if backend == "sqlite" else str(tmp_path / "copy.db")
     try:
@@ -363,7 +362,7 @@ def test_threads_are_looked_up_by_index_in_a_mailbox_of_unrelated_mail(am, corpu
 def test_words_of_ascii_text_are_the_patterns_runs(text):
     """ASCII text is cut without a regex (a send's start-up); it must give exactly the pattern's runs."""
     expected = [w[:index.MAX_WORD] for w in index.word_pattern().findall(
-        text.lower() if text.isascii() else index._fold(text))]
+        text.lower() if text.isascii() else index.fold(text))]
     assert index.words(text) == expected
     runs = [(m.start(), m.end(), w) for m in index.word_pattern().finditer(text) for w in index.words(m.group())]
     assert index.spans(text) == runs

@@ -12,45 +12,33 @@ import time
 
 import pytest
 
-from conftest import am_process, process_env
+from conftest import am_process, armed, json_of, process_env
 from serving import Server
 
 pytestmark = [pytest.mark.backends, pytest.mark.timeout(120)]
 
 
-@pytest.fixture
-def server(mailbox_path):
-    running = Server(str(mailbox_path))
-    yield running
-    running.stop()
-
-
-def _json(proc: subprocess.CompletedProcess):
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
-
-
 def _unread(server: Server, agent: str) -> int:
-    return _json(server.direct("read", agent, "--no-mark-read"))["count"]
+    return json_of(server.direct("read", agent, "--no-mark-read"))["count"]
 
 
 def test_commands_through_the_server_answer_as_directly(server, tmp_path):
     worker, lead = server.token("--agent", "deploy:worker"), server.token("--agent", "ops:lead")
     note = tmp_path / "note.txt"
     note.write_bytes(b"attached \x00 bytes")
-    sent = _json(server.client(lead, "send", "--from", "ops:lead", "--to", "deploy:worker", "--subject", "fix X",
-                               "--body", "please", "--attach", str(note), "--ref", str(note)))
+    sent = json_of(server.client(lead, "send", "--from", "ops:lead", "--to", "deploy:worker", "--subject", "fix X",
+                                 "--body", "please", "--attach", str(note), "--ref", str(note)))
     assert sent["delivered"] == 1 and sent["refs"] == [str(note)] and sent["attachments"][0]["name"] == "note.txt"
-    read = _json(server.client(worker, "read", "deploy:worker"))
+    read = json_of(server.client(worker, "read", "deploy:worker"))
     assert [m["subject"] for m in read["messages"]] == ["fix X"]
     assert read["next"] and all(isinstance(step, str) and step.startswith("agent-mail ") for step in read["next"])
-    saved = _json(server.client(worker, "attachments", "deploy:worker", sent["id"], "--save-to",
-                                str(tmp_path / "out")))
+    saved = json_of(server.client(worker, "attachments", "deploy:worker", sent["id"], "--save-to",
+                                  str(tmp_path / "out")))
     assert (tmp_path / "out" / "note.txt").read_bytes() == b"attached \x00 bytes" and saved["saved"]
-    assert _json(server.client(worker, "ack", "deploy:worker", sent["id"]))["acked"] == [sent["id"]]
-    found = _json(server.client(worker, "search", "fix", "--agent", "deploy:worker"))
+    assert json_of(server.client(worker, "ack", "deploy:worker", sent["id"]))["acked"] == [sent["id"]]
+    found = json_of(server.client(worker, "search", "fix", "--agent", "deploy:worker"))
     assert found["count"] == 1
-    status = _json(server.client(worker, "status", "--agent", "deploy:worker"))
+    status = json_of(server.client(worker, "status", "--agent", "deploy:worker"))
     assert status["agents"][0]["unread"] == 0
     # The same refusals, with the same exit codes and the command line's names for arguments.
     for argv in (("read", "deploy:worker", "--limit", "0"), ("ack", "deploy:worker", "not-an-id"),
@@ -64,8 +52,8 @@ def test_commands_through_the_server_answer_as_directly(server, tmp_path):
                              stderr=subprocess.PIPE,
                              env=process_env(AGENT_MAIL_DB=server.url, AGENT_MAIL_TOKEN=worker))
     try:
-        time.sleep(1.5)
-        _json(server.client(lead, "send", "--from", "ops:lead", "--to", "deploy:worker", "--subject", "wake"))
+        armed("deploy:worker", procs=[watch])
+        json_of(server.client(lead, "send", "--from", "ops:lead", "--to", "deploy:worker", "--subject", "wake"))
         out, err = watch.communicate(timeout=20)
     finally:
         if watch.poll() is None:
@@ -92,17 +80,17 @@ ACTING = [
 
 def test_a_token_acts_only_as_the_identities_it_names(server):
     mine = server.token("--agent", "a:x", "--agent", "c:*")
-    mid = _json(server.direct("send", "--from", "c:z", "--to", "b:y", "--subject", "hello"))["id"]
-    later = _json(server.direct("send", "--from", "b:y", "--to", "a:x", "--subject", "later",
-                                "--delay-minutes", "30"))["id"]
-    before = server.direct("read", "b:y", "--all", "--no-mark-read").stdout, _json(server.direct("status"))["agents"]
+    mid = json_of(server.direct("send", "--from", "c:z", "--to", "b:y", "--subject", "hello"))["id"]
+    later = json_of(server.direct("send", "--from", "b:y", "--to", "a:x", "--subject", "later",
+                                  "--delay-minutes", "30"))["id"]
+    before = server.direct("read", "b:y", "--all", "--no-mark-read").stdout, json_of(server.direct("status"))["agents"]
     for argv in ACTING:
         argv = tuple(mid if word == "MID" else later if word == "LATER" else word for word in argv)
         proc = server.client(mine, *argv)
         assert proc.returncode == 4, (argv, proc.stderr)
         error = json.loads(proc.stderr)
         assert error["problems"] and "a:x, c:*" in error["error"], error
-    after = server.direct("read", "b:y", "--all", "--no-mark-read").stdout, _json(server.direct("status"))["agents"]
+    after = server.direct("read", "b:y", "--all", "--no-mark-read").stdout, json_of(server.direct("status"))["agents"]
     assert after == before  # nothing read, marked, sent, cancelled or seen
     # What it names, it may do: exactly, and by project.
     assert server.client(mine, "heartbeat", "a:x").returncode == 0
@@ -112,11 +100,11 @@ def test_a_token_acts_only_as_the_identities_it_names(server):
 
 def test_a_supervisor_looks_without_marking(server):
     boss = server.token("--agent", "ops:lead", "--supervisor")
-    _json(server.direct("send", "--from", "a:x", "--to", "b:y", "--subject", "private"))
-    looked = _json(server.client(boss, "read", "b:y", "--no-mark-read"))
+    json_of(server.direct("send", "--from", "a:x", "--to", "b:y", "--subject", "private"))
+    looked = json_of(server.client(boss, "read", "b:y", "--no-mark-read"))
     assert looked["count"] == 1 and _unread(server, "b:y") == 1
-    assert _json(server.client(boss, "status"))["count"] >= 1
-    assert _json(server.client(boss, "search", "private"))["count"] == 1
+    assert json_of(server.client(boss, "status"))["count"] >= 1
+    assert json_of(server.client(boss, "search", "private"))["count"] == 1
     for argv in (("read", "b:y"), ("ack", "b:y", "--all"), ("send", "--from", "b:y", "--to", "a:x", "--subject", "x"),
                  ("watch", "b:y", "--once")):
         assert server.client(boss, *argv).returncode == 4, argv
@@ -129,9 +117,8 @@ def test_revocation_refuses_at_once_and_ends_a_blocked_watch(server):
     watch = subprocess.Popen([sys.executable, "-m", "agent_mail", "watch", "a:x"], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, env=process_env(AGENT_MAIL_DB=server.url, AGENT_MAIL_TOKEN=token))
     try:
-        time.sleep(1.5)
-        assert watch.poll() is None
-        _json(server.direct("token", "revoke", token_id))
+        armed("a:x", procs=[watch])
+        json_of(server.direct("token", "revoke", token_id))
         started = time.monotonic()
         out, err = watch.communicate(timeout=20)
     finally:
@@ -142,7 +129,7 @@ def test_revocation_refuses_at_once_and_ends_a_blocked_watch(server):
     assert "revoked" in json.loads(err)["error"] and token not in err.decode()
     refused = server.client(token, "read", "a:x")
     assert refused.returncode == 4 and "revoked" in json.loads(refused.stderr)["error"]
-    status = _json(server.direct("status", "--agent", "a:x"))["agents"][0]
+    status = json_of(server.direct("status", "--agent", "a:x"))["agents"][0]
     assert status["watch_state"] == "released"
 
 
@@ -161,7 +148,7 @@ def test_missing_bad_and_loose_tokens_are_refused(server, tmp_path):
     for argv in (("copy", "--from", "x.db"), ("token", "list"), ("doctor", "--repair")):
         refused = server.client(token, *argv)
         assert refused.returncode == 2 and "AGENT_MAIL_DB" in refused.stderr.decode(), argv
-    described = _json(server.client(token, "describe"))
+    described = json_of(server.client(token, "describe"))
     assert described["storage"]["url"] == server.url and token not in json.dumps(described)
 
 
@@ -188,8 +175,7 @@ def test_sigterm_ends_the_server_and_its_waits(server):
                              env=process_env(AGENT_MAIL_DB=server.url, AGENT_MAIL_TOKEN=token,
                                              AGENT_MAIL_RECONNECT_SECONDS="1"))
     try:
-        time.sleep(1.5)
-        assert _json(server.direct("status", "--agent", "a:x"))["agents"][0]["watch_state"] == "armed"
+        armed("a:x", procs=[watch])
         started = time.monotonic()
         code, log = server.stop()
         assert code == 0 and time.monotonic() - started < 8, log
@@ -199,7 +185,7 @@ def test_sigterm_ends_the_server_and_its_waits(server):
             watch.kill()
             watch.wait()
     assert watch.returncode == 1 and "gave up" in json.loads(err)["error"]
-    assert _json(server.direct("status", "--agent", "a:x"))["agents"][0]["watch_state"] == "released"
+    assert json_of(server.direct("status", "--agent", "a:x"))["agents"][0]["watch_state"] == "released"
 
 
 @pytest.mark.sqlite_only
@@ -211,7 +197,7 @@ def test_a_watch_survives_a_server_restart(mailbox_path):
                              stderr=subprocess.PIPE, env=process_env(AGENT_MAIL_DB=first.url, AGENT_MAIL_TOKEN=token))
     second = None
     try:
-        time.sleep(1.5)
+        armed("a:x", procs=[watch])
         first.stop()
         again = subprocess.Popen([sys.executable, "-m", "agent_mail", "serve", "--listen", f"127.0.0.1:{port}"],
                                  env=process_env(AGENT_MAIL_DB=str(mailbox_path)), stdout=subprocess.PIPE,
@@ -284,11 +270,8 @@ def test_an_idle_server_sleeps_and_still_dates_its_answers(server):
                               env=process_env(AGENT_MAIL_DB=server.url, AGENT_MAIL_TOKEN=token),
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for i in range(3)]
     try:
-        deadline = time.monotonic() + 30
-        while sum(bool(a.get("watching")) for a in json.loads(server.direct("status").stdout)["agents"]) < 3:
-            assert time.monotonic() < deadline, [p.poll() is not None and p.stderr.read() for p in waits]
-            time.sleep(0.2)
-        time.sleep(1.5)  # settled
+        armed([f"idle:w{i}" for i in range(3)], procs=waits)
+        time.sleep(1.5)  # settled: what arming set going (its log lines, its first refresh) is over
 
         def wakes() -> int:
             total = 0

@@ -11,22 +11,10 @@ import sys
 
 import pytest
 
-from conftest import process_env
+from conftest import json_of, process_env
 from serving import Server
 
 pytestmark = [pytest.mark.backends, pytest.mark.timeout(180)]
-
-
-@pytest.fixture
-def server(mailbox_path):
-    running = Server(str(mailbox_path))
-    yield running
-    running.stop()
-
-
-def _json(proc: subprocess.CompletedProcess):
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
 
 
 def _openapi(server: Server) -> dict:
@@ -103,12 +91,12 @@ def test_export_and_import_go_between_the_client_and_the_server(server, second_m
     operator, agent = server.token("--agent", "*"), server.token("--agent", "a:x")
     note = tmp_path / "note.bin"
     note.write_bytes(b"\x00\x01 attached")
-    _json(server.client(operator, "send", "--from", "b:y", "--to", "a:x", "--subject", "one", "--attach", str(note)))
-    _json(server.client(operator, "send", "--from", "a:x", "--to", "b:y", "--subject", "two"))
+    json_of(server.client(operator, "send", "--from", "b:y", "--to", "a:x", "--subject", "one", "--attach", str(note)))
+    json_of(server.client(operator, "send", "--from", "a:x", "--to", "b:y", "--subject", "two"))
     direct = tmp_path / "direct.jsonl"
-    _json(server.direct("export", "--output", str(direct)))
+    json_of(server.direct("export", "--output", str(direct)))
     out = tmp_path / "remote.jsonl"
-    summary = _json(server.client(operator, "export", "--output", str(out)))
+    summary = json_of(server.client(operator, "export", "--output", str(out)))
     assert out.read_bytes() == direct.read_bytes()  # the same bytes, written on the client's machine
     assert summary["file"] == str(out) and summary["messages"] == 2 and summary["blobs"] == 1
     assert summary["bytes"] == out.stat().st_size and summary["next"] == [f"agent-mail import {out} --dry-run"]
@@ -119,7 +107,7 @@ def test_export_and_import_go_between_the_client_and_the_server(server, second_m
     mbox = server.client(operator, "export", "--format", "mbox")
     assert mbox.returncode == 0 and mbox.stdout.count(b"\nFrom ") + mbox.stdout.startswith(b"From ") == 2
     # An agent's token exports its own mail only; import needs an operator's.
-    assert _json(server.client(agent, "export", "--agent", "a:x", "--output", str(tmp_path / "mine.jsonl")))
+    assert json_of(server.client(agent, "export", "--agent", "a:x", "--output", str(tmp_path / "mine.jsonl")))
     assert server.client(agent, "export").returncode == 4
     refused = server.client(agent, "import", str(out))
     assert refused.returncode == 4 and "operator" in json.loads(refused.stderr)["error"]
@@ -127,10 +115,10 @@ def test_export_and_import_go_between_the_client_and_the_server(server, second_m
     fresh = Server(second_mailbox)
     try:
         token = fresh.token("--agent", "*")
-        dry = _json(fresh.client(token, "import", str(out), "--dry-run"))
+        dry = json_of(fresh.client(token, "import", str(out), "--dry-run"))
         assert dry["file"] == str(out) and dry["added"]["messages"] == 2 and dry["next"] == [f"agent-mail import {out}"]
-        assert _json(fresh.client(token, "import", str(out)))["added"]["messages"] == 2
-        assert _json(fresh.client(token, "import", "-", input=out.read_bytes()))["already_there"]["messages"] == 2
+        assert json_of(fresh.client(token, "import", str(out)))["added"]["messages"] == 2
+        assert json_of(fresh.client(token, "import", "-", input=out.read_bytes()))["already_there"]["messages"] == 2
         bad = tmp_path / "bad.jsonl"
         bad.write_bytes(out.read_bytes() + b'{"type": "nonsense"}\n')
         failed = fresh.client(token, "import", str(bad))

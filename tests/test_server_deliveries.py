@@ -23,13 +23,6 @@ pytestmark = [pytest.mark.backends, pytest.mark.timeout(120)]
 DELIVERY = "X-Agent-Mail-Delivery"
 
 
-@pytest.fixture
-def server(mailbox_path):
-    running = Server(str(mailbox_path))
-    yield running
-    running.stop()
-
-
 def _post(server: Server, path: str, body: dict | bytes, token: str | None) -> tuple[int, dict, dict]:
     """(status, headers, document) of one request, as any HTTP client would make it."""
     connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)

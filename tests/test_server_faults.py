@@ -6,12 +6,9 @@ reported ok is stored once, every failure is a clear JSON error, nothing is half
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from contextlib import contextmanager
@@ -19,7 +16,7 @@ from contextlib import contextmanager
 import pytest
 
 import twohosts
-from conftest import am_process, process_env, raw_db
+from conftest import am_process, armed, disarmed, json_of, process_env, raw_db, unavailable, until
 from serving import Server
 
 pytestmark = [pytest.mark.backends, pytest.mark.timeout(120)]
@@ -28,15 +25,9 @@ READ_SECONDS = 2  # the server's limit for a request to arrive (AGENT_MAIL_SERVE
 
 
 @pytest.fixture
-def server(mailbox_path):
-    running = Server(str(mailbox_path), AGENT_MAIL_SERVE_READ_SECONDS=str(READ_SECONDS))
-    yield running
-    running.stop()
-
-
-def _json(proc: subprocess.CompletedProcess):
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
+def server_env():
+    """The `server` fixture's server, with READ_SECONDS as its limit."""
+    return {"AGENT_MAIL_SERVE_READ_SECONDS": str(READ_SECONDS)}
 
 
 def _clear_error(stderr: bytes | str, *secrets: str) -> dict:
@@ -58,17 +49,6 @@ def _stored(mailbox, recipient: str) -> dict[str, int]:
     finally:
         db.close()
     return {subject: count for subject, count in rows}
-
-
-def _wait_armed(server: Server, agents: list[str], timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        rows = _json(server.direct("status"))["agents"]
-        armed = {row["agent"] for row in rows if row["watch_state"] == "armed"}
-        if set(agents) <= armed:
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"not all of {agents} armed: {rows}")
 
 
 def _watch(url: str, token: str, agent: str, **env: str) -> subprocess.Popen:
@@ -133,23 +113,19 @@ def test_sigkill_and_restart_under_watches_and_senders(mailbox_path):
     patient = impatient = None
     try:
         with _ended(*watches):
-            _wait_armed(server, watchers)
+            armed(watchers, server.mailbox)
             patient = Senders(server.url, token, ["p0", "p1"], "sink:all", AGENT_MAIL_RECONNECT_SECONDS="60")
             impatient = Senders(server.url, token, ["i0", "i1"], "sink:all", AGENT_MAIL_RECONNECT_SECONDS="1")
-            deadline = time.monotonic() + 30
-            while len(patient.results) + len(impatient.results) < 8 and time.monotonic() < deadline:
-                time.sleep(0.05)
+            until(lambda: len(patient.results) + len(impatient.results) >= 8, 30, "8 sends before the kill")
             server.kill()
             down_at = time.monotonic()
             before = len(patient.results) + len(impatient.results)
             for agent in watchers:  # what arrives while the server is down, written straight to the mailbox
-                _json(server.direct("send", "--from", "ops:lead", "--to", agent, "--subject", f"while down {agent}"))
+                json_of(server.direct("send", "--from", "ops:lead", "--to", agent, "--subject", f"while down {agent}"))
             time.sleep(max(0.0, 3.0 - (time.monotonic() - down_at)))  # longer than the impatient senders' window
             assert all(watch.poll() is None for watch in watches)  # waiting for the server, not failed
             server.restart()
-            deadline = time.monotonic() + 30
-            while len(patient.results) + len(impatient.results) < before + 8 and time.monotonic() < deadline:
-                time.sleep(0.05)
+            until(lambda: len(patient.results) + len(impatient.results) >= before + 8, 30, "8 sends after it")
             patient.stop()
             impatient.stop()
             for agent, watch in zip(watchers, watches, strict=True):
@@ -231,7 +207,7 @@ def _refused(answer: tuple[int, dict, bytes], status: int, token: str) -> dict:
 def _still_serving(server: Server, token: str, subject: str) -> None:
     connection_answer = _raw(server.port, b"GET /v1/health HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")
     assert connection_answer[0] == 200 and json.loads(connection_answer[2])["ok"] is True
-    sent = _json(server.client(token, "send", "--from", "a:x", "--to", "b:y", "--subject", subject))
+    sent = json_of(server.client(token, "send", "--from", "a:x", "--to", "b:y", "--subject", subject))
     assert sent["delivered"] == 1
 
 
@@ -330,88 +306,6 @@ def test_malformed_oversized_slow_and_truncated_requests_get_clear_4xx_and_the_s
     assert token not in log
 
 
-def _private_postgres_problem() -> str | None:
-    """Why a private PostgreSQL cluster cannot be made here (None when it can)."""
-    if os.geteuid() != 0 or not shutil.which("runuser"):
-        return "a private PostgreSQL cluster is made as the postgres user with runuser, which needs root"
-    if not _pg_bin():
-        return "PostgreSQL's server programs (initdb, pg_ctl) are not installed"
-    try:
-        import pwd
-
-        pwd.getpwnam("postgres")
-    except KeyError:
-        return "there is no postgres user to run a private cluster as"
-    return None
-
-
-def _pg_bin() -> str | None:
-    import glob
-
-    for candidate in sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(p.split("/")[-2]),
-                            reverse=True) + [os.path.dirname(shutil.which("initdb") or "")]:
-        if candidate and os.path.exists(os.path.join(candidate, "initdb")):
-            return candidate
-    return None
-
-
-class PrivatePostgres:
-    """A PostgreSQL cluster of the test's own (a temporary directory, a free port, trust authentication), run as
-    the postgres user: this test stops and restarts it, never the shared server."""
-
-    def __init__(self):
-        self.bin = _pg_bin()
-        self.directory = tempfile.mkdtemp(prefix="am-faults-pg-")
-        shutil.chown(self.directory, "postgres")
-        os.chmod(self.directory, 0o700)
-        self.data = os.path.join(self.directory, "data")
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
-        self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
-        self._as_postgres("initdb", "-D", self.data, "-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8")
-
-    def _as_postgres(self, program: str, *args: str) -> None:
-        proc = subprocess.run(["runuser", "-u", "postgres", "--", os.path.join(self.bin, program), *args],
-                              capture_output=True, text=True, timeout=60, cwd=self.directory)
-        assert proc.returncode == 0, (program, proc.stdout, proc.stderr)
-
-    def _pg_ctl(self, action: str, *args: str) -> None:
-        options = f"-p {self.port} -k {self.directory} -c listen_addresses=127.0.0.1 -c fsync=off"
-        self._as_postgres("pg_ctl", "-D", self.data, "-o", options, "-l", os.path.join(self.directory, "log"),
-                          "-w", "-t", "30", *args, action)
-
-    def start(self) -> None:
-        self._pg_ctl("start")
-
-    def stop(self) -> None:
-        self._pg_ctl("stop", "-m", "fast")
-
-    def restart(self) -> None:
-        self._pg_ctl("restart", "-m", "fast")
-
-    def remove(self) -> None:
-        if os.path.exists(os.path.join(self.data, "postmaster.pid")):
-            subprocess.run(["runuser", "-u", "postgres", "--", os.path.join(self.bin, "pg_ctl"), "-D", self.data,
-                            "-m", "immediate", "-w", "stop"], capture_output=True, timeout=60)
-        shutil.rmtree(self.directory, ignore_errors=True)
-
-
-@pytest.fixture
-def private_postgres():
-    problem = _private_postgres_problem()
-    if problem:
-        if os.environ.get("CI"):
-            pytest.fail(f"the PostgreSQL restart test is required in CI: {problem}")
-        pytest.skip(problem)
-    cluster = PrivatePostgres()
-    try:
-        cluster.start()
-        yield cluster
-    finally:
-        cluster.remove()
-
-
 @pytest.mark.sqlite_only  # run once: it serves a PostgreSQL cluster of its own, whatever the backing of the rest
 def test_postgresql_restarted_under_the_server(private_postgres):
     """PostgreSQL restarted (pg_ctl restart -m fast) under a server with blocked watches: the watches wait on and
@@ -424,12 +318,12 @@ def test_postgresql_restarted_under_the_server(private_postgres):
     try:
         watches = [_watch(server.url, token, agent, AGENT_MAIL_RECONNECT_SECONDS="60") for agent in watchers]
         with _ended(*watches):
-            _wait_armed(server, watchers)
+            armed(watchers, server.mailbox)
             private_postgres.restart()
             time.sleep(1.0)
             assert all(watch.poll() is None for watch in watches)  # still waiting, not failed
             for agent in watchers:
-                _json(server.client(token, "send", "--from", "ops:lead", "--to", agent, "--subject", "after restart"))
+                json_of(server.client(token, "send", "--from", "ops:lead", "--to", agent, "--subject", "after restart"))
             for watch in watches:
                 out, err = watch.communicate(timeout=30)
                 assert watch.returncode == 0, err
@@ -437,7 +331,7 @@ def test_postgresql_restarted_under_the_server(private_postgres):
         # Stopped for a while: clear errors, nothing stored; a patient send waits for it and goes through once.
         watch = _watch(server.url, token, "team:late", AGENT_MAIL_RECONNECT_SECONDS="60")
         with _ended(watch):
-            _wait_armed(server, ["team:late"])
+            armed("team:late", server.mailbox)
             private_postgres.stop()
             patient = subprocess.Popen([sys.executable, "-m", "agent_mail", "send", "--from", "ops:lead", "--to",
                                         "team:late", "--subject", "patient"], stdout=subprocess.PIPE,
@@ -457,10 +351,10 @@ def test_postgresql_restarted_under_the_server(private_postgres):
                 out, err = watch.communicate(timeout=30)
                 assert watch.returncode == 0, err
                 assert [m["subject"] for m in json.loads(out)["messages"]] == ["patient"]
-        late = _json(server.client(token, "read", "team:late", "--all"))
+        late = json_of(server.client(token, "read", "team:late", "--all"))
         assert [m["subject"] for m in late["messages"]] == ["patient"]  # once; the refused one not at all
         for agent in watchers:
-            assert [m["subject"] for m in _json(server.client(token, "read", agent, "--all"))["messages"]] == \
+            assert [m["subject"] for m in json_of(server.client(token, "read", agent, "--all"))["messages"]] == \
                 ["after restart"]
     finally:
         code, log = server.stop()
@@ -500,9 +394,7 @@ def partitionable(server, tmp_path, monkeypatch):
     """Host a, in a network namespace of its own, reaching the server only through a relay on its link."""
     problem = twohosts.namespaces_problem()
     if problem:
-        if os.environ.get("CI"):
-            pytest.fail(f"the partition test is required in CI: {problem}")
-        pytest.skip(problem)
+        unavailable(f"the partition test: {problem}")
     monkeypatch.setattr(twohosts, "Relay", HoldingRelay)
     with twohosts.TwoHosts(str(tmp_path), server.url, "unused", server=("127.0.0.1", server.port)) as made:
         host = made["a"]
@@ -527,15 +419,13 @@ def test_a_partitioned_client_gets_a_clear_error_and_nothing_is_half_done(server
     watch = host.popen("watch", "team:alice", AGENT_MAIL_DB=on_the_link.url, AGENT_MAIL_TOKEN=token,
                        AGENT_MAIL_RECONNECT_SECONDS="60")
     with _ended(watch):
-        _wait_armed(server, ["team:alice"])
+        armed("team:alice", server.mailbox)
         relay.holding.set()  # what the server answers from now on is lost on the way
         held = host.popen("send", "--from", "team:alice", "--to", "team:bob", "--subject", "cut mid-send",
                           AGENT_MAIL_TOKEN=token, AGENT_MAIL_RECONNECT_SECONDS="60")
         with _ended(held):
-            deadline = time.monotonic() + 30
-            while "cut mid-send" not in _stored(server.mailbox, "team:bob") and time.monotonic() < deadline:
-                time.sleep(0.1)
-            assert "cut mid-send" in _stored(server.mailbox, "team:bob")  # carried out; its answer held back
+            until(lambda: "cut mid-send" in _stored(server.mailbox, "team:bob"), 30,
+                  "the send was never carried out")  # carried out; its answer held back
             host.partition()
             cut_at = time.monotonic()
             try:
@@ -545,11 +435,10 @@ def test_a_partitioned_client_gets_a_clear_error_and_nothing_is_half_done(server
                 assert time.monotonic() - started < CONNECT_SECONDS + 1 + 5, refused.stderr
                 assert refused.returncode == 1 and refused.stdout == "", refused.stderr
                 assert "Nothing was sent" in _clear_error(refused.stderr, token)["error"]
-                while _alice(server)["watch_state"] == "armed" and time.monotonic() - cut_at < 25:
-                    time.sleep(0.2)
+                disarmed("team:alice", server.mailbox, timeout=max(1.0, 25 - (time.monotonic() - cut_at)))
                 # the server let the unreachable wait go; its client never said it stopped: stale, not released
                 assert _alice(server)["watch_state"] == "stale"
-                _json(server.direct("send", "--from", "team:bob", "--to", "team:alice", "--subject", "meanwhile"))
+                json_of(server.direct("send", "--from", "team:bob", "--to", "team:alice", "--subject", "meanwhile"))
                 time.sleep(max(0.0, 15 - (time.monotonic() - cut_at)))  # the keepalive noticed the dead link
                 assert held.poll() is None and watch.poll() is None  # both waiting for the link, neither failed
             finally:
@@ -566,7 +455,8 @@ def test_a_partitioned_client_gets_a_clear_error_and_nothing_is_half_done(server
     stored = _stored(server.mailbox, "team:bob")
     assert stored == {"cut mid-send": 1}  # once, though sent twice; "never" not at all
     receipt = json.loads(sent_out)
-    assert receipt["delivered"] == 1 and receipt["id"] == _json(server.direct("read", "team:bob"))["messages"][0]["id"]
+    assert receipt["delivered"] == 1
+    assert receipt["id"] == json_of(server.direct("read", "team:bob"))["messages"][0]["id"]
     code, log = server.stop()
     sends = [line for line in map(json.loads, log.splitlines()) if line.get("command") == "send"]
     assert [line["status"] for line in sends] == [200, 200], log  # carried out, then its repeat answered
@@ -574,7 +464,7 @@ def test_a_partitioned_client_gets_a_clear_error_and_nothing_is_half_done(server
 
 
 def _alice(server: Server) -> dict:
-    return _json(server.direct("status", "--agent", "team:alice"))["agents"][0]
+    return json_of(server.direct("status", "--agent", "team:alice"))["agents"][0]
 
 
 def test_a_send_repeated_with_its_idempotency_key_is_stored_once(server):
@@ -611,14 +501,14 @@ def test_a_watch_rides_out_one_restart_after_another_and_a_wrong_server_fails_at
     watch = _watch(server.url, token, "team:alice", AGENT_MAIL_RECONNECT_SECONDS="3")  # each outage ~1.7 s
     try:
         with _ended(watch):
-            _wait_armed(server, ["team:alice"])
+            armed("team:alice", server.mailbox)
             for _ in range(2):
                 server.kill()
                 time.sleep(1.0)
                 server.restart()
                 time.sleep(2.5)  # more than the window since the outage began: waiting on the new server
                 assert watch.poll() is None, watch.communicate()
-            _json(server.direct("send", "--from", "team:bob", "--to", "team:alice", "--subject", "twice restarted"))
+            json_of(server.direct("send", "--from", "team:bob", "--to", "team:alice", "--subject", "twice restarted"))
             out, err = watch.communicate(timeout=30)
             assert watch.returncode == 0, err
             assert [m["subject"] for m in json.loads(out)["messages"]] == ["twice restarted"]

@@ -16,28 +16,16 @@ import time
 
 import pytest
 
-from conftest import process_env
+from conftest import json_of, process_env, require, until
 from serving import Server
 
 pytestmark = [pytest.mark.backends, pytest.mark.timeout(120)]
 
 
 @pytest.fixture
-def server(mailbox_path):
-    running = Server(str(mailbox_path))
-    yield running
-    running.stop()
-
-
-@pytest.fixture
 def state(tmp_path):
     """The client's state directory (where it keeps its mirror settings), named for its processes."""
     return {"AGENT_MAIL_STATE_DIR": str(tmp_path / "client-state")}
-
-
-def _json(proc: subprocess.CompletedProcess):
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
 
 
 def _files(directory) -> dict:
@@ -50,9 +38,9 @@ def test_profile_and_notifications_write_the_mirror_here_as_the_mailbox_writes_i
     here, there = tmp_path / "client-mirror", tmp_path / "mailbox-mirror"
     here.mkdir()
     there.mkdir()
-    _json(server.direct("send", "--from", "b:y", "--to", "a:x", "--subject", "one", "--body", "first"))
-    _json(server.direct("profile", "a:x", "--mirror-dir", str(there)))  # the mailbox's own, on its machine
-    shown = _json(server.client(agent, "profile", "a:x", "--mirror-dir", str(here), **state))
+    json_of(server.direct("send", "--from", "b:y", "--to", "a:x", "--subject", "one", "--body", "first"))
+    json_of(server.direct("profile", "a:x", "--mirror-dir", str(there)))  # the mailbox's own, on its machine
+    shown = json_of(server.client(agent, "profile", "a:x", "--mirror-dir", str(here), **state))
     assert shown["mirror_dir"] == str(here) and shown["mirror_problem"] is None
     assert [(m["path"], m["status"]) for m in shown["mirrors"]] == [
         (str(here / ".notification" / "email.json"), "rendered"),
@@ -62,40 +50,40 @@ def test_profile_and_notifications_write_the_mirror_here_as_the_mailbox_writes_i
     assert settings.stat().st_mode & 0o777 == 0o600
     assert json.loads(settings.read_text()) == {server.url: {"a:x": str(here)}}
     # The mailbox's settings stay the mailbox's: max entries is kept there and shapes the client's mirror too.
-    _json(server.client(agent, "profile", "a:x", "--max-entries", "1", **state))
-    _json(server.direct("send", "--from", "b:y", "--to", "a:x", "--subject", "two", "--body", "second"))
-    result = _json(server.client(agent, "notifications", "a:x", **state))  # rendered once, here
+    json_of(server.client(agent, "profile", "a:x", "--max-entries", "1", **state))
+    json_of(server.direct("send", "--from", "b:y", "--to", "a:x", "--subject", "two", "--body", "second"))
+    result = json_of(server.client(agent, "notifications", "a:x", **state))  # rendered once, here
     assert result["email"]["data"]["count"] == 2 and len(result["email"]["data"]["emails"]) == 1
     assert _files(here) == _files(there)
-    looked = _json(server.client(agent, "profile", "a:x", **state))
+    looked = json_of(server.client(agent, "profile", "a:x", **state))
     assert looked["mirror_dir"] == str(here) and looked["max_entries"] == 1 and looked["mirrors"] == []
     # --clear-email removes the file here without marking anything read; reading empties the mirror.
-    cleared = _json(server.client(agent, "notifications", "a:x", "--clear-email", **state))
+    cleared = json_of(server.client(agent, "notifications", "a:x", "--clear-email", **state))
     assert cleared["cleared"] is True and not (here / ".notification" / "email.json").exists()
-    _json(server.client(agent, "read", "a:x", **state))  # a command that changes mail renders the mirror here
+    json_of(server.client(agent, "read", "a:x", **state))  # a command that changes mail renders the mirror here
     assert _files(here) == _files(there) == {}
     operator = server.token("--agent", "*")
-    receipt = _json(server.client(operator, "send", "--from", "b:y", "--to", "a:x", "--subject", "kept", **state))
+    receipt = json_of(server.client(operator, "send", "--from", "b:y", "--to", "a:x", "--subject", "kept", **state))
     assert receipt["mirrors"] == [{"agent": "a:x", "path": str(here / ".notification" / "email.json"),
                                    "status": "rendered"}]  # the files written here, not the mailbox's machine's
     assert b'"kept"' in _files(here)["email.json"] and _files(here) == _files(there)
-    _json(server.client(agent, "dismiss", "a:x", json.loads(_files(here)["email.json"])["data"]["email_ids"][0],
-                        **state))
+    json_of(server.client(agent, "dismiss", "a:x", json.loads(_files(here)["email.json"])["data"]["email_ids"][0],
+                          **state))
     assert _files(here) == _files(there) == {}
     # Clearing the setting forgets it here and removes its files; the mailbox's own mirror is untouched.
-    _json(server.direct("send", "--from", "b:y", "--to", "a:x", "--subject", "three"))
-    _json(server.client(agent, "notifications", "a:x", **state))
-    gone = _json(server.client(agent, "profile", "a:x", "--clear", "mirror-dir", **state))
+    json_of(server.direct("send", "--from", "b:y", "--to", "a:x", "--subject", "three"))
+    json_of(server.client(agent, "notifications", "a:x", **state))
+    gone = json_of(server.client(agent, "profile", "a:x", "--clear", "mirror-dir", **state))
     assert gone["mirror_dir"] is None and _files(here) == {} and _files(there)
     assert json.loads(settings.read_text()) == {}
-    assert _json(server.direct("profile", "a:x"))["mirror_dir"] == str(there)
+    assert json_of(server.direct("profile", "a:x"))["mirror_dir"] == str(there)
 
 
 def test_a_token_not_naming_the_identity_writes_nothing(server, state, tmp_path):
     other, watcher = server.token("--agent", "b:y"), server.token("--agent", "b:y", "--supervisor")
     here = tmp_path / "mirror"
     here.mkdir()
-    _json(server.direct("send", "--from", "b:y", "--to", "a:x", "--subject", "private"))
+    json_of(server.direct("send", "--from", "b:y", "--to", "a:x", "--subject", "private"))
     for token in (other, watcher):  # a supervisor looks, but keeps no one else's mirror
         for argv in (("profile", "a:x", "--mirror-dir", str(here)), ("notifications", "a:x", "--follow"),
                      ("notifications", "a:x", "--clear-email")):
@@ -121,18 +109,18 @@ def test_follow_keeps_the_mirror_here_current_and_stops_cleanly(server, state, t
     here.mkdir()
     not_set = server.client(agent, "notifications", "a:x", "--follow", **state)
     assert not_set.returncode == 2 and "profile a:x --mirror-dir" in json.loads(not_set.stderr)["error"]
-    _json(server.client(agent, "profile", "a:x", "--mirror-dir", str(here), **state))
+    json_of(server.client(agent, "profile", "a:x", "--mirror-dir", str(here), **state))
     follower = _follower(server, agent, "a:x", state)
     try:
         first = json.loads(follower.stdout.readline())
         assert first["agent"] == "a:x" and first["unread"] == 0
-        _json(server.client(server.token("--agent", "b:y"), "send", "--from", "b:y", "--to", "a:x", "--subject",
-                            "through the server"))
+        json_of(server.client(server.token("--agent", "b:y"), "send", "--from", "b:y", "--to", "a:x", "--subject",
+                              "through the server"))
         update = json.loads(follower.stdout.readline())  # woken by the commit, not by a timer
         assert update["unread"] == 1 and update["mirrors"][0] == {
             "agent": "a:x", "path": str(here / ".notification" / "email.json"), "status": "rendered"}
         assert b"through the server" in _files(here)["email.json"]
-        _json(server.direct("send", "--from", "c:z", "--to", "a:x", "--subject", "straight into the mailbox"))
+        json_of(server.direct("send", "--from", "c:z", "--to", "a:x", "--subject", "straight into the mailbox"))
         assert json.loads(follower.stdout.readline())["unread"] == 2
         mirrored = json.loads(_files(here)["email.json"])
         assert [e["subject"] for e in mirrored["data"]["emails"]] == ["straight into the mailbox", "through the server"]
@@ -151,11 +139,11 @@ def test_revoking_the_token_ends_a_follow_at_once(server, state, tmp_path):
     agent = server.token("--agent", "a:x")
     here = tmp_path / "mirror"
     here.mkdir()
-    _json(server.client(agent, "profile", "a:x", "--mirror-dir", str(here), **state))
+    json_of(server.client(agent, "profile", "a:x", "--mirror-dir", str(here), **state))
     follower = _follower(server, agent, "a:x", state)
     try:
         assert json.loads(follower.stdout.readline())["unread"] == 0
-        _json(server.direct("token", "revoke", agent.split("_")[1]))
+        json_of(server.direct("token", "revoke", agent.split("_")[1]))
         started = time.monotonic()
         out, err = follower.communicate(timeout=20)
     finally:
@@ -172,13 +160,13 @@ def test_follow_outlives_a_server_restart(mailbox_path, state, tmp_path):
     agent = first.token("--agent", "a:x")
     here = tmp_path / "mirror"
     here.mkdir()
-    _json(first.client(agent, "profile", "a:x", "--mirror-dir", str(here), **state))
+    json_of(first.client(agent, "profile", "a:x", "--mirror-dir", str(here), **state))
     follower = _follower(first, agent, "a:x", state)
     second = None
     try:
         assert json.loads(follower.stdout.readline())["unread"] == 0
         first.stop()
-        _json(first.direct("send", "--from", "b:y", "--to", "a:x", "--subject", "while it was down"))
+        json_of(first.direct("send", "--from", "b:y", "--to", "a:x", "--subject", "while it was down"))
         second = Server(str(mailbox_path), port=port)
         update = json.loads(follower.stdout.readline())  # it looked again once the server was back
         assert update["unread"] == 1 and b"while it was down" in _files(here)["email.json"]
@@ -199,7 +187,7 @@ def test_the_mirror_commands_import_the_standard_library_only(server, state, tmp
     token = server.token("--agent", "a:x")
     here = tmp_path / "mirror"
     here.mkdir()
-    _json(server.direct("send", "--from", "b:y", "--to", "a:x", "--subject", "for the mirror"))
+    json_of(server.direct("send", "--from", "b:y", "--to", "a:x", "--subject", "for the mirror"))
     for argv in (["profile", "a:x", "--mirror-dir", str(here)], ["notifications", "a:x"]):
         code = ("import sys; before = set(sys.modules); from agent_mail.cli.main import main; "
                 f"code = main({argv!r}); new = {{m.split('.')[0] for m in set(sys.modules) - before}}; "
@@ -213,7 +201,7 @@ def test_the_mirror_commands_import_the_standard_library_only(server, state, tmp
 
 def test_describe_names_the_server_and_never_the_token(server):
     token = server.token("--agent", "a:x")
-    storage = _json(server.client(token, "describe"))["storage"]
+    storage = json_of(server.client(token, "describe"))["storage"]
     assert storage["backend"] == "server" and storage["url"] == server.url
     assert storage["token_from"] == "AGENT_MAIL_TOKEN"
     secret_file = server.client(None, "describe", AGENT_MAIL_TOKEN_FILE="/nonexistent/token")
@@ -263,8 +251,8 @@ def test_the_dashboard_reads_and_acts_through_the_server(server, monkeypatch):
     from agent_mail.dashboard import feeder
 
     monkeypatch.setattr(feeder, "REFRESH_SECONDS", 120.0)  # what brings new mail in is the server's wake-up
-    _json(server.direct("send", "--from", "api:worker", "--to", "ops:human", "--subject", "may I deploy?"))
-    _json(server.direct("send", "--from", "api:worker", "--to", "web:worker", "--subject", "not for the human"))
+    json_of(server.direct("send", "--from", "api:worker", "--to", "ops:human", "--subject", "may I deploy?"))
+    json_of(server.direct("send", "--from", "api:worker", "--to", "web:worker", "--subject", "not for the human"))
     # A supervisor's token that acts as ops:human only: it sees every identity, and sends as ops:human.
     token = server.token("--agent", "ops:human", "--supervisor")
 
@@ -276,7 +264,7 @@ def test_the_dashboard_reads_and_acts_through_the_server(server, monkeypatch):
         await pilot.press("2")
         assert await _until(pilot, lambda: app.feeder is not None and app.feeder.is_alive())
         await pilot.pause(0.5)
-        _json(server.direct("send", "--from", "api:worker", "--to", "web:worker", "--subject", "landed later"))
+        json_of(server.direct("send", "--from", "api:worker", "--to", "web:worker", "--subject", "landed later"))
         assert await _until(pilot, lambda: any("landed later" in r for r in _rows(app, "feed-table")))
         await pilot.press("c")  # send as the human, through the server
         await pilot.pause()
@@ -300,13 +288,13 @@ def test_the_dashboard_reads_and_acts_through_the_server(server, monkeypatch):
 
     notes: list = []
     _run_dashboard(server, token, test, human="ops:human", notes=notes)
-    acked = [m for m in _json(server.direct("read", "ops:human", "--all", "--no-mark-read"))["messages"]
+    acked = [m for m in json_of(server.direct("read", "ops:human", "--all", "--no-mark-read"))["messages"]
              if m["subject"] == "may I deploy?"]
     assert acked[0]["acked_at"]
-    read = _json(server.direct("read", "api:worker", "--no-mark-read"))
+    read = json_of(server.direct("read", "api:worker", "--no-mark-read"))
     assert [(m["sender"], m["subject"]) for m in read["messages"]] == [("ops:human", "go ahead")]
-    assert _json(server.direct("read", "web:worker", "--no-mark-read"))["count"] == 2  # looked at, still unread
-    assert _json(server.direct("profile", "ops:human"))["human"] is True
+    assert json_of(server.direct("read", "web:worker", "--no-mark-read"))["count"] == 2  # looked at, still unread
+    assert json_of(server.direct("profile", "ops:human"))["human"] is True
 
 
 def test_the_dashboard_refuses_what_the_token_does_not_allow_before_drawing(server):
@@ -336,7 +324,7 @@ def test_the_dashboard_shows_a_server_that_went_away_and_comes_back(mailbox_path
     first = Server(str(mailbox_path))
     port = first.port
     token = first.token("--agent", "*")
-    _json(first.direct("send", "--from", "a:x", "--to", "b:y", "--subject", "before"))
+    json_of(first.direct("send", "--from", "a:x", "--to", "b:y", "--subject", "before"))
     second = []
 
     async def test(app, pilot):
@@ -346,7 +334,7 @@ def test_the_dashboard_shows_a_server_that_went_away_and_comes_back(mailbox_path
         first.stop()
         assert await _until(pilot, lambda: "cannot reach the agent-mail server" in str(banner.content))
         assert "Traceback" not in str(banner.content)
-        _json(first.direct("send", "--from", "a:x", "--to", "c:z", "--subject", "after"))
+        json_of(first.direct("send", "--from", "a:x", "--to", "c:z", "--subject", "after"))
         second.append(Server(str(mailbox_path), port=port))
         assert await _until(pilot, lambda: str(banner.content) == "", seconds=30)
         assert await _until(pilot, lambda: "c:z" in [r.split()[0] for r in _rows(app, "fleet-table")])
@@ -361,13 +349,8 @@ def test_the_dashboard_shows_a_server_that_went_away_and_comes_back(mailbox_path
 
 
 def test_the_dashboard_command_in_a_real_terminal_through_the_server(server, tmp_path):
-    import shutil
-
-    if shutil.which("tmux") is None:
-        if os.environ.get("CI"):
-            pytest.fail("CI must run this test: tmux is missing (apt-get install tmux)")
-        pytest.skip("tmux is not installed (apt-get install tmux)")
-    _json(server.direct("send", "--from", "ops:lead", "--to", "web:worker", "--subject", "first task"))
+    require("tmux")
+    json_of(server.direct("send", "--from", "ops:lead", "--to", "web:worker", "--subject", "first task"))
     token_file = tmp_path / "token"
     token_file.write_text(server.token("--agent", "ops:human", "--supervisor") + "\n")
     token_file.chmod(0o600)
@@ -382,17 +365,14 @@ def test_the_dashboard_command_in_a_real_terminal_through_the_server(server, tmp
     def pane() -> str:
         return subprocess.run([*tmux, "capture-pane", "-p", "-t", "dash"], capture_output=True, text=True).stdout
 
-    def wait(condition, seconds: float = 20.0) -> None:
-        deadline = time.monotonic() + seconds
-        while not condition():
-            assert time.monotonic() < deadline, pane()
-            time.sleep(0.1)
+    def wait(condition) -> None:
+        until(condition, 20, pane)
 
     try:
         wait(lambda: "web:worker" in pane() and "through " + server.url in pane())
         subprocess.run([*tmux, "send-keys", "-t", "dash", "2"], check=True)
         wait(lambda: "first task" in pane())
-        _json(server.direct("send", "--from", "api:worker", "--to", "web:worker", "--subject", "live via serve"))
+        json_of(server.direct("send", "--from", "api:worker", "--to", "web:worker", "--subject", "live via serve"))
         wait(lambda: "live via serve" in pane())  # woken through the server, not by a timer
         subprocess.run([*tmux, "send-keys", "-t", "dash", "4"], check=True)
         wait(lambda: "Sends per hour" in pane())
@@ -401,7 +381,8 @@ def test_the_dashboard_command_in_a_real_terminal_through_the_server(server, tmp
         assert "Traceback" not in pane()
     finally:
         subprocess.run([*tmux, "kill-server"], capture_output=True)
-    assert _json(server.direct("status", "--agent", "web:worker"))["agents"][0]["unread"] == 2  # looking marks nothing
+    # Looking marks nothing read.
+    assert json_of(server.direct("status", "--agent", "web:worker"))["agents"][0]["unread"] == 2
 
 
 def test_the_dashboard_saves_attachments_on_its_own_machine(server, tmp_path):
@@ -410,8 +391,8 @@ def test_the_dashboard_saves_attachments_on_its_own_machine(server, tmp_path):
 
     note = tmp_path / "note.bin"
     note.write_bytes(b"\x00 the attached bytes")
-    sent = _json(server.direct("send", "--from", "api:worker", "--to", "ops:human", "--subject", "with a file",
-                               "--attach", str(note)))
+    sent = json_of(server.direct("send", "--from", "api:worker", "--to", "ops:human", "--subject", "with a file",
+                                 "--attach", str(note)))
     served = ServedSupervisor(server.url, server.token("--agent", "ops:human", "--supervisor"))
     saved = served.call("attachments", {"agent": "ops:human", "id": sent["id"], "save_to": str(tmp_path / "out")})
     assert (tmp_path / "out" / "note.bin").read_bytes() == b"\x00 the attached bytes"
@@ -422,9 +403,9 @@ def test_the_dashboard_saves_attachments_on_its_own_machine(server, tmp_path):
 
 
 def test_the_dashboard_web_through_the_server_in_headless_chromium(server, tmp_path):
-    from test_dashboard_e2e import CHROMIUM, DevTools, free_port, need
+    from test_dashboard_e2e import DevTools, free_port
 
-    need("Chromium", CHROMIUM, "apt-get install chromium-headless-shell")
+    chromium = require("chromium")
     import socket
 
     import aiohttp
@@ -436,28 +417,25 @@ def test_the_dashboard_web_through_the_server_in_headless_chromium(server, tmp_p
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     browser = None
 
-    def until(condition, seconds: float = 30.0) -> None:
-        deadline = time.monotonic() + seconds
-        while not condition():
-            assert time.monotonic() < deadline and web.poll() is None, web.stderr.read1().decode() \
-                if web.poll() is not None else "timed out"
-            time.sleep(0.1)
+    def while_up(condition, seconds: float = 30.0) -> None:
+        until(lambda: web.poll() is not None or condition(), seconds)
+        assert web.poll() is None, web.stderr.read1().decode()
 
     def sent() -> bool:
         return any(m["subject"] == "sent from the browser" for m in
-                   _json(server.direct("read", "web:worker", "--all", "--no-mark-read"))["messages"])
+                   json_of(server.direct("read", "web:worker", "--all", "--no-mark-read"))["messages"])
     try:
         def listening() -> bool:
             with socket.socket() as s:
                 return s.connect_ex(("127.0.0.1", port)) == 0
-        until(listening)
+        while_up(listening)
         profile = tmp_path / "chromium"
-        browser = subprocess.Popen([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
+        browser = subprocess.Popen([chromium, "--headless", "--no-sandbox", "--disable-gpu",
                                     "--remote-debugging-port=0", f"--user-data-dir={profile}",
                                     "--window-size=1200,800", "about:blank"],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         active = profile / "DevToolsActivePort"
-        until(lambda: active.exists() and active.read_text().strip())
+        while_up(lambda: active.exists() and active.read_text().strip())
 
         async def drive():
             async with aiohttp.ClientSession() as http:
@@ -495,6 +473,6 @@ def test_the_dashboard_web_through_the_server_in_headless_chromium(server, tmp_p
                     process.wait()
         web.stdout.close()
         web.stderr.close()
-    message = [m for m in _json(server.direct("read", "web:worker", "--all", "--no-mark-read"))["messages"]
+    message = [m for m in json_of(server.direct("read", "web:worker", "--all", "--no-mark-read"))["messages"]
                if m["subject"] == "sent from the browser"][0]
     assert message["sender"] == "ops:human"

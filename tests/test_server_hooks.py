@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from conftest import am_process, process_env
+from conftest import am_process, armed, disarmed, json_of, presences, process_env, require, until
 from serving import Server
 
 pytestmark = [pytest.mark.backends, pytest.mark.timeout(180)]
@@ -27,18 +27,6 @@ HOLDER = "proj:holder"
 NAMES = {"claude-code": ("SessionStart", "UserPromptSubmit", "PostToolUse", "Stop", "SessionEnd"),
          "codex": ("SessionStart", "UserPromptSubmit", "PostToolUse", "Stop", "SessionEnd"),
          "gemini": ("SessionStart", "BeforeAgent", "AfterTool", "AfterAgent", "SessionEnd")}
-
-
-@pytest.fixture
-def server(mailbox_path):
-    running = Server(str(mailbox_path))
-    yield running
-    running.stop()
-
-
-def _json(proc: subprocess.CompletedProcess):
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
 
 
 def _dead_pid() -> int:
@@ -55,7 +43,7 @@ def _send(subject: str, to: str = AGENT) -> str:
 
 
 def _status(agent: str = AGENT) -> dict:
-    return _json(am_process("status", "--agent", agent))["agents"][0]
+    return json_of(am_process("status", "--agent", agent))["agents"][0]
 
 
 def _local(harness: str, event: str, document: dict, **env: str) -> subprocess.CompletedProcess:
@@ -66,13 +54,6 @@ def _local(harness: str, event: str, document: dict, **env: str) -> subprocess.C
 def _served(server: Server, token: str, harness: str, event: str, document: dict, agent: str = AGENT,
             **env: str) -> subprocess.CompletedProcess:
     return server.client(token, "hook", harness, event, "--agent", agent, input=json.dumps(document).encode(), **env)
-
-
-def _until(predicate, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
 
 
 @pytest.mark.parametrize("harness", ["claude-code", "codex", "gemini"])
@@ -106,7 +87,7 @@ def test_each_hook_event_through_the_server_prints_what_it_prints_locally(server
     assert held in stopped["reason"] and stopped["decision"] == ("deny" if harness == "gemini" else "block")
     assert both("stop", stop, stop_hook_active=True) == (b"{}\n" if harness == "gemini" else b"")
     assert both("end", end) == (b"{}\n" if harness == "gemini" else b"")
-    assert _json(am_process("read", AGENT, "--no-mark-read"))["count"] == 4  # a hook never marks anything read
+    assert json_of(am_process("read", AGENT, "--no-mark-read"))["count"] == 4  # a hook never marks anything read
 
 
 def _waiter(server: Server, token: str, harness_pid: int, session: str = "served") -> subprocess.Popen:
@@ -136,13 +117,13 @@ def test_the_waiter_blocks_through_the_server_and_lives_and_dies_with_its_harnes
     harness = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     dead = str(_dead_pid())
     start = {"session_id": "served", "hook_event_name": "SessionStart"}
-    _json(_served(server, token, "claude-code", "context", start))
+    json_of(_served(server, token, "claude-code", "context", start))
     local = _local("claude-code", "context", {"session_id": "local", "hook_event_name": "SessionStart"},
                    CLAUDE_PID=dead)
     assert local.returncode == 0
     waiter = _waiter(server, token, harness.pid)
     try:
-        _until(lambda: _status()["watch_state"] == "armed")  # held by the server like a watch: status shows it
+        armed(AGENT)  # held by the server like a watch: status shows it
         assert waiter.poll() is None
         sent = _send("wake up")
         assert waiter.wait(timeout=30) == 2
@@ -152,13 +133,13 @@ def test_the_waiter_blocks_through_the_server_and_lives_and_dies_with_its_harnes
         told = _local("claude-code", "context", {"session_id": "local", "hook_event_name": "PostToolUse"},
                       CLAUDE_PID=dead)
         assert json.loads(told.stdout)["hookSpecificOutput"]["additionalContext"] + "\n" == note
-        _until(lambda: _status()["watch_state"] != "armed")
+        disarmed(AGENT)
         # Told by the wake: the session's next hook through the server is quiet.
         assert _served(server, token, "claude-code", "context", {"session_id": "served",
                                                                  "hook_event_name": "PostToolUse"}).stdout == b""
         # A newer waiter ends the older quietly; when the harness dies, the session ends and stops counting.
         older = _waiter(server, token, harness.pid)
-        _until(lambda: _status()["watch_state"] == "armed")
+        armed(AGENT)
         newer = _waiter(server, token, harness.pid)
         try:
             assert older.wait(timeout=30) == 0 and older.stderr.read() == b""
@@ -167,7 +148,7 @@ def test_the_waiter_blocks_through_the_server_and_lives_and_dies_with_its_harnes
             harness.kill()
             harness.wait()
             assert newer.wait(timeout=30) == 0 and newer.stderr.read() == b""
-            _until(lambda: _status()["watch_state"] != "armed")
+            disarmed(AGENT)
             assert _status()["sessions"] == 0  # ended through the server at once: not a day of false liveness
         finally:
             _stop(older, newer)
@@ -175,22 +156,30 @@ def test_the_waiter_blocks_through_the_server_and_lives_and_dies_with_its_harnes
         _stop(waiter, harness)
 
 
+def _long_wait_armed() -> None:
+    """Until the waiter's long wait is armed: it first glances (a session armed and released at once, a plain call
+    that a server stopping then would fail), then waits (a new session, the one that outlives a restart)."""
+    until(lambda: (found := presences(AGENT)[AGENT])["watch_state"] == "armed" and found["released_at"], 30,
+          "the waiter's long wait never armed")
+
+
 def test_the_waiter_outlives_a_server_restart(mailbox_path, tmp_path):
     first = Server(str(mailbox_path))
     token = first.token("--agent", AGENT)
     harness = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-    _json(_served(first, token, "claude-code", "context", {"session_id": "served", "hook_event_name": "SessionStart"}))
+    json_of(_served(first, token, "claude-code", "context",
+                    {"session_id": "served", "hook_event_name": "SessionStart"}))
     waiter = _waiter(first, token, harness.pid)
     again = None
     try:
-        _until(lambda: _status()["watch_state"] == "armed")
+        _long_wait_armed()
         first.stop()  # SIGTERM: the server ends the waits it holds (503); the waiter reconnects
         with open(tmp_path / "second.log", "wb") as log:
             again = subprocess.Popen([sys.executable, "-m", "agent_mail", "serve", "--listen",
                                       f"127.0.0.1:{first.port}"], env=process_env(AGENT_MAIL_DB=str(mailbox_path)),
                                      stdout=subprocess.DEVNULL, stderr=log)
-        _until(lambda: "listening" in (tmp_path / "second.log").read_text())
-        _until(lambda: _status()["watch_state"] == "armed")  # armed again through the new server
+        until(lambda: "listening" in (tmp_path / "second.log").read_text())
+        armed(AGENT, procs=[waiter])  # armed again through the new server
         assert waiter.poll() is None
         sent = _send("after the restart")
         assert waiter.wait(timeout=30) == 2 and sent in waiter.stderr.read().decode()
@@ -251,7 +240,7 @@ def _edit(harness: str, path: str, cwd) -> dict:
 def test_the_pre_tool_hook_denies_an_edit_of_a_held_file_through_the_server(server, repo, harness):
     token = server.token("--agent", AGENT)
     holder = server.token("--agent", HOLDER)
-    _json(server.client(holder, "reserve", HOLDER, "src/**", "--reason", "parser rewrite"))
+    json_of(server.client(holder, "reserve", HOLDER, "src/**", "--reason", "parser rewrite"))
     held = _edit(harness, str(repo / "src" / "lib.rs"), repo)
     served = _served(server, token, harness, "pretool", held)
     local = _local(harness, "pretool", held)
@@ -276,7 +265,7 @@ def test_the_pre_tool_hook_denies_an_edit_of_a_held_file_through_the_server(serv
 def test_reservations_through_the_server_answer_as_directly_and_refuse_what_the_token_may_not(server, repo):
     mine, holder = server.token("--agent", AGENT), server.token("--agent", HOLDER)
     supervisor = server.token("--agent", "ops:lead", "--supervisor")
-    granted = _json(server.client(holder, "reserve", HOLDER, "./src/lib.rs", "--reason", "parser"))
+    granted = json_of(server.client(holder, "reserve", HOLDER, "./src/lib.rs", "--reason", "parser"))
     assert granted["granted"] == ["/src/lib.rs"] and granted["repo"] == "github.com/acme/widget"
     # A clash: exit 3, the conflicts as directly.
     clash, direct = server.client(mine, "reserve", AGENT, "src/**"), am_process("reserve", AGENT, "src/**")
@@ -287,7 +276,7 @@ def test_reservations_through_the_server_answer_as_directly_and_refuse_what_the_
     check = server.client(mine, "reservations", "--check", "--agent", AGENT, "lib.rs")
     direct = am_process("reservations", "--check", "--agent", AGENT, "lib.rs")
     assert check.returncode == direct.returncode == 3 and check.stdout == direct.stdout
-    assert _json(server.client(mine, "reservations", "--check", "--agent", AGENT, "../README.md"))["ok"] is True
+    assert json_of(server.client(mine, "reservations", "--check", "--agent", AGENT, "../README.md"))["ok"] is True
     listed = server.client(supervisor, "reservations", "--path", "lib.rs")
     assert listed.stdout == am_process("reservations", "--path", "lib.rs").stdout
     assert json.loads(listed.stdout)["paths"][0]["held_by"][0]["agent"] == HOLDER
@@ -303,13 +292,13 @@ def test_reservations_through_the_server_answer_as_directly_and_refuse_what_the_
         refused = server.client(token, *argv)
         assert refused.returncode == code, (argv, refused.stderr)
         assert word in json.loads(refused.stderr)["error"] and refused.stdout == b""
-    after = _json(am_process("reservations"))
+    after = json_of(am_process("reservations"))
     assert [(r["agent"], r["pattern"]) for r in after["reservations"]] == [(HOLDER, "/src/lib.rs")]
-    released = _json(server.client(holder, "release", HOLDER, "lib.rs"))
+    released = json_of(server.client(holder, "release", HOLDER, "lib.rs"))
     assert released["count"] == 0 and released["not_held"] == ["lib.rs"]  # a pattern is as reserved, not a path
-    released = _json(server.client(holder, "release", HOLDER, "./lib.rs"))
+    released = json_of(server.client(holder, "release", HOLDER, "./lib.rs"))
     assert [r["pattern"] for r in released["released"]] == ["/src/lib.rs"]
-    assert _json(am_process("reservations"))["count"] == 0
+    assert json_of(am_process("reservations"))["count"] == 0
     # The server never looks at files of its own for a client: without the located repository, a key is needed.
     status, body = server.raw("/v1/call/reservations", b'{"agent": "proj:coder", "check": true, "paths": ["x"]}',
                               {"Authorization": f"Bearer {mine}", "Content-Type": "application/json"})
@@ -327,8 +316,8 @@ def test_a_real_git_commit_through_the_server_is_refused_naming_the_holder_and_l
         server, repo):
     mine, holder = server.token("--agent", AGENT), server.token("--agent", HOLDER)
     installed = server.client(mine, "guard", "install")  # install and uninstall are the checkout's own business
-    assert _json(installed)["hooks"][0]["action"] == "installed"
-    _json(server.client(holder, "reserve", HOLDER, "src/**", "--reason", "parser rewrite"))
+    assert json_of(installed)["hooks"][0]["action"] == "installed"
+    json_of(server.client(holder, "reserve", HOLDER, "src/**", "--reason", "parser rewrite"))
     through = process_env(AGENT_MAIL_DB=server.url, AGENT_MAIL_TOKEN=mine, AGENT_MAIL_AGENT=AGENT)
     refused = _commit(repo, through)
     assert refused.returncode != 0
@@ -358,11 +347,9 @@ def test_a_real_git_commit_through_the_server_is_refused_naming_the_holder_and_l
 def test_claude_code_through_the_server_is_told_of_mail_by_its_post_tool_hook(server, tmp_path):
     pytest.importorskip("mcp", reason="the mcp extra is not installed")
     from fake_model import FakeModel
-    from harnesses import harness, private_tmp
+    from harnesses import private_tmp
 
-    claude, _ = harness("claude", "AGENT_MAIL_CLAUDE", "@anthropic-ai/claude-code")
-    if claude is None:
-        pytest.skip("claude is not installed")
+    claude = require("claude")
     project, home = tmp_path / "project", tmp_path / "home"
     project.mkdir()
     home.mkdir(exist_ok=True)

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from conftest import armed, disarmed, json_of, require
 from serving import Server
 
 mcp = pytest.importorskip("mcp", reason="the mcp extra is not installed (pip install -e '.[test]')")
@@ -24,18 +25,6 @@ pytestmark = [pytest.mark.backends, pytest.mark.timeout(180)]
 
 HTTP_TOOLS = {"send", "read", "ack", "watch", "status", "heartbeat", "dismiss", "archive", "delete", "cancel",
               "notifications", "attachments", "search"}
-
-
-@pytest.fixture
-def server(mailbox_path):
-    running = Server(str(mailbox_path))
-    yield running
-    running.stop()
-
-
-def _json(proc):
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
 
 
 def connect(server: Server, token: str | None, body, seen: list | None = None):
@@ -104,7 +93,7 @@ def test_tools_send_read_and_ack_as_the_token_names(server):
     # Next steps are tool calls, the token's own identity left out.
     assert {"tool": "ack", "arguments": {"ids": [sent["id"]]}} in read["next"], read["next"]
     assert acked_state == "ok" and acked["acked"] == [sent["id"]]
-    direct = _json(server.direct("read", "deploy:worker", "--all", "--no-mark-read"))
+    direct = json_of(server.direct("read", "deploy:worker", "--all", "--no-mark-read"))
     assert [(m["read_at"] is not None, m["acked_at"] is not None) for m in direct["messages"]] == [(True, True)]
     for secret in (worker, lead):
         assert not any(secret in text for text in seen)
@@ -123,9 +112,9 @@ ACTING_AS_BOB = [
 
 def test_a_token_not_naming_the_identity_is_refused_and_nothing_changes(server):
     alice = server.token("--agent", "team:alice")
-    mid = _json(server.direct("send", "--from", "team:carol", "--to", "team:bob", "--subject", "private"))["id"]
+    mid = json_of(server.direct("send", "--from", "team:carol", "--to", "team:bob", "--subject", "private"))["id"]
     before = (server.direct("read", "team:bob", "--all", "--no-mark-read").stdout,
-              _json(server.direct("status"))["agents"])
+              json_of(server.direct("status"))["agents"])
 
     async def body(client):
         answers = []
@@ -139,7 +128,7 @@ def test_a_token_not_naming_the_identity_is_refused_and_nothing_changes(server):
         assert "team:bob" in answer["error"] and "team:alice" in answer["error"], (name, answer)
         assert answer["problems"], answer
     after = (server.direct("read", "team:bob", "--all", "--no-mark-read").stdout,
-             _json(server.direct("status"))["agents"])
+             json_of(server.direct("status"))["agents"])
     assert after == before  # nothing read, marked, sent or seen
 
     # A token naming several identities has no default: the call must say which, and it is told so.
@@ -165,7 +154,7 @@ def test_arguments_naming_files_on_the_server_are_refused(server, tmp_path):
 
     for state, answer in connect(server, token, body):
         assert state == "error" and "server's machine" in json.dumps(answer), answer
-    assert _json(server.direct("read", "b:y", "--all", "--no-mark-read"))["count"] == 0
+    assert json_of(server.direct("read", "b:y", "--all", "--no-mark-read"))["count"] == 0
 
 
 def test_no_token_or_a_bad_one_is_refused_before_anything_is_read(server):
@@ -212,16 +201,9 @@ def test_a_blocked_watch_is_woken_by_a_send_from_the_command_line(server):
         outcome = []
 
         async def send_when_armed():
-            deadline = time.monotonic() + 30
-            while True:
-                status = await anyio.to_thread.run_sync(lambda: _json(server.direct("status", "--agent",
-                                                                                    "deploy:worker")))
-                if status["agents"] and status["agents"][0]["watch_state"] == "armed":
-                    break
-                assert time.monotonic() < deadline, "the watch never armed"
-                await anyio.sleep(0.2)
+            await anyio.to_thread.run_sync(lambda: armed("deploy:worker", server.mailbox))
             outcome.append(time.monotonic())
-            await anyio.to_thread.run_sync(lambda: _json(server.direct(
+            await anyio.to_thread.run_sync(lambda: json_of(server.direct(
                 "send", "--from", "ops:lead", "--to", "deploy:worker", "--subject", "wake up")))
 
         async with anyio.create_task_group() as group:
@@ -247,9 +229,7 @@ def test_sigterm_ends_a_blocked_watch_and_the_server_promptly(server):
 
     async def body(client):
         async def stop_when_armed():
-            while _json(server.direct("status", "--agent", "a:x"))["agents"][:1] == [] or \
-                    _json(server.direct("status", "--agent", "a:x"))["agents"][0]["watch_state"] != "armed":
-                await anyio.sleep(0.2)
+            await anyio.to_thread.run_sync(lambda: armed("a:x", server.mailbox))
             started = time.monotonic()
             stopped["code"], stopped["log"] = await anyio.to_thread.run_sync(server.stop)
             stopped["seconds"] = time.monotonic() - started
@@ -261,21 +241,7 @@ def test_sigterm_ends_a_blocked_watch_and_the_server_promptly(server):
     state, answer = connect(server, token, body)
     assert state == "error" and "stopping" in answer["error"], answer
     assert stopped["code"] == 0 and stopped["seconds"] < 10, stopped
-    assert _json(server.direct("status", "--agent", "a:x"))["agents"][0]["watch_state"] == "released"
-
-
-
-def _armed(server: Server, agent: str) -> bool:
-    agents = _json(server.direct("status", "--agent", agent))["agents"]
-    return bool(agents) and agents[0]["watch_state"] == "armed"
-
-
-def _wait_until(predicate, seconds: float, what: str) -> float:
-    started = time.monotonic()
-    while not predicate():
-        assert time.monotonic() - started < seconds, what
-        time.sleep(0.2)
-    return time.monotonic() - started
+    assert json_of(server.direct("status", "--agent", "a:x"))["agents"][0]["watch_state"] == "released"
 
 
 def test_revoking_the_token_ends_a_blocked_watch_and_refuses_what_follows(server):
@@ -283,8 +249,8 @@ def test_revoking_the_token_ends_a_blocked_watch_and_refuses_what_follows(server
 
     async def body(client):
         async def revoke_when_armed():
-            await anyio.to_thread.run_sync(lambda: _wait_until(lambda: _armed(server, "a:x"), 30, "never armed"))
-            _json(server.direct("token", "revoke", token.split("_")[1]))
+            await anyio.to_thread.run_sync(lambda: armed("a:x", server.mailbox))
+            json_of(server.direct("token", "revoke", token.split("_")[1]))
 
         async with anyio.create_task_group() as group:
             group.start_soon(revoke_when_armed)
@@ -295,7 +261,7 @@ def test_revoking_the_token_ends_a_blocked_watch_and_refuses_what_follows(server
     (state, answer), waited = connect(server, token, body)
     assert state == "error" and "revoked" in answer["error"] and token not in json.dumps(answer), answer
     assert waited < 60  # ended by the revocation, not by its 300 s
-    _wait_until(lambda: not _armed(server, "a:x"), 15, "the watch still holds its session")
+    disarmed("a:x", server.mailbox, timeout=15)  # the watch no longer holds its session
     status, answer = server.raw("/mcp", b"{}", {"Authorization": f"Bearer {token}",
                                                 "Content-Type": "application/json"})
     assert status == 401 and "revoked" in json.loads(answer)["error"]
@@ -311,10 +277,10 @@ def test_a_client_that_hangs_up_ends_its_watch(server):
         "Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-06-18"})
     response = connection.getresponse()
     assert response.status == 200 and response.getheader("content-type").startswith("text/event-stream")
-    _wait_until(lambda: _armed(server, "a:x"), 30, "the watch never armed")
+    armed("a:x", server.mailbox)
     response.close()
     connection.close()  # the client is gone
-    _wait_until(lambda: not _armed(server, "a:x"), 20, "the watch outlived its client")
+    disarmed("a:x", server.mailbox, timeout=20)  # the watch does not outlive its client
     assert server.client(token, "read", "a:x").returncode == 0  # still serving
 
 # ---- setup HARNESS --agent P:N with the server's URL as the mailbox
@@ -403,11 +369,9 @@ def test_setup_refuses_a_server_url_with_credentials_and_writes_nothing(tmp_path
 def test_claude_code_set_up_for_the_server_sends_through_an_mcp_tool_over_http(server, tmp_path):
     from conftest import process_env
     from fake_model import FakeModel
-    from harnesses import harness, private_tmp
+    from harnesses import private_tmp
 
-    claude, _ = harness("claude", "AGENT_MAIL_CLAUDE", "@anthropic-ai/claude-code")
-    if claude is None:
-        pytest.skip("claude is not installed (npm install @anthropic-ai/claude-code, or set AGENT_MAIL_CLAUDE)")
+    claude = require("claude")
     import subprocess
 
     token = server.token("--agent", "proj:coder")
@@ -423,7 +387,7 @@ def test_claude_code_set_up_for_the_server_sends_through_an_mcp_tool_over_http(s
         personal = json.loads(settings.read_text())
         personal.pop("hooks")
         settings.write_text(json.dumps(personal))
-    _json(server.direct("send", "--from", "boss:lead", "--to", "proj:coder", "--subject", "Ship the fix"))
+    json_of(server.direct("send", "--from", "boss:lead", "--to", "proj:coder", "--subject", "Ship the fix"))
 
     def script(request):
         if not request.get("tools"):
@@ -453,7 +417,7 @@ def test_claude_code_set_up_for_the_server_sends_through_an_mcp_tool_over_http(s
         assert "you are proj:coder" in json.dumps(loop[0]) and "Ship the fix" in json.dumps(loop[0])
     answered = json.dumps(loop[-1]["messages"][-1])
     assert "delivered" in answered and token not in answered
-    mail = _json(server.direct("read", "boss:lead", "--no-mark-read"))
+    mail = json_of(server.direct("read", "boss:lead", "--no-mark-read"))
     assert [(m["sender"], m["subject"], m["body"]) for m in mail["messages"]] == \
         [("proj:coder", "done over http", "the fix is in")]
     code, log = server.stop()
@@ -473,7 +437,7 @@ def _hooks_through_a_server() -> bool:
 
 
 def _lead_got(server: Server, subject: str) -> None:
-    mail = _json(server.direct("read", "boss:lead", "--no-mark-read"))
+    mail = json_of(server.direct("read", "boss:lead", "--no-mark-read"))
     assert [(m["sender"], m["subject"]) for m in mail["messages"]] == [("proj:coder", subject)], mail
 
 
@@ -483,11 +447,9 @@ def test_codex_set_up_for_the_server_sends_through_an_mcp_tool_over_http(server,
 
     from conftest import process_env
     from fake_model import FakeModel
-    from harnesses import harness, private_tmp
+    from harnesses import private_tmp
 
-    codex, _ = harness("codex", "AGENT_MAIL_CODEX", "@openai/codex")
-    if codex is None:
-        pytest.skip("codex is not installed (npm install @openai/codex, or set AGENT_MAIL_CODEX)")
+    codex = require("codex")
     token = server.token("--agent", "proj:coder")
     project, home = tmp_path / "project", tmp_path / "codex-home"
     project.mkdir()
@@ -495,7 +457,7 @@ def test_codex_set_up_for_the_server_sends_through_an_mcp_tool_over_http(server,
     assert _setup("codex", project, server.url).returncode == 0  # no token here: the entry names the variable
     if not _hooks_through_a_server():
         (project / ".codex" / "hooks.json").unlink()
-    _json(server.direct("send", "--from", "boss:lead", "--to", "proj:coder", "--subject", "Ship the fix"))
+    json_of(server.direct("send", "--from", "boss:lead", "--to", "proj:coder", "--subject", "Ship the fix"))
 
     def main(request):
         return any(tool.get("name") == "mcp__agent_mail" for tool in request.get("tools", []))
@@ -534,11 +496,9 @@ def test_gemini_set_up_for_the_server_sends_through_an_mcp_tool_over_http(server
 
     from conftest import process_env
     from fake_model import FakeModel
-    from harnesses import harness, private_tmp
+    from harnesses import private_tmp
 
-    gemini, _ = harness("gemini", "AGENT_MAIL_GEMINI", "@google/gemini-cli")
-    if gemini is None:
-        pytest.skip("gemini is not installed (npm install @google/gemini-cli, or set AGENT_MAIL_GEMINI)")
+    gemini = require("gemini")
     token = server.token("--agent", "proj:coder")
     project, home = tmp_path / "project", tmp_path / "gemini-home"
     project.mkdir()
@@ -551,7 +511,7 @@ def test_gemini_set_up_for_the_server_sends_through_an_mcp_tool_over_http(server
         document = json.loads(settings.read_text())
         document.pop("hooks")
         settings.write_text(json.dumps(document))
-    _json(server.direct("send", "--from", "boss:lead", "--to", "proj:coder", "--subject", "Ship the fix"))
+    json_of(server.direct("send", "--from", "boss:lead", "--to", "proj:coder", "--subject", "Ship the fix"))
 
     def main(request):
         return any(f["name"] == "mcp_agent-mail_send" for t in request.get("tools", [])

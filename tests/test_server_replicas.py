@@ -10,7 +10,6 @@ import asyncio
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -21,7 +20,7 @@ import time
 import pytest
 
 from agent_mail import model
-from conftest import am_process, process_env, raw_db
+from conftest import am_process, armed, json_of, process_env, raw_db, until
 from serving import Server
 
 pytestmark = [pytest.mark.parametrize("backend", ["postgresql"], indirect=True), pytest.mark.timeout(120)]
@@ -88,11 +87,6 @@ def replicas(mailbox_path):
         running.stop()
 
 
-def _json(proc: subprocess.CompletedProcess):
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
-
-
 def _client(url: str, token: str, *argv: str, **env: str) -> subprocess.CompletedProcess:
     return am_process(*argv, env=process_env(AGENT_MAIL_DB=url, AGENT_MAIL_TOKEN=token, **env))
 
@@ -102,22 +96,12 @@ def _watch(url: str, token: str, agent: str, **env: str) -> subprocess.Popen:
                             stderr=subprocess.PIPE, env=process_env(AGENT_MAIL_DB=url, AGENT_MAIL_TOKEN=token, **env))
 
 
-def _armed(mailbox: str, agent: str, count: int = 1, timeout: float = 30.0, procs=()) -> None:
-    """Until `count` watch sessions of `agent` are armed (each written after its LISTEN: mail committed from then
-    on wakes it)."""
+def _armed_sessions(mailbox, agent: str) -> int:
+    """How many watch sessions of `agent` are armed (status shows one state per identity, not how many)."""
     db = raw_db(mailbox)
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            armed = db.execute("SELECT COUNT(*) FROM watch_sessions WHERE agent = ? AND state = 'armed'",
-                               (agent,)).fetchone()[0]
-            db.commit()
-            if armed >= count:
-                return
-            for proc in procs:
-                assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, f"{agent}: {armed} of {count} watches armed"
-            time.sleep(0.02)
+        return db.execute("SELECT COUNT(*) FROM watch_sessions WHERE agent = ? AND state = 'armed'",
+                          (agent,)).fetchone()[0]
     finally:
         db.close()
 
@@ -141,9 +125,9 @@ def test_a_watch_through_one_replica_is_woken_by_a_send_through_the_other(replic
     for here, there, subject in ((a, b, "from B"), (b, a, "from A")):
         watch = _watch(here.url, worker, "deploy:worker")
         try:
-            _armed(mailbox_path, "deploy:worker", procs=[watch])
-            _json(_client(there.url, lead, "send", "--from", "ops:lead", "--to", "deploy:worker", "--subject",
-                          subject))
+            armed("deploy:worker", procs=[watch])
+            json_of(_client(there.url, lead, "send", "--from", "ops:lead", "--to", "deploy:worker", "--subject",
+                            subject))
             sent = time.monotonic()
             out, err = watch.communicate(timeout=30)
             took = time.monotonic() - sent
@@ -153,7 +137,7 @@ def test_a_watch_through_one_replica_is_woken_by_a_send_through_the_other(replic
         assert [m["subject"] for m in json.loads(out)["messages"]] == [subject]
         assert took < WAKE_BOUND, f"the watch through {here.url} answered {took:.2f} s after the send through " \
                                   f"{there.url}: not its wake-up"
-        _json(_client(here.url, worker, "read", "deploy:worker"))  # the next round's watch must wait
+        json_of(_client(here.url, worker, "read", "deploy:worker"))  # the next round's watch must wait
     # Each replica carried its own half: the watch answered by one, the send by the other.
     assert [line["status"] for line in _served(a, "watch")] == [200] and _served(b, "send")
     assert [line["status"] for line in _served(b, "watch")] == [200] and _served(a, "send")
@@ -163,17 +147,18 @@ def test_a_token_made_once_works_on_both_and_its_revocation_ends_waits_on_either
     a, b = replicas
     token = a.token("--agent", "a:x")
     other = a.token("--agent", "b:y")
-    listed = _json(a.direct("token", "list"))
+    listed = json_of(a.direct("token", "list"))
     assert listed["count"] == 2  # one mailbox, one list of tokens: no replica keeps its own
-    _json(_client(a.url, other, "send", "--from", "b:y", "--to", "a:x", "--subject", "via A"))
-    _json(_client(b.url, other, "send", "--from", "b:y", "--to", "a:x", "--subject", "via B"))
-    assert _json(_client(b.url, token, "read", "a:x"))["count"] == 2
-    assert _json(_client(a.url, token, "status", "--agent", "a:x"))["agents"][0]["unread"] == 0
+    json_of(_client(a.url, other, "send", "--from", "b:y", "--to", "a:x", "--subject", "via A"))
+    json_of(_client(b.url, other, "send", "--from", "b:y", "--to", "a:x", "--subject", "via B"))
+    assert json_of(_client(b.url, token, "read", "a:x"))["count"] == 2
+    assert json_of(_client(a.url, token, "status", "--agent", "a:x"))["agents"][0]["unread"] == 0
     # One wait on each replica, on the same token; revoked on the mailbox (the operator's side), both end.
     watches = [_watch(server.url, token, "a:x") for server in (a, b)]
     try:
-        _armed(mailbox_path, "a:x", count=2, procs=watches)
-        _json(a.direct("token", "revoke", token.split("_")[1]))
+        armed("a:x", procs=watches)
+        until(lambda: _armed_sessions(mailbox_path, "a:x") == 2, 30, "both watches armed")
+        json_of(a.direct("token", "revoke", token.split("_")[1]))
         revoked = time.monotonic()
         ended = []
         for watch in watches:
@@ -188,7 +173,7 @@ def test_a_token_made_once_works_on_both_and_its_revocation_ends_waits_on_either
     for server in (a, b):
         refused = _client(server.url, token, "read", "a:x")
         assert refused.returncode == 4 and "revoked" in json.loads(refused.stderr)["error"]
-    assert _json(_client(b.url, other, "read", "b:y", "--all"))["count"] == 0  # the other token still works
+    assert json_of(_client(b.url, other, "read", "b:y", "--all"))["count"] == 0  # the other token still works
 
 
 # Every command's client path in one process: the modules it loaded that are not the standard library's.
@@ -287,14 +272,14 @@ def _killed_under_a_watch(replicas, mailbox_path, url: str, carried_by) -> None:
     worker, lead = a.token("--agent", "deploy:worker"), a.token("--agent", "ops:lead")
     watch = _watch(url, worker, "deploy:worker")
     try:
-        _armed(mailbox_path, "deploy:worker", procs=[watch])
+        armed("deploy:worker", procs=[watch])
         holding = carried_by()
         survivor = b if holding is a else a
         holding.proc.send_signal(signal.SIGKILL)
         holding.proc.wait(timeout=10)
         killed = time.monotonic()
-        _json(_client(survivor.url, lead, "send", "--from", "ops:lead", "--to", "deploy:worker", "--subject",
-                      "while it was down"))
+        json_of(_client(survivor.url, lead, "send", "--from", "ops:lead", "--to", "deploy:worker", "--subject",
+                        "while it was down"))
         out, err = watch.communicate(timeout=30)
         took = time.monotonic() - killed
     finally:
@@ -304,7 +289,7 @@ def _killed_under_a_watch(replicas, mailbox_path, url: str, carried_by) -> None:
     assert took < 15, f"the watch took {took:.1f} s to be answered through the surviving replica"
     assert [line["status"] for line in _served(survivor, "watch")] == [200]
     # Nothing read was lost: the mail is still unread for the next `read` (a watch marks nothing).
-    assert _json(survivor.direct("read", "deploy:worker", "--no-mark-read"))["count"] == 1
+    assert json_of(survivor.direct("read", "deploy:worker", "--no-mark-read"))["count"] == 1
 
 
 def test_a_replica_killed_under_a_blocked_watch_leaves_it_to_the_other(replicas, mailbox_path):
@@ -327,18 +312,16 @@ def test_a_signalled_watch_behind_a_balancer_is_released_through_the_other_repli
     worker = a.token("--agent", "deploy:worker")
     watch = _watch(balancer.url, worker, "deploy:worker")
     try:
-        _armed(mailbox_path, "deploy:worker", procs=[watch])
+        armed("deploy:worker", procs=[watch])
         watch.send_signal(signal.SIGTERM)
         out, err = watch.communicate(timeout=30)
         assert watch.returncode == 143 and out == b"", err
         assert "its session was released" in json.loads(err)["error"]
-        row = _json(_client(a.url, worker, "status", "--agent", "deploy:worker"))["agents"][0]
+        row = json_of(_client(a.url, worker, "status", "--agent", "deploy:worker"))["agents"][0]
         assert row["watch_state"] == "released" and row["released_at"] is not None
         assert balancer.chosen[:2] == [a.port, b.port]  # the wait on A, the stop call on B
         assert [line["status"] for line in _served(b, "stop_watch")] == [200]
-        deadline = time.monotonic() + 10
-        while not _served(a, "watch") and time.monotonic() < deadline:
-            time.sleep(0.05)
+        until(lambda: _served(a, "watch"), 10, "A never logged the wait's end")
         assert [line["status"] for line in _served(a, "watch")] in ([409], [499])  # ended: released, or hung up
         db = raw_db(mailbox_path)
         try:
@@ -390,17 +373,16 @@ def _until_answering(url: str, proc: subprocess.Popen, cert: str) -> None:
     import urllib.request
 
     context = ssl.create_default_context(cafile=cert)
-    deadline = time.monotonic() + 20
-    while True:
+
+    def answering() -> bool:
+        assert proc.poll() is None, proc.communicate()
         try:
             with urllib.request.urlopen(f"{url}/v1/health", context=context, timeout=5) as answer:
-                if json.loads(answer.read())["ok"]:
-                    return
+                return json.loads(answer.read())["ok"]
         except OSError:
-            pass
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "the proxy never answered /v1/health"
-        time.sleep(0.1)
+            return False
+
+    until(answering, 20, "the proxy never answered /v1/health")
 
 
 def _through_proxy(replicas, mailbox_path, url: str, proc: subprocess.Popen, cert: str) -> None:
@@ -412,21 +394,21 @@ def _through_proxy(replicas, mailbox_path, url: str, proc: subprocess.Popen, cer
     token, lead = a.token("--agent", "deploy:worker"), a.token("--agent", "ops:lead")
     unknown = _client(url, token, "read", "deploy:worker")  # without AGENT_MAIL_CA the proxy's certificate is refused
     assert unknown.returncode == 1 and "certificate" in json.loads(unknown.stderr)["error"]
-    _json(_client(url, lead, "send", "--from", "ops:lead", "--to", "deploy:worker", "--subject", "over TLS",
-                  AGENT_MAIL_CA=cert))
-    assert _json(_client(url, token, "read", "deploy:worker", AGENT_MAIL_CA=cert))["count"] == 1
+    json_of(_client(url, lead, "send", "--from", "ops:lead", "--to", "deploy:worker", "--subject", "over TLS",
+                    AGENT_MAIL_CA=cert))
+    assert json_of(_client(url, token, "read", "deploy:worker", AGENT_MAIL_CA=cert))["count"] == 1
     watch = _watch(url, token, "deploy:worker", AGENT_MAIL_CA=cert)
     try:
-        _watching(a, "deploy:worker", watch)
+        armed("deploy:worker", procs=[watch])
         port = a.port
         a.proc.send_signal(signal.SIGKILL)
         a.proc.wait(timeout=10)
         again = replicas.restart(a, port)
-        _watching(again, "deploy:worker", watch)
+        armed("deploy:worker", procs=[watch])  # again, through the other
         b.proc.send_signal(signal.SIGKILL)
         b.proc.wait(timeout=10)
-        _json(_client(again.url, lead, "send", "--from", "ops:lead", "--to", "deploy:worker", "--subject",
-                      "while one was down"))
+        json_of(_client(again.url, lead, "send", "--from", "ops:lead", "--to", "deploy:worker", "--subject",
+                        "while one was down"))
         out, err = watch.communicate(timeout=60)
     finally:
         _finish(watch)
@@ -438,7 +420,7 @@ def _through_proxy(replicas, mailbox_path, url: str, proc: subprocess.Popen, cer
     finally:
         db.close()
     assert sessions >= 2, "the watch was never carried over to the other replica"
-    assert _json(again.direct("read", "deploy:worker", "--no-mark-read"))["count"] == 1
+    assert json_of(again.direct("read", "deploy:worker", "--no-mark-read"))["count"] == 1
     # A call the proxy passed on to a replica that died before answering: the proxy's own 502 page reaches the
     # client, which must not take it for "nothing happened" (the send may have been stored; its repeats carry
     # its idempotency key, so it is stored once whatever happens).
@@ -449,7 +431,7 @@ def _through_proxy(replicas, mailbox_path, url: str, proc: subprocess.Popen, cer
                                stderr=subprocess.PIPE,
                                env=process_env(AGENT_MAIL_DB=url, AGENT_MAIL_TOKEN=lead, AGENT_MAIL_CA=cert,
                                                AGENT_MAIL_RECONNECT_SECONDS="3"))
-        time.sleep(1.5)
+        time.sleep(1.5)  # the send is through the proxy to the stopped replica, waiting there (nothing to look at)
     finally:
         again.proc.send_signal(signal.SIGKILL)
         again.proc.wait(timeout=10)
@@ -461,16 +443,7 @@ def _through_proxy(replicas, mailbox_path, url: str, proc: subprocess.Popen, cer
     assert "may have been stored (once" in error and "Traceback" not in err.decode(), error
 
 
-def _watching(server: Server, agent: str, watch: subprocess.Popen) -> None:
-    """Until `status` shows `agent`'s watch armed (its waiting connection alive now)."""
-    deadline = time.monotonic() + 30
-    while _json(server.direct("status", "--agent", agent))["agents"][0]["watch_state"] != "armed":
-        assert watch.poll() is None, watch.communicate()
-        assert time.monotonic() < deadline, f"{agent}'s watch never armed again"
-        time.sleep(0.1)
-
-
-@pytest.mark.skipif(shutil.which("nginx") is None, reason="nginx is not installed (apt-get install nginx-light)")
+@pytest.mark.requires("nginx")
 def test_the_documented_nginx_configuration_over_tls(replicas, mailbox_path, tmp_path):
     a, b = replicas
     cert, key = _certificate(tmp_path)
@@ -501,7 +474,7 @@ def test_the_documented_nginx_configuration_over_tls(replicas, mailbox_path, tmp
             proc.communicate()
 
 
-@pytest.mark.skipif(shutil.which("caddy") is None, reason="caddy is not installed (apt-get install caddy)")
+@pytest.mark.requires("caddy")
 def test_the_documented_caddy_configuration_over_tls(replicas, mailbox_path, tmp_path):
     a, b = replicas
     cert, key = _certificate(tmp_path)

@@ -18,19 +18,12 @@ import uuid
 
 import pytest
 
-from conftest import TEST_PG_URL, process_env, raw_db
+from conftest import TEST_PG_URL, armed, disarmed, presences, process_env, raw_db, until
 from serving import Server, backends_of
 
 pytestmark = [pytest.mark.backends, pytest.mark.timeout(180)]
 
 POOL_SIZE = 8  # agent_mail.server.app.POOL_SIZE: the server's connections for calls
-
-
-@pytest.fixture
-def server(mailbox_path):
-    running = Server(str(mailbox_path))
-    yield running
-    running.stop()
 
 
 class Waits:
@@ -58,34 +51,7 @@ class Waits:
             connection.close()
 
     def until(self, count: int, seconds: float = 20.0) -> None:
-        deadline = time.monotonic() + seconds
-        while len(self.answers) < count and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert len(self.answers) >= count, f"{len(self.answers)} of {count} answered"
-
-
-def _states(mailbox: str, agents: list[str]) -> dict[str, dict]:
-    """What `status` says of each identity's presence, read in this process."""
-    from agent_mail.parts import liveness
-    from agent_mail.store import open_store
-
-    store = open_store(mailbox)
-    try:
-        with store.transaction():
-            return {agent: liveness.presence(store, agent) for agent in agents}
-    finally:
-        store.close()
-
-
-def _until_armed(mailbox: str, agents: list[str], armed: bool = True, seconds: float = 60.0) -> float:
-    """Wait until every one of `agents` reads as armed (or as not armed); how long it took."""
-    started = time.monotonic()
-    while True:
-        states = _states(mailbox, agents)
-        if all((s["watch_state"] == "armed") == armed for s in states.values()):
-            return time.monotonic() - started
-        assert time.monotonic() - started < seconds, {a: s["watch_state"] for a, s in states.items()}
-        time.sleep(0.1)
+        until(lambda: len(self.answers) >= count, seconds, lambda: f"{len(self.answers)} of {count} answered")
 
 
 def _send(server: Server, *argv: str) -> None:
@@ -99,8 +65,8 @@ def test_hundreds_of_waits_hold_a_handful_of_connections_and_wake_exactly_their_
     token = server.token("--agent", "*")
     agents = [f"w:a{i:03d}" for i in range(210)]
     waits = Waits(server, token, agents)
-    _until_armed(server.mailbox, agents)
-    states = _states(server.mailbox, agents[:3])
+    armed(agents, server.mailbox, timeout=60)
+    states = presences(agents[:3], server.mailbox)
     assert all(s["watching"] and s["watch_state"] == "armed" for s in states.values()), states
     held = backends_of(server.proc.pid, TEST_PG_URL)
     assert len(held) <= POOL_SIZE + 1, held
@@ -109,7 +75,7 @@ def test_hundreds_of_waits_hold_a_handful_of_connections_and_wake_exactly_their_
     # A direct message wakes its recipient's wait, and no other.
     _send(server, "--to", "w:a007", "--subject", "for seven")
     waits.until(1)
-    time.sleep(1.0)
+    time.sleep(1.0)  # time for a wrongly woken wait to answer too
     assert list(waits.answers) == [7], sorted(waits.answers)
     status, document, _ = waits.answers[7]
     assert status == 200 and [m["subject"] for m in document["messages"]] == ["for seven"]
@@ -119,14 +85,14 @@ def test_hundreds_of_waits_hold_a_handful_of_connections_and_wake_exactly_their_
     assert all(status == 200 and document["messages"][-1]["subject"] == "everyone"
                for i, (status, document, _) in waits.answers.items() if i != 7)
     assert len(backends_of(server.proc.pid, TEST_PG_URL)) <= POOL_SIZE + 1
-    _until_armed(server.mailbox, agents[:5], armed=False)
+    disarmed(agents[:5], server.mailbox, timeout=60)
 
 
 def test_revocation_ends_the_waits_of_that_token_only(server):
     revoked, kept = server.token("--agent", "a:*"), server.token("--agent", "b:z")
     first = Waits(server, revoked, ["a:x", "a:y", "a:x"])
     other = Waits(server, kept, ["b:z"])
-    _until_armed(server.mailbox, ["a:x", "a:y", "b:z"])
+    armed(["a:x", "a:y", "b:z"], server.mailbox, timeout=60)
     proc = server.direct("token", "revoke", revoked.split("_")[1])
     assert proc.returncode == 0, proc.stderr
     started = time.monotonic()
@@ -148,15 +114,15 @@ def test_a_client_that_hangs_up_leaves_its_session_stale_at_once(server):
                              stderr=subprocess.DEVNULL, env=process_env(AGENT_MAIL_DB=server.url,
                                                                         AGENT_MAIL_TOKEN=token))
     try:
-        _until_armed(server.mailbox, ["a:x"])
+        armed("a:x", server.mailbox, timeout=60)
         watch.kill()
         watch.wait()
-        assert _until_armed(server.mailbox, ["a:x"], armed=False, seconds=10) < 2.0
+        assert disarmed("a:x", server.mailbox, timeout=10) < 2.0
     finally:
         if watch.poll() is None:
             watch.kill()
             watch.wait()
-    state = _states(server.mailbox, ["a:x"])["a:x"]
+    state = presences("a:x", server.mailbox)["a:x"]
     assert state["watch_state"] == "stale" and state["released_at"] is None and state["watching"] is True
 
 
@@ -168,7 +134,7 @@ def test_a_signalled_client_that_cannot_tell_its_server_exits_within_its_bound(s
                              stderr=subprocess.PIPE, env=process_env(AGENT_MAIL_DB=server.url,
                                                                      AGENT_MAIL_TOKEN=token))
     try:
-        _until_armed(server.mailbox, ["a:x"])
+        armed("a:x", server.mailbox, timeout=60)
         server.proc.send_signal(signal.SIGSTOP)
         started = time.monotonic()
         watch.send_signal(signal.SIGTERM)
@@ -182,7 +148,7 @@ def test_a_signalled_client_that_cannot_tell_its_server_exits_within_its_bound(s
     assert watch.returncode == 143 and out == b"" and took < 6, (took, err)
     error = json.loads(err)["error"]
     assert "did not confirm its release" in error and "may read as stale" in error and token not in err.decode()
-    _until_armed(server.mailbox, ["a:x"], armed=False, seconds=10)  # the server, running again, ends the wait
+    disarmed("a:x", server.mailbox, timeout=10)  # the server, running again, ends the wait
 
 
 def _stop(server: Server, token: str | None, body: object) -> tuple[int, dict]:
@@ -207,10 +173,10 @@ def test_a_stop_call_releases_the_session_and_its_holder_ends_the_wait(server):
     token = server.token("--agent", "s:x")
     key = str(uuid.uuid4())
     waits = Waits(server, token, ["s:x"], keys=[key])
-    _until_armed(server.mailbox, ["s:x"])
+    armed("s:x", server.mailbox, timeout=60)
     status, answer = _stop(server, token, {"agent": "s:x", "key": key, "signal": 15})
     assert status == 200 and answer["agent"] == "s:x" and answer["released"] is True
-    assert _states(server.mailbox, ["s:x"])["s:x"]["watch_state"] == "released"  # at once: done before it answered
+    assert presences("s:x", server.mailbox)["s:x"]["watch_state"] == "released"  # at once: done before it answered
     waits.until(1, seconds=10)  # the holder ends the wait, without writing to its session again
     status, document, _ = waits.answers[0]
     assert status == 409 and "released by its client" in document["error"]
@@ -225,7 +191,7 @@ def test_a_bad_stop_call_is_refused_by_field_and_changes_nothing(server):
     keys = [str(uuid.uuid4()), str(uuid.uuid4())]
     waits = Waits(server, mine, ["a:x"], keys=keys[:1])
     theirs = Waits(server, other, ["b:y"], keys=keys[1:])
-    _until_armed(server.mailbox, ["a:x", "b:y"])
+    armed(["a:x", "b:y"], server.mailbox, timeout=60)
     refused = [
         (mine, b"{not json", 400, None),
         (mine, b"[1, 2]", 400, None),
@@ -248,7 +214,7 @@ def test_a_bad_stop_call_is_refused_by_field_and_changes_nothing(server):
             assert field in [problem["field"] for problem in answer["problems"]], (body, answer)
     time.sleep(0.5)
     assert not waits.answers and not theirs.answers  # both waits go on
-    assert {a: s["watch_state"] for a, s in _states(server.mailbox, ["a:x", "b:y"]).items()} == \
+    assert {a: s["watch_state"] for a, s in presences(["a:x", "b:y"], server.mailbox).items()} == \
         {"a:x": "armed", "b:y": "armed"}
     assert all(token not in "".join(server.outputs) + b"".join(server.log).decode() for token in (mine, other))
 
@@ -259,12 +225,12 @@ def test_a_killed_server_leaves_no_session_shown_listening(mailbox_path):
         token = running.token("--agent", "a:*")
         agents = ["a:x", "a:y", "a:z"]
         Waits(running, token, agents)
-        _until_armed(running.mailbox, agents)
+        armed(agents, running.mailbox, timeout=60)
         running.proc.send_signal(signal.SIGKILL)
         running.proc.wait()
-        took = _until_armed(running.mailbox, agents, armed=False, seconds=15)
+        took = disarmed(agents, running.mailbox, timeout=15)
         assert took < 3.0, took
-        assert {s["watch_state"] for s in _states(running.mailbox, agents).values()} == {"stale"}
+        assert {s["watch_state"] for s in presences(agents, running.mailbox).values()} == {"stale"}
     finally:
         running.stop()
 
@@ -277,7 +243,7 @@ def test_the_listen_connection_is_made_again_and_nothing_is_missed(server, backe
     token = server.token("--agent", "r:*")
     agents = [f"r:a{i}" for i in range(6)]
     waits = Waits(server, token, agents)
-    _until_armed(server.mailbox, agents)
+    armed(agents, server.mailbox, timeout=60)
 
     def hub() -> list[int]:
         return [pid for pid, name in backends_of(server.proc.pid, TEST_PG_URL) if name.startswith("agent-mail serve")]
@@ -287,10 +253,8 @@ def test_the_listen_connection_is_made_again_and_nothing_is_missed(server, backe
     _send(server, "--to", "r:a0", "--subject", "while it was down")  # looked for once the hub is back
     waits.until(1)
     assert waits.answers[0][0] == 200 and waits.answers[0][1]["messages"][0]["subject"] == "while it was down"
-    deadline = time.monotonic() + 10
-    while not (after := hub()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert after and after != [before]
+    after = until(hub, 10, "the server never made its LISTEN connection again")
+    assert after != [before]
     _send(server, "--to", "r:a1", "--subject", "after")  # woken through the new connection
     waits.until(2)
     assert waits.answers[1][0] == 200 and waits.answers[1][1]["messages"][0]["subject"] == "after"
@@ -303,20 +267,20 @@ def test_sigterm_ends_every_wait_at_once_with_503(server):
     token = server.token("--agent", "t:*")
     agents = [f"t:a{i:02d}" for i in range(30)]
     waits = Waits(server, token, agents)
-    _until_armed(server.mailbox, agents)
+    armed(agents, server.mailbox, timeout=60)
     started = time.monotonic()
     code, log = server.stop()
     assert code == 0, log
     waits.until(len(agents), seconds=10)
     assert {status for status, _, _ in waits.answers.values()} == {503}
     assert max(at for _, _, at in waits.answers.values()) - started < 5
-    assert {s["watch_state"] for s in _states(server.mailbox, agents).values()} == {"released"}
+    assert {s["watch_state"] for s in presences(agents, server.mailbox).values()} == {"released"}
 
 
 def test_a_delayed_message_falling_due_wakes_the_wait(server):
     token = server.token("--agent", "d:x")
     waits = Waits(server, token, ["d:x"])
-    _until_armed(server.mailbox, ["d:x"])
+    armed("d:x", server.mailbox, timeout=60)
     _send(server, "--to", "d:x", "--subject", "later", "--delay-minutes", "0.05")  # due in 3 s: no wake-up says so
     sent = time.monotonic()
     waits.until(1, seconds=20)
@@ -335,7 +299,7 @@ def test_calls_and_waits_outlive_the_servers_connections_being_killed(server, ba
     token = server.token("--agent", "k:*")
     agents = ["k:a", "k:b"]
     waits = Waits(server, token, agents)
-    _until_armed(server.mailbox, agents)
+    armed(agents, server.mailbox, timeout=60)
     held = backends_of(server.proc.pid, TEST_PG_URL)
     assert len(held) >= 2  # the hub, and the pooled stores the calls so far used
     with psycopg.connect(TEST_PG_URL, autocommit=True) as db:
@@ -354,57 +318,18 @@ def test_calls_and_waits_outlive_the_servers_connections_being_killed(server, ba
     assert len(backends_of(server.proc.pid, TEST_PG_URL)) <= POOL_SIZE + 1
 
 
-PG_BIN = "/usr/lib/postgresql/15/bin"
-
-
-@pytest.fixture
-def private_postgres():
-    """A PostgreSQL cluster of this test's own (so it may be restarted), on a free loopback port: its base URL
-    and a function that restarts it. Needs root and the PostgreSQL 15 binaries; removed after."""
-    import os
-    import shutil
-    import socket
-    import tempfile
-
-    if os.geteuid() != 0 or not os.path.exists(f"{PG_BIN}/initdb") or shutil.which("runuser") is None:
-        pytest.skip("a private PostgreSQL cluster needs root, runuser and the PostgreSQL 15 binaries")
-    root = tempfile.mkdtemp(prefix="agent-mail-pg-")
-    os.chmod(root, 0o755)
-    shutil.chown(root, "postgres", "postgres")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-
-    def as_postgres(*argv: str) -> None:
-        subprocess.run(["runuser", "-u", "postgres", "--", *argv], check=True, capture_output=True, timeout=120)
-
-    def ctl(*argv: str) -> None:
-        as_postgres(f"{PG_BIN}/pg_ctl", "-D", f"{root}/data", "-l", f"{root}/log", "-w", "-o",
-                    f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off", *argv)
-    try:
-        as_postgres(f"{PG_BIN}/initdb", "-D", f"{root}/data", "-A", "trust", "-U", "postgres", "--no-sync")
-        ctl("start")
-        yield f"postgresql://postgres@127.0.0.1:{port}/postgres", lambda: ctl("-m", "fast", "restart")
-    finally:
-        try:
-            ctl("-m", "immediate", "stop")
-        except subprocess.CalledProcessError:
-            pass
-        shutil.rmtree(root, ignore_errors=True)
-
-
 @pytest.mark.sqlite_only  # on a cluster of its own, whichever backend the other tests run on
 def test_waits_outlive_a_postgresql_restart(private_postgres):
-    base, restart = private_postgres
+    base, restart = private_postgres.url, private_postgres.restart
     running = Server(f"{base}?schema=restart")
     try:
         token = running.token("--agent", "p:*")
         agents = ["p:a", "p:b", "p:c"]
         waits = Waits(running, token, agents)
-        _until_armed(running.mailbox, agents)
+        armed(agents, running.mailbox, timeout=60)
         before = backends_of(running.proc.pid, base)
         restart()
-        _until_armed(running.mailbox, agents, seconds=30)  # the LISTEN connection is back: alive again
+        armed(agents, running.mailbox, timeout=30)  # the LISTEN connection is back: alive again
         after = backends_of(running.proc.pid, base)
         assert [name for _, name in after if name.startswith("agent-mail serve ")] and not set(before) & set(after)
         assert not waits.answers

@@ -9,14 +9,15 @@ import sqlite3
 import stat
 import subprocess
 import sys
-import time
 
 import pytest
 
 
 from agent_mail.store import sqlite as sqlite_store
 from agent_mail.store import sqlite_schema
-from conftest import process_env
+from conftest import process_env, until
+
+pytestmark = pytest.mark.fast
 
 LEGACY_SCHEMA = """
 CREATE TABLE messages (
@@ -237,18 +238,21 @@ def test_first_use_by_many_processes_at_once(mailbox_path):
 def test_a_new_mailbox_opened_by_many_processes_in_the_same_instant(tmp_path):
     """Switching a new file to WAL conflicts at once (no busy wait); nobody may fail for it."""
     go = tmp_path / "go"
-    script = (
-        "import os, sys, time\n"
-        f"while not os.path.exists({str(go)!r}): time.sleep(0.001)\n"
-        "from agent_mail.cli.main import main\n"
-        "sys.exit(main(['status']))\n"
-    )
     for attempt in range(5):
+        ready = tmp_path / f"ready{attempt}"  # each process says here that it is waiting
+        ready.mkdir()
+        script = (
+            "import os, sys, time\n"
+            f"open(os.path.join({str(ready)!r}, str(os.getpid())), 'w').close()\n"
+            f"while not os.path.exists({str(go)!r}): time.sleep(0.001)\n"
+            "from agent_mail.cli.main import main\n"
+            "sys.exit(main(['status']))\n"
+        )
         box = tmp_path / f"box{attempt}" / "mail.db"
         env = process_env(AGENT_MAIL_DB=str(box))
         procs = [subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.DEVNULL,
                                   stderr=subprocess.PIPE) for _ in range(6)]
-        time.sleep(0.5)  # all of them imported and waiting
+        until(lambda ready=ready: len(os.listdir(ready)) == 6, 60, "not all of them started")  # all waiting
         go.touch()
         for proc in procs:
             _, err = proc.communicate(timeout=60)

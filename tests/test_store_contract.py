@@ -18,6 +18,9 @@ import pytest
 from agent_mail import errors, model
 from agent_mail.operations.mail import open_mailbox, resolve_location
 from agent_mail.store import base, open_store
+from conftest import armed
+
+pytestmark = pytest.mark.fast
 
 #: The public store methods the tests below call directly (each test names its own with @exercises).
 EXERCISED: set[str] = set()
@@ -554,9 +557,7 @@ class StoreContract:
 
         thread = threading.Thread(target=waiter)
         thread.start()
-        import time
-
-        time.sleep(1.0)  # the watch is armed
+        armed("w:a", timeout=20)
         store = open_store(resolve_location()[0])
         try:
             with store.transaction(write=True):

@@ -16,7 +16,7 @@ import pytest
 from agent_mail import errors, model
 from agent_mail.parts import waits
 from agent_mail.operations.mail import describe_liveness, open_mailbox
-from conftest import mailbox_exists, mailbox_itself, process_env, raw_db
+from conftest import armed, mailbox_exists, mailbox_itself, process_env, raw_db, until
 
 pytestmark = pytest.mark.backends  # every test here runs on SQLite and on PostgreSQL
 
@@ -30,6 +30,7 @@ def envelope_ids(document):
 # ---------------------------------------------------------------- what watch reports
 
 
+@pytest.mark.fast
 def test_once_with_and_without_mail(am, send):
     empty = am("watch", "b:y", "--once").json
     assert empty["messages"] == [] and empty["count"] == 0 and empty["timeout"] is True
@@ -39,6 +40,7 @@ def test_once_with_and_without_mail(am, send):
     assert found["next"][0] == "agent-mail read b:y"
 
 
+@pytest.mark.fast
 def test_watch_reports_exactly_what_read_delivers(am, send):
     send("c:z", "b:y", "introduce c:z")
     direct = send("a:x", "b:y", "direct")["id"]
@@ -55,6 +57,7 @@ def test_watch_reports_exactly_what_read_delivers(am, send):
         assert set(envelope) == ENVELOPE
 
 
+@pytest.mark.fast
 def test_watch_consumes_nothing(am, send):
     message = send("a:x", "b:y", "hi", "--body", "secret body")["id"]
     before = am("status", "--agent", "b:y", "--fields", "unread,unacked").json
@@ -105,12 +108,14 @@ REFUSED = [
 ]
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("argv, field", REFUSED)
 def test_rejected_flags_and_bounds(am, argv, field):
     error = am("watch", "b:y", *argv).error
     assert error["problems"][0]["field"] == field
 
 
+@pytest.mark.fast
 @pytest.mark.local_only("whether the mailbox file or schema gets made (a server's mailbox exists before it serves)")
 @pytest.mark.parametrize("argv, field", REFUSED)
 def test_a_rejected_watch_makes_no_mailbox(am, argv, field, mailbox_path):
@@ -118,11 +123,13 @@ def test_a_rejected_watch_makes_no_mailbox(am, argv, field, mailbox_path):
     assert not mailbox_exists(mailbox_path)  # rejected before the mailbox is touched
 
 
+@pytest.mark.fast
 def test_removed_flags_name_their_replacement(am):
     assert "--timeout-minutes" in am("watch", "b:y", "--timeout", "30").error["error"]
     assert "--once" in am("watch", "b:y", "--poll", "1").error["error"]
 
 
+@pytest.mark.fast
 def test_describe_documents_watch_and_the_discipline(am):
     doc = am("describe").json
     watch = doc["commands"]["watch"]
@@ -164,11 +171,13 @@ NOW = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.timezone.utc)
     # heartbeat only: watching and reachable, but it never watched
     (_facts(sessions=0, heartbeat=NOW - dt.timedelta(seconds=10)), "never", True, True),
 ])
+@pytest.mark.fast
 def test_liveness_states(facts, state, watching, reachable):
     described = describe_liveness(facts, NOW)
     assert (described["watch_state"], described["watching"], described["reachable"]) == (state, watching, reachable)
 
 
+@pytest.mark.fast
 def test_heartbeat_counts_as_presence_and_lists_the_identity(am, send):
     beat = am("heartbeat", "hook:agent").json
     assert beat["reachable"] is True and beat["unread"] == 0 and beat["next"] == []
@@ -179,12 +188,14 @@ def test_heartbeat_counts_as_presence_and_lists_the_identity(am, send):
     assert am("heartbeat", "hook:agent").json["next"] == ["agent-mail read hook:agent"]
 
 
+@pytest.mark.fast
 def test_status_liveness_fields_are_projectable(am):
     am("heartbeat", "a:x").assert_ok()
     rows = am("status", "--fields", "agent,watching,last_seen,watch_state,released_at").json["agents"]
     assert set(rows[0]) == {"agent", "watching", "last_seen", "watch_state", "released_at"}
 
 
+@pytest.mark.fast
 def test_read_ack_and_send_carry_reachable_and_next(am, send, mailbox_path):
     question = send("a:x", "b:y", "q")["id"]
     read = am("read", "b:y").json
@@ -200,6 +211,7 @@ def test_read_ack_and_send_carry_reachable_and_next(am, send, mailbox_path):
     assert receipt["sender_reachable"] is False and receipt["next"] == ["agent-mail watch b:y"]
 
 
+@pytest.mark.fast
 def test_heartbeat_makes_read_reachable(am, send):
     send("a:x", "b:y", "q")
     am("heartbeat", "b:y").assert_ok()
@@ -207,6 +219,7 @@ def test_heartbeat_makes_read_reachable(am, send):
     assert read["reachable"] is True and not any("watch" in step for step in read["next"])
 
 
+@pytest.mark.fast
 def test_cleanup_sweeps_old_liveness_rows(am, mailbox_path):
     am("heartbeat", "old:agent").assert_ok()
     am("heartbeat", "new:agent").assert_ok()
@@ -230,27 +243,6 @@ def _start_watch(*extra, env=None):
                             env=env or process_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
-def _wait_until_armed(mailbox_path, proc, agent="b:y", timeout=30):
-    """Readiness is the watch's own liveness row, not a sleep."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.communicate()
-        if mailbox_exists(mailbox_path):
-            try:
-                db = raw_db(mailbox_path)
-                try:
-                    row = db.execute("SELECT last_seen FROM watch_sessions WHERE agent = ? AND state = 'armed'",
-                                     (agent,)).fetchone()
-                finally:
-                    db.close()
-                if row:
-                    return row[0]
-            except Exception:  # noqa: BLE001 - the table does not exist yet (either engine's error)
-                pass
-        time.sleep(0.02)
-    raise AssertionError("the watch never armed")
-
-
 @pytest.fixture
 def reap():
     """Kill any watch a test leaves behind."""
@@ -270,7 +262,8 @@ def _send_process(subject="wake"):
 def test_a_blocked_watch_is_woken_by_a_send_from_another_process(mailbox_path, reap, am, backend):
     watch = _start_watch("--timeout-minutes", "5")
     reap(watch)
-    first_seen = _wait_until_armed(mailbox_path, watch)
+    armed("b:y", procs=[watch])
+    first_seen = am("status", "--agent", "b:y").json["agents"][0]["last_seen"]
     # while blocked: watching, armed, last_seen advancing, and no lock held
     time.sleep(model.REFRESH_SECONDS + 0.7)
     row = am("status", "--agent", "b:y").json["agents"][0]
@@ -304,7 +297,7 @@ def test_a_blocked_watch_is_woken_by_a_send_from_another_process(mailbox_path, r
 def test_wake_without_file_notifications_falls_back_to_polling(mailbox_path, reap):
     watch = _start_watch("--timeout-minutes", "5", env=process_env(AGENT_MAIL_POLL="1"))
     reap(watch)
-    _wait_until_armed(mailbox_path, watch)
+    armed("b:y", procs=[watch])
     assert _send_process().returncode == 0
     out, _ = watch.communicate(timeout=30)
     assert json.loads(out)["count"] == 1
@@ -313,7 +306,7 @@ def test_wake_without_file_notifications_falls_back_to_polling(mailbox_path, rea
 def test_a_send_to_someone_else_does_not_wake_the_watch(mailbox_path, reap):
     watch = _start_watch("--timeout-minutes", "5")
     reap(watch)
-    _wait_until_armed(mailbox_path, watch)
+    armed("b:y", procs=[watch])
     subprocess.run([sys.executable, "-m", "agent_mail", "send", "--from", "a:x", "--to", "c:z", "--subject", "no"],
                    env=process_env(), check=True, capture_output=True)
     time.sleep(0.5)
@@ -323,11 +316,12 @@ def test_a_send_to_someone_else_does_not_wake_the_watch(mailbox_path, reap):
     assert [m["subject"] for m in json.loads(out)["messages"]] == ["yes"]
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGHUP, 129)])
 def test_a_signalled_watch_releases_its_session(mailbox_path, reap, am, signum, code):
     watch = _start_watch()
     reap(watch)
-    _wait_until_armed(mailbox_path, watch)
+    armed("b:y", procs=[watch])
     watch.send_signal(signum)
     out, err = watch.communicate(timeout=30)
     assert watch.returncode == code and out == b""
@@ -347,13 +341,14 @@ def _state_within(am, seconds: float, wanted: str) -> dict:
         time.sleep(0.05)
 
 
+@pytest.mark.fast
 def test_a_killed_watch_is_stale_at_once(mailbox_path, reap, am):
     """Issue 20, finding 20: what a blocked watch holds (SQLite: the lock on its wake-up pipe; PostgreSQL: its
     connection) is freed when it dies, so a SIGKILLed watch reads as stale within 2 s, well before the
     STALE_SECONDS of missed refreshes it took before."""
     watch = _start_watch()
     reap(watch)
-    _wait_until_armed(mailbox_path, watch)
+    armed("b:y", procs=[watch])
     assert am("status", "--agent", "b:y").json["agents"][0]["watch_state"] == "armed"
     watch.kill()
     watch.communicate(timeout=30)
@@ -376,13 +371,14 @@ def _age_presence(mailbox_path, backend, seconds: float) -> None:
     db.close()
 
 
+@pytest.mark.fast
 def test_a_hung_watch_stays_armed_while_alive_and_goes_stale_when_its_refreshes_stop_for_minutes(
         mailbox_path, reap, am, backend):
     """A watch that holds its presence refreshes only every HELD_REFRESH_SECONDS: a missed few seconds mean
     nothing; no refresh for HUNG_SECONDS means it is hung (alive, deaf): stale."""
     watch = _start_watch()
     reap(watch)
-    _wait_until_armed(mailbox_path, watch)
+    armed("b:y", procs=[watch])
     watch.send_signal(signal.SIGSTOP)
     try:
         _age_presence(mailbox_path, backend, model.STALE_SECONDS + 5)
@@ -400,7 +396,7 @@ def test_an_idle_watch_does_not_wake_for_its_presence(mailbox_path, reap):
     REFRESH_SECONDS) and look at the mailbox; nothing wakes it but mail (and, rarely, HELD_REFRESH_SECONDS)."""
     watch = _start_watch("--timeout-minutes", "5")
     reap(watch)
-    _wait_until_armed(mailbox_path, watch)
+    armed("b:y", procs=[watch])
     time.sleep(0.5)  # from writing its row to sleeping
 
     def woken() -> int:
@@ -412,19 +408,21 @@ def test_an_idle_watch_does_not_wake_for_its_presence(mailbox_path, reap):
     assert woken() == before and watch.poll() is None
 
 
+def _armed_sessions(mailbox_path) -> int:
+    """How many watch sessions are armed (status shows one state per identity, not how many hold it)."""
+    con = raw_db(mailbox_path)
+    try:
+        return con.execute("SELECT COUNT(*) FROM watch_sessions WHERE state = 'armed'").fetchone()[0]
+    finally:
+        con.close()
+
+
 def test_two_watches_one_exits_the_other_keeps_the_identity_armed(mailbox_path, reap, am):
     first, second = _start_watch(), _start_watch()
     reap(first)
     reap(second)
-    _wait_until_armed(mailbox_path, first)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        con = raw_db(mailbox_path)
-        armed = con.execute("SELECT COUNT(*) FROM watch_sessions WHERE state = 'armed'").fetchone()[0]
-        con.close()
-        if armed == 2:
-            break
-        time.sleep(0.02)
+    armed("b:y", procs=[first])
+    until(lambda: _armed_sessions(mailbox_path) == 2, 30, "the second watch never armed")
     first.send_signal(signal.SIGTERM)
     first.communicate(timeout=30)
     assert am("status", "--agent", "b:y").json["agents"][0]["watch_state"] == "armed"
@@ -499,7 +497,7 @@ def test_a_direct_message_leaves_the_other_watches_blocked(mailbox_path, reap, a
                for agent in ("team:a", "team:b")}
     for agent, proc in watches.items():
         reap(proc)
-        _wait_until_armed(mailbox_path, proc, agent=agent)
+        armed(agent, procs=[proc])
     assert subprocess.run([sys.executable, "-m", "agent_mail", "send", "--from", "x:y", "--to", "team:a", "--subject",
                            "only a"], env=process_env(), capture_output=True).returncode == 0
     out, _ = watches["team:a"].communicate(timeout=30)
@@ -517,13 +515,7 @@ def test_fifty_watches_all_wake_for_one_broadcast(mailbox_path, reap, am):
         watches[agent] = subprocess.Popen([sys.executable, "-m", "agent_mail", "watch", agent], env=process_env(),
                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         reap(watches[agent])
-    deadline = time.monotonic() + 120
-    while True:
-        armed = {r["agent"] for r in am("status", "--project", "herd").json["agents"] if r["watch_state"] == "armed"}
-        if armed == set(agents):
-            break
-        assert time.monotonic() < deadline, f"only {len(armed)} of 50 armed"
-        time.sleep(0.2)
+    armed(agents, timeout=120, procs=list(watches.values()))
     assert am("send", "--from", "boss:main", "--to", "*", "--subject", "all hands").json["delivered"] == 1
     for agent, proc in watches.items():
         out, err = proc.communicate(timeout=60)  # well before their 55-minute timeout
@@ -541,7 +533,7 @@ def test_mail_whose_wake_up_was_lost_is_found_at_the_next_refresh(am, send, mail
     import threading
 
     def write_behind_its_back():
-        time.sleep(0.5)
+        armed("b:y")  # the watch below is blocked: what it finds now, its periodic look finds
         db = raw_db(mailbox_path)
         with db:
             db.execute("INSERT INTO messages (id, sender, recipient, subject, created) "

@@ -15,6 +15,8 @@ from conftest import process_env
 
 from agent_mail.protocols import wire
 
+pytestmark = pytest.mark.fast
+
 
 class Canned:
     """A loopback server that reads one request and writes `answer` (bytes, or a function of the request)."""

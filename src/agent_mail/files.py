@@ -335,8 +335,8 @@ def stage_attachments(directory: str, attachments: list[dict], contents: dict[st
 
 def write_new(output: str, field: str, write) -> str:
     """Create the new file `output` (never replacing one; readable by its owner only) with what `write(raw)` writes
-    to a binary file: written aside, synced, then linked into place, so nothing is ever found half written under its name. Returns its
-    absolute path; InvalidInput naming `field` when it exists or its directory does not."""
+    to a binary file: written aside, synced, then linked into place, so nothing is ever found half written under its
+    name. Returns its absolute path; InvalidInput naming `field` when it exists or its directory does not."""
     target = os.path.abspath(os.path.expanduser(output))
     if os.path.lexists(target):
         raise errors.InvalidInput([(field, f"{target} exists; nothing was written. Name a new file (an export "

@@ -52,10 +52,10 @@ RESERVATION_GRACE_SECONDS = 2 * LIVENESS_SECONDS
 # `re` (and the `enum` it imports, ~2.5 ms) is imported only when a str method finds text that is not
 # plain (a control character, a bidi control) and a pattern must say where: a send of ordinary text,
 # like read, status and watch, never pays for it.
-_BODY_CONTROL = r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]"
-_LINE_CONTROL = r"[\x00-\x1f\x7f-\x9f]"
+BODY_CONTROL = r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]"
+LINE_CONTROL = r"[\x00-\x1f\x7f-\x9f]"
 # Bidirectional embedding, override and isolate controls: they make text display as something it is not.
-_BIDI = r"[\u202a-\u202e\u2066-\u2069]"
+BIDI = r"[\u202a-\u202e\u2066-\u2069]"
 _BIDI_CHARS = "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
 
 
@@ -142,7 +142,7 @@ def bidi_problem(value: str) -> str | None:
         return None
     import re
 
-    match = re.search(_BIDI, value)
+    match = re.search(BIDI, value)
     if match:
         return (f"contains the bidirectional control U+{ord(match.group()):04X} at position {match.start()}, which "
                 "makes text display as something it is not. Remove it (plain right-to-left text needs none).")
@@ -161,7 +161,7 @@ def subject_problem(value: str) -> str | None:
     if not value.isprintable():  # (control characters are not printable; nor are some others, which pass)
         import re
 
-        if re.search(_LINE_CONTROL, value):
+        if re.search(LINE_CONTROL, value):
             return "contains control characters. Use plain printable text."
     if len(value) > SUBJECT_MAX_CHARS:
         return (
@@ -179,7 +179,7 @@ def body_problem(value: str) -> str | None:
     if not value.replace("\n", "").replace("\r", "").replace("\t", "").isprintable():
         import re
 
-        match = re.search(_BODY_CONTROL, value)
+        match = re.search(BODY_CONTROL, value)
         if match:
             return (
                 f"contains the control character U+{ord(match.group()):04X} at position "
@@ -207,26 +207,26 @@ def new_message_id() -> str:
 # The clock every timestamp comes from: this machine's, unless a backend with a clock of its own (a database
 # server shared by several machines) set it with follow_clock(): then (that clock's reading, the monotonic
 # time it was read at), carried forward by the monotonic clock, which no change of the wall clock moves.
-_followed: tuple[_dt.datetime, float] | None = None
+followed: tuple[_dt.datetime, float] | None = None
 
 
 def follow_clock(moment: _dt.datetime, monotonic_at: float) -> None:
     """Take `moment` (read at time.monotonic() == monotonic_at) as the time, from now on, in this process."""
-    global _followed
-    _followed = (moment.astimezone(_dt.timezone.utc), monotonic_at)
+    global followed
+    followed = (moment.astimezone(_dt.timezone.utc), monotonic_at)
 
 
-def _system_now() -> _dt.datetime:
+def system_now() -> _dt.datetime:
     return _dt.datetime.now(_dt.timezone.utc)
 
 
 def now() -> _dt.datetime:
-    if _followed is not None:
+    if followed is not None:
         import time
 
-        moment, at = _followed
+        moment, at = followed
         return moment + _dt.timedelta(seconds=time.monotonic() - at)
-    return _system_now()
+    return system_now()
 
 
 def iso(moment: _dt.datetime) -> str:

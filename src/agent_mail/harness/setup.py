@@ -470,7 +470,7 @@ def _remove_emptied_directories(root: str, plans: list[dict]) -> None:
                 pass
 
 
-def _write(path: str, text: str | None) -> None:
+def write(path: str, text: str | None) -> None:
     if text is None:
         os.unlink(path)
         return
@@ -613,13 +613,13 @@ def setup(harness: str, agent: str, directory: str | None = None, dry_run: bool 
         try:
             for plan in plans:
                 if plan["action"] != "unchanged":
-                    _write(plan["path"], plan["_text"])
+                    write(plan["path"], plan["_text"])
                     done.append(plan)
             _remove_emptied_directories(root, plans)
         except OSError as exc:
             for plan in reversed(done):  # all or nothing: put back what was already written
                 try:
-                    _write(plan["path"], plan["_before"])
+                    write(plan["path"], plan["_before"])
                 except OSError:
                     pass
             raise errors.AgentMailError(f"could not write {exc.filename or plan['path']}: {exc.strerror}. Nothing "

@@ -132,7 +132,7 @@ def _config_values(text: str) -> dict[str, str]:
     return {k: v for k, v in values.items() if k in ("remote.origin.url", "core.ignorecase")}
 
 
-def _found_cheaply(base: str) -> tuple[str, dict[str, str]] | None:
+def found_cheaply(base: str) -> tuple[str, dict[str, str]] | None:
     """(the work tree's root, its config values) read from the files, without running git; None when anything
     is unusual enough that only git should say (then it is asked)."""
     if any(os.environ.get(name) for name in _GIT_ENV):
@@ -173,7 +173,7 @@ def locate(repo: str | None = None, cwd: str | None = None) -> Repository:
     .git/config where that is what git would say (no git process: this is on the harness's pre-tool path),
     else asked of git."""
     base = cwd or os.getcwd()
-    cheap = _found_cheaply(base)
+    cheap = found_cheaply(base)
     if cheap is not None:
         root, values = cheap
         return _keyed(repo, root, values)

@@ -594,7 +594,7 @@ def _wake_waits(location: str) -> None:
         pass  # each wait still ends at its next refresh
 
 
-class _Server(uvicorn.Server):
+class Server(uvicorn.Server):
     """uvicorn's server, whose SIGTERM first ends the waits it carries (uvicorn would wait for them)."""
 
     location = ""
@@ -662,7 +662,7 @@ def serve(listen: str | None = None, tls_cert: str | None = None, tls_key: str |
     config = uvicorn.Config(app_for(location), log_level="warning", access_log=False, lifespan="on",
                             ssl_certfile=tls_cert, ssl_keyfile=tls_key, timeout_graceful_shutdown=10,
                             http=EdgeProtocol, h11_max_incomplete_event_size=MAX_HEAD_BYTES, date_header=False)
-    server = _Server(config)
+    server = Server(config)
     import logging
 
     # uvicorn's own line for a malformed request (not JSON): EdgeProtocol logs its refusal as every request is logged.

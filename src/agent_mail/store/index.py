@@ -25,7 +25,7 @@ MAX_WORD = 100
 _MAX_POSITION = 16383
 
 
-def _fold(token: str) -> str:
+def fold(token: str) -> str:
     import unicodedata  # only for text that is not ASCII (every send indexes its message: start-up time)
 
     decomposed = unicodedata.normalize("NFKD", token)
@@ -51,7 +51,7 @@ def words(text: str | None) -> list[str]:
     if text.isascii():
         found = text.lower().translate(_ASCII_GAPS).split()
     else:
-        found = word_pattern().findall(_fold(text))
+        found = word_pattern().findall(fold(text))
     return [w[:MAX_WORD] if len(w) > MAX_WORD else w for w in found]
 
 

@@ -139,7 +139,7 @@ class PostgresStore(SQLStore):
     # -- dialect hooks (see store/sql.py) ------------------------------------------
     _SEARCH_COLUMN = ("search", "CAST({} AS tsvector)")
     # A walk of 5,000 rows is ~15 ms; a word in more than ~1 % of the mail fills a page of results within it.
-    _SEARCH_WINDOW = 5000
+    SEARCH_WINDOW = 5000
 
     def searchable(self) -> bool:
         return True

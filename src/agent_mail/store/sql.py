@@ -124,7 +124,7 @@ class SQLStore(Store):
                     "(t.batch_id IS NOT NULL AND m.batch_id = t.batch_id)")
     #: How many of the newest rows a search walks in order before asking the full-text index for the rest
     #: (0: the engine's own plan, which SQLite's FTS5 makes in rowid order anyway).
-    _SEARCH_WINDOW = 0
+    SEARCH_WINDOW = 0
     #: (column, value) of a message's INSERT that indexes it there, the value a format of its placeholder;
     #: empty where the index is a table of its own.
     _SEARCH_COLUMN = ("", "")

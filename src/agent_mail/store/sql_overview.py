@@ -90,13 +90,13 @@ def search_rows(store, query, *, subject_only: bool, now: str, limit: int, befor
         params["before"] = before
     select = (f"SELECT m.{store.SEQ} AS seq, m.id, m.batch_id, m.sender, m.recipient, m.subject, m.body, m.type, "
               f"m.created, m.deliver_at, m.reply_to, m.cancelled_at FROM {source} WHERE {' AND '.join(where)}")
-    if not store._SEARCH_WINDOW or thread_ids is not None:
+    if not store.SEARCH_WINDOW or thread_ids is not None:
         return store._query(f"{select} ORDER BY {order} DESC LIMIT :limit", params)
     # The newest rows first, walked in order, a window of them at most: a common word fills the page there.
     # Then the rest through the full-text index alone, sorted (the `+ 0` keeps the planner from walking
     # every older row in order looking for a rare one, which its estimates invite: 2.8 s at a million).
     top = before if before is not None else (store._value(f"SELECT MAX({store.SEQ}) FROM messages") or 0) + 1
-    params["floor"] = top - store._SEARCH_WINDOW
+    params["floor"] = top - store.SEARCH_WINDOW
     found = store._query(f"{select} AND {order} > :floor ORDER BY {order} DESC LIMIT :limit", params)
     if len(found) < limit:
         params["limit"] = limit - len(found)

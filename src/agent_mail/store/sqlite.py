@@ -152,7 +152,7 @@ class SQLiteStore(SQLStore):
         self._identity = None  # (st_dev, st_ino) of the file opened, to notice it being replaced
         self._marked: tuple = (None, None)  # (the mailbox files' stat when mail_marker last asked, its answer)
         self.doing = "using it"  # what the current command is doing, for the damage record
-        self.db = self._connect()
+        self.db = self.connect()
 
     # -- opening ----------------------------------------------------------
     def _fail(self, exc: Exception, doing: str) -> errors.StorageError:
@@ -181,7 +181,7 @@ class SQLiteStore(SQLStore):
         record_damage(self.path, text, doing)
         return damaged_error(self.path, text)
 
-    def _connect(self) -> sqlite3.Connection:
+    def connect(self) -> sqlite3.Connection:
         import stat
 
         from agent_mail import files
