@@ -280,6 +280,9 @@ def test_reservations_through_the_server_answer_as_directly_and_refuse_what_the_
     listed = server.client(supervisor, "reservations", "--path", "lib.rs")
     assert listed.stdout == am_process("reservations", "--path", "lib.rs").stdout
     assert json.loads(listed.stdout)["paths"][0]["held_by"][0]["agent"] == HOLDER
+    # Who holds a file, and are they live: what any identity asks before an edit, with its own token.
+    asked = server.client(mine, "reservations", "--path", "lib.rs")
+    assert asked.returncode == 0 and asked.stdout == listed.stdout, asked.stderr
     # Refusals: as another identity (4), everyone's list without a supervisor (4), --force of a live holder (2),
     # a path outside the repository (2); each changes nothing.
     for token, argv, code, word in (
@@ -303,6 +306,18 @@ def test_reservations_through_the_server_answer_as_directly_and_refuse_what_the_
     status, body = server.raw("/v1/call/reservations", b'{"agent": "proj:coder", "check": true, "paths": ["x"]}',
                               {"Authorization": f"Bearer {mine}", "Content-Type": "application/json"})
     assert status == 400 and "located" in json.loads(body)["error"]
+    # A lone surrogate (JSON's escaped \udbff, which no command line can send) in any text is a 400 naming the
+    # argument, never a 500, and nothing is stored.
+    auth = {"Authorization": f"Bearer {mine}", "Content-Type": "application/json"}
+    for path, body, field in (("/v1/call/reservations", {"agent": AGENT, "paths": ["x\udbff"]}, "paths"),
+                              ("/v1/call/reserve", {"agent": AGENT, "patterns": ["x\udbff"]}, "patterns"),
+                              ("/v1/call/release", {"agent": AGENT, "patterns": ["x\udbff"]}, "patterns"),
+                              ("/v1/call/reserve", {"agent": AGENT, "patterns": ["/docs/**"], "reason": "\udbff"},
+                               "reason"),
+                              ("/v1/call/reservations", {"path": ["\udbff"]}, "path")):
+        status, answer = server.raw(path, json.dumps(body).encode(), auth)
+        assert status == 400 and field in {p["field"] for p in json.loads(answer)["problems"]}, (path, answer)
+    assert json_of(am_process("reservations"))["count"] == 0
 
 
 def _commit(root, env: dict, path: str = "src/lib.rs") -> subprocess.CompletedProcess:
