@@ -532,6 +532,16 @@ def as_a_user() -> dict:
     return {"preexec_fn": without_dac_override} if os.geteuid() == 0 else {}
 
 
+@pytest.fixture(autouse=True)
+def stops_its_servers(mailbox_path):
+    """Stop every serving.Server the test started and left running (a test that failed before its own stop),
+    before its mailbox goes: no server outlives its test."""
+    yield
+    serving = sys.modules.get("serving")
+    while serving is not None and serving.STARTED:
+        serving.STARTED.pop().stop()
+
+
 @pytest.fixture
 def server_env() -> dict:
     """More variables for the `server` fixture's process (a module overrides this fixture to set them)."""

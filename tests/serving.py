@@ -12,9 +12,13 @@ import threading
 from conftest import am_process, process_env
 
 
+STARTED: list = []  # every Server started: conftest stops those a test left running (one that failed early)
+
+
 class Server:
     """A running `agent-mail serve` on a free loopback port (or `port`; `host`: another address, served without
-    TLS), over the test's mailbox; `env`: more variables for the server process."""
+    TLS), over the test's mailbox; `env`: more variables for the server process. Stopped after the test that
+    started it, whatever happened in it."""
 
     def __init__(self, mailbox: str, port: int = 0, host: str = "127.0.0.1", **env: str):
         self.mailbox = mailbox
@@ -37,6 +41,7 @@ class Server:
         self._reader.start()
         self.url = first["listening"]
         self.port = int(self.url.rsplit(":", 1)[1])
+        STARTED.append(self)
 
     def kill(self) -> None:
         """SIGKILL the server (no clean stop: its waits and calls in flight are cut off)."""
