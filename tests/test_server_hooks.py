@@ -190,6 +190,34 @@ def test_the_waiter_outlives_a_server_restart(mailbox_path, tmp_path):
             again.wait(timeout=20)
 
 
+def test_a_waiter_started_while_the_server_is_away_waits_for_it(mailbox_path, tmp_path):
+    """The waiter's first look rides out an outage as its long wait does: started while no server answers (a
+    restart under way), it arms once the server is back and wakes on the mail, rather than exiting."""
+    first = Server(str(mailbox_path))
+    token = first.token("--agent", AGENT)
+    harness = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    json_of(_served(first, token, "claude-code", "context",
+                    {"session_id": "served", "hook_event_name": "SessionStart"}))
+    first.stop()
+    waiter = _waiter(first, token, harness.pid)
+    again = None
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):  # no server: it keeps asking (its first look once failed
+            waiter.wait(timeout=2)                        # at once, exit 1)
+        with open(tmp_path / "second.log", "wb") as log:
+            again = subprocess.Popen([sys.executable, "-m", "agent_mail", "serve", "--listen",
+                                      f"127.0.0.1:{first.port}"], env=process_env(AGENT_MAIL_DB=str(mailbox_path)),
+                                     stdout=subprocess.DEVNULL, stderr=log)
+        _long_wait_armed()
+        sent = _send("while it was away")
+        assert waiter.wait(timeout=30) == 2 and sent in waiter.stderr.read().decode()
+    finally:
+        _stop(waiter, harness)
+        if again is not None:
+            again.terminate()
+            again.wait(timeout=20)
+
+
 def test_a_token_not_naming_the_hooks_identity_is_refused_and_changes_nothing(server, tmp_path):
     other = server.token("--agent", "proj:other")
     _send("for the coder")

@@ -324,7 +324,7 @@ def _served_wait(served, harness: str, agent: str, document: dict) -> int:
     threading.Thread(target=watch_harness, daemon=True).start()
     try:
         # First a glance (armed, then a look at once): the older waiter it replaces is named, and ended here.
-        result = served.call("hook", {**given, "wait_seconds": 0.05})[1]
+        result = served.glance("hook", {**given, "wait_seconds": 0.05})  # rides out a restart, as the wait does
         if not result.get("wake"):
             _end_waiter(result.get("waiter"))
             result = served.wait("hook", given, model.WATCH_MINUTES_DEFAULT * 60.0)
