@@ -220,6 +220,8 @@ def _carry_out(carrier: _Carrier, name: str, presented: str | None, body: bytes,
                 values.pop("wanted")
                 return _Wait(values, grant, key)
         result = calls.run(name, values, mailbox=mailbox)
+        if name == "doctor":  # its health, never where the server keeps the mailbox
+            result = grants.without_location(result, carrier.location)
         if delivery is not None and delivery.held:
             info["delivery"] = delivery.id
         if name == "attachments" and extras.get("with_content") is True:
