@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from agent_mail import errors, jsonout
+from agent_mail import __version__, errors, jsonout
 from agent_mail.protocols import http_api, wire
 
 TOKEN_VAR, TOKEN_FILE_VAR = "AGENT_MAIL_TOKEN", "AGENT_MAIL_TOKEN_FILE"
@@ -125,7 +125,8 @@ def request(url: str, token: str, name: str, given: dict, timeout: float | None 
     import http.client
 
     connection, base = _connection(url, timeout)
-    headers = {"Content-Type": content_type, "Authorization": f"Bearer {token}", http_api.NAMES_HEADER: "flags"}
+    headers = {"Content-Type": content_type, "Authorization": f"Bearer {token}", http_api.NAMES_HEADER: "flags",
+               http_api.VERSION_HEADER: __version__}
     chunked = body is not None and not isinstance(body, bytes) and not hasattr(body, "fileno")
     if body is None:
         body = jsonout.dumps(given).encode("utf-8")
@@ -157,7 +158,7 @@ def _call(url: str, token: str, name: str, given: dict, timeout: float | None, p
           names: str = "flags", connect_timeout: float = CONNECT_SECONDS):
     """One plain call (a JSON object, its JSON answer) through agent_mail.protocols.wire: what every command but
     export and import makes, without http.client's import."""
-    headers = {"Content-Type": http_api.JSON, "Authorization": f"Bearer {token}"}
+    headers = {"Content-Type": http_api.JSON, "Authorization": f"Bearer {token}", http_api.VERSION_HEADER: __version__}
     if names:
         headers[http_api.NAMES_HEADER] = names
     try:
