@@ -47,10 +47,11 @@ class Unreachable(errors.StorageError):
 
     sent = False
     answered: int | None = None
+    lasting = False  # asking again cannot help (the server's certificate is not trusted here)
 
     def passing(self) -> bool:
         """Whether asking again may find the server: no answer came, or a proxy's "no server behind me"."""
-        return self.answered in (None, 502, 503, 504)
+        return not self.lasting and self.answered in (None, 502, 503, 504)
 
 
 def _refuse(field: str, why: str) -> errors.InvalidInput:
@@ -147,7 +148,7 @@ def request(url: str, token: str, name: str, given: dict, timeout: float | None 
         after = (" The call was sent but its answer was lost: it may have been carried out; look (read --all, "
                  "status) before repeating it.") if sent else " Nothing was sent."
         lost = Unreachable(f"cannot reach the agent-mail server at {url} ({exc or type(exc).__name__}).{after}")
-        lost.sent = sent
+        lost.sent, lost.lasting = sent, wire.lasting(exc)
         raise lost from None
     finally:
         connection.close()
@@ -168,7 +169,7 @@ def _call(url: str, token: str, name: str, given: dict, timeout: float | None, p
         after = (" The call was sent but its answer was lost: it may have been carried out; look (read --all, "
                  "status) before repeating it.") if exc.sent else " Nothing was sent."
         lost = Unreachable(f"cannot reach the agent-mail server at {url} ({exc.reason}).{after}")
-        lost.sent = exc.sent
+        lost.sent, lost.lasting = exc.sent, exc.lasting
         raise lost from None
     except ValueError as exc:  # not an http(s) URL: location.server_url() said it was one
         raise _refuse("AGENT_MAIL_DB", f"is not a usable server URL ({exc})") from None
