@@ -121,6 +121,8 @@ TOOLS = {
     "gemini": ("AGENT_MAIL_GEMINI", ("gemini",), "npm install @google/gemini-cli, or set AGENT_MAIL_GEMINI"),
     "runuser": (None, ("runuser",), "apt-get install util-linux"),
     "pg_ctlcluster": (None, ("pg_ctlcluster",), "apt-get install postgresql-common"),
+    "sqlite3": (None, ("sqlite3",), "apt-get install sqlite3"),
+    "pg_dump": (None, ("pg_dump",), "apt-get install postgresql-client"),
 }
 
 

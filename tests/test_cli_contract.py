@@ -168,8 +168,9 @@ def test_documented_output_fields_match_what_commands_print(am, send, tmp_path, 
         operator.setenv("AGENT_MAIL_DB", str(mailbox_path))
         created = am("token", "create", "--agent", "b:y").json
         listed = am("token", "list").json
-        revoked = am("token", "revoke", created["id"]).json
-    assert set(created) | set(listed) | set(revoked) == set(spec.COMMANDS["token"].output)
+        rotated = am("token", "rotate", created["id"], "--grace", "0").json
+        revoked = am("token", "revoke", rotated["id"]).json
+    assert set(created) | set(listed) | set(rotated) | set(revoked) == set(spec.COMMANDS["token"].output)
     assert set(spec.COMMANDS) == {"describe", "send", "read", "ack", "watch", "heartbeat", "dismiss", "archive",
                                   "delete", "cancel", "attachments", "profile", "notifications", "status", "cleanup",
                                   "mcp",  # prints only the protocol: its tools are checked in test_mcp.py

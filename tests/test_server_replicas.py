@@ -335,6 +335,60 @@ def test_a_signalled_watch_behind_a_balancer_is_released_through_the_other_repli
         balancer.close()
 
 
+class Gateway(RoundRobin):
+    """RoundRobin answering as nginx does when no backend takes the connection: 502 with a page of its own."""
+
+    async def _carry(self, reader, writer) -> None:
+        for port in self.ports:
+            try:
+                _, probe = await asyncio.open_connection("127.0.0.1", port)
+            except OSError:
+                continue
+            probe.close()
+            return await super()._carry(reader, writer)
+        await reader.read(65536)
+        page = b"<html><body>502 Bad Gateway</body></html>"
+        writer.write(b"HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/html\r\nContent-Length: %d\r\n"
+                     b"Connection: close\r\n\r\n%s" % (len(page), page))
+        await writer.drain()
+        writer.close()
+
+
+@pytest.mark.parametrize("proxy", [RoundRobin, Gateway])
+def test_a_read_while_no_replica_answers_is_asked_again_until_one_does(replicas, mailbox_path, proxy):
+    """Both replicas down behind a balancer (connections refused, or the proxy's 502): a read, marking or not,
+    asks again (as send and watch do) and is answered once a replica is back; the marking read marks once."""
+    a, b = replicas
+    balancer = proxy([a.port, b.port])
+    worker = a.token("--agent", "deploy:worker")
+    json_of(a.direct("send", "--from", "ops:lead", "--to", "deploy:worker", "--subject", "during the outage"))
+    ports = a.port, b.port
+    try:
+        a.stop()
+        b.stop()
+        looking = subprocess.Popen([sys.executable, "-m", "agent_mail", "read", "deploy:worker", "--no-mark-read"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   env=process_env(AGENT_MAIL_DB=balancer.url, AGENT_MAIL_TOKEN=worker))
+        marking = subprocess.Popen([sys.executable, "-m", "agent_mail", "read", "deploy:worker"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   env=process_env(AGENT_MAIL_DB=balancer.url, AGENT_MAIL_TOKEN=worker))
+        try:
+            time.sleep(2)  # lets both reads find no replica, at least twice (they ask every half second)
+            assert looking.poll() is None and marking.poll() is None, "a read gave up while no replica answered"
+            replicas.restart(a, ports[0])
+            out, err = looking.communicate(timeout=30)
+            assert looking.returncode == 0, err
+            assert [m["subject"] for m in json.loads(out)["messages"]] == ["during the outage"]
+            out, err = marking.communicate(timeout=30)
+            assert marking.returncode == 0, err
+            assert [m["subject"] for m in json.loads(out)["messages"]] == ["during the outage"]
+        finally:
+            _finish(looking, marking)
+        assert json_of(a.direct("read", "deploy:worker", "--no-mark-read"))["count"] == 0  # marked, once
+    finally:
+        balancer.close()
+
+
 # ---------------------------------------------------------------- the documented proxies, run for real
 
 

@@ -537,6 +537,31 @@ class StoreContract:
         finally:
             store.close()
 
+    @exercises("end_token", "note_token_use")
+    def test_a_token_expires_is_rotated_and_notes_its_last_use_never_backwards(self):
+        store = open_store(resolve_location()[0])
+        try:
+            at, later = "2026-01-01T00:00:00.000000+00:00", "2026-01-01T00:05:00.000000+00:00"
+            with store.transaction(write=True):
+                store.add_token({"id": "t1", "secret_hash": "00" * 32, "agents": ["p:a"], "supervisor": False,
+                                 "note": None, "created": at, "expires_at": later})
+                store.add_token({"id": "t2", "secret_hash": "11" * 32, "agents": ["p:a"], "supervisor": False,
+                                 "note": None, "created": at})
+            with store.transaction():
+                one, two = store.token("t1"), store.token("t2")
+            assert one["expires_at"] == later and two["expires_at"] is None
+            assert one["last_used"] is None and one["rotated_to"] is None
+            with store.transaction(write=True):
+                store.end_token("t1", at, rotated_to="t2")
+                store.note_token_use("t2", later)
+                store.note_token_use("t2", at)  # an older time never replaces a newer one
+            with store.transaction():
+                listed = {t["id"]: t for t in store.tokens()}
+            assert listed["t1"]["expires_at"] == at and listed["t1"]["rotated_to"] == "t2"
+            assert listed["t2"]["last_used"] == later and "secret_hash" not in listed["t2"]
+        finally:
+            store.close()
+
     @exercises("wake_waits")
     def test_waking_every_wait_wakes_a_blocked_watch(self):
         with open_mailbox() as mailbox:

@@ -26,7 +26,8 @@ from agent_mail.protocols.http_client import (CALL_TIMEOUT_SECONDS, Refused, Unr
 STOP_SECONDS = 2.0
 
 # How long a watch (and --follow, a hook's waiter) keeps reconnecting to a server that is down (restarting, cut off,
-# its storage down), and a send keeps repeating itself (with its idempotency key), before it gives up (exit 1).
+# its storage down), a send keeps repeating itself (with its idempotency key) and a read asking again (a read is
+# safe to repeat: one that marks holds its marks until it is confirmed), before it gives up (exit 1).
 RECONNECT_SECONDS = float(os.environ.get("AGENT_MAIL_RECONNECT_SECONDS", "60"))
 
 # What cannot go through a server, and why (exit 2, naming AGENT_MAIL_DB).
@@ -74,10 +75,13 @@ def main(name: str, values: dict, emit) -> int:
     if _marks(name, values):  # deliver, then confirm
         from agent_mail.client import deliveries
 
-        code = deliveries.read(url, token, given, emitted)
+        code = deliveries.read(url, token, given, emitted, lambda ask: _reconnecting(url, ask, _READ_GAVE_UP))
         _refresh_mirrors(url, token)
         return code
-    status, code, document = _sent(url, token, given) if name == "send" else request(url, token, name, given)
+    if name == "read":  # looks only: asked again while no server answers, as a marking read is
+        status, code, document = _reconnecting(url, lambda: request(url, token, name, given), _READ_GAVE_UP)
+    else:
+        status, code, document = _sent(url, token, given) if name == "send" else request(url, token, name, given)
     if code in (errors.EXIT_OK, errors.EXIT_PARTIAL):
         # Any call may have published mail that fell due, as on the mailbox's machine, where whatever touches
         # the mailbox renders its recipients' mirrors: the mirrors kept here are rendered again after each one.
@@ -204,6 +208,10 @@ def _sent(url: str, token: str, given: dict) -> tuple:
                               f"back for {RECONNECT_SECONDS:.0f} s; it may have been stored (once: its idempotency "
                               f"key was {given['idempotency_key']}). Look (read, status) before sending it again.")
         time.sleep(0.5)
+
+
+_READ_GAVE_UP = ("nothing was marked read (a read's marks wait for it to be printed); run the read again once "
+                 "the server is back.")
 
 
 def _reconnecting(url: str, ask, gave_up: str):

@@ -11,13 +11,14 @@ from agent_mail.protocols import http_api
 from agent_mail.protocols.http_client import Unreachable, accepted, request
 
 
-def read(url: str, token: str, given: dict, emit) -> int:
+def read(url: str, token: str, given: dict, emit, retried=lambda ask: ask()) -> int:
     """A read that marks, in two steps (operations.deliveries): the server holds the marks and names the delivery;
     the result is printed here; then the delivery is confirmed and the mail marked read, so a read killed or unable
     to print in between marks nothing, as on the mailbox's machine (its mail is delivered again: at once when it
-    could say so, after the hold otherwise)."""
-    status, code, document, delivery = request(url, token, "read", {**given, "deliver": "confirm"},
-                                               header=http_api.DELIVERY_HEADER)
+    could say so, after the hold otherwise). `retried(ask)`: the first answer of `ask()`, asked again while no
+    server answers (safe: a delivery whose answer was lost is never confirmed, so it marks nothing)."""
+    status, code, document, delivery = retried(lambda: request(url, token, "read", {**given, "deliver": "confirm"},
+                                                               header=http_api.DELIVERY_HEADER))
     accepted(code, document)
     try:
         emit(document)

@@ -48,7 +48,8 @@ def _resolve_ref(path: str, must_exist: bool = True) -> tuple[str | None, str | 
     if problem:
         return None, problem
     if not must_exist:  # resolved and checked on the sender's machine (a client of agent-mail serve)
-        return (path, None) if os.path.isabs(path) else (None, f"{path!r} is not an absolute path.")
+        return (path, None) if os.path.isabs(path) else (None, f"{path!r} is not an absolute path: through a server "
+                                                           "a ref is the path as the sender's machine resolved it.")
     absolute = os.path.abspath(os.path.expanduser(path))
     if not os.path.exists(absolute):
         return None, f"{path!r} does not exist (resolved to {absolute}). Refs must exist when you send."
@@ -91,8 +92,11 @@ def prepare_send(values: dict, uploaded: dict | None = None) -> tuple[dict, list
             problems.append(("ref", problem))
         else:
             refs.append(absolute)
+    # Through a server (`uploaded` given), a ref is text the sender's machine read: never looked for, expanded
+    # or resolved on the server's disk (an absolute path as given is stored; anything else is refused, unresolved).
+    here = uploaded is None
     for path in values.get("ref") or []:
-        absolute, problem = _resolve_ref(path)
+        absolute, problem = _resolve_ref(path, must_exist=here)
         if problem:
             problems.append(("ref", problem))
         else:
@@ -113,7 +117,7 @@ def prepare_send(values: dict, uploaded: dict | None = None) -> tuple[dict, list
             problems.append(("refs", "must be a JSON array of paths, e.g. [\"docs/plan.md\"]."))
             listed = None
         for path in listed or []:
-            absolute, problem = _resolve_ref(path)
+            absolute, problem = _resolve_ref(path, must_exist=here)
             if problem:
                 problems.append(("refs", problem))
             else:

@@ -24,6 +24,30 @@ EXIT_HEADER = "X-Agent-Mail-Exit"  # every answer: the exit code the command wou
 RESULT_HEADER = "X-Agent-Mail-Result"  # export: its summary (JSON), the export itself being the body
 DELIVERY_HEADER = "X-Agent-Mail-Delivery"  # read with deliver=confirm: the delivery to confirm once printed
 NAMES_HEADER = "X-Agent-Mail-Names"  # "flags": name arguments in problems as the command line does (--reply-to)
+VERSION_HEADER = "X-Agent-Mail-Version"  # a client's request: its version; every answer: the server's
+
+
+def version_problem(client: str, server: str) -> str | None:
+    """Why a client of version `client` cannot be served by a server of version `server`, or None. The rule: the
+    same major version, and before 1.0 the same minor one too (0.1.x with 0.1.y; 1.2 with 1.7; never 0.1 with
+    0.2, nor 1.x with 2.x): within it the API only grows (new commands, arguments and fields, never one taken away
+    or changed in meaning), so either side may be the newer."""
+    def release(version: str) -> tuple[int, int] | None:
+        parts = version.strip().split(".")
+        try:
+            return int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
+        except ValueError:
+            return None
+    mine, theirs = release(server), release(client)
+    if theirs is None:
+        return f"the client sent {VERSION_HEADER}: {client!r}, which is no version (MAJOR.MINOR.PATCH)."
+    if mine is None or (theirs[0] == mine[0] and (mine[0] > 0 or theirs[1] == mine[1])):
+        return None
+    older = "client" if theirs < mine else "server"
+    return (f"this agent-mail client is version {client} and the server is version {server}: they do not work "
+            "together (a client needs a server of the same major version, and before 1.0 of the same minor one). "
+            f"Upgrade the {older}, or install the same release on both sides.")
+
 
 # -- media types ---------------------------------------------------------------------------------------------------
 JSON = "application/json"  # a call's values, every answer but an export's

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from agent_mail import errors, jsonout
+from agent_mail import __version__, errors, jsonout
 from agent_mail.protocols import http_api, wire
 
 TOKEN_VAR, TOKEN_FILE_VAR = "AGENT_MAIL_TOKEN", "AGENT_MAIL_TOKEN_FILE"
@@ -47,10 +47,11 @@ class Unreachable(errors.StorageError):
 
     sent = False
     answered: int | None = None
+    lasting = False  # asking again cannot help (the server's certificate is not trusted here)
 
     def passing(self) -> bool:
         """Whether asking again may find the server: no answer came, or a proxy's "no server behind me"."""
-        return self.answered in (None, 502, 503, 504)
+        return not self.lasting and self.answered in (None, 502, 503, 504)
 
 
 def _refuse(field: str, why: str) -> errors.InvalidInput:
@@ -125,7 +126,8 @@ def request(url: str, token: str, name: str, given: dict, timeout: float | None 
     import http.client
 
     connection, base = _connection(url, timeout)
-    headers = {"Content-Type": content_type, "Authorization": f"Bearer {token}", http_api.NAMES_HEADER: "flags"}
+    headers = {"Content-Type": content_type, "Authorization": f"Bearer {token}", http_api.NAMES_HEADER: "flags",
+               http_api.VERSION_HEADER: __version__}
     chunked = body is not None and not isinstance(body, bytes) and not hasattr(body, "fileno")
     if body is None:
         body = jsonout.dumps(given).encode("utf-8")
@@ -146,7 +148,7 @@ def request(url: str, token: str, name: str, given: dict, timeout: float | None 
         after = (" The call was sent but its answer was lost: it may have been carried out; look (read --all, "
                  "status) before repeating it.") if sent else " Nothing was sent."
         lost = Unreachable(f"cannot reach the agent-mail server at {url} ({exc or type(exc).__name__}).{after}")
-        lost.sent = sent
+        lost.sent, lost.lasting = sent, wire.lasting(exc)
         raise lost from None
     finally:
         connection.close()
@@ -157,7 +159,7 @@ def _call(url: str, token: str, name: str, given: dict, timeout: float | None, p
           names: str = "flags", connect_timeout: float = CONNECT_SECONDS):
     """One plain call (a JSON object, its JSON answer) through agent_mail.protocols.wire: what every command but
     export and import makes, without http.client's import."""
-    headers = {"Content-Type": http_api.JSON, "Authorization": f"Bearer {token}"}
+    headers = {"Content-Type": http_api.JSON, "Authorization": f"Bearer {token}", http_api.VERSION_HEADER: __version__}
     if names:
         headers[http_api.NAMES_HEADER] = names
     try:
@@ -167,7 +169,7 @@ def _call(url: str, token: str, name: str, given: dict, timeout: float | None, p
         after = (" The call was sent but its answer was lost: it may have been carried out; look (read --all, "
                  "status) before repeating it.") if exc.sent else " Nothing was sent."
         lost = Unreachable(f"cannot reach the agent-mail server at {url} ({exc.reason}).{after}")
-        lost.sent = exc.sent
+        lost.sent, lost.lasting = exc.sent, exc.lasting
         raise lost from None
     except ValueError as exc:  # not an http(s) URL: location.server_url() said it was one
         raise _refuse("AGENT_MAIL_DB", f"is not a usable server URL ({exc})") from None

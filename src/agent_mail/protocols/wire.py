@@ -26,9 +26,15 @@ class Lost(Exception):
     """No whole answer: `sent` says whether the request had been written whole (then it may have been carried
     out)."""
 
-    def __init__(self, reason: str, sent: bool):
+    def __init__(self, reason: str, sent: bool, lasting: bool = False):
         super().__init__(reason)
-        self.reason, self.sent = reason, sent
+        self.reason, self.sent, self.lasting = reason, sent, lasting
+
+
+def lasting(exc: BaseException) -> bool:
+    """Whether asking again cannot help: the server's certificate was not trusted (an ssl.SSLCertVerificationError,
+    told by its verify_code without importing ssl)."""
+    return getattr(exc, "verify_code", None) is not None
 
 
 class Reply:
@@ -141,7 +147,7 @@ def post(url: str, path: str, body: bytes, headers: dict[str, str], timeout: flo
         sock = _connect(scheme, host, port, timeout if connect_timeout is None else connect_timeout, timeout,
                         keepalive)
     except (OSError, ValueError) as exc:
-        raise Lost(_reason(exc), sent=False) from None
+        raise Lost(_reason(exc), sent=False, lasting=lasting(exc)) from None
     try:
         sock.sendall(request)
         sent = True

@@ -46,6 +46,7 @@ from agent_mail.server import grants, openapi, stops
 from agent_mail.operations import tokens
 from agent_mail.server.edge import (MAX_HEAD_BYTES, Dated, EdgeProtocol, is_loopback, listen_address, log, read_body,
                                     spool_upload)
+from agent_mail.server.versions import Versioned
 from agent_mail.server.waits import ServedWaits, Stopping
 from agent_mail.parts.waits import HungUp, Released
 
@@ -220,6 +221,8 @@ def _carry_out(carrier: _Carrier, name: str, presented: str | None, body: bytes,
                 values.pop("wanted")
                 return _Wait(values, grant, key)
         result = calls.run(name, values, mailbox=mailbox)
+        if name == "doctor":  # its health, never where the server keeps the mailbox
+            result = grants.without_location(result, carrier.location)
         if delivery is not None and delivery.held:
             info["delivery"] = delivery.id
         if name == "attachments" and extras.get("with_content") is True:
@@ -551,7 +554,7 @@ def app_for(location: str) -> Starlette:
                              Route(http_api.OPENAPI_PATH, described, methods=["GET"]),
                              Route(http_api.MCP_PATH, mcp, methods=["GET", "POST", "DELETE"])],
                      lifespan=getattr(mcp, "lifespan", None), exception_handlers={HTTPException: _not_routed},
-                     middleware=[Middleware(Dated)])
+                     middleware=[Middleware(Dated), Middleware(Versioned)])
 
 
 def _mcp_endpoint(location: str):
@@ -676,6 +679,10 @@ def serve(listen: str | None = None, tls_cert: str | None = None, tls_key: str |
     # until uvicorn's own handlers are in place (while it starts) it stops the server as theirs do: a SIGTERM
     # that came right after "listening" was swallowed, and the server ran on.
     previous = {number: signal.signal(number, server.handle_exit) for number in (signal.SIGTERM, signal.SIGINT)}
+    if tls_cert:
+        from agent_mail.server import certs
+
+        certs.reload_on_sighup(server, tls_cert, tls_key or tls_cert, log)
     log(listening=f"{scheme}://{shown_host}:{bound}", mailbox=redact_url(location), pid=os.getpid())
     try:
         server.run(sockets=[sock])

@@ -106,3 +106,37 @@ def check(grant: dict, name: str, values: dict) -> str | None:
             return None
         raise _refuse(None, f"doctor looks at the whole mailbox: {scope(grant)}; it needs a supervisor's token.")
     raise _refuse(None, f"{name} cannot be called through the server.")
+
+
+SERVER_MAILBOX = "(the server's mailbox)"
+
+
+def without_location(result: object, location: str) -> object:
+    """`doctor`'s report through a server, with the mailbox's file path or database URL (and the directory it is
+    in) replaced by SERVER_MAILBOX wherever they appear: a client learns the mailbox's health, never where the
+    server keeps it."""
+    import os
+
+    from agent_mail.urls import redact_url
+
+    names = {location, redact_url(location)}
+    if "://" not in location:
+        names |= {os.path.abspath(location), os.path.realpath(location)}
+        names |= {os.path.dirname(name) for name in list(names) if os.path.dirname(name) not in ("", os.sep)}
+    ordered = sorted((n for n in names if n), key=len, reverse=True)  # the longest first: the file before its folder
+
+    def hidden(value: object) -> object:
+        if isinstance(value, str):
+            if not any(name in value for name in ordered):
+                return value  # as it was (a next Step stays one)
+            value = str(value)
+            for name in ordered:
+                value = value.replace(name, SERVER_MAILBOX)
+            return value
+        if isinstance(value, dict):
+            return {key: hidden(item) for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [hidden(item) for item in value]
+        return value
+
+    return hidden(result)

@@ -377,27 +377,39 @@ register(Command(
     name="token",
     summary="Manage the access tokens of `agent-mail serve`, on the mailbox itself (the operator's side, like copy). "
     "create: a token that acts only as the identities it names (P:N exactly, P:* a project, '*' any), printed "
-    "once: the mailbox keeps only its hash. list: every token, never its secret. revoke ID: refused from then on, "
-    "a wait already made with it included.",
+    "once: the mailbox keeps only its hash; --expires-in makes it expire. list: every token, never its secret, with "
+    "when each was last used. rotate ID: a new token with the same identities, shown once; the old one works for "
+    "the --grace (1h by default) and is refused after. revoke ID: refused from then on, a wait already made with "
+    "it included.",
     mutating=True,
     args=(
-        Arg("action", TEXT, "create, list or revoke.", required=True, choices=("create", "list", "revoke")),
-        Arg("id", TEXT, "revoke: the token's id (from create or list)."),
+        Arg("action", TEXT, "create, list, rotate or revoke.", required=True,
+            choices=("create", "list", "rotate", "revoke")),
+        Arg("id", TEXT, "rotate, revoke: the token's id (from create or list)."),
         Arg("--agent", TEXT, "create: an identity the token acts as: project:name, project:* (every identity of "
             "the project) or '*' (any: an operator's token); repeatable.", repeat=True),
         Arg("--supervisor", FLAG, "create: the token may also look at everything (status, search, read "
             "--no-mark-read, threads) without acting as anyone it does not name."),
         Arg("--note", TEXT, "create: who or what the token is for (shown by list)."),
+        Arg("--expires-in", TEXT, "create, rotate: refused after this long: a number with s, m, h, d or w (30d, "
+            "12h), or of seconds. rotate without it: the new token expires when the old one would have."),
+        Arg("--grace", TEXT, "rotate: how long the old token still works (0: not at all; 10m, 1h, 2d). Default "
+            "1h: long enough to hand the new one out; never past the old token's own expiry."),
     ),
     output={
-        "id": "create, revoke: the token's id (not secret).",
-        "token": "create: the secret to give the agent (AGENT_MAIL_TOKEN, or a 0600 file named by "
+        "id": "create, rotate, revoke: the token's id (not secret); rotate: the new token's.",
+        "token": "create, rotate: the secret to give the agent (AGENT_MAIL_TOKEN, or a 0600 file named by "
         "AGENT_MAIL_TOKEN_FILE). Shown this once; the mailbox keeps only its hash.",
-        "agents": "create: the identities it acts as.",
-        "supervisor": "create: whether it may look at everything.",
-        "note": "create: its note.",
-        "created": "create: when.",
-        "tokens": "list: [{id, agents, supervisor, note, created, revoked_at}], oldest first; never a secret.",
+        "agents": "create, rotate: the identities it acts as.",
+        "supervisor": "create, rotate: whether it may look at everything.",
+        "note": "create, rotate: its note.",
+        "created": "create, rotate: when.",
+        "expires_at": "create, rotate: when it will be refused, or null (never).",
+        "replaces": "rotate: the old token's id.",
+        "old_valid_until": "rotate: when the old token is refused (now plus the grace, or its own expiry if sooner).",
+        "tokens": "list: [{id, agents, supervisor, note, created, expires_at, expired, last_used, rotated_to, "
+        "revoked_at}], oldest first; never a secret. last_used: when the server last took it (to the minute), or "
+        "null; rotated_to: the token that replaced it.",
         "count": "list: how many.",
         "revoked": "revoke: true (revoking a token already revoked is refused).",
         "revoked_at": "revoke: when.",
@@ -406,7 +418,8 @@ register(Command(
            "against a process that can read the agent's token (its environment or its token file): that process "
            "can act as that agent.",),
     examples=("token create --agent deploy:worker --note 'build box'", "token create --agent 'ops:*' --supervisor",
-              "token create --agent '*' --note operator", "token list", "token revoke 3f9c2a7d41b0"),
+              "token create --agent '*' --note operator", "token create --agent ci:bot --expires-in 30d",
+              "token list", "token rotate 3f9c2a7d41b0 --grace 10m", "token revoke 3f9c2a7d41b0"),
 ))
 
 

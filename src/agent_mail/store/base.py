@@ -522,11 +522,21 @@ class Store(WholeMailbox):
     # -- access tokens (agent-mail serve) ------------------------------------
     def add_token(self, token: dict) -> None:
         """Store a token: {id, secret_hash (hex sha256 of the secret; the secret itself is never stored),
-        agents (the identities it acts as: 'P:N', 'P:*', '*'), supervisor, note, created}."""
+        agents (the identities it acts as: 'P:N', 'P:*', '*'), supervisor, note, created, expires_at (or None)}."""
         raise NotImplementedError
 
     def tokens(self) -> list[dict]:
-        """Every token, oldest first: {id, agents, supervisor, note, created, revoked_at}, never its hash."""
+        """Every token, oldest first: {id, agents, supervisor, note, created, expires_at, last_used, rotated_to,
+        revoked_at}, never its hash."""
+        raise NotImplementedError
+
+    def end_token(self, token_id: str, until: str, rotated_to: str) -> None:
+        """A rotated token: its expires_at set to `until` (the grace), rotated_to the token replacing it; every
+        wait is woken."""
+        raise NotImplementedError
+
+    def note_token_use(self, token_id: str, at: str) -> None:
+        """Set the token's last_used to `at` (never back in time)."""
         raise NotImplementedError
 
     def token(self, token_id: str) -> dict | None:

@@ -139,8 +139,14 @@ def m009_deliveries(x) -> None:
     x("CREATE INDEX IF NOT EXISTS idx_deliveries_lease ON deliveries(lease)")
 
 
+def m010_token_lifetimes(x) -> None:
+    """A token's expiry, the token that replaced it and when it was last used (SQLite's m015_token_lifetimes)."""
+    for column in ("expires_at", "last_used", "rotated_to"):
+        x(f"ALTER TABLE tokens ADD COLUMN IF NOT EXISTS {column} {T}")
+
+
 MIGRATIONS = (m001_tables, m002_indexes, m003_count_indexes, m004_batch_index, m005_search, m006_search_marks,
-              m007_tokens, m008_reservations, m009_deliveries)
+              m007_tokens, m008_reservations, m009_deliveries, m010_token_lifetimes)
 
 
 def index_missing(x) -> int:

@@ -32,7 +32,8 @@ TABLES = {
     "harness_sessions": (HARNESS_COLUMNS, False, ("id",)),
     # A token's hash and grant, and file reservations: a moved mailbox keeps its team's tokens working and its
     # holders' claims (a reservation's key is its holder's pattern in a repository, as reserve renews it).
-    "tokens": (("id", "secret_hash", "agents", "supervisor", "note", "created", "revoked_at"), False, ("id",)),
+    "tokens": (("id", "secret_hash", "agents", "supervisor", "note", "created", "revoked_at", "expires_at",
+                "last_used", "rotated_to"), False, ("id",)),
     "reservations": (("id", "repo", "agent", "pattern", "exclusive", "reason", "created", "renewed_at",
                       "expires_at"), False, ("repo", "agent", "pattern")),
 }
@@ -57,4 +58,4 @@ SQLITE_SEARCH_TABLE = "message_search"
 # (mailboxes of older implementations stored local offsets, which SQLite orders through julianday()).
 STAMPS = frozenset({"created", "read_at", "acked_at", "deliver_at", "cancelled_at", "archived_at", "deleted_at",
                     "published_at", "updated_at", "dismissed_at", "started_at", "last_seen", "released_at",
-                    "told_at", "ended_at", "revoked_at", "renewed_at", "expires_at"})
+                    "told_at", "ended_at", "revoked_at", "renewed_at", "expires_at", "last_used"})

@@ -91,7 +91,7 @@ class _Fragments:
         return direct, broadcast
 
 
-_TOKEN_COLUMNS = "id, agents, supervisor, note, created, revoked_at"
+_TOKEN_COLUMNS = "id, agents, supervisor, note, created, expires_at, last_used, rotated_to, revoked_at"
 
 
 def _token(row: dict) -> dict:
@@ -673,9 +673,19 @@ class SQLStore(Store):
     def add_token(self, token: dict) -> None:
         import json
 
-        self._x("INSERT INTO tokens (id, secret_hash, agents, supervisor, note, created) VALUES (?, ?, ?, ?, ?, ?)",
+        self._x("INSERT INTO tokens (id, secret_hash, agents, supervisor, note, created, expires_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (token["id"], token["secret_hash"], json.dumps(token["agents"]), int(token["supervisor"]),
-                 token["note"], token["created"]))
+                 token["note"], token["created"], token.get("expires_at")))
+
+    def end_token(self, token_id: str, until: str, rotated_to: str) -> None:
+        """A rotated token: valid until `until` (its grace), replaced by `rotated_to`."""
+        self._x("UPDATE tokens SET expires_at = ?, rotated_to = ? WHERE id = ?", (until, rotated_to, token_id))
+        self.wake_waits()  # a grace of 0 ends the waits made with it now
+
+    def note_token_use(self, token_id: str, at: str) -> None:
+        self._x("UPDATE tokens SET last_used = ? WHERE id = ? AND (last_used IS NULL OR last_used < ?)",
+                (at, token_id, at))
 
     def tokens(self) -> list[dict]:
         return [_token(r) for r in self._query(f"SELECT {_TOKEN_COLUMNS} FROM tokens ORDER BY created, id")]

@@ -212,13 +212,22 @@ def m014_deliveries(db: sqlite3.Connection) -> None:
     db.execute("CREATE INDEX IF NOT EXISTS idx_deliveries_lease ON deliveries(lease)")
 
 
+def m015_token_lifetimes(db: sqlite3.Connection) -> None:
+    """A token's expiry (create --expires-in, or a rotation's grace), the token that replaced it (rotate), and when
+    the server last took it (to the minute)."""
+    columns = {r[1] for r in db.execute("PRAGMA table_info(tokens)")}
+    for column in ("expires_at", "last_used", "rotated_to"):
+        if column not in columns:
+            db.execute(f"ALTER TABLE tokens ADD COLUMN {column} TEXT")
+
+
 def has_table(db: sqlite3.Connection, name: str) -> bool:
     return db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).fetchone() is not None
 
 
 MIGRATIONS = (m001_seed_schema, m002_inbox_indexes, m003_liveness, m004_delivery, m005_count_indexes,
               m006_arrival_indexes, m007_harness_sessions, m008_envelope_indexes, m009_batch_index, m010_search,
-              m011_route_marks, m012_tokens, m013_reservations, m014_deliveries)
+              m011_route_marks, m012_tokens, m013_reservations, m014_deliveries, m015_token_lifetimes)
 
 
 def index_missing(db: sqlite3.Connection) -> int:
