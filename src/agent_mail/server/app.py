@@ -608,8 +608,12 @@ _GUARDED = (http_api.EXPORT_PATH, http_api.IMPORT_PATH, http_api.DELIVERED_PATH,
             http_api.DASHBOARD_PATH, http_api.STOP_PATH, http_api.MCP_PATH)
 
 
-def _guarded(path: str) -> bool:
-    return path.startswith(http_api.CALL_PATH) or path in _GUARDED
+def _guarded(path: str, method: str) -> bool:
+    """A request that carries a body and a token: a POST to the API (another method is 405 without a look at
+    either), any request to /mcp (which authenticates every method first)."""
+    if path == http_api.MCP_PATH:
+        return True
+    return method == "POST" and (path.startswith(http_api.CALL_PATH) or path in _GUARDED)
 
 
 def _sampled(carrier: _Carrier) -> list:

@@ -159,10 +159,12 @@ class Penalties:
 
 
 class Gate:
-    """ASGI middleware: the bearer token of a request to `guarded` paths checked before a byte of its body is
-    read (`authenticate(token)` -> grant, errors.Forbidden when refused), so a client without a token cannot make
-    the server take in a body. A refusal is 401 with WWW-Authenticate, held as Penalties say when a token was
-    given; a database that cannot be reached is 503. The grant found is left in the scope (GRANT_KEY)."""
+    """ASGI middleware: the bearer token of a request to a guarded path (`guarded(path, method)`) checked before a
+    byte of its body is read (`authenticate(token)` -> grant, errors.Forbidden when refused), so a client without
+    a token cannot make the server take in a body. A refusal is 401 with WWW-Authenticate, held as Penalties say
+    when a token was given; a database that cannot be reached is 503. The grant found is left in the scope
+    (GRANT_KEY).
+    """
 
     GRANT_KEY = "agent_mail.grant"
 
@@ -171,7 +173,7 @@ class Gate:
         self.penalties = penalties or Penalties()
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or not self.guarded(scope.get("path", "")):
+        if scope["type"] != "http" or not self.guarded(scope.get("path", ""), scope.get("method", "")):
             return await self.app(scope, receive, send)
         started = time.monotonic()
         presented = bearer(scope)
