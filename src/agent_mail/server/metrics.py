@@ -138,7 +138,9 @@ class Counting:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        route, started, status = self.metrics.route(scope.get("path", "")), time.monotonic(), [500]
+        # Counted as answered: 499 (nginx's "client closed request") when nothing was (the client went, or the
+        # edge cut the request off at its deadline and answered it), 500 when the application raised.
+        route, started, status = self.metrics.route(scope.get("path", "")), time.monotonic(), [499]
 
         async def counted(message):
             if message["type"] == "http.response.start":
@@ -147,6 +149,9 @@ class Counting:
         self.metrics.started_request(route)
         try:
             await self.app(scope, receive, counted)
+        except BaseException:
+            status[0] = 500 if status[0] == 499 else status[0]
+            raise
         finally:
             self.metrics.ended_request(route, scope.get("method", ""), status[0], time.monotonic() - started)
 
