@@ -196,7 +196,9 @@ class Gate:
                 headers.append((b"www-authenticate", BEARER_CHALLENGE.encode()))
             await send({"type": "http.response.start", "status": status, "headers": headers})
             await send({"type": "http.response.body", "body": body})
-            log(method=scope.get("method"), path=scope.get("path"), command=None, token_id=None, status=status,
+            path = scope.get("path", "")
+            command = path[len(http_api.CALL_PATH):] if path.startswith(http_api.CALL_PATH) else None
+            log(method=scope.get("method"), path=path, command=command, token_id=None, status=status,
                 exit=exc.exit_code, ms=round((time.monotonic() - started) * 1000, 1),
                 **({} if refused else {"error": exc.message}))
             return
