@@ -34,6 +34,8 @@ class Server:
                                       *plain], env=process_env(AGENT_MAIL_DB=self.mailbox, **self.env),
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         first = json.loads(self.proc.stderr.readline())
+        while "warning" in first:  # off loopback without TLS: said before "listening"
+            first = json.loads(self.proc.stderr.readline())
         # The server logs a line per request: read as it comes, so a long run never fills the pipe and blocks it.
         self.log: list[bytes] = []
         self._reader = threading.Thread(target=lambda: self.log.extend(iter(self.proc.stderr.readline, b"")),

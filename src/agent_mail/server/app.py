@@ -42,10 +42,10 @@ from starlette.routing import Route
 from agent_mail import __version__, calls, errors, jsonout, model, spec
 from agent_mail.protocols import http_api, wire
 from agent_mail.parts import checks
-from agent_mail.server import grants, openapi, stops
+from agent_mail.server import grants, metrics, openapi, stops
 from agent_mail.operations import tokens
-from agent_mail.server.edge import (MAX_HEAD_BYTES, Dated, EdgeProtocol, is_loopback, listen_address, log, read_body,
-                                    spool_upload)
+from agent_mail.server.edge import (BEARER_CHALLENGE, MAX_HEAD_BYTES, Dated, EdgeProtocol, Gate, is_loopback,
+                                    listen_address, log, read_body, spool_upload)
 from agent_mail.server.versions import Versioned
 from agent_mail.server.waits import ServedWaits, Stopping
 from agent_mail.parts.waits import HungUp, Released
@@ -433,9 +433,17 @@ async def _answered(request: Request, name: str, work, namer=None, status: int |
     except Exception as exc:  # a bug: still JSON, never a traceback
         response = _document({"error": f"internal error ({type(exc).__name__}: {exc}). Nothing was changed. "
                                        "Please report this.", "problems": []}, 500, errors.EXIT_FAILED)
+    if response.status_code == 401:
+        response.headers["WWW-Authenticate"] = BEARER_CHALLENGE
+    failed = {}  # a server error's text (what the client was told: never a token, a URL's password is redacted)
+    if response.status_code >= 500 and response.media_type == http_api.JSON:
+        try:
+            failed = {"error": json.loads(response.body)["error"]}
+        except (ValueError, KeyError, TypeError):
+            pass
     log(method=request.method, path=request.url.path, command=name, token_id=info["token_id"],
          **{"as": info["as"]}, status=response.status_code, exit=int(response.headers[EXIT_HEADER]),
-         ms=round((time.monotonic() - started) * 1000, 1))
+         ms=round((time.monotonic() - started) * 1000, 1), **failed)
     return response
 
 
@@ -537,7 +545,43 @@ def app_for(location: str) -> Starlette:
         return endpoint
 
     async def health(request: Request) -> Response:
+        """Liveness: the process answers (nothing asked of the database)."""
         return _document({"ok": True, "stopping": _STOPPING.is_set()}, 200, errors.EXIT_OK)
+
+    async def ready(request: Request) -> Response:
+        """Readiness (agent_mail.server.metrics.readiness): 503 with the reason while calls cannot be served."""
+        reason = "the server is stopping." if _STOPPING.is_set() else None
+        if reason is None:
+            try:
+                with anyio.fail_after(metrics.READY_SECONDS + 1):
+                    reason = await anyio.to_thread.run_sync(metrics.readiness, location, abandon_on_cancel=True)
+            except TimeoutError:
+                reason = f"the database did not answer within {metrics.READY_SECONDS + 1} s."
+        if reason is not None:
+            log(method="GET", path=request.url.path, status=503, exit=errors.EXIT_FAILED, error=reason)
+            return _document({"ok": False, "ready": False, "reason": reason, "stopping": _STOPPING.is_set()}, 503,
+                             errors.EXIT_FAILED)
+        return _document({"ok": True, "ready": True, "reason": None, "stopping": False}, 200, errors.EXIT_OK)
+
+    async def scrape(request: Request) -> Response:
+        """GET /metrics: a supervisor's or an operator's token (the counters are of every identity's traffic)."""
+        async def carry_out(info: dict) -> Response:
+            carrier.ready()
+            grant = await carrier.run(_authenticated, carrier, _bearer(request), info)
+            if not grant["supervisor"] and "*" not in grant["agents"]:
+                raise errors.Forbidden(f"{grants.scope(grant)}; {http_api.METRICS_PATH} is read with a supervisor's "
+                                       "or an operator's token (agent-mail token create --supervisor).")
+            return Response(counted.text(), 200, media_type=metrics.CONTENT_TYPE, headers={EXIT_HEADER: "0"})
+        return await _answered(request, "metrics", carry_out)
+
+    async def authenticate(presented: str) -> dict:
+        carrier.ready()
+        return await carrier.run(_authenticated, carrier, presented, {})
+
+    counted = metrics.Metrics((*(http_api.call_path(name) for name in SERVED), *_GUARDED, http_api.HEALTH_PATH,
+                               http_api.HEALTH_LIVE_PATH, http_api.HEALTH_READY_PATH, http_api.OPENAPI_PATH,
+                               http_api.METRICS_PATH))
+    counted.samplers.append(lambda: _sampled(carrier))
 
     async def described(request: Request) -> Response:
         return _document(openapi.document(__version__), 200, errors.EXIT_OK)
@@ -551,10 +595,50 @@ def app_for(location: str) -> Starlette:
                              Route(http_api.DASHBOARD_PATH, looks, methods=["POST"]),
                              Route(http_api.STOP_PATH, carried_by("stop_watch", _stop_wait), methods=["POST"]),
                              Route(http_api.HEALTH_PATH, health, methods=["GET"]),
+                             Route(http_api.HEALTH_LIVE_PATH, health, methods=["GET"]),
+                             Route(http_api.HEALTH_READY_PATH, ready, methods=["GET"]),
+                             Route(http_api.METRICS_PATH, scrape, methods=["GET"]),
                              Route(http_api.OPENAPI_PATH, described, methods=["GET"]),
                              Route(http_api.MCP_PATH, mcp, methods=["GET", "POST", "DELETE"])],
                      lifespan=getattr(mcp, "lifespan", None), exception_handlers={HTTPException: _not_routed},
-                     middleware=[Middleware(Dated), Middleware(Versioned)])
+                     middleware=[Middleware(Dated), Middleware(Versioned),
+                                 Middleware(metrics.Counting, metrics=counted),
+                                 Middleware(Gate, authenticate=authenticate, guarded=_guarded)])
+
+
+# The paths whose token is checked before their body is read (edge.Gate): every one that takes a token but /metrics
+# (which has no body), a command's call under CALL_PATH besides.
+_GUARDED = (http_api.EXPORT_PATH, http_api.IMPORT_PATH, http_api.DELIVERED_PATH, http_api.FOLLOW_PATH,
+            http_api.DASHBOARD_PATH, http_api.STOP_PATH, http_api.MCP_PATH)
+
+
+def _guarded(path: str, method: str) -> bool:
+    """A request that carries a body and a token: a POST to the API (another method is 405 without a look at
+    either), any request to /mcp (which authenticates every method first)."""
+    if path == http_api.MCP_PATH:
+        return True
+    return method == "POST" and (path.startswith(http_api.CALL_PATH) or path in _GUARDED)
+
+
+def _sampled(carrier: _Carrier) -> list:
+    """What the PostgreSQL carrier reports when scraped: the pool's use, the waits' wake-ups, the hub's
+    reconnections (when its hub counts them)."""
+    if carrier.limiter is None or carrier.pool is None:
+        return []
+    families = [("agent_mail_db_pool_size", "gauge", "Connections the pool may open for calls.",
+                 [((), carrier.pool.size)]),
+                ("agent_mail_db_pool_in_use", "gauge", "The pool's connections lent to calls now.",
+                 [((), carrier.limiter.borrowed_tokens)]),
+                ("agent_mail_db_pool_idle", "gauge", "The pool's connections open and idle now.",
+                 [((), carrier.pool.open_count())])]
+    if carrier.waits is not None:
+        families.append(("agent_mail_wakeups_total", "counter", "Wake-ups of the served waits (a send to a waiting "
+                         "identity, a broadcast, a revocation, a reconnection).", [((), carrier.waits.generation)]))
+        reconnects = getattr(carrier.waits.hub, "reconnects", None)
+        if isinstance(reconnects, int):
+            families.append(("agent_mail_hub_reconnects_total", "counter", "Reconnections of the LISTEN connection "
+                             "that carries the waits.", [((), reconnects)]))
+    return families
 
 
 def _mcp_endpoint(location: str):
@@ -639,9 +723,11 @@ def serve(listen: str | None = None, tls_cert: str | None = None, tls_key: str |
 
     host, port = listen_address(listen or DEFAULT_LISTEN)
     if not is_loopback(host) and not tls_cert and not insecure_no_tls:
-        raise errors.InvalidInput([("listen", f"{host} is not a loopback address: tokens and mail would cross the "
-                                              "network in clear. Give --tls-cert FILE --tls-key FILE, or (behind a "
-                                              "TLS proxy you trust) --insecure-no-tls.")])
+        named = " (a name is not taken for loopback: give 127.0.0.1 or ::1)" if not host[:1].isdigit() and \
+            ":" not in host else ""
+        raise errors.InvalidInput([("listen", f"{host} is not a loopback address{named}: tokens and mail would cross "
+                                              "the network in clear. Give --tls-cert FILE --tls-key FILE, or (behind "
+                                              "a TLS proxy you trust) --insecure-no-tls.")])
     problems = [(flag, f"{path!r} is not a readable file.") for flag, path in (("tls_cert", tls_cert),
                                                                                 ("tls_key", tls_key))
                 if path and not os.path.isfile(path)]
@@ -683,6 +769,9 @@ def serve(listen: str | None = None, tls_cert: str | None = None, tls_key: str |
         from agent_mail.server import certs
 
         certs.reload_on_sighup(server, tls_cert, tls_key or tls_cert, log)
+    if insecure_no_tls and not is_loopback(host):
+        log(level="warning", warning=f"serving plain HTTP on {shown_host}:{bound} (--insecure-no-tls): tokens and mail "
+                                     "cross the network in clear; only behind a TLS proxy on a link you trust.")
     log(listening=f"{scheme}://{shown_host}:{bound}", mailbox=redact_url(location), pid=os.getpid())
     try:
         server.run(sockets=[sock])

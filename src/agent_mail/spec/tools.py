@@ -443,7 +443,8 @@ register(Command(
     requires=(("--tls-cert", "--tls-key"), ("--tls-key", "--tls-cert")),
     exclusive=(("--insecure-no-tls", "--tls-cert"),),
     modes={"serving": "Prints nothing on stdout; on stderr a JSON line {listening: URL} once it listens, then one "
-           "line per request: {time, method, path, command, as, token_id, status, exit, ms}."},
+           "line per request: {time, method, path, command, as, token_id, status, exit, ms} (a 5xx's with its "
+           "error)."},
     notes=("API: POST /v1/call/COMMAND with a JSON object of the command's values by argument name (reply_to, "
            "from, agent...) and Authorization: Bearer TOKEN. The answer is the command's own result document, "
            "its exit code in the X-Agent-Mail-Exit header; an error is {error, problems} with HTTP 400 (exit 2), "
@@ -454,7 +455,10 @@ register(Command(
            "body (an operator's token).",
            "MCP over streamable HTTP at /mcp, the identity taken from the bearer token (setup HARNESS --agent "
            "P:N with AGENT_MAIL_DB naming this server writes that entry). POST /v1/follow and /v1/dashboard carry "
-           "the client-side notification mirror and the dashboard. GET /v1/health answers {ok, stopping}.",
+           "the client-side notification mirror and the dashboard. GET /v1/health (and /v1/health/live) is liveness, "
+           "{ok, stopping}; GET /v1/health/ready is readiness, 503 with the reason while the database cannot be "
+           "reached or a migration is pending; GET /metrics is the Prometheus text format (a supervisor's or an "
+           "operator's token).",
            "A watch through it reads as on the mailbox's machine: a client stopped by SIGTERM, SIGINT or SIGHUP "
            "releases its session before it exits (POST /v1/watch/stop with its request's stop_key, on any replica), "
            "and a killed one leaves it stale at once.",
@@ -463,8 +467,13 @@ register(Command(
            "marks is delivered, then confirmed: with deliver=confirm the server holds the marks and names the "
            "delivery (X-Agent-Mail-Delivery); the client prints, then POST /v1/delivered {delivery, printed} marks "
            "the mail (or, printed=false, leaves it unread); unconfirmed, it is delivered again after 60 s. A "
-           "request must arrive within AGENT_MAIL_SERVE_READ_SECONDS (30): later is 408; over the size cap 413; "
-           "headers over 16 KiB 431. Off loopback, TLS or --insecure-no-tls.",
+           "request's token is checked before any of its body is read (401, WWW-Authenticate: Bearer), and wrong "
+           "tokens from one address are answered ever later (AGENT_MAIL_SERVE_PENALTY_SECONDS, 0.05 doubling to "
+           "_PENALTY_MAX_SECONDS, 5), a right one never. A request's head must arrive within "
+           "AGENT_MAIL_SERVE_READ_SECONDS (30), the whole request, chunked or not, within that plus its body at "
+           "AGENT_MAIL_SERVE_MIN_BODY_RATE (65536 bytes/s) and at most AGENT_MAIL_SERVE_REQUEST_SECONDS (900): "
+           "later is 408; over the size cap 413; headers over 16 KiB 431. Off loopback (a literal address: "
+           "localhost is a name, not taken for one), TLS or --insecure-no-tls, which logs a warning line first.",
            "hook, guard and reserve, release, reservations run on the client's machine (the harness's input and "
            "process, the git checkout: the repository is located there and sent as POST /v1/call/... values "
            "`located: {key, fold}` with paths from its root) and carry their mailbox steps to the server: "
