@@ -187,9 +187,10 @@ class ServedWaits:
         async with self._starting:
             if self.hub is not None:
                 return
+            from agent_mail.server.edge import log
             from agent_mail.store.postgres_hub import Hub
 
-            hub = Hub(self.location, self.instance, self._woken_from_hub, self._released_from_hub)
+            hub = Hub(self.location, self.instance, self._woken_from_hub, self._released_from_hub, log)
             await anyio.to_thread.run_sync(hub.start)
             self.hub = hub
             self._keeper = asyncio.get_running_loop().create_task(self._keep())
