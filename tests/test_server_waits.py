@@ -343,3 +343,100 @@ def test_waits_outlive_a_postgresql_restart(private_postgres):
         assert len(backends_of(running.proc.pid, base)) <= POOL_SIZE + 1
     finally:
         running.stop()
+
+
+def _descriptors(pid: int) -> list[int]:
+    """The numbers of the descriptors process `pid` holds open."""
+    import os
+
+    return sorted(int(fd) for fd in os.listdir(f"/proc/{pid}/fd"))
+
+
+class Idle:
+    """`count` connections to the server that never send a request (as a crowd of clients, or an attacker, would
+    hold): each is a descriptor in the server, so what it opens after them is numbered above them."""
+
+    def __init__(self, server: Server, count: int):
+        import socket
+
+        self.sockets = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(count)]
+        until(lambda: len(_descriptors(server.proc.pid)) >= count, 30,
+              lambda: f"the server holds {len(_descriptors(server.proc.pid))} descriptors, not yet {count}")
+
+    def close(self) -> None:
+        for sock in self.sockets:
+            sock.close()
+
+
+def _look(server: Server, token: str, path: str, body: dict, answers: dict, name: str) -> None:
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+    try:
+        connection.request("POST", path, body=json.dumps(body), headers={"Authorization": f"Bearer {token}"})
+        response = connection.getresponse()
+        answers[name] = (response.status, json.loads(response.read()))
+    except (OSError, http.client.HTTPException) as exc:
+        answers[name] = (0, {"error": str(exc)})
+    finally:
+        connection.close()
+
+
+def _mcp_watch(server: Server, token: str, agent: str, answers: dict) -> None:
+    import anyio
+    import httpx2
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    async def main():
+        async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"},
+                                      timeout=httpx2.Timeout(30, read=300)) as client:
+            async with streamable_http_client(f"{server.url}/mcp", http_client=client) as streams:
+                async with ClientSession(streams[0], streams[1]) as session:
+                    await session.initialize()
+                    result = await session.call_tool("watch", {"agent": agent, "wait_seconds": 90})
+                    return ("error" if result.is_error else "ok"), json.loads(result.content[0].text)
+    try:
+        answers["mcp"] = anyio.run(main)
+    except Exception as exc:  # shown by the assertion
+        answers["mcp"] = ("failed", {"error": repr(exc)})
+
+
+def test_every_kind_of_wait_answers_with_descriptors_numbered_above_1024(server, backend):
+    """Issue 27, finding 1: with ~1,100 descriptors open in the server, every wait slept in select(), which cannot
+    watch a descriptor numbered 1,024 or more: watch, follow, dashboard and MCP watch answered 500 "filedescriptor
+    out of range in select()". 1,100 idle connections first: what the waits open is numbered above them."""
+    pytest.importorskip("mcp", reason="the mcp extra is not installed (pip install -e '.[test]')")
+    token = server.token("--agent", "*")
+    supervisor = server.token("--supervisor")
+    idle = Idle(server, 1100)
+    try:
+        first = {}
+        _look(server, token, "/v1/follow", {"agent": "w:f"}, first, "follow")
+        _look(server, supervisor, "/v1/dashboard", {"views": {"feed": {}}}, first, "dashboard")
+        assert first["follow"][0] == 200 and first["dashboard"][0] == 200, first
+        answers: dict = {}
+        looks = [threading.Thread(target=_look, args=(server, token, "/v1/follow", {
+                     "agent": "w:f", "after": first["follow"][1]["fingerprint"], "wait_seconds": 90}, answers,
+                     "follow"), daemon=True),
+                 threading.Thread(target=_look, args=(server, supervisor, "/v1/dashboard", {
+                     "views": {"feed": {}}, "after": first["dashboard"][1]["marker"], "wait_seconds": 90}, answers,
+                     "dashboard"), daemon=True),
+                 threading.Thread(target=_mcp_watch, args=(server, token, "w:m", answers), daemon=True)]
+        for thread in looks:
+            thread.start()
+        waits = Waits(server, token, ["w:a", "w:b", "w:c"])
+        armed(["w:a", "w:b", "w:c", "w:m"], server.mailbox, timeout=60)
+        assert max(_descriptors(server.proc.pid)) >= 1100  # what the waits hold is numbered above 1,024
+        assert not waits.answers and not answers, (waits.answers, answers)
+        _send(server, "--to", "*", "--subject", "everyone")
+        waits.until(3, seconds=30)
+        until(lambda: len(answers) == 3, 30, lambda: f"answered: {answers}")
+        assert [(status, document["messages"][-1]["subject"]) for status, document, _ in waits.answers.values()] \
+            == [(200, "everyone")] * 3, waits.answers
+        assert answers["follow"][0] == 200 and answers["follow"][1]["unread"] == 1, answers["follow"]
+        assert answers["dashboard"][0] == 200 and answers["dashboard"][1]["marker"] != first["dashboard"][1][
+            "marker"], answers["dashboard"]
+        assert answers["mcp"][0] == "ok" and answers["mcp"][1]["messages"][-1]["subject"] == "everyone", answers["mcp"]
+    finally:
+        idle.close()
+    _, log = server.stop()
+    assert "out of range" not in log and '"status": 500' not in log, log[-2000:]

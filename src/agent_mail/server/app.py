@@ -626,6 +626,21 @@ class Server(uvicorn.Server):
                 pass
 
 
+def _more_descriptors() -> None:
+    """Raise this process's soft limit of open descriptors to its hard limit (at most 1 << 20): each connection, and
+    on SQLite each wait's wake-up pipe, is one, and the usual soft limit (1,024) would refuse the connections of a
+    thousand waits. Every wait sleeps in poll or on the event loop, whatever the descriptors' numbers (issue 27)."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        wanted = 1 << 20 if hard == resource.RLIM_INFINITY else min(hard, 1 << 20)
+        if soft != resource.RLIM_INFINITY and soft < wanted:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    except (ImportError, ValueError, OSError):
+        pass  # kept as it is
+
+
 def serve(listen: str | None = None, tls_cert: str | None = None, tls_key: str | None = None,
           insecure_no_tls: bool = False) -> None:
     """Serve until SIGTERM / SIGINT."""
@@ -644,6 +659,7 @@ def serve(listen: str | None = None, tls_cert: str | None = None, tls_key: str |
                 if path and not os.path.isfile(path)]
     if problems:
         raise errors.InvalidInput(problems)
+    _more_descriptors()
     location, _ = locating.resolve_location()
     open_store(location).close()  # create or migrate it now, and fail here rather than on the first call
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
