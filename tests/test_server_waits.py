@@ -440,3 +440,33 @@ def test_every_kind_of_wait_answers_with_descriptors_numbered_above_1024(server,
         idle.close()
     _, log = server.stop()
     assert "out of range" not in log and '"status": 500' not in log, log[-2000:]
+
+
+def test_the_hub_started_above_1024_descriptors_makes_no_reconnect_loop(server, backend):
+    """Issue 27, finding 2: a LISTEN thread started while 1,100 idle connections were open slept in select() on a
+    descriptor above 1,024, failed at once, paused in select() too (failing as fast) and connected again, ~240 new
+    PostgreSQL sessions a second until the server stopped. Now its one connection stays, through the idle
+    connections closing, and its waits are woken."""
+    if backend != "postgresql":
+        pytest.skip("the LISTEN connection is PostgreSQL's")
+    token = server.token("--agent", "*")
+    idle = Idle(server, 1100)
+    try:
+        waits = Waits(server, token, ["w:a"])  # the first wait starts the hub: its descriptors above 1,024
+        armed("w:a", server.mailbox, timeout=60)
+    finally:
+        idle.close()
+
+    def hubs() -> list[int]:
+        return [pid for pid, name in backends_of(server.proc.pid, TEST_PG_URL) if name.startswith("agent-mail serve ")]
+    first = hubs()
+    assert len(first) == 1, first
+    seen, ends = set(first), time.monotonic() + 3.0  # a loop made ~700 sessions in this time
+    while time.monotonic() < ends:
+        seen.update(hubs())
+    assert seen == set(first), f"the hub connected again: {len(seen)} sessions"
+    _send(server, "--to", "w:a", "--subject", "still listening")
+    waits.until(1)
+    assert waits.answers[0][0] == 200 and waits.answers[0][1]["messages"][0]["subject"] == "still listening"
+    _, log = server.stop()
+    assert "hub connection failed" not in log and "out of range" not in log, log[-2000:]
