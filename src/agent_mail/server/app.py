@@ -47,12 +47,12 @@ from agent_mail.operations import tokens
 from agent_mail.server.edge import (MAX_HEAD_BYTES, Dated, EdgeProtocol, is_loopback, listen_address, log, read_body,
                                     spool_upload)
 from agent_mail.server.waits import ServedWaits, Stopping
-from agent_mail.parts.waits import HungUp, Released
+from agent_mail.parts.waits import HungUp, Released, asked_when_woken
 
 EXIT_HEADER, NAMES_HEADER = http_api.EXIT_HEADER, http_api.NAMES_HEADER
 SERVED, LOCAL_TO_CLIENT, EXTRAS = openapi.SERVED, openapi.LOCAL_TO_CLIENT, openapi.EXTRAS
 DEFAULT_LISTEN = "127.0.0.1:8025"
-MAX_THREADS = 1000  # calls carried out at once on SQLite (a blocked watch holds one there)
+MAX_THREADS = 1000  # calls carried out at once on SQLite; and, apart, waits blocked in threads (a look, a hook)
 # PostgreSQL connections for calls (and the looks of waits): the server's calls are short and mostly the database's
 # work, so a few more than the cores of a typical host keep it busy; more would only queue inside PostgreSQL.
 POOL_SIZE = 8
@@ -100,8 +100,10 @@ class _Carrier:
         return closing(open_store(self.location))
 
     async def run(self, function, *args, own: bool = False):
-        """`function(*args)` in a worker thread: within the pool's limit, or (`own`) within MAX_THREADS."""
-        if own and self.pooled:
+        """`function(*args)` in a worker thread: within the pool's limit (SQLite: MAX_THREADS), or (`own`: a call
+        that may block) within MAX_THREADS of their own, so waits never hold the threads a call needs (a send that
+        would wake them, a status: issue 27)."""
+        if own:
             if self.own_limiter is None:
                 self.own_limiter = anyio.CapacityLimiter(MAX_THREADS)
             return await anyio.to_thread.run_sync(function, *args, limiter=self.own_limiter)
@@ -287,7 +289,7 @@ def _bound_wait(carrier: _Carrier, name: str, values: dict, extras: dict, store,
                 raise Released()
         return True
     if not values["once"]:
-        values["wanted"] = wanted
+        values["wanted"] = asked_when_woken(wanted)  # each thing it asks comes with a wake-up (_hung_up wakes)
         if session is not None:
             values["session"] = session
     return key
@@ -312,6 +314,7 @@ def _look(location: str, look: str, presented: str | None, body: bytes, info: di
                 raise Stopping()
             tokens.still_valid(store, grant)
             return not gone.is_set()
+        asked_when_woken(wanted)  # each thing it asks comes with a wake-up (_hung_up wakes the waits)
         mailbox = mail.Mailbox(store)
         return looks.follow(mailbox, values, wanted) if look == "follow" else \
             looks.dashboard(mailbox, values, wanted)
@@ -403,7 +406,7 @@ async def _call(carrier: _Carrier, name: str, request: Request, body: bytes, inf
         if name in openapi.WAITS else None
     try:
         result = await carrier.run(_carry_out, carrier, name, _bearer(request), body, info, gone,
-                                   own=name not in _ON_THE_HUB)
+                                   own=name not in _ON_THE_HUB if carrier.pooled else name in openapi.WAITS)
         if isinstance(result, _Wait):
             result = await carrier.waits.wait(result.values["agent"], result.seconds, result.grant, since, hung_up,
                                               result.key)
