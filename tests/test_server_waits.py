@@ -470,3 +470,34 @@ def test_the_hub_started_above_1024_descriptors_makes_no_reconnect_loop(server, 
     assert waits.answers[0][0] == 200 and waits.answers[0][1]["messages"][0]["subject"] == "still listening"
     _, log = server.stop()
     assert "hub connection failed" not in log and "out of range" not in log, log[-2000:]
+
+
+def test_follow_and_dashboard_waits_hold_no_connection_of_their_own(server, backend):
+    """Issue 27, finding 3: on PostgreSQL a follow or dashboard wait held a database connection each (~90 such waits
+    exhausted a default server). Now they wait on the server's one LISTEN connection: 15 of each keep the server at
+    its pool + 1, and a broadcast answers them all."""
+    if backend != "postgresql":
+        pytest.skip("the LISTEN connection and the pool are PostgreSQL's")
+    token, supervisor = server.token("--agent", "*"), server.token("--supervisor")
+    first: dict = {}
+    _look(server, token, "/v1/follow", {"agent": "f:x"}, first, "follow")
+    _look(server, supervisor, "/v1/dashboard", {"views": {}}, first, "dashboard")
+    answers: dict = {}
+    for i in range(15):
+        threading.Thread(target=_look, daemon=True, args=(server, token, "/v1/follow", {
+            "agent": f"f:a{i:02d}", "after": first["follow"][1]["fingerprint"], "wait_seconds": 120}, answers,
+            f"follow{i}")).start()
+        threading.Thread(target=_look, daemon=True, args=(server, supervisor, "/v1/dashboard", {
+            "views": {}, "after": first["dashboard"][1]["marker"], "wait_seconds": 120}, answers,
+            f"dashboard{i}")).start()
+    until(lambda: len(_descriptors(server.proc.pid)) >= 30, 30, "the 30 looks connected")
+    most, ends = 0, time.monotonic() + 5.0  # holding a connection each, they made 30 more within this
+    while time.monotonic() < ends:
+        most = max(most, len(backends_of(server.proc.pid, TEST_PG_URL)))
+    assert most <= POOL_SIZE + 1 and not answers, (most, answers)
+    _send(server, "--to", "*", "--subject", "everyone")
+    until(lambda: len(answers) == 30, 30, lambda: f"{len(answers)} of 30 answered")
+    assert all(status == 200 for status, _ in answers.values()), answers
+    assert all(document["unread"] == 1 for name, (_, document) in answers.items() if name.startswith("follow"))
+    assert all(document["marker"] != first["dashboard"][1]["marker"] for name, (_, document) in answers.items()
+               if name.startswith("dashboard"))

@@ -123,6 +123,7 @@ class _Carrier:
 # The calls whose waits the server's LISTEN connection carries (PostgreSQL). A hook's waiter blocks in a thread on
 # a connection of its own, outside the pool (so idle harness sessions never starve the calls): see docs/design.md.
 _ON_THE_HUB = tuple(name for name in SERVED if name not in openapi.WAITS or name == "watch")
+_LOOKS = ("follow", "dashboard")  # POST /v1/follow, /v1/dashboard: their waits on the hub too (issue 27)
 
 
 class _Wait:
@@ -296,18 +297,15 @@ def _bound_wait(carrier: _Carrier, name: str, values: dict, extras: dict, store,
 
 
 def _look(location: str, look: str, presented: str | None, body: bytes, info: dict, gone: threading.Event) -> dict:
-    """POST /v1/follow or /v1/dashboard (agent_mail.server.looks): authenticate, check, grant, wait if asked, read."""
+    """POST /v1/follow or /v1/dashboard (agent_mail.server.looks): authenticate, check, grant, wait if asked, read.
+    SQLite: the wait blocks this thread. (PostgreSQL: _look_checked and _look_once, the wait on the hub.)"""
     from agent_mail.server import looks
     from agent_mail.operations import mail
     from agent_mail.store import open_store
 
     store = open_store(location)
     try:
-        grant = tokens.authenticate(store, presented)  # before anything else is read
-        info["token_id"] = grant["id"]
-        given = _given(look, body)
-        values = looks.check_follow(given) if look == "follow" else looks.check_dashboard(given)
-        info["as"] = looks.grant(grant, look, values)
+        grant, values = _look_checked(store, look, presented, body, info)
 
         def wanted() -> bool:
             if _STOPPING.is_set():
@@ -320,6 +318,41 @@ def _look(location: str, look: str, presented: str | None, body: bytes, info: di
             looks.dashboard(mailbox, values, wanted)
     finally:
         store.close()
+
+
+def _look_checked(store, look: str, presented: str | None, body: bytes, info: dict) -> tuple[dict, dict]:
+    """A look's token authenticated (before anything else is read), its values checked and granted."""
+    from agent_mail.server import looks
+
+    grant = tokens.authenticate(store, presented)
+    info["token_id"] = grant["id"]
+    given = _given(look, body)
+    values = looks.check_follow(given) if look == "follow" else looks.check_dashboard(given)
+    info["as"] = looks.grant(grant, look, values)
+    return grant, values
+
+
+def _look_once(carrier: _Carrier, look: str, grant: dict, values: dict, first: bool) -> tuple[dict | None, object]:
+    """One look of a wait on the hub (PostgreSQL), on a pooled store: (the answer, or None while nothing changed
+    since `after`; the seconds until a delayed message for the identity falls due, or None). The token is asked
+    about again at each look but the first (a look runs when woken: a revocation wakes every wait)."""
+    from agent_mail.server import looks
+    from agent_mail.operations import mail
+    from agent_mail.parts.waits import Waits
+
+    with carrier.store() as store:
+        if not first:
+            tokens.still_valid(store, grant)
+        mailbox = mail.Mailbox(store)
+        mailbox.publish_due()
+        waiting = values["wait_seconds"] is not None and values["after"] is not None
+        if look == "follow":
+            if waiting and looks.documents(mailbox, values["agent"])["fingerprint"] == values["after"]:
+                return None, Waits(mailbox).next_due(values["agent"])
+            return looks.follow(mailbox, {**values, "wait_seconds": None}, None), None
+        if waiting and (store.mail_marker() or 0) == values["after"]:
+            return None, None
+        return looks.dashboard(mailbox, {**values, "wait_seconds": None}, None), None
 
 
 def _stop_wait(carrier: _Carrier, presented: str | None, body: bytes, info: dict) -> dict:
@@ -391,7 +424,7 @@ async def _hung_up(request: Request, carrier: _Carrier, gone: threading.Event, h
         pass
     gone.set()
     hung_up.set()
-    if carrier.waits is None or name not in _ON_THE_HUB:
+    if carrier.waits is None or name not in _ON_THE_HUB and name not in _LOOKS:
         await anyio.to_thread.run_sync(_wake_waits, carrier.location)
 
 
@@ -416,6 +449,32 @@ async def _call(carrier: _Carrier, name: str, request: Request, body: bytes, inf
     finally:
         if watching is not None:
             watching.cancel()
+
+
+async def _look_on_the_hub(carrier: _Carrier, request: Request, look: str, body: bytes, info: dict,
+                           gone: threading.Event, hung_up: anyio.Event) -> dict:
+    """A look (follow, dashboard) on PostgreSQL: checked and read on pooled stores, its wait on the server's LISTEN
+    connection (ServedWaits.until_changed: woken by the identity's mail, or by every message for the dashboard)."""
+    def checked():
+        with carrier.store() as store:
+            return _look_checked(store, look, _bearer(request), body, info)
+    grant, values = await carrier.run(checked)
+    answer, until_due = await carrier.run(_look_once, carrier, look, grant, values, True)
+    if answer is not None:
+        return answer
+    watching = asyncio.get_running_loop().create_task(_hung_up(request, carrier, gone, hung_up, look))
+    try:
+        async def again():
+            return await carrier.run(_look_once, carrier, look, grant, values, False)
+        key = values["agent"] if look == "follow" else ""  # "": the channel every commit notifies
+        answer = await carrier.waits.until_changed(key, values["wait_seconds"], again, hung_up)
+        if answer is None and hung_up.is_set():
+            raise HungUp()
+        if answer is None:  # the wait is over: what there is now
+            answer, _ = await carrier.run(_look_once, carrier, look, grant, {**values, "wait_seconds": None}, False)
+        return answer
+    finally:
+        watching.cancel()
 
 
 async def _answered(request: Request, name: str, work, namer=None, status: int | None = None) -> Response:
@@ -510,6 +569,8 @@ def app_for(location: str) -> Starlette:
             body = await read_body(request)
             carrier.ready()
             gone, hung_up, outcome = threading.Event(), anyio.Event(), []
+            if carrier.waits is not None:  # PostgreSQL: the wait on the hub, no thread nor connection held
+                return await _look_on_the_hub(carrier, request, look, body, info, gone, hung_up)
             async with anyio.create_task_group() as group:
                 group.start_soon(_hung_up, request, carrier, gone, hung_up, look)
                 try:  # a look that waits blocks its thread, on a connection of its own (outside the pool)
