@@ -68,12 +68,15 @@ class LoadGenerator:
     def __init__(self, port: int):
         self.port = port
         self.answered: dict[str, tuple[int, bytes, float]] = {}
+        self.tasks: list[asyncio.Task] = []
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
 
     def post(self, name: str, path: str, token: str, document: dict) -> None:
-        asyncio.run_coroutine_threadsafe(self._post(name, path, token, document), self.loop)
+        def start():  # the task kept: the loop holds only weak references to its tasks
+            self.tasks.append(self.loop.create_task(self._post(name, path, token, document)))
+        self.loop.call_soon_threadsafe(start)
 
     async def _post(self, name: str, path: str, token: str, document: dict) -> None:
         body = json.dumps(document).encode()
