@@ -103,7 +103,9 @@ class LoadGenerator:
         pending = asyncio.all_tasks(self.loop)
         for task in pending:
             task.cancel()
-        self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        async def ended():
+            await asyncio.gather(*pending, return_exceptions=True)
+        self.loop.run_until_complete(ended())
         self.loop.close()
 
 
