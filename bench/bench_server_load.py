@@ -237,14 +237,14 @@ def measure(location: str, admin_url: str | None, waits: int, follows: int, idle
         found["follows_answered"] = sum(1 for i in range(follows)
                                         if load.answered.get(f"follow:f{i:03d}", (0,))[0] == 200)
     finally:
-        if load is not None:
-            load.stop()
-        server.send_signal(signal.SIGTERM)
+        server.send_signal(signal.SIGTERM)  # first: whatever fails below, the server is stopped
         try:
             server.wait(timeout=30)
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+        if load is not None:
+            load.stop()
     lines = [json.loads(line) for line in log if line.startswith(b"{")]
     found["5xx"] = sum(1 for line in lines if isinstance(line.get("status"), int) and line["status"] >= 500)
     found["hub_lines"] = sum(1 for line in lines if str(line.get("event", "")).startswith("hub"))
