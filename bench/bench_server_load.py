@@ -139,11 +139,11 @@ def _armed(location: str, project: str) -> int:
     return sum(1 for agent in json.loads(proc.stdout)["agents"] if agent.get("watch_state") == "armed")
 
 
-def _until(predicate, seconds: float, what: str) -> None:
+def _until(predicate, seconds: float, what: str, state=None) -> None:
     deadline = time.monotonic() + seconds
     while not predicate():
         if time.monotonic() > deadline:
-            raise RuntimeError(f"not within {seconds:g} s: {what}")
+            raise RuntimeError(f"not within {seconds:g} s: {what}" + (f" ({state()})" if state else ""))
         time.sleep(0.5)
 
 
@@ -191,7 +191,8 @@ def measure(location: str, admin_url: str | None, waits: int, follows: int, idle
         for agent in agents:
             load.post(agent, "/v1/call/watch", token, {"agent": agent, "wait_seconds": 3000})
         _until(lambda: _armed(location, "load") >= waits or len(load.answered) > 1, 120 + waits * 0.1,
-               f"{waits} waits armed")
+               f"{waits} waits armed", lambda: f"{_armed(location, 'load')} armed, {len(load.answered)} answered, "
+                                               f"log {log[-3:]}")
         if load.answered.keys() - {"first"} or "first" in load.answered:
             raise RuntimeError(f"waits answered before the broadcast: {list(load.answered.items())[:3]}; "
                                f"log: {log[-5:]}")
