@@ -48,12 +48,12 @@ from agent_mail.server.edge import (BEARER_CHALLENGE, MAX_HEAD_BYTES, Dated, Edg
                                     listen_address, log, read_body, spool_upload)
 from agent_mail.server.versions import Versioned
 from agent_mail.server.waits import ServedWaits, Stopping
-from agent_mail.parts.waits import HungUp, Released
+from agent_mail.parts.waits import HungUp, Released, asked_when_woken
 
 EXIT_HEADER, NAMES_HEADER = http_api.EXIT_HEADER, http_api.NAMES_HEADER
 SERVED, LOCAL_TO_CLIENT, EXTRAS = openapi.SERVED, openapi.LOCAL_TO_CLIENT, openapi.EXTRAS
 DEFAULT_LISTEN = "127.0.0.1:8025"
-MAX_THREADS = 1000  # calls carried out at once on SQLite (a blocked watch holds one there)
+MAX_THREADS = 1000  # calls carried out at once on SQLite; and, apart, waits blocked in threads (a look, a hook)
 # PostgreSQL connections for calls (and the looks of waits): the server's calls are short and mostly the database's
 # work, so a few more than the cores of a typical host keep it busy; more would only queue inside PostgreSQL.
 POOL_SIZE = 8
@@ -101,8 +101,10 @@ class _Carrier:
         return closing(open_store(self.location))
 
     async def run(self, function, *args, own: bool = False):
-        """`function(*args)` in a worker thread: within the pool's limit, or (`own`) within MAX_THREADS."""
-        if own and self.pooled:
+        """`function(*args)` in a worker thread: within the pool's limit (SQLite: MAX_THREADS), or (`own`: a call
+        that may block) within MAX_THREADS of their own, so waits never hold the threads a call needs (a send that
+        would wake them, a status: issue 27)."""
+        if own:
             if self.own_limiter is None:
                 self.own_limiter = anyio.CapacityLimiter(MAX_THREADS)
             return await anyio.to_thread.run_sync(function, *args, limiter=self.own_limiter)
@@ -122,6 +124,7 @@ class _Carrier:
 # The calls whose waits the server's LISTEN connection carries (PostgreSQL). A hook's waiter blocks in a thread on
 # a connection of its own, outside the pool (so idle harness sessions never starve the calls): see docs/design.md.
 _ON_THE_HUB = tuple(name for name in SERVED if name not in openapi.WAITS or name == "watch")
+_LOOKS = ("follow", "dashboard")  # POST /v1/follow, /v1/dashboard: their waits on the hub too (issue 27)
 
 
 class _Wait:
@@ -290,36 +293,69 @@ def _bound_wait(carrier: _Carrier, name: str, values: dict, extras: dict, store,
                 raise Released()
         return True
     if not values["once"]:
-        values["wanted"] = wanted
+        values["wanted"] = asked_when_woken(wanted)  # each thing it asks comes with a wake-up (_hung_up wakes)
         if session is not None:
             values["session"] = session
     return key
 
 
 def _look(location: str, look: str, presented: str | None, body: bytes, info: dict, gone: threading.Event) -> dict:
-    """POST /v1/follow or /v1/dashboard (agent_mail.server.looks): authenticate, check, grant, wait if asked, read."""
+    """POST /v1/follow or /v1/dashboard (agent_mail.server.looks): authenticate, check, grant, wait if asked, read.
+    SQLite: the wait blocks this thread. (PostgreSQL: _look_checked and _look_once, the wait on the hub.)"""
     from agent_mail.server import looks
     from agent_mail.operations import mail
     from agent_mail.store import open_store
 
     store = open_store(location)
     try:
-        grant = tokens.authenticate(store, presented)  # before anything else is read
-        info["token_id"] = grant["id"]
-        given = _given(look, body)
-        values = looks.check_follow(given) if look == "follow" else looks.check_dashboard(given)
-        info["as"] = looks.grant(grant, look, values)
+        grant, values = _look_checked(store, look, presented, body, info)
 
         def wanted() -> bool:
             if _STOPPING.is_set():
                 raise Stopping()
             tokens.still_valid(store, grant)
             return not gone.is_set()
+        asked_when_woken(wanted)  # each thing it asks comes with a wake-up (_hung_up wakes the waits)
         mailbox = mail.Mailbox(store)
         return looks.follow(mailbox, values, wanted) if look == "follow" else \
             looks.dashboard(mailbox, values, wanted)
     finally:
         store.close()
+
+
+def _look_checked(store, look: str, presented: str | None, body: bytes, info: dict) -> tuple[dict, dict]:
+    """A look's token authenticated (before anything else is read), its values checked and granted."""
+    from agent_mail.server import looks
+
+    grant = tokens.authenticate(store, presented)
+    info["token_id"] = grant["id"]
+    given = _given(look, body)
+    values = looks.check_follow(given) if look == "follow" else looks.check_dashboard(given)
+    info["as"] = looks.grant(grant, look, values)
+    return grant, values
+
+
+def _look_once(carrier: _Carrier, look: str, grant: dict, values: dict, first: bool) -> tuple[dict | None, object]:
+    """One look of a wait on the hub (PostgreSQL), on a pooled store: (the answer, or None while nothing changed
+    since `after`; the seconds until a delayed message for the identity falls due, or None). The token is asked
+    about again at each look but the first (a look runs when woken: a revocation wakes every wait)."""
+    from agent_mail.server import looks
+    from agent_mail.operations import mail
+    from agent_mail.parts.waits import Waits
+
+    with carrier.store() as store:
+        if not first:
+            tokens.still_valid(store, grant)
+        mailbox = mail.Mailbox(store)
+        mailbox.publish_due()
+        waiting = values["wait_seconds"] is not None and values["after"] is not None
+        if look == "follow":
+            if waiting and looks.documents(mailbox, values["agent"])["fingerprint"] == values["after"]:
+                return None, Waits(mailbox).next_due(values["agent"])
+            return looks.follow(mailbox, {**values, "wait_seconds": None}, None), None
+        if waiting and (store.mail_marker() or 0) == values["after"]:
+            return None, None
+        return looks.dashboard(mailbox, {**values, "wait_seconds": None}, None), None
 
 
 def _stop_wait(carrier: _Carrier, presented: str | None, body: bytes, info: dict) -> dict:
@@ -391,7 +427,7 @@ async def _hung_up(request: Request, carrier: _Carrier, gone: threading.Event, h
         pass
     gone.set()
     hung_up.set()
-    if carrier.waits is None or name not in _ON_THE_HUB:
+    if carrier.waits is None or name not in _ON_THE_HUB and name not in _LOOKS:
         await anyio.to_thread.run_sync(_wake_waits, carrier.location)
 
 
@@ -406,7 +442,7 @@ async def _call(carrier: _Carrier, name: str, request: Request, body: bytes, inf
         if name in openapi.WAITS else None
     try:
         result = await carrier.run(_carry_out, carrier, name, _bearer(request), body, info, gone,
-                                   own=name not in _ON_THE_HUB)
+                                   own=name not in _ON_THE_HUB if carrier.pooled else name in openapi.WAITS)
         if isinstance(result, _Wait):
             result = await carrier.waits.wait(result.values["agent"], result.seconds, result.grant, since, hung_up,
                                               result.key)
@@ -416,6 +452,32 @@ async def _call(carrier: _Carrier, name: str, request: Request, body: bytes, inf
     finally:
         if watching is not None:
             watching.cancel()
+
+
+async def _look_on_the_hub(carrier: _Carrier, request: Request, look: str, body: bytes, info: dict,
+                           gone: threading.Event, hung_up: anyio.Event) -> dict:
+    """A look (follow, dashboard) on PostgreSQL: checked and read on pooled stores, its wait on the server's LISTEN
+    connection (ServedWaits.until_changed: woken by the identity's mail, or by every message for the dashboard)."""
+    def checked():
+        with carrier.store() as store:
+            return _look_checked(store, look, _bearer(request), body, info)
+    grant, values = await carrier.run(checked)
+    answer, until_due = await carrier.run(_look_once, carrier, look, grant, values, True)
+    if answer is not None:
+        return answer
+    watching = asyncio.get_running_loop().create_task(_hung_up(request, carrier, gone, hung_up, look))
+    try:
+        async def again():
+            return await carrier.run(_look_once, carrier, look, grant, values, False)
+        key = values["agent"] if look == "follow" else ""  # "": the channel every commit notifies
+        answer = await carrier.waits.until_changed(key, values["wait_seconds"], again, hung_up)
+        if answer is None and hung_up.is_set():
+            raise HungUp()
+        if answer is None:  # the wait is over: what there is now
+            answer, _ = await carrier.run(_look_once, carrier, look, grant, {**values, "wait_seconds": None}, False)
+        return answer
+    finally:
+        watching.cancel()
 
 
 async def _answered(request: Request, name: str, work, namer=None, status: int | None = None) -> Response:
@@ -518,6 +580,8 @@ def app_for(location: str) -> Starlette:
             body = await read_body(request)
             carrier.ready()
             gone, hung_up, outcome = threading.Event(), anyio.Event(), []
+            if carrier.waits is not None:  # PostgreSQL: the wait on the hub, no thread nor connection held
+                return await _look_on_the_hub(carrier, request, look, body, info, gone, hung_up)
             async with anyio.create_task_group() as group:
                 group.start_soon(_hung_up, request, carrier, gone, hung_up, look)
                 try:  # a look that waits blocks its thread, on a connection of its own (outside the pool)
@@ -713,6 +777,21 @@ class Server(uvicorn.Server):
                 pass
 
 
+def _more_descriptors() -> None:
+    """Raise this process's soft limit of open descriptors to its hard limit (at most 1 << 20): each connection, and
+    on SQLite each wait's wake-up pipe, is one, and the usual soft limit (1,024) would refuse the connections of a
+    thousand waits. Every wait sleeps in poll or on the event loop, whatever the descriptors' numbers (issue 27)."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        wanted = 1 << 20 if hard == resource.RLIM_INFINITY else min(hard, 1 << 20)
+        if soft != resource.RLIM_INFINITY and soft < wanted:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    except (ImportError, ValueError, OSError):
+        pass  # kept as it is
+
+
 def serve(listen: str | None = None, tls_cert: str | None = None, tls_key: str | None = None,
           insecure_no_tls: bool = False) -> None:
     """Serve until SIGTERM / SIGINT."""
@@ -733,6 +812,7 @@ def serve(listen: str | None = None, tls_cert: str | None = None, tls_key: str |
                 if path and not os.path.isfile(path)]
     if problems:
         raise errors.InvalidInput(problems)
+    _more_descriptors()
     location, _ = locating.resolve_location()
     open_store(location).close()  # create or migrate it now, and fail here rather than on the first call
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
