@@ -514,7 +514,8 @@ _PROJECT_NOTE = ("# The agent-mail mailbox of this directory tree (written by `a
 # The file (and the mark in it) by which a harness is known to be set up in a directory: for Claude Code its
 # hooks, since Copilot CLI's server shares .mcp.json.
 _HARNESS_FILES = {"claude-code": (os.path.join(".claude", "settings.local.json"),
-                                  " agent_mail hook claude-code "), "codex": (os.path.join(".codex", "config.toml"), _BEGIN),
+                                  " agent_mail hook claude-code "),
+                  "codex": (os.path.join(".codex", "config.toml"), _BEGIN),
                   "gemini": (os.path.join(".gemini", "settings.json"), SERVER),
                   "qwen": (os.path.join(".qwen", "settings.json"), SERVER),
                   "copilot": (os.path.join(".github", "hooks", "agent-mail.json"), " agent_mail hook copilot ")}
