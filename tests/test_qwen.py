@@ -123,6 +123,23 @@ def test_mail_after_a_tool_reaches_qwen_once_and_is_not_marked_read(project):
     assert json.loads(am_process("read", AGENT, "--no-mark-read").stdout)["count"] == 1
 
 
+
+def test_what_the_read_tool_showed_is_not_told_again(project):
+    """Mail that lands just before the model calls the read tool is shown by the tool's result: the hooks after it
+    (PostToolUse, the next prompt) do not tell it again."""
+    def script(request):
+        if not _main(request):
+            return None
+        if _tool_results(request):
+            return [{"type": "text", "text": "done"}]
+        send_urgent_mail(AGENT)
+        return [{"type": "tool_use", "name": "mcp__agent-mail__read", "input": {}}]
+
+    with FakeModel(script) as model:
+        _run(project, model, "Check your mail.")
+    last = json.dumps([r for r in model.requests if _main(r)][-1]["messages"])
+    assert URGENT in last and "new message" not in last
+
 def test_mail_during_a_qwen_turn_holds_the_stop_once(project):
     script = mail_during_the_turn(_main, lambda request: request["messages"], lambda: send_urgent_mail(AGENT))
     with FakeModel(script) as model:
