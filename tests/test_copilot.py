@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 
 import pytest
 
 from conftest import ROOT, am_process, find, process_env
 from fake_model import FakeModel
-from harnesses import HELD, URGENT, mail_during_the_turn, private_tmp, send_urgent_mail
+from harnesses import HELD, URGENT, Terminal, mail_during_the_turn, private_tmp, send_urgent_mail
 
 AGENT = "proj:coder"
 COPILOT = find("copilot")
@@ -186,3 +187,33 @@ def test_a_write_of_a_reserved_file_is_refused_while_a_free_one_is_written(proje
     said = json.dumps([r for r in model.requests if _main(r)][-1]["messages"])
     assert "held by proj:holder" in said and "parser rewrite" in said
     assert "agent-mail send --from proj:coder --to proj:holder" in said
+
+
+@pytest.mark.requires("tmux")
+def test_an_interactive_copilot_session_is_reachable_while_idle_told_at_its_next_prompt_and_ends_with_it(project):
+    """Interactive `copilot` in tmux: its session is live from its first prompt (Copilot CLI fires sessionStart
+    then); idle between turns it stays reachable; mail sent while it is idle is told in its next prompt's request,
+    once; after /exit the session no longer counts as live."""
+    home = project.parent / "copilot-home"
+    with FakeModel(lambda request: [{"type": "text", "text": "ok from the model"}]) as model:
+        env = process_env(HOME=str(home), COPILOT_OFFLINE="true", COPILOT_AUTO_UPDATE="false",
+                          COPILOT_PROVIDER_BASE_URL=f"{model.url}/v1", COPILOT_PROVIDER_API_KEY="x",
+                          COPILOT_MODEL="scripted", COPILOT_CACHE_HOME=CACHE, TMPDIR=private_tmp(home))
+        passed = [k for k in env if k.startswith("COPILOT_") or k in ("HOME", "TMPDIR", "PYTHONPATH", "PATH")]
+        command = shlex.join(["env", "-u", "AGENT_MAIL_DB", *(f"{k}={env[k]}" for k in passed), COPILOT])
+        with Terminal(project.parent, f"agent-mail-copilot-{os.getpid()}", project, command) as terminal:
+            terminal.wait_for(lambda: "/ commands" in terminal.screen(), 60, "copilot did not reach its prompt")
+            terminal.type("hello", "Enter")
+            terminal.wait_for(lambda: "ok from the model" in terminal.screen(), 60, "the turn did not end")
+            turns = len([r for r in model.requests if _main(r)])
+            row = terminal.wait_for(lambda: (lambda r: r["sessions"] == 1 and r)(_status()), 10, "not live")
+            assert row["reachable"] and "a live Copilot CLI session" in row["reached_by"]  # idle, between turns
+            send_urgent_mail(AGENT)
+            terminal.type("go on", "Enter")
+            terminal.wait_for(lambda: len([r for r in model.requests if _main(r)]) > turns, 60, "no second turn")
+            loop = [r for r in model.requests if _main(r)]
+            assert URGENT not in json.dumps(loop[turns - 1]["messages"])
+            assert json.dumps(loop[turns]["messages"]).count(URGENT) == 1
+            terminal.type("/exit", "Enter")
+            terminal.wait_for(lambda: _status()["sessions"] == 0, 30, "the session still counts as live after /exit")
+    assert json.loads(am_process("read", AGENT, "--no-mark-read").stdout)["count"] == 1  # told, never consumed

@@ -10,13 +10,15 @@ is not installed; required in CI.
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import subprocess
 
 import pytest
 
 from conftest import am_process, find, process_env
 from fake_model import FakeModel
-from harnesses import HELD, URGENT, mail_during_the_turn, private_tmp, send_urgent_mail
+from harnesses import HELD, URGENT, Terminal, mail_during_the_turn, private_tmp, send_urgent_mail
 
 AGENT = "proj:coder"
 QWEN = find("qwen")
@@ -62,8 +64,10 @@ def _tools(request: dict) -> list[str]:
 
 
 def _main(request: dict) -> bool:
-    """A request of the session's own loop (it offers the tools), not a side call (a title, a summary)."""
-    return "write_file" in _tools(request)
+    """A request of the session's own loop (it offers the tools, under Qwen Code's own system prompt), not a side
+    call (a title, a summary, the memory-extraction subagent an interactive session runs after a turn)."""
+    messages = request.get("messages") or [{}]
+    return "write_file" in _tools(request) and "You are Qwen Code" in json.dumps(messages[0])
 
 
 def _tool_results(request: dict) -> int:
@@ -177,3 +181,36 @@ def test_a_write_of_a_reserved_file_is_refused_while_a_free_one_is_written(proje
     said = json.dumps([r for r in model.requests if _main(r)][-1]["messages"])
     assert "held by proj:holder" in said and "parser rewrite" in said
     assert "agent-mail send --from proj:coder --to proj:holder" in said
+
+
+@pytest.mark.requires("tmux")
+def test_an_interactive_qwen_session_is_reachable_while_idle_told_at_its_next_prompt_and_ends_with_it(project):
+    """Interactive `qwen` in tmux: its session is live from the start (once the person approved the workspace's
+    MCP server, as Qwen Code asks); idle between turns it stays reachable; mail sent while it is idle is told in its
+    next prompt's request, once; after /quit the session no longer counts as live."""
+    home = project.parent / "qwen-home"
+    with FakeModel(lambda request: [{"type": "text", "text": "ok from the model"}]) as model:
+        env = process_env(HOME=str(home), OPENAI_API_KEY="x", OPENAI_BASE_URL=f"{model.url}/v1",
+                          OPENAI_MODEL="scripted", QWEN_USAGE_STATISTICS_ENABLED="false", TMPDIR=private_tmp(home))
+        passed = [k for k in env if k.startswith(("OPENAI_", "QWEN_"))
+                  or k in ("HOME", "TMPDIR", "PYTHONPATH", "PATH")]
+        command = shlex.join(["env", "-u", "AGENT_MAIL_DB", *(f"{k}={env[k]}" for k in passed), QWEN, "--auth-type",
+                              "openai"])
+        with Terminal(project.parent, f"agent-mail-qwen-{os.getpid()}", project, command) as terminal:
+            terminal.wait_for(lambda: "Approve this server" in terminal.screen(), 60, "no MCP approval asked")
+            terminal.type("1", "Enter")  # the person approves the workspace's MCP server once
+            terminal.wait_for(lambda: "Type your message" in terminal.screen(), 60, "qwen did not reach its prompt")
+            terminal.type("hello", "Enter")
+            terminal.wait_for(lambda: "ok from the model" in terminal.screen(), 60, "the turn did not end")
+            turns = len([r for r in model.requests if _main(r)])
+            row = terminal.wait_for(lambda: (lambda r: r["sessions"] == 1 and r)(_status()), 10, "not live")
+            assert row["reachable"] and "a live Qwen Code session" in row["reached_by"]  # idle, between turns
+            send_urgent_mail(AGENT)
+            terminal.type("go on", "Enter")
+            terminal.wait_for(lambda: len([r for r in model.requests if _main(r)]) > turns, 60, "no second turn")
+            loop = [r for r in model.requests if _main(r)]
+            assert URGENT not in json.dumps(loop[turns - 1]["messages"])
+            assert json.dumps(loop[turns]["messages"]).count(URGENT) == 1
+            terminal.type("/quit", "Enter")
+            terminal.wait_for(lambda: _status()["sessions"] == 0, 30, "the session still counts as live after /quit")
+    assert json.loads(am_process("read", AGENT, "--no-mark-read").stdout)["count"] == 1  # told, never consumed

@@ -621,7 +621,8 @@ NOTES = {
     ],
     "qwen": [
         "Start `qwen` in this directory: the agent-mail MCP server (trusted: no confirmation per call; its main tools "
-        "listed in tools.visible) and hooks load from .qwen/settings.json.",
+        "listed in tools.visible) and hooks load from .qwen/settings.json. An interactive Qwen Code asks you once to "
+        "approve the workspace's MCP server (and again when its entry changes): approve agent-mail.",
         "If you turned on Qwen Code's folder trust (security.folderTrust.enabled), it runs a project's hooks only in "
         "a folder you trusted: trust this one once when Qwen Code asks (~/.qwen/trustedFolders.json); agent-mail "
         "does not answer that for you.",
@@ -634,7 +635,8 @@ NOTES = {
     ],
     "copilot": [
         "Start `copilot` in this directory: the agent-mail MCP server (all its tools) loads from .mcp.json, the hooks "
-        "from .github/hooks/agent-mail.json.",
+        "from .github/hooks/agent-mail.json. An interactive session counts as live from its first prompt (Copilot "
+        "CLI fires sessionStart then).",
         "Copilot CLI runs a repository's hooks only in a folder you trusted, and silently skips them otherwise (also "
         "under -p): trust this folder once when Copilot CLI asks (or start it once with --trust-folder); agent-mail "
         "does not do that for you.",
