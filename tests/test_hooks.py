@@ -686,3 +686,34 @@ def test_a_plain_shell_in_the_project_finds_the_mailbox_setup_recorded(tmp_path)
     (project / ".agent-mail-db").write_text("# nothing\n")
     refused = am_process("read", AGENT, cwd=str(project), env=bare)
     assert refused.returncode == 2 and "names no mailbox" in json.loads(refused.stderr)["error"]
+
+
+@pytest.mark.parametrize("first", ["claude-code", "copilot"])
+def test_claude_code_and_copilot_share_mcp_json_in_either_order(tmp_path, first):
+    """Both read DIR/.mcp.json; Copilot CLI cannot start Claude Code's shared entry (no AGENT_MAIL_PYTHON in its
+    environment), Claude Code can start Copilot's: Copilot's entry stays while Copilot CLI is set up, and Claude's
+    comes back when only Claude Code is left."""
+    project = tmp_path / "project"
+    project.mkdir()
+    mcp = project / ".mcp.json"
+
+    def setup(harness, *more):
+        done = am_process("setup", harness, "--agent", AGENT, "--dir", str(project), *more)
+        assert done.returncode == 0, done.stderr
+
+    def entry():
+        return json.loads(mcp.read_text())["mcpServers"]["agent-mail"] if mcp.exists() else None
+
+    second = "copilot" if first == "claude-code" else "claude-code"
+    setup(first)
+    setup(second)
+    assert entry()["tools"] == ["*"] and entry()["args"][-3:] == ["mcp", "--agent", AGENT]
+    setup("claude-code")
+    assert entry()["tools"] == ["*"]  # a second Claude setup leaves Copilot's entry
+    setup("copilot", "--remove")
+    assert "tools" not in entry() and entry()["command"] == "sh"  # Claude Code's shared entry is back
+    setup("copilot")
+    setup("claude-code", "--remove")
+    assert entry()["tools"] == ["*"]
+    setup("copilot", "--remove")
+    assert list(project.iterdir()) == []

@@ -381,9 +381,29 @@ def _copilot_hooks(document: dict, agent: str, mailbox: str, remove: bool) -> di
     return document
 
 
-def _copilot_servers(document: dict, agent: str, mailbox: str, remove: bool) -> dict:
+def _copilot_entry(entry: object) -> bool:
+    """Whether an .mcp.json agent-mail entry is the one `setup copilot` wrote (it lists `tools`)."""
+    return isinstance(entry, dict) and "tools" in entry
+
+
+def _claude_servers(document: dict, root: str, agent: str, mailbox: str, remove: bool) -> dict:
+    """DIR/.mcp.json for Claude Code. Copilot CLI reads the same file and cannot start Claude's shared entry (it has
+    no settings env for AGENT_MAIL_PYTHON): while Copilot CLI is set up here, its entry, which Claude Code starts as
+    well, stays (on --remove too)."""
+    servers = document.get("mcpServers")
+    if isinstance(servers, dict) and _copilot_entry(servers.get(SERVER)) and _mentions(
+            os.path.join(root, _HARNESS_FILES["copilot"][0]), _HARNESS_FILES["copilot"][1]):
+        return document
+    return _servers(document, agent, mailbox, remove, type="stdio")
+
+
+def _copilot_servers(document: dict, root: str, agent: str, mailbox: str, remove: bool) -> dict:
     """DIR/.mcp.json for Copilot CLI: the stdio server with its tools enabled (`tools: ["*"]`), or the agent-mail
-    server's /mcp (`type: http`). Copilot CLI has no settings `env` of its own, so the entry carries the mailbox."""
+    server's /mcp (`type: http`). Copilot CLI has no settings `env` of its own, so the entry carries the mailbox.
+    On --remove, where Claude Code is still set up here, its shared entry is put back."""
+    if remove and _mentions(os.path.join(root, _HARNESS_FILES["claude-code"][0]),
+                            _HARNESS_FILES["claude-code"][1]):
+        return _servers(document, agent, mailbox, False, type="stdio")
     document = dict(document)
     servers = document.get("mcpServers", {})
     if not isinstance(servers, dict):
@@ -707,7 +727,7 @@ def setup(harness: str, agent: str, directory: str | None = None, dry_run: bool 
     project_file = _project_file_plan(root, harness, mailbox, remove)
     if harness == "claude-code":
         plans = [
-            _plan(os.path.join(root, ".mcp.json"), lambda d: _servers(d, agent, mailbox, remove, type="stdio")),
+            _plan(os.path.join(root, ".mcp.json"), lambda d: _claude_servers(d, root, agent, mailbox, remove)),
             _plan(os.path.join(root, ".claude", "settings.local.json"),
                   lambda d: _claude_settings(d, agent, mailbox, remove)),
         ]
@@ -722,7 +742,7 @@ def setup(harness: str, agent: str, directory: str | None = None, dry_run: bool 
                        lambda d: _qwen_settings(d, agent, mailbox, remove))]
     elif harness == "copilot":
         plans = [
-            _plan(os.path.join(root, ".mcp.json"), lambda d: _copilot_servers(d, agent, mailbox, remove)),
+            _plan(os.path.join(root, ".mcp.json"), lambda d: _copilot_servers(d, root, agent, mailbox, remove)),
             _plan(os.path.join(root, ".github", "hooks", "agent-mail.json"),
                   lambda d: _copilot_hooks(d, agent, mailbox, remove)),
         ]
