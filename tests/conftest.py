@@ -119,6 +119,8 @@ TOOLS = {
     "claude": ("AGENT_MAIL_CLAUDE", ("claude",), "npm install @anthropic-ai/claude-code, or set AGENT_MAIL_CLAUDE"),
     "codex": ("AGENT_MAIL_CODEX", ("codex",), "npm install @openai/codex, or set AGENT_MAIL_CODEX"),
     "gemini": ("AGENT_MAIL_GEMINI", ("gemini",), "npm install @google/gemini-cli, or set AGENT_MAIL_GEMINI"),
+    "qwen": ("AGENT_MAIL_QWEN", ("qwen",), "npm install @qwen-code/qwen-code, or set AGENT_MAIL_QWEN"),
+    "copilot": ("AGENT_MAIL_COPILOT", ("copilot",), "npm install @github/copilot, or set AGENT_MAIL_COPILOT"),
     "runuser": (None, ("runuser",), "apt-get install util-linux"),
     "pg_ctlcluster": (None, ("pg_ctlcluster",), "apt-get install postgresql-common"),
     "sqlite3": (None, ("sqlite3",), "apt-get install sqlite3"),

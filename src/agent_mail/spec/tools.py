@@ -302,24 +302,32 @@ register(Command(
 register(Command(
     name="hook",
     summary="Run by a harness's hooks (set up by `agent-mail setup`), never by hand: reads the hook's JSON input "
-    "on stdin. context (SessionStart, UserPromptSubmit / BeforeAgent, PostToolUse / AfterTool): adds the "
+    "on stdin (Copilot CLI's camelCase input too). context (SessionStart / sessionStart, UserPromptSubmit / "
+    "BeforeAgent / userPromptSubmitted, PostToolUse / AfterTool / postToolUse): adds the "
     "envelopes of mail new to this session, the unread count, bounces and the next steps to the model's "
     "context, quiet when nothing is new, marking nothing read. stop: holds the stop once when mail the "
     "session was not told of arrived. wait: the asyncRewake waiter (Claude Code only), blocking like watch "
     "until such mail arrives, then exit 2 with the envelopes on stderr (wakes an idle session). end: the "
-    "session ended. pretool (Claude Code and Codex PreToolUse, Gemini CLI BeforeTool, on their edit tools): denies "
+    "session ended. pretool (Claude Code, Codex and Qwen Code PreToolUse, Gemini CLI BeforeTool, Copilot CLI "
+    "preToolUse, on their edit tools): denies "
     "an edit of a file another live identity holds exclusively, saying who holds it, why, until when and the send "
     "that asks them; silent for any other tool or file.",
     args=(
-        Arg("harness", TEXT, "claude-code, codex or gemini.", required=True, choices=HARNESSES),
+        Arg("harness", TEXT, "claude-code, codex, gemini, qwen or copilot.", required=True, choices=HARNESSES),
         Arg("event", TEXT, "context, stop, wait, end or pretool.", required=True,
             choices=("context", "stop", "wait", "end", "pretool")),
         Arg("--agent", IDENTITY, "This session's identity (project:name); default AGENT_MAIL_AGENT."),
     ),
     output={"hookSpecificOutput": "context: {hookEventName, additionalContext} for the harness (printed only when "
-            "there is something new). pretool (Claude Code, Codex): {hookEventName: PreToolUse, permissionDecision: "
-            "deny, permissionDecisionReason} when the edit is refused.",
-            "decision": "stop: \"block\" (Claude Code, Codex) or \"deny\" (Gemini CLI's AfterAgent) when the stop "
+            "there is something new; Copilot CLI gets a top-level additionalContext instead). pretool (Claude Code, "
+            "Codex, Qwen Code): {hookEventName: PreToolUse, permissionDecision: deny, permissionDecisionReason} when "
+            "the edit is refused.",
+            "additionalContext": "Copilot CLI only: context's note, top-level (printed only when there is something "
+            "new).",
+            "permissionDecision": "Copilot CLI only: pretool's \"deny\" (with permissionDecisionReason) when the edit "
+            "is refused.",
+            "decision": "stop: \"block\" (Claude Code, Codex, Qwen Code's Stop, Copilot CLI's agentStop) or "
+            "\"deny\" (Gemini CLI's AfterAgent) when the stop "
             "is held (printed only then; Gemini CLI gets {} when there is nothing to say). pretool (Gemini CLI's "
             "BeforeTool): \"deny\" when the edit is refused.",
             "reason": "stop: the envelopes and what to do, shown to the model as its next turn. pretool (Gemini CLI): "
@@ -342,7 +350,8 @@ register(Command(
     "AGENT_MAIL_TOKEN in the environment (written in no file).",
     args=(
         Arg("harness", TEXT, "The harness: claude-code (.mcp.json, .claude/settings.local.json), codex "
-            "(.codex/config.toml, .codex/hooks.json) or gemini (.gemini/settings.json).", required=True,
+            "(.codex/config.toml, .codex/hooks.json), gemini (.gemini/settings.json), qwen (.qwen/settings.json) or "
+            "copilot (.mcp.json, .github/hooks/agent-mail.json).", required=True,
             choices=HARNESSES),
         Arg("--agent", IDENTITY, "The identity the harness's sessions use (project:name).", required=True),
         Arg("--dir", PATH, "The project directory the harness starts in (default: the current directory)."),
