@@ -428,6 +428,7 @@ def test_metrics_scraped_in_the_prometheus_text_format(server, backend):
     if backend == "postgresql":
         assert _value(families, "agent_mail_db_pool_size") == 8
         assert "agent_mail_db_pool_in_use" in families and "agent_mail_wakeups_total" in families
+        assert _value(families, "agent_mail_hub_reconnects_total") == 0  # its first connection is no reconnection
     # Who may read it: a supervisor's or an operator's token; an identity's is refused, no token is 401.
     assert _get(server.port, "/metrics", token)[0] == 403
     status, headers, _ = _get(server.port, "/metrics")

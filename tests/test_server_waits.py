@@ -255,6 +255,12 @@ def test_the_listen_connection_is_made_again_and_nothing_is_missed(server, backe
     assert waits.answers[0][0] == 200 and waits.answers[0][1]["messages"][0]["subject"] == "while it was down"
     after = until(hub, 10, "the server never made its LISTEN connection again")
     assert after != [before]
+    operator = server.token("--agent", "*")
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    connection.request("GET", "/metrics", headers={"Authorization": f"Bearer {operator}"})
+    scraped = connection.getresponse().read().decode()
+    connection.close()
+    assert "\nagent_mail_hub_reconnects_total 1\n" in scraped, scraped  # what a monitor sees of it
     _send(server, "--to", "r:a1", "--subject", "after")  # woken through the new connection
     waits.until(2)
     assert waits.answers[1][0] == 200 and waits.answers[1][1]["messages"][0]["subject"] == "after"

@@ -67,6 +67,7 @@ class Hub:
         os.set_blocking(self._interrupt_r, False)
         self._stopping = False
         self.db = None
+        self.reconnects = 0  # connections made again after one was lost (the server's /metrics counts them)
         self._thread: threading.Thread | None = None
 
     # -- the waits' side (any thread) ------------------------------------------------
@@ -219,6 +220,7 @@ class Hub:
                 self._close()
                 try:
                     self._connect()
+                    self.reconnects += 1
                     connected_at = time.monotonic()
                     self._reconcile()
                 except (errors.StorageError, psycopg.Error) as exc:
