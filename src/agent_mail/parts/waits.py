@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 # A blocked watch looks at the mailbox itself this often, whatever woke it or not (see Waits.wait_for_mail).
 SAFETY_CHECK_SECONDS = 15.0
 RELEASE_PATIENCE_SECONDS = 0.3  # how long a stopped watch waits for the write lock to release its session
+FOUND_RELEASE_PATIENCE_SECONDS = 1.0  # how long a watch that found mail waits for it (then answers all the same)
 
 
 class HungUp(errors.AgentMailError):
@@ -112,7 +113,12 @@ class Waits:
             with self.store.transaction(write=True):
                 self.store.open_session(session, agent, model.now_iso())
             found = self.wait_for_mail(agent, session, seconds, look_for, wanted)
-            self.release(session, "mail" if found else "timeout")
+            if found:  # the mail is the answer: a release that cannot take the write lock in time must not lose it
+                # (a thousand waits woken at once through a SQLite-backed server: issue 27); the session is left
+                # armed, and reads as stale once its wake-up pipe is gone with the wait
+                self.release(session, "mail", quietly=True, patience=FOUND_RELEASE_PATIENCE_SECONDS)
+            else:
+                self.release(session, "timeout")
             return found
         except Stopped as stop:
             self.release(session, f"signal {stop.signum}", quietly=True)
@@ -134,7 +140,7 @@ class Waits:
         finally:
             restore_handlers(previous)
 
-    def release(self, session: str, reason: str, quietly: bool = False) -> None:
+    def release(self, session: str, reason: str, quietly: bool = False, patience: float | None = None) -> None:
         """Mark the session released (a no-op if it never got stored or is released already).
 
         On the way out of a failure or a signal (quietly) the lock is waited for briefly only: a
@@ -142,7 +148,7 @@ class Waits:
         """
         try:
             self.store.release_session_alone(session, model.now_iso(), reason,
-                                             patience=RELEASE_PATIENCE_SECONDS if quietly else None)
+                                             patience=patience or (RELEASE_PATIENCE_SECONDS if quietly else None))
         except errors.StorageError:
             if not quietly:  # on the way out of another failure, that failure is the one to report
                 raise

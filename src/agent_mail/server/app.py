@@ -323,6 +323,16 @@ def _look(location: str, look: str, presented: str | None, body: bytes, info: di
         store.close()
 
 
+def _will_wait(body: bytes) -> bool:
+    """Whether a look asks to wait (`after` and `wait_seconds`): it then runs among the waits' threads; one that
+    answers at once among the calls', never queued behind a thousand waits (a malformed body: refused at once)."""
+    try:
+        given = json.loads(body or b"{}")
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(given, dict) and given.get("after") is not None and given.get("wait_seconds") is not None
+
+
 def _look_checked(store, look: str, presented: str | None, body: bytes, info: dict) -> tuple[dict, dict]:
     """A look's token authenticated (before anything else is read), its values checked and granted."""
     from agent_mail.server import looks
@@ -584,9 +594,9 @@ def app_for(location: str) -> Starlette:
                 return await _look_on_the_hub(carrier, request, look, body, info, gone, hung_up)
             async with anyio.create_task_group() as group:
                 group.start_soon(_hung_up, request, carrier, gone, hung_up, look)
-                try:  # a look that waits blocks its thread, on a connection of its own (outside the pool)
+                try:  # a look that waits blocks its thread (among the waits'), on a connection of its own
                     outcome.append(await carrier.run(_look, location, look, _bearer(request), body, info, gone,
-                                                     own=True))
+                                                     own=_will_wait(body)))
                 except Exception as exc:  # raised below, out of the task group (which would wrap it)
                     outcome.append(exc)
                 finally:
