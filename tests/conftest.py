@@ -119,6 +119,8 @@ TOOLS = {
     "claude": ("AGENT_MAIL_CLAUDE", ("claude",), "npm install @anthropic-ai/claude-code, or set AGENT_MAIL_CLAUDE"),
     "codex": ("AGENT_MAIL_CODEX", ("codex",), "npm install @openai/codex, or set AGENT_MAIL_CODEX"),
     "gemini": ("AGENT_MAIL_GEMINI", ("gemini",), "npm install @google/gemini-cli, or set AGENT_MAIL_GEMINI"),
+    "qwen": ("AGENT_MAIL_QWEN", ("qwen",), "npm install @qwen-code/qwen-code, or set AGENT_MAIL_QWEN"),
+    "copilot": ("AGENT_MAIL_COPILOT", ("copilot",), "npm install @github/copilot, or set AGENT_MAIL_COPILOT"),
     "runuser": (None, ("runuser",), "apt-get install util-linux"),
     "pg_ctlcluster": (None, ("pg_ctlcluster",), "apt-get install postgresql-common"),
     "sqlite3": (None, ("sqlite3",), "apt-get install sqlite3"),
@@ -532,6 +534,16 @@ def as_a_user() -> dict:
     """subprocess arguments that make a child bound by file modes as an ordinary user is, whoever runs the
     suite (CI runs it as root): for root, a preexec_fn dropping the capabilities that override them."""
     return {"preexec_fn": without_dac_override} if os.geteuid() == 0 else {}
+
+
+@pytest.fixture(autouse=True)
+def stops_its_servers(mailbox_path):
+    """Stop every serving.Server the test started and left running (a test that failed before its own stop),
+    before its mailbox goes: no server outlives its test."""
+    yield
+    serving = sys.modules.get("serving")
+    while serving is not None and serving.STARTED:
+        serving.STARTED.pop().stop()
 
 
 @pytest.fixture

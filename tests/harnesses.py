@@ -48,3 +48,45 @@ def mail_during_the_turn(is_turn, history, send):
         return [{"type": "text", "text": "All done."}]
 
     return script
+
+
+class Terminal:
+    """A harness run interactively in a tmux session of its own (its own server socket under `directory`), as a
+    person runs it: keys typed, the screen read. Killed, with its server, on leaving the `with`."""
+
+    def __init__(self, directory, name: str, cwd, command: str):
+        self.tmux = ["tmux", "-S", os.path.join(str(directory), "tmux.sock")]
+        self.name, self.cwd, self.command = name, str(cwd), command
+
+    def __enter__(self) -> Terminal:
+        import subprocess
+
+        subprocess.run([*self.tmux, "new-session", "-d", "-s", self.name, "-x", "160", "-y", "45", "-c", self.cwd,
+                        self.command], check=True)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import subprocess
+
+        subprocess.run([*self.tmux, "kill-session", "-t", self.name], capture_output=True)
+        subprocess.run([*self.tmux, "kill-server"], capture_output=True)
+
+    def screen(self) -> str:
+        import subprocess
+
+        return subprocess.run([*self.tmux, "capture-pane", "-p", "-t", self.name], capture_output=True,
+                              text=True).stdout
+
+    def type(self, *keys: str) -> None:
+        """Each key (or text) sent, a moment apart, as typed."""
+        import subprocess
+        import time
+
+        for key in keys:
+            subprocess.run([*self.tmux, "send-keys", "-t", self.name, key], check=True)
+            time.sleep(0.3)
+
+    def wait_for(self, predicate, seconds: float, why: str):
+        from conftest import until
+
+        return until(predicate, seconds, lambda: f"{why}:\n{self.screen()}", interval=0.2)

@@ -12,9 +12,13 @@ import threading
 from conftest import am_process, process_env
 
 
+STARTED: list = []  # every Server started: conftest stops those a test left running (one that failed early)
+
+
 class Server:
     """A running `agent-mail serve` on a free loopback port (or `port`; `host`: another address, served without
-    TLS), over the test's mailbox; `env`: more variables for the server process."""
+    TLS), over the test's mailbox; `env`: more variables for the server process. Stopped after the test that
+    started it, whatever happened in it."""
 
     def __init__(self, mailbox: str, port: int = 0, host: str = "127.0.0.1", **env: str):
         self.mailbox = mailbox
@@ -30,6 +34,8 @@ class Server:
                                       *plain], env=process_env(AGENT_MAIL_DB=self.mailbox, **self.env),
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         first = json.loads(self.proc.stderr.readline())
+        while "warning" in first:  # off loopback without TLS: said before "listening"
+            first = json.loads(self.proc.stderr.readline())
         # The server logs a line per request: read as it comes, so a long run never fills the pipe and blocks it.
         self.log: list[bytes] = []
         self._reader = threading.Thread(target=lambda: self.log.extend(iter(self.proc.stderr.readline, b"")),
@@ -37,6 +43,7 @@ class Server:
         self._reader.start()
         self.url = first["listening"]
         self.port = int(self.url.rsplit(":", 1)[1])
+        STARTED.append(self)
 
     def kill(self) -> None:
         """SIGKILL the server (no clean stop: its waits and calls in flight are cut off)."""

@@ -91,6 +91,28 @@ def test_mail_reaches_the_context_and_the_mcp_tools_answer_without_a_prompt(proj
     assert state["count"] == 0  # read through MCP: delivered, marked read
 
 
+
+def test_with_copilot_set_up_too_claude_code_starts_the_shared_mcp_entry(project):
+    """Copilot CLI set up in the same directory: .mcp.json's agent-mail entry is Copilot's (Copilot CLI cannot start
+    Claude Code's), and Claude Code starts it: its read tool runs."""
+    assert am_process("setup", "copilot", "--agent", AGENT, "--dir", str(project)).returncode == 0
+    assert json.loads((project / ".mcp.json").read_text())["mcpServers"]["agent-mail"]["tools"] == ["*"]
+    assert am_process("send", "--from", "boss:lead", "--to", AGENT, "--subject", "Shared entry",
+                      "--body", "read through the shared entry", env=process_env()).returncode == 0
+
+    def script(request):
+        if not _main_loop(request):
+            return None
+        if _has_tool_result(request):
+            return [{"type": "text", "text": "done"}]
+        return [{"type": "tool_use", "name": "mcp__agent-mail__read", "input": {}}]
+
+    with FakeModel(script) as model:
+        result = _run(project, model, "Check your mail.")
+    assert result["permission_denials"] == []
+    answered = next(r for r in model.requests if _main_loop(r) and _has_tool_result(r))
+    assert "read through the shared entry" in json.dumps(answered["messages"][-1])
+
 def test_mail_during_a_turn_holds_the_stop_once(project):
     sent = threading.Event()
 

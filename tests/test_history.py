@@ -174,6 +174,7 @@ def test_export_to_a_file_never_overwrites_and_bad_options_are_errors(am, histor
     summary = am("export", "--output", str(target)).json
     assert summary["file"] == str(target) and summary["messages"] == 7 and summary["bytes"] == target.stat().st_size
     assert target.read_bytes() == export(am)
+    assert target.stat().st_mode & 0o777 == 0o600  # the mail itself: its owner's only, as the mailbox is
     assert am("export", "--output", str(target)).error["problems"][0]["field"] == "--output"
     assert am("export", "--output", str(tmp_path / "no" / "dir.jsonl")).error["problems"][0]["field"] == "--output"
     assert am("export", "--format", "csv").error["problems"][0]["field"] == "--format"

@@ -122,7 +122,7 @@ def test_the_stop_is_held_once_for_mail_the_session_was_not_told_of():
     assert hook("stop", claude_input("Stop")).stdout == b""
 
 
-@pytest.mark.parametrize("harness", ["claude-code", "codex", "gemini"])
+@pytest.mark.parametrize("harness", ["claude-code", "codex", "gemini", "qwen", "copilot"])
 def test_a_held_stop_shows_the_user_who_wrote_and_tells_the_model_it_is_mail(harness):
     """Issue 20 #4: the stop hold's systemMessage is the line each harness shows the user (who wrote, the
     subject); the reason, the model's next prompt, says it is mail, not an error."""
@@ -185,7 +185,7 @@ def _require_reachable(to: str = AGENT) -> subprocess.CompletedProcess:
     return am_process("send", "--from", "team:carl", "--to", to, "--subject", "still there?", "--require-reachable")
 
 
-@pytest.mark.parametrize("harness", ["claude-code", "codex", "gemini"])
+@pytest.mark.parametrize("harness", ["claude-code", "codex", "gemini", "qwen", "copilot"])
 def test_a_live_harness_session_is_reachable_while_it_works_and_says_how(harness):
     """Issue 20 #1: a session at work (no watch armed: its last one was released) will be told at its next tool
     call or stop, so it is listening: status, the send receipt, --require-reachable and the dashboard agree, in
@@ -198,7 +198,9 @@ def test_a_live_harness_session_is_reachable_while_it_works_and_says_how(harness
     assert row["reachable"] is True
     words = {"claude-code": "Claude Code session: told at its next tool call or stop, woken when idle",
              "codex": "Codex session: told at its next prompt or tool call (Codex cannot wake an idle session)",
-             "gemini": "Gemini CLI session: told at its next prompt or tool call"}[harness]
+             "gemini": "Gemini CLI session: told at its next prompt or tool call",
+             "qwen": "Qwen Code session: told at its next prompt or tool call",
+             "copilot": "Copilot CLI session: told at its next prompt or tool call"}[harness]
     assert words in row["reached_by"]
     done = _require_reachable()
     assert done.returncode == 0, done.stderr
@@ -542,6 +544,66 @@ def test_setup_codex_writes_its_toml_and_hooks_and_takes_out_only_its_own(tmp_pa
     assert config.read_text() == "model = \n" and not (tmp_path / ".codex" / "hooks.json").exists()
 
 
+def test_copilot_hooks_read_its_camel_case_input_and_answer_in_its_schema(tmp_path):
+    """Copilot CLI 1.0.102: camelCase input without an event name; the context is a TOP-LEVEL additionalContext,
+    the held agentStop {decision: block}, the pre-edit refusal a top-level permissionDecision."""
+    def run(event, **extra):
+        document = {"sessionId": "cp", "timestamp": 1796368642935, "cwd": str(tmp_path), **extra}
+        done = am_process("hook", "copilot", event, "--agent", AGENT, input=json.dumps(document).encode())
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout or b"null")
+
+    assert "you are proj:coder" in run("context", source="new", initialPrompt="hi")["additionalContext"]
+    assert run("context", toolName="view", toolArgs={"path": "x"}, toolResult={"resultType": "success"}) is None
+    send("for copilot")
+    assert "for copilot" in run("context", prompt="go")["additionalContext"]
+    send("late one")
+    held = run("stop", stopReason="end_turn", stop_hook_active=False)
+    assert held["decision"] == "block" and "late one" in held["reason"]
+    assert run("stop", stopReason="end_turn", stop_hook_active=True) is None
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    subprocess.run(["git", "remote", "add", "origin", "https://github.com/acme/widget.git"], cwd=tmp_path, check=True)
+    assert am_process("reserve", "proj:holder", "src/**", cwd=str(tmp_path)).returncode == 0
+    denied = run("pretool", toolName="create", toolArgs=json.dumps({"path": str(tmp_path / "src" / "a.rs"),
+                                                                     "file_text": "x"}))
+    assert denied["permissionDecision"] == "deny" and "held by proj:holder" in denied["permissionDecisionReason"]
+    assert run("pretool", toolName="create", toolArgs={"path": str(tmp_path / "b.txt"), "file_text": "x"}) is None
+
+
+@pytest.mark.parametrize("harness", ["qwen", "copilot"])
+def test_setup_qwen_and_copilot_merge_into_their_files_and_remove_exactly(tmp_path, harness):
+    if harness == "qwen":
+        path, mine = tmp_path / ".qwen" / "settings.json", {"model": {"name": "x"}, "tools": {"visible": ["a"]},
+                                                             "hooks": {"Stop": [{"hooks": [{"type": "command",
+                                                                                            "command": "echo"}]}]}}
+    else:
+        path, mine = tmp_path / ".mcp.json", {"mcpServers": {"other": {"type": "stdio", "command": "x"}}}
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps(mine))
+    assert json.loads(am_process("setup", harness, "--agent", AGENT, "--dir", str(tmp_path), "--dry-run").stdout)[
+        "dry_run"] and json.loads(path.read_text()) == mine
+    done = am_process("setup", harness, "--agent", AGENT, "--dir", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    merged = json.loads(path.read_text())
+    if harness == "qwen":
+        assert merged["model"] == {"name": "x"} and merged["mcpServers"]["agent-mail"]["trust"] is True
+        assert merged["tools"]["visible"][0] == "a" and "mcp__agent-mail__read" in merged["tools"]["visible"]
+        assert set(merged["hooks"]) == {"SessionStart", "UserPromptSubmit", "PostToolUse", "PreToolUse", "Stop",
+                                        "SessionEnd"}
+        assert merged["hooks"]["Stop"][0] == mine["hooks"]["Stop"][0]
+    else:
+        assert list(merged["mcpServers"]) == ["other", "agent-mail"]
+        assert merged["mcpServers"]["agent-mail"]["tools"] == ["*"]
+        hooks = json.loads((tmp_path / ".github" / "hooks" / "agent-mail.json").read_text())
+        assert hooks["version"] == 1 and set(hooks["hooks"]) == {
+            "sessionStart", "userPromptSubmitted", "postToolUse", "preToolUse", "agentStop", "sessionEnd"}
+    again = json.loads(am_process("setup", harness, "--agent", AGENT, "--dir", str(tmp_path)).stdout)
+    assert {f["action"] for f in again["files"]} == {"unchanged"}
+    assert am_process("setup", harness, "--agent", AGENT, "--dir", str(tmp_path), "--remove").returncode == 0
+    assert json.loads(path.read_text()) == mine
+    assert not (tmp_path / ".github").exists()
+
+
 def test_setup_gemini_writes_one_settings_file(tmp_path):
     settings = tmp_path / ".gemini" / "settings.json"
     settings.parent.mkdir()
@@ -559,7 +621,7 @@ def test_setup_gemini_writes_one_settings_file(tmp_path):
     assert json.loads(settings.read_text()) == {"theme": "Dracula", "mcpServers": {"other": {"command": "x"}}}
 
 
-@pytest.mark.parametrize("harness", ["claude-code", "codex", "gemini"])
+@pytest.mark.parametrize("harness", ["claude-code", "codex", "gemini", "qwen", "copilot"])
 def test_setup_then_remove_in_an_empty_directory_leaves_it_empty(tmp_path, harness):
     tmp_path = tmp_path / "project"  # beside the test's mailbox
     tmp_path.mkdir()
@@ -624,3 +686,34 @@ def test_a_plain_shell_in_the_project_finds_the_mailbox_setup_recorded(tmp_path)
     (project / ".agent-mail-db").write_text("# nothing\n")
     refused = am_process("read", AGENT, cwd=str(project), env=bare)
     assert refused.returncode == 2 and "names no mailbox" in json.loads(refused.stderr)["error"]
+
+
+@pytest.mark.parametrize("first", ["claude-code", "copilot"])
+def test_claude_code_and_copilot_share_mcp_json_in_either_order(tmp_path, first):
+    """Both read DIR/.mcp.json; Copilot CLI cannot start Claude Code's shared entry (no AGENT_MAIL_PYTHON in its
+    environment), Claude Code can start Copilot's: Copilot's entry stays while Copilot CLI is set up, and Claude's
+    comes back when only Claude Code is left."""
+    project = tmp_path / "project"
+    project.mkdir()
+    mcp = project / ".mcp.json"
+
+    def setup(harness, *more):
+        done = am_process("setup", harness, "--agent", AGENT, "--dir", str(project), *more)
+        assert done.returncode == 0, done.stderr
+
+    def entry():
+        return json.loads(mcp.read_text())["mcpServers"]["agent-mail"] if mcp.exists() else None
+
+    second = "copilot" if first == "claude-code" else "claude-code"
+    setup(first)
+    setup(second)
+    assert entry()["tools"] == ["*"] and entry()["args"][-3:] == ["mcp", "--agent", AGENT]
+    setup("claude-code")
+    assert entry()["tools"] == ["*"]  # a second Claude setup leaves Copilot's entry
+    setup("copilot", "--remove")
+    assert "tools" not in entry() and entry()["command"] == "sh"  # Claude Code's shared entry is back
+    setup("copilot")
+    setup("claude-code", "--remove")
+    assert entry()["tools"] == ["*"]
+    setup("copilot", "--remove")
+    assert list(project.iterdir()) == []

@@ -53,6 +53,8 @@ def test_broadcast_reaches_everyone_but_the_sender_with_own_state(am, send):
     send("c:two", "a:lead", "hello")
     receipt = send("a:lead", "*", "all hands")
     assert receipt["type"] == "broadcast"
+    # One delivery, '*', that says how many identities it is for (b:one and c:two; not its sender)
+    assert [(d["recipient"], d["identities"]) for d in receipt["deliveries"]] == [("*", 2)]
     assert receipt["id"] not in ids(am("read", "a:lead", "--all").json)
     assert ids(am("read", "b:one").json) == [receipt["id"]]
     # c:two has not read it yet, though b:one did

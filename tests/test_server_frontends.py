@@ -312,7 +312,8 @@ def test_the_dashboard_refuses_what_the_token_does_not_allow_before_drawing(serv
     proc = server.client(agent, "dashboard")
     assert proc.returncode == 4 and "supervisor" in json.loads(proc.stderr)["error"]
     proc = server.client(watcher, "dashboard", "--as", "api:worker")
-    assert proc.returncode == 4 and "api:worker" in json.loads(proc.stderr)["error"]
+    said = json.loads(proc.stderr)["error"]
+    assert proc.returncode == 4 and "change the profile of api:worker" in said and "may not profile" not in said, said
     proc = server.client(watcher, "dashboard")
     assert proc.returncode == 1 and "terminal" in json.loads(proc.stderr)["error"]
 

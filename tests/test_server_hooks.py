@@ -190,6 +190,34 @@ def test_the_waiter_outlives_a_server_restart(mailbox_path, tmp_path):
             again.wait(timeout=20)
 
 
+def test_a_waiter_started_while_the_server_is_away_waits_for_it(mailbox_path, tmp_path):
+    """The waiter's first look rides out an outage as its long wait does: started while no server answers (a
+    restart under way), it arms once the server is back and wakes on the mail, rather than exiting."""
+    first = Server(str(mailbox_path))
+    token = first.token("--agent", AGENT)
+    harness = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    json_of(_served(first, token, "claude-code", "context",
+                    {"session_id": "served", "hook_event_name": "SessionStart"}))
+    first.stop()
+    waiter = _waiter(first, token, harness.pid)
+    again = None
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):  # no server: it keeps asking (its first look once failed
+            waiter.wait(timeout=2)                        # at once, exit 1)
+        with open(tmp_path / "second.log", "wb") as log:
+            again = subprocess.Popen([sys.executable, "-m", "agent_mail", "serve", "--listen",
+                                      f"127.0.0.1:{first.port}"], env=process_env(AGENT_MAIL_DB=str(mailbox_path)),
+                                     stdout=subprocess.DEVNULL, stderr=log)
+        _long_wait_armed()
+        sent = _send("while it was away")
+        assert waiter.wait(timeout=30) == 2 and sent in waiter.stderr.read().decode()
+    finally:
+        _stop(waiter, harness)
+        if again is not None:
+            again.terminate()
+            again.wait(timeout=20)
+
+
 def test_a_token_not_naming_the_hooks_identity_is_refused_and_changes_nothing(server, tmp_path):
     other = server.token("--agent", "proj:other")
     _send("for the coder")
@@ -280,6 +308,9 @@ def test_reservations_through_the_server_answer_as_directly_and_refuse_what_the_
     listed = server.client(supervisor, "reservations", "--path", "lib.rs")
     assert listed.stdout == am_process("reservations", "--path", "lib.rs").stdout
     assert json.loads(listed.stdout)["paths"][0]["held_by"][0]["agent"] == HOLDER
+    # Who holds a file, and are they live: what any identity asks before an edit, with its own token.
+    asked = server.client(mine, "reservations", "--path", "lib.rs")
+    assert asked.returncode == 0 and asked.stdout == listed.stdout, asked.stderr
     # Refusals: as another identity (4), everyone's list without a supervisor (4), --force of a live holder (2),
     # a path outside the repository (2); each changes nothing.
     for token, argv, code, word in (
@@ -303,6 +334,18 @@ def test_reservations_through_the_server_answer_as_directly_and_refuse_what_the_
     status, body = server.raw("/v1/call/reservations", b'{"agent": "proj:coder", "check": true, "paths": ["x"]}',
                               {"Authorization": f"Bearer {mine}", "Content-Type": "application/json"})
     assert status == 400 and "located" in json.loads(body)["error"]
+    # A lone surrogate (JSON's escaped \udbff, which no command line can send) in any text is a 400 naming the
+    # argument, never a 500, and nothing is stored.
+    auth = {"Authorization": f"Bearer {mine}", "Content-Type": "application/json"}
+    for path, body, field in (("/v1/call/reservations", {"agent": AGENT, "paths": ["x\udbff"]}, "paths"),
+                              ("/v1/call/reserve", {"agent": AGENT, "patterns": ["x\udbff"]}, "patterns"),
+                              ("/v1/call/release", {"agent": AGENT, "patterns": ["x\udbff"]}, "patterns"),
+                              ("/v1/call/reserve", {"agent": AGENT, "patterns": ["/docs/**"], "reason": "\udbff"},
+                               "reason"),
+                              ("/v1/call/reservations", {"path": ["\udbff"]}, "path")):
+        status, answer = server.raw(path, json.dumps(body).encode(), auth)
+        assert status == 400 and field in {p["field"] for p in json.loads(answer)["problems"]}, (path, answer)
+    assert json_of(am_process("reservations"))["count"] == 0
 
 
 def _commit(root, env: dict, path: str = "src/lib.rs") -> subprocess.CompletedProcess:

@@ -362,3 +362,20 @@ def write_new(output: str, field: str, write) -> str:
         except OSError:
             pass
     return target
+
+
+def wait_readable(descriptors: list[int], timeout: float | None) -> set[int]:
+    """Sleep until some of `descriptors` can be read (or are closed or in error) or `timeout` seconds pass (None:
+    for as long as it takes); those that can. poll(), never select(): select() cannot watch a descriptor numbered
+    1,024 or more ("filedescriptor out of range"), which a server holding many connections hands out (issue 27).
+    An interrupted sleep (a signal) returns nothing ready."""
+    import select
+
+    poller = select.poll()
+    for fd in descriptors:
+        poller.register(fd, select.POLLIN | select.POLLPRI)
+    milliseconds = None if timeout is None else max(0, int(timeout * 1000 + 0.999))  # never early: rounded up
+    try:
+        return {fd for fd, _ in poller.poll(milliseconds)}
+    except InterruptedError:
+        return set()

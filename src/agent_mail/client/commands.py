@@ -684,6 +684,12 @@ class Served:
         """reservations --check of paths already said from the root of the repository located here."""
         return self.call("reservations", {"agent": agent, "paths": paths, "check": True, "located": located})[1]
 
+    def glance(self, name: str, given: dict) -> dict:
+        """A short call that rides out a server restart as a wait does (_reconnecting): a waiter's first look."""
+        answer = _reconnecting(self.url, lambda: request(self.url, self._token or self._read(), name, given),
+                               "the wait gave up.")
+        return accepted(answer[1], answer[2])
+
     def wait(self, name: str, given: dict, seconds: float) -> dict | None:
         """A blocking call as one long request that outlives a server restart (as a watch does, _reconnecting): it
         asks again for the rest of its wait; its document, or None when the wait ran out while the server was

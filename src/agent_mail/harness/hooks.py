@@ -44,9 +44,9 @@ _NON_INTERACTIVE = ("sdk-cli", "sdk-ts", "sdk-py", "mcp")  # CLAUDE_CODE_ENTRYPO
 EXIT_WAKE = 2  # what an asyncRewake hook exits with to wake its session
 
 
-def read_input(stream=None) -> dict:
+def read_input(stream=None, harness: str | None = None) -> dict:
     """The hook's JSON input from stdin; InvalidInput naming stdin if it is not a JSON object with a
-    session_id."""
+    session_id (Copilot CLI's camelCase input is first said in the others' words: copilot_input)."""
     if stream is None:
         if sys.stdin is None or sys.stdin.isatty():
             raise errors.InvalidInput([("stdin", "is a terminal (or closed), not the harness's hook input: this "
@@ -64,6 +64,8 @@ def read_input(stream=None) -> dict:
                                              "command is run by the harness; see agent-mail setup.")]) from None
     if not isinstance(document, dict):
         raise errors.InvalidInput([("stdin", "must be a JSON object (the harness's hook input).")])
+    if harness == "copilot":
+        document = copilot_input(document)
     session = document.get("session_id")
     if not isinstance(session, str) or not session.strip() or len(session) > 200 or model.has_surrogates(session):
         raise errors.InvalidInput([("stdin", "has no usable session_id: the harness passes one to every hook.")])
@@ -81,10 +83,41 @@ def _checked(harness: str, event: str, agent: str | None) -> str:
     return agent
 
 
+# Copilot CLI 1.0.102 passes camelCase input and no event name: {sessionId, timestamp, cwd, ...}; sessionStart adds
+# source and initialPrompt, userPromptSubmitted prompt, preToolUse toolName and toolArgs, postToolUse toolResult,
+# agentStop stopReason and stop_hook_active. Which event it is shows in the keys it carries.
+_COPILOT_EVENTS = (("toolResult", "postToolUse"), ("toolName", "preToolUse"), ("stopReason", "agentStop"),
+                   ("source", "SessionStart"), ("initialPrompt", "SessionStart"), ("prompt", "userPromptSubmitted"))
+
+
+def copilot_input(document: dict) -> dict:
+    """Copilot CLI's hook input in the words of the others' (session_id, hook_event_name, tool_name, tool_input,
+    stop_hook_active); the session start named SessionStart, as the telling side knows it."""
+    found = dict(document)
+    if "session_id" not in found and "sessionId" in found:
+        found["session_id"] = found["sessionId"]
+    if "hook_event_name" not in found:
+        event = next((name for key, name in _COPILOT_EVENTS if key in document), None)
+        if event is not None:
+            found["hook_event_name"] = event
+    if "toolName" in found:
+        found.setdefault("tool_name", found["toolName"])
+        arguments = found.get("toolArgs")
+        if isinstance(arguments, str):  # a JSON text in some versions
+            try:
+                arguments = jsonout.loads(arguments)
+            except ValueError:
+                arguments = None
+        found.setdefault("tool_input", arguments if isinstance(arguments, dict) else {})
+    if "stopHookActive" in found:
+        found.setdefault("stop_hook_active", found["stopHookActive"])
+    return found
+
+
 # Codex 0.171 reports an edit made with `apply_patch <<EOF` in its shell as tool_name "Bash" (tool_input.command:
 # the patch; seen under `codex exec`), and a model given the apply_patch tool calls it "apply_patch".
 EDIT_TOOLS = {"claude-code": ("Edit", "Write", "MultiEdit", "NotebookEdit"), "codex": ("apply_patch", "Bash"),
-              "gemini": ("write_file", "replace")}
+              "gemini": ("write_file", "replace"), "qwen": ("write_file", "edit"), "copilot": ("create", "edit")}
 _PATCH_HEADS = ("*** Update File: ", "*** Add File: ", "*** Delete File: ", "*** Move to: ")
 
 
@@ -100,13 +133,16 @@ def edited_paths(harness: str, document: dict) -> list[str]:
                 for line in text.splitlines() for head in _PATCH_HEADS if line.startswith(head)]
     if not isinstance(given, dict):
         return []
-    return [p for p in (given.get("file_path"), given.get("notebook_path")) if isinstance(p, str) and p]
+    return [p for p in (given.get("file_path"), given.get("notebook_path"), given.get("path"))
+            if isinstance(p, str) and p]
 
 
 def denial(harness: str, note: str) -> dict:
     """The harness's documented way to refuse a tool call, with the reason the model is shown."""
     if harness == "gemini":  # BeforeTool: decision deny, the reason sent to the agent as the tool's error
         return {"decision": "deny", "reason": note}
+    if harness == "copilot":  # preToolUse: top-level (seen with 1.0.102)
+        return {"permissionDecision": "deny", "permissionDecisionReason": note}
     return {"hookSpecificOutput": {"hookEventName": "PreToolUse", "permissionDecision": "deny",
                                    "permissionDecisionReason": note}}
 
@@ -172,7 +208,7 @@ def main(values: dict, emit, served=None) -> int:
 def run(harness: str, event: str, agent: str | None, emit, served=None) -> int:
     """Run one hook; the exit status (0, or EXIT_WAKE for a waiter that found mail)."""
     agent = _checked(harness, event, agent)
-    document = read_input()
+    document = read_input(harness=harness)
     printed = []
     if event == "pretool" and not edited_paths(harness, document):
         if harness in QUIET:  # not an edit: answered without opening the mailbox
@@ -324,7 +360,7 @@ def _served_wait(served, harness: str, agent: str, document: dict) -> int:
     threading.Thread(target=watch_harness, daemon=True).start()
     try:
         # First a glance (armed, then a look at once): the older waiter it replaces is named, and ended here.
-        result = served.call("hook", {**given, "wait_seconds": 0.05})[1]
+        result = served.glance("hook", {**given, "wait_seconds": 0.05})  # rides out a restart, as the wait does
         if not result.get("wake"):
             _end_waiter(result.get("waiter"))
             result = served.wait("hook", given, model.WATCH_MINUTES_DEFAULT * 60.0)

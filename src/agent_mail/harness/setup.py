@@ -12,10 +12,17 @@ For a project directory DIR, the MCP server `agent-mail` (this interpreter runni
   end on SessionEnd).
 - Gemini CLI: DIR/.gemini/settings.json (the server, trusted; context on SessionStart, BeforeAgent,
   AfterTool; the stop guard on AfterAgent; end on SessionEnd).
+- Qwen Code: DIR/.qwen/settings.json (the server, trusted, its main tools listed in tools.visible so the model
+  sees them without Qwen's deferred-tool bridge; context on SessionStart, UserPromptSubmit, PostToolUse; the stop
+  guard on Stop; end on SessionEnd). Claude Code's hook forms; timeouts in seconds.
+- Copilot CLI: DIR/.github/hooks/agent-mail.json (a hooks file of its own: context on sessionStart,
+  userPromptSubmitted, postToolUse; the stop guard on agentStop; end on sessionEnd) and the server in DIR/.mcp.json
+  (`type: stdio`, all its tools).
 
 All three also get the pre-tool hook (`hook HARNESS pretool`), which denies an edit of a file another live
 identity holds: Claude Code PreToolUse on Edit|Write|MultiEdit|NotebookEdit, Codex PreToolUse on
-apply_patch|Bash, Gemini CLI BeforeTool on write_file|replace.
+apply_patch|Bash, Gemini CLI BeforeTool on write_file|replace, Qwen Code PreToolUse on write_file|edit, Copilot CLI
+preToolUse (every tool; the hook passes all but create and edit at once).
 
 Through a server (the mailbox an http(s):// URL): the MCP entry is the server's /mcp over streamable HTTP, its
 bearer token read from AGENT_MAIL_TOKEN in the harness's environment, never written: Claude Code's .mcp.json
@@ -179,7 +186,30 @@ def _hook_entries(harness: str, agent: str, mailbox: str) -> dict[str, list[dict
         command = base + " " + _shell(["hook", harness, event, "--agent", agent])
         if harness == "gemini":  # named, for its /hooks panel; timeouts in milliseconds
             return {"type": "command", "name": f"agent-mail-{event}", "command": command, "timeout": 30_000, **extra}
+        if harness == "qwen":  # named; timeouts in seconds
+            return {"type": "command", "command": command, "name": f"agent-mail-{event}", "timeout": 30, **extra}
+        if harness == "copilot":  # flat lists of {type, bash, timeoutSec} under camelCase events
+            return {"type": "command", "bash": command, "timeoutSec": 30}
         return {"type": "command", "command": command, **extra}
+
+    if harness == "copilot":
+        return {
+            "sessionStart": [hook("context")],
+            "userPromptSubmitted": [hook("context")],
+            "postToolUse": [hook("context")],
+            "preToolUse": [hook("pretool")],
+            "agentStop": [hook("stop")],
+            "sessionEnd": [hook("end")],
+        }
+    if harness == "qwen":
+        return {
+            "SessionStart": [{"hooks": [hook("context")]}],
+            "UserPromptSubmit": [{"hooks": [hook("context")]}],
+            "PostToolUse": [{"matcher": "*", "hooks": [hook("context")]}],
+            "PreToolUse": [{"matcher": "write_file|edit", "hooks": [hook("pretool")]}],
+            "Stop": [{"hooks": [hook("stop")]}],
+            "SessionEnd": [{"hooks": [hook("end")]}],
+        }
 
     if harness == "gemini":
         return {
@@ -214,11 +244,14 @@ def _hook_entries(harness: str, agent: str, mailbox: str) -> dict[str, list[dict
 
 
 def _without_ours(groups: object) -> object:
-    """A hook event's matcher groups with our hooks taken out (and groups left empty by that)."""
+    """A hook event's matcher groups with our hooks taken out (and groups left empty by that); Copilot CLI's
+    flat lists of hooks ({type, bash}) likewise."""
     if not isinstance(groups, list):
         return groups
     kept = []
     for group in groups:
+        if isinstance(group, dict) and _ours(group.get("bash")):
+            continue
         if isinstance(group, dict) and isinstance(group.get("hooks"), list):
             hooks = [h for h in group["hooks"] if not (isinstance(h, dict) and _ours(h.get("command")))]
             if not hooks and group["hooks"]:
@@ -308,6 +341,83 @@ def remote_entry(harness: str, url: str) -> dict:
     if harness == "gemini":
         return {"httpUrl": url + http_api.MCP_PATH, "headers": {"Authorization": BEARER_FROM_ENV}}
     return {"type": "http", "url": url + http_api.MCP_PATH, "headers": {"Authorization": BEARER_FROM_ENV}}
+
+
+# Qwen Code defers MCP tools behind a bridge the model must call first; these it is shown directly (tools.visible).
+QWEN_VISIBLE = tuple(f"mcp__{SERVER}__{name}" for name in ("read", "send", "ack", "watch", "status", "reserve",
+                                                              "release", "reservations"))
+
+
+def _qwen_settings(document: dict, agent: str, mailbox: str, remove: bool) -> dict:
+    document = _hooks_merged(_servers(document, agent, mailbox, remove, trust=True), "qwen", agent, mailbox, remove)
+    tools = document.get("tools", {})
+    if not isinstance(tools, dict):
+        raise errors.InvalidInput([("tools", "in the settings is not an object; fix it, then run setup again.")])
+    tools = dict(tools)
+    visible = tools.get("visible", [])
+    if not isinstance(visible, list):
+        raise errors.InvalidInput([("tools.visible", "in the settings is not a list; fix it, then run setup again.")])
+    visible = [name for name in visible if not (isinstance(name, str) and name.startswith(f"mcp__{SERVER}__"))]
+    if not remove:
+        visible += list(QWEN_VISIBLE)
+    if visible:
+        tools["visible"] = visible
+    else:
+        tools.pop("visible", None)
+    if tools:
+        document["tools"] = tools
+    else:
+        document.pop("tools", None)
+    return document
+
+
+def _copilot_hooks(document: dict, agent: str, mailbox: str, remove: bool) -> dict:
+    """DIR/.github/hooks/agent-mail.json: Copilot CLI's hooks file ({version: 1, hooks: ...}), ours merged in."""
+    document = _hooks_merged(document, "copilot", agent, mailbox, remove)
+    if "hooks" in document:
+        document = {"version": document.get("version", 1), **document}
+    elif set(document) <= {"version"}:
+        return {}
+    return document
+
+
+def _copilot_entry(entry: object) -> bool:
+    """Whether an .mcp.json agent-mail entry is the one `setup copilot` wrote (it lists `tools`)."""
+    return isinstance(entry, dict) and "tools" in entry
+
+
+def _claude_servers(document: dict, root: str, agent: str, mailbox: str, remove: bool) -> dict:
+    """DIR/.mcp.json for Claude Code. Copilot CLI reads the same file and cannot start Claude's shared entry (it has
+    no settings env for AGENT_MAIL_PYTHON): while Copilot CLI is set up here, its entry, which Claude Code starts as
+    well, stays (on --remove too)."""
+    servers = document.get("mcpServers")
+    if isinstance(servers, dict) and _copilot_entry(servers.get(SERVER)) and _mentions(
+            os.path.join(root, _HARNESS_FILES["copilot"][0]), _HARNESS_FILES["copilot"][1]):
+        return document
+    return _servers(document, agent, mailbox, remove, type="stdio")
+
+
+def _copilot_servers(document: dict, root: str, agent: str, mailbox: str, remove: bool) -> dict:
+    """DIR/.mcp.json for Copilot CLI: the stdio server with its tools enabled (`tools: ["*"]`), or the agent-mail
+    server's /mcp (`type: http`). Copilot CLI has no settings `env` of its own, so the entry carries the mailbox.
+    On --remove, where Claude Code is still set up here, its shared entry is put back."""
+    if remove and _mentions(os.path.join(root, _HARNESS_FILES["claude-code"][0]),
+                            _HARNESS_FILES["claude-code"][1]):
+        return _servers(document, agent, mailbox, False, type="stdio")
+    document = dict(document)
+    servers = document.get("mcpServers", {})
+    if not isinstance(servers, dict):
+        raise errors.InvalidInput([("mcpServers", "is not an object; fix it, then run setup again.")])
+    servers = {name: spec for name, spec in servers.items() if name != SERVER}
+    if not remove and _is_server(mailbox):
+        servers[SERVER] = {**remote_entry("claude-code", mailbox), "tools": ["*"]}
+    elif not remove:
+        servers[SERVER] = {"type": "stdio", **_server_entry(agent, mailbox), "tools": ["*"]}
+    if servers:
+        document["mcpServers"] = servers
+    else:
+        document.pop("mcpServers", None)
+    return document
 
 
 def _servers(document: dict, agent: str, mailbox: str, remove: bool, **extra) -> dict:
@@ -421,8 +531,14 @@ def _plan(path: str, change) -> dict:
 
 _PROJECT_NOTE = ("# The agent-mail mailbox of this directory tree (written by `agent-mail setup`; AGENT_MAIL_DB "
                  "overrides it).\n")
-_HARNESS_FILES = {"claude-code": (".mcp.json", SERVER), "codex": (os.path.join(".codex", "config.toml"), _BEGIN),
-                  "gemini": (os.path.join(".gemini", "settings.json"), SERVER)}
+# The file (and the mark in it) by which a harness is known to be set up in a directory: for Claude Code its
+# hooks, since Copilot CLI's server shares .mcp.json.
+_HARNESS_FILES = {"claude-code": (os.path.join(".claude", "settings.local.json"),
+                                  " agent_mail hook claude-code "),
+                  "codex": (os.path.join(".codex", "config.toml"), _BEGIN),
+                  "gemini": (os.path.join(".gemini", "settings.json"), SERVER),
+                  "qwen": (os.path.join(".qwen", "settings.json"), SERVER),
+                  "copilot": (os.path.join(".github", "hooks", "agent-mail.json"), " agent_mail hook copilot ")}
 
 
 def _project_file_plan(root: str, harness: str, mailbox: str, remove: bool) -> dict:
@@ -460,14 +576,16 @@ def _mentions(path: str, mark: str) -> bool:
 
 
 def _remove_emptied_directories(root: str, plans: list[dict]) -> None:
-    """A harness directory (.claude, .codex, .gemini) left empty by --remove goes too: setup made it."""
+    """A harness directory (.claude, .codex, .gemini, .qwen, .github/hooks and .github) left empty by --remove goes
+    too: setup made it."""
     for plan in plans:
         directory = os.path.dirname(plan["path"])
-        if plan["action"] == "remove" and directory != root:
+        while plan["action"] == "remove" and directory != root and directory.startswith(root + os.sep):
             try:
                 os.rmdir(directory)  # only when empty
             except OSError:
-                pass
+                break
+            directory = os.path.dirname(directory)
 
 
 def write(path: str, text: str | None) -> None:
@@ -521,10 +639,39 @@ NOTES = {
         "Gemini CLI cannot wake an idle session (its hooks have no asyncRewake): an idle Gemini hears of mail at "
         "its next prompt. For an agent that must wait, have it call the watch tool.",
     ],
+    "qwen": [
+        "Start `qwen` in this directory: the agent-mail MCP server (trusted: no confirmation per call; its main tools "
+        "listed in tools.visible) and hooks load from .qwen/settings.json. An interactive Qwen Code asks you once to "
+        "approve the workspace's MCP server (and again when its entry changes): approve agent-mail.",
+        "If you turned on Qwen Code's folder trust (security.folderTrust.enabled), it runs a project's hooks only in "
+        "a folder you trusted: trust this one once when Qwen Code asks (~/.qwen/trustedFolders.json); agent-mail "
+        "does not answer that for you.",
+        "Mail reaches the model's context on session start, each prompt and after tool calls; a stop is held once "
+        "for mail that arrived during the turn.",
+        "Qwen Code's hooks cannot wake an idle session: an idle Qwen hears of mail at its next prompt. For an agent "
+        "that must wait, have it call the watch tool.",
+        ".qwen/settings.json now holds this interpreter, identity and mailbox (Qwen Code has no personal project "
+        "settings file): keep it out of version control, or commit it only for a shared mailbox.",
+    ],
+    "copilot": [
+        "Start `copilot` in this directory: the agent-mail MCP server (all its tools) loads from .mcp.json, the hooks "
+        "from .github/hooks/agent-mail.json. An interactive session counts as live from its first prompt (Copilot "
+        "CLI fires sessionStart then).",
+        "Copilot CLI runs a repository's hooks only in a folder you trusted, and silently skips them otherwise (also "
+        "under -p): trust this folder once when Copilot CLI asks (or start it once with --trust-folder); agent-mail "
+        "does not do that for you.",
+        "Mail reaches the model's context on session start, each prompt and after tool calls; a stop (agentStop) is "
+        "held once for mail that arrived during the turn.",
+        "Copilot CLI cannot wake an idle session: an idle Copilot hears of mail at its next prompt. For an agent that "
+        "must wait, have it call the watch tool.",
+        ".github/hooks/agent-mail.json and the agent-mail entry of .mcp.json hold this interpreter, identity and "
+        "mailbox (Copilot CLI reads no personal project settings): keep them out of version control, or commit them "
+        "only for a shared mailbox.",
+    ],
 }
 
 
-_STARTS = {"claude-code": "claude", "codex": "codex", "gemini": "gemini"}
+_STARTS = {"claude-code": "claude", "codex": "codex", "gemini": "gemini", "qwen": "qwen", "copilot": "copilot"}
 
 
 def _token_report(harness: str, mailbox: str, remove: bool) -> dict | None:
@@ -580,7 +727,7 @@ def setup(harness: str, agent: str, directory: str | None = None, dry_run: bool 
     project_file = _project_file_plan(root, harness, mailbox, remove)
     if harness == "claude-code":
         plans = [
-            _plan(os.path.join(root, ".mcp.json"), lambda d: _servers(d, agent, mailbox, remove, type="stdio")),
+            _plan(os.path.join(root, ".mcp.json"), lambda d: _claude_servers(d, root, agent, mailbox, remove)),
             _plan(os.path.join(root, ".claude", "settings.local.json"),
                   lambda d: _claude_settings(d, agent, mailbox, remove)),
         ]
@@ -589,6 +736,15 @@ def setup(harness: str, agent: str, directory: str | None = None, dry_run: bool 
             _codex_config(os.path.join(root, ".codex", "config.toml"), agent, mailbox, remove),
             _plan(os.path.join(root, ".codex", "hooks.json"),
                   lambda d: _hooks_merged(d, "codex", agent, mailbox, remove)),
+        ]
+    elif harness == "qwen":
+        plans = [_plan(os.path.join(root, ".qwen", "settings.json"),
+                       lambda d: _qwen_settings(d, agent, mailbox, remove))]
+    elif harness == "copilot":
+        plans = [
+            _plan(os.path.join(root, ".mcp.json"), lambda d: _copilot_servers(d, root, agent, mailbox, remove)),
+            _plan(os.path.join(root, ".github", "hooks", "agent-mail.json"),
+                  lambda d: _copilot_hooks(d, agent, mailbox, remove)),
         ]
     else:
         plans = [_plan(os.path.join(root, ".gemini", "settings.json"),

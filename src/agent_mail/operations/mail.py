@@ -128,6 +128,8 @@ class Mailbox:
                          "reachable": reachable[recipient]}
                 if reached.get(recipient):
                     entry["reached_by"] = reached[recipient]
+                if recipient == model.BROADCAST:  # one message, each identity's own state: how many it is for
+                    entry["identities"] = len(set(self.store.agent_counts(created)) - {from_})
                 if require_reachable and not reachable[recipient]:
                     entry["status"] = "refused"
                     entry["reason"] = seen["refusals"][recipient]
@@ -532,6 +534,8 @@ def _repeated(store, rows: list[dict], from_: str, recipients: list[str], prepar
                  else "delivered", "reachable": seen["reachable"][row["recipient"]]}
         if row["deliver_at"]:
             entry["deliver_at"] = row["deliver_at"]
+        if row["recipient"] == model.BROADCAST:
+            entry["identities"] = len(set(store.agent_counts(model.now_iso())) - {from_})
         deliveries.append(entry)
     single = deliveries[0] if len(deliveries) == 1 else None
     answered = store.addressed(from_, [reply_to], model.now_iso()).get(reply_to) if reply_to else None

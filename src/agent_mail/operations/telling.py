@@ -27,8 +27,12 @@ LAST_SEEN_EVERY_SECONDS = 60.0  # a quiet check refreshes the session's last_see
 # context events (Claude Code and Codex: SessionStart, UserPromptSubmit, PostToolUse; Gemini CLI:
 # SessionStart, BeforeAgent, AfterTool); a held stop is {"decision": "block"} on Stop (Claude Code, Codex)
 # and {"decision": "deny"} on AfterAgent (Gemini CLI), the reason becoming the next prompt either way.
-STOP_DECISION = {"claude-code": "block", "codex": "block", "gemini": "deny"}
-DEFAULT_EVENT = {"claude-code": "PostToolUse", "codex": "PostToolUse", "gemini": "AfterTool"}
+# Qwen Code takes Claude Code's forms (Stop, UserPromptSubmit, ...); Copilot CLI reads a TOP-LEVEL additionalContext
+# from sessionStart, userPromptSubmitted and postToolUse (it ignores the nested hookSpecificOutput form) and holds
+# its agentStop with {"decision": "block"} (both seen with 1.0.102).
+STOP_DECISION = {"claude-code": "block", "codex": "block", "gemini": "deny", "qwen": "block", "copilot": "block"}
+DEFAULT_EVENT = {"claude-code": "PostToolUse", "codex": "PostToolUse", "gemini": "AfterTool", "qwen": "PostToolUse",
+                 "copilot": "postToolUse"}
 WAKES_IDLE = ("claude-code",)  # asyncRewake: the only harness whose hooks can wake an idle session
 QUIET = {"gemini": {}}  # Gemini CLI parses a hook's stdout as JSON: an empty object, not nothing
 
@@ -55,6 +59,8 @@ def _tool(harness: str, name: str) -> str:
         return f"mcp__agent-mail__{name}"
     if harness == "gemini":
         return f"mcp_agent-mail_{name}"
+    if harness == "qwen":
+        return f"mcp__agent-mail__{name}"
     return f"the agent-mail MCP tool {name}"
 
 
@@ -103,6 +109,8 @@ def user_line(agent: str, envelopes: list[dict]) -> str:
 
 def _output(harness: str, event_name: str, note: str) -> dict:
     """The context note in the harness's hook output."""
+    if harness == "copilot":
+        return {"additionalContext": note}
     return {"hookSpecificOutput": {"hookEventName": event_name, "additionalContext": note}}
 
 

@@ -25,6 +25,10 @@ HEARS = {
     "codex": "a live Codex session: told at its next prompt or tool call (Codex cannot wake an idle session)",
     "gemini": "a live Gemini CLI session: told at its next prompt or tool call (Gemini CLI cannot wake an idle "
               "session)",
+    "qwen": "a live Qwen Code session: told at its next prompt or tool call (Qwen Code's hooks cannot wake an idle "
+            "session)",
+    "copilot": "a live Copilot CLI session: told at its next prompt or tool call (Copilot CLI cannot wake an idle "
+               "session)",
 }
 
 

@@ -15,7 +15,10 @@ STOP_PATH = "/v1/watch/stop"  # a watch's client stopped by a signal releases it
 # The looks beside the commands (agent_mail.server.looks): an identity's mirror documents, the supervisor's views.
 FOLLOW_PATH = "/v1/follow"
 DASHBOARD_PATH = "/v1/dashboard"
-HEALTH_PATH = "/v1/health"  # GET: whether the server is up (no token needed)
+HEALTH_PATH = "/v1/health"  # GET: liveness, whether the process answers (no token needed); also at HEALTH_LIVE_PATH
+HEALTH_LIVE_PATH = "/v1/health/live"
+HEALTH_READY_PATH = "/v1/health/ready"  # GET: readiness, 503 with the reason while the database cannot serve calls
+METRICS_PATH = "/metrics"  # GET: the Prometheus text format (a supervisor's or an operator's token)
 OPENAPI_PATH = "/openapi.json"  # GET: the OpenAPI 3.1 document describing it all
 MCP_PATH = "/mcp"  # MCP over streamable HTTP (agent_mail.server.mcp_http)
 

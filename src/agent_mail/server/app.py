@@ -42,18 +42,18 @@ from starlette.routing import Route
 from agent_mail import __version__, calls, errors, jsonout, model, spec
 from agent_mail.protocols import http_api, wire
 from agent_mail.parts import checks
-from agent_mail.server import grants, openapi, stops
+from agent_mail.server import grants, metrics, openapi, stops
 from agent_mail.operations import tokens
-from agent_mail.server.edge import (MAX_HEAD_BYTES, Dated, EdgeProtocol, is_loopback, listen_address, log, read_body,
-                                    spool_upload)
+from agent_mail.server.edge import (BEARER_CHALLENGE, MAX_HEAD_BYTES, Dated, EdgeProtocol, Gate, is_loopback,
+                                    listen_address, log, read_body, spool_upload)
 from agent_mail.server.versions import Versioned
 from agent_mail.server.waits import ServedWaits, Stopping
-from agent_mail.parts.waits import HungUp, Released
+from agent_mail.parts.waits import HungUp, Released, asked_when_woken
 
 EXIT_HEADER, NAMES_HEADER = http_api.EXIT_HEADER, http_api.NAMES_HEADER
 SERVED, LOCAL_TO_CLIENT, EXTRAS = openapi.SERVED, openapi.LOCAL_TO_CLIENT, openapi.EXTRAS
 DEFAULT_LISTEN = "127.0.0.1:8025"
-MAX_THREADS = 1000  # calls carried out at once on SQLite (a blocked watch holds one there)
+MAX_THREADS = 1000  # calls carried out at once on SQLite; and, apart, waits blocked in threads (a look, a hook)
 # PostgreSQL connections for calls (and the looks of waits): the server's calls are short and mostly the database's
 # work, so a few more than the cores of a typical host keep it busy; more would only queue inside PostgreSQL.
 POOL_SIZE = 8
@@ -101,8 +101,10 @@ class _Carrier:
         return closing(open_store(self.location))
 
     async def run(self, function, *args, own: bool = False):
-        """`function(*args)` in a worker thread: within the pool's limit, or (`own`) within MAX_THREADS."""
-        if own and self.pooled:
+        """`function(*args)` in a worker thread: within the pool's limit (SQLite: MAX_THREADS), or (`own`: a call
+        that may block) within MAX_THREADS of their own, so waits never hold the threads a call needs (a send that
+        would wake them, a status: issue 27)."""
+        if own:
             if self.own_limiter is None:
                 self.own_limiter = anyio.CapacityLimiter(MAX_THREADS)
             return await anyio.to_thread.run_sync(function, *args, limiter=self.own_limiter)
@@ -122,6 +124,7 @@ class _Carrier:
 # The calls whose waits the server's LISTEN connection carries (PostgreSQL). A hook's waiter blocks in a thread on
 # a connection of its own, outside the pool (so idle harness sessions never starve the calls): see docs/design.md.
 _ON_THE_HUB = tuple(name for name in SERVED if name not in openapi.WAITS or name == "watch")
+_LOOKS = ("follow", "dashboard")  # POST /v1/follow, /v1/dashboard: their waits on the hub too (issue 27)
 
 
 class _Wait:
@@ -290,36 +293,69 @@ def _bound_wait(carrier: _Carrier, name: str, values: dict, extras: dict, store,
                 raise Released()
         return True
     if not values["once"]:
-        values["wanted"] = wanted
+        values["wanted"] = asked_when_woken(wanted)  # each thing it asks comes with a wake-up (_hung_up wakes)
         if session is not None:
             values["session"] = session
     return key
 
 
 def _look(location: str, look: str, presented: str | None, body: bytes, info: dict, gone: threading.Event) -> dict:
-    """POST /v1/follow or /v1/dashboard (agent_mail.server.looks): authenticate, check, grant, wait if asked, read."""
+    """POST /v1/follow or /v1/dashboard (agent_mail.server.looks): authenticate, check, grant, wait if asked, read.
+    SQLite: the wait blocks this thread. (PostgreSQL: _look_checked and _look_once, the wait on the hub.)"""
     from agent_mail.server import looks
     from agent_mail.operations import mail
     from agent_mail.store import open_store
 
     store = open_store(location)
     try:
-        grant = tokens.authenticate(store, presented)  # before anything else is read
-        info["token_id"] = grant["id"]
-        given = _given(look, body)
-        values = looks.check_follow(given) if look == "follow" else looks.check_dashboard(given)
-        info["as"] = looks.grant(grant, look, values)
+        grant, values = _look_checked(store, look, presented, body, info)
 
         def wanted() -> bool:
             if _STOPPING.is_set():
                 raise Stopping()
             tokens.still_valid(store, grant)
             return not gone.is_set()
+        asked_when_woken(wanted)  # each thing it asks comes with a wake-up (_hung_up wakes the waits)
         mailbox = mail.Mailbox(store)
         return looks.follow(mailbox, values, wanted) if look == "follow" else \
             looks.dashboard(mailbox, values, wanted)
     finally:
         store.close()
+
+
+def _look_checked(store, look: str, presented: str | None, body: bytes, info: dict) -> tuple[dict, dict]:
+    """A look's token authenticated (before anything else is read), its values checked and granted."""
+    from agent_mail.server import looks
+
+    grant = tokens.authenticate(store, presented)
+    info["token_id"] = grant["id"]
+    given = _given(look, body)
+    values = looks.check_follow(given) if look == "follow" else looks.check_dashboard(given)
+    info["as"] = looks.grant(grant, look, values)
+    return grant, values
+
+
+def _look_once(carrier: _Carrier, look: str, grant: dict, values: dict, first: bool) -> tuple[dict | None, object]:
+    """One look of a wait on the hub (PostgreSQL), on a pooled store: (the answer, or None while nothing changed
+    since `after`; the seconds until a delayed message for the identity falls due, or None). The token is asked
+    about again at each look but the first (a look runs when woken: a revocation wakes every wait)."""
+    from agent_mail.server import looks
+    from agent_mail.operations import mail
+    from agent_mail.parts.waits import Waits
+
+    with carrier.store() as store:
+        if not first:
+            tokens.still_valid(store, grant)
+        mailbox = mail.Mailbox(store)
+        mailbox.publish_due()
+        waiting = values["wait_seconds"] is not None and values["after"] is not None
+        if look == "follow":
+            if waiting and looks.documents(mailbox, values["agent"])["fingerprint"] == values["after"]:
+                return None, Waits(mailbox).next_due(values["agent"])
+            return looks.follow(mailbox, {**values, "wait_seconds": None}, None), None
+        if waiting and (store.mail_marker() or 0) == values["after"]:
+            return None, None
+        return looks.dashboard(mailbox, {**values, "wait_seconds": None}, None), None
 
 
 def _stop_wait(carrier: _Carrier, presented: str | None, body: bytes, info: dict) -> dict:
@@ -391,7 +427,7 @@ async def _hung_up(request: Request, carrier: _Carrier, gone: threading.Event, h
         pass
     gone.set()
     hung_up.set()
-    if carrier.waits is None or name not in _ON_THE_HUB:
+    if carrier.waits is None or name not in _ON_THE_HUB and name not in _LOOKS:
         await anyio.to_thread.run_sync(_wake_waits, carrier.location)
 
 
@@ -406,7 +442,7 @@ async def _call(carrier: _Carrier, name: str, request: Request, body: bytes, inf
         if name in openapi.WAITS else None
     try:
         result = await carrier.run(_carry_out, carrier, name, _bearer(request), body, info, gone,
-                                   own=name not in _ON_THE_HUB)
+                                   own=name not in _ON_THE_HUB if carrier.pooled else name in openapi.WAITS)
         if isinstance(result, _Wait):
             result = await carrier.waits.wait(result.values["agent"], result.seconds, result.grant, since, hung_up,
                                               result.key)
@@ -416,6 +452,32 @@ async def _call(carrier: _Carrier, name: str, request: Request, body: bytes, inf
     finally:
         if watching is not None:
             watching.cancel()
+
+
+async def _look_on_the_hub(carrier: _Carrier, request: Request, look: str, body: bytes, info: dict,
+                           gone: threading.Event, hung_up: anyio.Event) -> dict:
+    """A look (follow, dashboard) on PostgreSQL: checked and read on pooled stores, its wait on the server's LISTEN
+    connection (ServedWaits.until_changed: woken by the identity's mail, or by every message for the dashboard)."""
+    def checked():
+        with carrier.store() as store:
+            return _look_checked(store, look, _bearer(request), body, info)
+    grant, values = await carrier.run(checked)
+    answer, until_due = await carrier.run(_look_once, carrier, look, grant, values, True)
+    if answer is not None:
+        return answer
+    watching = asyncio.get_running_loop().create_task(_hung_up(request, carrier, gone, hung_up, look))
+    try:
+        async def again():
+            return await carrier.run(_look_once, carrier, look, grant, values, False)
+        key = values["agent"] if look == "follow" else ""  # "": the channel every commit notifies
+        answer = await carrier.waits.until_changed(key, values["wait_seconds"], again, hung_up)
+        if answer is None and hung_up.is_set():
+            raise HungUp()
+        if answer is None:  # the wait is over: what there is now
+            answer, _ = await carrier.run(_look_once, carrier, look, grant, {**values, "wait_seconds": None}, False)
+        return answer
+    finally:
+        watching.cancel()
 
 
 async def _answered(request: Request, name: str, work, namer=None, status: int | None = None) -> Response:
@@ -433,9 +495,17 @@ async def _answered(request: Request, name: str, work, namer=None, status: int |
     except Exception as exc:  # a bug: still JSON, never a traceback
         response = _document({"error": f"internal error ({type(exc).__name__}: {exc}). Nothing was changed. "
                                        "Please report this.", "problems": []}, 500, errors.EXIT_FAILED)
+    if response.status_code == 401:
+        response.headers["WWW-Authenticate"] = BEARER_CHALLENGE
+    failed = {}  # a server error's text (what the client was told: never a token, a URL's password is redacted)
+    if response.status_code >= 500 and response.media_type == http_api.JSON:
+        try:
+            failed = {"error": json.loads(response.body)["error"]}
+        except (ValueError, KeyError, TypeError):
+            pass
     log(method=request.method, path=request.url.path, command=name, token_id=info["token_id"],
          **{"as": info["as"]}, status=response.status_code, exit=int(response.headers[EXIT_HEADER]),
-         ms=round((time.monotonic() - started) * 1000, 1))
+         ms=round((time.monotonic() - started) * 1000, 1), **failed)
     return response
 
 
@@ -510,6 +580,8 @@ def app_for(location: str) -> Starlette:
             body = await read_body(request)
             carrier.ready()
             gone, hung_up, outcome = threading.Event(), anyio.Event(), []
+            if carrier.waits is not None:  # PostgreSQL: the wait on the hub, no thread nor connection held
+                return await _look_on_the_hub(carrier, request, look, body, info, gone, hung_up)
             async with anyio.create_task_group() as group:
                 group.start_soon(_hung_up, request, carrier, gone, hung_up, look)
                 try:  # a look that waits blocks its thread, on a connection of its own (outside the pool)
@@ -537,7 +609,43 @@ def app_for(location: str) -> Starlette:
         return endpoint
 
     async def health(request: Request) -> Response:
+        """Liveness: the process answers (nothing asked of the database)."""
         return _document({"ok": True, "stopping": _STOPPING.is_set()}, 200, errors.EXIT_OK)
+
+    async def ready(request: Request) -> Response:
+        """Readiness (agent_mail.server.metrics.readiness): 503 with the reason while calls cannot be served."""
+        reason = "the server is stopping." if _STOPPING.is_set() else None
+        if reason is None:
+            try:
+                with anyio.fail_after(metrics.READY_SECONDS + 1):
+                    reason = await anyio.to_thread.run_sync(metrics.readiness, location, abandon_on_cancel=True)
+            except TimeoutError:
+                reason = f"the database did not answer within {metrics.READY_SECONDS + 1} s."
+        if reason is not None:
+            log(method="GET", path=request.url.path, status=503, exit=errors.EXIT_FAILED, error=reason)
+            return _document({"ok": False, "ready": False, "reason": reason, "stopping": _STOPPING.is_set()}, 503,
+                             errors.EXIT_FAILED)
+        return _document({"ok": True, "ready": True, "reason": None, "stopping": False}, 200, errors.EXIT_OK)
+
+    async def scrape(request: Request) -> Response:
+        """GET /metrics: a supervisor's or an operator's token (the counters are of every identity's traffic)."""
+        async def carry_out(info: dict) -> Response:
+            carrier.ready()
+            grant = await carrier.run(_authenticated, carrier, _bearer(request), info)
+            if not grant["supervisor"] and "*" not in grant["agents"]:
+                raise errors.Forbidden(f"{grants.scope(grant)}; {http_api.METRICS_PATH} is read with a supervisor's "
+                                       "or an operator's token (agent-mail token create --supervisor).")
+            return Response(counted.text(), 200, media_type=metrics.CONTENT_TYPE, headers={EXIT_HEADER: "0"})
+        return await _answered(request, "metrics", carry_out)
+
+    async def authenticate(presented: str) -> dict:
+        carrier.ready()
+        return await carrier.run(_authenticated, carrier, presented, {})
+
+    counted = metrics.Metrics((*(http_api.call_path(name) for name in SERVED), *_GUARDED, http_api.HEALTH_PATH,
+                               http_api.HEALTH_LIVE_PATH, http_api.HEALTH_READY_PATH, http_api.OPENAPI_PATH,
+                               http_api.METRICS_PATH))
+    counted.samplers.append(lambda: _sampled(carrier))
 
     async def described(request: Request) -> Response:
         return _document(openapi.document(__version__), 200, errors.EXIT_OK)
@@ -551,10 +659,50 @@ def app_for(location: str) -> Starlette:
                              Route(http_api.DASHBOARD_PATH, looks, methods=["POST"]),
                              Route(http_api.STOP_PATH, carried_by("stop_watch", _stop_wait), methods=["POST"]),
                              Route(http_api.HEALTH_PATH, health, methods=["GET"]),
+                             Route(http_api.HEALTH_LIVE_PATH, health, methods=["GET"]),
+                             Route(http_api.HEALTH_READY_PATH, ready, methods=["GET"]),
+                             Route(http_api.METRICS_PATH, scrape, methods=["GET"]),
                              Route(http_api.OPENAPI_PATH, described, methods=["GET"]),
                              Route(http_api.MCP_PATH, mcp, methods=["GET", "POST", "DELETE"])],
                      lifespan=getattr(mcp, "lifespan", None), exception_handlers={HTTPException: _not_routed},
-                     middleware=[Middleware(Dated), Middleware(Versioned)])
+                     middleware=[Middleware(Dated), Middleware(Versioned),
+                                 Middleware(metrics.Counting, metrics=counted),
+                                 Middleware(Gate, authenticate=authenticate, guarded=_guarded)])
+
+
+# The paths whose token is checked before their body is read (edge.Gate): every one that takes a token but /metrics
+# (which has no body), a command's call under CALL_PATH besides.
+_GUARDED = (http_api.EXPORT_PATH, http_api.IMPORT_PATH, http_api.DELIVERED_PATH, http_api.FOLLOW_PATH,
+            http_api.DASHBOARD_PATH, http_api.STOP_PATH, http_api.MCP_PATH)
+
+
+def _guarded(path: str, method: str) -> bool:
+    """A request that carries a body and a token: a POST to the API (another method is 405 without a look at
+    either), any request to /mcp (which authenticates every method first)."""
+    if path == http_api.MCP_PATH:
+        return True
+    return method == "POST" and (path.startswith(http_api.CALL_PATH) or path in _GUARDED)
+
+
+def _sampled(carrier: _Carrier) -> list:
+    """What the PostgreSQL carrier reports when scraped: the pool's use, the waits' wake-ups, the hub's
+    reconnections (when its hub counts them)."""
+    if carrier.limiter is None or carrier.pool is None:
+        return []
+    families = [("agent_mail_db_pool_size", "gauge", "Connections the pool may open for calls.",
+                 [((), carrier.pool.size)]),
+                ("agent_mail_db_pool_in_use", "gauge", "The pool's connections lent to calls now.",
+                 [((), carrier.limiter.borrowed_tokens)]),
+                ("agent_mail_db_pool_idle", "gauge", "The pool's connections open and idle now.",
+                 [((), carrier.pool.open_count())])]
+    if carrier.waits is not None:
+        families.append(("agent_mail_wakeups_total", "counter", "Wake-ups of the served waits (a send to a waiting "
+                         "identity, a broadcast, a revocation, a reconnection).", [((), carrier.waits.generation)]))
+        reconnects = getattr(carrier.waits.hub, "reconnects", None)
+        if isinstance(reconnects, int):
+            families.append(("agent_mail_hub_reconnects_total", "counter", "Reconnections of the LISTEN connection "
+                             "that carries the waits.", [((), reconnects)]))
+    return families
 
 
 def _mcp_endpoint(location: str):
@@ -629,6 +777,21 @@ class Server(uvicorn.Server):
                 pass
 
 
+def _more_descriptors() -> None:
+    """Raise this process's soft limit of open descriptors to its hard limit (at most 1 << 20): each connection, and
+    on SQLite each wait's wake-up pipe, is one, and the usual soft limit (1,024) would refuse the connections of a
+    thousand waits. Every wait sleeps in poll or on the event loop, whatever the descriptors' numbers (issue 27)."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        wanted = 1 << 20 if hard == resource.RLIM_INFINITY else min(hard, 1 << 20)
+        if soft != resource.RLIM_INFINITY and soft < wanted:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    except (ImportError, ValueError, OSError):
+        pass  # kept as it is
+
+
 def serve(listen: str | None = None, tls_cert: str | None = None, tls_key: str | None = None,
           insecure_no_tls: bool = False) -> None:
     """Serve until SIGTERM / SIGINT."""
@@ -639,14 +802,17 @@ def serve(listen: str | None = None, tls_cert: str | None = None, tls_key: str |
 
     host, port = listen_address(listen or DEFAULT_LISTEN)
     if not is_loopback(host) and not tls_cert and not insecure_no_tls:
-        raise errors.InvalidInput([("listen", f"{host} is not a loopback address: tokens and mail would cross the "
-                                              "network in clear. Give --tls-cert FILE --tls-key FILE, or (behind a "
-                                              "TLS proxy you trust) --insecure-no-tls.")])
+        named = " (a name is not taken for loopback: give 127.0.0.1 or ::1)" if not host[:1].isdigit() and \
+            ":" not in host else ""
+        raise errors.InvalidInput([("listen", f"{host} is not a loopback address{named}: tokens and mail would cross "
+                                              "the network in clear. Give --tls-cert FILE --tls-key FILE, or (behind "
+                                              "a TLS proxy you trust) --insecure-no-tls.")])
     problems = [(flag, f"{path!r} is not a readable file.") for flag, path in (("tls_cert", tls_cert),
                                                                                 ("tls_key", tls_key))
                 if path and not os.path.isfile(path)]
     if problems:
         raise errors.InvalidInput(problems)
+    _more_descriptors()
     location, _ = locating.resolve_location()
     open_store(location).close()  # create or migrate it now, and fail here rather than on the first call
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -683,6 +849,9 @@ def serve(listen: str | None = None, tls_cert: str | None = None, tls_key: str |
         from agent_mail.server import certs
 
         certs.reload_on_sighup(server, tls_cert, tls_key or tls_cert, log)
+    if insecure_no_tls and not is_loopback(host):
+        log(level="warning", warning=f"serving plain HTTP on {shown_host}:{bound} (--insecure-no-tls): tokens and mail "
+                                     "cross the network in clear; only behind a TLS proxy on a link you trust.")
     log(listening=f"{scheme}://{shown_host}:{bound}", mailbox=redact_url(location), pid=os.getpid())
     try:
         server.run(sockets=[sock])

@@ -35,7 +35,20 @@ MAX_HEAD_BYTES = 16 * 1024  # a request's line and headers (a token is under 100
 # stalled client holds no connection, task or thread for longer. AGENT_MAIL_SERVE_READ_SECONDS changes it.
 READ_SECONDS = float(os.environ.get("AGENT_MAIL_SERVE_READ_SECONDS", "30"))
 LINGER_SECONDS = 2.0  # after a refusal answered before the body was all read: the rest read and dropped, then closed
-MIN_BODY_RATE = 64 * 1024  # bytes a second, on average: a large send's upload on a slow link still comes in time
+# Bytes a second, on average: a large send's upload on a slow link still comes in time. AGENT_MAIL_SERVE_MIN_BODY_RATE.
+MIN_BODY_RATE = int(os.environ.get("AGENT_MAIL_SERVE_MIN_BODY_RATE", str(64 * 1024)))
+# The whole request's deadline, whatever its framing (EdgeProtocol): from its first byte, READ_SECONDS plus its body
+# at MIN_BODY_RATE (its Content-Length, or for a chunked body what has come so far), and never more than this.
+# AGENT_MAIL_SERVE_REQUEST_SECONDS changes it.
+REQUEST_SECONDS = float(os.environ.get("AGENT_MAIL_SERVE_REQUEST_SECONDS", "900"))
+# Wrong tokens slowed per client address (Penalties): each refused token's answer is held PENALTY_SECONDS, doubled
+# with each further refusal from that address up to PENALTY_MAX_SECONDS, forgotten after PENALTY_FORGET_SECONDS
+# without one. A right token is never held. AGENT_MAIL_SERVE_PENALTY_SECONDS / _PENALTY_MAX_SECONDS change them.
+PENALTY_SECONDS = float(os.environ.get("AGENT_MAIL_SERVE_PENALTY_SECONDS", "0.05"))
+PENALTY_MAX_SECONDS = float(os.environ.get("AGENT_MAIL_SERVE_PENALTY_MAX_SECONDS", "5"))
+PENALTY_FORGET_SECONDS = 60.0
+PENALTY_ADDRESSES = 10_000  # addresses remembered at most (the oldest forgotten first)
+BEARER_CHALLENGE = 'Bearer realm="agent-mail"'  # WWW-Authenticate of every 401, on /v1 as on /mcp
 
 class TooLarge(errors.InvalidInput):
     """A request larger than the most a call carries: refused from its Content-Length, before its body is read."""
@@ -119,6 +132,88 @@ def _refusal(status: int, reason: str, text: str) -> bytes:
             f"{EXIT_HEADER}: {errors.EXIT_INVALID}\r\nconnection: close\r\n\r\n").encode("ascii") + body
 
 
+class Penalties:
+    """Wrong tokens slowed per client address: how long to hold the answer to a refused token. The holds of one
+    address follow one another (an answer no sooner than the last one's plus the next step), within
+    PENALTY_MAX_SECONDS of now; only refusals are held, so a right token from the same address, and any other
+    address, go through at once."""
+
+    def __init__(self, step: float = PENALTY_SECONDS, most: float = PENALTY_MAX_SECONDS,
+                 forget: float = PENALTY_FORGET_SECONDS):
+        self.step, self.most, self.forget = step, most, forget
+        self._by_address: dict[str, tuple[int, float, float]] = {}  # address: (refusals, last one, answered at)
+
+    def hold(self, address: str) -> float:
+        """A refusal from `address`: the seconds its answer is held."""
+        now = time.monotonic()
+        strikes, last, free = self._by_address.pop(address, (0, 0.0, 0.0))
+        if now - last > self.forget:
+            strikes, free = 0, now
+        strikes += 1
+        at = min(now + self.most, max(now, free) + min(self.most, self.step * 2 ** min(strikes - 1, 30)))
+        self._by_address[address] = (strikes, now, at)  # last in the dict's order: the most recent
+        if len(self._by_address) > PENALTY_ADDRESSES:
+            for old in list(self._by_address)[:len(self._by_address) // 10]:
+                del self._by_address[old]
+        return max(0.0, at - now)
+
+
+class Gate:
+    """ASGI middleware: the bearer token of a request to a guarded path (`guarded(path, method)`) checked before a
+    byte of its body is read (`authenticate(token)` -> grant, errors.Forbidden when refused), so a client without
+    a token cannot make the server take in a body. A refusal is 401 with WWW-Authenticate, held as Penalties say
+    when a token was given; a database that cannot be reached is 503. The grant found is left in the scope
+    (GRANT_KEY).
+    """
+
+    GRANT_KEY = "agent_mail.grant"
+
+    def __init__(self, app, authenticate, guarded, penalties: Penalties | None = None):
+        self.app, self.authenticate, self.guarded = app, authenticate, guarded
+        self.penalties = penalties or Penalties()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or not self.guarded(scope.get("path", ""), scope.get("method", "")):
+            return await self.app(scope, receive, send)
+        started = time.monotonic()
+        presented = bearer(scope)
+        try:
+            if presented is None:
+                raise errors.Forbidden("no token: send Authorization: Bearer TOKEN (the client reads "
+                                       "AGENT_MAIL_TOKEN or AGENT_MAIL_TOKEN_FILE). The mailbox's operator creates "
+                                       "one with agent-mail token create.", unauthenticated=True)
+            scope[self.GRANT_KEY] = await self.authenticate(presented)
+        except errors.AgentMailError as exc:
+            refused = isinstance(exc, errors.Forbidden)
+            if refused and presented is not None:
+                client = scope.get("client") or ("unknown", 0)
+                await anyio.sleep(self.penalties.hold(str(client[0])))
+            status = 401 if refused else 503 if isinstance(exc, errors.StorageError) else 500
+            body = jsonout.dumps(exc.payload(), end="\n").encode("utf-8")
+            headers = [(b"content-type", http_api.JSON.encode()), (b"content-length", str(len(body)).encode()),
+                       (EXIT_HEADER.lower().encode(), str(exc.exit_code).encode())]
+            if status == 401:
+                headers.append((b"www-authenticate", BEARER_CHALLENGE.encode()))
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+            path = scope.get("path", "")
+            command = path[len(http_api.CALL_PATH):] if path.startswith(http_api.CALL_PATH) else None
+            log(method=scope.get("method"), path=path, command=command, token_id=None, status=status,
+                exit=exc.exit_code, ms=round((time.monotonic() - started) * 1000, 1),
+                **({} if refused else {"error": exc.message}))
+            return
+        return await self.app(scope, receive, send)
+
+
+def bearer(scope) -> str | None:
+    """The token of a request's `Authorization: Bearer TOKEN`, or None."""
+    for key, value in scope.get("headers", ()):
+        if key == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+    return None
+
+
 class EdgeProtocol(H11Protocol):
     """uvicorn's HTTP/1.1 protocol, with a request's head held to READ_SECONDS, its own refusals (a malformed
     request, a head over MAX_HEAD_BYTES) in JSON like the application's, and the connection closed LINGER_SECONDS
@@ -127,20 +222,26 @@ class EdgeProtocol(H11Protocol):
 
     _head_timer = None
     _linger = None
+    _body_timer = None
+    _began = 0.0  # when the request's first byte came (or the connection opened)
+    _received = 0  # bytes received since
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
+        self._began, self._received = time.monotonic(), 0
         self._head_timer = self.loop.call_later(READ_SECONDS, self._head_late)
 
     def data_received(self, data: bytes) -> None:
         if self.conn.their_state is h11.IDLE:
             if self._head_timer is None:  # the next request's first byte
+                self._began, self._received = time.monotonic(), 0
                 self._head_timer = self.loop.call_later(READ_SECONDS, self._head_late)
             head = self.conn.trailing_data[0] + data
             end = head.find(b"\r\n\r\n")
             if end > MAX_HEAD_BYTES or (end < 0 and len(head) > MAX_HEAD_BYTES):  # h11 holds it to that only
                 self._refuse(431)  # when it comes in pieces
                 return
+        self._received += len(data)
         super().data_received(data)
         if self._linger is not None and self.conn.their_state is not h11.SEND_BODY:  # the refused body ended
             self._linger.cancel()
@@ -148,13 +249,49 @@ class EdgeProtocol(H11Protocol):
         if self.conn.their_state is not h11.IDLE and self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
+        if self.conn.their_state is h11.SEND_BODY:
+            if self._body_timer is None:
+                self._body_timer = self.loop.call_at(self._deadline(), self._body_late)
+        elif self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
 
     def connection_lost(self, exc) -> None:
-        for timer in (self._head_timer, self._linger):
+        for timer in (self._head_timer, self._linger, self._body_timer):
             if timer is not None:
                 timer.cancel()
-        self._head_timer = self._linger = None
+        self._head_timer = self._linger = self._body_timer = None
         super().connection_lost(exc)
+
+    def _deadline(self) -> float:
+        """When the request being received must have come whole (in the loop's time): from its first byte,
+        READ_SECONDS plus its body at MIN_BODY_RATE (its Content-Length, or for a chunked one what came so far),
+        at most REQUEST_SECONDS."""
+        declared = dict(self.headers or ()).get(b"content-length", b"")
+        size = int(declared) if declared.isdigit() else self._received
+        allowed = min(REQUEST_SECONDS, READ_SECONDS + size / MIN_BODY_RATE)
+        return self.loop.time() + (self._began + allowed - time.monotonic())
+
+    def _body_late(self) -> None:
+        """The request's deadline came: still arriving (a chunked body may have earned more time since), it is
+        answered 408 (when nothing was answered yet) and the connection closed; the application sees the client
+        gone."""
+        self._body_timer = None
+        if self.transport.is_closing() or self.conn.their_state is not h11.SEND_BODY:
+            return
+        deadline = self._deadline()
+        if deadline > self.loop.time() + 0.01:
+            self._body_timer = self.loop.call_at(deadline, self._body_late)
+            return
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_started:
+            self.transport.write(_refusal(408, "Request Timeout", (
+                f"the request did not arrive in time (within {READ_SECONDS:g} s plus its body at "
+                f"{MIN_BODY_RATE // 1024} KiB/s, at most {REQUEST_SECONDS:g} s); nothing was done. Send it again.")))
+        if cycle is not None and not cycle.response_complete:
+            cycle.disconnected = True  # nothing more written for it; its reads end as the client gone
+            cycle.message_event.set()
+        self.transport.close()
 
     def _head_late(self) -> None:
         self._head_timer = None
@@ -200,11 +337,10 @@ def listen_address(listen: str) -> tuple[str, int]:
 
 
 def is_loopback(host: str) -> bool:
-    """Whether `host` (a name or an address) is this machine's loopback: no TLS needed there."""
+    """Whether `host` is a literal loopback address (127.0.0.0/8, ::1): no TLS needed there. A name, `localhost`
+    included, is not taken for one: what it resolves to is /etc/hosts' or DNS's to say, not the command line's."""
     import ipaddress
 
-    if host == "localhost":
-        return True
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:

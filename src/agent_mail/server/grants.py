@@ -15,6 +15,11 @@ from agent_mail import errors
 ACTS_AS = {"send": "from_", "cancel": "sender", "read": "agent", "ack": "agent", "watch": "agent",
            "heartbeat": "agent", "dismiss": "agent", "archive": "agent", "delete": "agent", "attachments": "agent",
            "profile": "agent", "notifications": "agent", "reserve": "agent", "release": "agent", "hook": "agent"}
+# What a refused call would have done, in words (`{}`: the identity), where "NAME as IDENTITY" reads badly.
+DOING = {"hook": "run a harness session's hooks as {}", "profile": "change the profile of {} (human, mirror "
+         "directory, size); a dashboard's --as needs a token that names that human", "notifications": "dismiss or "
+         "clear the notifications of {}", "read": "take delivery of {}'s mail", "attachments": "save the attachments "
+         "of {}'s mail", "watch": "watch for {}'s mail", "heartbeat": "record a heartbeat of {}"}
 # Commands over the whole mailbox that only an operator's token ('*') may run.
 OPERATOR_ONLY = ("cleanup", "import")
 
@@ -70,8 +75,8 @@ def check(grant: dict, name: str, values: dict) -> str | None:
         if grant["supervisor"] and _looks_only(name, values):
             return None
         hint = " A supervisor's token may look without marking: read --no-mark-read." if name == "read" else ""
-        doing = "run a harness session's hooks" if name == "hook" else name
-        raise _refuse(key.rstrip("_"), f"{identity!r}: {scope(grant)}; it may not {doing} as {identity}.{hint}")
+        raise _refuse(key.rstrip("_"), f"{identity!r}: {scope(grant)}; it may not "
+                                       f"{DOING.get(name, name + ' as {}').format(identity)}.{hint}")
     if name in ("search", "export", "status"):
         agent = values.get("agent")
         if everyone or grant["supervisor"] or (agent is not None and covers(grant, agent)):

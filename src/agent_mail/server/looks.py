@@ -82,7 +82,9 @@ def _wait(mailbox, agent: str | None, seconds: float, changed, wanted) -> None:
             check_at = now + SAFETY_CHECK_SECONDS * store.idle_scale
             look = True
             continue
-        wake = min(deadline, check_at, now + model.REFRESH_SECONDS, due_at if due_at is not None else deadline)
+        # wanted() asked every REFRESH_SECONDS, or (asked_when_woken) at wake-ups and checks only
+        asking = deadline if getattr(wanted, "when_woken", False) else now + model.REFRESH_SECONDS
+        wake = min(deadline, check_at, asking, due_at if due_at is not None else deadline)
         if store.wait_for_wake(max(0.0, wake - now)):
             look = True
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 from agent_mail import errors, model, spec
 from agent_mail.protocols import schemas
 from agent_mail.protocols.http_api import (CALL_PATH, DASHBOARD_PATH, DELIVERED_PATH, DELIVERY_HEADER, EXIT_HEADER,
-                                           EXPORT_PATH, FOLLOW_PATH, HEALTH_PATH, IMPORT_PATH, JSON, JSON_LINES,
-                                           LOOK_WAIT_MAX, MBOX, NAMES_HEADER, OCTETS, RESULT_HEADER, STOP_PATH,
-                                           call_path)
+                                           EXPORT_PATH, FOLLOW_PATH, HEALTH_LIVE_PATH, HEALTH_PATH,
+                                           HEALTH_READY_PATH, IMPORT_PATH, JSON, JSON_LINES, LOOK_WAIT_MAX, MBOX,
+                                           METRICS_PATH, NAMES_HEADER, OCTETS, RESULT_HEADER, STOP_PATH, call_path)
 
 # The commands a client may call; the rest work on a mailbox itself, or are not served yet (the client says so).
 SERVED = ("send", "read", "ack", "watch", "heartbeat", "dismiss", "archive", "delete", "cancel", "attachments",
@@ -127,10 +127,14 @@ def _error_response(text: str) -> dict:
 
 def _errors() -> dict:
     return {"400": _error_response("The call is invalid (exit 2): every problem by argument name."),
-            "401": _error_response("No valid token: missing, unknown or revoked (exit 4)."),
+            "401": {**_error_response("No valid token: missing, unknown or revoked (exit 4); checked before any of "
+                                      "the body is read. Wrong tokens from one address are answered ever later."),
+                    "headers": {**_exit_header(), "WWW-Authenticate": {"schema": {"type": "string"}, "description":
+                                                                       'Bearer realm="agent-mail"'}}},
             "403": _error_response("The token may not act as, or look at, the identity the call names (exit 4)."),
-            "408": _error_response("The request did not arrive within the server's read limit (exit 2); nothing "
-                                   "was done."),
+            "408": _error_response("The request did not arrive in time (exit 2): its head within the server's "
+                                   "read limit, the whole request within that plus its body at the minimum rate "
+                                   "(chunked or not); nothing was done."),
             "413": _error_response("The request is larger than the most a call carries (exit 2); refused from its "
                                    "Content-Length, nothing was done."),
             "431": _error_response("The request's line and headers are larger than 16 KiB (exit 2)."),
@@ -275,13 +279,34 @@ def document(version: str) -> dict:
     paths[FOLLOW_PATH] = {"post": _follow_operation()}
     paths[DASHBOARD_PATH] = {"post": _dashboard_operation()}
     paths[STOP_PATH] = {"post": _stop_operation()}
-    paths[HEALTH_PATH] = {"get": {"operationId": "health", "summary": "Whether the server is up (no token needed).",
-                                   "security": [], "responses": {"200": {
-                                       "description": "Up.", "headers": _exit_header(),
-                                       "content": {JSON: {"schema": {
-                                           "type": "object", "required": ["ok", "stopping"],
-                                           "properties": {"ok": {"type": "boolean"},
-                                                          "stopping": {"type": "boolean"}}}}}}}}}
+    for path, operation in ((HEALTH_PATH, "health"), (HEALTH_LIVE_PATH, "health_live")):
+        paths[path] = {"get": {"operationId": operation, "summary": "Liveness: whether the server process answers "
+                                                                    "(no token needed; asks nothing of the database).",
+                               "security": [], "responses": {"200": {
+                                   "description": "Up.", "headers": _exit_header(),
+                                   "content": {JSON: {"schema": {
+                                       "type": "object", "required": ["ok", "stopping"],
+                                       "properties": {"ok": {"type": "boolean"},
+                                                      "stopping": {"type": "boolean"}}}}}}}}}
+    ready = {"type": "object", "required": ["ok", "ready", "reason", "stopping"],
+             "properties": {"ok": {"type": "boolean"}, "ready": {"type": "boolean"},
+                            "reason": {"type": ["string", "null"]}, "stopping": {"type": "boolean"}}}
+    paths[HEALTH_READY_PATH] = {"get": {
+        "operationId": "health_ready", "security": [],
+        "summary": "Readiness: whether calls can be served now (the database reached, its schema this version's; no "
+                   "token needed). What a proxy's health check and a monitor should ask.",
+        "responses": {"200": {"description": "Ready.", "headers": _exit_header(), "content": {JSON: {"schema": ready}}},
+                      "503": {"description": "Not ready: the database cannot be reached, a migration is pending or "
+                                             "was applied by a newer version, or the server is stopping; the reason "
+                                             "in `reason`.", "headers": _exit_header(),
+                              "content": {JSON: {"schema": ready}}}}}}
+    paths[METRICS_PATH] = {"get": {
+        "operationId": "metrics", "summary": "The server's counters in the Prometheus text format (0.0.4): a "
+                                             "supervisor's or an operator's token.",
+        "responses": {"200": {"description": "The exposition.", "headers": _exit_header(),
+                              "content": {"text/plain": {"schema": {"type": "string"}}}},
+                      **{code: answer for code, answer in _errors().items() if code in ("401", "403", "503",
+                                                                                          "default")}}}}
     return {
         "openapi": "3.1.0",
         "info": {"title": "agent-mail", "version": version,

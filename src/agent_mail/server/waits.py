@@ -187,9 +187,10 @@ class ServedWaits:
         async with self._starting:
             if self.hub is not None:
                 return
+            from agent_mail.server.edge import log
             from agent_mail.store.postgres_hub import Hub
 
-            hub = Hub(self.location, self.instance, self._woken_from_hub, self._released_from_hub)
+            hub = Hub(self.location, self.instance, self._woken_from_hub, self._released_from_hub, log)
             await anyio.to_thread.run_sync(hub.start)
             self.hub = hub
             self._keeper = asyncio.get_running_loop().create_task(self._keep())
@@ -305,6 +306,54 @@ class ServedWaits:
             if opened:
                 with anyio.CancelScope(shield=True):
                     await self._release_quietly(session)
+
+    # -- a look that waits (follow, dashboard) ----------------------------------------------------
+    async def until_changed(self, key: str, seconds: float, look: Callable, gone: anyio.Event):
+        """A look that waits on the hub, holding neither a thread nor a connection (issue 27): `await look()` (its
+        database work on a pooled store) gives (its answer, or None while nothing changed; the seconds until a
+        delayed message falls due, or None). Asked at once, then at each wake-up for `key` (an identity, or "" for
+        every message: the channel every commit notifies) or for every wait (a broadcast, a revoked token: the look
+        re-checks its token, a reconnection), and when that delay is up; None at the end of `seconds` or when the
+        client is gone, Stopping when the server stops."""
+        await self._started()
+        waiter = _Waiter(key)
+        self._waiters.setdefault(key, set()).add(waiter)
+        subscribed = self.hub.subscribe(key)
+        loop = asyncio.get_running_loop()
+
+        async def hung_up():
+            await gone.wait()
+            waiter.wake()
+        watching = loop.create_task(hung_up())
+        try:
+            try:
+                with anyio.fail_after(self.hub_patience()):
+                    await asyncio.wrap_future(subscribed)
+            except TimeoutError:
+                raise errors.StorageError("the server lost its connection to the PostgreSQL mailbox and could not "
+                                          "listen for this wait; nothing was changed. Ask again.") from None
+            deadline = loop.time() + seconds
+            while True:
+                if self.stopping:
+                    raise Stopping()
+                if gone.is_set():
+                    return None
+                waiter.woken = False  # a wake-up during the look sets it again
+                answer, until_due = await look()
+                if answer is not None:
+                    return answer
+                now = loop.time()
+                if now >= deadline:
+                    return None
+                await waiter.sleep(min(deadline, now + until_due if until_due is not None else deadline) - now)
+        finally:
+            watching.cancel()
+            waiters = self._waiters.get(key)
+            if waiters is not None:
+                waiters.discard(waiter)
+                if not waiters:
+                    del self._waiters[key]
+            self.hub.unsubscribe(key)
 
     # -- the steps of many waits, batched ---------------------------------------------------------
     @staticmethod

@@ -89,8 +89,10 @@ register(Command(
         "batch_id": "One id shared by every copy of this send.",
         "deliveries": "One entry per recipient: {recipient, id, status, reachable} plus reached_by (how it will "
         "hear of it, as status says) when reachable, deliver_at when status is 'scheduled' and reason when it is "
-        "'refused' (no message was stored for it; id is null).",
-        "delivered": "How many recipients got it now.",
+        "'refused' (no message was stored for it; id is null). A broadcast's one entry ('*') also has identities: how "
+        "many identities it is for now (every one seen in traffic, watches or profiles, but the sender; each has "
+        "its own read and ack state).",
+        "delivered": "How many recipients got it now (a broadcast is one recipient, '*': see identities).",
         "scheduled": "How many will get it at deliver_at.",
         "refused": "How many were refused (non-zero means exit code 3).",
         "mirrors": "Notification files rewritten because of this send: [{agent, path, status}]; a failed "

@@ -302,24 +302,32 @@ register(Command(
 register(Command(
     name="hook",
     summary="Run by a harness's hooks (set up by `agent-mail setup`), never by hand: reads the hook's JSON input "
-    "on stdin. context (SessionStart, UserPromptSubmit / BeforeAgent, PostToolUse / AfterTool): adds the "
+    "on stdin (Copilot CLI's camelCase input too). context (SessionStart / sessionStart, UserPromptSubmit / "
+    "BeforeAgent / userPromptSubmitted, PostToolUse / AfterTool / postToolUse): adds the "
     "envelopes of mail new to this session, the unread count, bounces and the next steps to the model's "
     "context, quiet when nothing is new, marking nothing read. stop: holds the stop once when mail the "
     "session was not told of arrived. wait: the asyncRewake waiter (Claude Code only), blocking like watch "
     "until such mail arrives, then exit 2 with the envelopes on stderr (wakes an idle session). end: the "
-    "session ended. pretool (Claude Code and Codex PreToolUse, Gemini CLI BeforeTool, on their edit tools): denies "
+    "session ended. pretool (Claude Code, Codex and Qwen Code PreToolUse, Gemini CLI BeforeTool, Copilot CLI "
+    "preToolUse, on their edit tools): denies "
     "an edit of a file another live identity holds exclusively, saying who holds it, why, until when and the send "
     "that asks them; silent for any other tool or file.",
     args=(
-        Arg("harness", TEXT, "claude-code, codex or gemini.", required=True, choices=HARNESSES),
+        Arg("harness", TEXT, "claude-code, codex, gemini, qwen or copilot.", required=True, choices=HARNESSES),
         Arg("event", TEXT, "context, stop, wait, end or pretool.", required=True,
             choices=("context", "stop", "wait", "end", "pretool")),
         Arg("--agent", IDENTITY, "This session's identity (project:name); default AGENT_MAIL_AGENT."),
     ),
     output={"hookSpecificOutput": "context: {hookEventName, additionalContext} for the harness (printed only when "
-            "there is something new). pretool (Claude Code, Codex): {hookEventName: PreToolUse, permissionDecision: "
-            "deny, permissionDecisionReason} when the edit is refused.",
-            "decision": "stop: \"block\" (Claude Code, Codex) or \"deny\" (Gemini CLI's AfterAgent) when the stop "
+            "there is something new; Copilot CLI gets a top-level additionalContext instead). pretool (Claude Code, "
+            "Codex, Qwen Code): {hookEventName: PreToolUse, permissionDecision: deny, permissionDecisionReason} when "
+            "the edit is refused.",
+            "additionalContext": "Copilot CLI only: context's note, top-level (printed only when there is something "
+            "new).",
+            "permissionDecision": "Copilot CLI only: pretool's \"deny\" (with permissionDecisionReason) when the edit "
+            "is refused.",
+            "decision": "stop: \"block\" (Claude Code, Codex, Qwen Code's Stop, Copilot CLI's agentStop) or "
+            "\"deny\" (Gemini CLI's AfterAgent) when the stop "
             "is held (printed only then; Gemini CLI gets {} when there is nothing to say). pretool (Gemini CLI's "
             "BeforeTool): \"deny\" when the edit is refused.",
             "reason": "stop: the envelopes and what to do, shown to the model as its next turn. pretool (Gemini CLI): "
@@ -342,7 +350,8 @@ register(Command(
     "AGENT_MAIL_TOKEN in the environment (written in no file).",
     args=(
         Arg("harness", TEXT, "The harness: claude-code (.mcp.json, .claude/settings.local.json), codex "
-            "(.codex/config.toml, .codex/hooks.json) or gemini (.gemini/settings.json).", required=True,
+            "(.codex/config.toml, .codex/hooks.json), gemini (.gemini/settings.json), qwen (.qwen/settings.json) or "
+            "copilot (.mcp.json, .github/hooks/agent-mail.json).", required=True,
             choices=HARNESSES),
         Arg("--agent", IDENTITY, "The identity the harness's sessions use (project:name).", required=True),
         Arg("--dir", PATH, "The project directory the harness starts in (default: the current directory)."),
@@ -443,7 +452,8 @@ register(Command(
     requires=(("--tls-cert", "--tls-key"), ("--tls-key", "--tls-cert")),
     exclusive=(("--insecure-no-tls", "--tls-cert"),),
     modes={"serving": "Prints nothing on stdout; on stderr a JSON line {listening: URL} once it listens, then one "
-           "line per request: {time, method, path, command, as, token_id, status, exit, ms}."},
+           "line per request: {time, method, path, command, as, token_id, status, exit, ms} (a 5xx's with its "
+           "error)."},
     notes=("API: POST /v1/call/COMMAND with a JSON object of the command's values by argument name (reply_to, "
            "from, agent...) and Authorization: Bearer TOKEN. The answer is the command's own result document, "
            "its exit code in the X-Agent-Mail-Exit header; an error is {error, problems} with HTTP 400 (exit 2), "
@@ -454,7 +464,10 @@ register(Command(
            "body (an operator's token).",
            "MCP over streamable HTTP at /mcp, the identity taken from the bearer token (setup HARNESS --agent "
            "P:N with AGENT_MAIL_DB naming this server writes that entry). POST /v1/follow and /v1/dashboard carry "
-           "the client-side notification mirror and the dashboard. GET /v1/health answers {ok, stopping}.",
+           "the client-side notification mirror and the dashboard. GET /v1/health (and /v1/health/live) is liveness, "
+           "{ok, stopping}; GET /v1/health/ready is readiness, 503 with the reason while the database cannot be "
+           "reached or a migration is pending; GET /metrics is the Prometheus text format (a supervisor's or an "
+           "operator's token).",
            "A watch through it reads as on the mailbox's machine: a client stopped by SIGTERM, SIGINT or SIGHUP "
            "releases its session before it exits (POST /v1/watch/stop with its request's stop_key, on any replica), "
            "and a killed one leaves it stale at once.",
@@ -463,8 +476,13 @@ register(Command(
            "marks is delivered, then confirmed: with deliver=confirm the server holds the marks and names the "
            "delivery (X-Agent-Mail-Delivery); the client prints, then POST /v1/delivered {delivery, printed} marks "
            "the mail (or, printed=false, leaves it unread); unconfirmed, it is delivered again after 60 s. A "
-           "request must arrive within AGENT_MAIL_SERVE_READ_SECONDS (30): later is 408; over the size cap 413; "
-           "headers over 16 KiB 431. Off loopback, TLS or --insecure-no-tls.",
+           "request's token is checked before any of its body is read (401, WWW-Authenticate: Bearer), and wrong "
+           "tokens from one address are answered ever later (AGENT_MAIL_SERVE_PENALTY_SECONDS, 0.05 doubling to "
+           "_PENALTY_MAX_SECONDS, 5), a right one never. A request's head must arrive within "
+           "AGENT_MAIL_SERVE_READ_SECONDS (30), the whole request, chunked or not, within that plus its body at "
+           "AGENT_MAIL_SERVE_MIN_BODY_RATE (65536 bytes/s) and at most AGENT_MAIL_SERVE_REQUEST_SECONDS (900): "
+           "later is 408; over the size cap 413; headers over 16 KiB 431. Off loopback (a literal address: "
+           "localhost is a name, not taken for one), TLS or --insecure-no-tls, which logs a warning line first.",
            "hook, guard and reserve, release, reservations run on the client's machine (the harness's input and "
            "process, the git checkout: the repository is located there and sent as POST /v1/call/... values "
            "`located: {key, fold}` with paths from its root) and carry their mailbox steps to the server: "

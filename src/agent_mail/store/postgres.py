@@ -478,18 +478,18 @@ class PostgresStore(SQLStore):
     def wait_for_wake(self, timeout: float) -> bool:
         """Sleep (no transaction open) until a NOTIFY for us arrives (True) or `timeout` passes (False). A
         dropped connection is re-made and answers True: the caller looks again, so nothing sent while it was
-        down is missed. The sleep is the kernel's (select on the connection's socket): the driver's own wait
-        wakes ten times a second, which a hundred idle watches would pay for."""
+        down is missed. The sleep is the kernel's (poll on the connection's socket: files.wait_readable): the
+        driver's own wait wakes ten times a second, which a hundred idle watches would pay for."""
         if not self._listening:
             return super().wait_for_wake(timeout)
         if not self._woken:
             if not self._healthy():
                 self._reconnect("waiting")
             else:
-                import select
+                from agent_mail.files import wait_readable
 
                 try:
-                    if not self._drain() and select.select([self.db.fileno()], [], [], max(0.0, timeout))[0]:
+                    if not self._drain() and wait_readable([self.db.fileno()], timeout):
                         self._drain()
                 except psycopg.OperationalError:
                     self._reconnect("waiting")

@@ -9,7 +9,8 @@ them all LINGER_SECONDS later. A notification wakes exactly the waits it concern
 recipient's, a broadcast (and a revoked token, which `Store.wake_waits` announces there) every wait (a
 notification on a lingering channel wakes nobody).
 
-It is a thread that sleeps in select() on the connection's socket and on a pipe of its own: the pipe interrupts
+It is a thread that sleeps in poll() (files.wait_readable; never select(), which fails on a descriptor numbered
+1,024 or more: issue 27) on the connection's socket and on a pipe of its own: the pipe interrupts
 the sleep at once when a LISTEN is asked for (a wait must be listening before its first look), which psycopg's
 AsyncConnection.notifies() cannot offer (it holds the connection's lock while it waits, so a LISTEN from another
 task would wait for it to time out: latency, or idle wake-ups). An idle hub costs nothing: no poll, and a timeout
@@ -20,13 +21,14 @@ the server instance (`agent-mail serve INSTANCE`), the watch sessions the server
 `INSTANCE.UUID`, and a session of an instance whose hub connection is there is alive. When the server process
 dies its connection ends and PostgreSQL forgets it at once; a partitioned one is ended by the server-side
 keepalives within seconds. A dropped connection (a PostgreSQL restart, pg_terminate_backend) is made again, the
-channels LISTENed again, and every wait told to look again: nothing committed meanwhile is missed.
+channels LISTENed again, and every wait told to look again: nothing committed meanwhile is missed. Failures in a
+row (a connection refused, or one that fails again within STEADY_SECONDS of being made) are retried after pauses
+that double up to RETRY_SECONDS[1], and logged once per run of them (on_log), with one more line when it recovers.
 """
 
 from __future__ import annotations
 
 import os
-import select
 import threading
 import time
 from concurrent.futures import Future
@@ -34,10 +36,12 @@ from concurrent.futures import Future
 import psycopg
 
 from agent_mail import errors
+from agent_mail.files import wait_readable
 from agent_mail.urls import redact_url, url_secrets
 from agent_mail.store.postgres import CONNECT_DEFAULTS, RELEASED_NOTE, SERVE_APP, error_text, channel, split_url
 
 RETRY_SECONDS = (0.05, 2.0)  # the first and the longest pause between two attempts to connect again
+STEADY_SECONDS = 10.0  # a connection that served this long before failing starts the pauses afresh
 LINGER_SECONDS = 5.0  # an identity's channel stays LISTENed this long after its last wait ended
 
 
@@ -47,10 +51,11 @@ class Hub:
     `on_released(sessions)` with the sessions their clients' stop calls released (a notification on an identity's
     channel naming one: Store.announce_release), whose waits end."""
 
-    def __init__(self, url: str, instance: str, on_wake, on_released=None):
+    def __init__(self, url: str, instance: str, on_wake, on_released=None, on_log=None):
         self._conninfo, self.schema = split_url(url)
         self.display, self._secrets = redact_url(url), url_secrets(url)
         self.instance, self._on_wake, self._on_released = instance, on_wake, on_released
+        self._on_log = on_log  # on_log(**fields): a line for the server's log (a failure, once per run of them)
         self._lock = threading.Lock()
         self._counts: dict[str, int] = {}  # identity: waits in progress
         self._lingering: dict[str, float] = {}  # identity without waits: when its channel may be UNLISTENed
@@ -207,19 +212,19 @@ class Hub:
 
     def _run(self) -> None:
         pause = RETRY_SECONDS[0]
+        failures = 0  # in a row: a connection that fails again before STEADY_SECONDS counts on
+        connected_at = 0.0
         while not self._stopping:
             if not self._healthy():
                 self._close()
                 try:
                     self._connect()
-                except errors.StorageError:
+                    connected_at = time.monotonic()
+                    self._reconcile()
+                except (errors.StorageError, psycopg.Error) as exc:
+                    failures = self._failed(failures, exc, pause)
                     self._sleep(pause)
                     pause = min(pause * 2, RETRY_SECONDS[1])
-                    continue
-                pause = RETRY_SECONDS[0]
-                try:
-                    self._reconcile()
-                except psycopg.Error:
                     continue
                 self._on_wake(None)  # every wait looks again: mail may have come while the connection was down
                 continue
@@ -229,14 +234,40 @@ class Hub:
                 with self._lock:
                     until = min(self._lingering.values(), default=None)
                 timeout = None if until is None else max(0.0, until - time.monotonic()) + 0.05  # past it
-                ready = select.select([self.db.fileno(), self._interrupt_r], [], [], timeout)[0]
+                ready = wait_readable([self.db.fileno(), self._interrupt_r], timeout)
                 if self._interrupt_r in ready:
                     self._read_interrupts()
                 if self.db.fileno() in ready:
                     self._drain()
-            except Exception:  # psycopg's, the socket's, or a bug: the hub must not die of it
+                if failures and time.monotonic() - connected_at >= STEADY_SECONDS:
+                    self._log(event="hub recovered", failures=failures)
+                    failures, pause = 0, RETRY_SECONDS[0]
+            except Exception as exc:  # psycopg's, the socket's, or a bug: the hub must not die of it
                 self._close()  # made again at the top of the loop, and every wait looks again
-                self._sleep(RETRY_SECONDS[0])
+                if time.monotonic() - connected_at >= STEADY_SECONDS:
+                    if failures:
+                        self._log(event="hub recovered", failures=failures)
+                    failures, pause = 0, RETRY_SECONDS[0]  # a connection that served a while: a fresh start
+                failures = self._failed(failures, exc, pause)
+                self._sleep(pause)
+                pause = min(pause * 2, RETRY_SECONDS[1])
+
+    def _failed(self, failures: int, exc: BaseException, pause: float) -> int:
+        """Count a failure; the first of a run is logged (once: not each retry), the pauses doubling meanwhile up
+        to RETRY_SECONDS[1], so a failure that repeats costs at most one session every RETRY_SECONDS[1] (issue 27:
+        a hub that failed at once after each connection made ~240 sessions a second)."""
+        if failures == 0:
+            self._log(event="hub connection failed", error=_described(exc, self._secrets),
+                      retrying=f"after {pause:g} s, then backing off to every {RETRY_SECONDS[1]:g} s; logged once "
+                               "until it recovers")
+        return failures + 1
+
+    def _log(self, **fields) -> None:
+        if self._on_log is not None:
+            try:
+                self._on_log(**fields, database=self.display)
+            except Exception:
+                pass
 
     def _read_interrupts(self) -> None:
         try:
@@ -246,11 +277,15 @@ class Hub:
             pass
 
     def _sleep(self, seconds: float) -> None:
-        """A pause before connecting again, cut short by stop()."""
+        """A pause before connecting again, cut short by stop() (and only by it: poll, whatever the descriptors'
+        numbers, so the pause is never skipped)."""
         deadline = time.monotonic() + seconds
         while not self._stopping and (left := deadline - time.monotonic()) > 0:
-            try:
-                if select.select([self._interrupt_r], [], [], left)[0]:
-                    self._read_interrupts()
-            except (OSError, ValueError):
-                return
+            if self._interrupt_r in wait_readable([self._interrupt_r], left):
+                self._read_interrupts()
+
+
+def _described(exc: BaseException, secrets) -> str:
+    if isinstance(exc, psycopg.Error):
+        return error_text(exc, secrets)
+    return f"{type(exc).__name__}: {exc}"

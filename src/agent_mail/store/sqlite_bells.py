@@ -114,13 +114,9 @@ class WakePipe:
 
     def wait(self, timeout: float) -> bool:
         """Sleep until the pipe is written to (True) or `timeout` passes (False)."""
-        import select
+        from agent_mail.files import wait_readable
 
-        try:
-            ready, _, _ = select.select([self.reader], [], [], max(0.0, timeout))
-        except InterruptedError:
-            return False
-        if not ready:
+        if not wait_readable([self.reader], timeout):  # poll, not select: fds numbered 1,024 and more
             return False
         try:
             while os.read(self.reader, 4096):
