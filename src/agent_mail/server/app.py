@@ -777,7 +777,8 @@ class Server(uvicorn.Server):
                 await asyncio.wait_for(self._stop_now.wait(), min(60.0, EXPIRY_LOOK_SECONDS))
             except TimeoutError:
                 pass
-            expiries_since = await anyio.to_thread.run_sync(_woken_by_expiries, self.location, expiries_since)
+            if not self._stop_now.is_set() and not _STOPPING.is_set():
+                expiries_since = await anyio.to_thread.run_sync(_woken_by_expiries, self.location, expiries_since)
 
 
 def _woken_by_expiries(location: str, since: str) -> str:
