@@ -13,9 +13,14 @@ import time
 
 import pytest
 
-from conftest import json_of, process_env, until
+from conftest import armed, json_of, process_env, until
 
 pytestmark = [pytest.mark.backends, pytest.mark.timeout(120)]
+
+
+@pytest.fixture
+def server_env() -> dict:
+    return {"AGENT_MAIL_SERVE_EXPIRY_SECONDS": "1"}  # the server looks for expired tokens every second
 
 
 def _listed(server, token_id: str) -> dict:
@@ -34,6 +39,22 @@ def test_a_token_expires_and_is_refused_after(server):
     assert "expired at" in error and made["id"] in error and token not in refused.stderr.decode()
     bad = server.direct("token", "create", "--agent", "a:x", "--expires-in", "soon")
     assert bad.returncode == 2 and "--expires-in" in json.loads(bad.stderr)["error"]
+
+
+def test_a_wait_made_with_a_token_ends_when_the_token_expires(server):
+    made = json_of(server.direct("token", "create", "--agent", "a:x", "--expires-in", "4s"))
+    watch = subprocess.Popen([sys.executable, "-m", "agent_mail", "watch", "a:x"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE,
+                             env=process_env(AGENT_MAIL_DB=server.url, AGENT_MAIL_TOKEN=made["token"]))
+    try:
+        armed("a:x", procs=[watch])
+        out, err = watch.communicate(timeout=30)
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+            watch.communicate()
+    assert watch.returncode == 4 and out == b"", err
+    assert "expired at" in json.loads(err)["error"] and made["token"] not in err.decode()
 
 
 def test_rotation_shows_the_new_secret_once_and_ends_the_old_one_after_its_grace(server):

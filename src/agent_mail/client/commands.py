@@ -75,11 +75,11 @@ def main(name: str, values: dict, emit) -> int:
     if _marks(name, values):  # deliver, then confirm
         from agent_mail.client import deliveries
 
-        code = deliveries.read(url, token, given, emitted, lambda ask: _reconnecting(url, ask, _READ_GAVE_UP))
+        code = deliveries.read(url, token, given, emitted, lambda ask: _asked_again(url, ask))
         _refresh_mirrors(url, token)
         return code
     if name == "read":  # looks only: asked again while no server answers, as a marking read is
-        status, code, document = _reconnecting(url, lambda: request(url, token, name, given), _READ_GAVE_UP)
+        status, code, document = _asked_again(url, lambda: request(url, token, name, given))
     else:
         status, code, document = _sent(url, token, given) if name == "send" else request(url, token, name, given)
     if code in (errors.EXIT_OK, errors.EXIT_PARTIAL):
@@ -210,8 +210,30 @@ def _sent(url: str, token: str, given: dict) -> tuple:
         time.sleep(0.5)
 
 
-_READ_GAVE_UP = ("nothing was marked read (a read's marks wait for it to be printed); run the read again once "
-                 "the server is back.")
+def _asked_again(url: str, ask):
+    """A read's answer, `ask()` -> (status, exit code, document, ...): asked again every half second while no
+    server answers (unreachable, or 502, 503, 504), for up to RECONNECT_SECONDS. Safe: a read that marks holds its
+    marks until it is confirmed, so an answer lost on the way marks nothing. Then the last answer, when a server
+    gave one (its 503 says why: its storage is down), else Unreachable."""
+    lost_at = None
+    while True:
+        try:
+            answer, lost = ask(), None
+            status = answer[0]
+        except Unreachable as exc:
+            if not exc.passing():
+                raise
+            answer, lost, status = None, exc, 0
+        if status not in (0, 502, 503, 504):
+            return answer
+        lost_at = lost_at or time.monotonic()
+        if time.monotonic() - lost_at > RECONNECT_SECONDS:
+            if answer is not None:
+                return answer
+            raise Unreachable(f"no agent-mail server answered at {url} for {RECONNECT_SECONDS:.0f} s (the last try: "
+                              f"{lost.message}). Nothing was marked read (a read's marks wait for it to be printed); "
+                              "run the read again once the server is back.")
+        time.sleep(0.5)
 
 
 def _reconnecting(url: str, ask, gave_up: str):

@@ -217,6 +217,19 @@ def _note_use(store, row: dict) -> None:
         pass
 
 
+def wake_if_expired(store, since: str, now: str) -> bool:
+    """Wake every wait (Store.wake_waits) when a token not revoked expired after `since` and by `now` (an expiry
+    or a rotation's grace ending): each wait asks about its token again, and one made with that token ends. A
+    server asks this now and then (app.Server.main_loop); whether it woke them."""
+    with store.transaction():
+        listed = store.tokens()
+    if not any(t["expires_at"] and since < t["expires_at"] <= now and not t["revoked_at"] for t in listed):
+        return False
+    with store.transaction(write=True):
+        store.wake_waits()
+    return True
+
+
 def still_valid(store, grant: dict) -> None:
     """Raise errors.Forbidden if the token of `grant` was revoked or ran out since (a wait asks this when woken)."""
     with store.transaction():

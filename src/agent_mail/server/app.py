@@ -57,6 +57,8 @@ MAX_THREADS = 1000  # calls carried out at once on SQLite; and, apart, waits blo
 # PostgreSQL connections for calls (and the looks of waits): the server's calls are short and mostly the database's
 # work, so a few more than the cores of a typical host keep it busy; more would only queue inside PostgreSQL.
 POOL_SIZE = 8
+# How often a server looks for tokens that expired (or whose rotation's grace ended), to end the waits made with them.
+EXPIRY_LOOK_SECONDS = float(os.environ.get("AGENT_MAIL_SERVE_EXPIRY_SECONDS", "30"))
 _STOPPING = threading.Event()
 _CARRIERS: list = []  # every app's _Carrier in this process, for SIGTERM
 
@@ -778,13 +780,33 @@ class Server(uvicorn.Server):
         import asyncio
 
         self._loop, self._stop_now = asyncio.get_running_loop(), asyncio.Event()
-        counter = 0
+        counter, expiries_since = 0, model.now_iso()
         while not await self.on_tick(counter):
             counter = (counter + 10) % 864000
             try:
-                await asyncio.wait_for(self._stop_now.wait(), 60.0)
+                await asyncio.wait_for(self._stop_now.wait(), min(60.0, EXPIRY_LOOK_SECONDS))
             except TimeoutError:
                 pass
+            if not self._stop_now.is_set() and not _STOPPING.is_set():
+                expiries_since = await anyio.to_thread.run_sync(_woken_by_expiries, self.location, expiries_since)
+
+
+def _woken_by_expiries(location: str, since: str) -> str:
+    """Wake the waits when a token expired since `since` (tokens.wake_if_expired): a wait made with it then ends
+    within EXPIRY_LOOK_SECONDS of its expiry, nothing else waking it. The time looked up to (`since` again when
+    the mailbox could not be asked: looked at next time)."""
+    from agent_mail.store import open_store
+
+    now = model.now_iso()
+    try:
+        store = open_store(location)
+        try:
+            tokens.wake_if_expired(store, since, now)
+        finally:
+            store.close()
+    except errors.AgentMailError:
+        return since
+    return now
 
 
 def _more_descriptors() -> None:

@@ -67,9 +67,9 @@ EXIT_CODES = {
     "3": "send: some recipients were refused (--require-reachable); the receipt on stdout says which. "
     "The others got the message. reserve, reservations --check: a clash with another identity's reservation; "
     "the result on stdout lists the conflicts (reserve reserved nothing).",
-    "4": "Through a server (AGENT_MAIL_DB=https://...): the token is missing, unknown or revoked, or it may not act "
-    "as (or look at) the identity the call names; the error names that identity and the token's scope, never the "
-    "token. Nothing was read or changed.",
+    "4": "Through a server (AGENT_MAIL_DB=https://...): the token is missing, unknown, revoked or expired, or it "
+    "may not act as (or look at) the identity the call names; the error names that identity and the token's scope, "
+    "never the token. Nothing was read or changed.",
     "130": "Interrupted by SIGINT (any command); 143: SIGTERM, 129: SIGHUP. Nothing was changed; a stopped watch "
     "released its session.",
     "141": "describe or help whose reader stopped reading (a pipe closed early, as `| head` does): nothing is "
