@@ -138,8 +138,12 @@ def test_the_waiter_blocks_through_the_server_and_lives_and_dies_with_its_harnes
         assert _served(server, token, "claude-code", "context", {"session_id": "served",
                                                                  "hook_event_name": "PostToolUse"}).stdout == b""
         # A newer waiter ends the older quietly; when the harness dies, the session ends and stops counting.
+        before = presences(AGENT)[AGENT]["released_at"]
         older = _waiter(server, token, harness.pid)
-        armed(AGENT)
+        # Its long wait, not its first glance (armed and released at once): a newer waiter started during that
+        # glance would find no older one named yet.
+        until(lambda: (found := presences(AGENT)[AGENT])["watch_state"] == "armed" and found["released_at"] != before,
+              30, "the older waiter's long wait never armed")
         newer = _waiter(server, token, harness.pid)
         try:
             assert older.wait(timeout=30) == 0 and older.stderr.read() == b""
