@@ -266,13 +266,7 @@ class ServedWaits:
         opened = False
         subscribed = self.hub.subscribe(agent)
         try:
-            try:
-                with anyio.fail_after(self.hub_patience()):
-                    await asyncio.wrap_future(subscribed)
-            except TimeoutError:
-                raise errors.StorageError("the server lost its connection to the PostgreSQL mailbox and could not "
-                                          "listen for this wait; nothing was changed. The client looks again by "
-                                          "itself.") from None
+            await self._listening(subscribed, "The client looks again by itself.")
             await self._opens.do((session, agent))
             opened = True
 
@@ -326,12 +320,7 @@ class ServedWaits:
             waiter.wake()
         watching = loop.create_task(hung_up())
         try:
-            try:
-                with anyio.fail_after(self.hub_patience()):
-                    await asyncio.wrap_future(subscribed)
-            except TimeoutError:
-                raise errors.StorageError("the server lost its connection to the PostgreSQL mailbox and could not "
-                                          "listen for this wait; nothing was changed. Ask again.") from None
+            await self._listening(subscribed, "Ask again.")
             deadline = loop.time() + seconds
             while True:
                 if self.stopping:
@@ -431,6 +420,16 @@ class ServedWaits:
                                 "reachable": reachable,
                                 "next": next_steps(agent, unread=len(found), reachable=reachable)})
         return answers
+
+    async def _listening(self, subscribed, then: str) -> None:
+        """Until the hub LISTENs for a wait (`subscribed`), at most hub_patience(); StorageError saying `then`
+        after it."""
+        try:
+            with anyio.fail_after(self.hub_patience()):
+                await asyncio.wrap_future(subscribed)
+        except TimeoutError:
+            raise errors.StorageError("the server lost its connection to the PostgreSQL mailbox and could not "
+                                      f"listen for this wait; nothing was changed. {then}") from None
 
     def hub_patience(self) -> float:
         from agent_mail.store.base import Store
