@@ -18,25 +18,44 @@ if TYPE_CHECKING:
 
 _NEVER = {"armed_seen": None, "released_at": None, "session_seen": None, "heartbeat": None, "sessions": 0}
 
-# How a live harness session of each harness hears of new mail (hooks.py: Claude Code's asyncRewake waiter
-# wakes an idle session; the others have no hook that can, so they are told at their next prompt or tool call).
-HEARS = {
-    "claude-code": "a live Claude Code session: told at its next tool call or stop, woken when idle",
-    "codex": "a live Codex session: told at its next prompt or tool call (Codex cannot wake an idle session)",
-    "gemini": "a live Gemini CLI session: told at its next prompt or tool call (Gemini CLI cannot wake an idle "
-              "session)",
-    "qwen": "a live Qwen Code session: told at its next prompt or tool call (Qwen Code's hooks cannot wake an idle "
-            "session)",
-    "copilot": "a live Copilot CLI session: told at its next prompt or tool call (Copilot CLI cannot wake an idle "
-               "session)",
+# How a live harness session hears of new mail, in words that start with how soon: "woken now" (its idle
+# session is started by a waiter: Claude Code's asyncRewake hook), "woken within ..." (the harness's own primitive
+# is slower), "told at its next ..." (no waiter: the model is told when the session next runs a hook), "not
+# listening" (nothing will tell it). WOKEN: a live session whose waiter is armed (hooks.py, operations.telling);
+# TOLD: a live session without one (at work, or a harness that cannot be woken while idle).
+WOKEN = {
+    "claude-code": "woken now (a live Claude Code session, idle: its asyncRewake waiter starts a turn)",
 }
+TOLD = {
+    "claude-code": "told at its next tool call or stop (a live Claude Code session, at work; woken when idle)",
+    "codex": "told at its next prompt or tool call (a live Codex session)",
+    "gemini": "told at its next prompt or tool call (a live Gemini CLI session, which cannot be woken while idle: "
+              "`agent-mail run -- gemini` can)",
+    "qwen": "told at its next prompt or tool call (a live Qwen Code session)",
+    "copilot": "told at its next prompt or tool call (a live Copilot CLI session, which cannot be woken while idle: "
+               "`agent-mail run -- copilot` can)",
+}
+ARMED_WATCH = "woken now (an armed watch)"
+HUMAN = "read by a person (human profile): reads the inbox"
+NOT_LISTENING = "not listening"
+WAITING = "/waiting"  # harnesses_of's mark on a live session whose waiter is armed
+
+
+def _soonest(ways: list[str]) -> str | None:
+    """The words of the soonest of a live identity's harness sessions (harnesses_of's entries), or None."""
+    words = [WOKEN[w[:-len(WAITING)]] for w in ways if w.endswith(WAITING) and w[:-len(WAITING)] in WOKEN]
+    words += [TOLD[w.removesuffix(WAITING)] for w in ways if w.removesuffix(WAITING) in TOLD]
+    order = ("woken now", "woken within a second", "woken within seconds", "told")
+    return min(words, key=lambda w: next((i for i, o in enumerate(order) if w.startswith(o)), len(order)),
+               default=None)
 
 
 def describe_liveness(facts: dict | None, at: _dt.datetime, harnesses: list[str] | tuple = (),
                       human: bool = False) -> dict:
     """watching / last_seen / watch_state / released_at / reachable / reached_by from stored liveness facts
-    and the harnesses of the identity's live harness sessions (a session whose hooks will tell the model is
-    listening, whether or not a watch is armed at this moment); a human is always reachable."""
+    and the identity's live harness sessions (harnesses_of's entries: a session whose hooks will tell the model is
+    listening, whether or not a watch is armed at this moment; one whose waiter is armed will be woken); a human
+    is always reachable. reached_by says how soon, in words (WOKEN, TOLD, ...), or "not listening" and why."""
     facts = facts or _NEVER
 
     def within(moment, seconds):
@@ -53,15 +72,17 @@ def describe_liveness(facts: dict | None, at: _dt.datetime, harnesses: list[str]
         state = "stale"  # the newest session stopped refreshing without ever exiting: killed
     else:
         state = "released"
-    known = [h for h in HEARS if h in harnesses]
+    session = _soonest(list(harnesses))
     if human:
-        reached_by = "a person (human profile): reads the inbox"
-    elif known:
-        reached_by = HEARS[known[0]]
+        reached_by = HUMAN
+    elif session is not None and session.startswith("woken"):
+        reached_by = session
     elif state == "armed":
-        reached_by = "an armed watch"
+        reached_by = ARMED_WATCH
+    elif session is not None:
+        reached_by = session
     elif within(facts["heartbeat"], model.LIVENESS_SECONDS):
-        reached_by = f"a heartbeat in the last {model.LIVENESS_SECONDS:.0f} s"
+        reached_by = f"told when it next looks (a heartbeat in the last {model.LIVENESS_SECONDS:.0f} s)"
     else:
         reached_by = None
     return {
@@ -70,16 +91,38 @@ def describe_liveness(facts: dict | None, at: _dt.datetime, harnesses: list[str]
         "watch_state": state,
         "released_at": model.iso(released_at) if released_at else None,
         "reachable": reached_by is not None,
-        "reached_by": reached_by,
+        "reached_by": reached_by if reached_by is not None else f"{NOT_LISTENING} ({_deaf(state)})",
     }
 
 
+def _deaf(state: str) -> str:
+    """Why an identity is not listening, by its watch state."""
+    if state == "never":
+        return "no live harness session, no watch, no recent heartbeat"
+    if state == "stale":
+        return "its watch stopped refreshing without exiting (killed?); no live harness session"
+    return "its last watch ended and was not re-armed; no live harness session"
+
+
 def harnesses_of(store: Store, agent: str | None = None) -> dict[str, list[str]]:
-    """{identity: the harnesses of its live harness sessions} (of `agent`, or of everyone)."""
+    """{identity: the harnesses of its live harness sessions} (of `agent`, or of everyone), each marked WAITING
+    where the session's waiter is armed (it will be woken when idle)."""
     found: dict[str, list[str]] = {}
     for session in live_sessions(store.harness_sessions_of(agent), model.now()):
-        found.setdefault(session["agent"], []).append(session["harness"])
+        waiting = WAITING if _waiting(session.get("waiter")) and session["harness"] in WOKEN else ""
+        found.setdefault(session["agent"], []).append(session["harness"] + waiting)
     return found
+
+
+def _waiting(waiter: str | None) -> bool:
+    """Whether a session's waiter (its process token, pid:start@host) is still there: on this machine, while
+    that process runs; elsewhere, while the session names it (a served waiter is forgotten when its request ends)."""
+    if not waiter:
+        return False
+    pid, _, rest = waiter.partition(":")
+    if rest.partition("@")[2] != host_name() or not pid.isdigit():
+        return True
+    return pid_alive(int(pid))
 
 
 def presence(store: Store, agent: str) -> dict:
@@ -90,14 +133,15 @@ def presence(store: Store, agent: str) -> dict:
 
 def reachability(store: Store, agents: list[str]) -> dict[str, str | None]:
     """How each identity can be reached now (describe_liveness's reached_by: a live harness session, an armed
-    watch, a fresh heartbeat, or a human), or None where it cannot."""
+    watch, a fresh heartbeat, or a human), or None where it cannot (not listening)."""
     if not agents:
         return {}
     at = model.now()
     one = agents[0] if len(agents) == 1 else None
     facts, harnesses = store.liveness(one), harnesses_of(store, one)
     humans = store.humans()
-    return {a: describe_liveness(facts.get(a), at, harnesses.get(a, ()), a in humans)["reached_by"] for a in agents}
+    found = {a: describe_liveness(facts.get(a), at, harnesses.get(a, ()), a in humans) for a in agents}
+    return {a: seen["reached_by"] if seen["reachable"] else None for a, seen in found.items()}
 
 
 def anyone_reachable(store: Store, besides: str) -> bool:

@@ -180,9 +180,10 @@ STATUS_FIELDS = {
     "reachable": "Whether mail sent now will be noticed: a live harness session (its hooks tell the model), an "
     f"armed watch, a heartbeat in the last {model.LIVENESS_SECONDS:.0f} s, or a human. The same answer send's "
     "receipt and --require-reachable give.",
-    "reached_by": "How it will hear of mail sent now, in words (e.g. 'a live Claude Code session: told at its next "
-    "tool call or stop, woken when idle', 'a live Codex session: told at its next prompt or tool call (Codex cannot "
-    "wake an idle session)', 'an armed watch'), or null when unreachable.",
+    "reached_by": "How it will hear of mail sent now, in words that start with how soon: 'woken now (...)' (an "
+    "idle harness session whose waiter starts a turn, or an armed watch), 'woken within ...' (a harness whose own "
+    "wake is slower), 'told at its next prompt or tool call (...)' (a live session that will be told when it next "
+    "runs a hook), 'told when it next looks' (a recent heartbeat), 'read by a person', or 'not listening (why)'.",
     "sessions": "Live harness sessions (Claude Code, Codex, Gemini CLI, Qwen Code, Copilot CLI, through agent-mail's "
     "hooks) holding this "
     "identity. More than 1: they share one inbox and take each other's unread mail.",

@@ -458,7 +458,7 @@ class Store(WholeMailbox):
         raise NotImplementedError
 
     def harness_sessions_of(self, agent: str | None = None) -> list[dict]:
-        """Sessions not ended (of `agent`, or all): id, harness, agent, pid, host, started_at, last_seen."""
+        """Sessions not ended (of `agent`, or all): id, harness, agent, pid, host, started_at, last_seen, waiter."""
         raise NotImplementedError
 
     def untold(self, agent: str, now: str, told_seq: int, told_at: str | None, limit: int) -> tuple[list[dict], int]:

@@ -637,7 +637,7 @@ class SQLStore(Store):
 
     def harness_sessions_of(self, agent: str | None = None) -> list[dict]:
         where = "ended_at IS NULL" + (" AND agent = :agent" if agent is not None else "")
-        return self._query(f"SELECT id, harness, agent, pid, host, started_at, last_seen FROM harness_sessions "
+        return self._query(f"SELECT id, harness, agent, pid, host, started_at, last_seen, waiter FROM harness_sessions "
                            f"WHERE {where}", {"agent": agent})
 
     def untold(self, agent: str, now: str, told_seq: int, told_at: str | None, limit: int) -> tuple[list[dict], int]:
