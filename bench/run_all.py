@@ -33,6 +33,7 @@ import bench_concurrency  # noqa: E402
 import bench_dashboard  # noqa: E402
 import bench_fanout  # noqa: E402
 import bench_herd  # noqa: E402
+import bench_harness_hooks  # noqa: E402
 import bench_hooks  # noqa: E402
 import bench_postgres  # noqa: E402
 import bench_scale  # noqa: E402
@@ -63,6 +64,9 @@ def main() -> None:
     print("\n# harness hooks (bench_hooks: beside our own read, same run)\n")
     print(table(bench_hooks.rows(clis, rounds=11 if args.quick else 31, wakes=3 if args.quick else 10),
                 bench_hooks.HEADERS))
+    print("\n# every harness's hooks, as each harness runs them (bench_harness_hooks: beside our own read)\n")
+    print(table(bench_harness_hooks.rows(clis["agent-mail"], rounds=7 if args.quick else 21,
+                                         harnesses=list(bench_harness_hooks.FILES)), bench_harness_hooks.HEADERS))
     # The team mailbox: PostgreSQL beside SQLite (and the reference where it can run), same run.
     print("\n# team mailbox on PostgreSQL (bench_postgres)\n")
     print(table(bench_postgres.rows(clis, quick=args.quick), bench_postgres.HEADERS))
