@@ -117,7 +117,8 @@ def copilot_input(document: dict) -> dict:
 # Codex 0.171 reports an edit made with `apply_patch <<EOF` in its shell as tool_name "Bash" (tool_input.command:
 # the patch; seen under `codex exec`), and a model given the apply_patch tool calls it "apply_patch".
 EDIT_TOOLS = {"claude-code": ("Edit", "Write", "MultiEdit", "NotebookEdit"), "codex": ("apply_patch", "Bash"),
-              "gemini": ("write_file", "replace"), "qwen": ("write_file", "edit"), "copilot": ("create", "edit")}
+              "gemini": ("write_file", "replace"), "qwen": ("write_file", "edit"), "copilot": ("create", "edit"),
+              "opencode": ("write", "edit", "multiedit", "patch", "apply_patch")}  # OpenCode's plugin: args.filePath
 _PATCH_HEADS = ("*** Update File: ", "*** Add File: ", "*** Delete File: ", "*** Move to: ")
 
 
@@ -126,14 +127,15 @@ def edited_paths(harness: str, document: dict) -> list[str]:
     if document.get("tool_name") not in EDIT_TOOLS[harness]:
         return []
     given = document.get("tool_input")
-    if harness == "codex":  # apply_patch: the files are named in the patch's headers, wherever its text rides
+    if harness == "codex" or document.get("tool_name") in ("patch", "apply_patch"):
+        # apply_patch: the files are named in the patch's headers, wherever its text rides (OpenCode: patchText)
         texts = [given] if isinstance(given, str) else [v for v in (given or {}).values() if isinstance(v, str)] \
             if isinstance(given, dict) else []
         return [line[len(head):].strip() for text in texts if "*** Begin Patch" in text
                 for line in text.splitlines() for head in _PATCH_HEADS if line.startswith(head)]
     if not isinstance(given, dict):
         return []
-    return [p for p in (given.get("file_path"), given.get("notebook_path"), given.get("path"))
+    return [p for p in (given.get("file_path"), given.get("notebook_path"), given.get("path"), given.get("filePath"))
             if isinstance(p, str) and p]
 
 

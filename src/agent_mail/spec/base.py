@@ -183,18 +183,19 @@ STATUS_FIELDS = {
     "reached_by": "How it will hear of mail sent now, in words (e.g. 'a live Claude Code session: told at its next "
     "tool call or stop, woken when idle', 'a live Codex session: told at its next prompt or tool call (Codex cannot "
     "wake an idle session)', 'an armed watch'), or null when unreachable.",
-    "sessions": "Live harness sessions (Claude Code, Codex, Gemini CLI, Qwen Code, Copilot CLI, through agent-mail's "
-    "hooks) holding this "
+    "sessions": "Live harness sessions (Claude Code, Codex, Gemini CLI, Qwen Code, Copilot CLI, OpenCode, through "
+    "agent-mail's hooks) holding this "
     "identity. More than 1: they share one inbox and take each other's unread mail.",
 }
 
 REACHABLE_HELP = ("Whether this identity can be reached right now: a live harness session (Claude Code, Codex, "
-                  "Gemini CLI, Qwen Code, Copilot CLI: its hooks tell the model), an armed watch, a heartbeat seen in "
+                  "Gemini CLI, Qwen Code, Copilot CLI, OpenCode: its hooks tell the model), an armed watch, a heartbeat "
+                  "seen in "
                   "the last "
                   f"{model.LIVENESS_SECONDS:.0f} s, or a human profile.")
 NEXT_HELP = "The literal commands that finish the loop from the state just observed, in order. Run them."
 
-HARNESSES = ("claude-code", "codex", "gemini", "qwen", "copilot")
+HARNESSES = ("claude-code", "codex", "gemini", "qwen", "copilot", "opencode")
 
 FIELDS_HELP = "Comma-separated subset of the item fields to return (e.g. id,sender,subject). Saves context."
 
