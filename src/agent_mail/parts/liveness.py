@@ -28,7 +28,8 @@ HEARS = {
     "qwen": "a live Qwen Code session: told at its next prompt or tool call (Qwen Code's hooks cannot wake an idle "
             "session)",
     "copilot": "a live Copilot CLI session: told at its next prompt or tool call (Copilot CLI cannot wake an idle "
-               "session)",    "opencode": "a live OpenCode session: told at its next prompt or tool call, woken when idle",
+               "session)",
+    "opencode": "a live OpenCode session: told at its next prompt or tool call, woken when idle",
 }
 
 
