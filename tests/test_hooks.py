@@ -642,6 +642,16 @@ def test_setup_opencode_merges_into_opencode_json_writes_its_plugin_and_removes_
     refused = am_process("setup", "opencode", "--agent", AGENT, "--dir", str(tmp_path))
     assert refused.returncode == 2 and "agent-mail.js" in json.loads(refused.stderr)["problems"][0]["field"]
     assert json.loads(config.read_text()) == mine
+    # Through an agent-mail server: the server's /mcp, the token read from the environment by OpenCode, in no file.
+    (tmp_path / "served").mkdir()
+    served = am_process("setup", "opencode", "--agent", AGENT, "--dir", str(tmp_path / "served"),
+                        env=process_env(AGENT_MAIL_DB="https://mail.example.com:8025/"))
+    assert served.returncode == 0, served.stderr
+    remote = json.loads((tmp_path / "served" / "opencode.json").read_text())["mcp"]["agent-mail"]
+    assert remote == {"type": "remote", "url": "https://mail.example.com:8025/mcp",
+                      "headers": {"Authorization": "Bearer {env:AGENT_MAIL_TOKEN}"}, "enabled": True}
+    assert '"AGENT_MAIL_DB": "https://mail.example.com:8025"' in (
+        tmp_path / "served" / ".opencode" / "plugin" / "agent-mail.js").read_text()
     # An mcp that is not an object: refused, naming it.
     config.write_text(json.dumps({"mcp": []}))
     (tmp_path / ".opencode" / "plugin" / "agent-mail.js").unlink()
