@@ -11,10 +11,10 @@ JSON document on stdin (session_id, hook_event_name, ...). The events:
   arrived during the turn (the envelopes become the reason for one more turn); a second stop
   (stop_hook_active) always passes.
 - wait (Claude Code's asyncRewake hook; OpenCode's plugin, which starts a turn with the note: the others have
-  no hook that can wake an idle session): the waiter, armed when a turn ends. Blocks like `watch` (it counts as one for liveness) until mail the
-  session was not told of arrives, then exits 2 with the envelopes on stderr, which wakes the idle
-  session. One per session: a newer waiter ends the older, which exits 0 quietly. Never blocks a
-  non-interactive run (claude -p, the SDK), and ends when the harness process does.
+  no hook that can wake an idle session): the waiter, armed when a turn ends. Blocks like `watch` (it counts
+  as one for liveness) until mail the session was not told of arrives, then exits 2 with the envelopes on
+  stderr, which wakes the idle session. One per session: a newer waiter ends the older, which exits 0
+  quietly. Never blocks a non-interactive run (claude -p, the SDK), and ends when the harness process does.
 - end: SessionEnd. The session stops counting as live; its waiter is ended.
 - pretool (Claude Code PreToolUse on Edit|Write|MultiEdit|NotebookEdit; Codex PreToolUse on apply_patch|Bash;
   Gemini CLI BeforeTool on write_file|replace; OpenCode's plugin before write, edit, multiedit, patch,
