@@ -122,7 +122,7 @@ def test_the_stop_is_held_once_for_mail_the_session_was_not_told_of():
     assert hook("stop", claude_input("Stop")).stdout == b""
 
 
-@pytest.mark.parametrize("harness", ["claude-code", "codex", "gemini", "qwen", "copilot"])
+@pytest.mark.parametrize("harness", ["claude-code", "codex", "gemini", "qwen", "copilot", "opencode"])
 def test_a_held_stop_shows_the_user_who_wrote_and_tells_the_model_it_is_mail(harness):
     """Issue 20 #4: the stop hold's systemMessage is the line each harness shows the user (who wrote, the
     subject); the reason, the model's next prompt, says it is mail, not an error."""
@@ -185,7 +185,7 @@ def _require_reachable(to: str = AGENT) -> subprocess.CompletedProcess:
     return am_process("send", "--from", "team:carl", "--to", to, "--subject", "still there?", "--require-reachable")
 
 
-@pytest.mark.parametrize("harness", ["claude-code", "codex", "gemini", "qwen", "copilot"])
+@pytest.mark.parametrize("harness", ["claude-code", "codex", "gemini", "qwen", "copilot", "opencode"])
 def test_a_live_harness_session_is_reachable_while_it_works_and_says_how(harness):
     """Issue 20 #1: a session at work (no watch armed: its last one was released) will be told at its next tool
     call or stop, so it is listening: status, the send receipt, --require-reachable and the dashboard agree, in
@@ -197,7 +197,7 @@ def test_a_live_harness_session_is_reachable_while_it_works_and_says_how(harness
     assert row["watch_state"] != "armed" and row["sessions"] == 1  # at work: no watch armed
     assert row["reachable"] is True
     name = {"claude-code": "Claude Code", "codex": "Codex", "gemini": "Gemini CLI", "qwen": "Qwen Code",
-            "copilot": "Copilot CLI"}[harness]
+            "copilot": "Copilot CLI", "opencode": "OpenCode"}[harness]
     words = f"a live {name} session"
     assert words in row["reached_by"] and row["reached_by"].startswith("told at its next")
     done = _require_reachable()
@@ -602,6 +602,87 @@ def test_setup_qwen_and_copilot_merge_into_their_files_and_remove_exactly(tmp_pa
     assert not (tmp_path / ".github").exists()
 
 
+def test_setup_opencode_merges_into_opencode_json_writes_its_plugin_and_removes_exactly(tmp_path):
+    """The project's opencode.json (its provider settings written first) keeps every key; the MCP server goes under
+    mcp.agent-mail; the plugin runs `hook opencode` with this identity and mailbox; --dry-run writes nothing; a second
+    run changes nothing; --remove takes out only ours; a plugin file of that name not ours is refused, untouched."""
+    config = tmp_path / "opencode.json"
+    mine = {"$schema": "https://opencode.ai/config.json", "model": "scripted/scripted",
+            "provider": {"scripted": {"npm": "@ai-sdk/openai-compatible", "options": {"baseURL": "http://x/v1"}}},
+            "mcp": {"other": {"type": "local", "command": ["x"]}}}
+    config.write_text(json.dumps(mine))
+    plan = json.loads(am_process("setup", "opencode", "--agent", AGENT, "--dir", str(tmp_path), "--dry-run").stdout)
+    assert plan["dry_run"] and json.loads(config.read_text()) == mine
+    assert not (tmp_path / ".opencode").exists()
+    assert [f["action"] for f in plan["files"]] == ["update", "create", "create"]
+    done = am_process("setup", "opencode", "--agent", AGENT, "--dir", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["wakes_idle_session"] is True and any("opencode.json" in note for note in result["notes"])
+    merged = json.loads(config.read_text())
+    assert {k: v for k, v in merged.items() if k != "mcp"} == {k: v for k, v in mine.items() if k != "mcp"}
+    assert list(merged["mcp"]) == ["other", "agent-mail"] and merged["mcp"]["other"] == mine["mcp"]["other"]
+    entry = merged["mcp"]["agent-mail"]
+    assert entry["type"] == "local" and entry["command"][-3:] == ["mcp", "--agent", AGENT]
+    assert entry["environment"]["AGENT_MAIL_DB"] == os.environ["AGENT_MAIL_DB"]
+    plugin = (tmp_path / ".opencode" / "plugin" / "agent-mail.js").read_text()
+    assert '"hook", "opencode"]' in plugin and json.dumps(AGENT) in plugin and "promptAsync" in plugin
+    again = json.loads(am_process("setup", "opencode", "--agent", AGENT, "--dir", str(tmp_path)).stdout)
+    assert {f["action"] for f in again["files"]} == {"unchanged"}
+    other = json.loads(am_process("setup", "opencode", "--agent", "proj:other", "--dir", str(tmp_path)).stdout)
+    assert [f["action"] for f in other["files"]] == ["update", "update", "unchanged"]
+    assert am_process("setup", "opencode", "--agent", AGENT, "--dir", str(tmp_path), "--remove").returncode == 0
+    assert json.loads(config.read_text()) == mine and not (tmp_path / ".opencode").exists()
+    # Someone else's plugin of that name: refused, nothing written.
+    (tmp_path / ".opencode" / "plugin").mkdir(parents=True)
+    (tmp_path / ".opencode" / "plugin" / "agent-mail.js").write_text("export default async () => ({});\n")
+    refused = am_process("setup", "opencode", "--agent", AGENT, "--dir", str(tmp_path))
+    assert refused.returncode == 2 and "agent-mail.js" in json.loads(refused.stderr)["problems"][0]["field"]
+    assert json.loads(config.read_text()) == mine
+    # Through an agent-mail server: the server's /mcp, the token read from the environment by OpenCode, in no file.
+    (tmp_path / "served").mkdir()
+    served = am_process("setup", "opencode", "--agent", AGENT, "--dir", str(tmp_path / "served"),
+                        env=process_env(AGENT_MAIL_DB="https://mail.example.com:8025/"))
+    assert served.returncode == 0, served.stderr
+    remote = json.loads((tmp_path / "served" / "opencode.json").read_text())["mcp"]["agent-mail"]
+    assert remote == {"type": "remote", "url": "https://mail.example.com:8025/mcp",
+                      "headers": {"Authorization": "Bearer {env:AGENT_MAIL_TOKEN}"}, "enabled": True}
+    assert '"AGENT_MAIL_DB": "https://mail.example.com:8025"' in (
+        tmp_path / "served" / ".opencode" / "plugin" / "agent-mail.js").read_text()
+    # An mcp that is not an object: refused, naming it.
+    config.write_text(json.dumps({"mcp": []}))
+    (tmp_path / ".opencode" / "plugin" / "agent-mail.js").unlink()
+    refused = am_process("setup", "opencode", "--agent", AGENT, "--dir", str(tmp_path))
+    assert refused.returncode == 2 and json.loads(refused.stderr)["problems"][0]["field"] == "mcp"
+    assert json.loads(config.read_text()) == {"mcp": []}
+
+
+def test_the_opencode_guard_reads_the_plugins_tool_arguments(tmp_path):
+    """OpenCode's tools name the file filePath (write, edit, multiedit) or carry a patch (apply_patch's patchText):
+    an edit of a reserved file is denied, any other tool or a free file passes in silence."""
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    subprocess.run(["git", "remote", "add", "origin", "https://github.com/acme/widget.git"], cwd=tmp_path, check=True)
+    assert am_process("reserve", "proj:holder", "src/**", cwd=str(tmp_path)).returncode == 0
+
+    def pretool(tool: str, arguments: dict) -> bytes:
+        document = {"session_id": "oc", "hook_event_name": "PreToolUse", "cwd": str(tmp_path), "tool_name": tool,
+                    "tool_input": arguments}
+        done = am_process("hook", "opencode", "pretool", "--agent", AGENT, input=json.dumps(document).encode())
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    held = str(tmp_path / "src" / "a.rs")
+    for tool, arguments in (("write", {"filePath": held, "content": "x"}),
+                            ("edit", {"filePath": held, "oldString": "a", "newString": "b"}),
+                            ("multiedit", {"filePath": held, "edits": []}),
+                            ("apply_patch", {"patchText": "*** Begin Patch\n*** Add File: src/b.rs\n+x\n"
+                                                          "*** End Patch\n"})):
+        denied = json.loads(pretool(tool, arguments))["hookSpecificOutput"]
+        assert denied["permissionDecision"] == "deny" and "held by proj:holder" in denied["permissionDecisionReason"]
+    assert pretool("write", {"filePath": str(tmp_path / "free.txt"), "content": "x"}) == b""
+    assert pretool("read", {"filePath": held}) == b""
+
+
 def test_setup_gemini_writes_one_settings_file(tmp_path):
     settings = tmp_path / ".gemini" / "settings.json"
     settings.parent.mkdir()
@@ -619,7 +700,7 @@ def test_setup_gemini_writes_one_settings_file(tmp_path):
     assert json.loads(settings.read_text()) == {"theme": "Dracula", "mcpServers": {"other": {"command": "x"}}}
 
 
-@pytest.mark.parametrize("harness", ["claude-code", "codex", "gemini", "qwen", "copilot"])
+@pytest.mark.parametrize("harness", ["claude-code", "codex", "gemini", "qwen", "copilot", "opencode"])
 def test_setup_then_remove_in_an_empty_directory_leaves_it_empty(tmp_path, harness):
     tmp_path = tmp_path / "project"  # beside the test's mailbox
     tmp_path.mkdir()

@@ -90,9 +90,10 @@ def test_each_hook_event_through_the_server_prints_what_it_prints_locally(server
     assert json_of(am_process("read", AGENT, "--no-mark-read"))["count"] == 4  # a hook never marks anything read
 
 
-def _waiter(server: Server, token: str, harness_pid: int, session: str = "served") -> subprocess.Popen:
+def _waiter(server: Server, token: str, harness_pid: int, session: str = "served",
+            harness: str = "claude-code") -> subprocess.Popen:
     document = json.dumps({"session_id": session, "hook_event_name": "Stop", "stop_hook_active": False}).encode()
-    proc = subprocess.Popen([sys.executable, "-m", "agent_mail", "hook", "claude-code", "wait", "--agent", AGENT],
+    proc = subprocess.Popen([sys.executable, "-m", "agent_mail", "hook", harness, "wait", "--agent", AGENT],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env=process_env(AGENT_MAIL_DB=server.url, AGENT_MAIL_TOKEN=token,
                                             CLAUDE_CODE_ENTRYPOINT="cli", CLAUDE_CODE_SESSION_ATTENDED="1",
@@ -156,6 +157,33 @@ def test_the_waiter_blocks_through_the_server_and_lives_and_dies_with_its_harnes
             assert _status()["sessions"] == 0  # ended through the server at once: not a day of false liveness
         finally:
             _stop(older, newer)
+    finally:
+        _stop(waiter, harness)
+
+
+def test_the_opencode_waiter_wakes_through_the_server_and_ends_with_opencode(server):
+    """OpenCode's plugin runs the same waiter (`hook opencode wait`): through a server it blocks there, exits 2 with
+    the note when mail arrives, and when OpenCode (its harness process) dies it ends the session and exits 0."""
+    token = server.token("--agent", AGENT)
+    harness = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    json_of(_served(server, token, "opencode", "context", {"session_id": "oc", "hook_event_name": "SessionStart"}))
+    waiter = _waiter(server, token, harness.pid, "oc", "opencode")
+    try:
+        _long_wait_armed()
+        sent = _send("wake up, opencode")
+        assert waiter.wait(timeout=30) == 2
+        note = waiter.stderr.read().decode()
+        assert sent in note and "wake up, opencode" in note and waiter.stdout.read() == b""
+        assert "OpenCode" in _status()["reached_by"]
+        again = _waiter(server, token, harness.pid, "oc", "opencode")
+        try:
+            _long_wait_armed()
+            harness.kill()
+            harness.wait()
+            assert again.wait(timeout=30) == 0 and again.stderr.read() == b""
+            assert _status()["sessions"] == 0
+        finally:
+            _stop(again)
     finally:
         _stop(waiter, harness)
 

@@ -10,14 +10,15 @@ JSON document on stdin (session_id, hook_event_name, ...). The events:
 - stop (Stop; Gemini CLI's AfterAgent): holds the session's stop once when mail it was not told of
   arrived during the turn (the envelopes become the reason for one more turn); a second stop
   (stop_hook_active) always passes.
-- wait (Claude Code only: the others have no hook that can wake an idle session): the asyncRewake
-  waiter, armed when a turn ends. Blocks like `watch` (it counts as one for liveness) until mail the
-  session was not told of arrives, then exits 2 with the envelopes on stderr, which wakes the idle
-  session. One per session: a newer waiter ends the older, which exits 0 quietly. Never blocks a
-  non-interactive run (claude -p, the SDK), and ends when the harness process does.
+- wait (Claude Code's asyncRewake hook; OpenCode's plugin, which starts a turn with the note: the others have
+  no hook that can wake an idle session): the waiter, armed when a turn ends. Blocks like `watch` (it counts
+  as one for liveness) until mail the session was not told of arrives, then exits 2 with the envelopes on
+  stderr, which wakes the idle session. One per session: a newer waiter ends the older, which exits 0
+  quietly. Never blocks a non-interactive run (claude -p, the SDK), and ends when the harness process does.
 - end: SessionEnd. The session stops counting as live; its waiter is ended.
 - pretool (Claude Code PreToolUse on Edit|Write|MultiEdit|NotebookEdit; Codex PreToolUse on apply_patch|Bash;
-  Gemini CLI BeforeTool on write_file|replace): denies an edit of a file another live identity holds
+  Gemini CLI BeforeTool on write_file|replace; OpenCode's plugin before write, edit, multiedit, patch,
+  apply_patch): denies an edit of a file another live identity holds
   exclusively (agent_mail.operations.reservations), telling the model who holds it, why, until when, and the `send` that
   asks them. Any other tool, a read, a file outside a git repository or one nobody holds passes silently.
 
@@ -117,7 +118,8 @@ def copilot_input(document: dict) -> dict:
 # Codex 0.171 reports an edit made with `apply_patch <<EOF` in its shell as tool_name "Bash" (tool_input.command:
 # the patch; seen under `codex exec`), and a model given the apply_patch tool calls it "apply_patch".
 EDIT_TOOLS = {"claude-code": ("Edit", "Write", "MultiEdit", "NotebookEdit"), "codex": ("apply_patch", "Bash"),
-              "gemini": ("write_file", "replace"), "qwen": ("write_file", "edit"), "copilot": ("create", "edit")}
+              "gemini": ("write_file", "replace"), "qwen": ("write_file", "edit"), "copilot": ("create", "edit"),
+              "opencode": ("write", "edit", "multiedit", "patch", "apply_patch")}  # OpenCode's plugin: args.filePath
 _PATCH_HEADS = ("*** Update File: ", "*** Add File: ", "*** Delete File: ", "*** Move to: ")
 
 
@@ -126,14 +128,15 @@ def edited_paths(harness: str, document: dict) -> list[str]:
     if document.get("tool_name") not in EDIT_TOOLS[harness]:
         return []
     given = document.get("tool_input")
-    if harness == "codex":  # apply_patch: the files are named in the patch's headers, wherever its text rides
+    if harness == "codex" or document.get("tool_name") in ("patch", "apply_patch"):
+        # apply_patch: the files are named in the patch's headers, wherever its text rides (OpenCode: patchText)
         texts = [given] if isinstance(given, str) else [v for v in (given or {}).values() if isinstance(v, str)] \
             if isinstance(given, dict) else []
         return [line[len(head):].strip() for text in texts if "*** Begin Patch" in text
                 for line in text.splitlines() for head in _PATCH_HEADS if line.startswith(head)]
     if not isinstance(given, dict):
         return []
-    return [p for p in (given.get("file_path"), given.get("notebook_path"), given.get("path"))
+    return [p for p in (given.get("file_path"), given.get("notebook_path"), given.get("path"), given.get("filePath"))
             if isinstance(p, str) and p]
 
 

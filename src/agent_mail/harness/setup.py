@@ -18,6 +18,9 @@ For a project directory DIR, the MCP server `agent-mail` (this interpreter runni
 - Copilot CLI: DIR/.github/hooks/agent-mail.json (a hooks file of its own: context on sessionStart,
   userPromptSubmitted, postToolUse; the stop guard on agentStop; end on sessionEnd) and the server in DIR/.mcp.json
   (`type: stdio`, all its tools).
+- OpenCode: DIR/.opencode/plugin/agent-mail.js (a plugin running the same hook commands: context on each prompt and
+  after each tool, the stop guard and the idle waiter when a session goes idle, the pre-tool guard, end on exit;
+  agent_mail.harness.opencode) and the server in DIR/opencode.json (mcp.agent-mail, `type: local`).
 
 All three also get the pre-tool hook (`hook HARNESS pretool`), which denies an edit of a file another live
 identity holds: Claude Code PreToolUse on Edit|Write|MultiEdit|NotebookEdit, Codex PreToolUse on
@@ -48,6 +51,7 @@ import shlex
 import sys
 
 from agent_mail import errors, model, spec
+from agent_mail.harness import opencode
 from agent_mail.protocols import http_api
 
 HARNESSES = spec.HARNESSES
@@ -538,7 +542,8 @@ _HARNESS_FILES = {"claude-code": (os.path.join(".claude", "settings.local.json")
                   "codex": (os.path.join(".codex", "config.toml"), _BEGIN),
                   "gemini": (os.path.join(".gemini", "settings.json"), SERVER),
                   "qwen": (os.path.join(".qwen", "settings.json"), SERVER),
-                  "copilot": (os.path.join(".github", "hooks", "agent-mail.json"), " agent_mail hook copilot ")}
+                  "copilot": (os.path.join(".github", "hooks", "agent-mail.json"), " agent_mail hook copilot "),
+                  "opencode": (opencode.PLUGIN, opencode.MARK)}
 
 
 def _project_file_plan(root: str, harness: str, mailbox: str, remove: bool) -> dict:
@@ -668,10 +673,39 @@ NOTES = {
         "mailbox (Copilot CLI reads no personal project settings): keep them out of version control, or commit them "
         "only for a shared mailbox.",
     ],
+    "opencode": [
+        "Start `opencode` in this directory (OpenCode reads opencode.json from the directory it starts in): the "
+        "agent-mail MCP server (tools agent-mail_*) loads from opencode.json, the plugin from "
+        ".opencode/plugin/agent-mail.js.",
+        "Mail reaches the model's context at each prompt (the first one of a session gets the inbox) and after tool "
+        "calls; a session that goes idle with mail that arrived during its turn is sent it as one more prompt, once; "
+        "an idle session is woken when mail arrives (the plugin's waiter starts a turn with the envelopes). Under "
+        "`opencode run` nothing waits: it exits when its session is idle.",
+        "At its first start in a directory OpenCode installs @opencode-ai/plugin into .opencode/node_modules with npm "
+        "(a few seconds; without a network it retries for about 75 s before the session starts; "
+        "npm_config_fetch_retries=0 makes that fail at once). The agent-mail plugin does not use it.",
+        "The agent-mail entry of opencode.json and .opencode/plugin/agent-mail.js hold this interpreter, identity and "
+        "mailbox (OpenCode reads no personal project settings): keep them out of version control, or commit them only "
+        "for a shared mailbox.",
+    ],
 }
 
 
-_STARTS = {"claude-code": "claude", "codex": "codex", "gemini": "gemini", "qwen": "qwen", "copilot": "copilot"}
+_STARTS = {"claude-code": "claude", "codex": "codex", "gemini": "gemini", "qwen": "qwen", "copilot": "copilot",
+           "opencode": "opencode"}
+
+
+def _opencode_plans(root: str, agent: str, mailbox: str, remove: bool) -> list[dict]:
+    """DIR/opencode.json (the MCP server, merged) and DIR/.opencode/plugin/agent-mail.js (the hooks)."""
+    base = _base_command()
+    remote = mailbox + http_api.MCP_PATH if _is_server(mailbox) else None
+    entry = None if remove else opencode.server_entry(base, agent, mailbox, remote, BEARER_FROM_OPENCODE_ENV)
+    return [_plan(os.path.join(root, opencode.CONFIG), lambda d: opencode.config_merged(d, entry)),
+            opencode.plugin_plan(root, None if remove else opencode.plugin_text(agent, base, mailbox, REWAKE_MESSAGE),
+                                 _planned)]
+
+
+BEARER_FROM_OPENCODE_ENV = "Bearer {env:" + TOKEN_VAR + "}"  # OpenCode's substitution of a variable in its config
 
 
 def _token_report(harness: str, mailbox: str, remove: bool) -> dict | None:
@@ -746,6 +780,8 @@ def setup(harness: str, agent: str, directory: str | None = None, dry_run: bool 
             _plan(os.path.join(root, ".github", "hooks", "agent-mail.json"),
                   lambda d: _copilot_hooks(d, agent, mailbox, remove)),
         ]
+    elif harness == "opencode":
+        plans = _opencode_plans(root, agent, mailbox, remove)
     else:
         plans = [_plan(os.path.join(root, ".gemini", "settings.json"),
                        lambda d: _hooks_merged(_servers(d, agent, mailbox, remove, trust=True), "gemini", agent,
@@ -755,7 +791,7 @@ def setup(harness: str, agent: str, directory: str | None = None, dry_run: bool 
     result = {
         "harness": harness, "agent": agent, "mailbox": mailbox, "dir": root, "removed": remove,
         "dry_run": dry_run, "files": files,
-        "wakes_idle_session": harness == "claude-code" and not remove,
+        "wakes_idle_session": harness in ("claude-code", "opencode") and not remove,
         "token": _token_report(harness, mailbox, remove),
         "notes": [] if remove else NOTES[harness] + _remote_notes(harness, mailbox) + [
             f"A plain shell in {root} or below now uses this mailbox too: {os.path.basename(project_file['path'])} "

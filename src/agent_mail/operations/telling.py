@@ -30,10 +30,13 @@ LAST_SEEN_EVERY_SECONDS = 60.0  # a quiet check refreshes the session's last_see
 # Qwen Code takes Claude Code's forms (Stop, UserPromptSubmit, ...); Copilot CLI reads a TOP-LEVEL additionalContext
 # from sessionStart, userPromptSubmitted and postToolUse (it ignores the nested hookSpecificOutput form) and holds
 # its agentStop with {"decision": "block"} (both seen with 1.0.102).
-STOP_DECISION = {"claude-code": "block", "codex": "block", "gemini": "deny", "qwen": "block", "copilot": "block"}
+STOP_DECISION = {"claude-code": "block", "codex": "block", "gemini": "deny", "qwen": "block", "copilot": "block",
+                 "opencode": "block"}
 DEFAULT_EVENT = {"claude-code": "PostToolUse", "codex": "PostToolUse", "gemini": "AfterTool", "qwen": "PostToolUse",
-                 "copilot": "postToolUse"}
-WAKES_IDLE = ("claude-code",)  # asyncRewake: the only harness whose hooks can wake an idle session
+                 "copilot": "postToolUse", "opencode": "PostToolUse"}
+# The harnesses whose idle session a waiter wakes: Claude Code's asyncRewake hook; OpenCode's plugin, which starts a
+# turn with the waiter's note (agent_mail.harness.opencode).
+WAKES_IDLE = ("claude-code", "opencode")
 QUIET = {"gemini": {}}  # Gemini CLI parses a hook's stdout as JSON: an empty object, not nothing
 
 
@@ -61,6 +64,8 @@ def _tool(harness: str, name: str) -> str:
         return f"mcp_agent-mail_{name}"
     if harness == "qwen":
         return f"mcp__agent-mail__{name}"
+    if harness == "opencode":
+        return f"agent-mail_{name}"
     return f"the agent-mail MCP tool {name}"
 
 

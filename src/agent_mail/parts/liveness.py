@@ -25,6 +25,7 @@ _NEVER = {"armed_seen": None, "released_at": None, "session_seen": None, "heartb
 # TOLD: a live session without one (at work, or a harness that cannot be woken while idle).
 WOKEN = {
     "claude-code": "woken now (a live Claude Code session, idle: its asyncRewake waiter starts a turn)",
+    "opencode": "woken now (a live OpenCode session, idle: its agent-mail plugin's waiter starts a turn)",
 }
 TOLD = {
     "claude-code": "told at its next tool call or stop (a live Claude Code session, at work; woken when idle)",
@@ -34,6 +35,7 @@ TOLD = {
     "qwen": "told at its next prompt or tool call (a live Qwen Code session)",
     "copilot": "told at its next prompt or tool call (a live Copilot CLI session, which cannot be woken while idle: "
                "`agent-mail run -- copilot` can)",
+    "opencode": "told at its next prompt or tool call (a live OpenCode session, at work; woken when idle)",
 }
 ARMED_WATCH = "woken now (an armed watch)"
 HUMAN = "read by a person (human profile): reads the inbox"

@@ -184,18 +184,18 @@ STATUS_FIELDS = {
     "idle harness session whose waiter starts a turn, or an armed watch), 'woken within ...' (a harness whose own "
     "wake is slower), 'told at its next prompt or tool call (...)' (a live session that will be told when it next "
     "runs a hook), 'told when it next looks' (a recent heartbeat), 'read by a person', or 'not listening (why)'.",
-    "sessions": "Live harness sessions (Claude Code, Codex, Gemini CLI, Qwen Code, Copilot CLI, through agent-mail's "
-    "hooks) holding this "
+    "sessions": "Live harness sessions (Claude Code, Codex, Gemini CLI, Qwen Code, Copilot CLI, OpenCode, through "
+    "agent-mail's hooks) holding this "
     "identity. More than 1: they share one inbox and take each other's unread mail.",
 }
 
 REACHABLE_HELP = ("Whether this identity can be reached right now: a live harness session (Claude Code, Codex, "
-                  "Gemini CLI, Qwen Code, Copilot CLI: its hooks tell the model), an armed watch, a heartbeat seen in "
-                  "the last "
+                  "Gemini CLI, Qwen Code, Copilot CLI, OpenCode: its hooks tell the model), an armed watch, a "
+                  "heartbeat seen in the last "
                   f"{model.LIVENESS_SECONDS:.0f} s, or a human profile.")
 NEXT_HELP = "The literal commands that finish the loop from the state just observed, in order. Run them."
 
-HARNESSES = ("claude-code", "codex", "gemini", "qwen", "copilot")
+HARNESSES = ("claude-code", "codex", "gemini", "qwen", "copilot", "opencode")
 
 FIELDS_HELP = "Comma-separated subset of the item fields to return (e.g. id,sender,subject). Saves context."
 

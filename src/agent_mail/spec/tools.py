@@ -306,22 +306,24 @@ register(Command(
     "BeforeAgent / userPromptSubmitted, PostToolUse / AfterTool / postToolUse): adds the "
     "envelopes of mail new to this session, the unread count, bounces and the next steps to the model's "
     "context, quiet when nothing is new, marking nothing read. stop: holds the stop once when mail the "
-    "session was not told of arrived. wait: the asyncRewake waiter (Claude Code only), blocking like watch "
+    "session was not told of arrived. wait: the idle waiter (Claude Code's asyncRewake hook; OpenCode's plugin, which "
+    "starts a turn with its note), blocking like watch "
     "until such mail arrives, then exit 2 with the envelopes on stderr (wakes an idle session). end: the "
     "session ended. pretool (Claude Code, Codex and Qwen Code PreToolUse, Gemini CLI BeforeTool, Copilot CLI "
-    "preToolUse, on their edit tools): denies "
+    "preToolUse, OpenCode's plugin before write, edit, multiedit, patch and apply_patch): denies "
     "an edit of a file another live identity holds exclusively, saying who holds it, why, until when and the send "
     "that asks them; silent for any other tool or file.",
     args=(
-        Arg("harness", TEXT, "claude-code, codex, gemini, qwen or copilot.", required=True, choices=HARNESSES),
+        Arg("harness", TEXT, "claude-code, codex, gemini, qwen, copilot or opencode.", required=True,
+            choices=HARNESSES),
         Arg("event", TEXT, "context, stop, wait, end or pretool.", required=True,
             choices=("context", "stop", "wait", "end", "pretool")),
         Arg("--agent", IDENTITY, "This session's identity (project:name); default AGENT_MAIL_AGENT."),
     ),
     output={"hookSpecificOutput": "context: {hookEventName, additionalContext} for the harness (printed only when "
             "there is something new; Copilot CLI gets a top-level additionalContext instead). pretool (Claude Code, "
-            "Codex, Qwen Code): {hookEventName: PreToolUse, permissionDecision: deny, permissionDecisionReason} when "
-            "the edit is refused.",
+            "Codex, Qwen Code, OpenCode): {hookEventName: PreToolUse, permissionDecision: deny, "
+            "permissionDecisionReason} when the edit is refused (OpenCode's plugin throws the reason).",
             "additionalContext": "Copilot CLI only: context's note, top-level (printed only when there is something "
             "new).",
             "permissionDecision": "Copilot CLI only: pretool's \"deny\" (with permissionDecisionReason) when the edit "
@@ -341,7 +343,8 @@ register(Command(
 register(Command(
     name="setup",
     summary="Connect a harness to this mailbox in one step: its hooks (mail in the model's context, a stop held "
-    "once for mail that arrived, and for Claude Code an idle session woken when mail arrives) and the agent-mail "
+    "once for mail that arrived, and for Claude Code and OpenCode an idle session woken when mail arrives) and the "
+    "agent-mail "
     "MCP server, already allowed. Merges into existing settings (nothing else touched), idempotent, atomic; --dry-run "
     "shows the diff, --remove takes out only what it added. Records the identity and the mailbox resolved now, "
     "after checking that the mailbox can be opened (it creates nothing there); for Claude Code the personal values "
@@ -350,8 +353,9 @@ register(Command(
     "AGENT_MAIL_TOKEN in the environment (written in no file).",
     args=(
         Arg("harness", TEXT, "The harness: claude-code (.mcp.json, .claude/settings.local.json), codex "
-            "(.codex/config.toml, .codex/hooks.json), gemini (.gemini/settings.json), qwen (.qwen/settings.json) or "
-            "copilot (.mcp.json, .github/hooks/agent-mail.json).", required=True,
+            "(.codex/config.toml, .codex/hooks.json), gemini (.gemini/settings.json), qwen (.qwen/settings.json), "
+            "copilot (.mcp.json, .github/hooks/agent-mail.json) or opencode (opencode.json, "
+            ".opencode/plugin/agent-mail.js).", required=True,
             choices=HARNESSES),
         Arg("--agent", IDENTITY, "The identity the harness's sessions use (project:name).", required=True),
         Arg("--dir", PATH, "The project directory the harness starts in (default: the current directory)."),
