@@ -10,7 +10,7 @@ through `bash -c`), whole processes, with the input document that harness passes
 included): the after-tool hook with nothing new (the common case), and the pre-edit hook for an edit of a free
 file in a git repository where another identity holds `src/**`. Beside them, interleaved round by round so
 machine noise falls on all alike, `agent-mail read AGENT --no-mark-read` as a whole process. Medians.
-OpenCode runs its hooks from a plugin inside its own process (no shell): the same command is timed for it.
+OpenCode runs its hooks from a plugin inside its own process (no shell): the argv its plugin spawns is timed.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ HEADERS = ("harness: hook (as set up), median ms", "hook", "agent-mail read (sam
 # Where each harness's setup writes its hooks, and the input it passes to the after-tool and pre-edit hooks.
 FILES = {"claude-code": os.path.join(".claude", "settings.local.json"), "codex": os.path.join(".codex", "hooks.json"),
          "gemini": os.path.join(".gemini", "settings.json"), "qwen": os.path.join(".qwen", "settings.json"),
-         "copilot": os.path.join(".github", "hooks", "agent-mail.json")}
+         "copilot": os.path.join(".github", "hooks", "agent-mail.json"),
+         "opencode": os.path.join(".opencode", "plugin", "agent-mail.js")}
 
 
 def _after_tool(harness: str) -> dict:
@@ -41,6 +42,8 @@ def _after_tool(harness: str) -> dict:
         return {"sessionId": "bench", "timestamp": 1, "cwd": ".", "toolName": "bash",
                 "toolArgs": json.dumps({"command": "ls"}), "toolResult": {"resultType": "success"}}
     event = "AfterTool" if harness == "gemini" else "PostToolUse"
+    if harness == "opencode":
+        return {"session_id": "bench", "hook_event_name": "PostToolUse", "tool_name": "bash"}
     tool = {"gemini": "run_shell_command", "qwen": "run_shell_command"}.get(harness, "Bash")
     return {"session_id": "bench", "hook_event_name": event, "tool_name": tool, "tool_input": {"command": "ls"},
             "tool_response": {"stdout": ""}}
@@ -55,6 +58,9 @@ def _edit(harness: str, project: str, path: str) -> dict:
         patch = f"*** Begin Patch\n*** Update File: {full}\n@@\n-a\n+b\n*** End Patch\n"
         return {"session_id": "bench", "hook_event_name": "PreToolUse", "cwd": project, "tool_name": "apply_patch",
                 "tool_input": {"command": patch}}
+    if harness == "opencode":  # what its plugin passes: OpenCode's own argument names
+        return {"cwd": project, "session_id": "bench", "hook_event_name": "PreToolUse", "tool_name": "edit",
+                "tool_input": {"filePath": full, "oldString": "a", "newString": "b"}}
     event = "BeforeTool" if harness == "gemini" else "PreToolUse"
     tool = {"claude-code": "Edit", "gemini": "replace", "qwen": "edit"}[harness]
     return {"session_id": "bench", "hook_event_name": event, "cwd": project, "tool_name": tool,
@@ -77,6 +83,14 @@ def _commands(document: object, harness: str) -> dict[str, str]:
 
     walk(document)
     return found
+
+
+def _plugin_commands(text: str, harness: str) -> dict[str, list[str]]:
+    """OpenCode's plugin: {event: the argv it spawns} from its COMMAND and AGENT constants."""
+    lines = {line.split(" = ", 1)[0].removeprefix("const "): line.split(" = ", 1)[1].rstrip(";")
+             for line in text.splitlines() if line.startswith("const ") and " = " in line}
+    command, agent = json.loads(lines["COMMAND"]), json.loads(lines["AGENT"])
+    return {event: [*command, event, "--agent", agent] for event in ("context", "pretool")}
 
 
 def _time(argv: list[str], env: dict, stdin: bytes = b"") -> float:
@@ -109,24 +123,29 @@ def rows(cli: str, rounds: int, harnesses: list[str]) -> list[tuple]:
             subprocess.run([python, "-m", "agent_mail", "setup", harness, "--agent", AGENT, "--dir", project],
                            env=env, check=True, stdout=subprocess.DEVNULL)
             with open(os.path.join(project, FILES[harness])) as handle:
-                commands = _commands(json.load(handle), harness)
-            shell = ["bash", "-c"] if harness == "copilot" else ["sh", "-c"]
+                text = handle.read()
+            if harness == "opencode":  # no shell: the plugin spawns the command itself, its mailbox given
+                argvs = {e: (a, {**bare, "AGENT_MAIL_DB": env["AGENT_MAIL_DB"]})
+                         for e, a in _plugin_commands(text, harness).items()}
+            else:
+                shell = ["bash", "-c"] if harness == "copilot" else ["sh", "-c"]
+                argvs = {e: ([*shell, c], bare) for e, c in _commands(json.loads(text), harness).items()}
             start = {"sessionId": "bench", "timestamp": 1, "cwd": project, "source": "new"} if harness == "copilot" \
                 else {"session_id": "bench", "hook_event_name": "SessionStart"}
-            subprocess.run([*shell, commands["context"]], input=json.dumps(start).encode(), env=bare, cwd=project,
-                           check=True, stdout=subprocess.DEVNULL)  # told what there is: later calls are quiet
-            runs[f"{harness}: after a tool, nothing new"] = ([*shell, commands["context"]],
-                                                             json.dumps(_after_tool(harness)).encode(), project)
-            runs[f"{harness}: before an edit, free file"] = ([*shell, commands["pretool"]],
+            subprocess.run(argvs["context"][0], input=json.dumps(start).encode(), env=argvs["context"][1],
+                           cwd=project, check=True, stdout=subprocess.DEVNULL)  # told what there is: now quiet
+            runs[f"{harness}: after a tool, nothing new"] = (*argvs["context"], json.dumps(_after_tool(harness)).encode(),
+                                                             project)
+            runs[f"{harness}: before an edit, free file"] = (*argvs["pretool"],
                                                              json.dumps(_edit(harness, project, "README.md")).encode(),
                                                              project)
         for name in runs:
             samples[name] = []
         for _ in range(rounds):
             samples["read"].append(_time([cli, "read", AGENT, "--no-mark-read"], env))
-            for name, (argv, stdin, project) in runs.items():
+            for name, (argv, environment, stdin, project) in runs.items():
                 started = time.perf_counter()
-                done = subprocess.run(argv, input=stdin, env=bare, cwd=project, stdout=subprocess.PIPE,
+                done = subprocess.run(argv, input=stdin, env=environment, cwd=project, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE)
                 samples[name].append((time.perf_counter() - started) * 1000)
                 if done.returncode != 0 or done.stdout.strip() not in (b"", b"{}"):
