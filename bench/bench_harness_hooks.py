@@ -134,8 +134,8 @@ def rows(cli: str, rounds: int, harnesses: list[str]) -> list[tuple]:
                 else {"session_id": "bench", "hook_event_name": "SessionStart"}
             subprocess.run(argvs["context"][0], input=json.dumps(start).encode(), env=argvs["context"][1],
                            cwd=project, check=True, stdout=subprocess.DEVNULL)  # told what there is: now quiet
-            runs[f"{harness}: after a tool, nothing new"] = (*argvs["context"], json.dumps(_after_tool(harness)).encode(),
-                                                             project)
+            runs[f"{harness}: after a tool, nothing new"] = (*argvs["context"],
+                                                             json.dumps(_after_tool(harness)).encode(), project)
             runs[f"{harness}: before an edit, free file"] = (*argvs["pretool"],
                                                              json.dumps(_edit(harness, project, "README.md")).encode(),
                                                              project)
