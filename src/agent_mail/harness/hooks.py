@@ -37,7 +37,7 @@ import sys
 from agent_mail import calls, errors, jsonout, model
 from agent_mail.parts.liveness import harness_pid, pid_alive
 from agent_mail.parts.liveness import host_name as _host
-from agent_mail.operations.telling import QUIET, WAKES_IDLE
+from agent_mail.operations.telling import QUIET, WAKES_FROM_OUTSIDE, WAKES_IDLE
 
 INPUT_MAX_BYTES = 4 * 1024 * 1024
 _NON_INTERACTIVE = ("sdk-cli", "sdk-ts", "sdk-py", "mcp")  # CLAUDE_CODE_ENTRYPOINT values of headless runs
@@ -215,6 +215,11 @@ def run(harness: str, event: str, agent: str | None, emit, served=None) -> int:
             emit(QUIET[harness])
         return errors.EXIT_OK
 
+    if event == "wait" and harness in WAKES_FROM_OUTSIDE:  # a waker of its own, detached: the hook returns at once
+        from agent_mail.harness import waker
+
+        return waker.start(harness, agent, document, served)
+
     def emit_once(document: dict) -> None:
         emit(document)
         printed.append(True)
@@ -279,23 +284,24 @@ def pretool(harness: str, agent: str, document: dict, emit, check) -> dict | Non
     return output
 
 
-def wait(session, minutes: float) -> str | None:
+def wait(session, minutes: float, deliver=None, harness: int | None = None) -> str | None:
     """Block until mail this session was not told of arrives (the note to wake it with) or until the wait ends
-    (None): timeout, a newer waiter, the harness gone, or a non-interactive run."""
+    (None): timeout, a newer waiter, the harness gone, or a non-interactive run. `deliver(note)`: how the note
+    reaches the session before it counts as told (stderr by default, asyncRewake's); `harness`: its process."""
     from agent_mail.operations import telling
 
-    if session.harness not in WAKES_IDLE or not _waits_here():
+    if session.harness not in WAKES_IDLE + WAKES_FROM_OUTSIDE or not _waits_here():
         return None
     me = _process_token(os.getpid())
     _end_waiter(session.arm(me))
-    harness = harness_pid()
+    harness = harness or harness_pid()
     note: list[str] = []
 
     def write_note(told: str) -> None:  # on stderr before the commit: if it cannot be written, it was not told
         sys.stderr.write(told + "\n")
         sys.stderr.flush()
     try:
-        found = session.mailbox.wait_armed(session.agent, minutes * 60.0, lambda: session.look(me, note, write_note),
+        found = session.mailbox.wait_armed(session.agent, minutes * 60.0, lambda: session.look(me, note, deliver or write_note),
                                            lambda: pid_alive(harness))
     except (telling.Superseded, errors.Interrupted):
         # Replaced by a newer waiter (which SIGTERMs this one) or ended with its session: its liveness
@@ -316,7 +322,7 @@ def _served(served, harness: str, event: str, agent: str, document: dict, emit) 
             agent, located, relative))
         return errors.EXIT_OK
     if event == "wait":
-        return _served_wait(served, harness, agent, document)
+        return served_wait(served, harness, agent, document)
     result = served.call("hook", {"harness": harness, "event": event, "agent": agent,
                                   "session": _session(document)})[1]
     if result.get("output") is not None:
@@ -325,9 +331,9 @@ def _served(served, harness: str, event: str, agent: str, document: dict, emit) 
     return errors.EXIT_OK
 
 
-def _session(document: dict, waiter: str | None = None) -> dict:
+def _session(document: dict, waiter: str | None = None, pid: int | None = None) -> dict:
     """The harness session as this machine knows it, for the server."""
-    found = {"session_id": document["session_id"], "pid": harness_pid(), "host": _host(),
+    found = {"session_id": document["session_id"], "pid": pid or harness_pid(), "host": _host(),
              "stop_hook_active": document.get("stop_hook_active") is True}
     if isinstance(document.get("hook_event_name"), str):
         found["hook_event_name"] = document["hook_event_name"][:200]
@@ -336,7 +342,7 @@ def _session(document: dict, waiter: str | None = None) -> dict:
     return found
 
 
-def _served_wait(served, harness: str, agent: str, document: dict) -> int:
+def served_wait(served, harness: str, agent: str, document: dict, deliver=None, pid: int | None = None) -> int:
     """The waiter as a long request the server holds (armed there like a watch, refreshing the session), reconnecting
     across a server restart. This process watches the harness: when it dies, the session is ended through the
     server (so it stops counting as live at once) and this process exits, which ends the request. It replaces the
@@ -353,7 +359,8 @@ def _served_wait(served, harness: str, agent: str, document: dict) -> int:
         while not done.wait(1.0):
             if harness_process is not None and not pid_alive(harness_process):
                 try:
-                    served.call("hook", {**given, "event": "end", "session": _session(document)}, timeout=10.0)
+                    served.call("hook", {**given, "event": "end", "session": _session(document, None, harness_process)},
+                                timeout=10.0)
                 except errors.AgentMailError:
                     pass  # the session stops counting by itself once it stops showing signs of life
                 os._exit(errors.EXIT_OK)
@@ -370,6 +377,9 @@ def _served_wait(served, harness: str, agent: str, document: dict) -> int:
         done.set()
     if not result or not result.get("wake"):
         return errors.EXIT_OK
+    if deliver is not None:
+        deliver(result["note"])
+        return EXIT_WAKE
     sys.stderr.write(result["note"] + "\n")
     sys.stderr.flush()
     return EXIT_WAKE

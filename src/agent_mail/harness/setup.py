@@ -9,12 +9,13 @@ For a project directory DIR, the MCP server `agent-mail` (this interpreter runni
 - Codex: DIR/.codex/config.toml (the server, its tools approved, and features.daemon_auto_start = false so
   each session runs its own hooks, between two marker lines) and
   DIR/.codex/hooks.json (context on SessionStart, UserPromptSubmit, PostToolUse; the stop guard on Stop;
-  end on SessionEnd).
+  end on SessionEnd; the idle waker, harness.waker, started on SessionStart and Stop).
 - Gemini CLI: DIR/.gemini/settings.json (the server, trusted; context on SessionStart, BeforeAgent,
   AfterTool; the stop guard on AfterAgent; end on SessionEnd).
 - Qwen Code: DIR/.qwen/settings.json (the server, trusted, its main tools listed in tools.visible so the model
   sees them without Qwen's deferred-tool bridge; context on SessionStart, UserPromptSubmit, PostToolUse; the stop
-  guard on Stop; end on SessionEnd). Claude Code's hook forms; timeouts in seconds.
+  guard on Stop; end on SessionEnd; the idle waker, harness.waker, started on SessionStart and Stop, and
+  dualOutput.inputFile, the file it wakes the session through). Claude Code's hook forms; timeouts in seconds.
 - Copilot CLI: DIR/.github/hooks/agent-mail.json (a hooks file of its own: context on sessionStart,
   userPromptSubmitted, postToolUse; the stop guard on agentStop; end on sessionEnd) and the server in DIR/.mcp.json
   (`type: stdio`, all its tools).
@@ -203,11 +204,12 @@ def _hook_entries(harness: str, agent: str, mailbox: str) -> dict[str, list[dict
         }
     if harness == "qwen":
         return {
-            "SessionStart": [{"hooks": [hook("context")]}],
+            # wait: the session's waker (harness.waker), started detached at the start and after each turn
+            "SessionStart": [{"hooks": [hook("context"), hook("wait")]}],
             "UserPromptSubmit": [{"hooks": [hook("context")]}],
             "PostToolUse": [{"matcher": "*", "hooks": [hook("context")]}],
             "PreToolUse": [{"matcher": "write_file|edit", "hooks": [hook("pretool")]}],
-            "Stop": [{"hooks": [hook("stop")]}],
+            "Stop": [{"hooks": [hook("stop"), hook("wait")]}],
             "SessionEnd": [{"hooks": [hook("end")]}],
         }
 
@@ -238,6 +240,9 @@ def _hook_entries(harness: str, agent: str, mailbox: str) -> dict[str, list[dict
         entries["Stop"][0]["hooks"].append(hook("wait", asyncRewake=True, timeout=WAITER_TIMEOUT_SECONDS,
                                                 rewakeMessage=REWAKE_MESSAGE, rewakeSummary=f"agent-mail: new mail "
                                                 f"for {agent}"))
+    else:  # Codex: the session's waker (harness.waker), started detached at the start and after each turn
+        entries["SessionStart"][0]["hooks"].append(hook("wait"))
+        entries["Stop"][0]["hooks"].append(hook("wait"))
     # Codex 0.171 fires SessionEnd too (its session-end.command.input schema; seen under `codex exec`).
     entries["SessionEnd"] = [{"hooks": [hook("end")]}]
     return entries
@@ -348,8 +353,40 @@ QWEN_VISIBLE = tuple(f"mcp__{SERVER}__{name}" for name in ("read", "send", "ack"
                                                               "release", "reservations"))
 
 
-def _qwen_settings(document: dict, agent: str, mailbox: str, remove: bool) -> dict:
+def _qwen_input_file(root: str) -> str:
+    """dualOutput.inputFile as setup writes it: one file per Qwen Code process (Qwen Code expands the variable),
+    which the session's waker appends a prompt to (harness.waker)."""
+    from agent_mail.harness import waker
+
+    return os.path.join(root, waker.QWEN_WAKE_DIRECTORY, waker.QWEN_INPUT_FILE)
+
+
+def _qwen_dual_output(document: dict, root: str, remove: bool) -> dict:
+    """dualOutput.inputFile: ours set (or taken out); an input file of the person's own is kept (the waker then
+    writes to it)."""
+    dual = document.get("dualOutput", {})
+    if not isinstance(dual, dict):
+        raise errors.InvalidInput([("dualOutput", "in the settings is not an object; fix it, then run setup "
+                                                  "again.")])
+    dual = dict(dual)
+    theirs = dual.get("inputFile")
+    ours = isinstance(theirs, str) and theirs.endswith(os.path.basename(_qwen_input_file(root))) and \
+        os.sep + os.path.join(".qwen", "agent-mail") + os.sep in theirs
+    if theirs is None or ours:
+        dual.pop("inputFile", None)
+        if not remove:
+            dual["inputFile"] = _qwen_input_file(root)
+    document = dict(document)
+    if dual:
+        document["dualOutput"] = dual
+    else:
+        document.pop("dualOutput", None)
+    return document
+
+
+def _qwen_settings(document: dict, root: str, agent: str, mailbox: str, remove: bool) -> dict:
     document = _hooks_merged(_servers(document, agent, mailbox, remove, trust=True), "qwen", agent, mailbox, remove)
+    document = _qwen_dual_output(document, root, remove)
     tools = document.get("tools", {})
     if not isinstance(tools, dict):
         raise errors.InvalidInput([("tools", "in the settings is not an object; fix it, then run setup again.")])
@@ -627,8 +664,9 @@ NOTES = {
         "project's .codex/ once the project is trusted, and asks you to review new hooks before they run).",
         "Mail reaches the model's context on session start, each prompt and after tool calls; a stop is held once "
         "for mail that arrived during the turn.",
-        "Codex cannot wake an idle session (its hooks have no asyncRewake): an idle Codex hears of mail at its "
-        "next prompt. For an agent that must wait, have it call the watch tool.",
+        "An idle session is woken when mail arrives: its waker (started by the SessionStart and Stop hooks, ended "
+        "with the session) queues the envelopes as a prompt with `codex queue`, which the session picks up within "
+        "seconds (Codex's shared app-server stays off, so /exit ends the session).",
     ],
     "gemini": [
         "Start `gemini` in this directory: the agent-mail MCP server (trusted: no confirmation per call) and hooks "
@@ -648,8 +686,10 @@ NOTES = {
         "does not answer that for you.",
         "Mail reaches the model's context on session start, each prompt and after tool calls; a stop is held once "
         "for mail that arrived during the turn.",
-        "Qwen Code's hooks cannot wake an idle session: an idle Qwen hears of mail at its next prompt. For an agent "
-        "that must wait, have it call the watch tool.",
+        "An idle session is woken when mail arrives: its waker (started by the SessionStart and Stop hooks, ended "
+        "with the session) submits the envelopes as a prompt through Qwen Code's dual-output input file "
+        "(dualOutput.inputFile, one file per process under .qwen/agent-mail/; Qwen Code reads it every 500 ms). "
+        "Qwen Code takes that setting at start: restart a session that was running.",
         ".qwen/settings.json now holds this interpreter, identity and mailbox (Qwen Code has no personal project "
         "settings file): keep it out of version control, or commit it only for a shared mailbox.",
     ],
@@ -739,7 +779,7 @@ def setup(harness: str, agent: str, directory: str | None = None, dry_run: bool 
         ]
     elif harness == "qwen":
         plans = [_plan(os.path.join(root, ".qwen", "settings.json"),
-                       lambda d: _qwen_settings(d, agent, mailbox, remove))]
+                       lambda d: _qwen_settings(d, root, agent, mailbox, remove))]
     elif harness == "copilot":
         plans = [
             _plan(os.path.join(root, ".mcp.json"), lambda d: _copilot_servers(d, root, agent, mailbox, remove)),
@@ -755,7 +795,7 @@ def setup(harness: str, agent: str, directory: str | None = None, dry_run: bool 
     result = {
         "harness": harness, "agent": agent, "mailbox": mailbox, "dir": root, "removed": remove,
         "dry_run": dry_run, "files": files,
-        "wakes_idle_session": harness == "claude-code" and not remove,
+        "wakes_idle_session": harness in ("claude-code", "codex", "qwen") and not remove,
         "token": _token_report(harness, mailbox, remove),
         "notes": [] if remove else NOTES[harness] + _remote_notes(harness, mailbox) + [
             f"A plain shell in {root} or below now uses this mailbox too: {os.path.basename(project_file['path'])} "

@@ -34,6 +34,9 @@ STOP_DECISION = {"claude-code": "block", "codex": "block", "gemini": "deny", "qw
 DEFAULT_EVENT = {"claude-code": "PostToolUse", "codex": "PostToolUse", "gemini": "AfterTool", "qwen": "PostToolUse",
                  "copilot": "postToolUse"}
 WAKES_IDLE = ("claude-code",)  # asyncRewake: the only harness whose hooks can wake an idle session
+# Harnesses whose idle session a waker of ours wakes from outside, through the harness's own primitive
+# (harness.waker: Qwen Code's dual-output input file, `codex queue`): the waiter's wait, the note delivered there.
+WAKES_FROM_OUTSIDE = ("qwen", "codex")
 QUIET = {"gemini": {}}  # Gemini CLI parses a hook's stdout as JSON: an empty object, not nothing
 
 
@@ -343,7 +346,7 @@ def _served_wait(step: Session, given: dict, wanted, seconds: float) -> dict:
     `waiter` in the answer: the older waiter this one replaced, for the client to end."""
     import time
 
-    if step.harness not in WAKES_IDLE:
+    if step.harness not in WAKES_IDLE + WAKES_FROM_OUTSIDE:
         return {}
     me = given.get("waiter")
     if not me:
