@@ -19,7 +19,7 @@ import pytest
 
 from conftest import am_process, find, process_env, until
 from fake_model import FakeModel
-from harnesses import HELD, URGENT, mail_during_the_turn, private_tmp, send_urgent_mail
+from harnesses import HELD, URGENT, WOKEN, mail_during_the_turn, private_tmp, send_urgent_mail, wakers
 
 AGENT = "proj:coder"
 
@@ -148,11 +148,13 @@ def _stop_daemon(home) -> None:
 
 
 @pytest.mark.requires("tmux")
-def test_an_interactive_codex_session_ends_with_its_exit(project):
+def test_an_interactive_codex_session_is_woken_when_idle_and_ends_with_its_exit(project):
     """Issue 20 #3: interactive `codex` (hooks trusted in its review dialog, as a user does) ran the hooks and
     the MCP server in a shared app-server daemon it started, which outlives /exit: the session stayed live
     (status sessions: 1) and the MCP server ran on. Set up by agent-mail, the session's own codex process runs
-    them: at /exit Codex's SessionEnd ends the session and nothing of it is left running."""
+    them: at /exit Codex's SessionEnd ends the session and nothing of it is left running.
+    Issue 28: idle after its turn, the session's waker is armed; mail sent from another process wakes it (`codex
+    queue`): the model gets a new request holding the envelope once, nobody having typed; the waker ends with it."""
     home = project.parent / "codex-home"
     name = f"agent-mail-codex-{os.getpid()}"
     tmux = ["tmux", "-S", str(project.parent / "tmux.sock")]
@@ -167,8 +169,11 @@ def test_an_interactive_codex_session_ends_with_its_exit(project):
         subprocess.run([*tmux, "send-keys", "-t", name, *typed], check=True)
         time.sleep(0.3)
 
+    def status() -> dict:
+        return json.loads(am_process("status", "--agent", AGENT).stdout)["agents"][0]
+
     def sessions() -> int:
-        return json.loads(am_process("status", "--agent", AGENT).stdout)["agents"][0]["sessions"]
+        return status()["sessions"]
 
     with FakeModel() as model:
         (home / "config.toml").write_text(
@@ -178,7 +183,8 @@ def test_an_interactive_codex_session_ends_with_its_exit(project):
         env = process_env(CODEX_HOME=str(home), HOME=str(home), SCRIPTED_KEY="test", TMPDIR=private_tmp(home))
         command = " ".join(["env", "-u", "AGENT_MAIL_DB"] + [f"{k}={env[k]}" for k in
                                                              ("CODEX_HOME", "HOME", "SCRIPTED_KEY", "TMPDIR",
-                                                              "PYTHONPATH", "PATH")] + [CODEX])
+                                                              "PYTHONPATH", "PATH", "AGENT_MAIL_TOKEN")
+                                                             if k in env] + [CODEX])
         subprocess.run([*tmux, "new-session", "-d", "-s", name, "-x", "200", "-y", "50", "-c", str(project), command],
                        check=True)
         try:
@@ -209,6 +215,17 @@ def test_an_interactive_codex_session_ends_with_its_exit(project):
             keys("Enter")
             wait_for(lambda: model.wait_for(_main, 0) is not None and sessions() == 1, 60,
                      "the turn did not reach the model with a live session")
+            wait_for(lambda: status()["watch_state"] == "armed" and len(wakers(project, "codex")) == 1, 30,
+                     "the idle session's waker did not arm")
+            assert status()["reachable"]
+            turns = len([r for r in model.requests if _main(r)])
+            send_urgent_mail(AGENT)
+            woken = model.wait_for(lambda r: _main(r) and URGENT in json.dumps(r["input"]), 60)
+            assert woken is not None, pane()
+            said = json.dumps(woken["input"])
+            assert said.count(URGENT) == 1 and WOKEN in said
+            assert len([r for r in model.requests if _main(r)]) == turns + 1  # nobody typed: the waker's turn
+            wait_for(lambda: "Ask Codex" in pane() or "›" in pane(), 30, "the woken turn did not end")
             root = int(subprocess.run([*tmux, "display-message", "-p", "-t", name, "#{pane_pid}"], check=True,
                                       capture_output=True, text=True).stdout)
             below = _descendants(root)  # codex, its MCP server; before the fix, the daemon it started too
@@ -217,6 +234,8 @@ def test_an_interactive_codex_session_ends_with_its_exit(project):
             # Ended by SessionEnd (a second or two); the daemon kept it for good (13 minutes seen, 40 s here).
             wait_for(lambda: sessions() == 0, 30, "the session still counts as live after /exit")
             wait_for(lambda: not _alive(below), 30, "processes of the session outlived it")
+            wait_for(lambda: not wakers(project, "codex"), 30, "the waker outlived its session")
+            assert not status()["reachable"]
         finally:
             subprocess.run([*tmux, "kill-session", "-t", name], capture_output=True)
             subprocess.run([*tmux, "kill-server"], capture_output=True)

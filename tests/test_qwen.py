@@ -18,7 +18,8 @@ import pytest
 
 from conftest import am_process, find, process_env
 from fake_model import FakeModel
-from harnesses import HELD, URGENT, Terminal, mail_during_the_turn, private_tmp, send_urgent_mail
+from harnesses import (HELD, URGENT, WOKEN, Terminal, mail_during_the_turn, private_tmp, send_urgent_mail,
+                       wakers)
 
 AGENT = "proj:coder"
 QWEN = find("qwen")
@@ -183,19 +184,6 @@ def test_a_write_of_a_reserved_file_is_refused_while_a_free_one_is_written(proje
     assert "agent-mail send --from proj:coder --to proj:holder" in said
 
 
-def _wakers(project) -> set[int]:
-    """The processes of `agent-mail hook qwen wait` started in `project` (the session's detached waker)."""
-    found = set()
-    for entry in os.listdir("/proc"):
-        try:
-            if entry.isdigit() and b"\0hook\0qwen\0wait\0" in open(f"/proc/{entry}/cmdline", "rb").read() \
-                    and os.readlink(f"/proc/{entry}/cwd") == str(project):
-                found.add(int(entry))
-        except OSError:
-            continue
-    return found
-
-
 @pytest.mark.requires("tmux")
 def test_an_idle_interactive_qwen_session_is_woken_by_mail_once_and_its_waker_ends_with_it(project):
     """Interactive `qwen` in tmux: its session is live from the start (once the person approved the workspace's
@@ -207,7 +195,7 @@ def test_an_idle_interactive_qwen_session_is_woken_by_mail_once_and_its_waker_en
         env = process_env(HOME=str(home), OPENAI_API_KEY="x", OPENAI_BASE_URL=f"{model.url}/v1",
                           OPENAI_MODEL="scripted", QWEN_USAGE_STATISTICS_ENABLED="false", TMPDIR=private_tmp(home))
         passed = [k for k in env if k.startswith(("OPENAI_", "QWEN_"))
-                  or k in ("HOME", "TMPDIR", "PYTHONPATH", "PATH")]
+                  or k in ("HOME", "TMPDIR", "PYTHONPATH", "PATH", "AGENT_MAIL_TOKEN")]
         command = shlex.join(["env", "-u", "AGENT_MAIL_DB", *(f"{k}={env[k]}" for k in passed), QWEN, "--auth-type",
                               "openai"])
         with Terminal(project.parent, f"agent-mail-qwen-{os.getpid()}", project, command) as terminal:
@@ -219,18 +207,19 @@ def test_an_idle_interactive_qwen_session_is_woken_by_mail_once_and_its_waker_en
             row = terminal.wait_for(lambda: (lambda r: r["sessions"] == 1 and r["watch_state"] == "armed" and r)(
                 _status()), 30, "the idle session's waker did not arm")
             assert row["reachable"] and "a live Qwen Code session" in row["reached_by"]
-            assert len(_wakers(project)) == 1  # one per session: the Stop's waker replaced the start's
+            # one per session: the Stop's waker replaced the start's
+            terminal.wait_for(lambda: len(wakers(project, "qwen")) == 1, 10, "two wakers for one session")
             turns = len([r for r in model.requests if _main(r)])
             send_urgent_mail(AGENT)
             woken = model.wait_for(lambda r: _main(r) and URGENT in json.dumps(r["messages"]), 30)
             assert woken is not None, terminal.screen()
             said = json.dumps(woken["messages"])
-            assert said.count(URGENT) == 1 and "new mail arrived while you were idle" in said
+            assert said.count(URGENT) == 1 and WOKEN in said
             assert len([r for r in model.requests if _main(r)]) == turns + 1  # nobody typed: the waker's turn
             terminal.wait_for(lambda: terminal.screen().count("ok from the model") >= 2, 60, "the woken turn")
             terminal.type("/quit", "Enter")
             terminal.wait_for(lambda: _status()["sessions"] == 0, 30, "the session still counts as live after /quit")
-            terminal.wait_for(lambda: not _wakers(project), 30, "the waker outlived its session")
+            terminal.wait_for(lambda: not wakers(project, "qwen"), 30, "the waker outlived its session")
     assert not _status()["reachable"]
     assert json.loads(am_process("read", AGENT, "--no-mark-read").stdout)["count"] == 1  # told, never consumed
     assert not list((project / ".qwen" / "agent-mail").glob("*.jsonl"))  # its input file went with it

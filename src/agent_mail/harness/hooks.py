@@ -346,13 +346,14 @@ def served_wait(served, harness: str, agent: str, document: dict, deliver=None, 
     """The waiter as a long request the server holds (armed there like a watch, refreshing the session), reconnecting
     across a server restart. This process watches the harness: when it dies, the session is ended through the
     server (so it stops counting as live at once) and this process exits, which ends the request. It replaces the
-    session's older waiter: a first short request names it, and it is SIGTERMed here, as without a server."""
+    session's older waiter: a first short request names it, and it is SIGTERMed here, as without a server.
+    `deliver(note)`, `pid`: as wait's (the note is delivered once the server told it)."""
     import threading
 
-    if harness not in WAKES_IDLE or not _waits_here():
+    if harness not in WAKES_IDLE + WAKES_FROM_OUTSIDE or not _waits_here():
         return errors.EXIT_OK
-    me, harness_process = _process_token(os.getpid()), harness_pid()
-    given = {"harness": harness, "event": "wait", "agent": agent, "session": _session(document, me)}
+    me, harness_process = _process_token(os.getpid()), pid or harness_pid()
+    given = {"harness": harness, "event": "wait", "agent": agent, "session": _session(document, me, harness_process)}
     done = threading.Event()
 
     def watch_harness() -> None:
