@@ -516,9 +516,10 @@ def test_setup_codex_writes_its_toml_and_hooks_and_takes_out_only_its_own(tmp_pa
     parsed = tomllib.loads(config.read_text())
     assert parsed["model"] == "o3" and parsed["mcp_servers"]["other"] == {"command": "x"}
     assert parsed["mcp_servers"]["agent-mail"]["args"][-3:] == ["mcp", "--agent", AGENT]
-    # Issue 20 #3: no shared app-server daemon (which would run the hooks and outlive /exit): each session's own
-    # codex process runs them, and ends them with SessionEnd.
-    assert parsed["features"] == {"daemon_auto_start": False}
+    # Issue 28: Codex's shared app-server takes `codex queue` at once; it outlives /exit, and ends the session (its
+    # SessionEnd) when it unloads the thread, this many seconds after the terminal left (issue 20 #3).
+    assert parsed["thread_unload_delay_secs"] == 2 and "features" not in parsed
+    assert config.read_text().startswith("# agent-mail setup: begin, top of the file")  # a root key: before tables
     hooks = json.loads((tmp_path / ".codex" / "hooks.json").read_text())["hooks"]
     # Issue 20 #3: Codex 0.171 fires SessionEnd (under `codex exec` too): the session ends when Codex says so.
     assert set(hooks) == {"SessionStart", "UserPromptSubmit", "PostToolUse", "Stop", "SessionEnd", "PreToolUse"}
@@ -532,11 +533,12 @@ def test_setup_codex_writes_its_toml_and_hooks_and_takes_out_only_its_own(tmp_pa
     assert [f["action"] for f in again["files"]] == ["unchanged", "unchanged", "unchanged"]
     assert am_process("setup", "codex", "--agent", AGENT, "--dir", str(tmp_path), "--remove").returncode == 0
     assert config.read_text() == original and not (tmp_path / ".codex" / "hooks.json").exists()
-    # The user's own [features] table is theirs: left as it is (a second one would not be TOML).
-    config.write_text(original + "\n[features]\ndaemon_auto_start = true\n")
+    # The user's own unload delay is theirs: left as it is (a second one would not be TOML).
+    config.write_text("thread_unload_delay_secs = 30\n" + original)
     assert am_process("setup", "codex", "--agent", AGENT, "--dir", str(tmp_path)).returncode == 0
-    assert tomllib.loads(config.read_text())["features"] == {"daemon_auto_start": True}
+    assert tomllib.loads(config.read_text())["thread_unload_delay_secs"] == 30
     assert am_process("setup", "codex", "--agent", AGENT, "--dir", str(tmp_path), "--remove").returncode == 0
+    assert config.read_text() == "thread_unload_delay_secs = 30\n" + original
     config.write_text(original)
     # A table of that name the user wrote is not overwritten; malformed TOML is refused. Nothing written.
     config.write_text(original + '\n[mcp_servers.agent-mail]\ncommand = "mine"\n')

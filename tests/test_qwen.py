@@ -222,4 +222,5 @@ def test_an_idle_interactive_qwen_session_is_woken_by_mail_once_and_its_waker_en
             terminal.wait_for(lambda: not wakers(project, "qwen"), 30, "the waker outlived its session")
     assert not _status()["reachable"]
     assert json.loads(am_process("read", AGENT, "--no-mark-read").stdout)["count"] == 1  # told, never consumed
-    assert not list((project / ".qwen" / "agent-mail").glob("*.jsonl"))  # its input file went with it
+    inputs = list((project / ".qwen" / "agent-mail").glob("wake-*.jsonl"))  # one per Qwen Code process
+    assert len(inputs) == 1 and inputs[0].read_text().count(URGENT) == 1

@@ -6,8 +6,8 @@ For a project directory DIR, the MCP server `agent-mail` (this interpreter runni
   DIR/.claude/settings.local.json (personal, not committed: the interpreter, identity and mailbox in `env`;
   context on SessionStart, UserPromptSubmit and PostToolUse; the stop guard and the asyncRewake waiter
   on Stop; end on SessionEnd; `mcp__agent-mail` allowed and the server enabled, so no prompt asks).
-- Codex: DIR/.codex/config.toml (the server, its tools approved, and features.daemon_auto_start = false so
-  each session runs its own hooks, between two marker lines) and
+- Codex: DIR/.codex/config.toml (the server, its tools approved, between two marker lines, and at the top
+  thread_unload_delay_secs = 2, so that Codex's shared app-server ends a session 2 s after its terminal left) and
   DIR/.codex/hooks.json (context on SessionStart, UserPromptSubmit, PostToolUse; the stop guard on Stop;
   end on SessionEnd; the idle waker, harness.waker, started on SessionStart and Stop).
 - Gemini CLI: DIR/.gemini/settings.json (the server, trusted; context on SessionStart, BeforeAgent,
@@ -54,6 +54,13 @@ from agent_mail.protocols import http_api
 HARNESSES = spec.HARNESSES
 _BEGIN = "# agent-mail setup: begin (written by `agent-mail setup codex`; `--remove` takes it out)"
 _END = "# agent-mail setup: end"
+# A root key has to come before the first table of a TOML file: ours is a block of its own at the top.
+_TOP_BEGIN = "# agent-mail setup: begin, top of the file (written by `agent-mail setup codex`; `--remove` takes it out)"
+_TOP_END = "# agent-mail setup: end, top of the file"
+# Codex unloads a thread this long after the last terminal showing it left, and fires SessionEnd then (60 s by
+# default): the session stops counting as live within about this long after /exit. An idle thread a terminal
+# still shows is not unloaded (seen with 0.171.0: 15 s idle, still loaded, with the delay at 2 s).
+UNLOAD_DELAY_SECONDS = 2
 SERVER = "agent-mail"
 WAITER_TIMEOUT_SECONDS = 3600  # above the waiter's 55-minute wait
 REWAKE_MESSAGE = "agent-mail: new mail arrived while you were idle (this is mail for you, not an error):"
@@ -498,12 +505,15 @@ def _codex_config(path: str, agent: str, mailbox: str, remove: bool) -> dict:
         raise errors.InvalidInput([(path, f"is not valid TOML ({exc}); fix it, then run setup again. Nothing was "
                                           "written.")]) from None
     lines = text.splitlines(keepends=True)
-    if _BEGIN in text and _END in text:
-        start = next(i for i, line in enumerate(lines) if line.rstrip("\n") == _BEGIN)
-        end = next(i for i, line in enumerate(lines) if line.rstrip("\n") == _END and i > start)
-        lines = lines[:start] + lines[end + 1:]
-        while lines and lines[-1].strip() == "" and start >= len(lines):
-            lines.pop()
+    for begin, end_mark in ((_BEGIN, _END), (_TOP_BEGIN, _TOP_END)):
+        if begin in text and end_mark in text:
+            start = next(i for i, line in enumerate(lines) if line.rstrip("\n") == begin)
+            end = next(i for i, line in enumerate(lines) if line.rstrip("\n") == end_mark and i > start)
+            lines = lines[:start] + lines[end + 1:]
+            while lines and lines[-1].strip() == "" and start >= len(lines):
+                lines.pop()
+            if begin == _TOP_BEGIN and start == 0 and lines and not lines[0].strip():
+                lines.pop(0)  # the blank line setup put after its top block
     kept = "".join(lines)
     if not remove:
         if SERVER in tomllib.loads(kept).get("mcp_servers", {}):
@@ -519,16 +529,15 @@ def _codex_config(path: str, agent: str, mailbox: str, remove: bool) -> dict:
                      "args = [" + ", ".join(_toml_string(a) for a in entry["args"]) + "]",
                      'default_tools_approval_mode = "approve"',  # no approval prompt per call (as Claude's allow)
                      f"env = {{ AGENT_MAIL_DB = {_toml_string(mailbox)} }}"]
-        if "features" not in tomllib.loads(kept):
-            # Interactive `codex` otherwise starts (or joins) a shared app-server daemon that runs the hooks and
-            # the MCP server for every session: the hooks' parent is then that daemon, which outlives /exit, and
-            # Codex fires no SessionEnd when the terminal client leaves (seen with 0.171.0). Without it the
-            # session's own codex process runs them and SessionEnd fires at /exit. A daemon already running is
-            # still joined (only `codex --no-daemon` avoids it).
-            block += ["[features]", "daemon_auto_start = false"]
         block.append(_END)
         kept = kept + ("\n" if kept and not kept.endswith("\n") else "") + ("\n" if kept.strip() else "")
         kept += "\n".join(block) + "\n"
+        if "thread_unload_delay_secs" not in tomllib.loads(kept):
+            # Interactive `codex` runs its sessions' hooks and MCP servers in a shared app-server daemon, which
+            # takes `codex queue` (the idle waker's, harness.waker) at once; without it a session's own process
+            # looks at its queue about every 10 s. The daemon outlives /exit: it fires SessionEnd when it unloads
+            # the thread, this long after the terminal left (60 s by default), so the session ends that soon.
+            kept = "\n".join([_TOP_BEGIN, f"thread_unload_delay_secs = {UNLOAD_DELAY_SECONDS}", _TOP_END]) + "\n\n" + kept
         try:
             tomllib.loads(kept)
         except tomllib.TOMLDecodeError as exc:
@@ -665,8 +674,10 @@ NOTES = {
         "Mail reaches the model's context on session start, each prompt and after tool calls; a stop is held once "
         "for mail that arrived during the turn.",
         "An idle session is woken when mail arrives: its waker (started by the SessionStart and Stop hooks, ended "
-        "with the session) queues the envelopes as a prompt with `codex queue`, which the session picks up within "
-        "seconds (Codex's shared app-server stays off, so /exit ends the session).",
+        "with the session) queues the envelopes as a prompt with `codex queue`, which Codex's shared app-server "
+        "starts at once. That app-server outlives /exit and ends the session 2 s after its terminal left "
+        "(thread_unload_delay_secs, set at the top of .codex/config.toml). With its automatic start turned off "
+        "(features.daemon_auto_start = false) a session still wakes, within about 10 s.",
     ],
     "gemini": [
         "Start `gemini` in this directory: the agent-mail MCP server (trusted: no confirmation per call) and hooks "

@@ -13,12 +13,12 @@ session the note through the harness's own primitive:
 
 What is handed over is the note itself (the envelopes: ids, senders, subjects; never a body), marked told in the
 same transaction that delivers it: if it cannot be delivered it was not told, and the prompt hook that runs for the
-woken prompt finds nothing new, so the session is told once. A flood folds into one wake: after a wake the waker
-stays quiet while the woken turn runs (the turn's hooks tell what lands meanwhile, and its Stop starts the next
-waker, which ends this one), re-arming by itself only if no such turn came. It ends with the harness's process
-(checked every few seconds), when the session ends (SessionEnd ends its waiter) or when a newer waker replaces it;
-stdio goes to /dev/null and it runs in a session of its own, so the hook returns at once and the harness never
-waits for it.
+woken prompt finds nothing new, so the session is told once. A flood folds into one wake: a waker wakes its session
+once and ends, as Claude Code's does; what lands during the woken turn is told by that turn's hooks (after a tool,
+or a held stop), and the turn's Stop starts the next waker. A delivery that failed told nothing and is tried again.
+A waker ends with the harness's process (checked every few seconds), when the session ends (SessionEnd ends its
+waiter) or when a newer waker replaces it; between its waits (55 minutes each) it stays armed. Stdio goes to
+/dev/null and it runs in a session of its own, so the hook returns at once and the harness never waits for it.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from agent_mail import errors, model
 from agent_mail.parts.liveness import harness_pid, host_name, pid_alive
 
 FRAME = "agent-mail: new mail arrived while you were idle (this is mail for you, not an error):"
-FOLD_SECONDS = 30.0  # after a wake, quiet this long unless the woken turn's Stop starts the next waker first
 RETRY_SECONDS = 5.0  # after a delivery that failed (nothing was told), the next try
 QWEN_WAKE_DIRECTORY = os.path.join(".qwen", "agent-mail")  # setup's inputFile lives here, one file per process
 QWEN_INPUT_FILE = "wake-${QWEN_CODE_LAUNCHER_PID}.jsonl"  # Qwen Code expands ${VAR} in its settings
@@ -62,6 +61,7 @@ def start(harness: str, agent: str, document: dict, served=None) -> int:
 
         signal.signal(signal.SIGTERM, lambda *_: os._exit(0))  # replaced, or its session ended: gone at once
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        forget(deliver)  # the input files of Qwen Code processes that are gone
         serve(harness, agent, document, served, pid, deliver)
     finally:
         os._exit(0)
@@ -77,7 +77,7 @@ def interactive(harness: str, pid: int) -> bool:
 
 
 def serve(harness: str, agent: str, document: dict, served, pid: int, deliver) -> None:
-    """Wait, wake, fold, again, while the harness process `pid` lives."""
+    """Wait until the session is woken once, while the harness process `pid` lives."""
     import time
 
     from agent_mail.harness import hooks
@@ -97,30 +97,30 @@ def serve(harness: str, agent: str, document: dict, served, pid: int, deliver) -
         except (errors.AgentMailError, OSError):
             time.sleep(RETRY_SECONDS)  # the mailbox or the delivery failed: nothing was told; try again
             continue
-        if woke:
-            fold(pid)
-        elif time.monotonic() - began < minutes * 60.0 - 5.0:
-            return  # ended before its time: superseded, or its session ended
+        if woke or time.monotonic() - began < minutes * 60.0 - 5.0:
+            return  # woken (the woken turn's Stop starts the next waker), or ended early: replaced, session over
     forget(deliver)
 
 
-def fold(pid: int) -> None:
-    """Quiet while the woken turn runs (its Stop starts the next waker, which ends this one)."""
-    import time
-
-    until = time.monotonic() + FOLD_SECONDS
-    while time.monotonic() < until and pid_alive(pid):
-        time.sleep(1.0)
-
-
 def forget(deliver) -> None:
-    """The harness is gone: the input file setup's setting made for its process goes too."""
+    """The harness is gone: the input file setup's setting made for its process goes too, and with it those of
+    other Qwen Code processes of the workspace that are gone (a session that ended left its file: its process was
+    still there when its waker ended)."""
     path = getattr(deliver, "path", None)
-    if path and os.sep + QWEN_WAKE_DIRECTORY + os.sep in path:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
+    directory = os.path.dirname(path) if path else ""
+    if not path or not directory.endswith(os.sep + QWEN_WAKE_DIRECTORY):
+        return
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        found = re.fullmatch(r"wake-(\d+)\.jsonl", name)
+        if found and not pid_alive(int(found.group(1))):
+            try:
+                os.unlink(os.path.join(directory, name))
+            except OSError:
+                pass
 
 
 # -- Qwen Code -----------------------------------------------------------------------------------------------------
