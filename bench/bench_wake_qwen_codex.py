@@ -10,9 +10,10 @@ figure is our waker's reaction plus the harness's own:
 
 - Qwen Code: the waker appends a prompt to the session's dual-output input file, which Qwen Code polls every
   500 ms: about 0.25 s on average from that alone.
-- Codex: the waker runs `codex queue`; without Codex's shared app-server (setup turns its automatic start off, so
-  that /exit ends the session) the session's own process takes queued messages up on a poll of its own, about
-  every 10 s counted from the end of its last turn: from under a second to about 10 s, 5 s on average.
+- Codex: the waker runs `codex queue`, which Codex's shared app-server (the daemon interactive `codex` starts)
+  takes at once. Without that app-server (features.daemon_auto_start = false) a session's own process looks at its
+  queue about every 10 s, counted from the end of its last turn: 0-10 s, 5 s on average (not measured here). The
+  app-server this run started is ended at the end, by the ids it recorded under the run's CODEX_HOME.
 
 "Idle" is after the turn's background work too: Qwen Code asks the model for a prompt suggestion and runs its
 memory extraction right after a turn, and a prompt submitted then waits for them (about 0.8 s more, seen).
@@ -40,11 +41,10 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 from common import table  # noqa: E402
 
 AGENT = "bench:coder"
-# How often each harness looks for what the waker handed it (Qwen Code's input file: 500 ms; Codex's queue: about
-# 10 s, counted from the end of the session's last turn, as seen with 0.171.0). A real send comes at any moment of
-# that period, so each wake waits a random part of it first: a send at a fixed moment after a turn would measure
-# one phase of the poll only (with Codex, 8.4 s every time at 1.5 s after the turn).
-PHASE = {"qwen": 0.5, "codex": 10.0}
+# How often each harness looks for what the waker handed it (Qwen Code's input file: every 500 ms; Codex's shared
+# app-server takes `codex queue` at once). A real send comes at any moment of that period, so each wake waits a
+# random part of it first (for Codex, a second at random).
+PHASE = {"qwen": 0.5, "codex": 1.0}
 BIN = os.path.join(ROOT, ".cache", "node", "node_modules", ".bin")
 
 
@@ -135,6 +135,22 @@ def _codex(tmp: str, project: str, model, env: dict) -> tuple[Tmux, callable]:
     return terminal, main
 
 
+def _stop_daemon(home: str) -> None:
+    """End the Codex app-server daemon (and its updater) this run's CODEX_HOME started, by the ids it recorded, if
+    each is still a process running from there."""
+    import signal
+
+    for name in ("daemon.pid", "daemon-updater.pid", "app-server.pid", "app-server-updater.pid"):
+        try:
+            with open(os.path.join(home, "app-server-daemon", name)) as handle:
+                pid = json.load(handle)["pid"]
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                if home.encode() in handle.read():
+                    os.kill(pid, signal.SIGTERM)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+
+
 def _setup(harness: str, project: str, env: dict) -> None:
     subprocess.run([sys.executable, "-m", "agent_mail", "setup", harness, "--agent", AGENT, "--dir", project],
                    env=env, check=True, stdout=subprocess.DEVNULL)
@@ -180,6 +196,7 @@ def wakes(harness: str, count: int) -> tuple:
                 samples.append(time.perf_counter() - sent)
         finally:
             terminal.close()
+            _stop_daemon(os.path.join(tmp, "codex-home"))
     ordered = sorted(samples)
     spread = (f"n {len(ordered)}, min {ordered[0]:.2f}, p90 {ordered[int(0.9 * (len(ordered) - 1))]:.2f}, max "
               f"{ordered[-1]:.2f}; load {load}")
