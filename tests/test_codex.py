@@ -249,7 +249,9 @@ def test_an_interactive_codex_session_is_woken_when_idle_and_ends_with_its_exit(
             said = json.dumps(woken["input"])
             assert said.count(URGENT) == 1 and WOKEN in said
             assert len([r for r in model.requests if _main(r)]) == turns + 1  # nobody typed: the waker's turn
-            wait_for(lambda: "Ask Codex" in pane() or "›" in pane(), 30, "the woken turn did not end")
+            # The woken turn's Stop started the next waker: armed again, one waker.
+            wait_for(lambda: status()["watch_state"] == "armed" and len(wakers(project, "codex")) == 1, 30,
+                     "the waker did not arm again after the woken turn")
             root = int(subprocess.run([*tmux, "display-message", "-p", "-t", name, "#{pane_pid}"], check=True,
                                       capture_output=True, text=True).stdout)
             below = {pid for pid in _descendants(root) if not _daemon(pid)}  # the terminal's codex

@@ -217,6 +217,9 @@ def test_an_idle_interactive_qwen_session_is_woken_by_mail_once_and_its_waker_en
             assert said.count(URGENT) == 1 and WOKEN in said
             assert len([r for r in model.requests if _main(r)]) == turns + 1  # nobody typed: the waker's turn
             terminal.wait_for(lambda: terminal.screen().count("ok from the model") >= 2, 60, "the woken turn")
+            # The woken turn's Stop started the next waker: armed again, one waker.
+            terminal.wait_for(lambda: _status()["watch_state"] == "armed" and len(wakers(project, "qwen")) == 1, 30,
+                              "the waker did not arm again after the woken turn")
             terminal.type("/quit", "Enter")
             terminal.wait_for(lambda: _status()["sessions"] == 0, 30, "the session still counts as live after /quit")
             terminal.wait_for(lambda: not wakers(project, "qwen"), 30, "the waker outlived its session")

@@ -218,7 +218,8 @@ def run(harness: str, event: str, agent: str | None, emit, served=None) -> int:
     if event == "wait" and harness in WAKES_FROM_OUTSIDE:  # a waker of its own, detached: the hook returns at once
         from agent_mail.harness import waker
 
-        return waker.start(harness, agent, document, served)
+        return waker.start(harness, document, lambda deliver, pid: wake_once(harness, agent, document, served,
+                                                                             deliver, pid))
 
     def emit_once(document: dict) -> None:
         emit(document)
@@ -301,7 +302,8 @@ def wait(session, minutes: float, deliver=None, harness: int | None = None) -> s
         sys.stderr.write(told + "\n")
         sys.stderr.flush()
     try:
-        found = session.mailbox.wait_armed(session.agent, minutes * 60.0, lambda: session.look(me, note, deliver or write_note),
+        found = session.mailbox.wait_armed(session.agent, minutes * 60.0,
+                                           lambda: session.look(me, note, deliver or write_note),
                                            lambda: pid_alive(harness))
     except (telling.Superseded, errors.Interrupted):
         # Replaced by a newer waiter (which SIGTERMs this one) or ended with its session: its liveness
@@ -311,6 +313,18 @@ def wait(session, minutes: float, deliver=None, harness: int | None = None) -> s
     finally:
         session.forget_waiter(me)
     return note[0] if found and note else None
+
+
+def wake_once(harness: str, agent: str, document: dict, served, deliver, pid: int) -> bool:
+    """One wait of a detached waker (harness.waker) for the harness process `pid`, on the mailbox or through a
+    server: whether it woke the session, the note handed over by `deliver`."""
+    if served is not None:
+        return served_wait(served, harness, agent, document, deliver, pid) == EXIT_WAKE
+    from agent_mail.operations import mail, telling
+
+    with mail.open_mailbox() as mailbox:
+        session = telling.Session(mailbox, harness, agent, document, pid=pid, host=_host())
+        return wait(session, model.WATCH_MINUTES_DEFAULT, deliver, pid) is not None
 
 
 # -- through an agent-mail server (AGENT_MAIL_DB=http(s)://) ------------------------------------------------------

@@ -537,7 +537,8 @@ def _codex_config(path: str, agent: str, mailbox: str, remove: bool) -> dict:
             # takes `codex queue` (the idle waker's, harness.waker) at once; without it a session's own process
             # looks at its queue about every 10 s. The daemon outlives /exit: it fires SessionEnd when it unloads
             # the thread, this long after the terminal left (60 s by default), so the session ends that soon.
-            kept = "\n".join([_TOP_BEGIN, f"thread_unload_delay_secs = {UNLOAD_DELAY_SECONDS}", _TOP_END]) + "\n\n" + kept
+            top = [_TOP_BEGIN, f"thread_unload_delay_secs = {UNLOAD_DELAY_SECONDS}", _TOP_END]
+            kept = "\n".join(top) + "\n\n" + kept
         try:
             tomllib.loads(kept)
         except tomllib.TOMLDecodeError as exc:

@@ -1,7 +1,7 @@
 """The idle wake of Qwen Code and Codex: a waker of ours, detached from the hook that starts it, which waits like
-Claude Code's asyncRewake waiter (agent_mail.harness.hooks.wait: armed, so `status` shows the session reachable;
-one per session, a newer one ending the older) and, when mail the session was not told of arrives, hands the
-session the note through the harness's own primitive:
+Claude Code's asyncRewake waiter (agent_mail.harness.hooks.wait, run by hooks.wake_once: armed, so `status` shows
+the session reachable; one per session, a newer one ending the older) and, when mail the session was not told of
+arrives, hands the session the note through the harness's own primitive:
 
 - Qwen Code: a `{"type": "submit", "text": ...}` line appended to its dual-output input file (`--input-file F`, or
   `dualOutput.inputFile` in its settings, which `agent-mail setup qwen` writes as one file per Qwen process). Qwen
@@ -28,7 +28,7 @@ import os
 import re
 
 from agent_mail import errors, model
-from agent_mail.parts.liveness import harness_pid, host_name, pid_alive
+from agent_mail.parts.liveness import harness_pid, pid_alive
 
 FRAME = "agent-mail: new mail arrived while you were idle (this is mail for you, not an error):"
 RETRY_SECONDS = 5.0  # after a delivery that failed (nothing was told), the next try
@@ -36,9 +36,10 @@ QWEN_WAKE_DIRECTORY = os.path.join(".qwen", "agent-mail")  # setup's inputFile l
 QWEN_INPUT_FILE = "wake-${QWEN_CODE_LAUNCHER_PID}.jsonl"  # Qwen Code expands ${VAR} in its settings
 
 
-def start(harness: str, agent: str, document: dict, served=None) -> int:
+def start(harness: str, document: dict, wait_once) -> int:
     """The `wait` hook of Qwen Code and Codex: start the session's waker, detached, and return at once (0). Quiet
-    when the session cannot be woken (no harness process known; Qwen Code without an input file)."""
+    when the session cannot be woken (no harness process known; Qwen Code without an input file). `wait_once(deliver,
+    pid)`: one wait of the waiter (harness.hooks), True when it woke the session."""
     pid = harness_pid()
     if pid is None or not interactive(harness, pid):
         return errors.EXIT_OK
@@ -62,7 +63,7 @@ def start(harness: str, agent: str, document: dict, served=None) -> int:
         signal.signal(signal.SIGTERM, lambda *_: os._exit(0))  # replaced, or its session ended: gone at once
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         forget(deliver)  # the input files of Qwen Code processes that are gone
-        serve(harness, agent, document, served, pid, deliver)
+        serve(wait_once, pid, deliver)
     finally:
         os._exit(0)
 
@@ -76,28 +77,18 @@ def interactive(harness: str, pid: int) -> bool:
     return not any(a in ("exec", "e", "review") for a in arguments[1:2])
 
 
-def serve(harness: str, agent: str, document: dict, served, pid: int, deliver) -> None:
+def serve(wait_once, pid: int, deliver) -> None:
     """Wait until the session is woken once, while the harness process `pid` lives."""
     import time
 
-    from agent_mail.harness import hooks
-
-    minutes = model.WATCH_MINUTES_DEFAULT
     while pid_alive(pid):
         began = time.monotonic()
         try:
-            if served is None:
-                from agent_mail.operations import mail, telling
-
-                with mail.open_mailbox() as mailbox:
-                    session = telling.Session(mailbox, harness, agent, document, pid=pid, host=host_name())
-                    woke = hooks.wait(session, minutes, deliver, pid) is not None
-            else:
-                woke = hooks.served_wait(served, harness, agent, document, deliver, pid) == hooks.EXIT_WAKE
+            woke = wait_once(deliver, pid)
         except (errors.AgentMailError, OSError):
             time.sleep(RETRY_SECONDS)  # the mailbox or the delivery failed: nothing was told; try again
             continue
-        if woke or time.monotonic() - began < minutes * 60.0 - 5.0:
+        if woke or time.monotonic() - began < model.WATCH_MINUTES_DEFAULT * 60.0 - 5.0:
             return  # woken (the woken turn's Stop starts the next waker), or ended early: replaced, session over
     forget(deliver)
 

@@ -335,9 +335,8 @@ register(Command(
             "reason": "stop: the envelopes and what to do, shown to the model as its next turn. pretool (Gemini CLI): "
             "who holds the file, why, until when, and the send that asks them."},
     modes={"wait": "Prints nothing on stdout. Claude Code: exit 2 with the note on stderr when mail arrives, 0 when "
-                   "the wait ends "
-                   "(55 minutes, a newer waiter, the harness gone, or a run nobody waits on: claude -p, the SDK). Codex, "
-                   "Qwen Code: exit 0 at once, the waker detached (none for codex exec or qwen -p)."},
+                   "the wait ends (55 minutes, a newer waiter, the harness gone, or a run nobody waits on: claude -p, "
+                   "the SDK). Codex, Qwen Code: exit 0 at once, the waker detached (none for codex exec or qwen -p)."},
     examples=("hook claude-code context --agent deploy:worker",),
 ))
 
