@@ -10,11 +10,13 @@ JSON document on stdin (session_id, hook_event_name, ...). The events:
 - stop (Stop; Gemini CLI's AfterAgent): holds the session's stop once when mail it was not told of
   arrived during the turn (the envelopes become the reason for one more turn); a second stop
   (stop_hook_active) always passes.
-- wait (Claude Code only: the others have no hook that can wake an idle session): the asyncRewake
-  waiter, armed when a turn ends. Blocks like `watch` (it counts as one for liveness) until mail the
-  session was not told of arrives, then exits 2 with the envelopes on stderr, which wakes the idle
-  session. One per session: a newer waiter ends the older, which exits 0 quietly. Never blocks a
-  non-interactive run (claude -p, the SDK), and ends when the harness process does.
+- wait: Claude Code's asyncRewake waiter, armed when a turn ends. Blocks like `watch` (it counts as one
+  for liveness) until mail the session was not told of arrives, then exits 2 with the envelopes on
+  stderr, which wakes the idle session. One per session: a newer waiter ends the older, which exits 0
+  quietly. Never blocks a non-interactive run (claude -p, the SDK), and ends when the harness process
+  does. Codex and Qwen Code (SessionStart and Stop): starts the session's waker detached and returns at
+  once (harness.waker: the same wait, run by wake_once, the envelopes handed over as a prompt through
+  the harness's own way in).
 - end: SessionEnd. The session stops counting as live; its waiter is ended.
 - pretool (Claude Code PreToolUse on Edit|Write|MultiEdit|NotebookEdit; Codex PreToolUse on apply_patch|Bash;
   Gemini CLI BeforeTool on write_file|replace): denies an edit of a file another live identity holds
