@@ -50,6 +50,24 @@ def mail_during_the_turn(is_turn, history, send):
     return script
 
 
+def wakers(project, harness: str) -> set[int]:
+    """The processes of `agent-mail hook HARNESS wait` running in `project`: the session's detached idle waker
+    (agent_mail.harness.waker), which keeps the hook's command line and directory."""
+    found = set()
+    mark = f"\0hook\0{harness}\0wait\0".encode()
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                if entry.isdigit() and mark in handle.read() and os.readlink(f"/proc/{entry}/cwd") == str(project):
+                    found.add(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+WOKEN = "new mail arrived while you were idle"  # how the waker's prompt begins
+
+
 class Terminal:
     """A harness run interactively in a tmux session of its own (its own server socket under `directory`), as a
     person runs it: keys typed, the screen read. Killed, with its server, on leaving the `with`."""

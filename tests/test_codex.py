@@ -19,7 +19,7 @@ import pytest
 
 from conftest import am_process, find, process_env, until
 from fake_model import FakeModel
-from harnesses import HELD, URGENT, mail_during_the_turn, private_tmp, send_urgent_mail
+from harnesses import HELD, URGENT, WOKEN, mail_during_the_turn, private_tmp, send_urgent_mail, wakers
 
 AGENT = "proj:coder"
 
@@ -134,6 +134,29 @@ def _alive(pids: set[int]) -> set[int]:
     return alive
 
 
+def _daemon(pid: int) -> bool:
+    """Whether `pid` is Codex's shared app-server daemon (or its updater), which outlives sessions by design."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return b"app-server" in handle.read()
+    except OSError:
+        return False
+
+
+def _agent_mail_processes(project) -> set[int]:
+    """The agent-mail processes running in `project` (a session's MCP server, its waker)."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                if entry.isdigit() and b"\0agent_mail\0" in handle.read() and \
+                        os.readlink(f"/proc/{entry}/cwd") == str(project):
+                    found.add(int(entry))
+        except OSError:
+            continue
+    return _alive(found)
+
+
 def _stop_daemon(home) -> None:
     """End a Codex app-server daemon (and its updater) that this test's CODEX_HOME started, by the ids it
     recorded, only if each is still a process running from that CODEX_HOME."""
@@ -148,11 +171,14 @@ def _stop_daemon(home) -> None:
 
 
 @pytest.mark.requires("tmux")
-def test_an_interactive_codex_session_ends_with_its_exit(project):
-    """Issue 20 #3: interactive `codex` (hooks trusted in its review dialog, as a user does) ran the hooks and
-    the MCP server in a shared app-server daemon it started, which outlives /exit: the session stayed live
-    (status sessions: 1) and the MCP server ran on. Set up by agent-mail, the session's own codex process runs
-    them: at /exit Codex's SessionEnd ends the session and nothing of it is left running."""
+def test_an_interactive_codex_session_is_woken_when_idle_and_ends_with_its_exit(project):
+    """Interactive `codex` (hooks trusted in its review dialog, as a user does) runs the hooks and the MCP server
+    in a shared app-server daemon it starts, which outlives /exit. Issue 28: idle after its turn, the session's
+    waker is armed; mail sent from another process wakes it (`codex queue`, which the daemon takes at once): the
+    model gets a new request holding the envelope once, nobody having typed. Issue 20 #3: at /exit the session
+    stops counting as live within seconds (the daemon unloads the thread thread_unload_delay_secs, set by setup
+    to 2, after the terminal left, and fires SessionEnd), and nothing of it is left running: neither the codex
+    process, nor its MCP server, nor its waker (the daemon itself is Codex's, shared, and stays)."""
     home = project.parent / "codex-home"
     name = f"agent-mail-codex-{os.getpid()}"
     tmux = ["tmux", "-S", str(project.parent / "tmux.sock")]
@@ -167,8 +193,11 @@ def test_an_interactive_codex_session_ends_with_its_exit(project):
         subprocess.run([*tmux, "send-keys", "-t", name, *typed], check=True)
         time.sleep(0.3)
 
+    def status() -> dict:
+        return json.loads(am_process("status", "--agent", AGENT).stdout)["agents"][0]
+
     def sessions() -> int:
-        return json.loads(am_process("status", "--agent", AGENT).stdout)["agents"][0]["sessions"]
+        return status()["sessions"]
 
     with FakeModel() as model:
         (home / "config.toml").write_text(
@@ -178,7 +207,8 @@ def test_an_interactive_codex_session_ends_with_its_exit(project):
         env = process_env(CODEX_HOME=str(home), HOME=str(home), SCRIPTED_KEY="test", TMPDIR=private_tmp(home))
         command = " ".join(["env", "-u", "AGENT_MAIL_DB"] + [f"{k}={env[k]}" for k in
                                                              ("CODEX_HOME", "HOME", "SCRIPTED_KEY", "TMPDIR",
-                                                              "PYTHONPATH", "PATH")] + [CODEX])
+                                                              "PYTHONPATH", "PATH", "AGENT_MAIL_TOKEN")
+                                                             if k in env] + [CODEX])
         subprocess.run([*tmux, "new-session", "-d", "-s", name, "-x", "200", "-y", "50", "-c", str(project), command],
                        check=True)
         try:
@@ -209,14 +239,32 @@ def test_an_interactive_codex_session_ends_with_its_exit(project):
             keys("Enter")
             wait_for(lambda: model.wait_for(_main, 0) is not None and sessions() == 1, 60,
                      "the turn did not reach the model with a live session")
+            wait_for(lambda: status()["watch_state"] == "armed" and len(wakers(project, "codex")) == 1, 30,
+                     "the idle session's waker did not arm")
+            assert status()["reachable"] and status()["reached_by"].startswith("woken within a second (a live Codex")
+            turns = len([r for r in model.requests if _main(r)])
+            send_urgent_mail(AGENT)
+            woken = model.wait_for(lambda r: _main(r) and URGENT in json.dumps(r["input"]), 60)
+            assert woken is not None, pane()
+            said = json.dumps(woken["input"])
+            assert said.count(URGENT) == 1 and WOKEN in said
+            assert len([r for r in model.requests if _main(r)]) == turns + 1  # nobody typed: the waker's turn
+            # The woken turn's Stop started the next waker: armed again, one waker.
+            wait_for(lambda: status()["watch_state"] == "armed" and len(wakers(project, "codex")) == 1, 30,
+                     "the waker did not arm again after the woken turn")
             root = int(subprocess.run([*tmux, "display-message", "-p", "-t", name, "#{pane_pid}"], check=True,
                                       capture_output=True, text=True).stdout)
-            below = _descendants(root)  # codex, its MCP server; before the fix, the daemon it started too
+            below = {pid for pid in _descendants(root) if not _daemon(pid)}  # the terminal's codex
+            ours = _agent_mail_processes(project)  # its MCP server and its waker, under the daemon
+            assert ours and wakers(project, "codex") <= ours
             keys("/exit")
             keys("Enter")
-            # Ended by SessionEnd (a second or two); the daemon kept it for good (13 minutes seen, 40 s here).
+            # Ended by SessionEnd when the daemon unloads the thread, 2 s after the terminal left (60 s by default).
             wait_for(lambda: sessions() == 0, 30, "the session still counts as live after /exit")
-            wait_for(lambda: not _alive(below), 30, "processes of the session outlived it")
+            until(lambda: not _alive(below | ours), 30, lambda: "processes of the session outlived it: " + "; ".join(
+                open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")[:200]
+                for pid in _alive(below | ours)), interval=0.2)
+            assert not status()["reachable"]
         finally:
             subprocess.run([*tmux, "kill-session", "-t", name], capture_output=True)
             subprocess.run([*tmux, "kill-server"], capture_output=True)

@@ -508,29 +508,35 @@ def test_setup_codex_writes_its_toml_and_hooks_and_takes_out_only_its_own(tmp_pa
     done = am_process("setup", "codex", "--agent", AGENT, "--dir", str(tmp_path))
     result = json.loads(done.stdout)
     assert [f["action"] for f in result["files"]] == ["update", "create", "create"]
-    assert result["wakes_idle_session"] is False
-    assert any("cannot wake an idle session" in note for note in result["notes"])
+    assert result["wakes_idle_session"] is True  # issue 28: its waker, through `codex queue`
+    assert any("An idle session is woken when mail arrives" in note and "codex queue" in note
+               for note in result["notes"])
     parsed = tomllib.loads(config.read_text())
     assert parsed["model"] == "o3" and parsed["mcp_servers"]["other"] == {"command": "x"}
     assert parsed["mcp_servers"]["agent-mail"]["args"][-3:] == ["mcp", "--agent", AGENT]
-    # Issue 20 #3: no shared app-server daemon (which would run the hooks and outlive /exit): each session's own
-    # codex process runs them, and ends them with SessionEnd.
-    assert parsed["features"] == {"daemon_auto_start": False}
+    # Issue 28: Codex's shared app-server takes `codex queue` at once; it outlives /exit, and ends the session (its
+    # SessionEnd) when it unloads the thread, this many seconds after the terminal left (issue 20 #3).
+    assert parsed["thread_unload_delay_secs"] == 2 and "features" not in parsed
+    assert config.read_text().startswith("# agent-mail setup: begin, top of the file")  # a root key: before tables
     hooks = json.loads((tmp_path / ".codex" / "hooks.json").read_text())["hooks"]
     # Issue 20 #3: Codex 0.171 fires SessionEnd (under `codex exec` too): the session ends when Codex says so.
     assert set(hooks) == {"SessionStart", "UserPromptSubmit", "PostToolUse", "Stop", "SessionEnd", "PreToolUse"}
     assert hooks["PreToolUse"][0]["matcher"] == "apply_patch|Bash"  # its edits (pre-tool-use.command.input)
     assert " hook codex stop " in hooks["Stop"][0]["hooks"][0]["command"] + " "
     assert " hook codex end " in hooks["SessionEnd"][0]["hooks"][0]["command"] + " "
+    # Issue 28: the session's idle waker is started at its start and after each turn.
+    for event in ("SessionStart", "Stop"):
+        assert " hook codex wait " in hooks[event][0]["hooks"][-1]["command"] + " "
     again = json.loads(am_process("setup", "codex", "--agent", AGENT, "--dir", str(tmp_path)).stdout)
     assert [f["action"] for f in again["files"]] == ["unchanged", "unchanged", "unchanged"]
     assert am_process("setup", "codex", "--agent", AGENT, "--dir", str(tmp_path), "--remove").returncode == 0
     assert config.read_text() == original and not (tmp_path / ".codex" / "hooks.json").exists()
-    # The user's own [features] table is theirs: left as it is (a second one would not be TOML).
-    config.write_text(original + "\n[features]\ndaemon_auto_start = true\n")
+    # The user's own unload delay is theirs: left as it is (a second one would not be TOML).
+    config.write_text("thread_unload_delay_secs = 30\n" + original)
     assert am_process("setup", "codex", "--agent", AGENT, "--dir", str(tmp_path)).returncode == 0
-    assert tomllib.loads(config.read_text())["features"] == {"daemon_auto_start": True}
+    assert tomllib.loads(config.read_text())["thread_unload_delay_secs"] == 30
     assert am_process("setup", "codex", "--agent", AGENT, "--dir", str(tmp_path), "--remove").returncode == 0
+    assert config.read_text() == "thread_unload_delay_secs = 30\n" + original
     config.write_text(original)
     # A table of that name the user wrote is not overwritten; malformed TOML is refused. Nothing written.
     config.write_text(original + '\n[mcp_servers.agent-mail]\ncommand = "mine"\n')
@@ -589,6 +595,10 @@ def test_setup_qwen_and_copilot_merge_into_their_files_and_remove_exactly(tmp_pa
         assert set(merged["hooks"]) == {"SessionStart", "UserPromptSubmit", "PostToolUse", "PreToolUse", "Stop",
                                         "SessionEnd"}
         assert merged["hooks"]["Stop"][0] == mine["hooks"]["Stop"][0]
+        assert " hook qwen wait " in merged["hooks"]["Stop"][1]["hooks"][-1]["command"] + " "
+        # Issue 28: the input file the session's waker wakes it through, one per Qwen Code process.
+        assert merged["dualOutput"] == {"inputFile": str(tmp_path / ".qwen" / "agent-mail" /
+                                                         "wake-${QWEN_CODE_LAUNCHER_PID}.jsonl")}
     else:
         assert list(merged["mcpServers"]) == ["other", "agent-mail"]
         assert merged["mcpServers"]["agent-mail"]["tools"] == ["*"]
@@ -600,6 +610,12 @@ def test_setup_qwen_and_copilot_merge_into_their_files_and_remove_exactly(tmp_pa
     assert am_process("setup", harness, "--agent", AGENT, "--dir", str(tmp_path), "--remove").returncode == 0
     assert json.loads(path.read_text()) == mine
     assert not (tmp_path / ".github").exists()
+    if harness == "qwen":  # an input file of the person's own is theirs: kept, and the waker writes to it
+        path.write_text(json.dumps({**mine, "dualOutput": {"inputFile": "/srv/mine.jsonl", "jsonFile": "/srv/o"}}))
+        assert am_process("setup", harness, "--agent", AGENT, "--dir", str(tmp_path)).returncode == 0
+        assert json.loads(path.read_text())["dualOutput"] == {"inputFile": "/srv/mine.jsonl", "jsonFile": "/srv/o"}
+        assert am_process("setup", harness, "--agent", AGENT, "--dir", str(tmp_path), "--remove").returncode == 0
+        assert json.loads(path.read_text())["dualOutput"] == {"inputFile": "/srv/mine.jsonl", "jsonFile": "/srv/o"}
 
 
 def test_setup_opencode_merges_into_opencode_json_writes_its_plugin_and_removes_exactly(tmp_path):

@@ -18,7 +18,8 @@ import pytest
 
 from conftest import am_process, find, process_env
 from fake_model import FakeModel
-from harnesses import HELD, URGENT, Terminal, mail_during_the_turn, private_tmp, send_urgent_mail
+from harnesses import (HELD, URGENT, WOKEN, Terminal, mail_during_the_turn, private_tmp, send_urgent_mail,
+                       wakers)
 
 AGENT = "proj:coder"
 QWEN = find("qwen")
@@ -184,16 +185,17 @@ def test_a_write_of_a_reserved_file_is_refused_while_a_free_one_is_written(proje
 
 
 @pytest.mark.requires("tmux")
-def test_an_interactive_qwen_session_is_reachable_while_idle_told_at_its_next_prompt_and_ends_with_it(project):
+def test_an_idle_interactive_qwen_session_is_woken_by_mail_once_and_its_waker_ends_with_it(project):
     """Interactive `qwen` in tmux: its session is live from the start (once the person approved the workspace's
-    MCP server, as Qwen Code asks); idle between turns it stays reachable; mail sent while it is idle is told in its
-    next prompt's request, once; after /quit the session no longer counts as live."""
+    MCP server, as Qwen Code asks); idle after a turn, its waker is armed (status: reachable, armed). Mail sent
+    from another process wakes it: the model gets a new request holding the envelope once, nobody having typed.
+    After /quit the session no longer counts as live and its waker is gone."""
     home = project.parent / "qwen-home"
     with FakeModel(lambda request: [{"type": "text", "text": "ok from the model"}]) as model:
         env = process_env(HOME=str(home), OPENAI_API_KEY="x", OPENAI_BASE_URL=f"{model.url}/v1",
                           OPENAI_MODEL="scripted", QWEN_USAGE_STATISTICS_ENABLED="false", TMPDIR=private_tmp(home))
         passed = [k for k in env if k.startswith(("OPENAI_", "QWEN_"))
-                  or k in ("HOME", "TMPDIR", "PYTHONPATH", "PATH")]
+                  or k in ("HOME", "TMPDIR", "PYTHONPATH", "PATH", "AGENT_MAIL_TOKEN")]
         command = shlex.join(["env", "-u", "AGENT_MAIL_DB", *(f"{k}={env[k]}" for k in passed), QWEN, "--auth-type",
                               "openai"])
         with Terminal(project.parent, f"agent-mail-qwen-{os.getpid()}", project, command) as terminal:
@@ -202,15 +204,26 @@ def test_an_interactive_qwen_session_is_reachable_while_idle_told_at_its_next_pr
             terminal.wait_for(lambda: "Type your message" in terminal.screen(), 60, "qwen did not reach its prompt")
             terminal.type("hello", "Enter")
             terminal.wait_for(lambda: "ok from the model" in terminal.screen(), 60, "the turn did not end")
+            row = terminal.wait_for(lambda: (lambda r: r["sessions"] == 1 and r["watch_state"] == "armed" and r)(
+                _status()), 30, "the idle session's waker did not arm")
+            assert row["reachable"] and row["reached_by"].startswith("woken within about a second (a live Qwen Code")
+            # one per session: the Stop's waker replaced the start's
+            terminal.wait_for(lambda: len(wakers(project, "qwen")) == 1, 10, "two wakers for one session")
             turns = len([r for r in model.requests if _main(r)])
-            row = terminal.wait_for(lambda: (lambda r: r["sessions"] == 1 and r)(_status()), 10, "not live")
-            assert row["reachable"] and "a live Qwen Code session" in row["reached_by"]  # idle, between turns
             send_urgent_mail(AGENT)
-            terminal.type("go on", "Enter")
-            terminal.wait_for(lambda: len([r for r in model.requests if _main(r)]) > turns, 60, "no second turn")
-            loop = [r for r in model.requests if _main(r)]
-            assert URGENT not in json.dumps(loop[turns - 1]["messages"])
-            assert json.dumps(loop[turns]["messages"]).count(URGENT) == 1
+            woken = model.wait_for(lambda r: _main(r) and URGENT in json.dumps(r["messages"]), 30)
+            assert woken is not None, terminal.screen()
+            said = json.dumps(woken["messages"])
+            assert said.count(URGENT) == 1 and WOKEN in said
+            assert len([r for r in model.requests if _main(r)]) == turns + 1  # nobody typed: the waker's turn
+            terminal.wait_for(lambda: terminal.screen().count("ok from the model") >= 2, 60, "the woken turn")
+            # The woken turn's Stop started the next waker: armed again, one waker.
+            terminal.wait_for(lambda: _status()["watch_state"] == "armed" and len(wakers(project, "qwen")) == 1, 30,
+                              "the waker did not arm again after the woken turn")
             terminal.type("/quit", "Enter")
             terminal.wait_for(lambda: _status()["sessions"] == 0, 30, "the session still counts as live after /quit")
+            terminal.wait_for(lambda: not wakers(project, "qwen"), 30, "the waker outlived its session")
+    assert not _status()["reachable"]
     assert json.loads(am_process("read", AGENT, "--no-mark-read").stdout)["count"] == 1  # told, never consumed
+    inputs = list((project / ".qwen" / "agent-mail").glob("wake-*.jsonl"))  # one per Qwen Code process
+    assert len(inputs) == 1 and inputs[0].read_text().count(URGENT) == 1

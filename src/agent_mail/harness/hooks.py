@@ -10,11 +10,13 @@ JSON document on stdin (session_id, hook_event_name, ...). The events:
 - stop (Stop; Gemini CLI's AfterAgent): holds the session's stop once when mail it was not told of
   arrived during the turn (the envelopes become the reason for one more turn); a second stop
   (stop_hook_active) always passes.
-- wait (Claude Code's asyncRewake hook; OpenCode's plugin, which starts a turn with the note: the others have
-  no hook that can wake an idle session): the waiter, armed when a turn ends. Blocks like `watch` (it counts
-  as one for liveness) until mail the session was not told of arrives, then exits 2 with the envelopes on
-  stderr, which wakes the idle session. One per session: a newer waiter ends the older, which exits 0
-  quietly. Never blocks a non-interactive run (claude -p, the SDK), and ends when the harness process does.
+- wait: the waiter, armed when a turn ends (Claude Code's asyncRewake hook; OpenCode's plugin, which starts a
+  turn with the note). Blocks like `watch` (it counts as one for liveness) until mail the session was not told
+  of arrives, then exits 2 with the envelopes on stderr, which wakes the idle session. One per session: a newer
+  waiter ends the older, which exits 0 quietly. Never blocks a non-interactive run (claude -p, the SDK), and
+  ends when the harness process does. Codex and Qwen Code (SessionStart and Stop): starts the session's waker
+  detached and returns at once (harness.waker: the same wait, run by wake_once, the envelopes handed over as a
+  prompt through the harness's own way in).
 - end: SessionEnd. The session stops counting as live; its waiter is ended.
 - pretool (Claude Code PreToolUse on Edit|Write|MultiEdit|NotebookEdit; Codex PreToolUse on apply_patch|Bash;
   Gemini CLI BeforeTool on write_file|replace; OpenCode's plugin before write, edit, multiedit, patch,
@@ -38,7 +40,7 @@ import sys
 from agent_mail import calls, errors, jsonout, model
 from agent_mail.parts.liveness import harness_pid, pid_alive
 from agent_mail.parts.liveness import host_name as _host
-from agent_mail.operations.telling import QUIET, WAKES_IDLE
+from agent_mail.operations.telling import QUIET, WAKES_FROM_OUTSIDE, WAKES_IDLE
 
 INPUT_MAX_BYTES = 4 * 1024 * 1024
 _NON_INTERACTIVE = ("sdk-cli", "sdk-ts", "sdk-py", "mcp")  # CLAUDE_CODE_ENTRYPOINT values of headless runs
@@ -218,6 +220,12 @@ def run(harness: str, event: str, agent: str | None, emit, served=None) -> int:
             emit(QUIET[harness])
         return errors.EXIT_OK
 
+    if event == "wait" and harness in WAKES_FROM_OUTSIDE:  # a waker of its own, detached: the hook returns at once
+        from agent_mail.harness import waker
+
+        return waker.start(harness, document, lambda deliver, pid: wake_once(harness, agent, document, served,
+                                                                             deliver, pid))
+
     def emit_once(document: dict) -> None:
         emit(document)
         printed.append(True)
@@ -282,23 +290,25 @@ def pretool(harness: str, agent: str, document: dict, emit, check) -> dict | Non
     return output
 
 
-def wait(session, minutes: float) -> str | None:
+def wait(session, minutes: float, deliver=None, harness: int | None = None) -> str | None:
     """Block until mail this session was not told of arrives (the note to wake it with) or until the wait ends
-    (None): timeout, a newer waiter, the harness gone, or a non-interactive run."""
+    (None): timeout, a newer waiter, the harness gone, or a non-interactive run. `deliver(note)`: how the note
+    reaches the session before it counts as told (stderr by default, asyncRewake's); `harness`: its process."""
     from agent_mail.operations import telling
 
-    if session.harness not in WAKES_IDLE or not _waits_here():
+    if session.harness not in WAKES_IDLE + WAKES_FROM_OUTSIDE or not _waits_here():
         return None
     me = _process_token(os.getpid())
     _end_waiter(session.arm(me))
-    harness = harness_pid()
+    harness = harness or harness_pid()
     note: list[str] = []
 
     def write_note(told: str) -> None:  # on stderr before the commit: if it cannot be written, it was not told
         sys.stderr.write(told + "\n")
         sys.stderr.flush()
     try:
-        found = session.mailbox.wait_armed(session.agent, minutes * 60.0, lambda: session.look(me, note, write_note),
+        found = session.mailbox.wait_armed(session.agent, minutes * 60.0,
+                                           lambda: session.look(me, note, deliver or write_note),
                                            lambda: pid_alive(harness))
     except (telling.Superseded, errors.Interrupted):
         # Replaced by a newer waiter (which SIGTERMs this one) or ended with its session: its liveness
@@ -310,6 +320,18 @@ def wait(session, minutes: float) -> str | None:
     return note[0] if found and note else None
 
 
+def wake_once(harness: str, agent: str, document: dict, served, deliver, pid: int) -> bool:
+    """One wait of a detached waker (harness.waker) for the harness process `pid`, on the mailbox or through a
+    server: whether it woke the session, the note handed over by `deliver`."""
+    if served is not None:
+        return served_wait(served, harness, agent, document, deliver, pid) == EXIT_WAKE
+    from agent_mail.operations import mail, telling
+
+    with mail.open_mailbox() as mailbox:
+        session = telling.Session(mailbox, harness, agent, document, pid=pid, host=_host())
+        return wait(session, model.WATCH_MINUTES_DEFAULT, deliver, pid) is not None
+
+
 # -- through an agent-mail server (AGENT_MAIL_DB=http(s)://) ------------------------------------------------------
 def _served(served, harness: str, event: str, agent: str, document: dict, emit) -> int:
     """The hook on this machine (its input and output, the harness's process, the files of the checkout), its
@@ -319,7 +341,7 @@ def _served(served, harness: str, event: str, agent: str, document: dict, emit) 
             agent, located, relative))
         return errors.EXIT_OK
     if event == "wait":
-        return _served_wait(served, harness, agent, document)
+        return served_wait(served, harness, agent, document)
     result = served.call("hook", {"harness": harness, "event": event, "agent": agent,
                                   "session": _session(document)})[1]
     if result.get("output") is not None:
@@ -328,9 +350,9 @@ def _served(served, harness: str, event: str, agent: str, document: dict, emit) 
     return errors.EXIT_OK
 
 
-def _session(document: dict, waiter: str | None = None) -> dict:
+def _session(document: dict, waiter: str | None = None, pid: int | None = None) -> dict:
     """The harness session as this machine knows it, for the server."""
-    found = {"session_id": document["session_id"], "pid": harness_pid(), "host": _host(),
+    found = {"session_id": document["session_id"], "pid": pid or harness_pid(), "host": _host(),
              "stop_hook_active": document.get("stop_hook_active") is True}
     if isinstance(document.get("hook_event_name"), str):
         found["hook_event_name"] = document["hook_event_name"][:200]
@@ -339,24 +361,26 @@ def _session(document: dict, waiter: str | None = None) -> dict:
     return found
 
 
-def _served_wait(served, harness: str, agent: str, document: dict) -> int:
+def served_wait(served, harness: str, agent: str, document: dict, deliver=None, pid: int | None = None) -> int:
     """The waiter as a long request the server holds (armed there like a watch, refreshing the session), reconnecting
     across a server restart. This process watches the harness: when it dies, the session is ended through the
     server (so it stops counting as live at once) and this process exits, which ends the request. It replaces the
-    session's older waiter: a first short request names it, and it is SIGTERMed here, as without a server."""
+    session's older waiter: a first short request names it, and it is SIGTERMed here, as without a server.
+    `deliver(note)`, `pid`: as wait's (the note is delivered once the server told it)."""
     import threading
 
-    if harness not in WAKES_IDLE or not _waits_here():
+    if harness not in WAKES_IDLE + WAKES_FROM_OUTSIDE or not _waits_here():
         return errors.EXIT_OK
-    me, harness_process = _process_token(os.getpid()), harness_pid()
-    given = {"harness": harness, "event": "wait", "agent": agent, "session": _session(document, me)}
+    me, harness_process = _process_token(os.getpid()), pid or harness_pid()
+    given = {"harness": harness, "event": "wait", "agent": agent, "session": _session(document, me, harness_process)}
     done = threading.Event()
 
     def watch_harness() -> None:
         while not done.wait(1.0):
             if harness_process is not None and not pid_alive(harness_process):
                 try:
-                    served.call("hook", {**given, "event": "end", "session": _session(document)}, timeout=10.0)
+                    served.call("hook", {**given, "event": "end", "session": _session(document, None, harness_process)},
+                                timeout=10.0)
                 except errors.AgentMailError:
                     pass  # the session stops counting by itself once it stops showing signs of life
                 os._exit(errors.EXIT_OK)
@@ -373,6 +397,9 @@ def _served_wait(served, harness: str, agent: str, document: dict) -> int:
         done.set()
     if not result or not result.get("wake"):
         return errors.EXIT_OK
+    if deliver is not None:
+        deliver(result["note"])
+        return EXIT_WAKE
     sys.stderr.write(result["note"] + "\n")
     sys.stderr.flush()
     return EXIT_WAKE

@@ -6,15 +6,16 @@ For a project directory DIR, the MCP server `agent-mail` (this interpreter runni
   DIR/.claude/settings.local.json (personal, not committed: the interpreter, identity and mailbox in `env`;
   context on SessionStart, UserPromptSubmit and PostToolUse; the stop guard and the asyncRewake waiter
   on Stop; end on SessionEnd; `mcp__agent-mail` allowed and the server enabled, so no prompt asks).
-- Codex: DIR/.codex/config.toml (the server, its tools approved, and features.daemon_auto_start = false so
-  each session runs its own hooks, between two marker lines) and
+- Codex: DIR/.codex/config.toml (the server, its tools approved, between two marker lines, and at the top
+  thread_unload_delay_secs = 2, so that Codex's shared app-server ends a session 2 s after its terminal left) and
   DIR/.codex/hooks.json (context on SessionStart, UserPromptSubmit, PostToolUse; the stop guard on Stop;
-  end on SessionEnd).
+  end on SessionEnd; the idle waker, harness.waker, started on SessionStart and Stop).
 - Gemini CLI: DIR/.gemini/settings.json (the server, trusted; context on SessionStart, BeforeAgent,
   AfterTool; the stop guard on AfterAgent; end on SessionEnd).
 - Qwen Code: DIR/.qwen/settings.json (the server, trusted, its main tools listed in tools.visible so the model
   sees them without Qwen's deferred-tool bridge; context on SessionStart, UserPromptSubmit, PostToolUse; the stop
-  guard on Stop; end on SessionEnd). Claude Code's hook forms; timeouts in seconds.
+  guard on Stop; end on SessionEnd; the idle waker, harness.waker, started on SessionStart and Stop, and
+  dualOutput.inputFile, the file it wakes the session through). Claude Code's hook forms; timeouts in seconds.
 - Copilot CLI: DIR/.github/hooks/agent-mail.json (a hooks file of its own: context on sessionStart,
   userPromptSubmitted, postToolUse; the stop guard on agentStop; end on sessionEnd) and the server in DIR/.mcp.json
   (`type: stdio`, all its tools).
@@ -57,6 +58,13 @@ from agent_mail.protocols import http_api
 HARNESSES = spec.HARNESSES
 _BEGIN = "# agent-mail setup: begin (written by `agent-mail setup codex`; `--remove` takes it out)"
 _END = "# agent-mail setup: end"
+# A root key has to come before the first table of a TOML file: ours is a block of its own at the top.
+_TOP_BEGIN = "# agent-mail setup: begin, top of the file (written by `agent-mail setup codex`; `--remove` takes it out)"
+_TOP_END = "# agent-mail setup: end, top of the file"
+# Codex unloads a thread this long after the last terminal showing it left, and fires SessionEnd then (60 s by
+# default): the session stops counting as live within about this long after /exit. An idle thread a terminal
+# still shows is not unloaded (seen with 0.171.0: 15 s idle, still loaded, with the delay at 2 s).
+UNLOAD_DELAY_SECONDS = 2
 SERVER = "agent-mail"
 WAITER_TIMEOUT_SECONDS = 3600  # above the waiter's 55-minute wait
 REWAKE_MESSAGE = "agent-mail: new mail arrived while you were idle (this is mail for you, not an error):"
@@ -207,11 +215,12 @@ def _hook_entries(harness: str, agent: str, mailbox: str) -> dict[str, list[dict
         }
     if harness == "qwen":
         return {
-            "SessionStart": [{"hooks": [hook("context")]}],
+            # wait: the session's waker (harness.waker), started detached at the start and after each turn
+            "SessionStart": [{"hooks": [hook("context"), hook("wait")]}],
             "UserPromptSubmit": [{"hooks": [hook("context")]}],
             "PostToolUse": [{"matcher": "*", "hooks": [hook("context")]}],
             "PreToolUse": [{"matcher": "write_file|edit", "hooks": [hook("pretool")]}],
-            "Stop": [{"hooks": [hook("stop")]}],
+            "Stop": [{"hooks": [hook("stop"), hook("wait")]}],
             "SessionEnd": [{"hooks": [hook("end")]}],
         }
 
@@ -242,6 +251,9 @@ def _hook_entries(harness: str, agent: str, mailbox: str) -> dict[str, list[dict
         entries["Stop"][0]["hooks"].append(hook("wait", asyncRewake=True, timeout=WAITER_TIMEOUT_SECONDS,
                                                 rewakeMessage=REWAKE_MESSAGE, rewakeSummary=f"agent-mail: new mail "
                                                 f"for {agent}"))
+    else:  # Codex: the session's waker (harness.waker), started detached at the start and after each turn
+        entries["SessionStart"][0]["hooks"].append(hook("wait"))
+        entries["Stop"][0]["hooks"].append(hook("wait"))
     # Codex 0.171 fires SessionEnd too (its session-end.command.input schema; seen under `codex exec`).
     entries["SessionEnd"] = [{"hooks": [hook("end")]}]
     return entries
@@ -352,8 +364,40 @@ QWEN_VISIBLE = tuple(f"mcp__{SERVER}__{name}" for name in ("read", "send", "ack"
                                                               "release", "reservations"))
 
 
-def _qwen_settings(document: dict, agent: str, mailbox: str, remove: bool) -> dict:
+def _qwen_input_file(root: str) -> str:
+    """dualOutput.inputFile as setup writes it: one file per Qwen Code process (Qwen Code expands the variable),
+    which the session's waker appends a prompt to (harness.waker)."""
+    from agent_mail.harness import waker
+
+    return os.path.join(root, waker.QWEN_WAKE_DIRECTORY, waker.QWEN_INPUT_FILE)
+
+
+def _qwen_dual_output(document: dict, root: str, remove: bool) -> dict:
+    """dualOutput.inputFile: ours set (or taken out); an input file of the person's own is kept (the waker then
+    writes to it)."""
+    dual = document.get("dualOutput", {})
+    if not isinstance(dual, dict):
+        raise errors.InvalidInput([("dualOutput", "in the settings is not an object; fix it, then run setup "
+                                                  "again.")])
+    dual = dict(dual)
+    theirs = dual.get("inputFile")
+    ours = isinstance(theirs, str) and theirs.endswith(os.path.basename(_qwen_input_file(root))) and \
+        os.sep + os.path.join(".qwen", "agent-mail") + os.sep in theirs
+    if theirs is None or ours:
+        dual.pop("inputFile", None)
+        if not remove:
+            dual["inputFile"] = _qwen_input_file(root)
+    document = dict(document)
+    if dual:
+        document["dualOutput"] = dual
+    else:
+        document.pop("dualOutput", None)
+    return document
+
+
+def _qwen_settings(document: dict, root: str, agent: str, mailbox: str, remove: bool) -> dict:
     document = _hooks_merged(_servers(document, agent, mailbox, remove, trust=True), "qwen", agent, mailbox, remove)
+    document = _qwen_dual_output(document, root, remove)
     tools = document.get("tools", {})
     if not isinstance(tools, dict):
         raise errors.InvalidInput([("tools", "in the settings is not an object; fix it, then run setup again.")])
@@ -465,12 +509,15 @@ def _codex_config(path: str, agent: str, mailbox: str, remove: bool) -> dict:
         raise errors.InvalidInput([(path, f"is not valid TOML ({exc}); fix it, then run setup again. Nothing was "
                                           "written.")]) from None
     lines = text.splitlines(keepends=True)
-    if _BEGIN in text and _END in text:
-        start = next(i for i, line in enumerate(lines) if line.rstrip("\n") == _BEGIN)
-        end = next(i for i, line in enumerate(lines) if line.rstrip("\n") == _END and i > start)
-        lines = lines[:start] + lines[end + 1:]
-        while lines and lines[-1].strip() == "" and start >= len(lines):
-            lines.pop()
+    for begin, end_mark in ((_BEGIN, _END), (_TOP_BEGIN, _TOP_END)):
+        if begin in text and end_mark in text:
+            start = next(i for i, line in enumerate(lines) if line.rstrip("\n") == begin)
+            end = next(i for i, line in enumerate(lines) if line.rstrip("\n") == end_mark and i > start)
+            lines = lines[:start] + lines[end + 1:]
+            while lines and lines[-1].strip() == "" and start >= len(lines):
+                lines.pop()
+            if begin == _TOP_BEGIN and start == 0 and lines and not lines[0].strip():
+                lines.pop(0)  # the blank line setup put after its top block
     kept = "".join(lines)
     if not remove:
         if SERVER in tomllib.loads(kept).get("mcp_servers", {}):
@@ -486,16 +533,16 @@ def _codex_config(path: str, agent: str, mailbox: str, remove: bool) -> dict:
                      "args = [" + ", ".join(_toml_string(a) for a in entry["args"]) + "]",
                      'default_tools_approval_mode = "approve"',  # no approval prompt per call (as Claude's allow)
                      f"env = {{ AGENT_MAIL_DB = {_toml_string(mailbox)} }}"]
-        if "features" not in tomllib.loads(kept):
-            # Interactive `codex` otherwise starts (or joins) a shared app-server daemon that runs the hooks and
-            # the MCP server for every session: the hooks' parent is then that daemon, which outlives /exit, and
-            # Codex fires no SessionEnd when the terminal client leaves (seen with 0.171.0). Without it the
-            # session's own codex process runs them and SessionEnd fires at /exit. A daemon already running is
-            # still joined (only `codex --no-daemon` avoids it).
-            block += ["[features]", "daemon_auto_start = false"]
         block.append(_END)
         kept = kept + ("\n" if kept and not kept.endswith("\n") else "") + ("\n" if kept.strip() else "")
         kept += "\n".join(block) + "\n"
+        if "thread_unload_delay_secs" not in tomllib.loads(kept):
+            # Interactive `codex` runs its sessions' hooks and MCP servers in a shared app-server daemon, which
+            # takes `codex queue` (the idle waker's, harness.waker) at once; without it a session's own process
+            # looks at its queue about every 10 s. The daemon outlives /exit: it fires SessionEnd when it unloads
+            # the thread, this long after the terminal left (60 s by default), so the session ends that soon.
+            top = [_TOP_BEGIN, f"thread_unload_delay_secs = {UNLOAD_DELAY_SECONDS}", _TOP_END]
+            kept = "\n".join(top) + "\n\n" + kept
         try:
             tomllib.loads(kept)
         except tomllib.TOMLDecodeError as exc:
@@ -632,8 +679,11 @@ NOTES = {
         "project's .codex/ once the project is trusted, and asks you to review new hooks before they run).",
         "Mail reaches the model's context on session start, each prompt and after tool calls; a stop is held once "
         "for mail that arrived during the turn.",
-        "Codex cannot wake an idle session (its hooks have no asyncRewake): an idle Codex hears of mail at its "
-        "next prompt. For an agent that must wait, have it call the watch tool.",
+        "An idle session is woken when mail arrives: its waker (started by the SessionStart and Stop hooks, ended "
+        "with the session) queues the envelopes as a prompt with `codex queue`, which Codex's shared app-server "
+        "starts at once. That app-server outlives /exit and ends the session 2 s after its terminal left "
+        "(thread_unload_delay_secs, set at the top of .codex/config.toml). With its automatic start turned off "
+        "(features.daemon_auto_start = false) a session still wakes, within about 10 s.",
     ],
     "gemini": [
         "Start `gemini` in this directory: the agent-mail MCP server (trusted: no confirmation per call) and hooks "
@@ -653,8 +703,10 @@ NOTES = {
         "does not answer that for you.",
         "Mail reaches the model's context on session start, each prompt and after tool calls; a stop is held once "
         "for mail that arrived during the turn.",
-        "Qwen Code's hooks cannot wake an idle session: an idle Qwen hears of mail at its next prompt. For an agent "
-        "that must wait, have it call the watch tool.",
+        "An idle session is woken when mail arrives: its waker (started by the SessionStart and Stop hooks, ended "
+        "with the session) submits the envelopes as a prompt through Qwen Code's dual-output input file "
+        "(dualOutput.inputFile, one file per process under .qwen/agent-mail/; Qwen Code reads it every 500 ms). "
+        "Qwen Code takes that setting at start: restart a session that was running.",
         ".qwen/settings.json now holds this interpreter, identity and mailbox (Qwen Code has no personal project "
         "settings file): keep it out of version control, or commit it only for a shared mailbox.",
     ],
@@ -773,7 +825,7 @@ def setup(harness: str, agent: str, directory: str | None = None, dry_run: bool 
         ]
     elif harness == "qwen":
         plans = [_plan(os.path.join(root, ".qwen", "settings.json"),
-                       lambda d: _qwen_settings(d, agent, mailbox, remove))]
+                       lambda d: _qwen_settings(d, root, agent, mailbox, remove))]
     elif harness == "copilot":
         plans = [
             _plan(os.path.join(root, ".mcp.json"), lambda d: _copilot_servers(d, root, agent, mailbox, remove)),
@@ -791,7 +843,7 @@ def setup(harness: str, agent: str, directory: str | None = None, dry_run: bool 
     result = {
         "harness": harness, "agent": agent, "mailbox": mailbox, "dir": root, "removed": remove,
         "dry_run": dry_run, "files": files,
-        "wakes_idle_session": harness in ("claude-code", "opencode") and not remove,
+        "wakes_idle_session": harness in ("claude-code", "opencode", "codex", "qwen") and not remove,
         "token": _token_report(harness, mailbox, remove),
         "notes": [] if remove else NOTES[harness] + _remote_notes(harness, mailbox) + [
             f"A plain shell in {root} or below now uses this mailbox too: {os.path.basename(project_file['path'])} "

@@ -37,6 +37,9 @@ DEFAULT_EVENT = {"claude-code": "PostToolUse", "codex": "PostToolUse", "gemini":
 # The harnesses whose idle session a waiter wakes: Claude Code's asyncRewake hook; OpenCode's plugin, which starts a
 # turn with the waiter's note (agent_mail.harness.opencode).
 WAKES_IDLE = ("claude-code", "opencode")
+# Harnesses whose idle session a waker of ours wakes from outside, through the harness's own primitive
+# (harness.waker: Qwen Code's dual-output input file, `codex queue`): the waiter's wait, the note delivered there.
+WAKES_FROM_OUTSIDE = ("qwen", "codex")
 QUIET = {"gemini": {}}  # Gemini CLI parses a hook's stdout as JSON: an empty object, not nothing
 
 
@@ -348,7 +351,7 @@ def _served_wait(step: Session, given: dict, wanted, seconds: float) -> dict:
     `waiter` in the answer: the older waiter this one replaced, for the client to end."""
     import time
 
-    if step.harness not in WAKES_IDLE:
+    if step.harness not in WAKES_IDLE + WAKES_FROM_OUTSIDE:
         return {}
     me = given.get("waiter")
     if not me:

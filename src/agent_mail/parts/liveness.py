@@ -19,20 +19,24 @@ if TYPE_CHECKING:
 _NEVER = {"armed_seen": None, "released_at": None, "session_seen": None, "heartbeat": None, "sessions": 0}
 
 # How a live harness session hears of new mail, in words that start with how soon: "woken now" (its idle
-# session is started by a waiter: Claude Code's asyncRewake hook), "woken within ..." (the harness's own primitive
-# is slower), "told at its next ..." (no waiter: the model is told when the session next runs a hook), "not
-# listening" (nothing will tell it). WOKEN: a live session whose waiter is armed (hooks.py, operations.telling);
+# session is started by a waiter: Claude Code's asyncRewake hook, OpenCode's plugin), "woken within ..." (a
+# waker hands the envelopes over through the harness's own primitive, which is slower: `codex queue`, Qwen
+# Code's input file), "told at its next ..." (no waiter: the model is told when the session next runs a hook),
+# "not listening" (nothing will tell it). WOKEN: a live session whose waiter is armed (hooks.py, operations.telling);
 # TOLD: a live session without one (at work, or a harness that cannot be woken while idle).
 WOKEN = {
     "claude-code": "woken now (a live Claude Code session, idle: its asyncRewake waiter starts a turn)",
     "opencode": "woken now (a live OpenCode session, idle: its agent-mail plugin's waiter starts a turn)",
+    "codex": "woken within a second (a live Codex session, idle: its waker queues the envelopes, `codex queue`)",
+    "qwen": "woken within about a second (a live Qwen Code session, idle: its waker hands the envelopes to Qwen "
+            "Code's input file, which it reads every 0.5 s)",
 }
 TOLD = {
     "claude-code": "told at its next tool call or stop (a live Claude Code session, at work; woken when idle)",
-    "codex": "told at its next prompt or tool call (a live Codex session)",
+    "codex": "told at its next prompt or tool call (a live Codex session, at work; woken when idle)",
     "gemini": "told at its next prompt or tool call (a live Gemini CLI session, which cannot be woken while idle: "
               "`agent-mail run -- gemini` can)",
-    "qwen": "told at its next prompt or tool call (a live Qwen Code session)",
+    "qwen": "told at its next prompt or tool call (a live Qwen Code session, at work; woken when idle)",
     "copilot": "told at its next prompt or tool call (a live Copilot CLI session, which cannot be woken while idle: "
                "`agent-mail run -- copilot` can)",
     "opencode": "told at its next prompt or tool call (a live OpenCode session, at work; woken when idle)",
@@ -47,7 +51,7 @@ def _soonest(ways: list[str]) -> str | None:
     """The words of the soonest of a live identity's harness sessions (harnesses_of's entries), or None."""
     words = [WOKEN[w[:-len(WAITING)]] for w in ways if w.endswith(WAITING) and w[:-len(WAITING)] in WOKEN]
     words += [TOLD[w.removesuffix(WAITING)] for w in ways if w.removesuffix(WAITING) in TOLD]
-    order = ("woken now", "woken within a second", "woken within seconds", "told")
+    order = ("woken now", "woken within a second", "woken within about a second", "woken within seconds", "told")
     return min(words, key=lambda w: next((i for i, o in enumerate(order) if w.startswith(o)), len(order)),
                default=None)
 

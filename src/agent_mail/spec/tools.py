@@ -308,7 +308,9 @@ register(Command(
     "context, quiet when nothing is new, marking nothing read. stop: holds the stop once when mail the "
     "session was not told of arrived. wait: the idle waiter (Claude Code's asyncRewake hook; OpenCode's plugin, which "
     "starts a turn with its note), blocking like watch "
-    "until such mail arrives, then exit 2 with the envelopes on stderr (wakes an idle session). end: the "
+    "until such mail arrives, then exit 2 with the envelopes on stderr (wakes an idle session); for Codex and Qwen "
+    "Code it starts the session's waker detached and returns at once: the waker waits the same way and hands the "
+    "envelopes to the session as a prompt (`codex queue`; Qwen Code's dual-output input file). end: the "
     "session ended. pretool (Claude Code, Codex and Qwen Code PreToolUse, Gemini CLI BeforeTool, Copilot CLI "
     "preToolUse, OpenCode's plugin before write, edit, multiedit, patch and apply_patch): denies "
     "an edit of a file another live identity holds exclusively, saying who holds it, why, until when and the send "
@@ -334,8 +336,9 @@ register(Command(
             "BeforeTool): \"deny\" when the edit is refused.",
             "reason": "stop: the envelopes and what to do, shown to the model as its next turn. pretool (Gemini CLI): "
             "who holds the file, why, until when, and the send that asks them."},
-    modes={"wait": "Prints nothing on stdout; exit 2 with the note on stderr when mail arrives, 0 when the wait ends "
-                   "(55 minutes, a newer waiter, the harness gone, or a run nobody waits on: claude -p, the SDK)."},
+    modes={"wait": "Prints nothing on stdout. Claude Code: exit 2 with the note on stderr when mail arrives, 0 when "
+                   "the wait ends (55 minutes, a newer waiter, the harness gone, or a run nobody waits on: claude -p, "
+                   "the SDK). Codex, Qwen Code: exit 0 at once, the waker detached (none for codex exec or qwen -p)."},
     examples=("hook claude-code context --agent deploy:worker",),
 ))
 
@@ -343,8 +346,8 @@ register(Command(
 register(Command(
     name="setup",
     summary="Connect a harness to this mailbox in one step: its hooks (mail in the model's context, a stop held "
-    "once for mail that arrived, and for Claude Code and OpenCode an idle session woken when mail arrives) and the "
-    "agent-mail "
+    "once for mail that arrived, and for Claude Code, OpenCode, Codex and Qwen Code an idle session woken when mail "
+    "arrives) and the agent-mail "
     "MCP server, already allowed. Merges into existing settings (nothing else touched), idempotent, atomic; --dry-run "
     "shows the diff, --remove takes out only what it added. Records the identity and the mailbox resolved now, "
     "after checking that the mailbox can be opened (it creates nothing there); for Claude Code the personal values "
