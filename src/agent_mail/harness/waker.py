@@ -7,9 +7,10 @@ arrives, hands the session the note through the harness's own primitive:
   `dualOutput.inputFile` in its settings, which `agent-mail setup qwen` writes as one file per Qwen process). Qwen
   Code polls the file every 500 ms and submits the line as a prompt when idle (queued until then when busy).
 - Codex: `codex queue --thread SESSION_ID --message TEXT` (the same binary as the session's), which queues a user
-  message that starts a turn when the thread is idle. Without Codex's shared app-server (setup turns its automatic
-  start off, so that `/exit` ends a session and liveness tells the truth) the session's own process picks the queue
-  up within seconds.
+  message that starts a turn when the thread is idle. Codex's shared app-server takes it at once (about 0.3 s); a
+  session's own process, without the app-server, looks at its queue only every ~10 s. So `setup codex` keeps the
+  app-server and sets `thread_unload_delay_secs = 2`: the app-server fires SessionEnd 2 s after the terminal left,
+  and a session that `/exit`ed stops counting as live about 2.5 s later.
 
 What is handed over is the note itself (the envelopes: ids, senders, subjects; never a body), marked told in the
 same transaction that delivers it: if it cannot be delivered it was not told, and the prompt hook that runs for the
