@@ -90,6 +90,12 @@ class _Carrier:
             self.waits = ServedWaits(self.location, self.pool, self.limiter, mail.Mailbox, self.instance)
         else:
             self.limiter = anyio.CapacityLimiter(MAX_THREADS)
+            if _pipes_here():  # the waits on the event loop, woken by the mailbox's wake-up pipes (issue 27)
+                from agent_mail.operations import mail
+                from agent_mail.store.pool import StorePool
+
+                self.waits = ServedWaits(self.location, StorePool(self.location, POOL_SIZE),
+                                         anyio.CapacityLimiter(POOL_SIZE), mail.Mailbox, self.instance)
 
     def store(self, own: bool = False):
         """A context manager giving a store for one call (`own`: a connection of its own, outside the pool, for a
@@ -119,8 +125,16 @@ class _Carrier:
     def close(self) -> None:
         if self.waits is not None:
             self.waits.close()
+            if self.pool is None:
+                self.waits.pool.close()
         if self.pool is not None:
             self.pool.close()
+
+
+def _pipes_here() -> bool:
+    """Whether a SQLite mailbox's waits can be woken by its wake-up pipes here (not where AGENT_MAIL_POLL asks for
+    polling, nor on a system without named pipes): else each blocks in a thread of its own, as before."""
+    return hasattr(os, "mkfifo") and not os.environ.get("AGENT_MAIL_POLL")
 
 
 # The calls whose waits the server's LISTEN connection carries (PostgreSQL). A hook's waiter blocks in a thread on

@@ -187,11 +187,20 @@ class ServedWaits:
         async with self._starting:
             if self.hub is not None:
                 return
-            from agent_mail.server.edge import log
-            from agent_mail.store.postgres_hub import Hub
+            from agent_mail.store import backend_name
 
-            hub = Hub(self.location, self.instance, self._woken_from_hub, self._released_from_hub, log)
-            await anyio.to_thread.run_sync(hub.start)
+            if backend_name(self.location) == "sqlite":  # the wake-up pipes, watched on this loop (no thread)
+                from agent_mail.store.sqlite_bells import BellHub
+
+                path = await self.db(lambda store: store.path)
+                hub = BellHub(path, self.instance, self._woken_from_hub, self._loop)
+                hub.start()
+            else:
+                from agent_mail.server.edge import log
+                from agent_mail.store.postgres_hub import Hub
+
+                hub = Hub(self.location, self.instance, self._woken_from_hub, self._released_from_hub, log)
+                await anyio.to_thread.run_sync(hub.start)
             self.hub = hub
             self._keeper = asyncio.get_running_loop().create_task(self._keep())
 
@@ -277,7 +286,7 @@ class ServedWaits:
             # times over when a broadcast ends every wait at once); it only waits, so it has nothing to raise.
             watching = asyncio.get_running_loop().create_task(hung_up())
             try:
-                found = await self._until_mail(waiter, seconds, grant, since, gone)
+                found = await self._until_mail(waiter, seconds, grant, since, gone, session)
             finally:
                 watching.cancel()
             if waiter.released:  # by its client's stop call, in the database: nothing more to write
@@ -354,15 +363,21 @@ class ServedWaits:
                 store.open_session(session, agent, now)
         return [None] * len(items)
 
-    def _look_all(self, store, items: list[tuple[str, bool, dict | None]]) -> list:
+    def _look_all(self, store, items: list[tuple[str, bool, dict | None, str | None]]) -> list:
         """Look for each (agent, publish due mail first, the grant whose token is to be asked about first, or
-        None): (envelopes, seconds until the next due) each, or errors.Forbidden where that token was revoked
-        (asked once per token)."""
+        None, the session to ask about first, or None): (envelopes, seconds until the next due) each, or
+        errors.Forbidden where that token was revoked (asked once per token), or (None, None) where that session was
+        released (by its client's stop call: where the hub does not say so itself)."""
         from agent_mail.operations import tokens
         from agent_mail.parts.waits import Waits
 
+        released = set()
+        if any(session is not None for _, _, _, session in items):
+            with store.transaction():
+                released = {session for _, _, _, session in items
+                            if session is not None and store.session_state(session) == "released"}
         refused: dict[str, Exception | None] = {}
-        for _, _, grant in items:
+        for _, _, grant, _ in items:
             if grant is not None and grant["id"] not in refused:
                 try:
                     tokens.still_valid(store, grant)
@@ -370,12 +385,12 @@ class ServedWaits:
                 except errors.Forbidden as exc:
                     refused[grant["id"]] = exc
         waits = Waits(self.mailbox_for(store))
-        if any(publish for _, publish, _ in items):
+        if any(publish for _, publish, _, _ in items):
             waits.mailbox.publish_due()
-        looking = [agent for agent, _, grant in items if grant is None or refused[grant["id"]] is None]
+        looking = [agent for agent, _, grant, _ in items if grant is None or refused[grant["id"]] is None]
         found = waits.looks(list(dict.fromkeys(looking)))
-        return [refused[grant["id"]] if grant is not None and refused[grant["id"]] is not None else found[agent]
-                for agent, _, grant in items]
+        return [refused[grant["id"]] if grant is not None and refused[grant["id"]] is not None else
+                (None, None) if session in released else found[agent] for agent, _, grant, session in items]
 
     @staticmethod
     def _release_all(store, items: list[tuple[str, str, str, list | None]]) -> None:
@@ -444,12 +459,13 @@ class ServedWaits:
         except errors.AgentMailError:
             self._unreleased.add(session)
 
-    async def _until_mail(self, waiter: _Waiter, seconds: float, grant: dict, since: int, gone: anyio.Event):
+    async def _until_mail(self, waiter: _Waiter, seconds: float, grant: dict, since: int, gone: anyio.Event,
+                          session: str):
         """The loop of Waits.wait_for_mail, awaiting instead of blocking: the envelopes found, [] at the deadline,
         None when the client is gone."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds
-        look_now, publish, due_at = True, False, None
+        look_now, publish, due_at = "first", False, None
         while True:
             if self.stopping:
                 raise Stopping()
@@ -461,11 +477,16 @@ class ServedWaits:
                 if token in self._revoked:
                     raise self._revoked[token]
                 ask = max(since, self._valid.get(token, -1)) < generation
+                asked = session if look_now is True and not getattr(self.hub, "announces_releases", True) \
+                    else None  # woken: was its session released by its client's stop call? (SQLite)
                 try:
-                    found, until_due = await self._looks.do((waiter.agent, publish, grant if ask else None))
+                    found, until_due = await self._looks.do((waiter.agent, publish, grant if ask else None, asked))
                 except errors.Forbidden as refused:
                     self._revoked[token] = refused
                     raise
+                if found is None:  # released
+                    waiter.released = True
+                    return None
                 if ask:
                     self._valid[token] = max(self._valid.get(token, -1), generation)
                 if found:

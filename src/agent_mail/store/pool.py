@@ -31,7 +31,7 @@ class StorePool:
             with self._lock:
                 store = self._idle.pop() if self._idle else None
             if store is None:
-                store = open_store(self.location)
+                store = open_store(self.location, any_thread=True)
             try:
                 yield store
             except BaseException:
