@@ -676,8 +676,14 @@ def app_for(location: str) -> Starlette:
     async def described(request: Request) -> Response:
         return _document(openapi.document(__version__), 200, errors.EXIT_OK)
 
-    mcp = _mcp_endpoint(location)  # MCP over streamable HTTP (agent_mail.server.mcp_http), its session manager run by
-    return Starlette(routes=[Route(http_api.call_path("{command}"), call, methods=["POST"]),  # the app's lifespan
+    def waits():
+        carrier.ready()
+        return carrier.waits
+
+    # MCP over streamable HTTP (agent_mail.server.mcp_http), its session manager run by the app's lifespan; its
+    # blocked watches on the same waits as the API's.
+    mcp = _mcp_endpoint(location, waits)
+    return Starlette(routes=[Route(http_api.call_path("{command}"), call, methods=["POST"]),
                              Route(http_api.EXPORT_PATH, transfer, methods=["POST"]),
                              Route(http_api.IMPORT_PATH, transfer, methods=["POST"]),
                              Route(http_api.DELIVERED_PATH, carried_by("delivered", _settle), methods=["POST"]),
@@ -731,7 +737,7 @@ def _sampled(carrier: _Carrier) -> list:
     return families
 
 
-def _mcp_endpoint(location: str):
+def _mcp_endpoint(location: str, waits):
     """The /mcp endpoint, or, without the mcp extra, an answer saying how to get it."""
     try:
         from agent_mail.server import mcp_http
@@ -742,7 +748,7 @@ def _mcp_endpoint(location: str):
         async def missing(request: Request) -> Response:
             return _document({"error": why, "problems": []}, 501, errors.EXIT_FAILED)
         return missing
-    return mcp_http.Endpoint(location, _STOPPING, log, MAX_THREADS)
+    return mcp_http.Endpoint(location, _STOPPING, log, MAX_THREADS, waits)
 
 async def _not_routed(request: Request, exc: HTTPException) -> Response:
     """Starlette's own refusals (a path the API has not: 404; a method it is not called with: 405) in JSON with the

@@ -30,8 +30,9 @@ def presence(path: str, db: sqlite3.Connection, facts: dict[str, dict], agent: s
     where = "AND agent = ?" if agent is not None else ""
     params = (agent,) if agent is not None else ()
     # Without pipes only an abandoned session says more than its row (found by the ids' index: GONE_HOLDER.*).
-    if not pipes and not servers and db.execute(f"SELECT 1 FROM watch_sessions WHERE id >= ? AND id < ? AND state = 'armed' {where} "
-                                "LIMIT 1", (GONE_HOLDER + ".", GONE_HOLDER + "/", *params)).fetchone() is None:
+    if not pipes and not servers and db.execute(
+            f"SELECT 1 FROM watch_sessions WHERE id >= ? AND id < ? AND state = 'armed' {where} LIMIT 1",
+            (GONE_HOLDER + ".", GONE_HOLDER + "/", *params)).fetchone() is None:
         return facts
     now = model.now()
     spoken = {name for name, _, _ in pipes.values()}
