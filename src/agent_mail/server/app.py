@@ -137,17 +137,14 @@ def _pipes_here() -> bool:
     return hasattr(os, "mkfifo") and not os.environ.get("AGENT_MAIL_POLL")
 
 
-# The calls whose waits the server's LISTEN connection carries (PostgreSQL). A hook's waiter blocks in a thread on
-# a connection of its own, outside the pool (so idle harness sessions never starve the calls): see docs/design.md.
-_ON_THE_HUB = tuple(name for name in SERVED if name not in openapi.WAITS or name == "watch")
-_LOOKS = ("follow", "dashboard")  # POST /v1/follow, /v1/dashboard: their waits on the hub too (issue 27)
 
 
 class _Wait:
-    """A watch to wait for on the server's event loop (PostgreSQL): what _carry_out checked for it."""
+    """A watch (or a hook's waiter: `steps`, operations.telling.ServedWaiter) to wait for on the server's event loop:
+    what _carry_out checked for it."""
 
-    def __init__(self, values: dict, grant: dict, key: str | None):
-        self.values, self.grant, self.key = values, grant, key
+    def __init__(self, values: dict, grant: dict, key: str | None, steps=None):
+        self.values, self.grant, self.key, self.steps = values, grant, key, steps
         minutes = values.get("timeout_minutes") or model.WATCH_MINUTES_DEFAULT
         self.seconds = values["timeout_seconds"] if values.get("timeout_seconds") is not None else minutes * 60.0
 
@@ -216,7 +213,7 @@ def _carry_out(carrier: _Carrier, name: str, presented: str | None, body: bytes,
     on PostgreSQL, the _Wait the event loop carries out)."""
     from agent_mail.operations import mail
 
-    with carrier.store(own=name not in _ON_THE_HUB) as store:
+    with carrier.store() as store:
         grant = tokens.authenticate(store, presented)  # before anything else is read
         info["token_id"] = grant["id"]
         given = _given(name, body)
@@ -239,6 +236,14 @@ def _carry_out(carrier: _Carrier, name: str, presented: str | None, body: bytes,
             if carrier.waits is not None and name == "watch" and not values["once"]:
                 values.pop("wanted")
                 return _Wait(values, grant, key)
+            if carrier.waits is not None and name == "hook":  # a waiter's wait, armed here, awaited on the loop
+                from agent_mail.operations import telling
+
+                checks.guard("hook", {k: v for k, v in values.items() if k != "wanted"})
+                steps = telling.served_waiter(mailbox, **values)
+                if steps is not None:
+                    values.pop("wanted", None)
+                    return _Wait(values, grant, None, steps)
         result = calls.run(name, values, mailbox=mailbox)
         if name == "doctor":  # its health, never where the server keeps the mailbox
             result = grants.without_location(result, carrier.location)
@@ -453,7 +458,7 @@ async def _hung_up(request: Request, carrier: _Carrier, gone: threading.Event, h
         pass
     gone.set()
     hung_up.set()
-    if carrier.waits is None or name not in _ON_THE_HUB and name not in _LOOKS:
+    if carrier.waits is None:
         await anyio.to_thread.run_sync(_wake_waits, carrier.location)
 
 
@@ -468,10 +473,10 @@ async def _call(carrier: _Carrier, name: str, request: Request, body: bytes, inf
         if name in openapi.WAITS else None
     try:
         result = await carrier.run(_carry_out, carrier, name, _bearer(request), body, info, gone,
-                                   own=name not in _ON_THE_HUB if carrier.pooled else name in openapi.WAITS)
+                                   own=carrier.waits is None and name in openapi.WAITS)
         if isinstance(result, _Wait):
             result = await carrier.waits.wait(result.values["agent"], result.seconds, result.grant, since, hung_up,
-                                              result.key)
+                                              result.key, result.steps)
             if result is None:  # nobody to answer
                 raise HungUp()
         return result

@@ -260,11 +260,18 @@ class ServedWaits:
 
     # -- one wait ---------------------------------------------------------------------------
     async def wait(self, agent: str, seconds: float, grant: dict, since: int, gone: anyio.Event,
-                   key: str | None = None):
+                   key: str | None = None, waiter_steps=None):
         """Block as a watch does, for `agent`, until mail for it is there, `seconds` pass, the client is gone or
         the server stops; then release its session and return the watch's result (None when the client is
         gone: its session abandoned). waits.Released when its client's stop call released its session. `since`:
-        the generation read before the token was authenticated; `key`: the client's stop_key (or None)."""
+        the generation read before the token was authenticated; `key`: the client's stop_key (or None).
+
+        `waiter_steps`: a hook's waiter (operations.telling.ServedWaiter, armed) instead of a watch: its own look
+        (mail its session was not told of), its session's sign of life once every LAST_SEEN_EVERY_SECONDS, its
+        end (the answer: the hook's {output, wake, note, waiter}); its session released when its client hangs up
+        (a harness ends its waiter routinely)."""
+        if waiter_steps is not None:
+            return await self._hook_wait(agent, seconds, grant, since, gone, waiter_steps)
         from agent_mail.server import stops
 
         await self._started()
@@ -309,6 +316,112 @@ class ServedWaits:
             if opened:
                 with anyio.CancelScope(shield=True):
                     await self._release_quietly(session)
+
+    async def _hook_wait(self, agent: str, seconds: float, grant: dict, since: int, gone: anyio.Event, steps):
+        from agent_mail.operations import tokens
+        from agent_mail.operations.telling import LAST_SEEN_EVERY_SECONDS
+        from agent_mail.server import stops
+
+        def look(store, ask: bool, publish: bool):
+            if ask:
+                tokens.still_valid(store, grant)
+            mailbox = self.mailbox_for(store)
+            if publish:
+                mailbox.publish_due()
+            found = steps.look(mailbox)
+            if found is None or found:
+                return found, None
+            from agent_mail.parts.waits import Waits
+
+            return [], Waits(mailbox).next_due(agent)
+
+        def end(store, session: str, reason: str, found):
+            try:
+                with store.transaction(write=True):
+                    store.release_sessions([session], model.now_iso(), reason)
+            finally:
+                answer = steps.end(self.mailbox_for(store), found)
+            return answer
+
+        await self._started()
+        waiter = _Waiter(agent)
+        self._waiters.setdefault(agent, set()).add(waiter)
+        session = stops.session_id(self.instance, None)
+        found, reason, opened, ended = [], "error", False, False
+        subscribed = self.hub.subscribe(agent)
+        loop = asyncio.get_running_loop()
+
+        async def hung_up():
+            await gone.wait()
+            waiter.wake()
+        watching = loop.create_task(hung_up())
+        try:
+            await self._listening(subscribed, "The client looks again by itself.")
+            await self._opens.do((session, agent))
+            opened = True
+            deadline, touch_at = loop.time() + seconds, loop.time() + LAST_SEEN_EVERY_SECONDS
+            look_now, publish, due_at = "first", False, None
+            while True:
+                if self.stopping:
+                    raise Stopping()
+                if gone.is_set():
+                    found, reason = None, "client gone"
+                    break
+                now = loop.time()
+                if look_now:
+                    waiter.woken = False
+                    token, generation = grant["id"], self.generation
+                    if token in self._revoked:
+                        raise self._revoked[token]
+                    ask = look_now is True and max(since, self._valid.get(token, -1)) < generation
+                    try:
+                        found, until_due = await self.db(look, ask, publish)
+                    except errors.Forbidden as refused:
+                        self._revoked[token] = refused
+                        raise
+                    if ask:
+                        self._valid[token] = max(self._valid.get(token, -1), generation)
+                    if found is None or found:  # superseded by a newer waiter, or told of mail
+                        found, reason = found or [], "mail" if found else "superseded"
+                        break
+                    due_at = None if until_due is None else loop.time() + until_due
+                    look_now = publish = False
+                    continue
+                if now >= deadline:
+                    reason = "timeout"
+                    break
+                if due_at is not None and now >= due_at:
+                    look_now = publish = True
+                    continue
+                if now >= touch_at:  # the session's sign of life; False: a newer waiter took over, or it ended
+                    if not await self.db(lambda store: steps.still(self.mailbox_for(store))):
+                        reason = "superseded"
+                        break
+                    touch_at = loop.time() + LAST_SEEN_EVERY_SECONDS
+                    continue
+                await waiter.sleep(min(deadline, touch_at, due_at if due_at is not None else deadline) - now)
+                look_now = waiter.woken
+            opened = ended = False
+            try:
+                return await self.db(end, session, reason, found)
+            finally:
+                ended = True
+        finally:
+            watching.cancel()
+            waiters = self._waiters.get(agent)
+            if waiters is not None:
+                waiters.discard(waiter)
+                if not waiters:
+                    del self._waiters[agent]
+            self.hub.unsubscribe(agent)
+            if opened or not ended:  # ended by an error, the server stopping, or cancelled
+                with anyio.CancelScope(shield=True):
+                    if opened:
+                        await self._release_quietly(session)
+                    try:
+                        await self.db(lambda store: steps.end(self.mailbox_for(store), []))
+                    except errors.AgentMailError:
+                        pass
 
     # -- a look that waits (follow, dashboard) ----------------------------------------------------
     async def until_changed(self, key: str, seconds: float, look: Callable, gone: anyio.Event):
