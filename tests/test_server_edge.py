@@ -433,3 +433,45 @@ def test_metrics_scraped_in_the_prometheus_text_format(server, backend):
     assert _get(server.port, "/metrics", token)[0] == 403
     status, headers, _ = _get(server.port, "/metrics")
     assert status == 401 and headers["www-authenticate"].startswith("Bearer")
+
+
+def test_a_call_looks_its_token_up_once(server, backend):
+    """The Gate looks a call's token up before its body is read; the call then takes the Gate's grant instead of
+    looking it up again (it was twice per /v1 call). Counted by PostgreSQL's own statistics of the tokens table's
+    scans: 20 calls, 20 look-ups (and a last_used write at most), where there were 40."""
+    if backend != "postgresql":
+        pytest.skip("counted by PostgreSQL's table statistics")
+    import http.client
+
+    import psycopg
+
+    from agent_mail.store.postgres import split_url
+
+    token = server.token("--agent", "a:x")
+    conninfo, schema = split_url(server.mailbox)
+
+    def scans() -> int:
+        with psycopg.connect(conninfo, autocommit=True) as db:
+            row = db.execute("SELECT COALESCE(seq_scan, 0) + COALESCE(idx_scan, 0) FROM pg_stat_user_tables "
+                             "WHERE schemaname = %s AND relname = 'tokens'", (schema,)).fetchone()
+        return row[0] if row else 0
+
+    def call() -> None:
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+        try:
+            connection.request("POST", "/v1/call/status", body=b'{"agent": "a:x"}',
+                               headers={"Authorization": f"Bearer {token}"})
+            assert connection.getresponse().status == 200
+        finally:
+            connection.close()
+    call()  # the token's last_used written, the pool's connections made
+    until(lambda: scans() > 0, 30, "the tokens table's statistics")
+    before = scans()
+    for _ in range(20):
+        call()
+    until(lambda: scans() - before >= 20, 30, lambda: f"{scans() - before} look-ups counted")
+    most, ends = 0, time.monotonic() + 12.0  # PostgreSQL flushes an idle connection's counts within 10 s
+    while time.monotonic() < ends:
+        most = max(most, scans() - before)
+        time.sleep(0.5)
+    assert 20 <= most <= 22, f"{most} look-ups of the tokens table for 20 calls"

@@ -174,6 +174,28 @@ def _bearer(request: Request) -> str | None:
     return value.strip() if scheme.lower() == "bearer" and value.strip() else None
 
 
+def _presented(request: Request):
+    """What authenticates a request: the grant the Gate found for its token before its body was read (the token is
+    looked up once per request), or, on a path the Gate does not guard, the bearer token itself."""
+    admitted = request.scope.get(Gate.GRANT_KEY)
+    return admitted[0] if admitted is not None else _bearer(request)
+
+
+def _since(request: Request, carrier: _Carrier) -> int:
+    """The waits' generation read before the request's token was looked up (a revocation after it wakes its wait)."""
+    admitted = request.scope.get(Gate.GRANT_KEY)
+    if admitted is not None:
+        return admitted[1]
+    return carrier.waits.generation if carrier.waits is not None else 0
+
+
+def _grant(store, presented: str | dict | None, info: dict) -> dict:
+    """The grant of `presented` (_presented: the Gate's grant, or a token authenticated here), noted in `info`."""
+    grant = presented if isinstance(presented, dict) else tokens.authenticate(store, presented)
+    info["token_id"] = grant["id"]
+    return grant
+
+
 def _given(name: str, body: bytes) -> dict:
     try:
         given = json.loads(body or b"{}")
@@ -208,14 +230,14 @@ def _uploads(given: dict) -> dict:
     return {"refs": refs, "attachments": attachments}
 
 
-def _carry_out(carrier: _Carrier, name: str, presented: str | None, body: bytes, info: dict, gone: threading.Event):
+def _carry_out(carrier: _Carrier, name: str, presented: str | dict | None, body: bytes, info: dict,
+               gone: threading.Event):
     """Authenticate, check, grant and run one call on a store of its own; the result (or, for a watch that waits
     on PostgreSQL, the _Wait the event loop carries out)."""
     from agent_mail.operations import mail
 
     with carrier.store() as store:
-        grant = tokens.authenticate(store, presented)  # before anything else is read
-        info["token_id"] = grant["id"]
+        grant = _grant(store, presented, info)  # before anything else is read
         given = _given(name, body)
         extras = {key: given.pop(key) for key in EXTRAS.get(name, ()) if key in given and key != "upload_attachments"
                   and key != "client_refs"}
@@ -270,13 +292,12 @@ def _delivery(values: dict, deliver: object):
     return values["delivery"]
 
 
-def _settle(carrier: _Carrier, presented: str | None, body: bytes, info: dict) -> dict:
+def _settle(carrier: _Carrier, presented: str | dict | None, body: bytes, info: dict) -> dict:
     """POST /v1/delivered: a delivery confirmed or cancelled (agent_mail.operations.deliveries.settle)."""
     from agent_mail.operations import deliveries, mail
 
     with carrier.store() as store:
-        grant = tokens.authenticate(store, presented)  # before anything else is read
-        info["token_id"] = grant["id"]
+        grant = _grant(store, presented, info)  # before anything else is read
         delivery, printed = deliveries.checked(_given("delivered", body))
 
         def may_act_as(agent: str) -> None:
@@ -320,7 +341,8 @@ def _bound_wait(carrier: _Carrier, name: str, values: dict, extras: dict, store,
     return key
 
 
-def _look(location: str, look: str, presented: str | None, body: bytes, info: dict, gone: threading.Event) -> dict:
+def _look(location: str, look: str, presented: str | dict | None, body: bytes, info: dict,
+          gone: threading.Event) -> dict:
     """POST /v1/follow or /v1/dashboard (agent_mail.server.looks): authenticate, check, grant, wait if asked, read.
     SQLite: the wait blocks this thread. (PostgreSQL: _look_checked and _look_once, the wait on the hub.)"""
     from agent_mail.server import looks
@@ -354,12 +376,11 @@ def _will_wait(body: bytes) -> bool:
     return isinstance(given, dict) and given.get("after") is not None and given.get("wait_seconds") is not None
 
 
-def _look_checked(store, look: str, presented: str | None, body: bytes, info: dict) -> tuple[dict, dict]:
+def _look_checked(store, look: str, presented: str | dict | None, body: bytes, info: dict) -> tuple[dict, dict]:
     """A look's token authenticated (before anything else is read), its values checked and granted."""
     from agent_mail.server import looks
 
-    grant = tokens.authenticate(store, presented)
-    info["token_id"] = grant["id"]
+    grant = _grant(store, presented, info)
     given = _given(look, body)
     values = looks.check_follow(given) if look == "follow" else looks.check_dashboard(given)
     info["as"] = looks.grant(grant, look, values)
@@ -389,11 +410,10 @@ def _look_once(carrier: _Carrier, look: str, grant: dict, values: dict, first: b
         return looks.dashboard(mailbox, {**values, "wait_seconds": None}, None), None
 
 
-def _stop_wait(carrier: _Carrier, presented: str | None, body: bytes, info: dict) -> dict:
+def _stop_wait(carrier: _Carrier, presented: str | dict | None, body: bytes, info: dict) -> dict:
     """POST /v1/watch/stop (agent_mail.server.stops): authenticate, check, grant, release the wait's session."""
     with carrier.store() as store:
-        grant = tokens.authenticate(store, presented)  # before anything else is read
-        info["token_id"] = grant["id"]
+        grant = _grant(store, presented, info)  # before anything else is read
         values = stops.check(_given("the stop call", body))
         info["as"] = stops.grant(grant, values)
         return stops.stop(store, values)
@@ -407,14 +427,13 @@ def _contents(store, listed: list[dict]) -> dict:
                 for a in listed}
 
 
-def _export_file(carrier: _Carrier, presented: str | None, body: bytes, info: dict, directory: str) -> dict:
+def _export_file(carrier: _Carrier, presented: str | dict | None, body: bytes, info: dict, directory: str) -> dict:
     """An export written whole into `directory` on this machine (then streamed to the client, who writes it on
     its own); its summary."""
     from agent_mail.operations import mail
 
     with carrier.store() as store:
-        grant = tokens.authenticate(store, presented)
-        info["token_id"] = grant["id"]
+        grant = _grant(store, presented, info)
         given = _given("export", body)
         local = [("output", "the client writes the export on its own machine (--output there, or stdout).")] \
             if given.get("output") is not None else []
@@ -424,10 +443,9 @@ def _export_file(carrier: _Carrier, presented: str | None, body: bytes, info: di
         return calls.run("export", values, mailbox=mail.Mailbox(store))
 
 
-def _authenticated(carrier: _Carrier, presented: str | None, info: dict) -> dict:
+def _authenticated(carrier: _Carrier, presented: str | dict | None, info: dict) -> dict:
     with carrier.store() as store:
-        grant = tokens.authenticate(store, presented)
-        info["token_id"] = grant["id"]
+        grant = _grant(store, presented, info)
         return grant
 
 
@@ -466,13 +484,13 @@ async def _call(carrier: _Carrier, name: str, request: Request, body: bytes, inf
     """Carry out one call: in a worker thread, and a watch that waits on PostgreSQL on the event loop."""
     carrier.ready()
     gone, hung_up = threading.Event(), anyio.Event()
-    since = carrier.waits.generation if carrier.waits is not None else 0  # before the token is looked at
+    since = _since(request, carrier)  # before the token was looked at
     # A client that hangs up ends its wait: watched by a plain task, cancelled at the end (a task group's cancel
     # scope costs ~20 times as much, a thousand times over when a broadcast answers every wait at once).
     watching = asyncio.get_running_loop().create_task(_hung_up(request, carrier, gone, hung_up, name)) \
         if name in openapi.WAITS else None
     try:
-        result = await carrier.run(_carry_out, carrier, name, _bearer(request), body, info, gone,
+        result = await carrier.run(_carry_out, carrier, name, _presented(request), body, info, gone,
                                    own=carrier.waits is None and name in openapi.WAITS)
         if isinstance(result, _Wait):
             result = await carrier.waits.wait(result.values["agent"], result.seconds, result.grant, since, hung_up,
@@ -491,7 +509,7 @@ async def _look_on_the_hub(carrier: _Carrier, request: Request, look: str, body:
     connection (ServedWaits.until_changed: woken by the identity's mail, or by every message for the dashboard)."""
     def checked():
         with carrier.store() as store:
-            return _look_checked(store, look, _bearer(request), body, info)
+            return _look_checked(store, look, _presented(request), body, info)
     grant, values = await carrier.run(checked)
     answer, until_due = await carrier.run(_look_once, carrier, look, grant, values, True)
     if answer is not None:
@@ -570,7 +588,7 @@ def app_for(location: str) -> Starlette:
             if name == "export":
                 body = await read_body(request)
                 carrier.ready()
-                summary = await carrier.run(_export_file, carrier, _bearer(request), body, info, directory)
+                summary = await carrier.run(_export_file, carrier, _presented(request), body, info, directory)
                 path = os.path.join(directory, "export")
                 summary = {key: value for key, value in summary.items() if key not in ("file", "next")}
 
@@ -589,7 +607,7 @@ def app_for(location: str) -> Starlette:
                                          headers={EXIT_HEADER: "0", http_api.RESULT_HEADER: json.dumps(summary),
                                                   "Content-Length": str(summary["bytes"])})
             carrier.ready()
-            grant = await carrier.run(_authenticated, carrier, _bearer(request), info)
+            grant = await carrier.run(_authenticated, carrier, _presented(request), info)
             grants.check(grant, "import", {})  # an operator's, before a byte of the upload is spooled here
             path = os.path.join(directory, "upload.jsonl")
             await spool_upload(request, path)
@@ -616,7 +634,7 @@ def app_for(location: str) -> Starlette:
             async with anyio.create_task_group() as group:
                 group.start_soon(_hung_up, request, carrier, gone, hung_up, look)
                 try:  # a look that waits blocks its thread (among the waits'), on a connection of its own
-                    outcome.append(await carrier.run(_look, location, look, _bearer(request), body, info, gone,
+                    outcome.append(await carrier.run(_look, location, look, _presented(request), body, info, gone,
                                                      own=_will_wait(body)))
                 except Exception as exc:  # raised below, out of the task group (which would wrap it)
                     outcome.append(exc)
@@ -635,7 +653,7 @@ def app_for(location: str) -> Starlette:
             async def carry_out(info: dict) -> dict:
                 body = await read_body(request)
                 carrier.ready()
-                return await carrier.run(function, carrier, _bearer(request), body, info)
+                return await carrier.run(function, carrier, _presented(request), body, info)
             return await _answered(request, name, carry_out)
         return endpoint
 
@@ -662,16 +680,19 @@ def app_for(location: str) -> Starlette:
         """GET /metrics: a supervisor's or an operator's token (the counters are of every identity's traffic)."""
         async def carry_out(info: dict) -> Response:
             carrier.ready()
-            grant = await carrier.run(_authenticated, carrier, _bearer(request), info)
+            grant = await carrier.run(_authenticated, carrier, _presented(request), info)
             if not grant["supervisor"] and "*" not in grant["agents"]:
                 raise errors.Forbidden(f"{grants.scope(grant)}; {http_api.METRICS_PATH} is read with a supervisor's "
                                        "or an operator's token (agent-mail token create --supervisor).")
             return Response(counted.text(), 200, media_type=metrics.CONTENT_TYPE, headers={EXIT_HEADER: "0"})
         return await _answered(request, "metrics", carry_out)
 
-    async def authenticate(presented: str) -> dict:
+    async def authenticate(presented: str) -> tuple[dict, int]:
+        """The Gate's check (once per request: the calls take its grant, _presented), and the waits' generation read
+        before it (_since)."""
         carrier.ready()
-        return await carrier.run(_authenticated, carrier, presented, {})
+        since = carrier.waits.generation if carrier.waits is not None else 0
+        return await carrier.run(_authenticated, carrier, presented, {}), since
 
     counted = metrics.Metrics((*(http_api.call_path(name) for name in SERVED), *_GUARDED, http_api.HEALTH_PATH,
                                http_api.HEALTH_LIVE_PATH, http_api.HEALTH_READY_PATH, http_api.OPENAPI_PATH,

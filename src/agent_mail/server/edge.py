@@ -160,10 +160,11 @@ class Penalties:
 
 class Gate:
     """ASGI middleware: the bearer token of a request to a guarded path (`guarded(path, method)`) checked before a
-    byte of its body is read (`authenticate(token)` -> grant, errors.Forbidden when refused), so a client without
-    a token cannot make the server take in a body. A refusal is 401 with WWW-Authenticate, held as Penalties say
-    when a token was given; a database that cannot be reached is 503. The grant found is left in the scope
-    (GRANT_KEY).
+    byte of its body is read (`authenticate(token)` -> what it admits, errors.Forbidden when refused), so a client
+    without a token cannot make the server take in a body. A refusal is 401 with WWW-Authenticate, held as Penalties say
+    when a token was given; a database that cannot be reached is 503. What `authenticate` answered (the server's:
+    the grant, and the waits' generation read before it) is left in the scope (GRANT_KEY), so the call does not look
+    the token up again.
     """
 
     GRANT_KEY = "agent_mail.grant"

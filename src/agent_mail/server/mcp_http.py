@@ -45,6 +45,7 @@ from agent_mail import __version__, calls, errors, jsonout, model, spec
 from agent_mail.protocols import http_api, mcp_tools
 from agent_mail.parts import checks
 from agent_mail.server import grants, openapi
+from agent_mail.server.edge import Gate
 from agent_mail.operations import tokens
 
 # A tool call carries no attachments (files stay on the client's machine): a body at its longest, escaped.
@@ -136,9 +137,13 @@ class Endpoint:
 
         served = self.waits() if self.waits is not None else None
         since = served.generation if served is not None else 0  # before the token is looked at
+        admitted = scope.get(Gate.GRANT_KEY)  # (grant, generation): the server's Gate looked the token up already
         try:
             try:
-                grant = await self._thread(self._authenticate, _bearer(scope), info)
+                if admitted is not None:
+                    (grant, since), info["token_id"] = admitted, admitted[0]["id"]
+                else:
+                    grant = await self._thread(self._authenticate, _bearer(scope), info)
                 body = await _body(scope, receive)
             except errors.AgentMailError as exc:
                 await _refusal(exc, sending)
