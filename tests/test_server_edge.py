@@ -173,6 +173,16 @@ def test_a_trickled_body_is_cut_off_at_the_requests_deadline_chunked_or_not_mcp_
         assert status == 408, (path, status, body)
         assert "in time" in json.loads(body)["error"], body
         assert READ_SECONDS - 0.1 < seconds < READ_SECONDS + 2.5, (path, seconds)
+
+    def logged() -> list:
+        return [json.loads(line) for line in b"".join(server.log).decode().splitlines()]
+    # One line per request cut off: the request's own (path, token), saying 408 and why; no second line for it.
+    until(lambda: len([line for line in logged() if line.get("status") == 408]) >= len(cases), 10, "the 408 lines")
+    cut = [line for line in logged() if line.get("status") == 408]
+    assert [line["path"] for line in cut] == [path for path, _, _ in cases], cut
+    assert all("in time" in line["refused"] and line["token_id"] for line in cut), cut
+    assert not [line for line in logged() if line.get("status") in (400, 499) or
+                (line.get("refused") and not line.get("path"))], logged()
     # A body that comes at a fair pace is not cut off (and the server still serves).
     sent = json.dumps({"from": "a:x", "to": "b:y", "subject": "in time"}).encode()
     assert _post(server.port, "/v1/call/send", sent, token)[0] == 200

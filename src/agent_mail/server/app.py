@@ -44,7 +44,7 @@ from agent_mail.protocols import http_api, wire
 from agent_mail.parts import checks
 from agent_mail.server import grants, metrics, openapi, stops
 from agent_mail.operations import tokens
-from agent_mail.server.edge import (BEARER_CHALLENGE, MAX_HEAD_BYTES, Dated, EdgeProtocol, Gate, is_loopback,
+from agent_mail.server.edge import (BEARER_CHALLENGE, CUT_KEY, MAX_HEAD_BYTES, Dated, EdgeProtocol, Gate, is_loopback,
                                     listen_address, log, read_body, spool_upload)
 from agent_mail.server.versions import Versioned
 from agent_mail.server.waits import ServedWaits, Stopping
@@ -552,9 +552,11 @@ async def _answered(request: Request, name: str, work, namer=None, status: int |
             failed = {"error": json.loads(response.body)["error"]}
         except (ValueError, KeyError, TypeError):
             pass
+    cut = request.scope.get(CUT_KEY)  # the protocol answered 408 at the request's deadline: what the client got
     log(method=request.method, path=request.url.path, command=name, token_id=info["token_id"],
-         **{"as": info["as"]}, status=response.status_code, exit=int(response.headers[EXIT_HEADER]),
-         ms=round((time.monotonic() - started) * 1000, 1), **failed)
+         **{"as": info["as"]}, status=408 if cut else response.status_code,
+         exit=errors.EXIT_INVALID if cut else int(response.headers[EXIT_HEADER]),
+         ms=round((time.monotonic() - started) * 1000, 1), **({"refused": cut} if cut else failed))
     return response
 
 
@@ -743,11 +745,12 @@ def _guarded(path: str, method: str) -> bool:
 
 
 def _sampled(carrier: _Carrier) -> list:
-    """What the PostgreSQL carrier reports when scraped: the pool's use, the waits' wake-ups, the hub's
-    reconnections (when its hub counts them)."""
-    if carrier.limiter is None or carrier.pool is None:
+    """What the carrier reports when scraped: the pool's use (PostgreSQL), the waits' wake-ups (both backings, unless
+    a SQLite server's waits block in threads), the hub's reconnections (PostgreSQL's hub)."""
+    if carrier.limiter is None:
         return []
-    families = [("agent_mail_db_pool_size", "gauge", "Connections the pool may open for calls.",
+    families = [] if carrier.pool is None else [
+                ("agent_mail_db_pool_size", "gauge", "Connections the pool may open for calls.",
                  [((), carrier.pool.size)]),
                 ("agent_mail_db_pool_in_use", "gauge", "The pool's connections lent to calls now.",
                  [((), carrier.limiter.borrowed_tokens)]),
@@ -757,7 +760,7 @@ def _sampled(carrier: _Carrier) -> list:
         families.append(("agent_mail_wakeups_total", "counter", "Wake-ups of the served waits (a send to a waiting "
                          "identity, a broadcast, a revocation, a reconnection).", [((), carrier.waits.generation)]))
         reconnects = getattr(carrier.waits.hub, "reconnects", None)
-        if isinstance(reconnects, int):
+        if isinstance(reconnects, int) and carrier.pool is not None:
             families.append(("agent_mail_hub_reconnects_total", "counter", "Reconnections of the LISTEN connection "
                              "that carries the waits.", [((), reconnects)]))
     return families

@@ -45,7 +45,7 @@ from agent_mail import __version__, calls, errors, jsonout, model, spec
 from agent_mail.protocols import http_api, mcp_tools
 from agent_mail.parts import checks
 from agent_mail.server import grants, openapi
-from agent_mail.server.edge import Gate
+from agent_mail.server.edge import CUT_KEY, Gate
 from agent_mail.operations import tokens
 
 # A tool call carries no attachments (files stay on the client's machine): a body at its longest, escaped.
@@ -177,14 +177,19 @@ class Endpoint:
                 gone.set()  # a watch still blocked for this request ends at its next look
                 hung_up.set()
         except Exception as exc:  # a bug: still JSON, never a traceback
+            # The log line names the error (as /v1's 5xx lines do; never a token: the grant holds its id only).
+            info["error"] = f"internal error ({type(exc).__name__}: {exc})"[:2000]
             if info["status"] is None:
                 await _send_json(sending, 500, {"error": f"internal error ({type(exc).__name__}). Nothing was "
                                                          "changed. Please report this.", "problems": []},
                                  errors.EXIT_FAILED)
         finally:
+            cut = scope.get(CUT_KEY)  # the protocol answered 408 at the request's deadline: this is its only line
             self.log(method=method, path=http_api.MCP_PATH, command=info["command"], token_id=info["token_id"],
-                     **{"as": info["as"]}, status=info["status"], exit=info["exit"],
-                     ms=round((time.monotonic() - started) * 1000, 1))
+                     **{"as": info["as"]}, status=408 if cut else info["status"],
+                     exit=errors.EXIT_INVALID if cut else info["exit"],
+                     ms=round((time.monotonic() - started) * 1000, 1),
+                     **({"refused": cut} if cut else {"error": info["error"]} if "error" in info else {}))
 
     async def _thread(self, function, *args):
         return await anyio.to_thread.run_sync(function, *args, limiter=self.limiter)
