@@ -10,10 +10,11 @@ this machine on a client's behalf: a send's attachments and refs arrive as conte
 leave as content, and the arguments that name a file here are refused.
 
 Each call runs in a worker thread. On PostgreSQL it borrows a store from a pool of POOL_SIZE connected ones
-(store/pool.py), and a blocked watch holds neither a thread nor a connection while it waits: it awaits the wake-up
-of the server's one LISTEN connection (agent_mail.server.waits, store/postgres_hub.py), so the server's
-connections number POOL_SIZE + 1 whatever the number of waits. On SQLite each call opens the file for itself and a
-blocked watch waits in its thread on its own wake-up pipe. SIGTERM ends the waits at once (each answers 503) and
+(store/pool.py); on SQLite it opens the file for itself. A blocked wait (a watch, a follow or dashboard look, an MCP
+watch, a hook's waiter) holds neither a thread nor a connection while it waits: it awaits, on the event loop, the
+wake-up of the server's one watcher of the mailbox's changes (agent_mail.server.waits: on PostgreSQL its LISTEN
+connection, store/postgres_hub.py, so the server's connections number POOL_SIZE + 1 whatever the number of waits;
+on SQLite its wake-up pipes, store/sqlite_bells.BellHub). SIGTERM ends the waits at once (each answers 503) and
 then the server. See docs/design.md.
 
 Beside the commands, two looks (agent_mail.server.looks): POST /v1/follow, an identity's notification documents
@@ -53,7 +54,7 @@ from agent_mail.parts.waits import HungUp, Released, asked_when_woken
 EXIT_HEADER, NAMES_HEADER = http_api.EXIT_HEADER, http_api.NAMES_HEADER
 SERVED, LOCAL_TO_CLIENT, EXTRAS = openapi.SERVED, openapi.LOCAL_TO_CLIENT, openapi.EXTRAS
 DEFAULT_LISTEN = "127.0.0.1:8025"
-MAX_THREADS = 1000  # calls carried out at once on SQLite; and, apart, waits blocked in threads (a look, a hook)
+MAX_THREADS = 1000  # calls carried out at once on SQLite; and, apart, waits blocked in threads (AGENT_MAIL_POLL)
 # PostgreSQL connections for calls (and the looks of waits): the server's calls are short and mostly the database's
 # work, so a few more than the cores of a typical host keep it busy; more would only queue inside PostgreSQL.
 POOL_SIZE = 8
@@ -65,8 +66,8 @@ _CARRIERS: list = []  # every app's _Carrier in this process, for SIGTERM
 
 class _Carrier:
     """How the calls of one served mailbox are carried out: on PostgreSQL a pool of stores, at most POOL_SIZE
-    calls at once, and the waits on the server's LISTEN connection; on SQLite a store opened per call, and a
-    blocked watch in a thread of its own."""
+    calls at once, and the waits on the server's LISTEN connection; on SQLite a store opened per call, and the
+    waits on the server's wake-up pipes (a thread each only where pipes cannot be used: _pipes_here)."""
 
     def __init__(self, location: str):
         from agent_mail.store import backend_name
@@ -534,7 +535,8 @@ async def _answered(request: Request, name: str, work, namer=None, status: int |
     error as {error, problems} (named by `namer`, with HTTP `status` rather than the error's when given); logged
     as one line (no secrets)."""
     started = time.monotonic()
-    info: dict = {"token_id": None, "as": None}
+    admitted = request.scope.get(Gate.GRANT_KEY)  # the token's id as soon as the Gate admitted it
+    info: dict = {"token_id": admitted[0]["id"] if admitted is not None else None, "as": None}
     try:
         done = await work(info)
         response = done if isinstance(done, Response) else _document(done, 200, errors.EXIT_OK)

@@ -1,9 +1,12 @@
-"""The waits `agent-mail serve` carries on PostgreSQL (issue 21): a blocked watch holds neither a thread nor a
-database connection while it waits.
+"""The waits `agent-mail serve` carries (issues 21 and 27): a blocked watch, follow or dashboard look, MCP watch or
+hook's waiter holds neither a thread nor a database connection while it waits.
 
 A wait looks (on a pooled store, in a worker thread), then awaits, on the server's event loop, the wake-up that
-the server's one LISTEN connection (store/postgres_hub.Hub) hands it, or its deadline, or a scheduled message
-falling due, then looks again. The guarantees of a watch on its own connection hold:
+the server's one watcher of the mailbox's changes hands it (PostgreSQL: its one LISTEN connection,
+store/postgres_hub.Hub; SQLite: its wake-up pipes, watched by the event loop, store/sqlite_bells.BellHub, which
+every process writing the file rings), or its deadline, or a scheduled message falling due, then looks again. The
+guarantees of a watch on its own connection hold (on SQLite a stop call's release rings the identity's pipe, and the
+woken wait asks whether its session was released; the server's lock on its own pipe is its sessions' presence):
 
 - mail committed after the wait starts always wakes it: the wait is registered, and its identity's channel
   LISTENed, before its session is written and before its first look;
@@ -136,8 +139,8 @@ class _Batches:
 
 
 class ServedWaits:
-    """Every wait one server process carries on a PostgreSQL mailbox, over a pool of its stores (`pool`, used at
-    most `limiter`'s capacity at once) and one hub, started on the first wait."""
+    """Every wait one server process carries, over a pool of its stores (`pool`, used at most `limiter`'s capacity
+    at once) and one hub (PostgreSQL's LISTEN connection, or SQLite's BellHub), started on the first wait."""
 
     def __init__(self, location: str, pool, limiter: anyio.CapacityLimiter, mailbox_for: Callable,
                  instance: str | None = None):
@@ -252,7 +255,10 @@ class ServedWaits:
             try:
                 current = await self.db(beat, marker)
             except errors.AgentMailError:
-                self._wake(None)  # each wait looks, and ends with the error if the mailbox is gone
+                # Each wait looks, on stores opened anew (a SQLite file replaced: the waits look at the new one), and
+                # ends with the error if the mailbox is gone.
+                self.pool.drop_idle()
+                self._wake(None)
                 continue
             if marker is not None and current != marker:
                 self._wake(None)

@@ -54,6 +54,13 @@ class StorePool:
         with self._lock:
             return len(self._idle)
 
+    def drop_idle(self) -> None:
+        """Close the idle stores: the next calls open new ones (a SQLite file replaced under a server's waits)."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for store in idle:
+            store.close()
+
     def close(self) -> None:
         self._closed = True
         with self._lock:
