@@ -18,7 +18,7 @@ import uuid
 
 import pytest
 
-from conftest import TEST_PG_URL, armed, disarmed, presences, process_env, raw_db, until
+from conftest import TEST_PG_URL, armed, disarmed, json_of, presences, process_env, raw_db, until
 from serving import Server, backends_of
 
 pytestmark = [pytest.mark.backends, pytest.mark.timeout(180)]
@@ -584,3 +584,37 @@ def _mcp_watch_as(server: Server, token: str, agent: str, answers: dict, name: s
     got: dict = {}
     _mcp_watch(server, token, agent, got)
     answers[name] = got["mcp"]
+
+
+def test_a_revocation_ends_every_kind_of_wait_made_with_that_token_only(server):
+    """A revoked token wakes the server's waits (no wait polls its token): a watch, a follow wait, an MCP watch and a
+    hook's waiter made with it end with the revocation, while the same kinds made with another token wait on and
+    are answered by their mail."""
+    pytest.importorskip("mcp", reason="the mcp extra is not installed (pip install -e '.[test]')")
+    revoked, kept = server.token("--agent", "r:*"), server.token("--agent", "k:*")
+    first: dict = {}
+    for token, side in ((revoked, "r"), (kept, "k")):
+        _look(server, token, "/v1/follow", {"agent": f"{side}:f"}, first, side)
+    answers: dict = {}
+    for token, side in ((revoked, "r"), (kept, "k")):
+        for target, args in ((_look, (server, token, "/v1/call/watch", {"agent": f"{side}:w", "wait_seconds": 90},
+                                      answers, f"{side}-watch")),
+                             (_look, (server, token, "/v1/follow", {"agent": f"{side}:f", "wait_seconds": 90,
+                                                                     "after": first[side][1]["fingerprint"]},
+                                      answers, f"{side}-follow")),
+                             (_mcp_watch_as, (server, token, f"{side}:m", answers, f"{side}-mcp")),
+                             (_hook_wait, (server, token, f"{side}:h", answers, f"{side}-hook"))):
+            threading.Thread(target=target, args=args, daemon=True).start()
+    armed(["r:w", "r:m", "r:h", "k:w", "k:m", "k:h"], server.mailbox, timeout=60)
+    assert json_of(server.direct("token", "revoke", revoked.split("_")[1]))
+    until(lambda: len(answers) == 4, 30, lambda: f"answered: {sorted(answers)}")
+    assert sorted(answers) == ["r-follow", "r-hook", "r-mcp", "r-watch"], answers
+    for name, (status, document) in answers.items():
+        assert status in (401, "error") and "revoked" in document["error"], (name, status, document)
+    for agent in ("k:w", "k:f", "k:m", "k:h"):
+        _send(server, "--to", agent, "--subject", f"for {agent}")
+    until(lambda: len(answers) == 8, 30, lambda: f"answered: {sorted(answers)}")
+    assert answers["k-watch"][0] == 200 and answers["k-watch"][1]["messages"][0]["subject"] == "for k:w"
+    assert answers["k-follow"][0] == 200 and answers["k-follow"][1]["unread"] == 1
+    assert answers["k-mcp"][0] == "ok" and answers["k-mcp"][1]["messages"][0]["subject"] == "for k:m"
+    assert answers["k-hook"][0] == 200 and answers["k-hook"][1]["wake"] and "for k:h" in answers["k-hook"][1]["note"]

@@ -345,9 +345,9 @@ class ServedWaits:
             try:
                 with store.transaction(write=True):
                     store.release_sessions([session], model.now_iso(), reason)
-            finally:
-                answer = steps.end(self.mailbox_for(store), found)
-            return answer
+            except errors.StorageError:
+                self._unreleased.add(session)  # released at the next beat; the answer (a note of mail) stands
+            return steps.end(self.mailbox_for(store), found)
 
         await self._started()
         waiter = _Waiter(agent)
@@ -379,7 +379,7 @@ class ServedWaits:
                     token, generation = grant["id"], self.generation
                     if token in self._revoked:
                         raise self._revoked[token]
-                    ask = look_now is True and max(since, self._valid.get(token, -1)) < generation
+                    ask = max(since, self._valid.get(token, -1)) < generation  # woken by a revocation since
                     try:
                         found, until_due = await self.db(look, ask, publish)
                     except errors.Forbidden as refused:
