@@ -54,7 +54,11 @@ from agent_mail.parts.waits import HungUp, Released, asked_when_woken
 EXIT_HEADER, NAMES_HEADER = http_api.EXIT_HEADER, http_api.NAMES_HEADER
 SERVED, LOCAL_TO_CLIENT, EXTRAS = openapi.SERVED, openapi.LOCAL_TO_CLIENT, openapi.EXTRAS
 DEFAULT_LISTEN = "127.0.0.1:8025"
-MAX_THREADS = 1000  # calls carried out at once on SQLite; and, apart, waits blocked in threads (AGENT_MAIL_POLL)
+# Calls carried out at once on SQLite (and MCP tool calls): a call holds a worker thread only while it runs (no wait
+# holds one), and SQLite takes one writer at a time, so more would only queue in threads; a burst of a thousand
+# requests (each checked in a thread) would otherwise leave as many idle threads behind (issue 27).
+CALL_THREADS = 64
+MAX_THREADS = 1000  # waits blocked in threads, apart from the calls', where a SQLite server cannot use pipes
 # PostgreSQL connections for calls (and the looks of waits): the server's calls are short and mostly the database's
 # work, so a few more than the cores of a typical host keep it busy; more would only queue inside PostgreSQL.
 POOL_SIZE = 8
@@ -90,7 +94,7 @@ class _Carrier:
             self.limiter = anyio.CapacityLimiter(POOL_SIZE)
             self.waits = ServedWaits(self.location, self.pool, self.limiter, mail.Mailbox, self.instance)
         else:
-            self.limiter = anyio.CapacityLimiter(MAX_THREADS)
+            self.limiter = anyio.CapacityLimiter(CALL_THREADS)
             if _pipes_here():  # the waits on the event loop, woken by the mailbox's wake-up pipes (issue 27)
                 from agent_mail.operations import mail
                 from agent_mail.store.pool import StorePool
@@ -110,7 +114,7 @@ class _Carrier:
         return closing(open_store(self.location))
 
     async def run(self, function, *args, own: bool = False):
-        """`function(*args)` in a worker thread: within the pool's limit (SQLite: MAX_THREADS), or (`own`: a call
+        """`function(*args)` in a worker thread: within the pool's limit (SQLite: CALL_THREADS), or (`own`: a call
         that may block) within MAX_THREADS of their own, so waits never hold the threads a call needs (a send that
         would wake them, a status: issue 27)."""
         if own:
@@ -779,7 +783,11 @@ def _mcp_endpoint(location: str, waits):
         async def missing(request: Request) -> Response:
             return _document({"error": why, "problems": []}, 501, errors.EXIT_FAILED)
         return missing
-    return mcp_http.Endpoint(location, _STOPPING, log, MAX_THREADS, waits)
+    # A blocked MCP watch holds a thread only where a SQLite server cannot use pipes (then MAX_THREADS of them).
+    from agent_mail.store import backend_name
+
+    threads = CALL_THREADS if backend_name(location) != "sqlite" or _pipes_here() else MAX_THREADS
+    return mcp_http.Endpoint(location, _STOPPING, log, threads, waits)
 
 async def _not_routed(request: Request, exc: HTTPException) -> Response:
     """Starlette's own refusals (a path the API has not: 404; a method it is not called with: 405) in JSON with the
