@@ -50,6 +50,14 @@ def test_the_openapi_document_is_valid_and_covers_every_served_command(server):
         assert body == expected, name
         assert set(operation["responses"]) >= {"200", "400", "401", "403", "default"}
         assert "X-Agent-Mail-Exit" in operation["responses"]["200"]["headers"]
+    # The version check (server/versions.py) on every operation: asked of the client, said on every answer.
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            assert {"name": "X-Agent-Mail-Version", "in": "header"}.items() <= next(
+                p for p in operation["parameters"] if p["name"] == "X-Agent-Mail-Version").items(), (path, method)
+            assert "400" in operation["responses"], (path, method)
+            assert all("X-Agent-Mail-Version" in answer["headers"] for code, answer in operation["responses"].items()
+                       if code not in ("408", "431")), (path, method)
     assert document["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
     # A watch's client stopped by a signal releases its wait's session with the key its request carried.
     stop = document["paths"][http_api.STOP_PATH]["post"]["requestBody"]["content"]["application/json"]["schema"]

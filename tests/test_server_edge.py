@@ -173,6 +173,16 @@ def test_a_trickled_body_is_cut_off_at_the_requests_deadline_chunked_or_not_mcp_
         assert status == 408, (path, status, body)
         assert "in time" in json.loads(body)["error"], body
         assert READ_SECONDS - 0.1 < seconds < READ_SECONDS + 2.5, (path, seconds)
+
+    def logged() -> list:
+        return [json.loads(line) for line in b"".join(server.log).decode().splitlines()]
+    # One line per request cut off: the request's own (path, token), saying 408 and why; no second line for it.
+    until(lambda: len([line for line in logged() if line.get("status") == 408]) >= len(cases), 10, "the 408 lines")
+    cut = [line for line in logged() if line.get("status") == 408]
+    assert [line["path"] for line in cut] == [path for path, _, _ in cases], cut
+    assert all("in time" in line["refused"] and line["token_id"] for line in cut), cut
+    assert not [line for line in logged() if line.get("status") in (400, 499) or
+                (line.get("refused") and not line.get("path"))], logged()
     # A body that comes at a fair pace is not cut off (and the server still serves).
     sent = json.dumps({"from": "a:x", "to": "b:y", "subject": "in time"}).encode()
     assert _post(server.port, "/v1/call/send", sent, token)[0] == 200
@@ -433,3 +443,45 @@ def test_metrics_scraped_in_the_prometheus_text_format(server, backend):
     assert _get(server.port, "/metrics", token)[0] == 403
     status, headers, _ = _get(server.port, "/metrics")
     assert status == 401 and headers["www-authenticate"].startswith("Bearer")
+
+
+def test_a_call_looks_its_token_up_once(server, backend):
+    """The Gate looks a call's token up before its body is read; the call then takes the Gate's grant instead of
+    looking it up again (it was twice per /v1 call). Counted by PostgreSQL's own statistics of the tokens table's
+    scans: 20 calls, 20 look-ups (and a last_used write at most), where there were 40."""
+    if backend != "postgresql":
+        pytest.skip("counted by PostgreSQL's table statistics")
+    import http.client
+
+    import psycopg
+
+    from agent_mail.store.postgres import split_url
+
+    token = server.token("--agent", "a:x")
+    conninfo, schema = split_url(server.mailbox)
+
+    def scans() -> int:
+        with psycopg.connect(conninfo, autocommit=True) as db:
+            row = db.execute("SELECT COALESCE(seq_scan, 0) + COALESCE(idx_scan, 0) FROM pg_stat_user_tables "
+                             "WHERE schemaname = %s AND relname = 'tokens'", (schema,)).fetchone()
+        return row[0] if row else 0
+
+    def call() -> None:
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+        try:
+            connection.request("POST", "/v1/call/status", body=b'{"agent": "a:x"}',
+                               headers={"Authorization": f"Bearer {token}"})
+            assert connection.getresponse().status == 200
+        finally:
+            connection.close()
+    call()  # the token's last_used written, the pool's connections made
+    until(lambda: scans() > 0, 30, "the tokens table's statistics")
+    before = scans()
+    for _ in range(20):
+        call()
+    until(lambda: scans() - before >= 20, 30, lambda: f"{scans() - before} look-ups counted")
+    most, ends = 0, time.monotonic() + 12.0  # PostgreSQL flushes an idle connection's counts within 10 s
+    while time.monotonic() < ends:
+        most = max(most, scans() - before)
+        time.sleep(0.5)
+    assert 20 <= most <= 22, f"{most} look-ups of the tokens table for 20 calls"

@@ -18,7 +18,7 @@ import uuid
 
 import pytest
 
-from conftest import TEST_PG_URL, armed, disarmed, presences, process_env, raw_db, until
+from conftest import TEST_PG_URL, armed, disarmed, json_of, presences, process_env, raw_db, until
 from serving import Server, backends_of
 
 pytestmark = [pytest.mark.backends, pytest.mark.timeout(180)]
@@ -507,3 +507,114 @@ def test_follow_and_dashboard_waits_hold_no_connection_of_their_own(server, back
     assert all(document["unread"] == 1 for name, (_, document) in answers.items() if name.startswith("follow"))
     assert all(document["marker"] != first["dashboard"][1]["marker"] for name, (_, document) in answers.items()
                if name.startswith("dashboard"))
+
+
+def _threads(pid: int) -> int:
+    import os
+
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+def _hook_wait(server: Server, token: str, agent: str, answers: dict, name: str) -> None:
+    """A Claude Code waiter's wait through the server, as `agent-mail hook claude-code wait` sends it."""
+    import os
+
+    _look(server, token, "/v1/call/hook", {"harness": "claude-code", "event": "wait", "agent": agent,
+                                           "session": {"session_id": f"s-{agent}", "waiter": f"w-{agent}",
+                                                       "pid": os.getpid(), "host": "tests"},
+                                           "wait_seconds": 90}, answers, name)
+
+
+def test_every_kind_of_wait_holds_no_thread_nor_connection_of_its_own(server, backend):
+    """Issue 27: on SQLite each served wait held a thread (and on PostgreSQL an MCP watch and a hook's waiter a
+    connection each). Now watches, follow and dashboard waits, MCP watches (the real SDK client) and hook waiters
+    all wait on the server's event loop, woken by one watcher of the mailbox's change signal: 40 watches and 8 of
+    each other kind leave the server with no more threads than an idle one keeps (its worker threads retire), and on
+    PostgreSQL at most its pool + 2 connections. A broadcast sent by another process writing the mailbox itself
+    (the command line on this machine) answers them all."""
+    pytest.importorskip("mcp", reason="the mcp extra is not installed (pip install -e '.[test]')")
+    token, supervisor = server.token("--agent", "*"), server.token("--supervisor")
+    first: dict = {}
+    _look(server, token, "/v1/follow", {"agent": "f:x"}, first, "follow")
+    _look(server, supervisor, "/v1/dashboard", {"views": {}}, first, "dashboard")
+    assert first["follow"][0] == 200 and first["dashboard"][0] == 200, first
+    watches = [f"w:a{i:02d}" for i in range(40)]
+    waits = Waits(server, token, watches)
+    answers: dict = {}
+    for i in range(8):
+        for target, args in ((_look, (server, token, "/v1/follow", {
+                                 "agent": f"f:a{i}", "after": first["follow"][1]["fingerprint"], "wait_seconds": 90},
+                                 answers, f"follow{i}")),
+                             (_look, (server, supervisor, "/v1/dashboard", {
+                                 "views": {}, "after": first["dashboard"][1]["marker"], "wait_seconds": 90}, answers,
+                                 f"dashboard{i}")),
+                             (_mcp_watch_as, (server, token, f"m:a{i}", answers, f"mcp{i}")),
+                             (_hook_wait, (server, token, f"h:a{i}", answers, f"hook{i}"))):
+            threading.Thread(target=target, args=args, daemon=True).start()
+    held = watches + [f"m:a{i}" for i in range(8)] + [f"h:a{i}" for i in range(8)]
+    armed(held, server.mailbox, timeout=90)
+    # The worker threads that checked the calls retire once idle (anyio's, after 10 s): a thread per wait would not.
+    until(lambda: _threads(server.proc.pid) <= 24, 60,
+          lambda: f"the server holds {_threads(server.proc.pid)} threads with {len(held) + 16} waits")
+    if backend == "postgresql":
+        most, ends = 0, time.monotonic() + 3.0
+        while time.monotonic() < ends:
+            most = max(most, len(backends_of(server.proc.pid, TEST_PG_URL)))
+        assert most <= POOL_SIZE + 2, most
+    assert not waits.answers and not answers, (waits.answers, answers)
+    _send(server, "--to", "*", "--subject", "everyone")
+    waits.until(len(watches), seconds=60)
+    until(lambda: len(answers) == 32, 60, lambda: f"{len(answers)} of 32 answered: {sorted(answers)}")
+    assert all(status == 200 and document["messages"][-1]["subject"] == "everyone"
+               for status, document, _ in waits.answers.values()), waits.answers
+    for name, (status, document) in answers.items():
+        if name.startswith("follow"):
+            assert status == 200 and document["unread"] == 1, (name, document)
+        elif name.startswith("dashboard"):
+            assert status == 200 and document["marker"] != first["dashboard"][1]["marker"], (name, document)
+        elif name.startswith("mcp"):
+            assert status == "ok" and document["messages"][-1]["subject"] == "everyone", (name, document)
+        else:
+            assert status == 200 and document["wake"] and "everyone" in document["note"], (name, document)
+    _, log = server.stop()
+    assert '"status": 5' not in log, log[-2000:]
+
+
+def _mcp_watch_as(server: Server, token: str, agent: str, answers: dict, name: str) -> None:
+    got: dict = {}
+    _mcp_watch(server, token, agent, got)
+    answers[name] = got["mcp"]
+
+
+def test_a_revocation_ends_every_kind_of_wait_made_with_that_token_only(server):
+    """A revoked token wakes the server's waits (no wait polls its token): a watch, a follow wait, an MCP watch and a
+    hook's waiter made with it end with the revocation, while the same kinds made with another token wait on and
+    are answered by their mail."""
+    pytest.importorskip("mcp", reason="the mcp extra is not installed (pip install -e '.[test]')")
+    revoked, kept = server.token("--agent", "r:*"), server.token("--agent", "k:*")
+    first: dict = {}
+    for token, side in ((revoked, "r"), (kept, "k")):
+        _look(server, token, "/v1/follow", {"agent": f"{side}:f"}, first, side)
+    answers: dict = {}
+    for token, side in ((revoked, "r"), (kept, "k")):
+        for target, args in ((_look, (server, token, "/v1/call/watch", {"agent": f"{side}:w", "wait_seconds": 90},
+                                      answers, f"{side}-watch")),
+                             (_look, (server, token, "/v1/follow", {"agent": f"{side}:f", "wait_seconds": 90,
+                                                                     "after": first[side][1]["fingerprint"]},
+                                      answers, f"{side}-follow")),
+                             (_mcp_watch_as, (server, token, f"{side}:m", answers, f"{side}-mcp")),
+                             (_hook_wait, (server, token, f"{side}:h", answers, f"{side}-hook"))):
+            threading.Thread(target=target, args=args, daemon=True).start()
+    armed(["r:w", "r:m", "r:h", "k:w", "k:m", "k:h"], server.mailbox, timeout=60)
+    assert json_of(server.direct("token", "revoke", revoked.split("_")[1]))
+    until(lambda: len(answers) == 4, 30, lambda: f"answered: {sorted(answers)}")
+    assert sorted(answers) == ["r-follow", "r-hook", "r-mcp", "r-watch"], answers
+    for name, (status, document) in answers.items():
+        assert status in (401, "error") and "revoked" in document["error"], (name, status, document)
+    for agent in ("k:w", "k:f", "k:m", "k:h"):
+        _send(server, "--to", agent, "--subject", f"for {agent}")
+    until(lambda: len(answers) == 8, 30, lambda: f"answered: {sorted(answers)}")
+    assert answers["k-watch"][0] == 200 and answers["k-watch"][1]["messages"][0]["subject"] == "for k:w"
+    assert answers["k-follow"][0] == 200 and answers["k-follow"][1]["unread"] == 1
+    assert answers["k-mcp"][0] == "ok" and answers["k-mcp"][1]["messages"][0]["subject"] == "for k:m"
+    assert answers["k-hook"][0] == 200 and answers["k-hook"][1]["wake"] and "for k:h" in answers["k-hook"][1]["note"]

@@ -344,6 +344,51 @@ def served_step(mailbox, *, harness: str, event: str, agent: str, session: dict,
     return result
 
 
+class ServedWaiter:
+    """A waiter's wait that a server carries on its event loop (agent_mail.server.waits: no thread, no connection
+    held while it waits), in steps each run on a store of the server's pool: armed here (the older waiter it
+    replaced noted), then look(), still() (once every LAST_SEEN_EVERY_SECONDS: the session's sign of life) and
+    end(), each with a Mailbox of the store at hand. The same waiter as _served_wait's, step by step."""
+
+    def __init__(self, step: Session, me: str):
+        self.harness, self.agent, self.document = step.harness, step.agent, step.document
+        self.pid, self.host, self.me = step.pid, step.host, me
+        self.note: list[str] = []
+        self.older = step.arm(me)
+
+    def _step(self, mailbox) -> Session:
+        return Session(mailbox, self.harness, self.agent, self.document, pid=self.pid, host=self.host)
+
+    def look(self, mailbox) -> list[dict] | None:
+        """Mail this session was not told of, told now; None when a newer waiter took over (the wait ends)."""
+        try:
+            return self._step(mailbox).look(self.me, self.note)
+        except Superseded:
+            return None
+
+    def still(self, mailbox) -> bool:
+        return self._step(mailbox).still_waiting(self.me, True)
+
+    def end(self, mailbox, found) -> dict:
+        self._step(mailbox).forget_waiter(self.me)
+        return {"output": None, "wake": bool(found and self.note), "note": self.note[0] if found and self.note
+                else None, "waiter": self.older if self.older not in (None, self.me) else None}
+
+
+def served_waiter(mailbox, *, harness: str, event: str, agent: str, session: dict, once: bool = False,
+                  **_) -> ServedWaiter | None:
+    """A hook step's wait to carry on a server's event loop, armed: a waiter's (`wait`) of a harness whose hooks can
+    wake it; None for any other step (served_step carries it)."""
+    if event != "wait" or harness not in WAKES_IDLE:
+        return None
+    given = _session_input(session)
+    me = given.get("waiter")
+    if not me:
+        raise errors.InvalidInput([("session", "wait needs the waiter's process token (waiter).")])
+    step = Session(mailbox, harness, agent, given, pid=given.get("pid"), host=(given.get("host") or "unknown") + SERVED)
+    return ServedWaiter(step, me)
+
+
 def _served_wait(step: Session, given: dict, wanted, seconds: float) -> dict:
     """The waiter's blocking wait, held here while the client holds its request: armed like a watch (status
     shows it), ended by the client hanging up (its harness died, or a newer waiter ended it), by a newer waiter

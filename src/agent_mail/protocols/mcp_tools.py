@@ -128,6 +128,14 @@ def not_tool_args(name: str) -> tuple[str, ...]:
     return tuple(checks.key(command.arg(flag)) for flag in NOT_TOOL_ARGS.get(name, ()))
 
 
+class OnTheLoop:
+    """What a tool call's work gives back when the rest of it is awaited on the event loop: `await awaited()` is the
+    result (a watch a server carries on its waits' hub, holding no thread while it waits)."""
+
+    def __init__(self, awaited):
+        self.awaited = awaited
+
+
 async def answer(name: str, prepare, agent: str | None, after=None) -> CallToolResult:
     """One tool call: prepare(cancelled) checks it and returns the work to do (raising errors.AgentMailError to
     refuse), which runs in a worker thread; after(result), if given, runs there too once it is done. The result
@@ -139,6 +147,8 @@ async def answer(name: str, prepare, agent: str | None, after=None) -> CallToolR
         work = prepare(cancelled)
         try:
             result = await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
+            if isinstance(result, OnTheLoop):  # cancelled while awaited: it ends at once, its session released
+                result = await result.awaited()
         except anyio.get_cancelled_exc_class():
             cancelled.set()  # a blocked watch gives up at its next refresh and releases its session
             raise

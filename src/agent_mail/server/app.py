@@ -10,10 +10,11 @@ this machine on a client's behalf: a send's attachments and refs arrive as conte
 leave as content, and the arguments that name a file here are refused.
 
 Each call runs in a worker thread. On PostgreSQL it borrows a store from a pool of POOL_SIZE connected ones
-(store/pool.py), and a blocked watch holds neither a thread nor a connection while it waits: it awaits the wake-up
-of the server's one LISTEN connection (agent_mail.server.waits, store/postgres_hub.py), so the server's
-connections number POOL_SIZE + 1 whatever the number of waits. On SQLite each call opens the file for itself and a
-blocked watch waits in its thread on its own wake-up pipe. SIGTERM ends the waits at once (each answers 503) and
+(store/pool.py); on SQLite it opens the file for itself. A blocked wait (a watch, a follow or dashboard look, an MCP
+watch, a hook's waiter) holds neither a thread nor a connection while it waits: it awaits, on the event loop, the
+wake-up of the server's one watcher of the mailbox's changes (agent_mail.server.waits: on PostgreSQL its LISTEN
+connection, store/postgres_hub.py, so the server's connections number POOL_SIZE + 1 whatever the number of waits;
+on SQLite its wake-up pipes, store/sqlite_bells.BellHub). SIGTERM ends the waits at once (each answers 503) and
 then the server. See docs/design.md.
 
 Beside the commands, two looks (agent_mail.server.looks): POST /v1/follow, an identity's notification documents
@@ -44,7 +45,7 @@ from agent_mail.protocols import http_api, wire
 from agent_mail.parts import checks
 from agent_mail.server import grants, metrics, openapi, stops
 from agent_mail.operations import tokens
-from agent_mail.server.edge import (BEARER_CHALLENGE, MAX_HEAD_BYTES, Dated, EdgeProtocol, Gate, is_loopback,
+from agent_mail.server.edge import (BEARER_CHALLENGE, CUT_KEY, MAX_HEAD_BYTES, Dated, EdgeProtocol, Gate, is_loopback,
                                     listen_address, log, read_body, spool_upload)
 from agent_mail.server.versions import Versioned
 from agent_mail.server.waits import ServedWaits, Stopping
@@ -53,7 +54,11 @@ from agent_mail.parts.waits import HungUp, Released, asked_when_woken
 EXIT_HEADER, NAMES_HEADER = http_api.EXIT_HEADER, http_api.NAMES_HEADER
 SERVED, LOCAL_TO_CLIENT, EXTRAS = openapi.SERVED, openapi.LOCAL_TO_CLIENT, openapi.EXTRAS
 DEFAULT_LISTEN = "127.0.0.1:8025"
-MAX_THREADS = 1000  # calls carried out at once on SQLite; and, apart, waits blocked in threads (a look, a hook)
+# Calls carried out at once on SQLite (and MCP tool calls): a call holds a worker thread only while it runs (no wait
+# holds one), and SQLite takes one writer at a time, so more would only queue in threads; a burst of a thousand
+# requests (each checked in a thread) would otherwise leave as many idle threads behind (issue 27).
+CALL_THREADS = 64
+MAX_THREADS = 1000  # waits blocked in threads, apart from the calls', where a SQLite server cannot use pipes
 # PostgreSQL connections for calls (and the looks of waits): the server's calls are short and mostly the database's
 # work, so a few more than the cores of a typical host keep it busy; more would only queue inside PostgreSQL.
 POOL_SIZE = 8
@@ -65,8 +70,8 @@ _CARRIERS: list = []  # every app's _Carrier in this process, for SIGTERM
 
 class _Carrier:
     """How the calls of one served mailbox are carried out: on PostgreSQL a pool of stores, at most POOL_SIZE
-    calls at once, and the waits on the server's LISTEN connection; on SQLite a store opened per call, and a
-    blocked watch in a thread of its own."""
+    calls at once, and the waits on the server's LISTEN connection; on SQLite a store opened per call, and the
+    waits on the server's wake-up pipes (a thread each only where pipes cannot be used: _pipes_here)."""
 
     def __init__(self, location: str):
         from agent_mail.store import backend_name
@@ -89,7 +94,13 @@ class _Carrier:
             self.limiter = anyio.CapacityLimiter(POOL_SIZE)
             self.waits = ServedWaits(self.location, self.pool, self.limiter, mail.Mailbox, self.instance)
         else:
-            self.limiter = anyio.CapacityLimiter(MAX_THREADS)
+            self.limiter = anyio.CapacityLimiter(CALL_THREADS)
+            if _pipes_here():  # the waits on the event loop, woken by the mailbox's wake-up pipes (issue 27)
+                from agent_mail.operations import mail
+                from agent_mail.store.pool import StorePool
+
+                self.waits = ServedWaits(self.location, StorePool(self.location, POOL_SIZE),
+                                         anyio.CapacityLimiter(POOL_SIZE), mail.Mailbox, self.instance)
 
     def store(self, own: bool = False):
         """A context manager giving a store for one call (`own`: a connection of its own, outside the pool, for a
@@ -103,7 +114,7 @@ class _Carrier:
         return closing(open_store(self.location))
 
     async def run(self, function, *args, own: bool = False):
-        """`function(*args)` in a worker thread: within the pool's limit (SQLite: MAX_THREADS), or (`own`: a call
+        """`function(*args)` in a worker thread: within the pool's limit (SQLite: CALL_THREADS), or (`own`: a call
         that may block) within MAX_THREADS of their own, so waits never hold the threads a call needs (a send that
         would wake them, a status: issue 27)."""
         if own:
@@ -119,21 +130,26 @@ class _Carrier:
     def close(self) -> None:
         if self.waits is not None:
             self.waits.close()
+            if self.pool is None:
+                self.waits.pool.close()
         if self.pool is not None:
             self.pool.close()
 
 
-# The calls whose waits the server's LISTEN connection carries (PostgreSQL). A hook's waiter blocks in a thread on
-# a connection of its own, outside the pool (so idle harness sessions never starve the calls): see docs/design.md.
-_ON_THE_HUB = tuple(name for name in SERVED if name not in openapi.WAITS or name == "watch")
-_LOOKS = ("follow", "dashboard")  # POST /v1/follow, /v1/dashboard: their waits on the hub too (issue 27)
+def _pipes_here() -> bool:
+    """Whether a SQLite mailbox's waits can be woken by its wake-up pipes here (not where AGENT_MAIL_POLL asks for
+    polling, nor on a system without named pipes): else each blocks in a thread of its own, as before."""
+    return hasattr(os, "mkfifo") and not os.environ.get("AGENT_MAIL_POLL")
+
+
 
 
 class _Wait:
-    """A watch to wait for on the server's event loop (PostgreSQL): what _carry_out checked for it."""
+    """A watch (or a hook's waiter: `steps`, operations.telling.ServedWaiter) to wait for on the server's event loop:
+    what _carry_out checked for it."""
 
-    def __init__(self, values: dict, grant: dict, key: str | None):
-        self.values, self.grant, self.key = values, grant, key
+    def __init__(self, values: dict, grant: dict, key: str | None, steps=None):
+        self.values, self.grant, self.key, self.steps = values, grant, key, steps
         minutes = values.get("timeout_minutes") or model.WATCH_MINUTES_DEFAULT
         self.seconds = values["timeout_seconds"] if values.get("timeout_seconds") is not None else minutes * 60.0
 
@@ -161,6 +177,28 @@ def _bearer(request: Request) -> str | None:
     header = request.headers.get("authorization", "")
     scheme, _, value = header.partition(" ")
     return value.strip() if scheme.lower() == "bearer" and value.strip() else None
+
+
+def _presented(request: Request):
+    """What authenticates a request: the grant the Gate found for its token before its body was read (the token is
+    looked up once per request), or, on a path the Gate does not guard, the bearer token itself."""
+    admitted = request.scope.get(Gate.GRANT_KEY)
+    return admitted[0] if admitted is not None else _bearer(request)
+
+
+def _since(request: Request, carrier: _Carrier) -> int:
+    """The waits' generation read before the request's token was looked up (a revocation after it wakes its wait)."""
+    admitted = request.scope.get(Gate.GRANT_KEY)
+    if admitted is not None:
+        return admitted[1]
+    return carrier.waits.generation if carrier.waits is not None else 0
+
+
+def _grant(store, presented: str | dict | None, info: dict) -> dict:
+    """The grant of `presented` (_presented: the Gate's grant, or a token authenticated here), noted in `info`."""
+    grant = presented if isinstance(presented, dict) else tokens.authenticate(store, presented)
+    info["token_id"] = grant["id"]
+    return grant
 
 
 def _given(name: str, body: bytes) -> dict:
@@ -197,14 +235,14 @@ def _uploads(given: dict) -> dict:
     return {"refs": refs, "attachments": attachments}
 
 
-def _carry_out(carrier: _Carrier, name: str, presented: str | None, body: bytes, info: dict, gone: threading.Event):
+def _carry_out(carrier: _Carrier, name: str, presented: str | dict | None, body: bytes, info: dict,
+               gone: threading.Event):
     """Authenticate, check, grant and run one call on a store of its own; the result (or, for a watch that waits
     on PostgreSQL, the _Wait the event loop carries out)."""
     from agent_mail.operations import mail
 
-    with carrier.store(own=name not in _ON_THE_HUB) as store:
-        grant = tokens.authenticate(store, presented)  # before anything else is read
-        info["token_id"] = grant["id"]
+    with carrier.store() as store:
+        grant = _grant(store, presented, info)  # before anything else is read
         given = _given(name, body)
         extras = {key: given.pop(key) for key in EXTRAS.get(name, ()) if key in given and key != "upload_attachments"
                   and key != "client_refs"}
@@ -225,6 +263,14 @@ def _carry_out(carrier: _Carrier, name: str, presented: str | None, body: bytes,
             if carrier.waits is not None and name == "watch" and not values["once"]:
                 values.pop("wanted")
                 return _Wait(values, grant, key)
+            if carrier.waits is not None and name == "hook":  # a waiter's wait, armed here, awaited on the loop
+                from agent_mail.operations import telling
+
+                checks.guard("hook", {k: v for k, v in values.items() if k != "wanted"})
+                steps = telling.served_waiter(mailbox, **values)
+                if steps is not None:
+                    values.pop("wanted", None)
+                    return _Wait(values, grant, None, steps)
         result = calls.run(name, values, mailbox=mailbox)
         if name == "doctor":  # its health, never where the server keeps the mailbox
             result = grants.without_location(result, carrier.location)
@@ -251,13 +297,12 @@ def _delivery(values: dict, deliver: object):
     return values["delivery"]
 
 
-def _settle(carrier: _Carrier, presented: str | None, body: bytes, info: dict) -> dict:
+def _settle(carrier: _Carrier, presented: str | dict | None, body: bytes, info: dict) -> dict:
     """POST /v1/delivered: a delivery confirmed or cancelled (agent_mail.operations.deliveries.settle)."""
     from agent_mail.operations import deliveries, mail
 
     with carrier.store() as store:
-        grant = tokens.authenticate(store, presented)  # before anything else is read
-        info["token_id"] = grant["id"]
+        grant = _grant(store, presented, info)  # before anything else is read
         delivery, printed = deliveries.checked(_given("delivered", body))
 
         def may_act_as(agent: str) -> None:
@@ -301,7 +346,8 @@ def _bound_wait(carrier: _Carrier, name: str, values: dict, extras: dict, store,
     return key
 
 
-def _look(location: str, look: str, presented: str | None, body: bytes, info: dict, gone: threading.Event) -> dict:
+def _look(location: str, look: str, presented: str | dict | None, body: bytes, info: dict,
+          gone: threading.Event) -> dict:
     """POST /v1/follow or /v1/dashboard (agent_mail.server.looks): authenticate, check, grant, wait if asked, read.
     SQLite: the wait blocks this thread. (PostgreSQL: _look_checked and _look_once, the wait on the hub.)"""
     from agent_mail.server import looks
@@ -335,12 +381,11 @@ def _will_wait(body: bytes) -> bool:
     return isinstance(given, dict) and given.get("after") is not None and given.get("wait_seconds") is not None
 
 
-def _look_checked(store, look: str, presented: str | None, body: bytes, info: dict) -> tuple[dict, dict]:
+def _look_checked(store, look: str, presented: str | dict | None, body: bytes, info: dict) -> tuple[dict, dict]:
     """A look's token authenticated (before anything else is read), its values checked and granted."""
     from agent_mail.server import looks
 
-    grant = tokens.authenticate(store, presented)
-    info["token_id"] = grant["id"]
+    grant = _grant(store, presented, info)
     given = _given(look, body)
     values = looks.check_follow(given) if look == "follow" else looks.check_dashboard(given)
     info["as"] = looks.grant(grant, look, values)
@@ -370,11 +415,10 @@ def _look_once(carrier: _Carrier, look: str, grant: dict, values: dict, first: b
         return looks.dashboard(mailbox, {**values, "wait_seconds": None}, None), None
 
 
-def _stop_wait(carrier: _Carrier, presented: str | None, body: bytes, info: dict) -> dict:
+def _stop_wait(carrier: _Carrier, presented: str | dict | None, body: bytes, info: dict) -> dict:
     """POST /v1/watch/stop (agent_mail.server.stops): authenticate, check, grant, release the wait's session."""
     with carrier.store() as store:
-        grant = tokens.authenticate(store, presented)  # before anything else is read
-        info["token_id"] = grant["id"]
+        grant = _grant(store, presented, info)  # before anything else is read
         values = stops.check(_given("the stop call", body))
         info["as"] = stops.grant(grant, values)
         return stops.stop(store, values)
@@ -388,14 +432,13 @@ def _contents(store, listed: list[dict]) -> dict:
                 for a in listed}
 
 
-def _export_file(carrier: _Carrier, presented: str | None, body: bytes, info: dict, directory: str) -> dict:
+def _export_file(carrier: _Carrier, presented: str | dict | None, body: bytes, info: dict, directory: str) -> dict:
     """An export written whole into `directory` on this machine (then streamed to the client, who writes it on
     its own); its summary."""
     from agent_mail.operations import mail
 
     with carrier.store() as store:
-        grant = tokens.authenticate(store, presented)
-        info["token_id"] = grant["id"]
+        grant = _grant(store, presented, info)
         given = _given("export", body)
         local = [("output", "the client writes the export on its own machine (--output there, or stdout).")] \
             if given.get("output") is not None else []
@@ -405,10 +448,9 @@ def _export_file(carrier: _Carrier, presented: str | None, body: bytes, info: di
         return calls.run("export", values, mailbox=mail.Mailbox(store))
 
 
-def _authenticated(carrier: _Carrier, presented: str | None, info: dict) -> dict:
+def _authenticated(carrier: _Carrier, presented: str | dict | None, info: dict) -> dict:
     with carrier.store() as store:
-        grant = tokens.authenticate(store, presented)
-        info["token_id"] = grant["id"]
+        grant = _grant(store, presented, info)
         return grant
 
 
@@ -439,7 +481,7 @@ async def _hung_up(request: Request, carrier: _Carrier, gone: threading.Event, h
         pass
     gone.set()
     hung_up.set()
-    if carrier.waits is None or name not in _ON_THE_HUB and name not in _LOOKS:
+    if carrier.waits is None:
         await anyio.to_thread.run_sync(_wake_waits, carrier.location)
 
 
@@ -447,17 +489,17 @@ async def _call(carrier: _Carrier, name: str, request: Request, body: bytes, inf
     """Carry out one call: in a worker thread, and a watch that waits on PostgreSQL on the event loop."""
     carrier.ready()
     gone, hung_up = threading.Event(), anyio.Event()
-    since = carrier.waits.generation if carrier.waits is not None else 0  # before the token is looked at
+    since = _since(request, carrier)  # before the token was looked at
     # A client that hangs up ends its wait: watched by a plain task, cancelled at the end (a task group's cancel
     # scope costs ~20 times as much, a thousand times over when a broadcast answers every wait at once).
     watching = asyncio.get_running_loop().create_task(_hung_up(request, carrier, gone, hung_up, name)) \
         if name in openapi.WAITS else None
     try:
-        result = await carrier.run(_carry_out, carrier, name, _bearer(request), body, info, gone,
-                                   own=name not in _ON_THE_HUB if carrier.pooled else name in openapi.WAITS)
+        result = await carrier.run(_carry_out, carrier, name, _presented(request), body, info, gone,
+                                   own=carrier.waits is None and name in openapi.WAITS)
         if isinstance(result, _Wait):
             result = await carrier.waits.wait(result.values["agent"], result.seconds, result.grant, since, hung_up,
-                                              result.key)
+                                              result.key, result.steps)
             if result is None:  # nobody to answer
                 raise HungUp()
         return result
@@ -472,7 +514,7 @@ async def _look_on_the_hub(carrier: _Carrier, request: Request, look: str, body:
     connection (ServedWaits.until_changed: woken by the identity's mail, or by every message for the dashboard)."""
     def checked():
         with carrier.store() as store:
-            return _look_checked(store, look, _bearer(request), body, info)
+            return _look_checked(store, look, _presented(request), body, info)
     grant, values = await carrier.run(checked)
     answer, until_due = await carrier.run(_look_once, carrier, look, grant, values, True)
     if answer is not None:
@@ -497,7 +539,8 @@ async def _answered(request: Request, name: str, work, namer=None, status: int |
     error as {error, problems} (named by `namer`, with HTTP `status` rather than the error's when given); logged
     as one line (no secrets)."""
     started = time.monotonic()
-    info: dict = {"token_id": None, "as": None}
+    admitted = request.scope.get(Gate.GRANT_KEY)  # the token's id as soon as the Gate admitted it
+    info: dict = {"token_id": admitted[0]["id"] if admitted is not None else None, "as": None}
     try:
         done = await work(info)
         response = done if isinstance(done, Response) else _document(done, 200, errors.EXIT_OK)
@@ -515,9 +558,11 @@ async def _answered(request: Request, name: str, work, namer=None, status: int |
             failed = {"error": json.loads(response.body)["error"]}
         except (ValueError, KeyError, TypeError):
             pass
+    cut = request.scope.get(CUT_KEY)  # the protocol answered 408 at the request's deadline: what the client got
     log(method=request.method, path=request.url.path, command=name, token_id=info["token_id"],
-         **{"as": info["as"]}, status=response.status_code, exit=int(response.headers[EXIT_HEADER]),
-         ms=round((time.monotonic() - started) * 1000, 1), **failed)
+         **{"as": info["as"]}, status=408 if cut else response.status_code,
+         exit=errors.EXIT_INVALID if cut else int(response.headers[EXIT_HEADER]),
+         ms=round((time.monotonic() - started) * 1000, 1), **({"refused": cut} if cut else failed))
     return response
 
 
@@ -551,7 +596,7 @@ def app_for(location: str) -> Starlette:
             if name == "export":
                 body = await read_body(request)
                 carrier.ready()
-                summary = await carrier.run(_export_file, carrier, _bearer(request), body, info, directory)
+                summary = await carrier.run(_export_file, carrier, _presented(request), body, info, directory)
                 path = os.path.join(directory, "export")
                 summary = {key: value for key, value in summary.items() if key not in ("file", "next")}
 
@@ -570,7 +615,7 @@ def app_for(location: str) -> Starlette:
                                          headers={EXIT_HEADER: "0", http_api.RESULT_HEADER: json.dumps(summary),
                                                   "Content-Length": str(summary["bytes"])})
             carrier.ready()
-            grant = await carrier.run(_authenticated, carrier, _bearer(request), info)
+            grant = await carrier.run(_authenticated, carrier, _presented(request), info)
             grants.check(grant, "import", {})  # an operator's, before a byte of the upload is spooled here
             path = os.path.join(directory, "upload.jsonl")
             await spool_upload(request, path)
@@ -597,7 +642,7 @@ def app_for(location: str) -> Starlette:
             async with anyio.create_task_group() as group:
                 group.start_soon(_hung_up, request, carrier, gone, hung_up, look)
                 try:  # a look that waits blocks its thread (among the waits'), on a connection of its own
-                    outcome.append(await carrier.run(_look, location, look, _bearer(request), body, info, gone,
+                    outcome.append(await carrier.run(_look, location, look, _presented(request), body, info, gone,
                                                      own=_will_wait(body)))
                 except Exception as exc:  # raised below, out of the task group (which would wrap it)
                     outcome.append(exc)
@@ -616,7 +661,7 @@ def app_for(location: str) -> Starlette:
             async def carry_out(info: dict) -> dict:
                 body = await read_body(request)
                 carrier.ready()
-                return await carrier.run(function, carrier, _bearer(request), body, info)
+                return await carrier.run(function, carrier, _presented(request), body, info)
             return await _answered(request, name, carry_out)
         return endpoint
 
@@ -643,16 +688,19 @@ def app_for(location: str) -> Starlette:
         """GET /metrics: a supervisor's or an operator's token (the counters are of every identity's traffic)."""
         async def carry_out(info: dict) -> Response:
             carrier.ready()
-            grant = await carrier.run(_authenticated, carrier, _bearer(request), info)
+            grant = await carrier.run(_authenticated, carrier, _presented(request), info)
             if not grant["supervisor"] and "*" not in grant["agents"]:
                 raise errors.Forbidden(f"{grants.scope(grant)}; {http_api.METRICS_PATH} is read with a supervisor's "
                                        "or an operator's token (agent-mail token create --supervisor).")
             return Response(counted.text(), 200, media_type=metrics.CONTENT_TYPE, headers={EXIT_HEADER: "0"})
         return await _answered(request, "metrics", carry_out)
 
-    async def authenticate(presented: str) -> dict:
+    async def authenticate(presented: str) -> tuple[dict, int]:
+        """The Gate's check (once per request: the calls take its grant, _presented), and the waits' generation read
+        before it (_since)."""
         carrier.ready()
-        return await carrier.run(_authenticated, carrier, presented, {})
+        since = carrier.waits.generation if carrier.waits is not None else 0
+        return await carrier.run(_authenticated, carrier, presented, {}), since
 
     counted = metrics.Metrics((*(http_api.call_path(name) for name in SERVED), *_GUARDED, http_api.HEALTH_PATH,
                                http_api.HEALTH_LIVE_PATH, http_api.HEALTH_READY_PATH, http_api.OPENAPI_PATH,
@@ -662,8 +710,14 @@ def app_for(location: str) -> Starlette:
     async def described(request: Request) -> Response:
         return _document(openapi.document(__version__), 200, errors.EXIT_OK)
 
-    mcp = _mcp_endpoint(location)  # MCP over streamable HTTP (agent_mail.server.mcp_http), its session manager run by
-    return Starlette(routes=[Route(http_api.call_path("{command}"), call, methods=["POST"]),  # the app's lifespan
+    def waits():
+        carrier.ready()
+        return carrier.waits
+
+    # MCP over streamable HTTP (agent_mail.server.mcp_http), its session manager run by the app's lifespan; its
+    # blocked watches on the same waits as the API's.
+    mcp = _mcp_endpoint(location, waits)
+    return Starlette(routes=[Route(http_api.call_path("{command}"), call, methods=["POST"]),
                              Route(http_api.EXPORT_PATH, transfer, methods=["POST"]),
                              Route(http_api.IMPORT_PATH, transfer, methods=["POST"]),
                              Route(http_api.DELIVERED_PATH, carried_by("delivered", _settle), methods=["POST"]),
@@ -697,11 +751,12 @@ def _guarded(path: str, method: str) -> bool:
 
 
 def _sampled(carrier: _Carrier) -> list:
-    """What the PostgreSQL carrier reports when scraped: the pool's use, the waits' wake-ups, the hub's
-    reconnections (when its hub counts them)."""
-    if carrier.limiter is None or carrier.pool is None:
+    """What the carrier reports when scraped: the pool's use (PostgreSQL), the waits' wake-ups (both backings, unless
+    a SQLite server's waits block in threads), the hub's reconnections (PostgreSQL's hub)."""
+    if carrier.limiter is None:
         return []
-    families = [("agent_mail_db_pool_size", "gauge", "Connections the pool may open for calls.",
+    families = [] if carrier.pool is None else [
+                ("agent_mail_db_pool_size", "gauge", "Connections the pool may open for calls.",
                  [((), carrier.pool.size)]),
                 ("agent_mail_db_pool_in_use", "gauge", "The pool's connections lent to calls now.",
                  [((), carrier.limiter.borrowed_tokens)]),
@@ -711,13 +766,13 @@ def _sampled(carrier: _Carrier) -> list:
         families.append(("agent_mail_wakeups_total", "counter", "Wake-ups of the served waits (a send to a waiting "
                          "identity, a broadcast, a revocation, a reconnection).", [((), carrier.waits.generation)]))
         reconnects = getattr(carrier.waits.hub, "reconnects", None)
-        if isinstance(reconnects, int):
+        if isinstance(reconnects, int) and carrier.pool is not None:
             families.append(("agent_mail_hub_reconnects_total", "counter", "Reconnections of the LISTEN connection "
                              "that carries the waits.", [((), reconnects)]))
     return families
 
 
-def _mcp_endpoint(location: str):
+def _mcp_endpoint(location: str, waits):
     """The /mcp endpoint, or, without the mcp extra, an answer saying how to get it."""
     try:
         from agent_mail.server import mcp_http
@@ -728,7 +783,11 @@ def _mcp_endpoint(location: str):
         async def missing(request: Request) -> Response:
             return _document({"error": why, "problems": []}, 501, errors.EXIT_FAILED)
         return missing
-    return mcp_http.Endpoint(location, _STOPPING, log, MAX_THREADS)
+    # A blocked MCP watch holds a thread only where a SQLite server cannot use pipes (then MAX_THREADS of them).
+    from agent_mail.store import backend_name
+
+    threads = CALL_THREADS if backend_name(location) != "sqlite" or _pipes_here() else MAX_THREADS
+    return mcp_http.Endpoint(location, _STOPPING, log, threads, waits)
 
 async def _not_routed(request: Request, exc: HTTPException) -> Response:
     """Starlette's own refusals (a path the API has not: 404; a method it is not called with: 405) in JSON with the

@@ -122,10 +122,16 @@ async def spool_upload(request: Request, path: str) -> None:
             out.write(chunk)
 
 
-def _refusal(status: int, reason: str, text: str) -> bytes:
+# Where the protocol leaves, in a request's scope, why it cut the request off at its deadline (408 already written):
+# the application's own line for that request then says so, and is its only line.
+CUT_KEY = "agent_mail.cut"
+
+
+def _refusal(status: int, reason: str, text: str, logged: bool = True) -> bytes:
     """A whole HTTP/1.1 answer, {error, problems} in JSON, to a request the protocol refuses before the application
-    sees it; the connection closes after it."""
-    log(status=status, exit=errors.EXIT_INVALID, refused=text)
+    sees it; the connection closes after it. Logged here unless `logged` is False (the application logs it)."""
+    if logged:
+        log(status=status, exit=errors.EXIT_INVALID, refused=text)
     body = jsonout.dumps(errors.InvalidInput([(None, text)]).payload(), end="\n").encode("utf-8")
     return (f"HTTP/1.1 {status} {reason}\r\ndate: {http_date().decode()}\r\ncontent-type: {http_api.JSON}\r\n"
             f"content-length: {len(body)}\r\n"
@@ -160,10 +166,11 @@ class Penalties:
 
 class Gate:
     """ASGI middleware: the bearer token of a request to a guarded path (`guarded(path, method)`) checked before a
-    byte of its body is read (`authenticate(token)` -> grant, errors.Forbidden when refused), so a client without
-    a token cannot make the server take in a body. A refusal is 401 with WWW-Authenticate, held as Penalties say
-    when a token was given; a database that cannot be reached is 503. The grant found is left in the scope
-    (GRANT_KEY).
+    byte of its body is read (`authenticate(token)` -> what it admits, errors.Forbidden when refused), so a client
+    without a token cannot make the server take in a body. A refusal is 401 with WWW-Authenticate, held as Penalties say
+    when a token was given; a database that cannot be reached is 503. What `authenticate` answered (the server's:
+    the grant, and the waits' generation read before it) is left in the scope (GRANT_KEY), so the call does not look
+    the token up again.
     """
 
     GRANT_KEY = "agent_mail.grant"
@@ -285,9 +292,10 @@ class EdgeProtocol(H11Protocol):
             return
         cycle = self.cycle
         if cycle is not None and not cycle.response_started:
-            self.transport.write(_refusal(408, "Request Timeout", (
-                f"the request did not arrive in time (within {READ_SECONDS:g} s plus its body at "
-                f"{MIN_BODY_RATE // 1024} KiB/s, at most {REQUEST_SECONDS:g} s); nothing was done. Send it again.")))
+            text = (f"the request did not arrive in time (within {READ_SECONDS:g} s plus its body at "
+                    f"{MIN_BODY_RATE // 1024} KiB/s, at most {REQUEST_SECONDS:g} s); nothing was done. Send it again.")
+            cycle.scope[CUT_KEY] = text  # the application's line for it says so (one line per request)
+            self.transport.write(_refusal(408, "Request Timeout", text, logged=False))
         if cycle is not None and not cycle.response_complete:
             cycle.disconnected = True  # nothing more written for it; its reads end as the client gone
             cycle.message_event.set()

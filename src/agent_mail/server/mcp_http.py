@@ -20,8 +20,11 @@ bearer token. Part of the server front end: only server.py imports it (the `mcp`
   the command line with AGENT_MAIL_DB naming the server. The tools are those of `agent-mail mcp` that the
   server carries out (agent_mail.server.openapi.SERVED), less the reservation tools (the repository is on the
   caller's machine).
-- A blocked watch waits in a worker thread (never on the event loop) and ends when its client hangs up, its
-  token is revoked, or the server stops (SIGTERM). One JSON log line per request, with the token's id only.
+- A blocked watch waits on the event loop, carried by the server's waits (agent_mail.server.waits: on PostgreSQL
+  the one LISTEN connection, on SQLite the wake-up pipes), holding neither a thread nor a database connection, and
+  ends when mail comes, its client hangs up, its token is revoked (at once: the revocation wakes it), or the server
+  stops (SIGTERM). Where the server has no such waits (a SQLite mailbox with AGENT_MAIL_POLL set) it blocks in a
+  worker thread, as a watch on the command line does. One JSON log line per request, with the token's id only.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from agent_mail import __version__, calls, errors, jsonout, model, spec
 from agent_mail.protocols import http_api, mcp_tools
 from agent_mail.parts import checks
 from agent_mail.server import grants, openapi
+from agent_mail.server.edge import CUT_KEY, Gate
 from agent_mail.operations import tokens
 
 # A tool call carries no attachments (files stay on the client's machine): a body at its longest, escaped.
@@ -100,8 +104,9 @@ class _Tools(MCPServer):
 class Endpoint:
     """The ASGI application at /mcp and the lifespan that runs the SDK's session manager."""
 
-    def __init__(self, location: str, stopping: threading.Event, log, threads: int):
+    def __init__(self, location: str, stopping: threading.Event, log, threads: int, waits=None):
         self.location, self.stopping, self.log, self.threads = location, stopping, log, threads
+        self.waits = waits  # waits(): the server's ServedWaits (made on the event loop), or None: blocks in threads
         _log_as_json(log)  # before the SDK's server, which would otherwise set up its own (rich) log lines
         self.tools = _Tools(self)
         # The bearer token authenticates every request; a page in a browser (DNS rebinding) has none, so the
@@ -130,9 +135,15 @@ class Endpoint:
                 info["status"] = message["status"]
             await send(message)
 
+        served = self.waits() if self.waits is not None else None
+        since = served.generation if served is not None else 0  # before the token is looked at
+        admitted = scope.get(Gate.GRANT_KEY)  # (grant, generation): the server's Gate looked the token up already
         try:
             try:
-                grant = await self._thread(self._authenticate, _bearer(scope), info)
+                if admitted is not None:
+                    (grant, since), info["token_id"] = admitted, admitted[0]["id"]
+                else:
+                    grant = await self._thread(self._authenticate, _bearer(scope), info)
                 body = await _body(scope, receive)
             except errors.AgentMailError as exc:
                 await _refusal(exc, sending)
@@ -146,29 +157,39 @@ class Endpoint:
                 info["exit"] = errors.EXIT_INVALID
                 return
             info["command"] = _rpc_method(body)
-            gone = threading.Event()
-            state = {"grant": grant, "gone": gone, "info": info}
+            gone, hung_up = threading.Event(), anyio.Event()
+            state = {"grant": grant, "gone": gone, "info": info, "waits": served, "since": since, "hung_up": hung_up}
             replayed = []
 
             async def replay():
                 if not replayed:
                     replayed.append(True)
                     return {"type": "http.request", "body": body, "more_body": False}
-                return await receive()  # blocks until the client hangs up: http.disconnect
+                message = await receive()  # blocks until the client hangs up: http.disconnect
+                if message["type"] == "http.disconnect":
+                    gone.set()
+                    hung_up.set()  # a watch awaited on the server's waits ends at once
+                return message
 
             try:
                 await self.manager.handle_request({**scope, _STATE: state}, replay, sending)
             finally:
                 gone.set()  # a watch still blocked for this request ends at its next look
+                hung_up.set()
         except Exception as exc:  # a bug: still JSON, never a traceback
+            # The log line names the error (as /v1's 5xx lines do; never a token: the grant holds its id only).
+            info["error"] = f"internal error ({type(exc).__name__}: {exc})"[:2000]
             if info["status"] is None:
                 await _send_json(sending, 500, {"error": f"internal error ({type(exc).__name__}). Nothing was "
                                                          "changed. Please report this.", "problems": []},
                                  errors.EXIT_FAILED)
         finally:
+            cut = scope.get(CUT_KEY)  # the protocol answered 408 at the request's deadline: this is its only line
             self.log(method=method, path=http_api.MCP_PATH, command=info["command"], token_id=info["token_id"],
-                     **{"as": info["as"]}, status=info["status"], exit=info["exit"],
-                     ms=round((time.monotonic() - started) * 1000, 1))
+                     **{"as": info["as"]}, status=408 if cut else info["status"],
+                     exit=errors.EXIT_INVALID if cut else info["exit"],
+                     ms=round((time.monotonic() - started) * 1000, 1),
+                     **({"refused": cut} if cut else {"error": info["error"]} if "error" in info else {}))
 
     async def _thread(self, function, *args):
         return await anyio.to_thread.run_sync(function, *args, limiter=self.limiter)
@@ -230,20 +251,23 @@ class Endpoint:
             values["uploaded"] = {"refs": [], "attachments": []}
         if name == "watch":
             mcp_tools.set_wait(values, wait, None)
-        return lambda: self._carry_out(name, values, grant, info, state["gone"], cancelled)
+        return lambda: self._carry_out(name, values, grant, info, state, cancelled)
 
-    def _carry_out(self, name: str, values: dict, grant: dict, info: dict, gone: threading.Event,
+    def _carry_out(self, name: str, values: dict, grant: dict, info: dict, state: dict,
                    cancelled: threading.Event) -> object:
         from agent_mail.operations import mail
         from agent_mail.store import open_store
 
         if self.stopping.is_set():
             raise errors.StorageError("the server is stopping; nothing was done. Call again in a moment.")
+        gone = state["gone"]
         store = open_store(self.location)  # the token was authenticated by this same request, moments ago
         try:
             info["as"] = grants.check(grant, name, values)
             mailbox = mail.Mailbox(store)
             mailbox.publish_due()
+            if name == "watch" and not values.get("once") and state["waits"] is not None:
+                return mcp_tools.OnTheLoop(lambda: self._served_watch(values, grant, info, state))
             if name == "watch" and not values.get("once"):  # a blocked watch: asked at each refresh and wake-up
 
                 def wanted() -> bool:
@@ -258,6 +282,19 @@ class Endpoint:
             return result
         finally:
             store.close()
+
+
+    async def _served_watch(self, values: dict, grant: dict, info: dict, state: dict) -> dict:
+        """A blocked watch on the server's waits (agent_mail.server.waits.ServedWaits.wait): its result, HungUp when
+        its client hung up (nobody to answer), Stopping when the server stops."""
+        from agent_mail.parts.waits import HungUp
+
+        result = await state["waits"].wait(values["agent"], values["timeout_seconds"], grant, state["since"],
+                                           state["hung_up"])
+        if result is None:
+            raise HungUp()
+        info["exit"] = errors.EXIT_OK
+        return result
 
 
 class _JsonLines(logging.Handler):

@@ -13,7 +13,8 @@ from agent_mail.protocols import schemas
 from agent_mail.protocols.http_api import (CALL_PATH, DASHBOARD_PATH, DELIVERED_PATH, DELIVERY_HEADER, EXIT_HEADER,
                                            EXPORT_PATH, FOLLOW_PATH, HEALTH_LIVE_PATH, HEALTH_PATH,
                                            HEALTH_READY_PATH, IMPORT_PATH, JSON, JSON_LINES, LOOK_WAIT_MAX, MBOX,
-                                           METRICS_PATH, NAMES_HEADER, OCTETS, RESULT_HEADER, STOP_PATH, call_path)
+                                           METRICS_PATH, NAMES_HEADER, OCTETS, RESULT_HEADER, STOP_PATH, VERSION_HEADER,
+                                           call_path)
 
 # The commands a client may call; the rest work on a mailbox itself, or are not served yet (the client says so).
 SERVED = ("send", "read", "ack", "watch", "heartbeat", "dismiss", "archive", "delete", "cancel", "attachments",
@@ -247,6 +248,29 @@ def _dashboard_operation() -> dict:
             "marker": {"type": "integer"}, "views": {"type": "object"}}})
 
 
+def _versioned(paths: dict, version: str) -> None:
+    """The version check (server/versions.py) on every operation: the client's version as an optional request header,
+    the server's on every answer (but 408 and 431, which the connection answers before any route), and the 400 that
+    refuses a version this server cannot serve."""
+    named = {"name": VERSION_HEADER, "in": "header", "required": False, "example": version,
+             "description": "The client's agent-mail version (MAJOR.MINOR.PATCH). Left out: served. A version this "
+                            "server cannot serve (another major version, or before 1.0 another minor one) is refused "
+                            "with 400 naming both versions (exit 2), before anything else is done.",
+             "schema": {"type": "string"}}
+    answered = {"required": True, "description": "The server's agent-mail version.",
+                "schema": {"type": "string", "example": version}}
+    for operations in paths.values():
+        for operation in operations.values():
+            operation["parameters"] = [*operation.get("parameters", ()), named]
+            responses = operation["responses"]
+            responses.setdefault("400", _error_response(
+                f"The client's version ({VERSION_HEADER}) cannot be served by this server (exit 2): the error names "
+                "both versions."))
+            for code, response in responses.items():
+                if code not in ("408", "431"):
+                    response["headers"] = {**response.get("headers", {}), VERSION_HEADER: answered}
+
+
 def document(version: str) -> dict:
     """The OpenAPI 3.1 document of the API, every served command's arguments from the spec."""
     paths = {call_path(name): {"post": _call_operation(name)} for name in SERVED}
@@ -307,6 +331,7 @@ def document(version: str) -> dict:
                               "content": {"text/plain": {"schema": {"type": "string"}}}},
                       **{code: answer for code, answer in _errors().items() if code in ("401", "403", "503",
                                                                                           "default")}}}}
+    _versioned(paths, version)
     return {
         "openapi": "3.1.0",
         "info": {"title": "agent-mail", "version": version,

@@ -1,9 +1,12 @@
-"""The waits `agent-mail serve` carries on PostgreSQL (issue 21): a blocked watch holds neither a thread nor a
-database connection while it waits.
+"""The waits `agent-mail serve` carries (issues 21 and 27): a blocked watch, follow or dashboard look, MCP watch or
+hook's waiter holds neither a thread nor a database connection while it waits.
 
 A wait looks (on a pooled store, in a worker thread), then awaits, on the server's event loop, the wake-up that
-the server's one LISTEN connection (store/postgres_hub.Hub) hands it, or its deadline, or a scheduled message
-falling due, then looks again. The guarantees of a watch on its own connection hold:
+the server's one watcher of the mailbox's changes hands it (PostgreSQL: its one LISTEN connection,
+store/postgres_hub.Hub; SQLite: its wake-up pipes, watched by the event loop, store/sqlite_bells.BellHub, which
+every process writing the file rings), or its deadline, or a scheduled message falling due, then looks again. The
+guarantees of a watch on its own connection hold (on SQLite a stop call's release rings the identity's pipe, and the
+woken wait asks whether its session was released; the server's lock on its own pipe is its sessions' presence):
 
 - mail committed after the wait starts always wakes it: the wait is registered, and its identity's channel
   LISTENed, before its session is written and before its first look;
@@ -136,8 +139,8 @@ class _Batches:
 
 
 class ServedWaits:
-    """Every wait one server process carries on a PostgreSQL mailbox, over a pool of its stores (`pool`, used at
-    most `limiter`'s capacity at once) and one hub, started on the first wait."""
+    """Every wait one server process carries, over a pool of its stores (`pool`, used at most `limiter`'s capacity
+    at once) and one hub (PostgreSQL's LISTEN connection, or SQLite's BellHub), started on the first wait."""
 
     def __init__(self, location: str, pool, limiter: anyio.CapacityLimiter, mailbox_for: Callable,
                  instance: str | None = None):
@@ -187,11 +190,20 @@ class ServedWaits:
         async with self._starting:
             if self.hub is not None:
                 return
-            from agent_mail.server.edge import log
-            from agent_mail.store.postgres_hub import Hub
+            from agent_mail.store import backend_name
 
-            hub = Hub(self.location, self.instance, self._woken_from_hub, self._released_from_hub, log)
-            await anyio.to_thread.run_sync(hub.start)
+            if backend_name(self.location) == "sqlite":  # the wake-up pipes, watched on this loop (no thread)
+                from agent_mail.store.sqlite_bells import BellHub
+
+                path = await self.db(lambda store: store.path)
+                hub = BellHub(path, self.instance, self._woken_from_hub, self._loop)
+                hub.start()
+            else:
+                from agent_mail.server.edge import log
+                from agent_mail.store.postgres_hub import Hub
+
+                hub = Hub(self.location, self.instance, self._woken_from_hub, self._released_from_hub, log)
+                await anyio.to_thread.run_sync(hub.start)
             self.hub = hub
             self._keeper = asyncio.get_running_loop().create_task(self._keep())
 
@@ -243,7 +255,10 @@ class ServedWaits:
             try:
                 current = await self.db(beat, marker)
             except errors.AgentMailError:
-                self._wake(None)  # each wait looks, and ends with the error if the mailbox is gone
+                # Each wait looks, on stores opened anew (a SQLite file replaced: the waits look at the new one), and
+                # ends with the error if the mailbox is gone.
+                self.pool.drop_idle()
+                self._wake(None)
                 continue
             if marker is not None and current != marker:
                 self._wake(None)
@@ -251,11 +266,18 @@ class ServedWaits:
 
     # -- one wait ---------------------------------------------------------------------------
     async def wait(self, agent: str, seconds: float, grant: dict, since: int, gone: anyio.Event,
-                   key: str | None = None):
+                   key: str | None = None, waiter_steps=None):
         """Block as a watch does, for `agent`, until mail for it is there, `seconds` pass, the client is gone or
         the server stops; then release its session and return the watch's result (None when the client is
         gone: its session abandoned). waits.Released when its client's stop call released its session. `since`:
-        the generation read before the token was authenticated; `key`: the client's stop_key (or None)."""
+        the generation read before the token was authenticated; `key`: the client's stop_key (or None).
+
+        `waiter_steps`: a hook's waiter (operations.telling.ServedWaiter, armed) instead of a watch: its own look
+        (mail its session was not told of), its session's sign of life once every LAST_SEEN_EVERY_SECONDS, its
+        end (the answer: the hook's {output, wake, note, waiter}); its session released when its client hangs up
+        (a harness ends its waiter routinely)."""
+        if waiter_steps is not None:
+            return await self._hook_wait(agent, seconds, grant, since, gone, waiter_steps)
         from agent_mail.server import stops
 
         await self._started()
@@ -277,7 +299,7 @@ class ServedWaits:
             # times over when a broadcast ends every wait at once); it only waits, so it has nothing to raise.
             watching = asyncio.get_running_loop().create_task(hung_up())
             try:
-                found = await self._until_mail(waiter, seconds, grant, since, gone)
+                found = await self._until_mail(waiter, seconds, grant, since, gone, session)
             finally:
                 watching.cancel()
             if waiter.released:  # by its client's stop call, in the database: nothing more to write
@@ -300,6 +322,112 @@ class ServedWaits:
             if opened:
                 with anyio.CancelScope(shield=True):
                     await self._release_quietly(session)
+
+    async def _hook_wait(self, agent: str, seconds: float, grant: dict, since: int, gone: anyio.Event, steps):
+        from agent_mail.operations import tokens
+        from agent_mail.operations.telling import LAST_SEEN_EVERY_SECONDS
+        from agent_mail.server import stops
+
+        def look(store, ask: bool, publish: bool):
+            if ask:
+                tokens.still_valid(store, grant)
+            mailbox = self.mailbox_for(store)
+            if publish:
+                mailbox.publish_due()
+            found = steps.look(mailbox)
+            if found is None or found:
+                return found, None
+            from agent_mail.parts.waits import Waits
+
+            return [], Waits(mailbox).next_due(agent)
+
+        def end(store, session: str, reason: str, found):
+            try:
+                with store.transaction(write=True):
+                    store.release_sessions([session], model.now_iso(), reason)
+            except errors.StorageError:
+                self._unreleased.add(session)  # released at the next beat; the answer (a note of mail) stands
+            return steps.end(self.mailbox_for(store), found)
+
+        await self._started()
+        waiter = _Waiter(agent)
+        self._waiters.setdefault(agent, set()).add(waiter)
+        session = stops.session_id(self.instance, None)
+        found, reason, opened, ended = [], "error", False, False
+        subscribed = self.hub.subscribe(agent)
+        loop = asyncio.get_running_loop()
+
+        async def hung_up():
+            await gone.wait()
+            waiter.wake()
+        watching = loop.create_task(hung_up())
+        try:
+            await self._listening(subscribed, "The client looks again by itself.")
+            await self._opens.do((session, agent))
+            opened = True
+            deadline, touch_at = loop.time() + seconds, loop.time() + LAST_SEEN_EVERY_SECONDS
+            look_now, publish, due_at = "first", False, None
+            while True:
+                if self.stopping:
+                    raise Stopping()
+                if gone.is_set():
+                    found, reason = None, "client gone"
+                    break
+                now = loop.time()
+                if look_now:
+                    waiter.woken = False
+                    token, generation = grant["id"], self.generation
+                    if token in self._revoked:
+                        raise self._revoked[token]
+                    ask = max(since, self._valid.get(token, -1)) < generation  # woken by a revocation since
+                    try:
+                        found, until_due = await self.db(look, ask, publish)
+                    except errors.Forbidden as refused:
+                        self._revoked[token] = refused
+                        raise
+                    if ask:
+                        self._valid[token] = max(self._valid.get(token, -1), generation)
+                    if found is None or found:  # superseded by a newer waiter, or told of mail
+                        found, reason = found or [], "mail" if found else "superseded"
+                        break
+                    due_at = None if until_due is None else loop.time() + until_due
+                    look_now = publish = False
+                    continue
+                if now >= deadline:
+                    reason = "timeout"
+                    break
+                if due_at is not None and now >= due_at:
+                    look_now = publish = True
+                    continue
+                if now >= touch_at:  # the session's sign of life; False: a newer waiter took over, or it ended
+                    if not await self.db(lambda store: steps.still(self.mailbox_for(store))):
+                        reason = "superseded"
+                        break
+                    touch_at = loop.time() + LAST_SEEN_EVERY_SECONDS
+                    continue
+                await waiter.sleep(min(deadline, touch_at, due_at if due_at is not None else deadline) - now)
+                look_now = waiter.woken
+            opened = ended = False
+            try:
+                return await self.db(end, session, reason, found)
+            finally:
+                ended = True
+        finally:
+            watching.cancel()
+            waiters = self._waiters.get(agent)
+            if waiters is not None:
+                waiters.discard(waiter)
+                if not waiters:
+                    del self._waiters[agent]
+            self.hub.unsubscribe(agent)
+            if opened or not ended:  # ended by an error, the server stopping, or cancelled
+                with anyio.CancelScope(shield=True):
+                    if opened:
+                        await self._release_quietly(session)
+                    try:
+                        await self.db(lambda store: steps.end(self.mailbox_for(store), []))
+                    except errors.AgentMailError:
+                        pass
 
     # -- a look that waits (follow, dashboard) ----------------------------------------------------
     async def until_changed(self, key: str, seconds: float, look: Callable, gone: anyio.Event):
@@ -354,15 +482,21 @@ class ServedWaits:
                 store.open_session(session, agent, now)
         return [None] * len(items)
 
-    def _look_all(self, store, items: list[tuple[str, bool, dict | None]]) -> list:
+    def _look_all(self, store, items: list[tuple[str, bool, dict | None, str | None]]) -> list:
         """Look for each (agent, publish due mail first, the grant whose token is to be asked about first, or
-        None): (envelopes, seconds until the next due) each, or errors.Forbidden where that token was revoked
-        (asked once per token)."""
+        None, the session to ask about first, or None): (envelopes, seconds until the next due) each, or
+        errors.Forbidden where that token was revoked (asked once per token), or (None, None) where that session was
+        released (by its client's stop call: where the hub does not say so itself)."""
         from agent_mail.operations import tokens
         from agent_mail.parts.waits import Waits
 
+        released = set()
+        if any(session is not None for _, _, _, session in items):
+            with store.transaction():
+                released = {session for _, _, _, session in items
+                            if session is not None and store.session_state(session) == "released"}
         refused: dict[str, Exception | None] = {}
-        for _, _, grant in items:
+        for _, _, grant, _ in items:
             if grant is not None and grant["id"] not in refused:
                 try:
                     tokens.still_valid(store, grant)
@@ -370,12 +504,12 @@ class ServedWaits:
                 except errors.Forbidden as exc:
                     refused[grant["id"]] = exc
         waits = Waits(self.mailbox_for(store))
-        if any(publish for _, publish, _ in items):
+        if any(publish for _, publish, _, _ in items):
             waits.mailbox.publish_due()
-        looking = [agent for agent, _, grant in items if grant is None or refused[grant["id"]] is None]
+        looking = [agent for agent, _, grant, _ in items if grant is None or refused[grant["id"]] is None]
         found = waits.looks(list(dict.fromkeys(looking)))
-        return [refused[grant["id"]] if grant is not None and refused[grant["id"]] is not None else found[agent]
-                for agent, _, grant in items]
+        return [refused[grant["id"]] if grant is not None and refused[grant["id"]] is not None else
+                (None, None) if session in released else found[agent] for agent, _, grant, session in items]
 
     @staticmethod
     def _release_all(store, items: list[tuple[str, str, str, list | None]]) -> None:
@@ -444,12 +578,13 @@ class ServedWaits:
         except errors.AgentMailError:
             self._unreleased.add(session)
 
-    async def _until_mail(self, waiter: _Waiter, seconds: float, grant: dict, since: int, gone: anyio.Event):
+    async def _until_mail(self, waiter: _Waiter, seconds: float, grant: dict, since: int, gone: anyio.Event,
+                          session: str):
         """The loop of Waits.wait_for_mail, awaiting instead of blocking: the envelopes found, [] at the deadline,
         None when the client is gone."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds
-        look_now, publish, due_at = True, False, None
+        look_now, publish, due_at = "first", False, None
         while True:
             if self.stopping:
                 raise Stopping()
@@ -461,11 +596,16 @@ class ServedWaits:
                 if token in self._revoked:
                     raise self._revoked[token]
                 ask = max(since, self._valid.get(token, -1)) < generation
+                asked = session if look_now is True and not getattr(self.hub, "announces_releases", True) \
+                    else None  # woken: was its session released by its client's stop call? (SQLite)
                 try:
-                    found, until_due = await self._looks.do((waiter.agent, publish, grant if ask else None))
+                    found, until_due = await self._looks.do((waiter.agent, publish, grant if ask else None, asked))
                 except errors.Forbidden as refused:
                     self._revoked[token] = refused
                     raise
+                if found is None:  # released
+                    waiter.released = True
+                    return None
                 if ask:
                     self._valid[token] = max(self._valid.get(token, -1), generation)
                 if found:

@@ -133,6 +133,10 @@ def backend_for(location: str) -> Backend:
     return Backend(location)
 
 
-def open_store(location: str):
-    """The store `location` names, connected (creating or migrating its schema on first use)."""
+def open_store(location: str, any_thread: bool = False):
+    """The store `location` names, connected (creating or migrating its schema on first use). `any_thread`: a store
+    that one thread at a time may use, whichever (a pool's: store/pool.py); a SQLite connection is otherwise kept to
+    the thread that opened it."""
+    if any_thread and backend_name(location) == "sqlite":
+        return store_class(location)(location, any_thread=True)
     return store_class(location)(location)

@@ -31,7 +31,7 @@ class StorePool:
             with self._lock:
                 store = self._idle.pop() if self._idle else None
             if store is None:
-                store = open_store(self.location)
+                store = open_store(self.location, any_thread=True)
             try:
                 yield store
             except BaseException:
@@ -53,6 +53,13 @@ class StorePool:
         """The stores open and idle now."""
         with self._lock:
             return len(self._idle)
+
+    def drop_idle(self) -> None:
+        """Close the idle stores: the next calls open new ones (a SQLite file replaced under a server's waits)."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for store in idle:
+            store.close()
 
     def close(self) -> None:
         self._closed = True

@@ -144,8 +144,9 @@ class SQLiteStore(SQLStore):
         """As stored, with what the armed sessions' wake-up pipes tell (sqlite_bells.presence)."""
         return presence(self.path, self.db, super().liveness(agent), agent)
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, any_thread: bool = False):
         self.path = path
+        self._any_thread = any_thread  # used by one thread at a time, whichever (a pool's store)
         self._pipe: WakePipe | None = None  # our wake-up, while waiting
         self._wakes: set[str] = set()  # identities to wake once the current transaction commits
         self._has_search: bool | None = None  # whether the mailbox has its search index (asked once)
@@ -214,7 +215,8 @@ class SQLiteStore(SQLStore):
             raise self._fail(exc, "creating it") if _no_space(exc) else errors.StorageError(
                 f"cannot create the mailbox {self.path}: {exc.strerror or exc}.") from None
         try:
-            db = sqlite3.connect(os.fsencode(self.path), timeout=BUSY_SLICE_SECONDS, isolation_level=None)
+            db = sqlite3.connect(os.fsencode(self.path), timeout=BUSY_SLICE_SECONDS, isolation_level=None,
+                                 check_same_thread=not self._any_thread)
         except sqlite3.Error as exc:
             raise self._fail(exc, "opening it") from None
         db.row_factory = sqlite3.Row

@@ -23,12 +23,16 @@ def presence(path: str, db: sqlite3.Connection, facts: dict[str, dict], agent: s
     from agent_mail.store.base import GONE_HOLDER, gone_since, holder_gone
     from agent_mail.store.sql import SQLStore
 
-    pipes = pipe_presence(path, agent)
+    # The servers whose waits hold sessions here (BellHub): their own pipe's lock is every such session's presence
+    # (their identities' pipes, named after the server too, say nothing more).
+    servers = {session: held for session, (_, _, held) in pipe_presence(path, EVERY_WAIT).items()}
+    pipes = pipe_presence(path, agent, skip=servers)
     where = "AND agent = ?" if agent is not None else ""
     params = (agent,) if agent is not None else ()
     # Without pipes only an abandoned session says more than its row (found by the ids' index: GONE_HOLDER.*).
-    if not pipes and db.execute(f"SELECT 1 FROM watch_sessions WHERE id >= ? AND id < ? AND state = 'armed' {where} "
-                                "LIMIT 1", (GONE_HOLDER + ".", GONE_HOLDER + "/", *params)).fetchone() is None:
+    if not pipes and not servers and db.execute(
+            f"SELECT 1 FROM watch_sessions WHERE id >= ? AND id < ? AND state = 'armed' {where} LIMIT 1",
+            (GONE_HOLDER + ".", GONE_HOLDER + "/", *params)).fetchone() is None:
         return facts
     now = model.now()
     spoken = {name for name, _, _ in pipes.values()}
@@ -36,9 +40,18 @@ def presence(path: str, db: sqlite3.Connection, facts: dict[str, dict], agent: s
     for session, name, last_seen in db.execute(
             f"SELECT id, agent, last_seen FROM watch_sessions WHERE state = 'armed' {where}", params):
         stored = model.parse_iso(last_seen)
+        holder, dot, _ = session.partition(".")
         if holder_gone(session):  # its server's client hung up: nothing holds it
             seen = (gone_since(stored, now), False)
             spoken.add(name)
+        elif dot and holder in servers:  # a wait a server carries: alive while the server holds its pipe's lock
+            spoken.add(name)
+            if servers[holder] is False:  # the server is gone
+                seen = (gone_since(stored, now), False)
+            elif stored is not None and (now - stored).total_seconds() > model.HUNG_SECONDS:
+                seen = (stored, False)  # the server stopped refreshing its sessions: hung
+            else:
+                seen = (now, True)
         elif session not in pipes:
             seen = (stored, False)
         else:
@@ -218,7 +231,7 @@ def _held(pipe: str) -> bool | None:
         os.close(fd)
 
 
-def pipe_presence(path: str, agent: str | None) -> dict[str, tuple]:
+def pipe_presence(path: str, agent: str | None, skip=()) -> dict[str, tuple]:
     """{watch session: (identity, when its pipe was last touched, held)} for the waiting watches of `agent`
     (or all) that have a pipe: held True, its watch holds the pipe's lock (alive); False, its watch is gone
     (killed); None, its watch holds no lock (an older agent-mail, or no locks here) and is alive by its
@@ -236,7 +249,8 @@ def pipe_presence(path: str, agent: str | None) -> dict[str, tuple]:
     for name in names:
         identity, at, owner = name.partition("@")
         pid, _, session = owner.partition("-")
-        if not at or not session or identity == EVERYTHING or (agent is not None and identity != agent):
+        if not at or not session or identity == EVERYTHING or (agent != identity if agent is not None else
+                                                               identity == EVERY_WAIT) or session in skip:
             continue
         pipe = os.path.join(bells, name)
         try:
@@ -261,3 +275,91 @@ def _sweep_pipe(pipe: str, owner: str) -> None:
             os.unlink(pipe)
         except OSError:
             pass
+
+
+# The pipe name's identity of a server's own wake-up for every wait it carries (BellHub): rung by a broadcast and by
+# Store.wake_waits (a revoked or expired token, a stopping wait), never by a direct message. Its lock is the presence
+# of every session the server holds (named INSTANCE.DIGEST.NONCE: presence above).
+EVERY_WAIT = "*"
+
+
+class BellHub:
+    """The wake-ups of every wait one `agent-mail serve` process carries on a SQLite mailbox (issue 27), watched on
+    the server's event loop (loop.add_reader): no thread and no poll per wait. One pipe per identity that at least
+    one wait is for (IDENTITY@PID-INSTANCE, rung by every sender of mail for it, in this process or any other), the
+    dashboard's EVERYTHING pipe while one waits (rung by every message), and the server's EVERY_WAIT pipe (rung by
+    a broadcast and by a revocation: every wait looks again, its token asked about). `on_wake(agents)` is called on
+    the loop with the identities whose waits are to look again, or None for every wait. It has the interface of
+    postgres_hub.Hub that agent_mail.server.waits uses (subscribe, unsubscribe, stop); a stop call's release is
+    announced on the identity's pipe only, so the waits ask whether their sessions were released
+    (announces_releases False)."""
+
+    announces_releases = False
+    reconnects = 0
+
+    def __init__(self, path: str, instance: str, on_wake, loop):
+        self.path, self.instance, self._on_wake, self._loop = path, instance, on_wake, loop
+        self._pipes: dict[str, WakePipe] = {}  # identity (or EVERYTHING, EVERY_WAIT): its pipe, while waited for
+        self._counts: dict[str, int] = {}
+
+    def start(self) -> None:
+        """Make the server's own pipe (StorageError if it cannot be: a file system without named pipes)."""
+        self._open(EVERY_WAIT)
+
+    def subscribe(self, agent: str):
+        """Count a wait for `agent` in; the future is done at once, the identity's pipe made (mail committed after
+        that rings it): failed with StorageError where it cannot be made."""
+        from concurrent.futures import Future
+
+        done: Future = Future()
+        self._counts[agent] = self._counts.get(agent, 0) + 1
+        try:
+            if agent not in self._pipes:
+                self._open(agent)
+            done.set_result(True)
+        except Exception as exc:
+            done.set_exception(exc)
+        return done
+
+    def unsubscribe(self, agent: str) -> None:
+        left = self._counts.get(agent, 0) - 1
+        if left > 0:
+            self._counts[agent] = left
+            return
+        self._counts.pop(agent, None)
+        self._close(agent)
+
+    def stop(self) -> None:
+        for agent in list(self._pipes):
+            self._close(agent)
+
+    def _open(self, agent: str) -> None:
+        from agent_mail import errors
+
+        pipe = WakePipe.open(self.path, agent, self.instance)
+        if pipe is None:
+            raise errors.StorageError(f"the server could not make a wake-up pipe beside the mailbox {self.path} "
+                                      f"(in {bell_dir(self.path)}); nothing was changed. Ask again.")
+        self._pipes[agent] = pipe
+        self._loop.add_reader(pipe.reader, self._rung, agent, pipe)
+
+    def _close(self, agent: str) -> None:
+        pipe = self._pipes.pop(agent, None)
+        if pipe is None:
+            return
+        try:
+            if not self._loop.is_closed():
+                self._loop.remove_reader(pipe.reader)
+        except (RuntimeError, ValueError, OSError):
+            pass
+        pipe.close()
+
+    def _rung(self, agent: str, pipe: WakePipe) -> None:
+        try:
+            while os.read(pipe.reader, 4096):
+                pass
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:
+            return
+        self._on_wake(None if agent == EVERY_WAIT else {agent})
