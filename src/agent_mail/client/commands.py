@@ -633,14 +633,14 @@ def _follow(url: str, token: str, agent: str, emit) -> int:
 # The front ends run on the client's machine (they read the harness's stdin, the git checkout, the processes here)
 # and carry their mailbox steps to the server through a Served: started by name, as the command line starts them.
 # Front ends of their own that run on this machine with the server as their mailbox (the command line starts them
-# with what `backing` gives): the dashboard, a harness's hook, the git guard.
-STARTED_HERE = ("dashboard", "hook", "guard")
+# with what `backing` gives): the dashboard, a harness's hook, the git guard, `run` (a harness in a terminal of its own).
+STARTED_HERE = ("dashboard", "hook", "guard", "run")
 
 
 def backing(name: str, url: str):
     """What a front end started here (STARTED_HERE) is given to reach the mailbox through the server at `url`: the
-    dashboard its (URL, token), which it reads and acts through (agent_mail.dashboard.served); a hook or the git
-    guard a Served, which carries their mailbox steps."""
+    dashboard its (URL, token), which it reads and acts through (agent_mail.dashboard.served); a hook, the git
+    guard or run a Served, which carries their mailbox steps."""
     return (url, read_token()) if name == "dashboard" else Served(url)
 
 
