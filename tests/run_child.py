@@ -16,7 +16,7 @@ def note(line: str) -> None:
         handle.write(line + "\n")
 
 
-note("started")
+note(f"started {os.getpid()}")
 while True:
     sys.stdout.write("> ")
     sys.stdout.flush()

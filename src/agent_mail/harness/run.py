@@ -247,35 +247,46 @@ def _complete_prefix(data: bytes) -> int:
 class KeyTracker:
     """What the person's keys left at the prompt: `unsent` characters typed since their last Enter (backspace takes
     one away; ctrl+u, ctrl+c and Enter clear them), `uncertain` after a key whose effect on the line cannot be
-    known from here (arrows recalling history, a paste, tab completion, other control keys: unsent text until Enter,
-    ctrl+u or ctrl+c), and when the last key came."""
+    known from here (arrows recalling history, tab completion, Esc, other control keys: unsent text until Enter,
+    ctrl+u or ctrl+c), and when the last key came. What the terminal itself sends on this input is not a key: its
+    answers to the harness's queries (cursor position, device attributes, colours, keyboard modes), focus and mouse
+    reports. A bracketed paste is text typed."""
 
     def __init__(self):
         self.unsent = 0
         self.uncertain = False
         self.last_key = float("-inf")
         self.submitted = 0  # Enters that sent text the person had typed (their prompt carried the mail waiting)
-        self.in_escape = False
+        self.partial = b""  # an escape sequence cut by the end of a read
+        self.pasting = False
 
     def clear(self) -> bool:
         return self.unsent == 0 and not self.uncertain
 
     def feed(self, data: bytes, at: float) -> None:
-        self.last_key = at
+        data, self.partial = self.partial + data, b""
         i = 0
         while i < len(data):
             byte = data[i]
-            if self.in_escape or byte == 0x1b:  # an escape sequence (arrows, paste, function keys) or Esc itself
-                self.in_escape = False
-                end = _escape_end(data, i)
-                if end is None:  # cut at the end of this read: the rest comes with the next
-                    self.in_escape = True
-                    self.uncertain = True
+            if byte == 0x1b:
+                end, kind = _escape(data, i)
+                if end is None:
+                    self.partial = data[i:]
+                    if len(self.partial) > 4096:  # not a sequence after all
+                        self.partial, self.uncertain, self.last_key = b"", True, at
                     return
-                self.uncertain = True
-                i = end
-                continue
-            if byte in (0x0d, 0x0a):  # Enter
+                sequence, i = data[i:end], end
+                if kind == "paste":
+                    self.pasting = sequence.endswith(b"200~")
+                    self.last_key = at
+                elif kind == "key":
+                    self.uncertain, self.last_key = True, at
+                continue  # a report of the terminal: not the person
+            self.last_key = at
+            if self.pasting:
+                if byte & 0xC0 != 0x80:
+                    self.unsent += 1
+            elif byte in (0x0d, 0x0a):  # Enter
                 if not self.clear():
                     self.submitted += 1
                 self.unsent, self.uncertain = 0, False
@@ -291,21 +302,46 @@ class KeyTracker:
             i += 1
 
 
-def _escape_end(data: bytes, start: int) -> int | None:
-    """The index after the escape sequence at data[start] (ESC [ ... final, ESC O x, ESC x, or a bare ESC at the
-    end of a read, taken as the Esc key); None when it is cut short by the end of `data`."""
+_REPORT_FINALS = b"RcnytIOu"  # CSI answers of a terminal: cursor position, attributes, status, modes, focus, flags
+
+
+def _escape(data: bytes, start: int) -> tuple[int | None, str]:
+    """(the index after the escape sequence at data[start], what it is: "key" a key the person pressed, "report"
+    what the terminal sent of itself, "paste" a bracketed paste's start or end); (None, "") when the end of `data`
+    cuts it. A bare ESC at the end of a read is the Esc key."""
     if start + 1 >= len(data):
-        return start + 1 if data[start] == 0x1b else None
-    i = start + 1 if data[start] == 0x1b else start
-    kind = data[i]
+        return start + 1, "key"
+    kind = data[start + 1]
+    if kind in (ord("]"), ord("P"), ord("_"), ord("^")):  # OSC, DCS, APC, PM: until BEL or ST
+        i = start + 2
+        while i < len(data):
+            if data[i] == 0x07:
+                return i + 1, "report"
+            if data[i] == 0x1b and i + 1 < len(data) and data[i + 1] == ord("\\"):
+                return i + 2, "report"
+            i += 1
+        return None, ""
     if kind == ord("["):
-        i += 1
+        i = start + 2
         while i < len(data) and not 0x40 <= data[i] <= 0x7e:
             i += 1
-        return i + 1 if i < len(data) else None
+        if i >= len(data):
+            return None, ""
+        params, final = data[start + 2:i], data[i:i + 1]
+        if final == b"~" and params in (b"200", b"201"):
+            return i + 1, "paste"
+        if params[:1] == b"<" and final in (b"M", b"m"):  # a mouse report (SGR)
+            return i + 1, "report"
+        if final == b"M" and not params:  # a mouse report (X10): three more bytes
+            return (i + 4, "report") if i + 3 < len(data) else (None, "")
+        if final in (b"I", b"O") and not params:
+            return i + 1, "report"  # focus in / out
+        if final and final in _REPORT_FINALS and (params[:1] in (b"?", b">", b"=") or final in b"Rnyt"):
+            return i + 1, "report"
+        return i + 1, "key"
     if kind == ord("O"):
-        return i + 2 if i + 1 < len(data) else None
-    return i + 1
+        return (start + 3, "key") if start + 2 < len(data) else (None, "")
+    return start + 2, "key"  # alt+key
 
 
 # -- the decision -------------------------------------------------------------------------------------------------
@@ -320,6 +356,7 @@ class Waker:
         self.pending_since: float | None = None
         self.submitted_at_mail = 0
         self.last_wake = float("-inf")
+        self.answered = 0  # dialog lines on the screen the person answered (Enter while they showed)
 
     def mail(self, now: float) -> None:
         if self.pending_since is None:
@@ -328,6 +365,26 @@ class Waker:
 
     def output(self, now: float) -> None:
         self.last_output, self.output_seen = now, True
+
+    def typed(self, submitted_before: int) -> None:
+        """After the person's keys: Enters pressed while a dialog was open answered it (a line-oriented program
+        leaves the question on the screen: answered, it no longer counts as open) and sent no prompt, so they
+        carried no mail."""
+        answered = self.keys.submitted - submitted_before
+        if answered and self.dialog():
+            self.answered = len(self._dialog_lines())
+            if self.pending_since is not None:
+                self.submitted_at_mail += answered
+
+    def _dialog_lines(self) -> list[str]:
+        return [line for line in self.screen.last_lines(SCREEN_LINES_CHECKED).splitlines()
+                if any(marker in line for marker in DIALOG_MARKERS)]
+
+    def dialog(self) -> bool:
+        """Whether the screen's last lines show a dialog not answered yet."""
+        shown = len(self._dialog_lines())
+        self.answered = min(self.answered, shown)
+        return shown > self.answered
 
     def carried(self) -> None:
         """The pending mail was told (by the person's own prompt, or the harness's hooks): no wake for it."""
@@ -356,7 +413,7 @@ class Waker:
         tail = self.screen.last_lines(SCREEN_LINES_CHECKED)
         if any(marker in tail for marker in BUSY_MARKERS):
             return "a turn is under way"
-        if any(marker in tail for marker in DIALOG_MARKERS):
+        if self.dialog():
             return "a dialog is open"
         return None
 
@@ -550,6 +607,8 @@ class Runner:
         self.woken = 0
         self.stopped_by: int | None = None
         self.problem: str | None = None
+        where = os.environ.get("AGENT_MAIL_RUN_LOG")
+        self.log = open(where, "a", encoding="utf-8") if where else None  # why each pending wake waits (debugging)
 
     def run(self) -> int:
         import pty
@@ -666,7 +725,9 @@ class Runner:
                     self.stopped_by = signal.SIGHUP
                     self._end_child(child, signal.SIGHUP)
                     return 128 + signal.SIGHUP
+                before = keys.submitted
                 keys.feed(data, now)
+                waker.typed(before)
                 if typing is not None:
                     held_keys += data
                 else:
@@ -699,7 +760,11 @@ class Runner:
                     _write_all(master, held_keys)
                     held_keys = b""
                 continue
-            if waker.blocked_by(now) is None:
+            why = waker.blocked_by(now)
+            if self.log is not None and waker.pending_since is not None:
+                self.log.write(f"{now:.3f} {why or 'wake'} | {screen.last_lines(3)!r}\n")
+                self.log.flush()
+            if why is None:
                 told = self._still_untold(child)
                 if told is False:
                     waker.carried()  # the harness's hooks told its session already
