@@ -243,6 +243,11 @@ def _prompts(model) -> list[str]:
     return said
 
 
+def _answer(request: dict):
+    """The session's own turns are answered; the harness's side questions (routing, next speaker) get their JSON."""
+    return [{"type": "text", "text": "ok from the model"}] if _main(request) else None
+
+
 def gemini_under_run(project, model, name: str):
     """A Terminal running `agent-mail run --agent AGENT -- gemini` in `project` against `model`."""
     home = project.parent / "gemini-home"
@@ -278,7 +283,7 @@ def _processes_in(directory) -> list[int]:
 def test_an_idle_gemini_is_woken_by_mail_quiet_while_text_is_typed_and_ends_with_its_terminal(gemini_project):
     from fake_model import FakeModel
 
-    with FakeModel(lambda request: [{"type": "text", "text": "ok from the model"}]) as model:
+    with FakeModel(_answer) as model:
         with gemini_under_run(gemini_project, model, f"agent-mail-run-gemini-{os.getpid()}") as terminal:
             terminal.wait_for(lambda: _at_prompt(terminal), 90, "gemini did not reach its prompt")
             assert _status()["watch_state"] == "armed" and _status()["reachable"]
@@ -316,7 +321,7 @@ def test_an_idle_gemini_is_woken_by_mail_quiet_while_text_is_typed_and_ends_with
 def test_a_flood_of_mail_is_one_wake_and_gemini_s_exit_status_is_runs(gemini_project):
     from fake_model import FakeModel
 
-    with FakeModel(lambda request: [{"type": "text", "text": "ok from the model"}]) as model:
+    with FakeModel(_answer) as model:
         with gemini_under_run(gemini_project, model, f"agent-mail-run-flood-{os.getpid()}") as terminal:
             terminal.wait_for(lambda: _at_prompt(terminal), 90, "gemini did not reach its prompt")
             turns = len(_prompts(model))

@@ -34,6 +34,9 @@ TYPING_PAUSE_SECONDS = 3.0  # the person pressed no key for this long
 WAKE_INTERVAL_SECONDS = 10.0  # at most one wake per this long
 ECHO_SECONDS = 2.0  # the typed trigger must show on the screen within this long, else it is erased and retried
 ATTEMPTS = 3  # tries of one wake before giving up on it
+ENTER_DELAY_SECONDS = 0.1  # between the trigger seen on the screen and its Enter
+LANDED_SECONDS = 3.0  # after Enter, the prompt hook must have told the session within this long (else Enter again)
+LANDED_LOOK_SECONDS = 0.2
 STOP_PATIENCE_SECONDS = 3.0  # after SIGHUP/SIGTERM to the harness's group, SIGKILL after this long
 SERVED_LOOK_SECONDS = 3.0  # through a server, with woken-for mail still unread: look again this often
 WAIT_SECONDS = model.WATCH_MINUTES_DEFAULT * 60.0  # one armed wait of the helper (then re-armed)
@@ -604,6 +607,7 @@ class Runner:
         self.agent, self.command, self.served = agent, command, served
         self.trigger = trigger_text(agent).encode("utf-8")
         self.gave_up = 0
+        self.attempts = 0  # tries of the wake under way whose trigger was not seen
         self.woken = 0
         self.stopped_by: int | None = None
         self.problem: str | None = None
@@ -664,16 +668,15 @@ class Runner:
         screen, keys = Screen(rows, cols), KeyTracker()
         now = time.monotonic()
         waker = Waker(screen, keys, now)
-        typing: dict | None = None  # the trigger typed, waiting to be seen on the screen: {deadline, attempt}
+        typing: dict | None = None  # a wake under way (Runner._typing)
         held_keys = b""  # the person's keys while a trigger waits to be seen (sent once it is, or erased)
-        attempt = 0
         status = None
         inputs = [master, stdin, notify, signals_r]
         while True:
             now = time.monotonic()
             timeout = None
             if typing is not None:
-                timeout = max(0.0, typing["deadline"] - now)
+                timeout = max(0.0, min(typing["deadline"], typing.get("next", typing["deadline"])) - now)
             else:
                 later = waker.next_check(now)
                 if later is not None:
@@ -728,10 +731,12 @@ class Runner:
                 before = keys.submitted
                 keys.feed(data, now)
                 waker.typed(before)
-                if typing is not None:
+                if typing is not None and typing["phase"] != "landing":
                     held_keys += data
                 else:
                     _write_all(master, data)
+                    if typing is not None:
+                        typing["person"] = True  # their keys after the trigger's Enter: it is not resent
             if notify in ready:
                 data = os.read(notify, 4096)
                 if data.startswith(b"!") or not data:
@@ -740,37 +745,85 @@ class Runner:
                 else:
                     waker.mail(now)
             if typing is not None:
-                if screen.count(self.trigger.decode("utf-8")) > typing["shown"]:
-                    _write_all(master, b"\r")
-                    typing = None
-                    self.woken += 1
-                    waker.woke(now)
-                    attempt = 0
-                elif now >= typing["deadline"] or held_keys:
-                    _write_all(master, b"\x7f" * len(self.trigger.decode("utf-8")))  # not seen: take it back
-                    typing = None
-                    waker.last_wake = now - WAKE_INTERVAL_SECONDS + QUIET_SECONDS * 3  # look again shortly
-                    if not held_keys:
-                        attempt += 1
-                        if attempt >= ATTEMPTS:
-                            self.gave_up += 1
-                            waker.carried()
-                            attempt = 0
-                if typing is None and held_keys:
-                    _write_all(master, held_keys)
-                    held_keys = b""
+                typing = self._typing(typing, screen, waker, master, now, held_keys, child)
+                if typing is None or typing["phase"] == "landing":
+                    if held_keys:
+                        _write_all(master, held_keys)
+                        held_keys = b""
                 continue
             why = waker.blocked_by(now)
-            if self.log is not None and waker.pending_since is not None:
-                self.log.write(f"{now:.3f} {why or 'wake'} | {screen.last_lines(3)!r}\n")
-                self.log.flush()
+            if waker.pending_since is not None:
+                self._note(f"{why or 'wake'} | {screen.last_lines(3)!r}")
             if why is None:
                 told = self._still_untold(child)
                 if told is False:
                     waker.carried()  # the harness's hooks told its session already
+                    self._note("told by the harness's hooks already: no wake")
                     continue
                 _write_all(master, self.trigger)
-                typing = {"deadline": now + ECHO_SECONDS, "shown": screen.count(self.trigger.decode("utf-8"))}
+                typing = {"phase": "echo", "deadline": now + ECHO_SECONDS, "tracked": told is True,
+                          "shown": screen.count(self.trigger.decode("utf-8"))}
+                self._note("trigger typed")
+
+    def _typing(self, typing: dict, screen: Screen, waker: Waker, master: int, now: float, held_keys: bytes,
+                child: int) -> dict | None:
+        """One step of a wake under way: the trigger typed and waiting to be seen (echo), seen and waiting a moment
+        before Enter (enter: a harness takes an Enter that follows typing at once for part of a paste), entered and
+        waiting to be told (landing: the session under run told the mail by its prompt hook, where the mailbox
+        knows the session; one more Enter if not). None once it is over, landed or given up."""
+        text = self.trigger.decode("utf-8")
+        if typing["phase"] == "echo":
+            if screen.count(text) > typing["shown"]:
+                self._note("trigger seen on the screen")
+                return {**typing, "phase": "enter", "deadline": now + ENTER_DELAY_SECONDS}
+            if now >= typing["deadline"] or held_keys:
+                _write_all(master, b"\x7f" * len(text))  # not seen (or the person started typing): take it back
+                waker.last_wake = now - WAKE_INTERVAL_SECONDS + QUIET_SECONDS * 3  # look again shortly
+                self._note("trigger not seen: erased" if not held_keys else "the person typed: trigger erased")
+                if not held_keys:
+                    self.attempts += 1
+                    if self.attempts >= ATTEMPTS:
+                        self.gave_up, self.attempts = self.gave_up + 1, 0
+                        waker.carried()
+                        self._note("trigger never seen: given up")
+                return None
+            return typing
+        if typing["phase"] == "enter":
+            if held_keys:
+                _write_all(master, b"\x7f" * len(text))
+                self._note("the person typed: trigger erased")
+                waker.last_wake = now - WAKE_INTERVAL_SECONDS + QUIET_SECONDS * 3
+                return None
+            if now < typing["deadline"]:
+                return typing
+            _write_all(master, b"\r")
+            self.woken, self.attempts = self.woken + 1, 0
+            waker.woke(now)
+            self._note("Enter")
+            if not typing["tracked"]:
+                return None  # no session known to ask: seen on the screen is all that can be checked
+            return {**typing, "phase": "landing", "deadline": now + LANDED_SECONDS, "enters": 1,
+                    "next": now + LANDED_LOOK_SECONDS}
+        # landing
+        if now < typing["next"] and now < typing["deadline"]:
+            return typing
+        if self._still_untold(child) is not True:
+            self._note("landed: the prompt hook told the session")
+            return None
+        if now < typing["deadline"]:
+            return {**typing, "next": now + LANDED_LOOK_SECONDS}
+        if typing["enters"] < 2 and not typing.get("person"):
+            _write_all(master, b"\r")
+            self._note("not told yet: Enter again")
+            return {**typing, "deadline": now + LANDED_SECONDS, "enters": 2, "next": now + LANDED_LOOK_SECONDS}
+        self.gave_up += 1
+        self._note("not told after the trigger: given up")
+        return None
+
+    def _note(self, what: str) -> None:
+        if self.log is not None:
+            self.log.write(f"{time.monotonic():.3f} {what}\n")
+            self.log.flush()
 
     def _still_untold(self, child: int) -> bool | None:
         if self.served is not None:
