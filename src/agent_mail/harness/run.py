@@ -763,7 +763,7 @@ class Runner:
                 _write_all(master, self.trigger)
                 typing = {"phase": "echo", "deadline": now + ECHO_SECONDS, "tracked": told is True,
                           "shown": screen.count(self.trigger.decode("utf-8"))}
-                self._note("trigger typed")
+                self._note(f"trigger typed (the session under run: {'not known' if told is None else 'not told yet'})")
 
     def _typing(self, typing: dict, screen: Screen, waker: Waker, master: int, now: float, held_keys: bytes,
                 child: int) -> dict | None:
@@ -830,7 +830,8 @@ class Runner:
             return None
         try:
             return still_untold(self.agent, child)
-        except errors.AgentMailError:
+        except errors.AgentMailError as exc:
+            self._note(f"could not look at the session under run: {exc}")
             return None
 
     def _end_child(self, child: int, first: int) -> None:
