@@ -130,12 +130,18 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.fixture
-def wrapped(tmp_path, mailbox_path):
+def through():
+    """Variables of run's environment beyond the test's (a test through a server overrides this fixture)."""
+    return {}
+
+
+@pytest.fixture
+def wrapped(tmp_path, mailbox_path, through):
     """run around tests/run_child.py in tmux: (terminal, the child's log, run's decision log, the exit file)."""
     log, decisions, code = tmp_path / "child.log", tmp_path / "run.log", tmp_path / "exit"
-    env = process_env(AGENT_MAIL_RUN_LOG=str(decisions))
+    env = process_env(AGENT_MAIL_RUN_LOG=str(decisions), **through)
     passed = " ".join(f"{k}={shlex.quote(env[k])}" for k in ("AGENT_MAIL_DB", "AGENT_MAIL_RUN_LOG", "PYTHONPATH",
-                                                            "HOME"))
+                                                            "HOME", *through))
     command = f"env {passed} {shlex.quote(sys.executable)} -m agent_mail run --agent {AGENT} -- " \
               f"{shlex.quote(sys.executable)} {shlex.quote(CHILD)} {shlex.quote(str(log))}; echo $? > {code}"
     with Terminal(tmp_path, f"agent-mail-run-{os.getpid()}", tmp_path, command) as terminal:
@@ -196,6 +202,26 @@ def test_the_terminal_going_away_ends_the_harness_and_releases_the_wait(wrapped)
     subprocess.run([*terminal.tmux, "kill-server"], capture_output=True)  # the pane's terminal closes: SIGHUP
     until(lambda: not _alive(child), 30, "the harness outlived its terminal")
     until(lambda: _status().get("watch_state") == "released", 30, "run's watch session was not released")
+
+
+class TestThroughAServer:
+    """AGENT_MAIL_DB names an agent-mail server: run waits with the server's watch (armed there)."""
+
+    @pytest.fixture
+    def through(self, server):
+        return {"AGENT_MAIL_DB": server.url, "AGENT_MAIL_TOKEN": server.token("--agent", AGENT)}
+
+    @pytest.mark.requires("tmux")
+    def test_an_idle_prompt_is_woken_through_the_server(self, wrapped):
+        terminal, log, _, code = wrapped
+        assert _status()["reached_by"] == "an armed watch"  # the server's watch, on the mailbox
+        _send()
+        until(lambda: f"line: {TRIGGER}" in _lines(log), 30, "no trigger typed")
+        assert json.loads(am_process("read", AGENT, "--no-mark-read").stdout)["count"] == 1
+        terminal.type("exit 0", "Enter")
+        until(lambda: code.exists() and code.read_text().strip(), 30, "run did not exit")
+        assert code.read_text().strip() == "0"
+        until(lambda: _status().get("watch_state") != "armed", 30, "the server's watch was left armed")
 
 
 def test_without_a_terminal_on_stdin_run_refuses_clearly(mailbox_path):
