@@ -4,7 +4,6 @@ is typed), each line it reads appended to the log file named by its first argume
 `signal N` (kills itself with signal N); anything else is answered "ok"."""
 
 import os
-import signal
 import sys
 import time
 

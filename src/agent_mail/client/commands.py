@@ -633,7 +633,7 @@ def _follow(url: str, token: str, agent: str, emit) -> int:
 # The front ends run on the client's machine (they read the harness's stdin, the git checkout, the processes here)
 # and carry their mailbox steps to the server through a Served: started by name, as the command line starts them.
 # Front ends of their own that run on this machine with the server as their mailbox (the command line starts them
-# with what `backing` gives): the dashboard, a harness's hook, the git guard, `run` (a harness in a terminal of its own).
+# with what `backing` gives): the dashboard, a harness's hook, the git guard, `run` (a harness in its own terminal).
 STARTED_HERE = ("dashboard", "hook", "guard", "run")
 
 
