@@ -368,3 +368,56 @@ def test_a_flood_of_mail_is_one_wake_and_gemini_s_exit_status_is_runs(gemini_pro
             code = gemini_project.parent / "exit"
             until(lambda: code.exists() and code.read_text().strip(), 60, "run did not exit after /quit")
             assert code.read_text().strip() == "0"
+
+
+# -- the real Copilot CLI under run -------------------------------------------------------------------------------
+COPILOT = find("copilot")
+COPILOT_CACHE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".cache", "copilot")
+
+
+@pytest.fixture
+def copilot_project(tmp_path, mailbox_path):
+    pytest.importorskip("mcp", reason="the mcp extra is not installed")
+    directory = tmp_path / "project"
+    directory.mkdir()
+    home = tmp_path / "copilot-home"
+    (home / ".copilot").mkdir(parents=True)
+    (home / ".copilot" / "config.json").write_text(json.dumps({"trustedFolders": [str(directory)]}))
+    done = am_process("setup", "copilot", "--agent", AGENT, "--dir", str(directory))
+    assert done.returncode == 0, done.stderr
+    return directory
+
+
+def _copilot_main(request: dict) -> bool:
+    return "create" in [t.get("function", {}).get("name") for t in request.get("tools") or []]
+
+
+@pytest.mark.requires("copilot", "tmux")
+def test_an_idle_copilot_is_woken_by_mail(copilot_project):
+    from fake_model import FakeModel
+
+    home = copilot_project.parent / "copilot-home"
+    os.makedirs(COPILOT_CACHE, exist_ok=True)
+    with FakeModel(lambda request: [{"type": "text", "text": "ok from the model"}]) as model:
+        env = process_env(HOME=str(home), COPILOT_OFFLINE="true", COPILOT_AUTO_UPDATE="false",
+                          COPILOT_PROVIDER_BASE_URL=f"{model.url}/v1", COPILOT_PROVIDER_API_KEY="x",
+                          COPILOT_MODEL="scripted", COPILOT_CACHE_HOME=COPILOT_CACHE, TMPDIR=private_tmp(home))
+        passed = [k for k in env if k.startswith("COPILOT_") or k in ("HOME", "TMPDIR", "PYTHONPATH", "PATH")]
+        command = shlex.join(["env", "-u", "AGENT_MAIL_DB", *(f"{k}={env[k]}" for k in passed), sys.executable,
+                              "-m", "agent_mail", "run", "--agent", AGENT, "--", COPILOT])
+        command += f"; echo $? > {shlex.quote(str(copilot_project.parent / 'exit'))}"
+        with Terminal(copilot_project.parent, f"agent-mail-run-copilot-{os.getpid()}", copilot_project,
+                      command) as terminal:
+            terminal.wait_for(lambda: "/ commands" in terminal.screen(), 90, "copilot did not reach its prompt")
+            turns = len([r for r in model.requests if _copilot_main(r)])
+            _send()
+            terminal.wait_for(lambda: len([r for r in model.requests if _copilot_main(r)]) > turns, 60,
+                              "the idle session was not woken")
+            said = json.dumps([r for r in model.requests if _copilot_main(r)][turns]["messages"])
+            assert TRIGGER in said and said.count("Stop the deploy") == 1
+            assert "the body stays in the mailbox" not in said
+            terminal.wait_for(lambda: "ok from the model" in terminal.screen(), 60, "the woken turn did not end")
+            terminal.type("/exit", "Enter")
+            code = copilot_project.parent / "exit"
+            until(lambda: code.exists() and code.read_text().strip(), 60, "run did not exit after /exit")
+            assert code.read_text().strip() == "0"
