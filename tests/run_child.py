@@ -1,7 +1,7 @@
 """A scripted interactive program for `agent-mail run` tests: a prompt in a cooked terminal (the terminal echoes what
 is typed), each line it reads appended to the log file named by its first argument. Lines it understands:
 `busy S` (draws a spinner for S seconds), `dialog` (asks "Allow once? (y/n)" and reads the answer), `exit N`,
-`signal N` (kills itself with signal N); anything else is answered "ok"."""
+`signal N` (kills itself with signal N), `size` (logs its terminal's size, answers in red); anything else is answered "ok"."""
 
 import os
 import sys
@@ -38,6 +38,10 @@ while True:
         sys.stdout.write("Allow once? (y/n) ")
         sys.stdout.flush()
         note(f"answer: {sys.stdin.readline().strip()}")
+    elif word == "size":
+        columns, lines = os.get_terminal_size(0)
+        note(f"size: {columns}x{lines}")
+        sys.stdout.write("\x1b[31mred\x1b[0m\r\n")
     elif word == "exit":
         sys.exit(int(rest))
     elif word == "signal":

@@ -196,6 +196,24 @@ def test_a_harness_killed_by_a_signal_exits_run_with_128_plus_n(wrapped):
 
 
 @pytest.mark.requires("tmux")
+def test_a_resize_and_colours_pass_through_and_sigterm_to_run_ends_the_harness(wrapped):
+    terminal, log, _, code = wrapped
+    subprocess.run([*terminal.tmux, "resize-window", "-t", terminal.name, "-x", "100", "-y", "30"], check=True)
+    terminal.type("size", "Enter")
+    until(lambda: any(x.startswith("size: ") for x in _lines(log)), 30, "no size logged")
+    assert "size: 100x30" in _lines(log)  # the harness's terminal took the new size (SIGWINCH)
+    shown = subprocess.run([*terminal.tmux, "capture-pane", "-p", "-e", "-t", terminal.name], capture_output=True,
+                           text=True).stdout
+    assert "\x1b[31mred" in shown  # colours reach the terminal as written
+    child = int(_lines(log)[0].split()[1])
+    run = int(open(f"/proc/{child}/stat").read().rsplit(")", 1)[1].split()[1])  # run is the harness's parent
+    os.kill(run, 15)
+    until(lambda: code.exists() and code.read_text().strip(), 30, "run did not exit on SIGTERM")
+    assert code.read_text().strip() == "143" and not _alive(child)
+    until(lambda: _status().get("watch_state") == "released", 30, "run's watch session was not released")
+
+
+@pytest.mark.requires("tmux")
 def test_the_terminal_going_away_ends_the_harness_and_releases_the_wait(wrapped):
     terminal, log, _, _ = wrapped
     child = int(_lines(log)[0].split()[1])
