@@ -102,8 +102,10 @@ def test_a_wake_waits_for_quiet_no_keys_no_unsent_text_no_dialog_and_the_interva
     waker.typed(before)
     screen.feed(b"y\r\n> ")
     assert waker.blocked_by(at + 20) is None
-    keys.feed(b"go\r", at + 2)  # the person sent a prompt after the mail arrived: its prompt hook told it
-    assert waker.blocked_by(at + 20) == "carried by the person's prompt" and waker.pending_since is None
+    keys.feed(b"go\r", at + 2)  # the person sent a prompt after the mail arrived: its prompt hook likely told it
+    assert waker.blocked_by(at + 20) is None and waker.person_prompted  # run asks the mailbox before it wakes
+    waker.carried()
+    assert waker.blocked_by(at + 20) == "no mail" and not waker.person_prompted
 
 
 # -- the wrapper around a scripted prompt, in tmux ----------------------------------------------------------------

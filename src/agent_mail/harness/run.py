@@ -360,10 +360,11 @@ class Waker:
         self.submitted_at_mail = 0
         self.last_wake = float("-inf")
         self.answered = 0  # dialog lines on the screen the person answered (Enter while they showed)
+        self.person_prompted = False  # the person sent a prompt since the pending mail arrived
 
     def mail(self, now: float) -> None:
         if self.pending_since is None:
-            self.pending_since = now
+            self.pending_since, self.person_prompted = now, False
             self.submitted_at_mail = self.keys.submitted
 
     def output(self, now: float) -> None:
@@ -391,18 +392,20 @@ class Waker:
 
     def carried(self) -> None:
         """The pending mail was told (by the person's own prompt, or the harness's hooks): no wake for it."""
-        self.pending_since = None
+        self.pending_since, self.person_prompted = None, False
 
     def woke(self, now: float) -> None:
-        self.pending_since, self.last_wake = None, now
+        self.pending_since, self.last_wake, self.person_prompted = None, now, False
 
     def blocked_by(self, now: float) -> str | None:
         """Why the trigger may not be typed now (None: it may)."""
         if self.pending_since is None:
             return "no mail"
         if self.keys.submitted != self.submitted_at_mail:
-            self.carried()  # the person sent a prompt after the mail arrived: its prompt hook told them
-            return "carried by the person's prompt"
+            # The person sent a prompt after the mail arrived: its prompt hook most likely told it. Where the
+            # mailbox knows the session under run, that is checked before a wake (a slash command tells nothing);
+            # elsewhere the prompt is taken to have carried it.
+            self.submitted_at_mail, self.person_prompted = self.keys.submitted, True
         if not self.output_seen:
             return "the harness has drawn nothing yet"
         if now - self.last_output < QUIET_SECONDS:
@@ -756,9 +759,9 @@ class Runner:
                 self._note(f"{why or 'wake'} | {screen.last_lines(3)!r}")
             if why is None:
                 told = self._still_untold(child)
-                if told is False:
-                    waker.carried()  # the harness's hooks told its session already
-                    self._note("told by the harness's hooks already: no wake")
+                if told is False or (told is None and waker.person_prompted):
+                    waker.carried()  # the harness's hooks told its session already (or, unknown, the person's prompt)
+                    self._note("told already (by a prompt of the person's or the harness's hooks): no wake")
                     continue
                 _write_all(master, self.trigger)
                 typing = {"phase": "echo", "deadline": now + ECHO_SECONDS, "tracked": told is True,
