@@ -1,7 +1,8 @@
 """A scripted interactive program for `agent-mail run` tests: a prompt in a cooked terminal (the terminal echoes what
 is typed), each line it reads appended to the log file named by its first argument. Lines it understands:
 `busy S` (draws a spinner for S seconds), `dialog` (asks "Allow once? (y/n)" and reads the answer), `exit N`,
-`signal N` (kills itself with signal N), `size` (logs its terminal's size, answers in red); anything else is answered "ok"."""
+`signal N` (kills itself with signal N), `size` (logs its terminal's size, answers in red); anything else is
+answered "ok"."""
 
 import os
 import sys

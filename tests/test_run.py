@@ -441,3 +441,57 @@ def test_an_idle_copilot_is_woken_by_mail(copilot_project):
             code = copilot_project.parent / "exit"
             until(lambda: code.exists() and code.read_text().strip(), 60, "run did not exit after /exit")
             assert code.read_text().strip() == "0"
+
+
+@pytest.mark.fast
+def test_a_wake_is_typed_seen_entered_and_checked_or_erased_and_given_up():
+    """Runner.wake_step with the pseudo-terminal's master as a pipe: what is written to the harness, step by step."""
+    read_end, write_end = os.pipe()
+    runner = running.Runner(AGENT, ["true"])
+    told = {"untold": True}
+    runner.session_untold = lambda child: told["untold"]
+    screen, keys = running.Screen(5, 120), running.KeyTracker()
+    waker = running.Waker(screen, keys, 0.0)
+
+    def written() -> bytes:
+        os.set_blocking(read_end, False)
+        try:
+            return os.read(read_end, 65536)
+        except BlockingIOError:
+            return b""
+
+    def step(typing, now, held=b""):
+        return runner.wake_step(typing, screen, waker, write_end, now, held, 0)
+
+    # Seen on the screen, Enter a moment later, told by the prompt hook.
+    typing = {"phase": "echo", "deadline": 1.0 + running.ECHO_SECONDS, "tracked": True, "shown": 0}
+    assert step(typing, 1.1) is typing
+    screen.feed(f"> {TRIGGER}".encode())
+    typing = step(typing, 1.2)
+    assert typing["phase"] == "enter" and written() == b""
+    assert step(typing, 1.25) is typing
+    typing = step(typing, 1.2 + running.ENTER_DELAY_SECONDS)
+    assert typing["phase"] == "landing" and written() == b"\r" and runner.woken == 1
+    told["untold"] = False
+    assert step(typing, typing["next"]) is None
+
+    # Entered but never told: one more Enter, then given up.
+    told["untold"] = True
+    typing = {**typing, "deadline": 10.0, "next": 10.0, "enters": 1}
+    typing = step(typing, 10.0)
+    assert written() == b"\r" and typing["enters"] == 2
+    assert step(typing, typing["deadline"]) is None and runner.gave_up == 1
+
+    # Never seen: erased each time; the third time the wake is given up.
+    waker.mail(20.0)
+    for _ in range(running.ATTEMPTS):
+        typing = {"phase": "echo", "deadline": 21.0, "tracked": True, "shown": screen.count(TRIGGER)}
+        assert step(typing, 21.0) is None
+        assert written() == b"\x7f" * len(TRIGGER)
+    assert runner.gave_up == 2 and waker.pending_since is None
+
+    # The person types while it waits to be seen: erased at once, not counted as a failed try.
+    typing = {"phase": "echo", "deadline": 31.0, "tracked": False, "shown": screen.count(TRIGGER)}
+    assert step(typing, 30.1, b"x") is None and written() == b"\x7f" * len(TRIGGER) and runner.attempts == 0
+    os.close(read_end)
+    os.close(write_end)

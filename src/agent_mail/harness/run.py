@@ -671,7 +671,7 @@ class Runner:
         screen, keys = Screen(rows, cols), KeyTracker()
         now = time.monotonic()
         waker = Waker(screen, keys, now)
-        typing: dict | None = None  # a wake under way (Runner._typing)
+        typing: dict | None = None  # a wake under way (Runner.wake_step)
         held_keys = b""  # the person's keys while a trigger waits to be seen (sent once it is, or erased)
         status = None
         inputs = [master, stdin, notify, signals_r]
@@ -748,7 +748,7 @@ class Runner:
                 else:
                     waker.mail(now)
             if typing is not None:
-                typing = self._typing(typing, screen, waker, master, now, held_keys, child)
+                typing = self.wake_step(typing, screen, waker, master, now, held_keys, child)
                 if typing is None or typing["phase"] == "landing":
                     if held_keys:
                         _write_all(master, held_keys)
@@ -758,7 +758,7 @@ class Runner:
             if waker.pending_since is not None:
                 self._note(f"{why or 'wake'} | {screen.last_lines(3)!r}")
             if why is None:
-                told = self._still_untold(child)
+                told = self.session_untold(child)
                 if told is False or (told is None and waker.person_prompted):
                     waker.carried()  # the harness's hooks told its session already (or, unknown, the person's prompt)
                     self._note("told already (by a prompt of the person's or the harness's hooks): no wake")
@@ -768,7 +768,7 @@ class Runner:
                           "shown": screen.count(self.trigger.decode("utf-8"))}
                 self._note(f"trigger typed (the session under run: {'not known' if told is None else 'not told yet'})")
 
-    def _typing(self, typing: dict, screen: Screen, waker: Waker, master: int, now: float, held_keys: bytes,
+    def wake_step(self, typing: dict, screen: Screen, waker: Waker, master: int, now: float, held_keys: bytes,
                 child: int) -> dict | None:
         """One step of a wake under way: the trigger typed and waiting to be seen (echo), seen and waiting a moment
         before Enter (enter: a harness takes an Enter that follows typing at once for part of a paste), entered and
@@ -810,7 +810,7 @@ class Runner:
         # landing
         if now < typing["next"] and now < typing["deadline"]:
             return typing
-        if self._still_untold(child) is not True:
+        if self.session_untold(child) is not True:
             self._note("landed: the prompt hook told the session")
             return None
         if now < typing["deadline"]:
@@ -828,7 +828,7 @@ class Runner:
             self.log.write(f"{time.monotonic():.3f} {what}\n")
             self.log.flush()
 
-    def _still_untold(self, child: int) -> bool | None:
+    def session_untold(self, child: int) -> bool | None:
         if self.served is not None:
             return None
         try:
