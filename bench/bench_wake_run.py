@@ -7,7 +7,8 @@ scripted model (tests/fake_model.py: local, instant), idle at its prompt. Each r
 message for P:N; measured from that process's exit to the scripted model receiving the turn the wake started
 (run saw the mail, found the prompt idle, typed the one-line trigger, saw it on the screen, pressed Enter; Gemini's
 prompt hook added the envelope; Gemini asked the model). Between rounds the turn ends and run's wake interval
-(WAKE_INTERVAL_SECONDS) passes, as it would between two separate pieces of mail. The figure includes Gemini CLI's
+(WAKE_INTERVAL_SECONDS) passes, as it would between two separate pieces of mail. The first round starts once
+Gemini CLI is done starting (its session-start hook recorded the session). The figure includes Gemini CLI's
 own reaction to a typed prompt and its prompt hook (a Python process), so it is the whole of what a person waits.
 """
 
@@ -73,6 +74,8 @@ def measure(cli: list[str], wakes: int) -> dict:
         variables = {"HOME": home, "TMPDIR": os.path.join(home, "tmp"), "GEMINI_API_KEY": "bench",
                      "GOOGLE_GEMINI_BASE_URL": model.url, "GEMINI_CLI_TRUST_WORKSPACE": "true",
                      "PYTHONPATH": env["PYTHONPATH"], "PATH": env["PATH"]}
+        if os.environ.get("AGENT_MAIL_RUN_LOG"):  # why a wake waited, step by step
+            variables["AGENT_MAIL_RUN_LOG"] = os.environ["AGENT_MAIL_RUN_LOG"]
         command = shlex.join(["env", "-u", "AGENT_MAIL_DB", *(f"{k}={v}" for k, v in variables.items()), *cli,
                               "run", "--agent", AGENT, "--", gemini])
         session = f"agent-mail-bench-run-{os.getpid()}"
@@ -91,7 +94,11 @@ def measure(cli: list[str], wakes: int) -> dict:
             def turns() -> int:
                 return len([r for r in model.requests if main_turn(r)])
 
-            _until(idle, "never reached its prompt", 120)
+            def live() -> bool:  # its session-start hook ran: Gemini CLI is done starting
+                rows = json.loads(subprocess.run([*cli, "status"], env=env, capture_output=True, check=True).stdout)
+                return any(r["agent"] == AGENT and r.get("sessions") for r in rows["agents"])
+
+            _until(lambda: idle() and live(), "never reached its prompt", 120)
             load = "{:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
             woken = 0.0
             for i in range(wakes):
@@ -101,7 +108,7 @@ def measure(cli: list[str], wakes: int) -> dict:
                 subprocess.run([*cli, "send", "--from", "bench:lead", "--to", AGENT, "--subject", f"wake {i}"],
                                env=env, check=True, stdout=subprocess.DEVNULL)
                 sent = time.perf_counter()
-                _until(lambda: turns() > before, "the idle session was not woken", 30)  # noqa: B023
+                _until(lambda: turns() > before, f"round {i}: the idle session was not woken:\n{screen()}", 30)  # noqa: B023
                 samples.append((time.perf_counter() - sent) * 1000)
                 woken = time.monotonic()
                 said = json.dumps([r for r in model.requests if main_turn(r)][before]["contents"])

@@ -464,7 +464,7 @@ def test_a_wake_is_typed_seen_entered_and_checked_or_erased_and_given_up():
         return runner.wake_step(typing, screen, waker, write_end, now, held, 0)
 
     # Seen on the screen, Enter a moment later, told by the prompt hook.
-    typing = {"phase": "echo", "deadline": 1.0 + running.ECHO_SECONDS, "tracked": True, "shown": 0}
+    typing = {"phase": "echo", "deadline": 1.0 + running.ECHO_SECONDS, "shown": 0}
     assert step(typing, 1.1) is typing
     screen.feed(f"> {TRIGGER}".encode())
     typing = step(typing, 1.2)
@@ -482,16 +482,18 @@ def test_a_wake_is_typed_seen_entered_and_checked_or_erased_and_given_up():
     assert written() == b"\r" and typing["enters"] == 2
     assert step(typing, typing["deadline"]) is None and runner.gave_up == 1
 
-    # Never seen: erased each time; the third time the wake is given up.
+    # Never seen: erased each time; after ATTEMPTS tries, again after the wake interval; after ROUNDS, given up.
     waker.mail(20.0)
-    for _ in range(running.ATTEMPTS):
-        typing = {"phase": "echo", "deadline": 21.0, "tracked": True, "shown": screen.count(TRIGGER)}
-        assert step(typing, 21.0) is None
+    for attempt in range(1, running.ATTEMPTS * running.ROUNDS + 1):
+        typing = {"phase": "echo", "deadline": 20.0 + attempt, "shown": screen.count(TRIGGER)}
+        assert step(typing, 20.0 + attempt) is None
         assert written() == b"\x7f" * len(TRIGGER)
+        if attempt == running.ATTEMPTS:
+            assert waker.pending_since is not None and waker.last_wake == 20.0 + attempt
     assert runner.gave_up == 2 and waker.pending_since is None
 
     # The person types while it waits to be seen: erased at once, not counted as a failed try.
-    typing = {"phase": "echo", "deadline": 31.0, "tracked": False, "shown": screen.count(TRIGGER)}
+    typing = {"phase": "echo", "deadline": 31.0, "shown": screen.count(TRIGGER)}
     assert step(typing, 30.1, b"x") is None and written() == b"\x7f" * len(TRIGGER) and runner.attempts == 0
     os.close(read_end)
     os.close(write_end)

@@ -33,7 +33,8 @@ QUIET_SECONDS = 0.4  # the harness wrote nothing for this long: not drawing a tu
 TYPING_PAUSE_SECONDS = 3.0  # the person pressed no key for this long
 WAKE_INTERVAL_SECONDS = 10.0  # at most one wake per this long
 ECHO_SECONDS = 2.0  # the typed trigger must show on the screen within this long, else it is erased and retried
-ATTEMPTS = 3  # tries of one wake before giving up on it
+ATTEMPTS = 3  # tries of one wake in a row; then again after the wake interval
+ROUNDS = 2  # rounds of ATTEMPTS tries before a wake is given up (said on stderr when run exits)
 ENTER_DELAY_SECONDS = 0.1  # between the trigger seen on the screen and its Enter
 LANDED_SECONDS = 3.0  # after Enter, the prompt hook must have told the session within this long (else Enter again)
 LANDED_LOOK_SECONDS = 0.2
@@ -764,7 +765,7 @@ class Runner:
                     self._note("told already (by a prompt of the person's or the harness's hooks): no wake")
                     continue
                 _write_all(master, self.trigger)
-                typing = {"phase": "echo", "deadline": now + ECHO_SECONDS, "tracked": told is True,
+                typing = {"phase": "echo", "deadline": now + ECHO_SECONDS,
                           "shown": screen.count(self.trigger.decode("utf-8"))}
                 self._note(f"trigger typed (the session under run: {'not known' if told is None else 'not told yet'})")
 
@@ -785,7 +786,10 @@ class Runner:
                 self._note("trigger not seen: erased" if not held_keys else "the person typed: trigger erased")
                 if not held_keys:
                     self.attempts += 1
-                    if self.attempts >= ATTEMPTS:
+                    if self.attempts % ATTEMPTS == 0:  # a harness not ready for keys yet (starting): later, once more
+                        waker.last_wake = now
+                        self._note(f"trigger not seen in {ATTEMPTS} tries: again after the wake interval")
+                    if self.attempts >= ATTEMPTS * ROUNDS:
                         self.gave_up, self.attempts = self.gave_up + 1, 0
                         waker.carried()
                         self._note("trigger never seen: given up")
@@ -803,15 +807,17 @@ class Runner:
             self.woken, self.attempts = self.woken + 1, 0
             waker.woke(now)
             self._note("Enter")
-            if not typing["tracked"]:
-                return None  # no session known to ask: seen on the screen is all that can be checked
             return {**typing, "phase": "landing", "deadline": now + LANDED_SECONDS, "enters": 1,
                     "next": now + LANDED_LOOK_SECONDS}
         # landing
         if now < typing["next"] and now < typing["deadline"]:
             return typing
-        if self.session_untold(child) is not True:
+        untold = self.session_untold(child)
+        if untold is False:
             self._note("landed: the prompt hook told the session")
+            return None
+        if untold is None and now >= typing["deadline"]:
+            self._note("entered; no session under run known to the mailbox to ask (a harness without hooks?)")
             return None
         if now < typing["deadline"]:
             return {**typing, "next": now + LANDED_LOOK_SECONDS}
@@ -932,7 +938,8 @@ def main(values: dict, emit, served=None) -> int:
     notes = []
     if runner.gave_up:
         notes.append(f"{runner.gave_up} wake(s) given up: the trigger typed was not seen on the screen in "
-                     f"{ATTEMPTS} tries.")
+                     f"{ATTEMPTS * ROUNDS} tries, or the harness's prompt hook did not tell the session after two "
+                     "Enters.")
     if runner.problem:
         notes.append(f"the wait for mail stopped: {runner.problem}")
     if notes:

@@ -517,8 +517,10 @@ register(Command(
            "nothing unsent since their last Enter (keys are counted as typed; arrows, history and other editing "
            "keys count as unsent text until Enter or ctrl+u/ctrl+c); the last lines of the screen (a small screen "
            "model of the harness's output) show no approval dialog and no turn under way (\"esc to cancel\"). The "
-           "trigger is typed, seen on the screen, then Enter; not seen within 2 s, it is erased and tried again "
-           "(3 tries, then run gives up on that mail and says so on stderr when it exits).",
+           "trigger is typed, seen on the screen, then Enter 0.1 s later; not seen within 2 s, it is erased and tried "
+           "again (3 tries, then 3 more after 10 s, then that wake is given up, said on stderr when run exits). Where "
+           "the mailbox knows the harness session under run (its hooks recorded it), an Enter the prompt hook did "
+           "not answer within 3 s is pressed once more.",
            "Mail the person's own prompt carried (they pressed Enter after it arrived), or that the harness's hooks "
            "told its session during a turn, wakes nothing. Mail already waiting when run starts is told by the "
            "session-start hook, not typed.",
