@@ -216,6 +216,16 @@ def test_a_resize_and_colours_pass_through_and_sigterm_to_run_ends_the_harness(w
 
 
 @pytest.mark.requires("tmux")
+def test_run_killed_outright_leaves_neither_the_harness_nor_its_wait(wrapped):
+    terminal, log, _, _ = wrapped
+    child = int(_lines(log)[0].split()[1])
+    run = int(open(f"/proc/{child}/stat").read().rsplit(")", 1)[1].split()[1])
+    os.kill(run, 9)  # no handler runs: the terminal hangs up on the harness, the kernel stops the helper
+    until(lambda: not _alive(child), 30, "the harness outlived run")
+    until(lambda: _status().get("watch_state") == "released", 30, "run's wait was not released")
+
+
+@pytest.mark.requires("tmux")
 def test_the_terminal_going_away_ends_the_harness_and_releases_the_wait(wrapped):
     terminal, log, _, _ = wrapped
     child = int(_lines(log)[0].split()[1])
@@ -241,7 +251,7 @@ class TestThroughAServer:
         terminal.type("exit 0", "Enter")
         until(lambda: code.exists() and code.read_text().strip(), 30, "run did not exit")
         assert code.read_text().strip() == "0"
-        until(lambda: _status().get("watch_state") != "armed", 30, "the server's watch was left armed")
+        until(lambda: _status().get("watch_state") == "released", 30, "the server's watch was not released")
 
 
 def test_without_a_terminal_on_stdin_run_refuses_clearly(mailbox_path):

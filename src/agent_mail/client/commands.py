@@ -705,6 +705,15 @@ class Served:
         answer = _reconnecting(self.url, ask, "the wait gave up.")
         return None if answer is None else accepted(answer[1], answer[2])
 
+    def watch(self, agent: str) -> dict:
+        """A blocked watch of `agent`, as `agent-mail watch` makes it through the server (its default wait, riding out
+        a restart): its result document; errors.Interrupted when a signal stopped it, its session released on the
+        server first (agent-mail run's helper)."""
+        found: list = []
+        values = {"agent": agent, "once": False, "timeout_minutes": None}
+        _watch_told_when_stopped(self.url, self._token or self._read(), values, _given("watch", values), found.append)
+        return found[0] if found else {}
+
     def _read(self) -> str:
         self._token = read_token()
         return self._token

@@ -479,11 +479,26 @@ def _helper_served(agent: str, notify: int, parent: int, served) -> None:
         if unread:
             time.sleep(SERVED_LOOK_SECONDS)
             continue
-        answer = served.wait("watch", {"agent": agent}, WAIT_SECONDS) or {}
+        answer = served.watch(agent)  # a signal releases its session on the server before this process ends
         ids = {m["id"] for m in answer.get("messages", [])}
         if ids - known:
             known |= ids
             os.write(notify, b"m")
+
+
+def _end_with(parent: int) -> None:
+    """Have the kernel SIGTERM this process when its parent dies, even by SIGKILL (Linux's PR_SET_PDEATHSIG; a
+    no-op elsewhere, where the helper sees its parent gone at its next refresh)."""
+    import signal
+
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError, ImportError):
+        pass
+    if os.getppid() != parent:  # it died before that took effect
+        raise errors.Interrupted("agent-mail run ended before its helper started", 0)
 
 
 def _start_helper(agent: str, served) -> tuple[int, int]:
@@ -495,6 +510,7 @@ def _start_helper(agent: str, served) -> tuple[int, int]:
         code = 0
         try:
             os.close(read_end)
+            _end_with(parent)
             if served is None:
                 _helper_local(agent, write_end, parent)
             else:
