@@ -510,6 +510,7 @@ def _start_helper(agent: str, served) -> tuple[int, int]:
         code = 0
         try:
             os.close(read_end)
+            os.setpgid(0, 0)  # out of the terminal's reach: only run's SIGTERM (or its death) ends it, once
             _end_with(parent)
             if served is None:
                 _helper_local(agent, write_end, parent)
