@@ -176,6 +176,7 @@ def test_documented_output_fields_match_what_commands_print(am, send, tmp_path, 
                                   "mcp",  # prints only the protocol: its tools are checked in test_mcp.py
                                   "dashboard",  # draws a screen, prints nothing: checked in test_dashboard.py
                                   "hook",  # output per harness event: checked in test_hooks.py
+                                  "run",  # a terminal passed through, prints nothing: checked in test_run.py
                                   "setup",
                                   "doctor", "copy", "search", "export", "import",
                                   "token",  # checked above

@@ -366,6 +366,8 @@ def _front_end(name: str):
             from agent_mail.harness import hooks as module
         elif name == "guard":
             from agent_mail.harness import git_guard as module
+        elif name == "run":
+            from agent_mail.harness import run as module
         elif name == "dashboard":
             import agent_mail.dashboard as module
         elif name == "serve":

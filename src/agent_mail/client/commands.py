@@ -633,14 +633,14 @@ def _follow(url: str, token: str, agent: str, emit) -> int:
 # The front ends run on the client's machine (they read the harness's stdin, the git checkout, the processes here)
 # and carry their mailbox steps to the server through a Served: started by name, as the command line starts them.
 # Front ends of their own that run on this machine with the server as their mailbox (the command line starts them
-# with what `backing` gives): the dashboard, a harness's hook, the git guard.
-STARTED_HERE = ("dashboard", "hook", "guard")
+# with what `backing` gives): the dashboard, a harness's hook, the git guard, `run` (a harness in its own terminal).
+STARTED_HERE = ("dashboard", "hook", "guard", "run")
 
 
 def backing(name: str, url: str):
     """What a front end started here (STARTED_HERE) is given to reach the mailbox through the server at `url`: the
-    dashboard its (URL, token), which it reads and acts through (agent_mail.dashboard.served); a hook or the git
-    guard a Served, which carries their mailbox steps."""
+    dashboard its (URL, token), which it reads and acts through (agent_mail.dashboard.served); a hook, the git
+    guard or run a Served, which carries their mailbox steps."""
     return (url, read_token()) if name == "dashboard" else Served(url)
 
 
@@ -704,6 +704,15 @@ class Served:
                            {**given, "wait_seconds": round(max(1.0, left), 3)}, timeout=left + 60.0)
         answer = _reconnecting(self.url, ask, "the wait gave up.")
         return None if answer is None else accepted(answer[1], answer[2])
+
+    def watch(self, agent: str) -> dict:
+        """A blocked watch of `agent`, as `agent-mail watch` makes it through the server (its default wait, riding out
+        a restart): its result document; errors.Interrupted when a signal stopped it, its session released on the
+        server first (agent-mail run's helper)."""
+        found: list = []
+        values = {"agent": agent, "once": False, "timeout_minutes": None}
+        _watch_told_when_stopped(self.url, self._token or self._read(), values, _given("watch", values), found.append)
+        return found[0] if found else {}
 
     def _read(self) -> str:
         self._token = read_token()

@@ -498,3 +498,40 @@ register(Command(
            "fresh while idle and ends it when the harness dies)."),
     examples=("serve", "serve --listen 0.0.0.0:8025 --tls-cert cert.pem --tls-key key.pem"),
 ))
+
+
+register(Command(
+    name="run",
+    summary="Run a harness that cannot be woken from outside (Gemini CLI, Copilot CLI, any interactive CLI) in a "
+    "pseudo-terminal of its own, passed through unchanged (keys, resizes, colours, its exit status), and wake it "
+    "when mail arrives: while it sits idle at an empty prompt, type one line (never the mail: `agent-mail: new mail "
+    "for P:N ...`) and Enter, which its prompt hook (agent-mail setup) answers with the envelopes. Never types while "
+    "the person has unsent text at the prompt or typed in the last 3 s, while the screen shows an approval dialog or "
+    "a turn under way; a flood of mail folds into one wake, at most one every 10 s. While it runs the identity has "
+    "an armed watch (status: reachable). Waiting marks nothing read.",
+    args=(
+        Arg("command", TEXT, "The harness and its arguments, after --: agent-mail run -- gemini --model x.",
+            required=True, repeat=True),
+        Arg("--agent", IDENTITY, "The identity whose mail wakes it (project:name); default AGENT_MAIL_AGENT, as "
+            "setup records it for the harness's hooks."),
+    ),
+    output={},
+    modes={"running": "Prints nothing on stdout of its own: the terminal is the harness's. Exits with the harness's "
+           "exit status (128+N when a signal N ended it). SIGHUP (the terminal went away), SIGTERM or SIGINT sent "
+           "to run end the harness's process group with it (SIGKILL after 3 s), then run exits 128+N."},
+    notes=("Standard input must be a terminal (a person's); otherwise a JSON error, exit 2, before anything starts.",
+           "Idle means: the harness has written nothing for 0.4 s; the person has pressed no key for 3 s and left "
+           "nothing unsent since their last Enter (keys are counted as typed; arrows, history and other editing "
+           "keys count as unsent text until Enter or ctrl+u/ctrl+c); the last lines of the screen (a small screen "
+           "model of the harness's output) show no approval dialog and no turn under way (\"esc to cancel\"). The "
+           "trigger is typed, seen on the screen, then Enter 0.1 s later; not seen within 2 s, it is erased and tried "
+           "again (3 tries, then 3 more after 10 s, then that wake is given up, said on stderr when run exits). Where "
+           "the mailbox knows the harness session under run (its hooks recorded it), an Enter the prompt hook did "
+           "not answer within 3 s is pressed once more.",
+           "Mail the person's own prompt carried (they pressed Enter after it arrived), or that the harness's hooks "
+           "told its session during a turn, wakes nothing. Mail already waiting when run starts is told by the "
+           "session-start hook, not typed.",
+           "Through an agent-mail server (AGENT_MAIL_DB an http(s):// URL) the wait is the server's watch; while mail "
+           "the harness was woken for is still unread it looks again every 3 s (watch --once, a heartbeat)."),
+    examples=("run --agent deploy:worker -- gemini", "run -- copilot", "run --agent ops:bot -- gemini --model flash"),
+))
