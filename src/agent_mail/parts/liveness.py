@@ -41,7 +41,7 @@ TOLD = {
                "`agent-mail run -- copilot` can)",
     "opencode": "told at its next prompt or tool call (a live OpenCode session, at work; woken when idle)",
 }
-ARMED_WATCH = "woken now (an armed watch)"
+ARMED_WATCH = "woken now (an armed watch: `watch`, or a harness under `agent-mail run`, woken at its idle prompt)"
 HUMAN = "read by a person (human profile): reads the inbox"
 NOT_LISTENING = "not listening"
 WAITING = "/waiting"  # harnesses_of's mark on a live session whose waiter is armed
