@@ -61,7 +61,8 @@ def _send(server: Server, *argv: str) -> None:
 
 def test_hundreds_of_waits_hold_a_handful_of_connections_and_wake_exactly_their_own(server, backend):
     if backend != "postgresql":
-        pytest.skip("the LISTEN connection and the pool are PostgreSQL's; on SQLite the waits share the wake-up pipes of the identities waited for")
+        pytest.skip("the LISTEN connection and the pool are PostgreSQL's; on SQLite the waits share the wake-up "
+                    "pipes of the identities waited for")
     token = server.token("--agent", "*")
     agents = [f"w:a{i:03d}" for i in range(210)]
     waits = Waits(server, token, agents)
