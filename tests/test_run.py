@@ -382,9 +382,9 @@ def test_a_flood_of_mail_is_one_wake_and_gemini_s_exit_status_is_runs(gemini_pro
 
     with FakeModel(_answer) as model:
         with gemini_under_run(gemini_project, model, f"agent-mail-run-flood-{os.getpid()}") as terminal:
-            terminal.wait_for(lambda: _at_prompt(terminal), 90, "gemini did not reach its prompt")
-            # Mail there before the session started is told by its start (no wake): the flood comes after.
-            until(lambda: _status()["sessions"] == 1, 30, "gemini's session start hook did not run")
+            # The flood comes as Gemini starts: before or after its session-start hook tells it, it is one wake
+            # (told by the start alone, the model has not seen it yet).
+            until(lambda: _status().get("watch_state") == "armed", 60, "run's wait did not arm")
             turns = len(_prompts(model))
             flood = subprocess.run([sys.executable, "-c", (
                 "from agent_mail import calls\n"

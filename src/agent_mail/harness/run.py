@@ -777,6 +777,10 @@ class Runner:
                 self._note(f"{why or 'wake'} | {screen.last_lines(3)!r}")
             if why is None:
                 told = self.session_untold(child)
+                if told is False and not keys.submitted and waker.last_wake == float("-inf"):
+                    # Told only by the session's start (it came just as the harness started): nothing has been
+                    # sent to the model since, so the model has not seen it. The wake's turn carries it.
+                    told = True
                 if told is False or (told is None and waker.person_prompted):
                     waker.carried()  # the harness's hooks told its session already (or, unknown, the person's prompt)
                     self._note("told already (by a prompt of the person's or the harness's hooks): no wake")
