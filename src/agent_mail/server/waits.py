@@ -281,27 +281,15 @@ class ServedWaits:
         from agent_mail.server import stops
 
         await self._started()
-        waiter = _Waiter(agent)
-        self._waiters.setdefault(agent, set()).add(waiter)
+        waiter, subscribed, watching = self._enlist(agent, gone)
         session = stops.session_id(self.instance, key)
         self._held[session] = waiter
         opened = False
-        subscribed = self.hub.subscribe(agent)
         try:
             await self._listening(subscribed, "The client looks again by itself.")
             await self._opens.do((session, agent))
             opened = True
-
-            async def hung_up():
-                await gone.wait()
-                waiter.wake()
-            # A plain task, cancelled at the end (a task group's cancel scope costs ~20 times as much, a thousand
-            # times over when a broadcast ends every wait at once); it only waits, so it has nothing to raise.
-            watching = asyncio.get_running_loop().create_task(hung_up())
-            try:
-                found = await self._until_mail(waiter, seconds, grant, since, gone, session)
-            finally:
-                watching.cancel()
+            found = await self._until_mail(waiter, seconds, grant, since, gone, session)
             if waiter.released:  # by its client's stop call, in the database: nothing more to write
                 from agent_mail.parts.waits import Released
 
@@ -313,12 +301,7 @@ class ServedWaits:
             return answer
         finally:
             self._held.pop(session, None)
-            waiters = self._waiters.get(agent)
-            if waiters is not None:
-                waiters.discard(waiter)
-                if not waiters:
-                    del self._waiters[agent]
-            self.hub.unsubscribe(agent)
+            self._delist(agent, waiter, watching)
             if opened:
                 with anyio.CancelScope(shield=True):
                     await self._release_quietly(session)
@@ -350,17 +333,10 @@ class ServedWaits:
             return steps.end(self.mailbox_for(store), found)
 
         await self._started()
-        waiter = _Waiter(agent)
-        self._waiters.setdefault(agent, set()).add(waiter)
+        waiter, subscribed, watching = self._enlist(agent, gone)
         session = stops.session_id(self.instance, None)
         found, reason, opened, ended = [], "error", False, False
-        subscribed = self.hub.subscribe(agent)
         loop = asyncio.get_running_loop()
-
-        async def hung_up():
-            await gone.wait()
-            waiter.wake()
-        watching = loop.create_task(hung_up())
         try:
             await self._listening(subscribed, "The client looks again by itself.")
             await self._opens.do((session, agent))
@@ -413,13 +389,7 @@ class ServedWaits:
             finally:
                 ended = True
         finally:
-            watching.cancel()
-            waiters = self._waiters.get(agent)
-            if waiters is not None:
-                waiters.discard(waiter)
-                if not waiters:
-                    del self._waiters[agent]
-            self.hub.unsubscribe(agent)
+            self._delist(agent, waiter, watching)
             if opened or not ended:  # ended by an error, the server stopping, or cancelled
                 with anyio.CancelScope(shield=True):
                     if opened:
@@ -438,15 +408,8 @@ class ServedWaits:
         re-checks its token, a reconnection), and when that delay is up; None at the end of `seconds` or when the
         client is gone, Stopping when the server stops."""
         await self._started()
-        waiter = _Waiter(key)
-        self._waiters.setdefault(key, set()).add(waiter)
-        subscribed = self.hub.subscribe(key)
+        waiter, subscribed, watching = self._enlist(key, gone)
         loop = asyncio.get_running_loop()
-
-        async def hung_up():
-            await gone.wait()
-            waiter.wake()
-        watching = loop.create_task(hung_up())
         try:
             await self._listening(subscribed, "Ask again.")
             deadline = loop.time() + seconds
@@ -464,13 +427,31 @@ class ServedWaits:
                     return None
                 await waiter.sleep(min(deadline, now + until_due if until_due is not None else deadline) - now)
         finally:
-            watching.cancel()
-            waiters = self._waiters.get(key)
-            if waiters is not None:
-                waiters.discard(waiter)
-                if not waiters:
-                    del self._waiters[key]
-            self.hub.unsubscribe(key)
+            self._delist(key, waiter, watching)
+
+    def _enlist(self, key: str, gone: anyio.Event) -> tuple[_Waiter, object, asyncio.Task]:
+        """A wait's waiter for `key` (an identity, or "" for every message), counted among the server's waits,
+        its channel subscribed on the hub, and a task that wakes it when its client is gone: a plain task,
+        cancelled by _delist (a task group's cancel scope costs ~20 times as much, a thousand times over when a
+        broadcast ends every wait at once); it only waits, so it has nothing to raise."""
+        waiter = _Waiter(key)
+        self._waiters.setdefault(key, set()).add(waiter)
+        subscribed = self.hub.subscribe(key)
+
+        async def hung_up():
+            await gone.wait()
+            waiter.wake()
+        return waiter, subscribed, asyncio.get_running_loop().create_task(hung_up())
+
+    def _delist(self, key: str, waiter: _Waiter, watching: asyncio.Task) -> None:
+        """Undo _enlist once the wait is over."""
+        watching.cancel()
+        waiters = self._waiters.get(key)
+        if waiters is not None:
+            waiters.discard(waiter)
+            if not waiters:
+                del self._waiters[key]
+        self.hub.unsubscribe(key)
 
     # -- the steps of many waits, batched ---------------------------------------------------------
     @staticmethod
