@@ -30,6 +30,18 @@ def send_urgent_mail(agent: str) -> None:
     assert done.returncode == 0, done.stderr
 
 
+def status_of(agent: str) -> dict:
+    """`agent-mail status --agent AGENT`'s row, from another process."""
+    from conftest import am_process
+
+    return json.loads(am_process("status", "--agent", agent).stdout)["agents"][0]
+
+
+def chat_tools(request: dict) -> list[str]:
+    """The names of the tools a Chat Completions request offers the model."""
+    return [t.get("function", {}).get("name") for t in request.get("tools") or []]
+
+
 def mail_during_the_turn(is_turn, history, send):
     """A model script for the stop guard: in the session's first turn, mail lands (send()) while the model
     answers "All done."; once the stop guard sends the turn back (its reason in the history), the model

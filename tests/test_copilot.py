@@ -20,7 +20,8 @@ import pytest
 
 from conftest import ROOT, am_process, find, process_env
 from fake_model import FakeModel
-from harnesses import HELD, URGENT, Terminal, mail_during_the_turn, private_tmp, send_urgent_mail
+from harnesses import (HELD, URGENT, Terminal, chat_tools, mail_during_the_turn, private_tmp, send_urgent_mail,
+                       status_of)
 
 AGENT = "proj:coder"
 COPILOT = find("copilot")
@@ -57,23 +58,15 @@ def _run(project, model: FakeModel, prompt: str) -> subprocess.CompletedProcess:
     return proc
 
 
-def _status() -> dict:
-    return json.loads(am_process("status", "--agent", AGENT).stdout)["agents"][0]
-
-
-def _tools(request: dict) -> list[str]:
-    return [t.get("function", {}).get("name") for t in request.get("tools") or []]
-
-
 def _main(request: dict) -> bool:
     """A request of the session's own loop (it offers the tools), not a side call (a title, a summary)."""
-    return "create" in _tools(request)
+    return "create" in chat_tools(request)
 
 
 def _mcp(request: dict, name: str) -> str:
     """How Copilot CLI names our MCP tool `name` to its model."""
-    found = [t for t in _tools(request) if t and "agent-mail" in t and t.endswith(name)]
-    assert found, _tools(request)
+    found = [t for t in chat_tools(request) if t and "agent-mail" in t and t.endswith(name)]
+    assert found, chat_tools(request)
     return found[0]
 
 
@@ -91,13 +84,13 @@ def test_mail_reaches_copilot_once_and_its_mcp_tools_run(project):
             return None
         if _tool_results(request):
             return [{"type": "text", "text": "done"}]
-        during.append(_status())  # while the session lives
+        during.append(status_of(AGENT))  # while the session lives
         return [{"type": "tool_use", "name": _mcp(request, "read"), "input": {}}]
 
     with FakeModel(script) as model:
         _run(project, model, "Check your mail.")
     assert during[0]["reachable"] and "a live Copilot CLI session" in during[0]["reached_by"]
-    assert not _status()["reachable"]  # its sessionEnd: no longer live
+    assert not status_of(AGENT)["reachable"]  # its sessionEnd: no longer live
     loop = [r for r in model.requests if _main(r)]
     assert _mcp(loop[0], "read") and _mcp(loop[0], "send") and _mcp(loop[0], "reserve")
     first = json.dumps(loop[0]["messages"])
@@ -206,7 +199,7 @@ def test_an_interactive_copilot_session_is_reachable_while_idle_told_at_its_next
             terminal.type("hello", "Enter")
             terminal.wait_for(lambda: "ok from the model" in terminal.screen(), 60, "the turn did not end")
             turns = len([r for r in model.requests if _main(r)])
-            row = terminal.wait_for(lambda: (lambda r: r["sessions"] == 1 and r)(_status()), 10, "not live")
+            row = terminal.wait_for(lambda: (lambda r: r["sessions"] == 1 and r)(status_of(AGENT)), 10, "not live")
             assert row["reachable"] and "a live Copilot CLI session" in row["reached_by"]  # idle, between turns
             send_urgent_mail(AGENT)
             terminal.type("go on", "Enter")
@@ -215,5 +208,6 @@ def test_an_interactive_copilot_session_is_reachable_while_idle_told_at_its_next
             assert URGENT not in json.dumps(loop[turns - 1]["messages"])
             assert json.dumps(loop[turns]["messages"]).count(URGENT) == 1
             terminal.type("/exit", "Enter")
-            terminal.wait_for(lambda: _status()["sessions"] == 0, 30, "the session still counts as live after /exit")
+            terminal.wait_for(lambda: status_of(AGENT)["sessions"] == 0, 30,
+                              "the session still counts as live after /exit")
     assert json.loads(am_process("read", AGENT, "--no-mark-read").stdout)["count"] == 1  # told, never consumed

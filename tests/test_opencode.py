@@ -22,7 +22,8 @@ import pytest
 
 from conftest import NODE_BIN, am_process, find, process_env
 from fake_model import FakeModel
-from harnesses import HELD, URGENT, Terminal, mail_during_the_turn, private_tmp, send_urgent_mail
+from harnesses import (HELD, URGENT, Terminal, chat_tools, mail_during_the_turn, private_tmp, send_urgent_mail,
+                       status_of)
 
 AGENT = "proj:coder"
 OPENCODE = find("opencode")
@@ -91,17 +92,9 @@ def _run(project, prompt: str) -> subprocess.CompletedProcess:
     return proc
 
 
-def _status() -> dict:
-    return json.loads(am_process("status", "--agent", AGENT).stdout)["agents"][0]
-
-
-def _tools(request: dict) -> list[str]:
-    return [t.get("function", {}).get("name") for t in request.get("tools") or []]
-
-
 def _main(request: dict) -> bool:
     """A request of the session's own loop (it offers the tools), not a side call (the title)."""
-    return "write" in _tools(request)
+    return "write" in chat_tools(request)
 
 
 def _tool_results(request: dict) -> int:
@@ -122,15 +115,15 @@ def test_mail_reaches_opencode_once_and_its_mcp_tools_run(project, model):
             return None
         if _tool_results(request):
             return [{"type": "text", "text": "done"}]
-        during.append(_status())  # while the session lives
+        during.append(status_of(AGENT))  # while the session lives
         return [{"type": "tool_use", "name": "agent-mail_read", "input": {}}]
 
     model.script = script
     _run(project, "Check your mail.")
     assert during[0]["reachable"] and "a live OpenCode session" in during[0]["reached_by"]
-    assert not _status()["reachable"]  # OpenCode exited: no longer live
+    assert not status_of(AGENT)["reachable"]  # OpenCode exited: no longer live
     loop = _loop(model)
-    assert "agent-mail_read" in _tools(loop[0]) and "agent-mail_send" in _tools(loop[0])
+    assert "agent-mail_read" in chat_tools(loop[0]) and "agent-mail_send" in chat_tools(loop[0])
     first = json.dumps(loop[0]["messages"])
     assert "you are proj:coder" in first and "Fix the flaky test" in first and "test_login" not in first
     last = json.dumps(loop[-1]["messages"])
@@ -211,7 +204,7 @@ def test_an_idle_opencode_is_woken_by_mail_its_stop_held_once_and_it_ends_with_o
                                  "the stop was not held")
         assert URGENT in json.dumps(held[0]["messages"])
         terminal.wait_for(lambda: "I will handle it next." in terminal.screen(), 60, "the held turn did not end")
-        row = terminal.wait_for(lambda: (lambda r: r["watch_state"] == "armed" and r)(_status()), 30,
+        row = terminal.wait_for(lambda: (lambda r: r["watch_state"] == "armed" and r)(status_of(AGENT)), 30,
                                 "no waiter armed while idle")
         assert row["reachable"] and "a live OpenCode session" in row["reached_by"] and row["sessions"] == 1
         turns = len(_loop(model))
@@ -226,7 +219,7 @@ def test_an_idle_opencode_is_woken_by_mail_its_stop_held_once_and_it_ends_with_o
                                       capture_output=True, text=True).stdout.split()[0])
         waiters = terminal.wait_for(lambda: _waiters(opencode), 30, "no waiter re-armed after the wake")
         terminal.type("/exit", "Enter")
-        terminal.wait_for(lambda: _status()["sessions"] == 0, 30, "the session still counts as live after /exit")
+        terminal.wait_for(lambda: status_of(AGENT)["sessions"] == 0, 30, "the session still counts as live after /exit")
         terminal.wait_for(lambda: not any(os.path.exists(f"/proc/{pid}") for pid in waiters), 30,
                           "a waiter outlived OpenCode")
     assert json.loads(am_process("read", AGENT, "--no-mark-read").stdout)["count"] == 2  # told, never consumed

@@ -18,8 +18,8 @@ import pytest
 
 from conftest import am_process, find, process_env
 from fake_model import FakeModel
-from harnesses import (HELD, URGENT, WOKEN, Terminal, mail_during_the_turn, private_tmp, send_urgent_mail,
-                       wakers)
+from harnesses import (HELD, URGENT, WOKEN, Terminal, chat_tools, mail_during_the_turn, private_tmp,
+                       send_urgent_mail, status_of, wakers)
 
 AGENT = "proj:coder"
 QWEN = find("qwen")
@@ -56,19 +56,11 @@ def _run(project, model: FakeModel, prompt: str) -> subprocess.CompletedProcess:
     return proc
 
 
-def _status() -> dict:
-    return json.loads(am_process("status", "--agent", AGENT).stdout)["agents"][0]
-
-
-def _tools(request: dict) -> list[str]:
-    return [t.get("function", {}).get("name") for t in request.get("tools") or []]
-
-
 def _main(request: dict) -> bool:
     """A request of the session's own loop (it offers the tools, under Qwen Code's own system prompt), not a side
     call (a title, a summary, the memory-extraction subagent an interactive session runs after a turn)."""
     messages = request.get("messages") or [{}]
-    return "write_file" in _tools(request) and "You are Qwen Code" in json.dumps(messages[0])
+    return "write_file" in chat_tools(request) and "You are Qwen Code" in json.dumps(messages[0])
 
 
 def _tool_results(request: dict) -> int:
@@ -86,15 +78,15 @@ def test_mail_reaches_qwen_once_and_its_mcp_tools_run(project):
             return None
         if _tool_results(request):
             return [{"type": "text", "text": "done"}]
-        during.append(_status())  # while the session lives
+        during.append(status_of(AGENT))  # while the session lives
         return [{"type": "tool_use", "name": "mcp__agent-mail__read", "input": {}}]
 
     with FakeModel(script) as model:
         _run(project, model, "Check your mail.")
     assert during[0]["reachable"] and "a live Qwen Code session" in during[0]["reached_by"]
-    assert not _status()["reachable"]  # its SessionEnd: no longer live
+    assert not status_of(AGENT)["reachable"]  # its SessionEnd: no longer live
     loop = [r for r in model.requests if _main(r)]
-    assert "mcp__agent-mail__read" in _tools(loop[0]) and "mcp__agent-mail__send" in _tools(loop[0])
+    assert "mcp__agent-mail__read" in chat_tools(loop[0]) and "mcp__agent-mail__send" in chat_tools(loop[0])
     first = json.dumps(loop[0]["messages"])
     assert "you are proj:coder" in first and "Fix the flaky test" in first and "test_login" not in first
     last = json.dumps(loop[-1]["messages"])
@@ -205,7 +197,7 @@ def test_an_idle_interactive_qwen_session_is_woken_by_mail_once_and_its_waker_en
             terminal.type("hello", "Enter")
             terminal.wait_for(lambda: "ok from the model" in terminal.screen(), 60, "the turn did not end")
             row = terminal.wait_for(lambda: (lambda r: r["sessions"] == 1 and r["watch_state"] == "armed" and r)(
-                _status()), 30, "the idle session's waker did not arm")
+                status_of(AGENT)), 30, "the idle session's waker did not arm")
             assert row["reachable"] and row["reached_by"].startswith("woken within about a second (a live Qwen Code")
             # one per session: the Stop's waker replaced the start's
             terminal.wait_for(lambda: len(wakers(project, "qwen")) == 1, 10, "two wakers for one session")
@@ -218,12 +210,14 @@ def test_an_idle_interactive_qwen_session_is_woken_by_mail_once_and_its_waker_en
             assert len([r for r in model.requests if _main(r)]) == turns + 1  # nobody typed: the waker's turn
             terminal.wait_for(lambda: terminal.screen().count("ok from the model") >= 2, 60, "the woken turn")
             # The woken turn's Stop started the next waker: armed again, one waker.
-            terminal.wait_for(lambda: _status()["watch_state"] == "armed" and len(wakers(project, "qwen")) == 1, 30,
+            terminal.wait_for(lambda: status_of(AGENT)["watch_state"] == "armed"
+                              and len(wakers(project, "qwen")) == 1, 30,
                               "the waker did not arm again after the woken turn")
             terminal.type("/quit", "Enter")
-            terminal.wait_for(lambda: _status()["sessions"] == 0, 30, "the session still counts as live after /quit")
+            terminal.wait_for(lambda: status_of(AGENT)["sessions"] == 0, 30,
+                              "the session still counts as live after /quit")
             terminal.wait_for(lambda: not wakers(project, "qwen"), 30, "the waker outlived its session")
-    assert not _status()["reachable"]
+    assert not status_of(AGENT)["reachable"]
     assert json.loads(am_process("read", AGENT, "--no-mark-read").stdout)["count"] == 1  # told, never consumed
     inputs = list((project / ".qwen" / "agent-mail").glob("wake-*.jsonl"))  # one per Qwen Code process
     assert len(inputs) == 1 and inputs[0].read_text().count(URGENT) == 1
