@@ -13,7 +13,8 @@ import pytest
 from agent_mail.cli import main
 from agent_mail import spec
 from agent_mail.store import sqlite as sqlite_store
-from conftest import am_process, mailbox_exists, process_env
+from tests.lib.cli import am_process, process_env
+from tests.lib.mailbox import mailbox_exists
 
 pytestmark = [pytest.mark.backends, pytest.mark.fast]  # every test here runs on SQLite and on PostgreSQL
 

@@ -15,7 +15,8 @@ import pytest
 
 from agent_mail import model
 from agent_mail.operations.mail import open_mailbox
-from conftest import mailbox_itself, process_env, raw_db
+from tests.lib.cli import process_env
+from tests.lib.mailbox import mailbox_itself, raw_db
 
 pytestmark = pytest.mark.backends  # every test here runs on SQLite and on PostgreSQL
 

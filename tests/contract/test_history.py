@@ -15,8 +15,11 @@ import time
 
 import pytest
 
-from conftest import (armed, drop_schema, mailbox_exists, new_schema_name, pg_url, postgres_problem, process_env,
-                      require, until)
+from tests.lib.cli import process_env
+from tests.lib.mailbox import mailbox_exists
+from tests.lib.postgres import drop_schema, new_schema_name, pg_url, postgres_problem
+from tests.lib.tools import require
+from tests.lib.waiting import armed, until
 
 pytestmark = [pytest.mark.backends, pytest.mark.fast]
 

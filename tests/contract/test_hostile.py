@@ -25,7 +25,9 @@ from hypothesis import strategies as st
 from agent_mail import model, spec
 from agent_mail.operations import mail
 from agent_mail.store import sqlite as sqlite_store
-from conftest import am_process, armed, as_a_user, process_env, run_inprocess
+from tests.lib.cli import am_process, as_a_user, process_env, run_inprocess
+from tests.lib.tools import ROOT
+from tests.lib.waiting import armed
 
 
 def closed_stdout(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -872,7 +874,7 @@ def test_describe_documents_what_the_code_does(am, send, tmp_path):
 
 @pytest.mark.fast
 def test_the_quick_start_uses_a_virtual_environment():
-    readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md"), encoding="utf-8").read()
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
     quick_start = readme.split("## Quick start", 1)[1].split("##", 1)[0]
     assert "python3 -m venv" in quick_start and "--version" in readme
 

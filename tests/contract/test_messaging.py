@@ -7,7 +7,7 @@ import pytest
 
 from agent_mail import model
 
-from conftest import raw_db  # noqa: E402
+from tests.lib.mailbox import raw_db  # noqa: E402
 
 pytestmark = [pytest.mark.backends, pytest.mark.fast]  # every test here runs on SQLite and on PostgreSQL
 

@@ -19,7 +19,9 @@ from hypothesis import strategies as st
 
 from agent_mail import model, spec
 from agent_mail.parts import waits
-from conftest import run_inprocess, examples, process_env, raw_db
+from tests.lib.cli import run_inprocess, process_env
+from tests.lib.fuzz import examples
+from tests.lib.mailbox import raw_db
 
 pytestmark = pytest.mark.backends  # every test here runs on SQLite and on PostgreSQL
 

@@ -11,7 +11,9 @@ import subprocess
 import sys
 
 import pytest
-from conftest import am_process, armed, disarmed, process_env, raw_db
+from tests.lib.cli import am_process, process_env
+from tests.lib.mailbox import raw_db
+from tests.lib.waiting import armed, disarmed
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -300,7 +302,8 @@ def test_the_fast_lookup_finds_what_trying_every_pattern_finds(patterns, anchore
 def test_a_copied_mailbox_keeps_its_reservations_and_tokens(am, repo, backend, tmp_path):
     """copy moves a whole mailbox (SQLite to PostgreSQL, or back): the holders' claims still block, and a token
     made before the move still authenticates after it (its hash travels, never the secret)."""
-    from conftest import drop_schema, new_schema_name, pg_url, require
+    from tests.lib.postgres import drop_schema, new_schema_name, pg_url
+    from tests.lib.tools import require
 
     from agent_mail.operations import tokens
     from agent_mail.store import open_store

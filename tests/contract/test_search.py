@@ -12,7 +12,9 @@ from hypothesis import strategies as st
 from agent_mail.store import index
 from agent_mail import model
 from agent_mail.parts import query_language
-from conftest import examples, pg_url, raw_db
+from tests.lib.fuzz import examples
+from tests.lib.mailbox import raw_db
+from tests.lib.postgres import pg_url
 
 pytestmark = [pytest.mark.backends, pytest.mark.fast]  # every test here runs on SQLite and on PostgreSQL
 
@@ -247,7 +249,8 @@ def test_rows_another_tool_stored_are_indexed_before_a_search(am, corpus, mailbo
 @pytest.mark.local_only("copy works on mailboxes themselves, not through a server")
 def test_a_copied_mailbox_searches_the_same(am, corpus, backend, tmp_path):
     """copy builds the target's own index: SQLite to PostgreSQL, or PostgreSQL to SQLite."""
-    from conftest import drop_schema, new_schema_name, require
+    from tests.lib.postgres import drop_schema, new_schema_name
+    from tests.lib.tools import require
 
     require("postgresql")
     schema = new_schema_name()

@@ -15,7 +15,8 @@ import pytest
 
 from agent_mail.store import sqlite as sqlite_store
 from agent_mail.store import sqlite_schema
-from conftest import process_env, until
+from tests.lib.cli import process_env
+from tests.lib.waiting import until
 
 pytestmark = pytest.mark.fast
 

@@ -18,7 +18,7 @@ import pytest
 from agent_mail import errors, model
 from agent_mail.operations.mail import open_mailbox, resolve_location
 from agent_mail.store import base, open_store
-from conftest import armed
+from tests.lib.waiting import armed
 
 pytestmark = pytest.mark.fast
 

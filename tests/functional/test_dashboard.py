@@ -16,7 +16,8 @@ import pytest
 
 from agent_mail import model
 from agent_mail.operations import mail
-from conftest import process_env, raw_db
+from tests.lib.cli import process_env
+from tests.lib.mailbox import raw_db
 
 textual = pytest.importorskip("textual", reason="the dashboard needs the tui extra: pip install 'agent-mail[tui]'")
 
@@ -716,7 +717,7 @@ def test_a_lost_postgresql_connection_is_shown_and_recovered_from(am, backend, m
 
     import psycopg
 
-    from conftest import TEST_PG_URL
+    from tests.lib.postgres import TEST_PG_URL
 
     send(am, "ops:lead", "web:worker", "before")
     direct = os.environ["AGENT_MAIL_DB"]

@@ -15,7 +15,9 @@ import time
 
 import pytest
 
-from conftest import process_env, require, until
+from tests.lib.cli import process_env
+from tests.lib.tools import require
+from tests.lib.waiting import until
 
 pytest.importorskip("textual", reason="the dashboard needs the tui extra: pip install 'agent-mail[tui]'")
 

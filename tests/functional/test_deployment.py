@@ -16,12 +16,15 @@ import threading
 
 import pytest
 
-from conftest import TEST_PG_URL, armed, json_of, process_env, require, until
-from serving import Server
+from tests.lib.cli import json_of, process_env
+from tests.lib.postgres import TEST_PG_URL
+from tests.lib.serving import Server
+from tests.lib.tools import ROOT, require
+from tests.lib.waiting import armed, until
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.local_only("runs the operator's commands on the mailbox itself")]
 
-DOCS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "deployment.md")
+DOCS = os.path.join(ROOT, "docs", "deployment.md")
 
 
 def _documented(step: str, kind: str) -> str:

@@ -14,8 +14,11 @@ import time
 import pytest
 
 from agent_mail import model
-from conftest import (TEST_PG_URL, armed, drop_schema, new_schema_name, pg_url, process_env, raw_db, require,
-                      unavailable, until)
+from tests.lib.cli import process_env
+from tests.lib.mailbox import raw_db
+from tests.lib.postgres import TEST_PG_URL, drop_schema, new_schema_name, pg_url
+from tests.lib.tools import require, unavailable
+from tests.lib.waiting import armed, until
 
 @pytest.fixture
 def backend():
@@ -75,7 +78,7 @@ def test_without_the_driver_a_postgresql_url_names_the_extra(mailbox_path):
 
 
 def test_an_unknown_scheme_and_a_bad_schema_name_are_input_errors(monkeypatch):
-    from conftest import run_inprocess as am
+    from tests.lib.cli import run_inprocess as am
 
     monkeypatch.setenv("AGENT_MAIL_DB", "mysql://root@localhost/db")
     assert am("status").error["problems"][0]["field"] == "AGENT_MAIL_DB"
@@ -85,7 +88,7 @@ def test_an_unknown_scheme_and_a_bad_schema_name_are_input_errors(monkeypatch):
 
 
 def test_connection_refused_is_a_clear_error_and_quick(monkeypatch):
-    from conftest import run_inprocess as am
+    from tests.lib.cli import run_inprocess as am
 
     monkeypatch.setenv("AGENT_MAIL_DB", "postgresql://postgres@127.0.0.1:1/test")
     started = time.monotonic()

@@ -12,8 +12,9 @@ import time
 
 import pytest
 
-from conftest import am_process, armed, json_of, process_env
-from serving import Server
+from tests.lib.cli import am_process, json_of, process_env
+from tests.lib.serving import Server
+from tests.lib.waiting import armed
 
 pytestmark = [pytest.mark.backends, pytest.mark.timeout(120)]
 

@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from conftest import json_of, process_env
-from serving import Server
+from tests.lib.cli import json_of, process_env
+from tests.lib.serving import Server
 
 pytestmark = [pytest.mark.backends, pytest.mark.timeout(180)]
 
@@ -88,7 +88,7 @@ def second_mailbox(backend, tmp_path):
     if backend == "sqlite":
         yield str(tmp_path / "second" / "mail.db")
         return
-    from conftest import drop_schema, new_schema_name, pg_url
+    from tests.lib.postgres import drop_schema, new_schema_name, pg_url
 
     schema = new_schema_name()
     yield pg_url(schema)

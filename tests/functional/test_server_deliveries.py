@@ -16,8 +16,9 @@ import time
 import pytest
 
 from agent_mail import model
-from conftest import process_env, raw_db
-from serving import Server
+from tests.lib.cli import process_env
+from tests.lib.mailbox import raw_db
+from tests.lib.serving import Server
 
 pytestmark = [pytest.mark.backends, pytest.mark.timeout(120)]
 DELIVERY = "X-Agent-Mail-Delivery"

@@ -20,8 +20,9 @@ import time
 
 import pytest
 
-from conftest import process_env, until
-from serving import Server
+from tests.lib.cli import process_env
+from tests.lib.serving import Server
+from tests.lib.waiting import until
 
 pytestmark = [pytest.mark.backends, pytest.mark.timeout(180)]
 
@@ -225,7 +226,7 @@ def test_a_server_errors_log_line_carries_its_text_never_a_token(server, backend
         with open(server.mailbox, "wb") as junk:
             junk.write(b"this is not a database" * 1000)
     else:
-        from conftest import drop_schema
+        from tests.lib.postgres import drop_schema
 
         drop_schema(server.mailbox.rsplit("schema=", 1)[1])
     status, _, body = _post(server.port, "/v1/call/status", b'{"agent": "a:x"}', token)

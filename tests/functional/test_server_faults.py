@@ -15,9 +15,12 @@ from contextlib import contextmanager
 
 import pytest
 
-import twohosts
-from conftest import am_process, armed, disarmed, json_of, process_env, raw_db, unavailable, until
-from serving import Server
+from tests.lib import twohosts
+from tests.lib.cli import am_process, json_of, process_env
+from tests.lib.mailbox import raw_db
+from tests.lib.serving import Server
+from tests.lib.tools import unavailable
+from tests.lib.waiting import armed, disarmed, until
 
 pytestmark = [pytest.mark.backends, pytest.mark.timeout(120)]
 

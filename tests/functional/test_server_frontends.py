@@ -16,8 +16,10 @@ import time
 
 import pytest
 
-from conftest import json_of, process_env, require, until
-from serving import Server
+from tests.lib.cli import json_of, process_env
+from tests.lib.serving import Server
+from tests.lib.tools import require
+from tests.lib.waiting import until
 
 pytestmark = [pytest.mark.backends, pytest.mark.timeout(120)]
 
@@ -404,7 +406,7 @@ def test_the_dashboard_saves_attachments_on_its_own_machine(server, tmp_path):
 
 
 def test_the_dashboard_web_through_the_server_in_headless_chromium(server, tmp_path):
-    from test_dashboard_e2e import DevTools, free_port
+    from tests.functional.test_dashboard_e2e import DevTools, free_port
 
     chromium = require("chromium")
     import socket

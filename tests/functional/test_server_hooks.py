@@ -16,8 +16,10 @@ import time
 
 import pytest
 
-from conftest import am_process, armed, disarmed, json_of, presences, process_env, require, until
-from serving import Server
+from tests.lib.cli import am_process, json_of, process_env
+from tests.lib.serving import Server
+from tests.lib.tools import require
+from tests.lib.waiting import armed, disarmed, presences, until
 
 pytestmark = [pytest.mark.backends, pytest.mark.timeout(180)]
 
@@ -421,8 +423,8 @@ def test_a_real_git_commit_through_the_server_is_refused_naming_the_holder_and_l
 # -- a real Claude Code session whose hooks go through the server ------------------------------------------------
 def test_claude_code_through_the_server_is_told_of_mail_by_its_post_tool_hook(server, tmp_path):
     pytest.importorskip("mcp", reason="the mcp extra is not installed")
-    from fake_model import FakeModel
-    from harnesses import private_tmp
+    from tests.lib.fake_model import FakeModel
+    from tests.lib.harnesses import private_tmp
 
     claude = require("claude")
     project, home = tmp_path / "project", tmp_path / "home"

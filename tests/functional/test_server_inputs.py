@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from conftest import am_process, json_of
+from tests.lib.cli import am_process, json_of
 
 pytestmark = pytest.mark.backends
 

@@ -12,8 +12,10 @@ import time
 
 import pytest
 
-from conftest import armed, disarmed, json_of, require
-from serving import Server
+from tests.lib.cli import json_of
+from tests.lib.serving import Server
+from tests.lib.tools import require
+from tests.lib.waiting import armed, disarmed
 
 mcp = pytest.importorskip("mcp", reason="the mcp extra is not installed (pip install -e '.[test]')")
 import anyio  # noqa: E402
@@ -286,7 +288,7 @@ def test_a_client_that_hangs_up_ends_its_watch(server):
 # ---- setup HARNESS --agent P:N with the server's URL as the mailbox
 
 def _setup(harness: str, directory, url: str, **env):
-    from conftest import am_process, process_env
+    from tests.lib.cli import am_process, process_env
 
     environment = process_env(AGENT_MAIL_DB=url, **env)
     for name in ("AGENT_MAIL_TOKEN", "AGENT_MAIL_TOKEN_FILE"):
@@ -345,7 +347,7 @@ def test_setup_writes_a_remote_mcp_entry_that_reads_the_token_from_the_environme
     assert json.loads((directory / ".mcp.json").read_text())["mcpServers"]["agent-mail"]["type"] == "stdio"
     assert json.loads(local.stdout)["token"] is None
     assert _setup("claude-code", directory, url).returncode == 0
-    from conftest import am_process, process_env
+    from tests.lib.cli import am_process, process_env
 
     gone = am_process("setup", "claude-code", "--agent", "proj:coder", "--dir", str(directory), "--remove",
                       env=process_env(AGENT_MAIL_DB=url))
@@ -367,9 +369,9 @@ def test_setup_refuses_a_server_url_with_credentials_and_writes_nothing(tmp_path
 
 @pytest.mark.sqlite_only
 def test_claude_code_set_up_for_the_server_sends_through_an_mcp_tool_over_http(server, tmp_path):
-    from conftest import process_env
-    from fake_model import FakeModel
-    from harnesses import private_tmp
+    from tests.lib.cli import process_env
+    from tests.lib.fake_model import FakeModel
+    from tests.lib.harnesses import private_tmp
 
     claude = require("claude")
     import subprocess
@@ -445,9 +447,9 @@ def _lead_got(server: Server, subject: str) -> None:
 def test_codex_set_up_for_the_server_sends_through_an_mcp_tool_over_http(server, tmp_path):
     import subprocess
 
-    from conftest import process_env
-    from fake_model import FakeModel
-    from harnesses import private_tmp
+    from tests.lib.cli import process_env
+    from tests.lib.fake_model import FakeModel
+    from tests.lib.harnesses import private_tmp
 
     codex = require("codex")
     token = server.token("--agent", "proj:coder")
@@ -494,9 +496,9 @@ def test_codex_set_up_for_the_server_sends_through_an_mcp_tool_over_http(server,
 def test_gemini_set_up_for_the_server_sends_through_an_mcp_tool_over_http(server, tmp_path):
     import subprocess
 
-    from conftest import process_env
-    from fake_model import FakeModel
-    from harnesses import private_tmp
+    from tests.lib.cli import process_env
+    from tests.lib.fake_model import FakeModel
+    from tests.lib.harnesses import private_tmp
 
     gemini = require("gemini")
     token = server.token("--agent", "proj:coder")

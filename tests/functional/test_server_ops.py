@@ -13,7 +13,8 @@ import time
 
 import pytest
 
-from conftest import armed, json_of, process_env, until
+from tests.lib.cli import json_of, process_env
+from tests.lib.waiting import armed, until
 
 pytestmark = [pytest.mark.backends, pytest.mark.timeout(120)]
 

@@ -20,12 +20,15 @@ import time
 import pytest
 
 from agent_mail import model
-from conftest import am_process, armed, json_of, process_env, raw_db, until
-from serving import Server
+from tests.lib.cli import am_process, json_of, process_env
+from tests.lib.mailbox import raw_db
+from tests.lib.serving import Server
+from tests.lib.tools import ROOT
+from tests.lib.waiting import armed, until
 
 pytestmark = [pytest.mark.parametrize("backend", ["postgresql"], indirect=True), pytest.mark.timeout(120)]
 
-DOCS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "deployment.md")
+DOCS = os.path.join(ROOT, "docs", "deployment.md")
 # A blocked watch on PostgreSQL looks at the mailbox by itself only every HELD_REFRESH_SECONDS (300 s) and asks
 # whether it is still wanted (server stopping, token revoked) every REFRESH_SECONDS (5 s; that ask reads no mail).
 # An answer within these bounds is the wake-up's doing.

@@ -18,8 +18,11 @@ import uuid
 
 import pytest
 
-from conftest import TEST_PG_URL, armed, disarmed, json_of, presences, process_env, raw_db, until
-from serving import Server, backends_of
+from tests.lib.cli import json_of, process_env
+from tests.lib.mailbox import raw_db
+from tests.lib.postgres import TEST_PG_URL
+from tests.lib.serving import Server, backends_of
+from tests.lib.waiting import armed, disarmed, presences, until
 
 pytestmark = [pytest.mark.backends, pytest.mark.timeout(180)]
 

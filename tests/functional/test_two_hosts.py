@@ -9,8 +9,11 @@ from contextlib import contextmanager
 
 import pytest
 
-from conftest import TEST_PG_URL, armed, drop_schema, json_of, new_schema_name, pg_url, require, unavailable
-from twohosts import TwoHosts, namespaces_problem
+from tests.lib.cli import json_of
+from tests.lib.postgres import TEST_PG_URL, drop_schema, new_schema_name, pg_url
+from tests.lib.tools import require, unavailable
+from tests.lib.twohosts import TwoHosts, namespaces_problem
+from tests.lib.waiting import armed
 
 
 @pytest.fixture

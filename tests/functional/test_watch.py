@@ -16,7 +16,9 @@ import pytest
 from agent_mail import errors, model
 from agent_mail.parts import waits
 from agent_mail.operations.mail import describe_liveness, open_mailbox
-from conftest import armed, mailbox_exists, mailbox_itself, process_env, raw_db, until
+from tests.lib.cli import process_env
+from tests.lib.mailbox import mailbox_exists, mailbox_itself, raw_db
+from tests.lib.waiting import armed, until
 
 pytestmark = pytest.mark.backends  # every test here runs on SQLite and on PostgreSQL
 

@@ -16,9 +16,11 @@ import threading
 
 import pytest
 
-from conftest import am_process, armed, disarmed, find, process_env, until
-from fake_model import FakeModel
-from harnesses import URGENT, private_tmp, send_urgent_mail
+from tests.lib.cli import am_process, process_env
+from tests.lib.fake_model import FakeModel
+from tests.lib.harnesses import URGENT, private_tmp, send_urgent_mail
+from tests.lib.tools import find
+from tests.lib.waiting import armed, disarmed, until
 
 AGENT = "proj:coder"
 

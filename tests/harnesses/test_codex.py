@@ -17,9 +17,11 @@ import time
 
 import pytest
 
-from conftest import am_process, find, process_env, until
-from fake_model import FakeModel
-from harnesses import HELD, URGENT, WOKEN, mail_during_the_turn, private_tmp, send_urgent_mail, wakers
+from tests.lib.cli import am_process, process_env
+from tests.lib.fake_model import FakeModel
+from tests.lib.harnesses import HELD, URGENT, WOKEN, mail_during_the_turn, private_tmp, send_urgent_mail, wakers
+from tests.lib.tools import find
+from tests.lib.waiting import until
 
 AGENT = "proj:coder"
 

@@ -18,10 +18,11 @@ import subprocess
 
 import pytest
 
-from conftest import ROOT, am_process, find, process_env
-from fake_model import FakeModel
-from harnesses import (HELD, URGENT, Terminal, chat_tools, mail_during_the_turn, private_tmp, send_urgent_mail,
-                       status_of)
+from tests.lib.cli import am_process, process_env
+from tests.lib.tools import ROOT, find
+from tests.lib.fake_model import FakeModel
+from tests.lib.harnesses import (HELD, URGENT, Terminal, chat_tools, mail_during_the_turn, private_tmp,
+                                 send_urgent_mail, status_of)
 
 AGENT = "proj:coder"
 COPILOT = find("copilot")

@@ -14,9 +14,10 @@ import subprocess
 
 import pytest
 
-from conftest import am_process, find, process_env
-from fake_model import FakeModel
-from harnesses import HELD, URGENT, mail_during_the_turn, private_tmp, send_urgent_mail
+from tests.lib.cli import am_process, process_env
+from tests.lib.fake_model import FakeModel
+from tests.lib.harnesses import HELD, URGENT, mail_during_the_turn, private_tmp, send_urgent_mail
+from tests.lib.tools import find
 
 AGENT = "proj:coder"
 

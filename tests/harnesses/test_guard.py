@@ -8,7 +8,7 @@ import stat
 import subprocess
 
 import pytest
-from conftest import process_env
+from tests.lib.cli import process_env
 
 from agent_mail import spec
 

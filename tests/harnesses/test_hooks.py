@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from conftest import am_process, armed, as_a_user, presences, process_env, until
+from tests.lib.cli import am_process, as_a_user, process_env
+from tests.lib.waiting import armed, presences, until
 
 pytestmark = pytest.mark.backends  # every test here runs on SQLite and on PostgreSQL
 

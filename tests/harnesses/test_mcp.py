@@ -11,7 +11,8 @@ import time
 import pytest
 
 from agent_mail import spec
-from conftest import am_process, armed, disarmed, presences, process_env
+from tests.lib.cli import am_process, process_env
+from tests.lib.waiting import armed, disarmed, presences
 
 mcp = pytest.importorskip("mcp", reason="the mcp extra is not installed (pip install -e '.[test]')")
 import anyio  # noqa: E402

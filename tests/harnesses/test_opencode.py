@@ -20,10 +20,11 @@ import subprocess
 
 import pytest
 
-from conftest import NODE_BIN, am_process, find, process_env
-from fake_model import FakeModel
-from harnesses import (HELD, URGENT, Terminal, chat_tools, mail_during_the_turn, private_tmp, send_urgent_mail,
-                       status_of)
+from tests.lib.cli import am_process, process_env
+from tests.lib.tools import NODE_BIN, find
+from tests.lib.fake_model import FakeModel
+from tests.lib.harnesses import (HELD, URGENT, Terminal, chat_tools, mail_during_the_turn, private_tmp,
+                                 send_urgent_mail, status_of)
 
 AGENT = "proj:coder"
 OPENCODE = find("opencode")

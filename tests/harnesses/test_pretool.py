@@ -9,7 +9,7 @@ import os
 import subprocess
 
 import pytest
-from conftest import am_process, process_env
+from tests.lib.cli import am_process, process_env
 
 from agent_mail.parts import repos
 

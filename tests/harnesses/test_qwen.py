@@ -16,10 +16,11 @@ import subprocess
 
 import pytest
 
-from conftest import am_process, find, process_env
-from fake_model import FakeModel
-from harnesses import (HELD, URGENT, WOKEN, Terminal, chat_tools, mail_during_the_turn, private_tmp,
-                       send_urgent_mail, status_of, wakers)
+from tests.lib.cli import am_process, process_env
+from tests.lib.tools import find
+from tests.lib.fake_model import FakeModel
+from tests.lib.harnesses import (HELD, URGENT, WOKEN, Terminal, chat_tools, mail_during_the_turn, private_tmp,
+                                 send_urgent_mail, status_of, wakers)
 
 AGENT = "proj:coder"
 QWEN = find("qwen")

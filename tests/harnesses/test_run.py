@@ -16,13 +16,15 @@ import time
 
 import pytest
 
-from conftest import am_process, find, process_env, until
-from harnesses import Terminal, private_tmp
+from tests.lib.cli import am_process, process_env
+from tests.lib.harnesses import Terminal, private_tmp
+from tests.lib.tools import ROOT, find
+from tests.lib.waiting import until
 
 from agent_mail.harness import run as running
 
 AGENT = "proj:coder"
-CHILD = os.path.join(os.path.dirname(__file__), "run_child.py")
+CHILD = os.path.join(ROOT, "tests", "lib", "run_child.py")
 TRIGGER = running.trigger_text(AGENT)
 
 
@@ -337,7 +339,7 @@ def _processes_in(directory) -> list[int]:
 
 @pytest.mark.requires("gemini", "tmux")
 def test_an_idle_gemini_is_woken_by_mail_quiet_while_text_is_typed_and_ends_with_its_terminal(gemini_project):
-    from fake_model import FakeModel
+    from tests.lib.fake_model import FakeModel
 
     with FakeModel(_answer) as model:
         with gemini_under_run(gemini_project, model, f"agent-mail-run-gemini-{os.getpid()}") as terminal:
@@ -378,7 +380,7 @@ def test_an_idle_gemini_is_woken_by_mail_quiet_while_text_is_typed_and_ends_with
 
 @pytest.mark.requires("gemini", "tmux")
 def test_a_flood_of_mail_is_one_wake_and_gemini_s_exit_status_is_runs(gemini_project):
-    from fake_model import FakeModel
+    from tests.lib.fake_model import FakeModel
 
     with FakeModel(_answer) as model:
         with gemini_under_run(gemini_project, model, f"agent-mail-run-flood-{os.getpid()}") as terminal:
@@ -407,7 +409,7 @@ def test_a_flood_of_mail_is_one_wake_and_gemini_s_exit_status_is_runs(gemini_pro
 
 # -- the real Copilot CLI under run -------------------------------------------------------------------------------
 COPILOT = find("copilot")
-COPILOT_CACHE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".cache", "copilot")
+COPILOT_CACHE = os.path.join(ROOT, ".cache", "copilot")
 
 
 @pytest.fixture
@@ -429,7 +431,7 @@ def _copilot_main(request: dict) -> bool:
 
 @pytest.mark.requires("copilot", "tmux")
 def test_an_idle_copilot_is_woken_by_mail(copilot_project):
-    from fake_model import FakeModel
+    from tests.lib.fake_model import FakeModel
 
     home = copilot_project.parent / "copilot-home"
     os.makedirs(COPILOT_CACHE, exist_ok=True)

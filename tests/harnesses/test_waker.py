@@ -13,7 +13,8 @@ import textwrap
 
 import pytest
 
-from conftest import am_process, process_env, until
+from tests.lib.cli import am_process, process_env
+from tests.lib.waiting import until
 from agent_mail.harness import waker
 
 AGENT = "proj:coder"

@@ -1,4 +1,4 @@
-"""What the end-to-end tests of the real harness CLIs share. The CLIs themselves are found by conftest's
+"""What the end-to-end tests of the real harness CLIs share. The CLIs themselves are found by lib/tools.py's
 find()/require() (an AGENT_MAIL_<NAME> override, the pinned copy `.ci/run` installs under .cache/node, or one on
 PATH), and a module that drives one is marked requires("claude") etc.: skipped with the reason where it is
 missing, failed under CI, where it is required."""
@@ -24,7 +24,7 @@ URGENT = "Stop the deploy"  # the subject of the mail that lands during a turn
 
 def send_urgent_mail(agent: str) -> None:
     """Mail for `agent` from another process, as a colleague would send it mid-turn."""
-    from conftest import am_process, process_env
+    from tests.lib.cli import am_process, process_env
 
     done = am_process("send", "--from", "boss:lead", "--to", agent, "--subject", URGENT, env=process_env())
     assert done.returncode == 0, done.stderr
@@ -32,7 +32,7 @@ def send_urgent_mail(agent: str) -> None:
 
 def status_of(agent: str) -> dict:
     """`agent-mail status --agent AGENT`'s row, from another process."""
-    from conftest import am_process
+    from tests.lib.cli import am_process
 
     return json.loads(am_process("status", "--agent", agent).stdout)["agents"][0]
 
@@ -117,6 +117,6 @@ class Terminal:
             time.sleep(0.3)
 
     def wait_for(self, predicate, seconds: float, why: str):
-        from conftest import until
+        from tests.lib.waiting import until
 
         return until(predicate, seconds, lambda: f"{why}:\n{self.screen()}", interval=0.2)

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 
-from conftest import am_process, process_env
+from tests.lib.cli import am_process, process_env
 
 
 STARTED: list = []  # every Server started: conftest stops those a test left running (one that failed early)

@@ -16,7 +16,7 @@ import sys
 import threading
 from dataclasses import dataclass, field
 
-SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "src")
 
 
 def namespaces_problem() -> str | None:

@@ -19,8 +19,8 @@ import pytest
 
 pytestmark = pytest.mark.fast
 
-SRC = Path(__file__).resolve().parent.parent / "src"
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parent.parent
+SRC = TESTS.parent / "src"
 PACKAGE = "agent_mail"
 
 RUNAWAY_FILE_LINES = 1500

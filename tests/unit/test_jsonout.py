@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent_mail import jsonout
-from conftest import examples
+from tests.lib.fuzz import examples
 
 pytestmark = pytest.mark.fast
 

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
 
 import pytest
 
-pytestmark = pytest.mark.fast
+from tests.lib.tools import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.fast
 
 
 def test_ruff_finds_nothing():

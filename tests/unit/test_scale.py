@@ -15,7 +15,8 @@ from agent_mail import jsonout, model
 from agent_mail.parts import liveness
 from agent_mail.store import sqlite as sqlite_store
 from agent_mail.store import sqlite_schema
-from conftest import run_inprocess, examples
+from tests.lib.cli import run_inprocess
+from tests.lib.fuzz import examples
 
 pytestmark = pytest.mark.fast
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from agent_mail import spec
-from conftest import process_env
+from tests.lib.cli import process_env
 
 pytestmark = pytest.mark.fast
 

@@ -11,7 +11,7 @@ import sys
 import threading
 
 import pytest
-from conftest import process_env
+from tests.lib.cli import process_env
 
 from agent_mail.protocols import wire
 
@@ -180,7 +180,7 @@ def test_a_plain_call_imports_no_http_client_email_re_or_json():
 def test_everyday_commands_through_a_server_import_no_http_client_json_or_re(mailbox_path):
     """A command through a server is measured against a local cold start (issue 21: at most 1.5x): read, send,
     status, ack and a watch's look load neither http.client (its email parser) nor json, re or enum."""
-    from serving import Server
+    from tests.lib.serving import Server
 
     server = Server(str(mailbox_path))
     try:
