@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from tests.lib.browser import DevTools, free_port
 from tests.lib.cli import process_env
 from tests.lib.tools import require
 from tests.lib.waiting import until
@@ -109,43 +110,6 @@ def test_the_dashboard_ends_when_its_terminal_closes_or_it_is_terminated(tmp_pat
         subprocess.run([*tmux, "kill-server"], capture_output=True)
         if alive():
             os.kill(pid, signal.SIGKILL)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class DevTools:
-    """A page in headless Chromium, spoken to over the DevTools protocol (aiohttp's websocket client)."""
-
-    def __init__(self, ws):
-        self.ws, self.next_id = ws, 0
-
-    async def call(self, method: str, **params):
-        self.next_id += 1
-        await self.ws.send_json({"id": self.next_id, "method": method, "params": params})
-        while True:
-            reply = await self.ws.receive_json(timeout=30)
-            if reply.get("id") == self.next_id:
-                assert "error" not in reply, reply
-                return reply.get("result", {})
-
-    async def evaluate(self, expression: str):
-        result = await self.call("Runtime.evaluate", expression=expression, returnByValue=True)
-        return result["result"].get("value")
-
-    async def key(self, key: str, code: str, vk: int, text: str = "", modifiers: int = 0):
-        for kind in ("keyDown", "keyUp"):
-            await self.call("Input.dispatchKeyEvent", type=kind, key=key, code=code, windowsVirtualKeyCode=vk,
-                            nativeVirtualKeyCode=vk, modifiers=modifiers, **({"text": text} if text and
-                                                                             kind == "keyDown" else {}))
-
-    async def type(self, text: str):
-        for ch in text:
-            await self.key(ch, "", ord(ch.upper()) if ch.isalpha() else ord(ch), text=ch)
-            await asyncio.sleep(0.02)
 
 
 def test_web_in_headless_chromium(tmp_path):

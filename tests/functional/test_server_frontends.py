@@ -406,7 +406,7 @@ def test_the_dashboard_saves_attachments_on_its_own_machine(server, tmp_path):
 
 
 def test_the_dashboard_web_through_the_server_in_headless_chromium(server, tmp_path):
-    from tests.functional.test_dashboard_e2e import DevTools, free_port
+    from tests.lib.browser import DevTools, free_port
 
     chromium = require("chromium")
     import socket
