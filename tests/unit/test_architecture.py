@@ -5,7 +5,9 @@
 - no import is hidden: no `__import__` or `importlib.import_module` names a module in a string;
 - no import circle among agent_mail's modules;
 - no runaway file (a generous guard; a file is as long as its one job needs);
-- a name starting with `_` is used only in its own module (tests included).
+- a name starting with `_` is used only in its own module (tests included);
+- the suite's layout: test modules in a folder per kind, helpers in tests/lib, and no module imports conftest
+  (fixtures and hooks only) or another test module.
 
 There are no allow-lists: a violation fails at once.
 """
@@ -24,6 +26,9 @@ SRC = TESTS.parent / "src"
 PACKAGE = "agent_mail"
 
 RUNAWAY_FILE_LINES = 1500
+
+# The suite's folders, one per kind of test (docs/testing.md); helpers live in tests/lib.
+TEST_KINDS = ("unit", "contract", "functional", "harnesses")
 
 # The layers, from the top down. A module belongs to the entry naming the longest prefix of its dotted name (a
 # package is everything under it); a module may import its own layer and those below it, never one above.
@@ -245,12 +250,12 @@ def private_reaches(roots: tuple[Path, ...], package: str = PACKAGE) -> list[str
                         if alias.name.startswith("_") and not alias.name.startswith("__"):
                             found.append(f"{path}:{node.lineno}: from {'.' * node.level}{node.module or ''} import "
                                          f"{alias.name}")
-                        elif node.module and (node.module.split(".")[0] == package or node.level):
+                        elif node.module and (node.module.split(".")[0] == package or node.level
+                                              or _a_helper_module(root, f"{node.module}.{alias.name}")):
                             module_names.add(alias.asname or alias.name)
                 elif isinstance(node, ast.Import):
                     for alias in node.names:
-                        beside = root != SRC and (root / f"{alias.name}.py").exists()  # a test's or bench's helper
-                        if alias.name.split(".")[0] == package or beside:
+                        if alias.name.split(".")[0] == package or _a_helper_module(root, alias.name):
                             module_names.add(alias.asname or alias.name.split(".")[0])
             for node in ast.walk(tree):
                 if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
@@ -261,6 +266,41 @@ def private_reaches(roots: tuple[Path, ...], package: str = PACKAGE) -> list[str
                         found.append(f"{path}:{node.lineno}: {ast.unparse(node)}")
                 elif isinstance(node, ast.Call) and _reaches_by_string(node, module_names, package):
                     found.append(f"{path}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def _a_helper_module(root: Path, dotted: str) -> bool:
+    """Whether `dotted` names a helper module of the tests or benchmarks (beside them, or tests.lib.x from the
+    repository's root)."""
+    if root == SRC:
+        return False
+    parts = dotted.split(".")
+    return any(base.joinpath(*parts[:-1], f"{parts[-1]}.py").exists() for base in (root, root.parent))
+
+
+def suite_layout_problems(tests: Path) -> list[str]:
+    """Where the suite leaves its layout: a test module outside the kinds' folders, a helper outside tests/lib,
+    an import of conftest (which holds fixtures and hooks, never helpers) or of a test module."""
+    found = []
+    for path in sorted(tests.rglob("*.py")):
+        place = path.relative_to(tests)
+        if path.name.startswith("test_") and (len(place.parts) != 2 or place.parts[0] not in TEST_KINDS):
+            found.append(f"{place}: a test module outside tests/{{{','.join(TEST_KINDS)}}}/")
+        elif not path.name.startswith("test_") and path.name not in ("__init__.py", "conftest.py") \
+                and place.parts[0] != "lib":
+            found.append(f"{place}: a helper outside tests/lib/")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            if isinstance(node, ast.Import):
+                named = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                module = "." * node.level + (node.module or "")
+                named = [module, *(f"{module}.{alias.name}" for alias in node.names)]
+            else:
+                continue
+            for name in named:
+                if any(part == "conftest" or part.startswith("test_") for part in name.split(".")):
+                    found.append(f"{place}:{node.lineno}: imports {name} (helpers live in tests/lib)")
+                    break
     return found
 
 
@@ -334,6 +374,11 @@ def test_no_module_reaches_another_modules_private_names():
     found = private_reaches((SRC, TESTS, TESTS.parent / "bench"))
     assert not found, "a `_name` used outside its module (make it public, or reach it through public API):\n" + \
         "\n".join(f"  {f}" for f in found)
+
+def test_the_suite_keeps_its_layout():
+    found = suite_layout_problems(TESTS)
+    assert not found, "the suite's layout (docs/testing.md):\n" + "\n".join(f"  {f}" for f in found)
+
 
 # ---- The reading itself, on packages made up for the purpose (so the rules above cannot pass vacuously). ----
 
@@ -453,3 +498,27 @@ def test_reading_finds_private_names_reached_by_a_string(tmp_path):
     assert [f.split(": ", 1)[1] for f in found] == ["monkeypatch.setattr(model, '_clock', None)",
                                                     "setattr(Thing, '_WINDOW', 2)",
                                                     "monkeypatch.setattr('pkg.model._now', None)"], found
+
+
+def test_reading_finds_private_names_of_a_tests_lib_helper(tmp_path):
+    (tmp_path / "tests" / "lib").mkdir(parents=True)
+    (tmp_path / "tests" / "lib" / "waits.py").write_text("def _poll():\n    return 1\n")
+    (tmp_path / "tests" / "test_x.py").write_text("from tests.lib import waits\n\nwaits._poll()\n")
+    found = private_reaches((tmp_path / "tests",), "pkg")
+    assert len(found) == 1 and found[0].endswith("test_x.py:3: waits._poll"), found
+
+
+def test_reading_finds_a_suite_out_of_its_layout(tmp_path):
+    files = {"conftest.py": "", "unit/test_a.py": "from tests.lib.cli import am\n", "lib/cli.py": "",
+             "test_flat.py": "", "helper.py": "", "unit/test_b.py": "from conftest import until\n",
+             "contract/test_c.py": "from tests.unit.test_a import thing\n",
+             "functional/test_d.py": "def f():\n    from tests.unit import test_a\n"}
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    found = suite_layout_problems(tmp_path)
+    assert found == ["contract/test_c.py:1: imports tests.unit.test_a (helpers live in tests/lib)",
+                     "functional/test_d.py:2: imports tests.unit.test_a (helpers live in tests/lib)",
+                     "helper.py: a helper outside tests/lib/",
+                     "test_flat.py: a test module outside tests/{unit,contract,functional,harnesses}/",
+                     "unit/test_b.py:1: imports conftest (helpers live in tests/lib)"], found
