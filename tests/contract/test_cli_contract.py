@@ -279,7 +279,7 @@ def test_describe_into_a_pipe_closed_early_ends_quietly_as_a_unix_tool_does():
 
 
 @pytest.mark.sqlite_only  # -S: no site-packages, so no driver; the PostgreSQL path is checked below
-@pytest.mark.local_only("what the local command path imports (the client's: tests/test_server.py)")
+@pytest.mark.local_only("what the local command path imports (the client's: tests/functional/test_server.py)")
 @pytest.mark.parametrize("argv", [["read", "a:b"], ["status"], ["watch", "a:b", "--once"], ["ack", "a:b", "--all"],
                                   ["heartbeat", "a:b"],
                                   ["send", "--from", "a:x", "--to", "b:y", "--subject", "Deploy, now: v2.1",
@@ -299,7 +299,7 @@ def test_everyday_commands_import_nothing_they_do_not_need(argv, mailbox_path):
 
 
 @pytest.mark.sqlite_only
-@pytest.mark.local_only("what the local command path imports (the client's: tests/test_server.py)")
+@pytest.mark.local_only("what the local command path imports (the client's: tests/functional/test_server.py)")
 def test_send_indexes_its_message_without_the_search_machinery(mailbox_path):
     """Every send writes its message's search entry: it loads the small agent_mail.store.index, not the query
     language and snippets of agent_mail.parts.query_language, nor unicodedata for ASCII text."""
@@ -313,7 +313,7 @@ def test_send_indexes_its_message_without_the_search_machinery(mailbox_path):
 
 
 @pytest.mark.sqlite_only
-@pytest.mark.local_only("what the local command path imports (the client's: tests/test_server.py)")
+@pytest.mark.local_only("what the local command path imports (the client's: tests/functional/test_server.py)")
 def test_search_of_plain_text_needs_no_regular_expressions(am, mailbox_path):
     """A search is a whole process (≤ 50 ms at a million messages): for ASCII text, cutting the query and
     marking the snippets take no regex (re and enum are ~4 ms of its start)."""
@@ -337,7 +337,7 @@ def test_cold_import_pulls_in_no_heavy_modules():
     assert proc.stdout.strip() == "[]", proc.stdout + proc.stderr
 
 
-@pytest.mark.local_only("what the local command path imports (the client's: tests/test_server.py)")
+@pytest.mark.local_only("what the local command path imports (the client's: tests/functional/test_server.py)")
 def test_each_backend_imports_its_own_driver_only(mailbox_path, backend):
     """With site-packages in reach: the SQLite path never loads psycopg; the PostgreSQL path loads it, and
     neither loads the MCP SDK or the dashboard's Textual."""

@@ -604,7 +604,7 @@ def test_a_reply_refused_everywhere_settles_nothing(am, send):
 
 
 @pytest.mark.local_only("the library's send with an idempotency key (a client's repeat through a server: "
-                        "tests/test_server_faults.py)")
+                        "tests/functional/test_server_faults.py)")
 def test_an_idempotency_key_repeats_one_send_and_refuses_another(mailbox_path):
     """A key reused for the same send answers with what was stored; reused for another send (other recipients,
     another body, ...) it is refused, naming the first send, and nothing more is stored: the second message is

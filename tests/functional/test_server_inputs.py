@@ -1,6 +1,7 @@
 """What a JSON client can send a server that no command line can: a lone surrogate (JSON's escaped \\udbff) in a
 hook's session or an uploaded attachment's name. Each is a 400 naming what is wrong, never a 500, and nothing is
-stored. Real server processes, on both backings (the reservation commands' fields: tests/test_server_hooks.py)."""
+stored. Real server processes, on both backings (the reservation commands' fields:
+tests/functional/test_server_hooks.py)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The real Claude Code CLI, set up by `agent-mail setup claude-code`, against a scripted model.
 
 Claude Code is the npm package @anthropic-ai/claude-code (`.ci/run` installs the pinned version under
-.cache/node); the model is tests/fake_model.py on 127.0.0.1, which records what Claude Code sends it: the
+.cache/node); the model is tests/lib/fake_model.py on 127.0.0.1, which records what Claude Code sends it: the
 context the hooks added, the tools it lists, the tool results. Skipped with the reason where Claude Code
 is not installed; required in CI.
 """

@@ -1,7 +1,7 @@
 """The real Codex CLI, set up by `agent-mail setup codex`, against a scripted model.
 
 Codex is the npm package @openai/codex (`.ci/run` installs the pinned version under .cache/node); the
-model is tests/fake_model.py speaking the OpenAI Responses API on 127.0.0.1, configured as a custom
+model is tests/lib/fake_model.py speaking the OpenAI Responses API on 127.0.0.1, configured as a custom
 provider in a throwaway CODEX_HOME. `codex exec --trust --dangerously-bypass-hook-trust` stands for a
 user who trusted the project and reviewed its hooks once. Skipped with the reason where Codex is not
 installed; required in CI.

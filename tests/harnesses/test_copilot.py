@@ -1,7 +1,7 @@
 """The real GitHub Copilot CLI, set up by `agent-mail setup copilot`, against a scripted model.
 
 Copilot CLI is the npm package @github/copilot (`.ci/run` installs the pinned version under .cache/node); the
-model is tests/fake_model.py speaking the OpenAI Chat Completions API on 127.0.0.1 (COPILOT_OFFLINE with
+model is tests/lib/fake_model.py speaking the OpenAI Chat Completions API on 127.0.0.1 (COPILOT_OFFLINE with
 COPILOT_PROVIDER_BASE_URL), with a throwaway HOME whose ~/.copilot/config.json trusts the test's project folder
 (the person's one-time answer: Copilot CLI runs a repository's hooks only in a trusted folder). Its first run
 unpacks ~235 MB; COPILOT_CACHE_HOME points every test at one cache under .cache/copilot. The test writes its own

@@ -1,7 +1,7 @@
 """The real Gemini CLI, set up by `agent-mail setup gemini`, against a scripted model.
 
 Gemini CLI is the npm package @google/gemini-cli (`.ci/run` installs the pinned version under
-.cache/node); the model is tests/fake_model.py speaking the Gemini API on 127.0.0.1
+.cache/node); the model is tests/lib/fake_model.py speaking the Gemini API on 127.0.0.1
 (GOOGLE_GEMINI_BASE_URL), with a throwaway HOME. GEMINI_CLI_TRUST_WORKSPACE stands for a user who
 trusted the project folder once. Skipped with the reason where Gemini CLI is not installed; required
 in CI.

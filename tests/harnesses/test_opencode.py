@@ -2,8 +2,8 @@
 
 OpenCode is the npm package opencode-ai (`.ci/run` installs the pinned version under .cache/node, with the
 @opencode-ai/plugin package OpenCode would otherwise npm-install into each project's .opencode/ at its first start:
-`offline_plugin_dependency` links it in, so no test waits on npm). The model is tests/fake_model.py speaking the OpenAI
-Chat Completions API on 127.0.0.1, named in the project's opencode.json as a provider of its own, which the test
+`offline_plugin_dependency` links it in, so no test waits on npm). The model is tests/lib/fake_model.py speaking the
+OpenAI Chat Completions API on 127.0.0.1, named in the project's opencode.json as a provider of its own, which the test
 writes first (as a person would), so setup must merge into it. HOME is a throwaway directory; updates, model lists,
 LSP downloads and sharing are off. Skipped with the reason where OpenCode is not installed; required in CI.
 

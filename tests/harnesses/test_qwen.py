@@ -1,7 +1,7 @@
 """The real Qwen Code, set up by `agent-mail setup qwen`, against a scripted model.
 
 Qwen Code is the npm package @qwen-code/qwen-code (`.ci/run` installs the pinned version under .cache/node); the
-model is tests/fake_model.py speaking the OpenAI Chat Completions API on 127.0.0.1 (OPENAI_BASE_URL, --auth-type
+model is tests/lib/fake_model.py speaking the OpenAI Chat Completions API on 127.0.0.1 (OPENAI_BASE_URL, --auth-type
 openai), with a throwaway HOME whose settings switch off updates and usage statistics. The test writes its own
 project settings first (as a person would), so setup must merge into them. Skipped with the reason where Qwen Code
 is not installed; required in CI.

@@ -2,8 +2,8 @@
 arrives while it is idle at an empty prompt.
 
 The decision (screen model, the person's keys, idle) is tested in-process (fast); the whole wrapper in tmux, first
-around tests/run_child.py (a scripted prompt that logs each line it reads), then around the real Gemini CLI set up
-by `agent-mail setup gemini`, against the scripted model (tests/fake_model.py)."""
+around tests/lib/run_child.py (a scripted prompt that logs each line it reads), then around the real Gemini CLI set up
+by `agent-mail setup gemini`, against the scripted model (tests/lib/fake_model.py)."""
 
 from __future__ import annotations
 
@@ -141,7 +141,7 @@ def through():
 
 @pytest.fixture
 def wrapped(tmp_path, mailbox_path, through):
-    """run around tests/run_child.py in tmux: (terminal, the child's log, run's decision log, the exit file)."""
+    """run around tests/lib/run_child.py in tmux: (terminal, the child's log, run's decision log, the exit file)."""
     log, decisions, code = tmp_path / "child.log", tmp_path / "run.log", tmp_path / "exit"
     env = process_env(AGENT_MAIL_RUN_LOG=str(decisions), **through)
     passed = " ".join(f"{k}={shlex.quote(env[k])}" for k in ("AGENT_MAIL_DB", "AGENT_MAIL_RUN_LOG", "PYTHONPATH",

@@ -1,7 +1,7 @@
 """The idle waker of Qwen Code and Codex (agent_mail.harness.waker), without the harnesses: where it finds Qwen Code's
 input file, which runs it skips, and, with a stand-in harness process, the whole round: started detached by the
 `wait` hook, armed, one prompt appended when mail arrives (told once), gone with the harness. The real Qwen Code and
-Codex are woken in tests/test_qwen.py and tests/test_codex.py."""
+Codex are woken in tests/harnesses/test_qwen.py and tests/harnesses/test_codex.py."""
 
 from __future__ import annotations
 
