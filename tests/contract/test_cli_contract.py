@@ -16,9 +16,10 @@ from agent_mail.store import sqlite as sqlite_store
 from tests.lib.cli import am_process, process_env
 from tests.lib.mailbox import mailbox_exists
 
-pytestmark = [pytest.mark.backends, pytest.mark.fast]  # every test here runs on SQLite and on PostgreSQL
+pytestmark = pytest.mark.backends  # every test here runs on SQLite and on PostgreSQL
 
 
+@pytest.mark.fast
 @pytest.mark.local_only("describe reports the mailbox's own storage; through a server it reports the server")
 def test_describe_lists_every_command_and_never_creates_the_mailbox(am, mailbox_path, backend):
     doc = am("describe").json
@@ -34,10 +35,12 @@ def test_describe_lists_every_command_and_never_creates_the_mailbox(am, mailbox_
     assert not mailbox_exists(mailbox_path)
 
 
+@pytest.mark.fast
 def test_no_arguments_prints_the_same_manual(am):
     assert am().json == am("describe").json
 
 
+@pytest.mark.fast
 @pytest.mark.local_only("describe reports the mailbox's own storage; through a server it reports the server")
 def test_describe_reports_count_and_size(am, send, mailbox_path, backend):
     send("a:x", "b:y", "one")
@@ -52,6 +55,7 @@ def test_describe_reports_count_and_size(am, send, mailbox_path, backend):
         assert storage["server_version"] >= 120000
 
 
+@pytest.mark.fast
 def test_describe_default_path_when_not_overridden(am, monkeypatch, tmp_path):
     monkeypatch.delenv("AGENT_MAIL_DB")
     storage = am("describe").json["storage"]
@@ -59,6 +63,7 @@ def test_describe_default_path_when_not_overridden(am, monkeypatch, tmp_path):
     assert storage["path"] == os.path.join(str(tmp_path / "home"), ".agent-mail", "mail.db")
 
 
+@pytest.mark.fast
 def test_describe_one_command_and_help_flag(am):
     one = am("describe", "send").json
     assert one["name"] == "send" and one["command"] == spec.COMMANDS["send"].describe()
@@ -66,12 +71,14 @@ def test_describe_one_command_and_help_flag(am):
     assert am("describe", "sned").error["error"].count("send") >= 1
 
 
+@pytest.mark.fast
 def test_version(am):
     from agent_mail import __version__
 
     assert am("--version").json["version"] == __version__
 
 
+@pytest.mark.fast
 def test_every_example_parses(am):
     for name, command in spec.COMMANDS.items():
         assert command.examples, f"{name} has no example"
@@ -81,6 +88,7 @@ def test_every_example_parses(am):
             assert parsed_name == name, example
 
 
+@pytest.mark.fast
 def test_parser_accepts_exactly_the_documented_flags(am):
     """describe and the parser cannot disagree: both come from spec.COMMANDS."""
     for name, command in spec.COMMANDS.items():
@@ -94,12 +102,14 @@ def test_parser_accepts_exactly_the_documented_flags(am):
             assert "is not a flag" in str(caught.value)
 
 
+@pytest.mark.fast
 def test_all_problems_are_reported_together_with_their_fields(am):
     error = am("send", "--from", "Bad", "--to", "also bad", "--subject", "x" * 300, "--bogus").error
     fields = [p["field"] for p in error["problems"]]
     assert fields == ["--bogus", "--from", "--to", "--subject"]
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("argv, needle", [
     (["send", "--from"], "needs a value"),
     (["send", "--from", "a:b", "--to", "c:d"], "--subject"),
@@ -117,6 +127,7 @@ def test_usage_errors_are_json(am, argv, needle):
     assert needle in error["error"]
 
 
+@pytest.mark.fast
 def test_values_that_look_like_flags_or_numbers_are_accepted(am):
     am("send", "--from", "a:b", "--to", "c:d", "--subject", "-1", "--body", "--- yaml").assert_ok()
     am("send", "--from=a:b", "--to=c:d", "--subject=x=y").assert_ok()
@@ -124,6 +135,7 @@ def test_values_that_look_like_flags_or_numbers_are_accepted(am):
     assert [m["subject"] for m in message] == ["-1", "x=y"] and message[0]["body"] == "--- yaml"
 
 
+@pytest.mark.fast
 @pytest.mark.local_only("an in-process failure planted in the library (monkeypatched)")
 def test_internal_errors_are_json_not_tracebacks(am, monkeypatch):
     from agent_mail.operations import mail
@@ -136,6 +148,7 @@ def test_internal_errors_are_json_not_tracebacks(am, monkeypatch):
     assert "internal error" in error["error"] and "kaboom" in error["error"]
 
 
+@pytest.mark.fast
 def test_documented_output_fields_match_what_commands_print(am, send, tmp_path, mailbox_path, monkeypatch):
     """Every top-level and item field a command prints is documented, and vice versa."""
     receipt = send("a:x", "b:y", "one")

@@ -21,7 +21,7 @@ from tests.lib.postgres import drop_schema, new_schema_name, pg_url, postgres_pr
 from tests.lib.tools import require
 from tests.lib.waiting import armed, until
 
-pytestmark = [pytest.mark.backends, pytest.mark.fast]
+pytestmark = pytest.mark.backends
 
 
 @pytest.fixture
@@ -82,6 +82,7 @@ def _using(location: str):
     return Using()
 
 
+@pytest.mark.fast
 def test_export_import_export_gives_the_same_bytes_on_any_backend(am, history, tmp_path, backend):
     first = export(am)
     assert first.startswith(b'{"agent_mail_export":1}\n')
@@ -110,6 +111,7 @@ def test_export_import_export_gives_the_same_bytes_on_any_backend(am, history, t
             drop_schema(schema)
 
 
+@pytest.mark.fast
 def test_importing_twice_changes_nothing_and_a_dry_run_changes_nothing(am, history, tmp_path):
     path = tmp_path / "e.jsonl"
     path.write_bytes(export(am))
@@ -127,6 +129,7 @@ def test_importing_twice_changes_nothing_and_a_dry_run_changes_nothing(am, histo
     assert am("import", str(path)).json["added"]["messages"] == 0
 
 
+@pytest.mark.fast
 def test_a_bad_file_lists_every_bad_line_and_imports_nothing(am, history, tmp_path):
     lines = export(am).decode().splitlines()
     message = json.loads(next(line for line in lines if '"type":"message"' in line and '"attachments":[]' in line))
@@ -161,6 +164,7 @@ def test_a_bad_file_lists_every_bad_line_and_imports_nothing(am, history, tmp_pa
     assert {"line 2: sha256", "line 2: size"} <= {p["field"] for p in am("import", str(path)).error["problems"]}
 
 
+@pytest.mark.fast
 def test_an_identitys_export_holds_what_it_may_see_only(am, history, tmp_path):
     records = [json.loads(line) for line in export(am, "--agent", "api:worker").splitlines()[1:]]
     messages = [r for r in records if r["type"] == "message"]
@@ -172,6 +176,7 @@ def test_an_identitys_export_holds_what_it_may_see_only(am, history, tmp_path):
     assert len([r for r in recent if r["type"] == "message"]) == 7
 
 
+@pytest.mark.fast
 def test_export_to_a_file_never_overwrites_and_bad_options_are_errors(am, history, tmp_path):
     target = tmp_path / "out.jsonl"
     summary = am("export", "--output", str(target)).json
@@ -185,11 +190,13 @@ def test_export_to_a_file_never_overwrites_and_bad_options_are_errors(am, histor
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # nothing left aside
 
 
+@pytest.mark.fast
 def test_a_bad_format_is_refused(am):
     refused = am("export", "--format", "xml").error["problems"]
     assert refused[0]["field"] == "--format" and "jsonl" in refused[0]["message"] and "mbox" in refused[0]["message"]
 
 
+@pytest.mark.fast
 @pytest.mark.local_only("whether the mailbox file or schema gets made (a server's mailbox exists before it serves)")
 def test_a_bad_format_is_refused_before_any_mailbox_is_made(am, mailbox_path):
     assert am("export", "--format", "xml").error["problems"][0]["field"] == "--format"
@@ -219,6 +226,7 @@ def test_progress_shows_on_a_terminal_and_nowhere_else(history, tmp_path):
     assert done.returncode == 0 and b"exported" in shown and b"7 messages" in shown
 
 
+@pytest.mark.fast
 def test_mbox_reads_back_as_standard_email(am, history, tmp_path):
     plain = am("send", "--from", "web:worker", "--to", "ops:lead", "--subject", "plan ✓ für morgen", "--body",
                "Grüße\nFrom me, not a separator\n>From quoted").json["id"]  # laid out directly: no email package
@@ -341,6 +349,7 @@ def _import(am, fresh, tmp_path, lines: list[str]):
     return result
 
 
+@pytest.mark.fast
 def test_import_refuses_records_no_export_holds_naming_line_and_field(am, history, fresh, tmp_path):
     header, message = _a_message(am)
     broadcast = json.loads(next(line for line in export(am).decode().splitlines() if '"kind":"broadcast"' in line))
@@ -374,6 +383,7 @@ def test_import_refuses_records_no_export_holds_naming_line_and_field(am, histor
     assert "line 8" in said["line 9: id"]
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("ttl", [-1, 10**30, 2**31, 1.5, True])
 def test_a_bad_ttl_hours_of_an_older_export_is_a_clear_problem(am, history, fresh, tmp_path, ttl):
     header, message = _a_message(am)
@@ -382,6 +392,7 @@ def test_a_bad_ttl_hours_of_an_older_export_is_a_clear_problem(am, history, fres
     assert [p["field"] for p in result.error["problems"]][0] == "line 2: ttl_hours"
 
 
+@pytest.mark.fast
 def test_a_deeply_nested_line_is_a_clear_problem(am, history, fresh, tmp_path):
     header, message = _a_message(am)
     result = _import(am, fresh, tmp_path, [header, json.dumps(message), "[" * 100_000 + "]" * 100_000])
@@ -391,6 +402,7 @@ def test_a_deeply_nested_line_is_a_clear_problem(am, history, fresh, tmp_path):
     assert "internal error" not in result.err
 
 
+@pytest.mark.fast
 def test_importing_an_mbox_export_says_it_is_one(am, history, fresh, tmp_path):
     path = tmp_path / "team.mbox"
     am("export", "--format", "mbox", "--output", str(path)).assert_ok()
@@ -401,6 +413,7 @@ def test_importing_an_mbox_export_says_it_is_one(am, history, fresh, tmp_path):
     assert len(result.error["problems"]) == 1
 
 
+@pytest.mark.fast
 def test_a_reply_to_a_message_gone_from_the_file_still_imports(am, history, fresh, tmp_path):
     """A reply whose original was cleaned up, or left out by --agent or --since-days, is as the mailbox holds it:
     the thread starts at the reply (as it does in the mailbox the file came from)."""
@@ -417,6 +430,7 @@ def test_a_reply_to_a_message_gone_from_the_file_still_imports(am, history, fres
 # ---------------------------------------------------------------- issue 20, finding 10: no lifetime in an export
 
 
+@pytest.mark.fast
 def test_an_export_carries_no_lifetime_and_describe_documents_none(am, history, fresh, tmp_path):
     records = [json.loads(line) for line in export(am).splitlines()[1:]]
     assert all("ttl_hours" not in r for r in records)
@@ -424,6 +438,7 @@ def test_an_export_carries_no_lifetime_and_describe_documents_none(am, history, 
     assert "ttl" not in json.dumps(am("describe").json)
 
 
+@pytest.mark.fast
 def test_an_older_export_with_ttl_hours_still_imports_and_the_field_is_dropped(am, history, fresh, tmp_path):
     lines = export(am).decode().splitlines()
     older = [json.dumps({**r, "ttl_hours": 24}) if r.get("type") == "message" else json.dumps(r)

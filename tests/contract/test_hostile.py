@@ -116,7 +116,6 @@ def test_version_takes_no_arguments(am):
 # ---------------------------------------------------------------- 3-6. a failed command changed nothing
 
 
-@pytest.mark.fast
 def test_profile_that_cannot_print_writes_no_mirror_file(am, send, tmp_path):
     send("a:x", "p:n", "waiting")
     mirror = tmp_path / "mirror"
@@ -127,7 +126,6 @@ def test_profile_that_cannot_print_writes_no_mirror_file(am, send, tmp_path):
     assert am("profile", "p:n").json["mirror_dir"] is None
 
 
-@pytest.mark.fast
 def test_profile_moved_without_printing_puts_the_old_mirror_back(am, send, tmp_path):
     old, new = tmp_path / "old", tmp_path / "new"
     old.mkdir()
@@ -147,7 +145,6 @@ def _attachment_message(am, tmp_path) -> str:
     return am("send", "--from", "a:x", "--to", "b:y", "--subject", "file", "--attach", str(source)).json["id"]
 
 
-@pytest.mark.fast
 def test_overwrite_that_cannot_print_replaces_nothing(am, tmp_path):
     message = _attachment_message(am, tmp_path)
     target = tmp_path / "inbox"
@@ -162,7 +159,6 @@ def test_overwrite_that_cannot_print_replaces_nothing(am, tmp_path):
     assert (target / "report.txt").read_bytes() == b"new content\n"
 
 
-@pytest.mark.fast
 def test_save_that_cannot_print_leaves_no_directory(am, tmp_path):
     message = _attachment_message(am, tmp_path)
     target = tmp_path / "made" / "for" / "this"
@@ -171,7 +167,6 @@ def test_save_that_cannot_print_leaves_no_directory(am, tmp_path):
     assert not (tmp_path / "made").exists()
 
 
-@pytest.mark.fast
 def test_watch_once_that_cannot_print_records_no_heartbeat(am):
     proc = closed_stdout("watch", "w:z", "--once")
     assert proc.returncode == 1
@@ -384,7 +379,6 @@ def test_a_mailbox_path_that_is_not_a_regular_file_is_refused_for_what_it_is(am,
     assert word in am("describe").json["storage"]["problem"]
 
 
-@pytest.mark.fast
 def test_a_new_mailbox_on_a_full_disk_reports_the_lack_of_space(tmp_path):
     path = tmp_path / "full" / "mail.db"
 
@@ -435,7 +429,6 @@ def test_a_watch_through_a_symlink_listens_beside_the_real_file(monkeypatch, tmp
         assert mailbox.store.wait_for_wake(10) is True
 
 
-@pytest.mark.fast
 def test_every_directory_made_for_the_mailbox_is_private_whatever_the_umask(tmp_path):
     path = tmp_path / "a" / "b" / "c" / "mail.db"
     proc = subprocess.run([sys.executable, "-m", "agent_mail", "status"], env=process_env(AGENT_MAIL_DB=str(path)),
@@ -712,7 +705,6 @@ def test_an_attachment_whose_name_is_not_utf8_still_travels(am, tmp_path):
     assert open(saved["path"], "rb").read() == b"content"
 
 
-@pytest.mark.fast
 def test_a_mailbox_path_that_is_not_utf8_works_and_prints_strict_json(tmp_path):
     directory = os.fsdecode(str(tmp_path).encode() + b"/\xff")
     env = process_env(AGENT_MAIL_DB=os.path.join(directory, "mail.db"))

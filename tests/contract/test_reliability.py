@@ -188,7 +188,6 @@ def _limit_file_size(limit: int):
     return apply
 
 
-@pytest.mark.fast
 @pytest.mark.sqlite_only  # about the SQLite file itself
 def test_output_over_the_file_size_limit_changes_nothing(tmp_path, send, am, mailbox_path):
     for i in range(6):
@@ -212,7 +211,6 @@ def test_output_over_the_file_size_limit_changes_nothing(tmp_path, send, am, mai
     assert integrity(mailbox_path) == "ok"
 
 
-@pytest.mark.fast
 @pytest.mark.sqlite_only  # about the SQLite file itself
 @pytest.mark.local_only("the file-size limit is set on the process that writes the SQLite file: a server's, not the "
                         "client's")

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from agent_mail import model
 from agent_mail.parts import repos, wildmatch
 
-pytestmark = [pytest.mark.backends, pytest.mark.fast]
+pytestmark = pytest.mark.backends
 
 
 def git(*args: str, cwd) -> str:
@@ -73,6 +73,7 @@ OVERLAP = [
 ]
 
 
+@pytest.mark.fast
 @pytest.mark.sqlite_only  # pure: once is enough
 @pytest.mark.parametrize("first,second,expected", OVERLAP)
 def test_overlap_is_decided_both_ways(first, second, expected):
@@ -80,6 +81,7 @@ def test_overlap_is_decided_both_ways(first, second, expected):
     assert wildmatch.overlap(second, first) is expected
 
 
+@pytest.mark.fast
 @pytest.mark.sqlite_only
 def test_case_is_folded_only_where_the_repository_says_so():
     assert not wildmatch.overlap("/SRC/Lib.rs", "/src/lib.rs")
@@ -90,6 +92,7 @@ def test_case_is_folded_only_where_the_repository_says_so():
 _PART = st.sampled_from(["src", "lib", "a", "b.py", "x.rs", "*", "**", "*.py", "[a-c]*", "?", "docs", "t[0-9]"])
 
 
+@pytest.mark.fast
 @pytest.mark.sqlite_only
 @settings(max_examples=300, deadline=None)
 @given(st.lists(_PART, min_size=1, max_size=3), st.booleans(), st.lists(_PART, min_size=1, max_size=3),
@@ -104,6 +107,7 @@ def test_overlap_never_misses_a_path_pathspec_says_both_cover(first, slash1, sec
         assert wildmatch.overlap(a, b) and wildmatch.overlap(b, a), (a, b, p)
 
 
+@pytest.mark.fast
 @pytest.mark.sqlite_only
 def test_bad_patterns_are_refused_together_with_a_clear_error(am, repo):
     err = am("reserve", "a:x", "!src/**", "#notes", "src/../../x").error
@@ -112,6 +116,7 @@ def test_bad_patterns_are_refused_together_with_a_clear_error(am, repo):
     assert "'..' part" in err["problems"][2]["message"]
 
 
+@pytest.mark.fast
 @pytest.mark.sqlite_only
 def test_origin_urls_spelt_every_way_are_one_repository():
     forms = ["git@github.com:acme/widget.git", "ssh://git@github.com/acme/widget.git", "https://github.com/acme/widget",
@@ -120,6 +125,7 @@ def test_origin_urls_spelt_every_way_are_one_repository():
 
 
 # -- the commands ---------------------------------------------------------------------------------------------
+@pytest.mark.fast
 def test_reserve_all_or_nothing_with_the_conflicts(am, repo):
     mine = am("reserve", "a:x", "src/**", "--reason", "parser rewrite").json
     assert mine["granted"] == ["/src/**"] and mine["repo"] == "github.com/acme/widget" and mine["conflicts"] == []
@@ -142,6 +148,7 @@ def test_reserve_all_or_nothing_with_the_conflicts(am, repo):
     assert all(r["held"] and r["holder_live"] for r in listed)
 
 
+@pytest.mark.fast
 def test_shared_against_shared_allowed_exclusive_against_anything_refused(am, repo):
     am("reserve", "a:x", "docs/", "--shared").assert_ok()
     am("reserve", "b:y", "docs/x.md", "--shared").assert_ok()
@@ -150,6 +157,7 @@ def test_shared_against_shared_allowed_exclusive_against_anything_refused(am, re
     assert am("reserve", "a:x", "src/*.rs", "--shared").code == 3  # shared against exclusive
 
 
+@pytest.mark.fast
 def test_minutes_default_and_limit(am, repo):
     got = am("reserve", "a:x", "src/lib.rs").json
     lasts = model.parse_iso(got["expires_at"]) - model.now()
@@ -158,6 +166,7 @@ def test_minutes_default_and_limit(am, repo):
     assert err["problems"][0]["field"] == "--minutes"
 
 
+@pytest.mark.fast
 def test_paths_from_anywhere_inside_the_repository(am, repo, monkeypatch):
     os.symlink(repo / "src", repo / "link")
     monkeypatch.chdir(repo / "src" / "deep")
@@ -168,6 +177,7 @@ def test_paths_from_anywhere_inside_the_repository(am, repo, monkeypatch):
                                                                           ("src/x.rs", "/src/x.rs")]
 
 
+@pytest.mark.fast
 def test_outside_a_repository_an_error_unless_repo_is_given(am, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     err = am("reserve", "a:x", "src/**").error
@@ -176,6 +186,7 @@ def test_outside_a_repository_an_error_unless_repo_is_given(am, tmp_path, monkey
     assert am("reservations", "--check", "--agent", "b:y", "src/a.rs", "--repo", "team/widget").code == 3
 
 
+@pytest.mark.fast
 def test_release_by_pattern_case_folded_where_the_repo_says_so(am, repo):
     git("config", "core.ignorecase", "true", cwd=repo)
     am("reserve", "a:x", "Src/Lib.rs", "docs/").assert_ok()
@@ -185,6 +196,7 @@ def test_release_by_pattern_case_folded_where_the_repo_says_so(am, repo):
     assert am("release", "a:x", "--all").json["count"] == 1
 
 
+@pytest.mark.fast
 def test_check_exit_0_or_3_with_the_conflicts(am, repo):
     am("reserve", "a:x", "src/**").assert_ok()
     am("reserve", "b:y", "docs/", "--shared").assert_ok()
@@ -207,6 +219,7 @@ def _age(mailbox, agent: str, seconds: float) -> None:
         db.close()
 
 
+@pytest.mark.fast
 def test_a_killed_watch_stops_blocking_within_the_grace(am, repo, mailbox_path):
     watch = subprocess.Popen([sys.executable, "-m", "agent_mail", "watch", "a:x", "--timeout-minutes", "5"],
                              env=process_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -238,6 +251,7 @@ def test_a_killed_watch_stops_blocking_within_the_grace(am, repo, mailbox_path):
         watch.stderr.close()
 
 
+@pytest.mark.fast
 def test_force_on_a_dead_holder_tells_it(am, repo, mailbox_path):
     am("reserve", "a:x", "src/lib.rs", "docs/").assert_ok()
     _age(mailbox_path, "a:x", model.LIVENESS_SECONDS + 1)  # not live, still within the grace
@@ -268,6 +282,7 @@ def test_ten_identities_racing_for_one_pattern_exactly_one_wins(repo):
     assert len(listed) == 1 and listed[0]["pattern"] == "/src/lib.rs"
 
 
+@pytest.mark.fast
 def test_documented_output_fields_match_what_the_commands_print(am, repo):
     from agent_mail import spec
 
@@ -283,6 +298,7 @@ def test_documented_output_fields_match_what_the_commands_print(am, repo):
     assert set(am("release", "a:x", "--all").json) == set(spec.COMMANDS["release"].output)
 
 
+@pytest.mark.fast
 @pytest.mark.sqlite_only
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.lists(_PART, min_size=1, max_size=3), min_size=1, max_size=8), st.booleans(),
@@ -298,6 +314,7 @@ def test_the_fast_lookup_finds_what_trying_every_pattern_finds(patterns, anchore
     assert fast == sorted(r["id"] for r in rows if wildmatch.Matcher(r["pattern"]).covers(p))
 
 
+@pytest.mark.fast
 @pytest.mark.local_only("copy and token work on mailboxes themselves, not through a server")
 def test_a_copied_mailbox_keeps_its_reservations_and_tokens(am, repo, backend, tmp_path):
     """copy moves a whole mailbox (SQLite to PostgreSQL, or back): the holders' claims still block, and a token

@@ -16,7 +16,7 @@ from tests.lib.fuzz import examples
 from tests.lib.mailbox import raw_db
 from tests.lib.postgres import pg_url
 
-pytestmark = [pytest.mark.backends, pytest.mark.fast]  # every test here runs on SQLite and on PostgreSQL
+pytestmark = pytest.mark.backends  # every test here runs on SQLite and on PostgreSQL
 
 
 @pytest.fixture
@@ -45,6 +45,7 @@ def hits(am, *argv, field="subject"):
     return [r[field] for r in am("search", *argv).json["results"]]
 
 
+@pytest.mark.fast
 def test_words_all_match_phrases_or_exclusions_and_prefixes(am, corpus):
     assert hits(am, "deploy") == ["Deploy the release", "Rollback plan", "standup", "tests are green"]
     assert hits(am, "deploy staging") == ["Deploy the release"]
@@ -62,6 +63,7 @@ def test_words_all_match_phrases_or_exclusions_and_prefixes(am, corpus):
     assert hits(am, "release-notes.pdf") == ["Deploy the release"]
 
 
+@pytest.mark.fast
 def test_subject_matches_rank_first_then_newest_first(am, corpus):
     found = am("search", "deploy").json["results"]
     assert [r["matched"] for r in found] == ["subject", "text", "text", "text"]
@@ -69,6 +71,7 @@ def test_subject_matches_rank_first_then_newest_first(am, corpus):
     assert [r["subject"] for r in found[1:]] == ["Rollback plan", "standup", "tests are green"]
 
 
+@pytest.mark.fast
 def test_a_send_to_several_is_one_result_with_its_recipients_and_a_snippet(am, corpus):
     first = am("search", "staging").json
     assert first["count"] == 1 and first["more"] is False
@@ -83,6 +86,7 @@ def test_a_send_to_several_is_one_result_with_its_recipients_and_a_snippet(am, c
     assert by_subject["standup"]["snippet"] == "Deploy freeze at five. **Release notes** due."
 
 
+@pytest.mark.fast
 def test_an_agent_finds_only_what_it_may_see(am, corpus):
     # its own copy of a send to several, its own note, broadcasts from others; never others' mail
     mine = am("search", "deploy OR banner", "--agent", "web:worker").json["results"]
@@ -98,6 +102,7 @@ def test_an_agent_finds_only_what_it_may_see(am, corpus):
         f"agent-mail read web:worker --thread {mine[0]['id']}"]
 
 
+@pytest.mark.fast
 def test_filters_limit_more_and_fields(am, corpus):
     assert hits(am, "deploy", "--from", "api:worker") == ["Rollback plan", "tests are green"]
     assert hits(am, "deploy", "--to", "ops:lead") == ["Rollback plan", "tests are green"]
@@ -110,6 +115,7 @@ def test_filters_limit_more_and_fields(am, corpus):
     assert am("search", "deploy", "--limit", "4").json["more"] is False
 
 
+@pytest.mark.fast
 def test_since_days_leaves_out_older_mail(am, corpus, mailbox_path):
     old = model.iso(model.now() - dt.timedelta(days=10))
     db = raw_db(mailbox_path)
@@ -120,6 +126,7 @@ def test_since_days_leaves_out_older_mail(am, corpus, mailbox_path):
     assert "Rollback plan" in hits(am, "deploy", "--since-days", "30")
 
 
+@pytest.mark.fast
 def test_results_are_the_same_whichever_way_the_newest_rows_are_walked(am, corpus, monkeypatch):
     """PostgreSQL walks a window of the newest rows in order, then asks the full-text index for the rest:
     with a window of 2 rows, every page is split across the two, and the order must not change."""
@@ -139,6 +146,7 @@ def test_results_are_the_same_whichever_way_the_newest_rows_are_walked(am, corpu
     assert hits(am, "qqqq") == []
 
 
+@pytest.mark.fast
 def test_searching_marks_nothing_read(am, corpus):
     before = {a["agent"]: (a["unread"], a["unacked"]) for a in am("status").json["agents"]}
     for agent in ("web:worker", "ops:lead", "api:worker"):
@@ -147,6 +155,7 @@ def test_searching_marks_nothing_read(am, corpus):
     assert {a["agent"]: (a["unread"], a["unacked"]) for a in am("status").json["agents"]} == before
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("query, says", [
     ("", "is empty"), ("   ", "is empty"), ("(deploy)", "grouping"), ("deploy AND staging", "AND"),
     ("NOT deploy", "NOT"), ("OR deploy", "OR without"), ("deploy OR", "OR without"), ("deploy OR -x", "OR without"),
@@ -160,6 +169,7 @@ def test_a_bad_query_is_an_error_showing_the_accepted_forms(am, corpus, query, s
         assert form in error["error"]
 
 
+@pytest.mark.fast
 def test_a_query_that_begins_with_a_minus(am, corpus):
     assert hits(am, "-freeze deploy") == hits(am, "deploy -freeze")  # spaces: a query, not a flag
     assert hits(am, "--", "-freeze deploy") == hits(am, "deploy -freeze")
@@ -168,6 +178,7 @@ def test_a_query_that_begins_with_a_minus(am, corpus):
     assert am("search", "--freeze").error["problems"][0]["field"] == "--freeze"  # a --word is a flag
 
 
+@pytest.mark.fast
 def test_bad_options_are_errors_that_name_the_field(am, corpus):
     assert am("search", "x", "--agent", "nope").error["problems"][0]["field"] == "--agent"
     assert am("search", "x", "--limit", "0").error["problems"][0]["field"] == "--limit"
@@ -180,6 +191,7 @@ def test_bad_options_are_errors_that_name_the_field(am, corpus):
     assert refused["problems"][0]["field"] == "--thread"
 
 
+@pytest.mark.fast
 def test_cleanup_takes_messages_out_of_the_index(am, corpus, mailbox_path, backend):
     assert hits(am, "deploy")
     am("cleanup", "--older-than", "0").assert_ok()
@@ -192,6 +204,7 @@ def test_cleanup_takes_messages_out_of_the_index(am, corpus, mailbox_path, backe
     assert hits(am, "deploy") == ["deploy again"]
 
 
+@pytest.mark.fast
 @pytest.mark.local_only("the migration that opening the mailbox runs: a server (its pool) opened it before the test "
                         "rolled its schema back")
 def test_a_mailbox_from_before_search_is_indexed_when_it_is_opened(am, corpus, mailbox_path, backend):
@@ -211,6 +224,7 @@ def test_a_mailbox_from_before_search_is_indexed_when_it_is_opened(am, corpus, m
     assert hits(am, '"release notes"') == ["standup", "Deploy the release"]
 
 
+@pytest.mark.fast
 @pytest.mark.local_only("the migration that opening the mailbox runs: a server (its pool) opened it before the test "
                         "rolled its schema back")
 def test_an_index_from_before_route_marks_is_rebuilt_when_the_mailbox_is_opened(am, corpus, mailbox_path, backend):
@@ -235,6 +249,7 @@ def test_an_index_from_before_route_marks_is_rebuilt_when_the_mailbox_is_opened(
     assert hits(am, "deploy", field="matched") == ["subject", "text", "text", "text"]
 
 
+@pytest.mark.fast
 @pytest.mark.sqlite_only  # rows written by a tool that does not index (an older agent-mail, the reference CLI)
 def test_rows_another_tool_stored_are_indexed_before_a_search(am, corpus, mailbox_path):
     db = raw_db(mailbox_path)
@@ -246,6 +261,7 @@ def test_rows_another_tool_stored_are_indexed_before_a_search(am, corpus, mailbo
     assert hits(am, "deploy", "--from", "old:tool") == ["written elsewhere"]
 
 
+@pytest.mark.fast
 @pytest.mark.local_only("copy works on mailboxes themselves, not through a server")
 def test_a_copied_mailbox_searches_the_same(am, corpus, backend, tmp_path):
     """copy builds the target's own index: SQLite to PostgreSQL, or PostgreSQL to SQLite."""
@@ -297,6 +313,7 @@ def test_fuzzed_queries_answer_or_refuse_never_a_traceback(am, corpus, query):
         assert result.code == 2 and result.error["problems"][0]["field"] == "query", result.err
 
 
+@pytest.mark.fast
 def test_the_tokenizer_and_the_query_agree_on_both_backends():
     """What the index stores and what a query asks are cut by one function (no backend tokenizer involved)."""
     assert index.words("Déploy-Plan.PDF ops:lead ﬁle x_y") == ["deploy", "plan", "pdf", "ops", "lead", "file",
@@ -321,6 +338,7 @@ def test_the_tokenizer_and_the_query_agree_on_both_backends():
         "(('\ue001release' <-> '\ue001notes')) & (('\ue001deplo':*))"
 
 
+@pytest.mark.fast
 @pytest.mark.sqlite_only  # SQLite's planner follows the statistics; PostgreSQL's plans are checked by the benchmark
 def test_threads_are_looked_up_by_index_in_a_mailbox_of_unrelated_mail(am, corpus, mailbox_path):
     """`read --thread`, the supervisor's thread and `search --thread` find a thread's rows through indexes, never
@@ -360,6 +378,7 @@ def test_threads_are_looked_up_by_index_in_a_mailbox_of_unrelated_mail(am, corpu
         assert not walks, (sql, plan)
 
 
+@pytest.mark.fast
 @settings(max_examples=examples(300), deadline=None)
 @given(text=st.text(alphabet=st.characters(max_codepoint=0x7F)) | st.text())
 def test_words_of_ascii_text_are_the_patterns_runs(text):
@@ -371,6 +390,7 @@ def test_words_of_ascii_text_are_the_patterns_runs(text):
     assert index.spans(text) == runs
 
 
+@pytest.mark.fast
 def test_a_hyphenated_word_is_echoed_as_typed_and_a_leading_minus_needs_no_separator(am, corpus):
     am("send", "--from", "ops:lead", "--to", "dev:one", "--subject", "dup-rcpt fixed").assert_ok()
     found = am("search", "dup-rcpt").json
@@ -381,6 +401,7 @@ def test_a_hyphenated_word_is_echoed_as_typed_and_a_leading_minus_needs_no_separ
     assert "not a flag" not in refused["error"]
 
 
+@pytest.mark.fast
 def test_an_identity_with_a_look_alike_letter_points_at_it(am):
     problem = am("read", "proj:\u0430lice").error["problems"][0]
     assert problem["field"] == "agent"

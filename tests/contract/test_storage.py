@@ -18,8 +18,6 @@ from agent_mail.store import sqlite_schema
 from tests.lib.cli import process_env
 from tests.lib.waiting import until
 
-pytestmark = pytest.mark.fast
-
 LEGACY_SCHEMA = """
 CREATE TABLE messages (
     id TEXT PRIMARY KEY, sender TEXT NOT NULL, recipient TEXT NOT NULL, subject TEXT NOT NULL,
@@ -66,6 +64,7 @@ def digest(path) -> str:
     return hashlib.sha256(open(path, "rb").read()).hexdigest()
 
 
+@pytest.mark.fast
 def test_new_mailbox_is_private(am, send, mailbox_path):
     send("a:x", "b:y", "hi")
     assert stat.S_IMODE(os.stat(mailbox_path.parent).st_mode) == 0o700
@@ -76,6 +75,7 @@ def test_new_mailbox_is_private(am, send, mailbox_path):
             assert stat.S_IMODE(os.stat(side).st_mode) & 0o077 == 0
 
 
+@pytest.mark.fast
 def test_migrations_are_recorded_and_the_mailbox_is_marked(am, send, mailbox_path):
     send("a:x", "b:y", "hi")
     db = sqlite3.connect(mailbox_path)
@@ -86,12 +86,14 @@ def test_migrations_are_recorded_and_the_mailbox_is_marked(am, send, mailbox_pat
     assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
+@pytest.mark.fast
 def test_the_schema_version_counts_the_migrations():
     """A mailbox at SCHEMA_VERSION opens without importing the migrations: a migration added without raising it
     would never reach the mailboxes already there."""
     assert sqlite_store.SCHEMA_VERSION == len(sqlite_schema.MIGRATIONS)
 
 
+@pytest.mark.fast
 def test_legacy_mailbox_opens_unchanged_and_every_message_is_readable(am, mailbox_path):
     build_legacy_mailbox(mailbox_path)
     worker = am("read", "agent-mail:worker", "--all", "--no-mark-read").json
@@ -116,6 +118,7 @@ def test_legacy_mailbox_opens_unchanged_and_every_message_is_readable(am, mailbo
     assert db.execute("SELECT ttl_hours FROM messages WHERE subject = 'new'").fetchone()[0] == 24
 
 
+@pytest.mark.fast
 def test_not_a_database_is_refused_and_left_untouched(am, mailbox_path):
     mailbox_path.parent.mkdir(parents=True)
     mailbox_path.write_bytes(b"this is my shopping list, not a database\n" * 100)
@@ -126,6 +129,7 @@ def test_not_a_database_is_refused_and_left_untouched(am, mailbox_path):
     assert am("describe").json["storage"]["messages"] is None
 
 
+@pytest.mark.fast
 def test_truncated_database_is_refused_and_left_untouched(am, send, mailbox_path):
     for i in range(50):
         send("a:x", "b:y", f"m{i}", "--body", "x" * 1000)
@@ -140,6 +144,7 @@ def test_truncated_database_is_refused_and_left_untouched(am, send, mailbox_path
     assert digest(mailbox_path) == before
 
 
+@pytest.mark.fast
 def test_foreign_sqlite_database_is_refused_and_left_untouched(am, mailbox_path):
     mailbox_path.parent.mkdir(parents=True)
     db = sqlite3.connect(mailbox_path)
@@ -153,11 +158,13 @@ def test_foreign_sqlite_database_is_refused_and_left_untouched(am, mailbox_path)
     assert digest(mailbox_path) == before
 
 
+@pytest.mark.fast
 def test_mailbox_path_that_is_a_directory(am, mailbox_path):
     mailbox_path.mkdir(parents=True)
     assert "directory" in am("read", "a:b").error["error"]
 
 
+@pytest.mark.fast
 def test_locked_past_the_busy_timeout_is_a_clear_error(am, send, mailbox_path, monkeypatch):
     send("a:x", "b:y", "hi")
     monkeypatch.setattr(sqlite_store, "BUSY_TIMEOUT_SECONDS", 0.2)
@@ -261,6 +268,7 @@ def test_a_new_mailbox_opened_by_many_processes_in_the_same_instant(tmp_path):
         go.unlink()
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("url, shown", [
     ("postgresql://u:secret@h/db?schema=x&password=p2", "postgresql://u@h/db?schema=x"),
     ("postgres://u:p%40ss@h1:5432,h2/db", "postgres://u@h1:5432,h2/db"),
@@ -275,6 +283,7 @@ def test_a_mailbox_url_is_shown_without_its_password(url, shown):
         assert secret not in redact_url(url)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("location, backend", [
     ("/tmp/x/mail.db", "sqlite"), ("relative/mail.db", "sqlite"), ("postgresql://h/db", "postgresql"),
     ("postgres://h/db", "postgresql"), ("POSTGRESQL://h/db", "postgresql"), ("weird:name.db", "sqlite"),

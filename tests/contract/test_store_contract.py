@@ -20,8 +20,6 @@ from agent_mail.operations.mail import open_mailbox, resolve_location
 from agent_mail.store import base, open_store
 from tests.lib.waiting import armed
 
-pytestmark = pytest.mark.fast
-
 #: The public store methods the tests below call directly (each test names its own with @exercises).
 EXERCISED: set[str] = set()
 
@@ -54,6 +52,7 @@ def store():
 class StoreContract:
     """Every test here runs once per backend (see the subclasses at the end)."""
 
+    @pytest.mark.fast
     def test_insertion_order_is_commit_order_under_concurrent_writers(self):
         """Sixteen threads, each with its own connection, commit messages; the insertion sequence never
         shows a message that committed later before one that committed earlier (the hooks' watermark
@@ -82,6 +81,7 @@ class StoreContract:
         seqs = [seq for seq, _ in committed]
         assert len(seqs) == 160 and seqs == sorted(seqs) and len(set(seqs)) == 160
 
+    @pytest.mark.fast
     def test_racing_readers_never_take_the_same_message(self):
         with open_mailbox() as mailbox:
             for i in range(120):
@@ -110,6 +110,7 @@ class StoreContract:
         assert not failures
         assert len(taken) == 120 and len(set(taken)) == 120  # every job once: none lost, none twice
 
+    @pytest.mark.fast
     def test_a_transaction_is_all_or_nothing(self):
         store = open_store(resolve_location()[0])
         try:
@@ -123,6 +124,7 @@ class StoreContract:
         finally:
             store.close()
 
+    @pytest.mark.fast
     def test_driver_errors_leave_only_as_storage_errors(self):
         store = open_store(resolve_location()[0])
         try:
@@ -138,6 +140,7 @@ class StoreContract:
         finally:
             store.close()
 
+    @pytest.mark.fast
     def test_a_read_transaction_sees_one_snapshot(self):
         reader = open_store(resolve_location()[0])
         writer = open_store(resolve_location()[0])
@@ -155,6 +158,7 @@ class StoreContract:
             reader.close()
             writer.close()
 
+    @pytest.mark.fast
     def test_ordering_is_by_arrival_then_insertion(self):
         store = open_store(resolve_location()[0])
         try:
@@ -172,6 +176,7 @@ class StoreContract:
             store.close()
 
     # -- every public method, called directly -----------------------------------------------------
+    @pytest.mark.fast
     @exercises("close", "transaction", "relax_durability", "insert_message", "get_message", "addressed", "unread",
                "latest", "count_unread", "count_unacked", "set_flags", "read_unacked", "archived", "visible_to",
                "thread")
@@ -205,6 +210,7 @@ class StoreContract:
             assert {m["id"] for m in store.archived("b:y", now)} == {first["id"], broadcast["id"]}
             assert store.count_unacked("b:y", now) == 0 and store.read_unacked("b:y", now) == []
 
+    @pytest.mark.fast
     @exercises("due_unpublished", "mark_published", "next_due", "cancel")
     def test_scheduled_delivery(self, store):
         due, later = _message(1, deliver_at=_ago(1)), _message(2, deliver_at=_ago(-60))
@@ -221,6 +227,7 @@ class StoreContract:
         with store.transaction():
             assert store.next_due("b:y", now) is None and store.get_message(later["id"])["cancelled_at"] == now
 
+    @pytest.mark.fast
     @exercises("unread_of_many", "next_due_of_many")
     def test_looks_of_many_identities_are_each_ones_look(self, store):
         """One statement for many identities finds exactly what a look of each finds: its unread direct mail and the
@@ -251,6 +258,7 @@ class StoreContract:
             many = [f"n:{i}" for i in range(1200)]  # more than one statement's worth where each is a parameter
             assert all(len(envelopes) == 2 for envelopes in store.unread_of_many(many, now).values())
 
+    @pytest.mark.fast
     @exercises("add_attachment", "attachments_of", "attachment_content", "attachment_blob", "blob_size")
     def test_attachments(self, store):
         message, content = _message(1), b"\x00hello"
@@ -265,6 +273,7 @@ class StoreContract:
             assert store.attachment_blob(sha)["content"] == content and store.attachment_blob("0" * 64) is None
             assert (store.blob_size(sha), store.blob_size("0" * 64)) == (6, None)
 
+    @pytest.mark.fast
     @exercises("profile", "save_profile", "mirrored_agents", "humans", "add_event", "events", "dismiss_events",
                "open_bounces", "stored_profiles", "stored_events", "events_since")
     def test_profiles_and_the_system_channel(self, store):
@@ -289,6 +298,7 @@ class StoreContract:
                 [("e1", {"reason": "r"}, now)]
             assert store.stored_events(since=_ago(-1)) == []
 
+    @pytest.mark.fast
     @exercises("agent_counts", "cleanup", "leftovers", "remove_leftovers")
     def test_counts_and_cleanup(self, store):
         with store.transaction(write=True):
@@ -307,6 +317,7 @@ class StoreContract:
         assert store.leftovers() == []
         store.remove_leftovers([])
 
+    @pytest.mark.fast
     @exercises("open_session", "touch_session", "touch_sessions", "refresh_session", "release_session",
                "release_sessions", "release_session_alone", "record_heartbeat", "liveness")
     def test_liveness(self, store):
@@ -333,6 +344,7 @@ class StoreContract:
         with store.transaction():
             assert store.liveness("a:x")["a:x"]["armed_seen"] is None and "b:y" not in store.liveness("a:x")
 
+    @pytest.mark.fast
     @exercises("abandon_sessions", "release_keyed_session", "session_state")
     def test_a_servers_sessions_stopped_by_key_or_abandoned(self, store):
         """A server's session (HOLDER.KEY) is released by its identity and key wherever its holder is, abandoned
@@ -364,6 +376,7 @@ class StoreContract:
             state = describe_liveness(store.liveness("d:w")["d:w"], model.now())
         assert (state["watch_state"], state["watching"], state["released_at"]) == ("stale", True, None)
 
+    @pytest.mark.fast
     @exercises("harness_session", "save_harness_session", "harness_sessions_of", "untold", "newest_seq")
     def test_harness_sessions(self, store):
         now = model.now_iso()
@@ -383,6 +396,7 @@ class StoreContract:
             assert total == 1 and envelopes[0]["seq"] == seq
             assert store.untold("b:y", model.now_iso(), seq, model.now_iso(), 10) == ([], 0)
 
+    @pytest.mark.fast
     @exercises("mail_marker", "check_still_there", "listen", "listen_everything", "wait_for_wake", "reusable")
     def test_waiting(self, store):
         assert store.reusable()  # a pool may lend it again: idle, not listening
@@ -398,6 +412,7 @@ class StoreContract:
         store.listen_everything()
         assert store.wait_for_wake(0.01) is False
 
+    @pytest.mark.fast
     @exercises("searchable", "index_missing", "index_behind", "search_rows", "whole_thread", "recent_rows",
                "batch_rows", "broadcast_tallies")
     def test_search_and_supervision(self, store):
@@ -424,6 +439,7 @@ class StoreContract:
             assert [r["id"] for r in store.batch_rows(["b1"])] == [first["id"], copy["id"]]
             assert store.broadcast_tallies([broadcast["id"]]) == {broadcast["id"]: {"read": 1, "acked": 0}}
 
+    @pytest.mark.fast
     @exercises("oldest_unacked", "sends_per_hour", "open_over_time")
     def test_supervision_over_time(self, store):
         sent = _ago(30)
@@ -437,6 +453,7 @@ class StoreContract:
             assert store.sends_per_hour(_ago(120)) == [(sent[:13], "a:x", 2)]
             assert store.open_over_time([_ago(60), now]) == [(0, 0), (2, 2)]
 
+    @pytest.mark.fast
     @exercises("table_counts", "read_rows", "write_rows", "after_bulk_insert", "after_copy", "count_stored",
                "stored_messages")
     def test_whole_tables_and_records(self, store, tmp_path):
@@ -471,6 +488,7 @@ class StoreContract:
         finally:
             other.close()
 
+    @pytest.mark.fast
     @exercises("restore_messages", "restore_blob", "restore_profile", "restore_event", "last_seq")
     def test_restoring_records(self, store):
         from agent_mail.parts import query_language
@@ -509,6 +527,7 @@ class StoreContract:
                                      now=model.now_iso(), limit=5)[0]["id"] == record["id"]
 
 
+    @pytest.mark.fast
     @exercises("add_token", "tokens", "token", "revoke_token")
     def test_tokens_keep_a_hash_list_without_it_and_revoke_once(self):
         store = open_store(resolve_location()[0])
@@ -537,6 +556,7 @@ class StoreContract:
         finally:
             store.close()
 
+    @pytest.mark.fast
     @exercises("end_token", "note_token_use")
     def test_a_token_expires_is_rotated_and_notes_its_last_use_never_backwards(self):
         store = open_store(resolve_location()[0])
@@ -592,6 +612,7 @@ class StoreContract:
         thread.join(timeout=30)
         assert woken and woken[0] < 15, woken  # woken, well before its 20 s
 
+    @pytest.mark.fast
     @exercises("reservations_in", "save_reservations", "delete_reservations", "expire_reservations")
     def test_reservations_are_saved_renewed_listed_expired_and_deleted(self):
         store = open_store(resolve_location()[0])
@@ -622,6 +643,7 @@ class StoreContract:
         finally:
             store.close()
 
+    @pytest.mark.fast
     @exercises("leased_ids", "holds_of_many", "lease_deliveries", "lease_of", "end_lease")
     def test_deliveries_are_held_replaced_once_expired_listed_and_ended(self):
         store = open_store(resolve_location()[0])
@@ -669,6 +691,7 @@ class TestPostgreSQLStore(StoreContract):
         return "postgresql"
 
 
+@pytest.mark.fast
 def test_every_public_store_method_is_exercised():
     """A method added to the interface (store/base.py) without a contract test calling it fails here."""
     public = {name for name, value in inspect.getmembers(base.Store, callable) if not name.startswith("_")}

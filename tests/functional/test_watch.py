@@ -318,7 +318,6 @@ def test_a_send_to_someone_else_does_not_wake_the_watch(mailbox_path, reap):
     assert [m["subject"] for m in json.loads(out)["messages"]] == ["yes"]
 
 
-@pytest.mark.fast
 @pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGHUP, 129)])
 def test_a_signalled_watch_releases_its_session(mailbox_path, reap, am, signum, code):
     watch = _start_watch()
@@ -343,7 +342,6 @@ def _state_within(am, seconds: float, wanted: str) -> dict:
         time.sleep(0.05)
 
 
-@pytest.mark.fast
 def test_a_killed_watch_is_stale_at_once(mailbox_path, reap, am):
     """Issue 20, finding 20: what a blocked watch holds (SQLite: the lock on its wake-up pipe; PostgreSQL: its
     connection) is freed when it dies, so a SIGKILLed watch reads as stale within 2 s, well before the
@@ -373,7 +371,6 @@ def _age_presence(mailbox_path, backend, seconds: float) -> None:
     db.close()
 
 
-@pytest.mark.fast
 def test_a_hung_watch_stays_armed_while_alive_and_goes_stale_when_its_refreshes_stop_for_minutes(
         mailbox_path, reap, am, backend):
     """A watch that holds its presence refreshes only every HELD_REFRESH_SECONDS: a missed few seconds mean

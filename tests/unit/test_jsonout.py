@@ -12,8 +12,6 @@ from hypothesis import strategies as st
 from agent_mail import jsonout
 from tests.lib.fuzz import examples
 
-pytestmark = pytest.mark.fast
-
 _SCALARS = st.one_of(
     st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False, allow_infinity=False),
     st.text(), st.text(alphabet=st.characters(min_codepoint=0, max_codepoint=0x9f)),
@@ -33,10 +31,12 @@ def test_same_text_as_json_dumps(document):
     assert jsonout.dumps(document) == json.dumps(document, indent=2, ensure_ascii=False)
 
 
+@pytest.mark.fast
 def test_tuples_are_arrays():
     assert jsonout.dumps({"a": (1, "x")}) == json.dumps({"a": [1, "x"]}, indent=2)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, {1: "x"}, object(), {"a": {1, 2}}])
 def test_what_json_cannot_express_is_an_error(bad):
     with pytest.raises((TypeError, ValueError)):
@@ -59,6 +59,7 @@ def test_loads_reads_as_json_loads(text):
     assert _decoded(jsonout.loads, text) == _decoded(json.loads, text)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("value", ["plain", "quote \" and \\ and \n and é", None])
 def test_quoted_is_json_dumps(value):
     assert jsonout.quoted(value) == json.dumps(value, ensure_ascii=False)

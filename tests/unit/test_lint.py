@@ -10,8 +10,6 @@ import pytest
 
 from tests.lib.tools import ROOT
 
-pytestmark = pytest.mark.fast
-
 
 def test_ruff_finds_nothing():
     if shutil.which("ruff") is None and subprocess.run([sys.executable, "-m", "ruff", "--version"],

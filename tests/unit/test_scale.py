@@ -18,8 +18,6 @@ from agent_mail.store import sqlite_schema
 from tests.lib.cli import run_inprocess
 from tests.lib.fuzz import examples
 
-pytestmark = pytest.mark.fast
-
 AGENTS = ["t:a", "t:b", "t:c", "u:d"]
 
 
@@ -122,6 +120,7 @@ def test_pages_and_counts_match_a_brute_force_reading(mailbox_path, ops):
     check(mailbox_path)
 
 
+@pytest.mark.fast
 def test_a_broadcast_backlog_counts_exactly_and_reads_page_by_page(am, mailbox_path):
     for i in range(120):
         am("send", "--from", f"boss:b{i % 3}", "--to", "*", "--subject", f"b{i}").assert_ok()
@@ -135,6 +134,7 @@ def test_a_broadcast_backlog_counts_exactly_and_reads_page_by_page(am, mailbox_p
     check(mailbox_path, page=50)
 
 
+@pytest.mark.fast
 def test_a_page_of_a_backlog_is_fetched_by_id_in_a_mailbox_without_statistics(am, mailbox_path):
     """Issue 20, finding 19: a mailbox that grew in use (rows written by another tool, no ANALYZE) has no
     statistics. The rows of read's page are then still looked up by id, not found by walking every
@@ -170,6 +170,7 @@ def test_a_page_of_a_backlog_is_fetched_by_id_in_a_mailbox_without_statistics(am
     assert ok("read", "t:a", "--no-mark-read", "--limit", "5")["remaining"] == 401
 
 
+@pytest.mark.fast
 def test_counts_stay_exact_across_the_migration_that_added_the_indexes(mailbox_path, monkeypatch):
     """A mailbox made before m006 (the arrival indexes), holding a backlog and every kind of state."""
     with monkeypatch.context() as before:
@@ -213,6 +214,7 @@ def test_counts_stay_exact_across_the_migration_that_added_the_indexes(mailbox_p
     assert oracle(mailbox_path) == expected  # the migration changed no row
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("agent", ["t:a", "new:one"])
 def test_status_of_one_identity_is_what_read_would_deliver(am, agent):
     am("send", "--from", "boss:main", "--to", "*", "--subject", "all").assert_ok()
@@ -224,6 +226,7 @@ def test_status_of_one_identity_is_what_read_would_deliver(am, agent):
 _TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
 
 
+@pytest.mark.fast
 @settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rows=st.lists(st.tuples(st.booleans(), _TEXT, _TEXT, _TEXT, st.integers(0, 2)), min_size=1, max_size=12))
 def test_envelopes_laid_out_by_sqlite_are_what_the_json_module_writes(mailbox_path, rows):

@@ -13,8 +13,6 @@ import pytest
 from agent_mail import spec
 from tests.lib.cli import process_env
 
-pytestmark = pytest.mark.fast
-
 
 def _at_a_terminal(*argv: str) -> tuple[int, str]:
     """Run agent-mail with its stdout on a pseudo-terminal; (exit status, what the terminal showed)."""

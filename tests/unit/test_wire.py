@@ -15,8 +15,6 @@ from tests.lib.cli import process_env
 
 from agent_mail.protocols import wire
 
-pytestmark = pytest.mark.fast
-
 
 class Canned:
     """A loopback server that reads one request and writes `answer` (bytes, or a function of the request)."""
@@ -74,6 +72,7 @@ def canned():
         server.close()
 
 
+@pytest.mark.fast
 def test_the_request_is_one_post_with_its_length_and_headers(canned):
     server = canned(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-Agent-Mail-Exit: 0\r\n\r\n{}")
     reply = wire.post(server.url + "/base/", "/v1/call/read", b'{"agent": "a:b"}', {"Authorization": "Bearer t"}, 5)
@@ -85,6 +84,7 @@ def test_the_request_is_one_post_with_its_length_and_headers(canned):
     assert body == b'{"agent": "a:b"}'
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("answer, body", [
     (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4;ext=1\r\nabcd\r\n3\r\nefg\r\n0\r\nX-T: 1\r\n\r\n",
      b"abcdefg"),  # as a proxy may re-frame it, with an extension and a trailer
@@ -97,6 +97,7 @@ def test_answers_framed_every_way_are_read_whole(canned, answer, body):
     assert wire.post(server.url, "/x", b"", {}, 5).body == body
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("answer", [
     b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort",  # cut off mid-body
     b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nz\r\n",  # not a chunk size
@@ -111,6 +112,7 @@ def test_an_answer_cut_short_or_not_http_is_lost_after_sending(canned, answer):
     assert lost.value.sent is True  # the request went out whole: the call may have been carried out
 
 
+@pytest.mark.fast
 def test_nobody_listening_is_lost_before_sending():
     with socket.create_server(("127.0.0.1", 0)) as probe:
         port = probe.getsockname()[1]
@@ -119,6 +121,7 @@ def test_nobody_listening_is_lost_before_sending():
     assert lost.value.sent is False and "refused" in lost.value.reason.lower()
 
 
+@pytest.mark.fast
 def test_a_server_that_never_answers_times_out(canned):
     listener = socket.create_server(("127.0.0.1", 0))  # accepts (the kernel's backlog), never answers
     try:
@@ -129,6 +132,7 @@ def test_a_server_that_never_answers_times_out(canned):
         listener.close()
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("url, parts", [
     ("http://127.0.0.1:8025", ("http", "127.0.0.1", 8025, "")),
     ("HTTPS://mail.example.com/", ("https", "mail.example.com", 443, "")),
@@ -140,12 +144,14 @@ def test_urls_are_split_as_written(url, parts):
     assert wire.split(url) == parts
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("url", ["ftp://host", "http://", "http://host:port", "host:8025"])
 def test_what_is_not_an_http_url_is_refused(url):
     with pytest.raises(ValueError):
         wire.split(url)
 
 
+@pytest.mark.fast
 def test_tls_is_verified_against_the_ca_named(canned, tmp_path, monkeypatch):
     cert, key = str(tmp_path / "cert.pem"), str(tmp_path / "key.pem")
     made = subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
@@ -220,6 +226,7 @@ class _Pieces:
         return self.pieces.pop(0) if self.pieces else b""
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("framing", ["length", "chunked", "to the end"])
 def test_a_large_answer_is_read_in_linear_work(framing):
     """Issue 27, finding 5: an attachment saved through a server took 22.7 s for 25 MB, the reader growing one
