@@ -219,7 +219,6 @@ def _age(mailbox, agent: str, seconds: float) -> None:
         db.close()
 
 
-@pytest.mark.fast
 def test_a_killed_watch_stops_blocking_within_the_grace(am, repo, mailbox_path):
     watch = subprocess.Popen([sys.executable, "-m", "agent_mail", "watch", "a:x", "--timeout-minutes", "5"],
                              env=process_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -314,7 +313,6 @@ def test_the_fast_lookup_finds_what_trying_every_pattern_finds(patterns, anchore
     assert fast == sorted(r["id"] for r in rows if wildmatch.Matcher(r["pattern"]).covers(p))
 
 
-@pytest.mark.fast
 @pytest.mark.local_only("copy and token work on mailboxes themselves, not through a server")
 def test_a_copied_mailbox_keeps_its_reservations_and_tokens(am, repo, backend, tmp_path):
     """copy moves a whole mailbox (SQLite to PostgreSQL, or back): the holders' claims still block, and a token
