@@ -11,9 +11,9 @@
   another identity holds src/**, for an Edit of a held file (denied) and of a free one (silent).
 - Idle wake, the hook's part: an asyncRewake waiter (`hook claude-code wait`) is blocked; a sender
   process commits a message; the time from the send process's exit to the waiter's exit 2.
-- Idle wake, end to end, when Claude Code is installed (see tests/test_claude_code.py): an interactive
+- Idle wake, end to end, when Claude Code is installed (see tests/harnesses/test_claude_code.py): an interactive
   `claude` under tmux, idle after one turn; a send; the time until the scripted model receives the turn
-  the wake started. The model is tests/fake_model.py (local, instant), so this is Claude Code's own
+  the wake started. The model is tests/lib/fake_model.py (local, instant), so this is Claude Code's own
   reaction plus ours.
 
 No peer has these (MCP Agent Mail's hook prints to a log the model never sees; nothing else wakes an
@@ -33,7 +33,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # for tests.lib
 from common import cli_env, implementations, table  # noqa: E402
 
 AGENT = "bench:coder"
@@ -157,7 +157,7 @@ def claude_rows(cli: str, rounds: int) -> list[tuple]:
                                                                  "claude")
     if not os.path.exists(claude) or shutil.which("tmux") is None:
         return [("idle wake, Claude Code end to end", "not run: Claude Code or tmux not installed", "-", "-")]
-    from fake_model import FakeModel
+    from tests.lib.fake_model import FakeModel
 
     python = os.path.join(os.path.dirname(cli), "python")
     samples = []

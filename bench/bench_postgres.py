@@ -4,7 +4,7 @@
 
 Needs a PostgreSQL server where it may create schemas (AGENT_MAIL_BENCH_PG, default
 postgresql://postgres@127.0.0.1:5432/test) and, for the cross-host figures, root and iproute2 (two
-network namespaces joined by veth links; tests/twohosts.py). Figures:
+network namespaces joined by veth links; tests/lib/twohosts.py). Figures:
 - per-agent commands and `status` at 200,000 messages (bench_scale's "spread" shape, seeded into a
   SQLite file and moved onto PostgreSQL with `agent-mail copy`), each a whole process, median;
 - wake across hosts: a `watch` process on host A, a send committed on host B (by this project's own
@@ -33,7 +33,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+sys.path.insert(0, os.path.dirname(HERE))  # for tests.lib
 import bench_concurrency  # noqa: E402
 import bench_scale  # noqa: E402
 from bench_herd import process_stat  # noqa: E402
@@ -326,7 +326,7 @@ def idle_rows(ours: str, watches: int, seconds: float, cycle: bool = True) -> li
 
 
 def rows(clis: dict[str, str], quick: bool = False) -> list[tuple]:
-    from twohosts import TwoHosts, namespaces_problem
+    from tests.lib.twohosts import TwoHosts, namespaces_problem
 
     ours = clis["agent-mail"]
     python = _with_driver(ours)

@@ -37,10 +37,10 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+sys.path.insert(0, os.path.dirname(HERE))  # for tests.lib
 from bench_herd import process_stat  # noqa: E402
 from common import ROOT, cli_env, table  # noqa: E402
-from serving import database_ports  # noqa: E402
+from tests.lib.serving import database_ports  # noqa: E402
 
 sys.path.insert(0, os.path.join(ROOT, "src"))
 from agent_mail.protocols import wire  # noqa: E402

@@ -35,10 +35,10 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+sys.path.insert(0, os.path.dirname(HERE))  # for tests.lib
 from bench_herd import process_stat  # noqa: E402
 from common import ROOT, cli_env, implementations, table  # noqa: E402
-from serving import database_ports  # noqa: E402
+from tests.lib.serving import database_ports  # noqa: E402
 
 PG_URL = os.environ.get("AGENT_MAIL_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
 HEADERS = ("measure", "agent-mail serve on PostgreSQL", "target")

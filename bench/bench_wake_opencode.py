@@ -3,8 +3,8 @@
     python bench/bench_wake_opencode.py [--wakes 10] [--opencode PATH]
 
 An interactive `opencode` (the TUI, in a tmux of its own) set up by `agent-mail setup opencode`, against
-tests/fake_model.py (local, instant: the figure is OpenCode's and agent-mail's own, not a model's). After a first turn
-the session is idle; each round waits until the plugin's waiter (`hook opencode wait`) is armed, sends one message
+tests/lib/fake_model.py (local, instant: the figure is OpenCode's and agent-mail's own, not a model's). After a first
+turn the session is idle; each round waits until the plugin's waiter (`hook opencode wait`) is armed, sends one message
 with `agent-mail send`, and times from the moment send exits to the moment the fake model receives the woken
 session's request (the plugin's client.session.promptAsync with the waiter's note). Target: median <= 1 s (issue 28).
 Needs OpenCode (.cache/node, as .ci/run installs it, with @opencode-ai/plugin, linked in so OpenCode fetches nothing)
@@ -25,7 +25,7 @@ import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tests"))
+sys.path.insert(0, ROOT)  # for tests.lib
 AGENT = "bench:opencode"
 TARGET_SECONDS = 1.0
 NODE = os.path.join(ROOT, ".cache", "node", "node_modules")
@@ -44,7 +44,7 @@ def _link_plugin_package(config: str) -> None:
 
 
 def run(opencode: str, wakes: int) -> list[float]:
-    from fake_model import FakeModel
+    from tests.lib.fake_model import FakeModel
 
     arrived: list[float] = []
     lock = threading.Lock()

@@ -2,7 +2,7 @@
 
     python bench/bench_wake_qwen_codex.py [--wakes 10] [--only qwen|codex]
 
-Each harness runs interactively in a tmux of its own against tests/fake_model.py (local, instant), set up by
+Each harness runs interactively in a tmux of its own against tests/lib/fake_model.py (local, instant), set up by
 `agent-mail setup HARNESS` as a person would, idle after one turn typed by hand. Then, --wakes times: once the
 session's waker is armed (status: watch_state armed), a `send` from another process; the time from that process's
 exit until the scripted model receives the turn the wake started (a request holding the new subject). So the
@@ -37,7 +37,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tests"))
+sys.path.insert(0, ROOT)  # for tests.lib
 from common import table  # noqa: E402
 
 AGENT = "bench:coder"
@@ -157,7 +157,7 @@ def _setup(harness: str, project: str, env: dict) -> None:
 
 
 def wakes(harness: str, count: int) -> tuple:
-    from fake_model import FakeModel
+    from tests.lib.fake_model import FakeModel
 
     if not os.path.exists(os.path.join(BIN, harness)) or shutil.which("tmux") is None:
         return (f"idle wake, {harness}", "not run: it or tmux is not installed", "-", "-")

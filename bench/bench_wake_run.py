@@ -3,7 +3,7 @@
     python bench/bench_wake_run.py [--wakes 10] [--cli 'python -m agent_mail']
 
 `agent-mail setup gemini` in a throwaway project, then `agent-mail run --agent P:N -- gemini` in tmux against the
-scripted model (tests/fake_model.py: local, instant), idle at its prompt. Each round: a `send` process commits a
+scripted model (tests/lib/fake_model.py: local, instant), idle at its prompt. Each round: a `send` process commits a
 message for P:N; measured from that process's exit to the scripted model receiving the turn the wake started
 (run saw the mail, found the prompt idle, typed the one-line trigger, saw it on the screen, pressed Enter; Gemini's
 prompt hook added the envelope; Gemini asked the model). Between rounds the turn ends and run's wake interval
@@ -26,7 +26,7 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tests"))
+sys.path.insert(0, ROOT)  # for tests.lib
 sys.path.insert(0, os.path.join(ROOT, "src"))
 
 AGENT = "bench:coder"
@@ -44,7 +44,7 @@ def _until(predicate, what: str, timeout: float = 60.0):
 
 
 def measure(cli: list[str], wakes: int) -> dict:
-    from fake_model import FakeModel
+    from tests.lib.fake_model import FakeModel
 
     from agent_mail.harness.run import WAKE_INTERVAL_SECONDS, trigger_text
 

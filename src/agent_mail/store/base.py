@@ -4,7 +4,7 @@ Every other module (the operations, history, copy, the dashboard's reads) speaks
 SQLite and PostgreSQL implement it through the shared SQL of store/sql.py and its siblings. Methods work on
 plain dicts and must be called inside `transaction()`.
 
-Contracts (tests/test_store_contract.py proves them on every backend):
+Contracts (tests/contract/test_store_contract.py proves them on every backend):
 - Writers are serialised: a `transaction(write=True)` holds the mailbox's one write lock from its
   start to its end, and sees everything committed before it started. So two readers racing for
   the same unread mail never both take a message.

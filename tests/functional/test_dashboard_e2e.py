@@ -1,0 +1,197 @@
+"""The dashboard end to end: in a real terminal (tmux: send-keys, capture-pane) and, with --web, in a real
+headless Chromium driven over the DevTools protocol. Each skips, saying why, where its tool is missing;
+CI (CI=1) installs both and requires them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.lib.browser import DevTools, free_port
+from tests.lib.cli import process_env
+from tests.lib.tools import require
+from tests.lib.waiting import until
+
+pytest.importorskip("textual", reason="the dashboard needs the tui extra: pip install 'agent-mail[tui]'")
+
+def am_process(*argv):
+    done = subprocess.run([sys.executable, "-m", "agent_mail", *argv], env=process_env(), capture_output=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+@pytest.mark.requires("tmux")
+def test_in_a_real_terminal_through_tmux(tmp_path):
+    drive_in_tmux(tmp_path, live=False)
+
+
+@pytest.mark.requires("tmux")
+def test_in_a_real_terminal_a_send_appears_live(tmp_path):
+    drive_in_tmux(tmp_path, live=True)
+
+
+def drive_in_tmux(tmp_path, *, live: bool):
+    am_process("send", "--from", "ops:lead", "--to", "web:worker", "--subject", "first task")
+    tmux = ["tmux", "-S", str(tmp_path / "tmux.sock")]  # a tmux server of its own, ended with the test
+    name = "dashboard"
+    env = process_env(TERM="xterm-256color")
+    command = " ".join(["env", f"AGENT_MAIL_DB={os.environ['AGENT_MAIL_DB']}", f"PYTHONPATH={env['PYTHONPATH']}",
+                        f"HOME={os.environ['HOME']}", "TERM=xterm-256color", sys.executable, "-m", "agent_mail",
+                        "dashboard", "--as", "ops:human", ";", "echo", "dashboard-exited-$?", ";", "sleep", "60"])
+    subprocess.run([*tmux, "new-session", "-d", "-s", name, "-x", "80", "-y", "24", command], check=True, env=env)
+
+    def pane():
+        return subprocess.run([*tmux, "capture-pane", "-p", "-t", name], capture_output=True, text=True).stdout
+
+    try:
+        until(lambda: "web:worker" in pane() and "identities" in pane(), 30, f"the Fleet never showed:\n{pane()}")
+        assert "deaf with mail" in pane()  # spelled, not only coloured
+        subprocess.run([*tmux, "send-keys", "-t", name, "2"], check=True)
+        until(lambda: "first task" in pane(), 10, f"Traffic never showed:\n{pane()}")
+        am_process("send", "--from", "api:worker", "--to", "web:worker", "--subject", "live from tmux")
+        if live:
+            until(lambda: "live from tmux" in pane(), 20, f"the new send never appeared:\n{pane()}")
+        subprocess.run([*tmux, "send-keys", "-t", name, "4"], check=True)  # from Traffic (it used to stay)
+        until(lambda: "Sends per hour" in pane(), 10, f"4 did not show the Charts:\n{pane()}")
+        subprocess.run([*tmux, "send-keys", "-t", name, "4"], check=True)
+        time.sleep(0.5)  # time for a second "4" to take the Charts away, which it must not
+        assert "Sends per hour" in pane(), pane()
+        subprocess.run([*tmux, "send-keys", "-t", name, "?"], check=True)
+        until(lambda: "Looking marks nothing read" in pane(), 10, f"no help:\n{pane()}")
+        subprocess.run([*tmux, "send-keys", "-t", name, "Escape"], check=True)
+        until(lambda: "Looking marks nothing read" not in pane(), 10, f"Escape did not close the help:\n{pane()}")
+        subprocess.run([*tmux, "send-keys", "-t", name, "q"], check=True)
+        until(lambda: "dashboard-exited-0" in pane(), 20, f"q did not end the dashboard cleanly:\n{pane()}")
+        assert "Traceback" not in pane()
+    finally:
+        subprocess.run([*tmux, "kill-server"], capture_output=True)
+    # Looking marked nothing read: both sends are still unread, whether or not the second was waited for.
+    assert am_process("status", "--agent", "web:worker")["agents"][0]["unread"] == 2
+
+
+@pytest.mark.requires("tmux")
+@pytest.mark.parametrize("how", ["the terminal closes", "SIGTERM"])
+def test_the_dashboard_ends_when_its_terminal_closes_or_it_is_terminated(tmp_path, how):
+    am_process("send", "--from", "ops:lead", "--to", "web:worker", "--subject", "first task")
+    tmux = ["tmux", "-S", str(tmp_path / "tmux.sock")]
+    env = process_env(TERM="xterm-256color")
+    command = " ".join(["exec", "env", f"AGENT_MAIL_DB={os.environ['AGENT_MAIL_DB']}",
+                        f"PYTHONPATH={env['PYTHONPATH']}", f"HOME={os.environ['HOME']}", "TERM=xterm-256color",
+                        sys.executable, "-m", "agent_mail", "dashboard"])
+    subprocess.run([*tmux, "new-session", "-d", "-x", "80", "-y", "24", command], check=True, env=env)
+    pid = int(subprocess.run([*tmux, "display", "-p", "#{pane_pid}"], capture_output=True, text=True).stdout)
+
+    def alive() -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+
+    try:
+        pane = lambda: subprocess.run([*tmux, "capture-pane", "-p"], capture_output=True, text=True).stdout  # noqa: E731
+        until(lambda: "identities" in pane(), 30, "the dashboard never drew")
+        time.sleep(0.5)  # past its first draw, into its running loop: no state it shows says so
+        if how == "SIGTERM":
+            os.kill(pid, signal.SIGTERM)
+        else:
+            subprocess.run([*tmux, "kill-server"], capture_output=True)
+        until(lambda: not alive(), 20, f"the dashboard went on running after {how}")
+    finally:
+        subprocess.run([*tmux, "kill-server"], capture_output=True)
+        if alive():
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_web_in_headless_chromium(tmp_path):
+    chromium = require("chromium")
+    import aiohttp
+
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "agent_mail", "dashboard", "--web", "--port", str(port), "--as",
+                               "ops:human"], env=process_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              start_new_session=True)
+    profile = tmp_path / "chromium"
+    browser = None
+    try:
+        def listening():
+            with socket.socket() as s:
+                return s.connect_ex(("127.0.0.1", port)) == 0
+        until(listening, 30, "the --web server never listened")
+        browser = subprocess.Popen([chromium, "--headless", "--no-sandbox", "--disable-gpu",
+                                    "--remote-debugging-port=0", f"--user-data-dir={profile}", "--window-size=1200,800",
+                                    "about:blank"],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        active = profile / "DevToolsActivePort"
+        until(lambda: active.exists() and active.read_text().strip(), 30, "Chromium never opened its DevTools port")
+        devtools_port = active.read_text().split()[0]
+
+        async def drive():
+            async with aiohttp.ClientSession() as http:
+                async with http.get(f"http://127.0.0.1:{devtools_port}/json") as reply:
+                    page = next(t for t in await reply.json() if t["type"] == "page")
+                async with http.ws_connect(page["webSocketDebuggerUrl"], max_msg_size=0) as ws:
+                    tab = DevTools(ws)
+                    await tab.call("Page.enable")
+                    await tab.call("Page.navigate", url=f"http://127.0.0.1:{port}/")
+                    # The first bytes of the app's screen reached the page's terminal.
+                    deadline = time.monotonic() + 40
+                    while not await tab.evaluate("document.body.classList.contains('-first-byte')"):
+                        assert time.monotonic() < deadline, "the dashboard never drew in the browser"
+                        await asyncio.sleep(0.2)
+                    await asyncio.sleep(2.0)  # the app mounts and takes its first look
+                    await tab.evaluate("document.querySelector('.xterm-helper-textarea').focus()")
+                    await tab.type("c")
+                    await asyncio.sleep(1.0)
+                    await tab.type("web:worker")
+                    await tab.key("Tab", "Tab", 9)
+                    await tab.type("sent from the browser")
+                    await tab.key("s", "KeyS", 83, modifiers=2)  # ctrl+s
+                    deadline = time.monotonic() + 30
+                    while not any(m["subject"] == "sent from the browser" for m in am_process(
+                            "read", "web:worker", "--all", "--no-mark-read")["messages"]):
+                        assert time.monotonic() < deadline, "typing in the browser never sent the message"
+                        await asyncio.sleep(0.3)
+        asyncio.run(drive())
+        message = am_process("read", "web:worker", "--all", "--no-mark-read")["messages"][0]
+        assert message["sender"] == "ops:human" and message["subject"] == "sent from the browser"
+    finally:
+        for process in (browser, server):
+            if process is not None and process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+                try:
+                    process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    process.wait()
+        if server.stdout:
+            server.stdout.close()
+            server.stderr.close()
+    # Nothing the server started outlives it (each tab's dashboard runs in the server's process group).
+    def group_left():
+        return subprocess.run(["pgrep", "-g", str(server.pid)], capture_output=True).stdout.split()
+    try:
+        until(lambda: not group_left(), 15, "a tab's dashboard outlived the --web server")
+    finally:
+        if group_left():
+            os.killpg(server.pid, signal.SIGKILL)
+
+
+def test_web_refuses_a_port_in_use():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "agent_mail", "dashboard", "--web", "--port", str(port)],
+                              env=process_env(), capture_output=True, timeout=60)
+    assert done.returncode == 2 and done.stdout == b""
+    assert json.loads(done.stderr)["problems"][0]["field"] == "--port"

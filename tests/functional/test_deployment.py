@@ -1,0 +1,205 @@
+"""docs/deployment.md run as written (issue 27): its backup and restore commands for SQLite and PostgreSQL, taken
+from the page itself with a running server, and what a restore brings back (tokens, mail, deliveries); and a
+certificate renewed under a server serving TLS, by SIGHUP, without a restart."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from tests.lib.cli import json_of, process_env
+from tests.lib.postgres import TEST_PG_URL
+from tests.lib.serving import Server
+from tests.lib.tools import ROOT, require
+from tests.lib.waiting import armed, until
+
+pytestmark = [pytest.mark.timeout(180), pytest.mark.local_only("runs the operator's commands on the mailbox itself")]
+
+DOCS = os.path.join(ROOT, "docs", "deployment.md")
+
+
+def _documented(step: str, kind: str) -> str:
+    """The ```sh block after `<!-- STEP: KIND -->` in docs/deployment.md."""
+    with open(DOCS, encoding="utf-8") as handle:
+        found = re.findall(rf"<!-- {step}: {kind} -->\n```sh\n(.*?)```", handle.read(), re.S)
+    assert len(found) == 1, f"docs/deployment.md has no single {step} block for {kind}"
+    return found[0]
+
+
+def _run(text: str, swaps: dict[str, str]) -> str:
+    for example, here in swaps.items():
+        assert example in text, f"the documented commands no longer name {example}"
+        text = text.replace(example, here)
+    proc = subprocess.run(["bash", "-euo", "pipefail", "-c", text], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, (text, proc.stdout, proc.stderr)
+    return proc.stdout
+
+
+def _before_and_after(server: Server, backup) -> dict:
+    """Mail, tokens and a delivery before the backup; more after it (the backup taken by `backup()` while the server
+    serves); what the test expects the restore to undo."""
+    kept = json.loads(server.direct("token", "create", "--agent", "deploy:worker").stdout)
+    worker = kept["token"]
+    lead = server.token("--agent", "ops:lead")
+    first = json_of(server.client(lead, "send", "--from", "ops:lead", "--to", "deploy:worker", "--subject", "first"))
+    json_of(server.client(lead, "send", "--from", "ops:lead", "--to", "deploy:worker", "--subject", "second"))
+    assert json_of(server.client(worker, "read", "deploy:worker", "--limit", "1"))["count"] == 1  # "first": read
+    backup()
+    later = server.token("--agent", "deploy:worker")
+    json_of(server.direct("token", "revoke", kept["id"]))
+    assert server.client(worker, "heartbeat", "deploy:worker").returncode == 4
+    json_of(server.client(lead, "send", "--from", "ops:lead", "--to", "deploy:worker", "--subject", "third"))
+    assert json_of(server.client(later, "read", "deploy:worker"))["count"] == 2  # "second" and "third": read
+    return {"worker": worker, "later": later, "first": first["id"]}
+
+
+def _restored(server: Server, seen: dict) -> None:
+    # The token revoked since the backup works again; the one made since is unknown.
+    assert server.client(seen["worker"], "heartbeat", "deploy:worker").returncode == 0
+    assert server.client(seen["later"], "heartbeat", "deploy:worker").returncode == 4
+    # "third" is gone; "second", read since, is unread and delivered again; "first" stays read.
+    everything = json_of(server.direct("read", "deploy:worker", "--all", "--no-mark-read"))["messages"]
+    assert sorted(m["subject"] for m in everything) == ["first", "second"]
+    again = json_of(server.client(seen["worker"], "read", "deploy:worker"))
+    assert [m["subject"] for m in again["messages"]] == ["second"]
+
+
+@pytest.mark.requires("sqlite3")
+def test_the_documented_sqlite_backup_and_restore(tmp_path):
+    box = tmp_path / "lib" / "mailbox.db"
+    backups = tmp_path / "backups"
+    swaps = {"/var/lib/agent-mail/mailbox.db": str(box), "/var/backups/agent-mail": str(backups)}
+    server = Server(str(box))
+    try:
+        checked = []
+        seen = _before_and_after(server, lambda: checked.append(_run(_documented("backup", "sqlite"), swaps)))
+        assert checked[0].strip() == "ok"
+        server.stop()
+        _run(_documented("restore", "sqlite"), swaps)
+        server.restart()
+        _restored(server, seen)
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def database():
+    """A fresh PostgreSQL database of the test's own (the documented commands name a database, not a schema)."""
+    require("postgresql")
+    import psycopg
+
+    name = f"am_backup_{os.getpid()}_{os.urandom(3).hex()}"
+    with psycopg.connect(TEST_PG_URL, autocommit=True) as db:
+        db.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield TEST_PG_URL.rsplit("/", 1)[0] + "/" + name
+    finally:
+        with psycopg.connect(TEST_PG_URL, autocommit=True) as db:
+            db.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.mark.requires("pg_dump")
+def test_the_documented_postgresql_backup_and_restore(tmp_path, database):
+    backups = tmp_path / "backups"
+    swaps = {"postgresql://agent_mail@db.internal/team": database, "/var/backups/agent-mail": str(backups)}
+    server = Server(database)  # the schema agent_mail, as the page's URL has it
+    try:
+        seen = _before_and_after(server, lambda: _run(_documented("backup", "postgresql"), swaps))
+        assert (backups / "team.dump").stat().st_size > 0
+        server.stop()
+        _run(_documented("restore", "postgresql"), swaps)
+        server.restart()
+        _restored(server, seen)
+    finally:
+        server.stop()
+
+
+# ---------------------------------------------------------------- certificates renewed without a restart
+
+
+def _certificate(cert: str, key: str, name: str) -> None:
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
+                    "-days", "1", "-subj", f"/CN={name}", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+
+
+def _served_certificate(port: int) -> bytes:
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw, \
+            context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+        return tls.getpeercert(binary_form=True)
+
+
+def _der(cert: str) -> bytes:
+    with open(cert, encoding="ascii") as handle:
+        return ssl.PEM_cert_to_DER_cert(handle.read())
+
+
+def test_sighup_renews_the_certificate_without_a_restart(tmp_path, mailbox_path):
+    cert, key = str(tmp_path / "fullchain.pem"), str(tmp_path / "privkey.pem")
+    _certificate(cert, key, "first")
+    first = _der(cert)
+    proc = subprocess.Popen([sys.executable, "-m", "agent_mail", "serve", "--listen", "127.0.0.1:0", "--tls-cert",
+                             cert, "--tls-key", key], env=process_env(AGENT_MAIL_DB=str(mailbox_path)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    log: list[dict] = []
+    try:
+        url = json.loads(proc.stderr.readline())["listening"]
+        port = int(url.rsplit(":", 1)[1])
+        reader = threading.Thread(target=lambda: log.extend(json.loads(line) for line in
+                                                            iter(proc.stderr.readline, b"")), daemon=True)
+        reader.start()
+        token = json.loads(subprocess.run([sys.executable, "-m", "agent_mail", "token", "create", "--agent", "a:x"],
+                                          env=process_env(AGENT_MAIL_DB=str(mailbox_path)), capture_output=True,
+                                          check=True).stdout)["token"]
+        assert _served_certificate(port) == first
+        # A watch waiting through the old certificate's connection is not cut by the renewal.
+        watch = subprocess.Popen([sys.executable, "-m", "agent_mail", "watch", "a:x"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 env=process_env(AGENT_MAIL_DB=url, AGENT_MAIL_TOKEN=token, AGENT_MAIL_CA=cert))
+        try:
+            armed("a:x", procs=[watch])
+            # Renewed: a new pair written in place, then SIGHUP.
+            _certificate(cert, key, "second")
+            second = _der(cert)
+            proc.send_signal(signal.SIGHUP)
+            until(lambda: any(line.get("tls_reloaded") is True for line in log), timeout=10, what="the reload")
+            assert _served_certificate(port) == second
+            # The client trusting only the new certificate is served; the watch is still waiting, then woken.
+            sent = subprocess.run([sys.executable, "-m", "agent_mail", "send", "--from", "a:x", "--to", "a:x",
+                                   "--subject", "renewed"], capture_output=True, timeout=60,
+                                  env=process_env(AGENT_MAIL_DB=url, AGENT_MAIL_TOKEN=token, AGENT_MAIL_CA=cert))
+            assert sent.returncode == 0, sent.stderr
+            out, err = watch.communicate(timeout=30)
+            assert watch.returncode == 0 and [m["subject"] for m in json.loads(out)["messages"]] == ["renewed"], err
+        finally:
+            if watch.poll() is None:
+                watch.kill()
+                watch.communicate()
+        # A pair that does not match is refused, and the server goes on with the one it had.
+        _certificate(str(tmp_path / "other.pem"), str(tmp_path / "otherkey.pem"), "other")
+        os.replace(tmp_path / "otherkey.pem", key)
+        proc.send_signal(signal.SIGHUP)
+        until(lambda: any(line.get("tls_reloaded") is False for line in log), timeout=10, what="the refusal")
+        refused = next(line for line in log if line.get("tls_reloaded") is False)
+        assert "previous certificate is still served" in refused["reason"]
+        assert _served_certificate(port) == second
+        assert proc.poll() is None
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0

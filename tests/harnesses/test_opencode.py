@@ -1,0 +1,242 @@
+"""The real OpenCode, set up by `agent-mail setup opencode`, against a scripted model.
+
+OpenCode is the npm package opencode-ai (`.ci/run` installs the pinned version under .cache/node, with the
+@opencode-ai/plugin package OpenCode would otherwise npm-install into each project's .opencode/ at its first start:
+`offline_plugin_dependency` links it in, so no test waits on npm). The model is tests/lib/fake_model.py speaking the
+OpenAI Chat Completions API on 127.0.0.1, named in the project's opencode.json as a provider of its own, which the test
+writes first (as a person would), so setup must merge into it. HOME is a throwaway directory; updates, model lists,
+LSP downloads and sharing are off. Skipped with the reason where OpenCode is not installed; required in CI.
+
+`opencode run` (one prompt, then exit) proves context, told once, the MCP tools and the guard; the interactive TUI in
+tmux proves what needs an idle session: the held stop, the idle wake and the end of the session with OpenCode.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+
+import pytest
+
+from tests.lib.cli import am_process, process_env
+from tests.lib.tools import NODE_BIN, find
+from tests.lib.fake_model import FakeModel
+from tests.lib.harnesses import (HELD, URGENT, Terminal, chat_tools, mail_during_the_turn, private_tmp,
+                                 send_urgent_mail, status_of)
+
+AGENT = "proj:coder"
+OPENCODE = find("opencode")
+VERSION = "1.18.33"  # .ci/run's pin: OpenCode adds @opencode-ai/plugin at its own version to each project's .opencode
+pytestmark = pytest.mark.requires("opencode")
+pytest.importorskip("mcp", reason="the mcp extra is not installed")
+WOKEN = "agent-mail: new mail arrived while you were idle"
+
+
+def offline_plugin_dependency(config) -> None:
+    """What OpenCode's start would npm-install into each of its config directories (the project's .opencode, the
+    user's ~/.config/opencode): its plugin package at its version, linked from the copy .ci/run installed. OpenCode
+    installs only when the directory's node_modules is missing or its package-lock.json lacks a dependency of its
+    package.json (seen in 1.18.33), so nothing is fetched."""
+    shared = os.path.join(os.path.dirname(NODE_BIN), "@opencode-ai")
+    modules = config / "node_modules"
+    modules.mkdir(parents=True, exist_ok=True)
+    (modules / "@opencode-ai").symlink_to(shared, target_is_directory=True)
+    dependencies = {"@opencode-ai/plugin": VERSION}
+    (config / "package.json").write_text(json.dumps({"dependencies": dependencies}))
+    (config / "package-lock.json").write_text(json.dumps(
+        {"lockfileVersion": 3, "packages": {"": {"dependencies": dependencies}}}))
+
+
+@pytest.fixture
+def model():
+    with FakeModel() as running:
+        yield running
+
+
+@pytest.fixture
+def project(tmp_path, mailbox_path, model):
+    directory = tmp_path / "project"
+    directory.mkdir()
+    mine = {"$schema": "https://opencode.ai/config.json", "model": "scripted/scripted", "autoupdate": False,
+            "provider": {"scripted": {"npm": "@ai-sdk/openai-compatible", "name": "Scripted",
+                                      "options": {"baseURL": f"{model.url}/v1", "apiKey": "x"},
+                                      "models": {"scripted": {"name": "Scripted"}}}}}
+    (directory / "opencode.json").write_text(json.dumps(mine, indent=2))
+    offline_plugin_dependency(directory / ".opencode")
+    offline_plugin_dependency(tmp_path / "opencode-home" / ".config" / "opencode")
+    done = am_process("setup", "opencode", "--agent", AGENT, "--dir", str(directory))
+    assert done.returncode == 0, done.stderr
+    settings = json.loads((directory / "opencode.json").read_text())
+    assert {k: v for k, v in settings.items() if k != "mcp"} == mine  # merged, not overwritten
+    assert settings["mcp"]["agent-mail"]["type"] == "local"
+    return directory
+
+
+def _env(project) -> dict:
+    home = project.parent / "opencode-home"
+    home.mkdir(exist_ok=True)
+    # PWD too: OpenCode reads opencode.json from $PWD, not from the directory it runs in
+    env = process_env(HOME=str(home), PWD=str(project), TMPDIR=private_tmp(home), OPENCODE_DISABLE_AUTOUPDATE="1",
+                      OPENCODE_DISABLE_MODELS_FETCH="1", OPENCODE_DISABLE_LSP_DOWNLOAD="1", OPENCODE_DISABLE_SHARE="1",
+                      # a guard: were an install attempted, it fails at once instead of retrying for 75 s
+                      npm_config_registry="http://127.0.0.1:9/", npm_config_fetch_retries="0")
+    env.pop("AGENT_MAIL_DB")  # the session finds its mailbox through what setup recorded
+    return env
+
+
+def _run(project, prompt: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run([OPENCODE, "run", prompt], cwd=str(project), env=_env(project), capture_output=True,
+                          text=True, timeout=180, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def _main(request: dict) -> bool:
+    """A request of the session's own loop (it offers the tools), not a side call (the title)."""
+    return "write" in chat_tools(request)
+
+
+def _tool_results(request: dict) -> int:
+    return sum(m.get("role") == "tool" for m in request.get("messages", []))
+
+
+def _loop(model) -> list[dict]:
+    return [r for r in model.requests if _main(r)]
+
+
+def test_mail_reaches_opencode_once_and_its_mcp_tools_run(project, model):
+    assert am_process("send", "--from", "boss:lead", "--to", AGENT, "--subject", "Fix the flaky test",
+                      "--body", "It is test_login.", env=process_env()).returncode == 0
+    during = []
+
+    def script(request):
+        if not _main(request):
+            return None
+        if _tool_results(request):
+            return [{"type": "text", "text": "done"}]
+        during.append(status_of(AGENT))  # while the session lives
+        return [{"type": "tool_use", "name": "agent-mail_read", "input": {}}]
+
+    model.script = script
+    _run(project, "Check your mail.")
+    assert during[0]["reachable"] and "a live OpenCode session" in during[0]["reached_by"]
+    assert not status_of(AGENT)["reachable"]  # OpenCode exited: no longer live
+    loop = _loop(model)
+    assert "agent-mail_read" in chat_tools(loop[0]) and "agent-mail_send" in chat_tools(loop[0])
+    first = json.dumps(loop[0]["messages"])
+    assert "you are proj:coder" in first and "Fix the flaky test" in first and "test_login" not in first
+    last = json.dumps(loop[-1]["messages"])
+    assert "test_login" in last  # the read tool ran, and its result reached the model
+    # told once: nothing told it again after the prompt (nor after the read, whose result showed it)
+    assert last.count("you are proj:coder") == 1 and "new message" not in last
+    assert json.loads(am_process("read", AGENT, "--no-mark-read").stdout)["count"] == 0  # the read tool took it
+
+
+def test_mail_after_a_tool_reaches_opencode_once_and_is_not_marked_read(project, model):
+    sent = []
+
+    def script(request):
+        if not _main(request):
+            return None
+        results = _tool_results(request)
+        if results == 0:
+            return [{"type": "tool_use", "name": "write", "input": {"filePath": str(project / "a.txt"),
+                                                                    "content": "a\n"}}]
+        if results == 1 and not sent:
+            send_urgent_mail(AGENT)
+            sent.append(True)
+            return [{"type": "tool_use", "name": "write", "input": {"filePath": str(project / "b.txt"),
+                                                                    "content": "b\n"}}]
+        return [{"type": "text", "text": "done"}]
+
+    model.script = script
+    _run(project, "Write two files.")
+    assert (project / "b.txt").read_text() == "b\n"
+    last = json.dumps(_loop(model)[-1]["messages"])
+    assert last.count(URGENT) == 1  # told after the tool, once, though the hook ran again since
+    assert json.loads(am_process("read", AGENT, "--no-mark-read").stdout)["count"] == 1
+
+
+def test_a_write_of_a_reserved_file_is_refused_while_a_free_one_is_written(project, model):
+    subprocess.run(["git", "init", "-q"], cwd=project, check=True)
+    subprocess.run(["git", "remote", "add", "origin", "https://github.com/acme/widget.git"], cwd=project, check=True)
+    (project / "src").mkdir()
+    held, free, edited = project / "src" / "lib.rs", project / "notes.txt", project / "src" / "main.rs"
+    edited.write_text("fn main() {}\n")
+    done = am_process("reserve", "proj:holder", "src/**", "--reason", "parser rewrite", cwd=str(project))
+    assert done.returncode == 0, done.stderr
+    calls = [("write", {"filePath": str(held), "content": "x\n"}),
+             ("edit", {"filePath": str(edited), "oldString": "fn main() {}", "newString": "fn main() { x() }"}),
+             ("write", {"filePath": str(free), "content": "new\n"})]
+
+    def script(request):
+        if not _main(request):
+            return None
+        results = _tool_results(request)
+        if results < len(calls):
+            return [{"type": "tool_use", "name": calls[results][0], "input": calls[results][1]}]
+        return [{"type": "text", "text": "done"}]
+
+    model.script = script
+    _run(project, "Write the files.")
+    assert not held.exists() and edited.read_text() == "fn main() {}\n"
+    assert free.read_text() == "new\n"
+    said = json.dumps(_loop(model)[-1]["messages"])
+    assert said.count("held by proj:holder") == 2 and "parser rewrite" in said
+    assert "agent-mail send --from proj:coder --to proj:holder" in said
+
+
+@pytest.mark.requires("tmux")
+def test_an_idle_opencode_is_woken_by_mail_its_stop_held_once_and_it_ends_with_opencode(project, model):
+    """Interactive `opencode` in tmux. Mail that lands during the first turn holds its stop once (sent back as the next
+    prompt); idle afterwards, the session is reachable and mail wakes it (a new turn with the envelopes, told once);
+    after /exit the session no longer counts as live and its waiter is gone."""
+    model.script = mail_during_the_turn(_main, lambda request: request["messages"], lambda: send_urgent_mail(AGENT))
+    env = _env(project)
+    passed = [k for k in env if k.startswith(("OPENCODE_", "npm_config_"))
+              or k in ("HOME", "PWD", "TMPDIR", "PYTHONPATH", "PATH")]
+    command = shlex.join(["env", "-u", "AGENT_MAIL_DB", *(f"{k}={env[k]}" for k in passed), OPENCODE])
+    with Terminal(project.parent, f"agent-mail-opencode-{os.getpid()}", project, command) as terminal:
+        terminal.wait_for(lambda: "Ask anything" in terminal.screen(), 60, "opencode did not reach its prompt")
+        terminal.type("Do the task.", "Enter")
+        held = terminal.wait_for(lambda: [r for r in _loop(model) if HELD in json.dumps(r["messages"])], 60,
+                                 "the stop was not held")
+        assert URGENT in json.dumps(held[0]["messages"])
+        terminal.wait_for(lambda: "I will handle it next." in terminal.screen(), 60, "the held turn did not end")
+        row = terminal.wait_for(lambda: (lambda r: r["watch_state"] == "armed" and r)(status_of(AGENT)), 30,
+                                "no waiter armed while idle")
+        assert row["reachable"] and "a live OpenCode session" in row["reached_by"] and row["sessions"] == 1
+        turns = len(_loop(model))
+        model.script = lambda request: [{"type": "text", "text": "woken and on it"}] if _main(request) else None
+        assert am_process("send", "--from", "boss:lead", "--to", AGENT, "--subject", "Rebase the branch",
+                          env=process_env()).returncode == 0
+        terminal.wait_for(lambda: len(_loop(model)) > turns, 30, "the idle session was not woken")
+        woken = json.dumps(_loop(model)[turns]["messages"])
+        assert WOKEN in woken and woken.count("Rebase the branch") == 1 and woken.count(URGENT) == 1
+        terminal.wait_for(lambda: "woken and on it" in terminal.screen(), 60, "the woken turn did not end")
+        opencode = int(subprocess.run([*terminal.tmux, "list-panes", "-t", terminal.name, "-F", "#{pane_pid}"],
+                                      capture_output=True, text=True).stdout.split()[0])
+        waiters = terminal.wait_for(lambda: _waiters(opencode), 30, "no waiter re-armed after the wake")
+        terminal.type("/exit", "Enter")
+        terminal.wait_for(lambda: status_of(AGENT)["sessions"] == 0, 30, "the session still counts as live after /exit")
+        terminal.wait_for(lambda: not any(os.path.exists(f"/proc/{pid}") for pid in waiters), 30,
+                          "a waiter outlived OpenCode")
+    assert json.loads(am_process("read", AGENT, "--no-mark-read").stdout)["count"] == 2  # told, never consumed
+
+
+def _waiters(parent: int) -> list[int]:
+    """The `hook opencode wait` processes OpenCode (process `parent`) runs."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                ppid = int(handle.read().rsplit(b")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                words = handle.read().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == parent and b"opencode" in words and b"wait" in words:
+            found.append(int(entry))
+    return found

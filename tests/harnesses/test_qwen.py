@@ -1,0 +1,224 @@
+"""The real Qwen Code, set up by `agent-mail setup qwen`, against a scripted model.
+
+Qwen Code is the npm package @qwen-code/qwen-code (`.ci/run` installs the pinned version under .cache/node); the
+model is tests/lib/fake_model.py speaking the OpenAI Chat Completions API on 127.0.0.1 (OPENAI_BASE_URL, --auth-type
+openai), with a throwaway HOME whose settings switch off updates and usage statistics. The test writes its own
+project settings first (as a person would), so setup must merge into them. Skipped with the reason where Qwen Code
+is not installed; required in CI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+
+import pytest
+
+from tests.lib.cli import am_process, process_env
+from tests.lib.tools import find
+from tests.lib.fake_model import FakeModel
+from tests.lib.harnesses import (HELD, URGENT, WOKEN, Terminal, chat_tools, mail_during_the_turn, private_tmp,
+                                 send_urgent_mail, status_of, wakers)
+
+AGENT = "proj:coder"
+QWEN = find("qwen")
+pytestmark = pytest.mark.requires("qwen")
+pytest.importorskip("mcp", reason="the mcp extra is not installed")
+
+
+@pytest.fixture
+def project(tmp_path, mailbox_path):
+    directory = tmp_path / "project"
+    (directory / ".qwen").mkdir(parents=True)
+    (directory / ".qwen" / "settings.json").write_text(json.dumps({"model": {"name": "scripted"}}))
+    home = tmp_path / "qwen-home"
+    (home / ".qwen").mkdir(parents=True)
+    (home / ".qwen" / "settings.json").write_text(json.dumps({
+        "general": {"enableAutoUpdate": False}, "privacy": {"usageStatisticsEnabled": False},
+        "telemetry": {"enabled": False}}))
+    done = am_process("setup", "qwen", "--agent", AGENT, "--dir", str(directory))
+    assert done.returncode == 0, done.stderr
+    settings = json.loads((directory / ".qwen" / "settings.json").read_text())
+    assert settings["model"] == {"name": "scripted"}  # merged, not overwritten
+    return directory
+
+
+def _run(project, model: FakeModel, prompt: str) -> subprocess.CompletedProcess:
+    home = project.parent / "qwen-home"
+    env = process_env(HOME=str(home), OPENAI_API_KEY="x", OPENAI_BASE_URL=f"{model.url}/v1", OPENAI_MODEL="scripted",
+                      QWEN_USAGE_STATISTICS_ENABLED="false", TMPDIR=private_tmp(home))
+    env.pop("AGENT_MAIL_DB")  # the session finds its mailbox through what setup recorded
+    proc = subprocess.run([QWEN, "-p", prompt, "--auth-type", "openai", "--approval-mode", "yolo"],
+                          cwd=str(project), env=env, capture_output=True, text=True, timeout=180,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def _main(request: dict) -> bool:
+    """A request of the session's own loop (it offers the tools, under Qwen Code's own system prompt), not a side
+    call (a title, a summary, the memory-extraction subagent an interactive session runs after a turn)."""
+    messages = request.get("messages") or [{}]
+    return "write_file" in chat_tools(request) and "You are Qwen Code" in json.dumps(messages[0])
+
+
+def _tool_results(request: dict) -> int:
+    return sum(m.get("role") == "tool" for m in request.get("messages", []))
+
+
+def test_mail_reaches_qwen_once_and_its_mcp_tools_run(project):
+    assert am_process("send", "--from", "boss:lead", "--to", AGENT, "--subject", "Fix the flaky test",
+                      "--body", "It is test_login.", env=process_env()).returncode == 0
+
+    during = []
+
+    def script(request):
+        if not _main(request):
+            return None
+        if _tool_results(request):
+            return [{"type": "text", "text": "done"}]
+        during.append(status_of(AGENT))  # while the session lives
+        return [{"type": "tool_use", "name": "mcp__agent-mail__read", "input": {}}]
+
+    with FakeModel(script) as model:
+        _run(project, model, "Check your mail.")
+    assert during[0]["reachable"] and "a live Qwen Code session" in during[0]["reached_by"]
+    assert not status_of(AGENT)["reachable"]  # its SessionEnd: no longer live
+    loop = [r for r in model.requests if _main(r)]
+    assert "mcp__agent-mail__read" in chat_tools(loop[0]) and "mcp__agent-mail__send" in chat_tools(loop[0])
+    first = json.dumps(loop[0]["messages"])
+    assert "you are proj:coder" in first and "Fix the flaky test" in first and "test_login" not in first
+    last = json.dumps(loop[-1]["messages"])
+    assert "test_login" in last  # the read tool ran, and its result reached the model
+    # told once: no hook told it again after the start (nor after the read, whose result showed it)
+    assert last.count("you are proj:coder") == 1 and "new message" not in last
+    assert json.loads(am_process("read", AGENT, "--no-mark-read").stdout)["count"] == 0
+
+
+def test_mail_after_a_tool_reaches_qwen_once_and_is_not_marked_read(project):
+    sent = []
+
+    def script(request):
+        if not _main(request):
+            return None
+        results = _tool_results(request)
+        if results == 0:
+            return [{"type": "tool_use", "name": "write_file",
+                     "input": {"file_path": str(project / "a.txt"), "content": "a\n"}}]
+        if results == 1 and not sent:
+            send_urgent_mail(AGENT)
+            sent.append(True)
+            return [{"type": "tool_use", "name": "write_file",
+                     "input": {"file_path": str(project / "b.txt"), "content": "b\n"}}]
+        return [{"type": "text", "text": "done"}]
+
+    with FakeModel(script) as model:
+        _run(project, model, "Write two files.")
+    last = json.dumps([r for r in model.requests if _main(r)][-1]["messages"])
+    assert last.count(URGENT) == 1  # told after the tool, once, though hooks ran again since
+    assert json.loads(am_process("read", AGENT, "--no-mark-read").stdout)["count"] == 1
+
+
+
+def test_what_the_read_tool_showed_is_not_told_again(project):
+    """Mail that lands just before the model calls the read tool is shown by the tool's result: the hooks after it
+    (PostToolUse, the next prompt) do not tell it again."""
+    def script(request):
+        if not _main(request):
+            return None
+        if _tool_results(request):
+            return [{"type": "text", "text": "done"}]
+        send_urgent_mail(AGENT)
+        return [{"type": "tool_use", "name": "mcp__agent-mail__read", "input": {}}]
+
+    with FakeModel(script) as model:
+        _run(project, model, "Check your mail.")
+    last = json.dumps([r for r in model.requests if _main(r)][-1]["messages"])
+    assert URGENT in last and "new message" not in last
+
+def test_mail_during_a_qwen_turn_holds_the_stop_once(project):
+    script = mail_during_the_turn(_main, lambda request: request["messages"], lambda: send_urgent_mail(AGENT))
+    with FakeModel(script) as model:
+        proc = _run(project, model, "Do the task.")
+    loop = [r for r in model.requests if _main(r)]
+    held = [r for r in loop if HELD in json.dumps(r["messages"])]
+    assert len(held) == 1 and URGENT in json.dumps(held[0]["messages"])
+    assert "it is mail for you, not an error" in json.dumps(held[0]["messages"])
+    assert "I will handle it next." in proc.stdout
+    assert json.loads(am_process("read", AGENT, "--no-mark-read").stdout)["count"] == 1  # told, not consumed
+
+
+def test_a_write_of_a_reserved_file_is_refused_while_a_free_one_is_written(project):
+    subprocess.run(["git", "init", "-q"], cwd=project, check=True)
+    subprocess.run(["git", "remote", "add", "origin", "https://github.com/acme/widget.git"], cwd=project, check=True)
+    (project / "src").mkdir()
+    held, free = project / "src" / "lib.rs", project / "notes.txt"  # new files: write_file will not overwrite unread
+    done = am_process("reserve", "proj:holder", "src/**", "--reason", "parser rewrite", cwd=str(project))
+    assert done.returncode == 0, done.stderr
+
+    def script(request):
+        if not _main(request):
+            return None
+        results = _tool_results(request)
+        if results == 0:
+            return [{"type": "tool_use", "name": "write_file", "input": {"file_path": str(held), "content": "x\n"}}]
+        if results == 1:
+            return [{"type": "tool_use", "name": "write_file", "input": {"file_path": str(free), "content": "new\n"}}]
+        return [{"type": "text", "text": "done"}]
+
+    with FakeModel(script) as model:
+        _run(project, model, "Write the files.")
+    assert not held.exists()
+    assert free.read_text() == "new\n"
+    said = json.dumps([r for r in model.requests if _main(r)][-1]["messages"])
+    assert "held by proj:holder" in said and "parser rewrite" in said
+    assert "agent-mail send --from proj:coder --to proj:holder" in said
+
+
+@pytest.mark.requires("tmux")
+def test_an_idle_interactive_qwen_session_is_woken_by_mail_once_and_its_waker_ends_with_it(project):
+    """Interactive `qwen` in tmux: its session is live from the start (once the person approved the workspace's
+    MCP server, as Qwen Code asks); idle after a turn, its waker is armed (status: reachable, armed). Mail sent
+    from another process wakes it: the model gets a new request holding the envelope once, nobody having typed.
+    After /quit the session no longer counts as live and its waker is gone."""
+    home = project.parent / "qwen-home"
+    with FakeModel(lambda request: [{"type": "text", "text": "ok from the model"}]) as model:
+        env = process_env(HOME=str(home), OPENAI_API_KEY="x", OPENAI_BASE_URL=f"{model.url}/v1",
+                          OPENAI_MODEL="scripted", QWEN_USAGE_STATISTICS_ENABLED="false", TMPDIR=private_tmp(home))
+        passed = [k for k in env if k.startswith(("OPENAI_", "QWEN_"))
+                  or k in ("HOME", "TMPDIR", "PYTHONPATH", "PATH", "AGENT_MAIL_TOKEN")]
+        command = shlex.join(["env", "-u", "AGENT_MAIL_DB", *(f"{k}={env[k]}" for k in passed), QWEN, "--auth-type",
+                              "openai"])
+        with Terminal(project.parent, f"agent-mail-qwen-{os.getpid()}", project, command) as terminal:
+            terminal.wait_for(lambda: "Approve this server" in terminal.screen(), 60, "no MCP approval asked")
+            terminal.type("1", "Enter")  # the person approves the workspace's MCP server once
+            terminal.wait_for(lambda: "Type your message" in terminal.screen(), 60, "qwen did not reach its prompt")
+            terminal.type("hello", "Enter")
+            terminal.wait_for(lambda: "ok from the model" in terminal.screen(), 60, "the turn did not end")
+            row = terminal.wait_for(lambda: (lambda r: r["sessions"] == 1 and r["watch_state"] == "armed" and r)(
+                status_of(AGENT)), 30, "the idle session's waker did not arm")
+            assert row["reachable"] and row["reached_by"].startswith("woken within about a second (a live Qwen Code")
+            # one per session: the Stop's waker replaced the start's
+            terminal.wait_for(lambda: len(wakers(project, "qwen")) == 1, 10, "two wakers for one session")
+            turns = len([r for r in model.requests if _main(r)])
+            send_urgent_mail(AGENT)
+            woken = model.wait_for(lambda r: _main(r) and URGENT in json.dumps(r["messages"]), 30)
+            assert woken is not None, terminal.screen()
+            said = json.dumps(woken["messages"])
+            assert said.count(URGENT) == 1 and WOKEN in said
+            assert len([r for r in model.requests if _main(r)]) == turns + 1  # nobody typed: the waker's turn
+            terminal.wait_for(lambda: terminal.screen().count("ok from the model") >= 2, 60, "the woken turn")
+            # The woken turn's Stop started the next waker: armed again, one waker.
+            terminal.wait_for(lambda: status_of(AGENT)["watch_state"] == "armed"
+                              and len(wakers(project, "qwen")) == 1, 30,
+                              "the waker did not arm again after the woken turn")
+            terminal.type("/quit", "Enter")
+            terminal.wait_for(lambda: status_of(AGENT)["sessions"] == 0, 30,
+                              "the session still counts as live after /quit")
+            terminal.wait_for(lambda: not wakers(project, "qwen"), 30, "the waker outlived its session")
+    assert not status_of(AGENT)["reachable"]
+    assert json.loads(am_process("read", AGENT, "--no-mark-read").stdout)["count"] == 1  # told, never consumed
+    inputs = list((project / ".qwen" / "agent-mail").glob("wake-*.jsonl"))  # one per Qwen Code process
+    assert len(inputs) == 1 and inputs[0].read_text().count(URGENT) == 1

@@ -1,0 +1,516 @@
+"""`agent-mail run -- COMMAND`: a harness in a pseudo-terminal of its own, woken by a typed one-line trigger when mail
+arrives while it is idle at an empty prompt.
+
+The decision (screen model, the person's keys, idle) is tested in-process (fast); the whole wrapper in tmux, first
+around tests/lib/run_child.py (a scripted prompt that logs each line it reads), then around the real Gemini CLI set up
+by `agent-mail setup gemini`, against the scripted model (tests/lib/fake_model.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.lib.cli import am_process, process_env
+from tests.lib.harnesses import Terminal, private_tmp
+from tests.lib.tools import ROOT, find
+from tests.lib.waiting import until
+
+from agent_mail.harness import run as running
+
+AGENT = "proj:coder"
+CHILD = os.path.join(ROOT, "tests", "lib", "run_child.py")
+TRIGGER = running.trigger_text(AGENT)
+
+
+# -- the decision, in-process -------------------------------------------------------------------------------------
+@pytest.mark.fast
+def test_the_screen_model_follows_text_cursor_moves_and_erases():
+    screen = running.Screen(5, 20)
+    screen.feed(b"hello\r\nworld\x1b[31m!\x1b[0m")
+    assert screen.lines()[:2] == ["hello", "world!"]
+    screen.feed(b"\x1b[1;1H\x1b[2KHEY\x1b[2;3H\x1b[K")
+    assert screen.lines()[:2] == ["HEY", "wo"]
+    screen.feed(b"\x1b]0;title\x07\x1b[5;1Hbottom\r\nscrolled")  # a title (OSC) is not text; the last line scrolls
+    assert screen.lines()[-2:] == ["bottom", "scrolled"] and screen.lines()[0] == "wo"
+    screen.feed("caf\u00e9 \u2713".encode()[:-1])  # a character cut by a read ends with the next
+    screen.feed("\u2713".encode()[-1:])
+    assert screen.lines()[-1] == "scrolledcaf\u00e9 \u2713"
+    screen.feed(b"\x1b[2J")
+    assert screen.text().strip() == ""
+    screen.feed(b"0123456789012345678901234")  # wraps at 20 columns
+    assert screen.count("0123456789012345678901234") == 1
+
+
+@pytest.mark.fast
+def test_the_key_tracker_knows_unsent_text_and_ignores_the_terminals_own_reports():
+    keys = running.KeyTracker()
+    keys.feed(b"\x1b[12;40R\x1b[?62;c\x1b]11;rgb:0000/0000/0000\x07\x1b[I\x1b[<0;3;4M", 1.0)
+    assert keys.clear() and keys.last_key == float("-inf")  # answers to the harness's queries, focus, mouse
+    keys.feed("ab\u00e9".encode(), 2.0)
+    assert keys.unsent == 3 and keys.last_key == 2.0 and not keys.clear()
+    keys.feed(b"\x7f\x7f", 3.0)
+    assert keys.unsent == 1
+    keys.feed(b"\x7f", 3.1)
+    assert keys.clear() and keys.submitted == 0
+    keys.feed(b"\x1b[A", 4.0)  # history recalled: the line is not known to be empty
+    assert not keys.clear()
+    keys.feed(b"\r", 5.0)
+    assert keys.clear() and keys.submitted == 1
+    keys.feed(b"\x1b[200~pasted\x1b[2", 6.0)  # a paste cut by a read
+    keys.feed(b"01~", 6.1)
+    assert keys.unsent == 6
+    keys.feed(b"\x15", 7.0)  # ctrl+u
+    assert keys.clear()
+    keys.feed(b"\r", 8.0)  # Enter on an empty prompt sends nothing of the person's
+    assert keys.submitted == 1
+
+
+@pytest.mark.fast
+def test_a_wake_waits_for_quiet_no_keys_no_unsent_text_no_dialog_and_the_interval():
+    screen, keys = running.Screen(10, 60), running.KeyTracker()
+    waker = running.Waker(screen, keys, 0.0)
+    assert waker.blocked_by(1.0) == "no mail" and waker.next_check(1.0) is None
+    waker.mail(1.0)
+    assert waker.blocked_by(1.0) == "the harness has drawn nothing yet"
+    screen.feed(b"> ")
+    waker.output(1.0)
+    assert waker.blocked_by(1.1) == "the harness is writing"
+    assert waker.blocked_by(1.01 + running.QUIET_SECONDS) is None
+    keys.feed(b"x", 2.0)
+    assert waker.blocked_by(2.5) == "the person typed in the last seconds"
+    assert waker.blocked_by(2.0 + running.TYPING_PAUSE_SECONDS) == "unsent text at the prompt"
+    keys.feed(b"\x7f", 2.0)
+    at = 2.0 + running.TYPING_PAUSE_SECONDS
+    assert waker.blocked_by(at) is None
+    screen.feed(b"\r\nAllow once? (y/n) ")
+    assert waker.blocked_by(at) == "a dialog is open"
+    screen.feed(b"\r\x1b[2K\\ working (esc to cancel)")
+    assert waker.blocked_by(at) == "a turn is under way"
+    screen.feed(b"\r\x1b[2K> ")
+    waker.woke(at)
+    waker.mail(at + 1)
+    assert waker.blocked_by(at + 1) == "woken in the last interval"
+    assert waker.blocked_by(at + running.WAKE_INTERVAL_SECONDS) is None
+    screen.feed(b"\r\nAllow once? (y/n) ")
+    assert waker.blocked_by(at + 20) == "a dialog is open"
+    before = keys.submitted
+    keys.feed(b"y\r", at + 2)  # an answer to a dialog is no prompt, and the dialog is closed (its line stays)
+    waker.typed(before)
+    screen.feed(b"y\r\n> ")
+    assert waker.blocked_by(at + 20) is None
+    keys.feed(b"go\r", at + 2)  # the person sent a prompt after the mail arrived: its prompt hook likely told it
+    assert waker.blocked_by(at + 20) is None and waker.person_prompted  # run asks the mailbox before it wakes
+    waker.carried()
+    assert waker.blocked_by(at + 20) == "no mail" and not waker.person_prompted
+
+
+# -- the wrapper around a scripted prompt, in tmux ----------------------------------------------------------------
+def _lines(log) -> list[str]:
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def _status() -> dict:
+    rows = json.loads(am_process("status").stdout)["agents"]
+    return next((r for r in rows if r["agent"] == AGENT), {})
+
+
+def _send(subject: str = "Stop the deploy", body: str = "the body stays in the mailbox") -> None:
+    done = am_process("send", "--from", "boss:lead", "--to", AGENT, "--subject", subject, "--body", body)
+    assert done.returncode == 0, done.stderr
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def through():
+    """Variables of run's environment beyond the test's (a test through a server overrides this fixture)."""
+    return {}
+
+
+@pytest.fixture
+def wrapped(tmp_path, mailbox_path, through):
+    """run around tests/lib/run_child.py in tmux: (terminal, the child's log, run's decision log, the exit file)."""
+    log, decisions, code = tmp_path / "child.log", tmp_path / "run.log", tmp_path / "exit"
+    env = process_env(AGENT_MAIL_RUN_LOG=str(decisions), **through)
+    passed = " ".join(f"{k}={shlex.quote(env[k])}" for k in ("AGENT_MAIL_DB", "AGENT_MAIL_RUN_LOG", "PYTHONPATH",
+                                                            "HOME", *through))
+    command = f"env {passed} {shlex.quote(sys.executable)} -m agent_mail run --agent {AGENT} -- " \
+              f"{shlex.quote(sys.executable)} {shlex.quote(CHILD)} {shlex.quote(str(log))}; echo $? > {code}"
+    with Terminal(tmp_path, f"agent-mail-run-{os.getpid()}", tmp_path, command) as terminal:
+        until(lambda: _lines(log), 30, "the child did not start")
+        until(lambda: _status().get("watch_state") == "armed", 30, "run's wait was not armed")
+        yield terminal, log, decisions, code
+
+
+@pytest.mark.requires("tmux")
+def test_an_idle_prompt_is_woken_by_one_typed_line_that_never_holds_the_mail(wrapped):
+    terminal, log, decisions, code = wrapped
+    row = _status()
+    assert row["reachable"] and row["reached_by"].startswith("woken now (an armed watch")
+    _send()
+    line = until(lambda: next((x for x in _lines(log) if x.startswith("line: ")), None), 30, "no trigger typed")
+    assert line == f"line: {TRIGGER}" and "Stop the deploy" not in line and "body" not in line
+    assert json.loads(am_process("read", AGENT, "--no-mark-read").stdout)["count"] == 1  # waiting marked nothing
+    terminal.type("exit 7", "Enter")
+    until(lambda: code.exists() and code.read_text().strip(), 30, "run did not exit")
+    assert code.read_text().strip() == "7"
+    until(lambda: _status().get("watch_state") == "released", 30, "run's watch session was not released")
+
+
+@pytest.mark.requires("tmux")
+def test_no_trigger_while_text_is_unsent_or_a_dialog_is_open(wrapped):
+    terminal, log, decisions, _ = wrapped
+    terminal.type("abc")
+    _send()
+    until(lambda: decisions.exists() and "unsent text at the prompt" in decisions.read_text(), 30,
+          "run did not hold the wake for the unsent text")
+    assert _lines(log) == [_lines(log)[0]]  # nothing was typed into the prompt
+    terminal.type("BSpace", "BSpace", "BSpace")  # the person clears the line: now it wakes
+    until(lambda: f"line: {TRIGGER}" in _lines(log), 30, "no wake once the line was cleared")
+    assert "line: abc" not in "\n".join(_lines(log)) and f"line: abc{TRIGGER}" not in _lines(log)
+    terminal.type("dialog", "Enter")
+    until(lambda: "Allow once? (y/n)" in terminal.screen(), 30, "no dialog")
+    decisions.write_text("")
+    _send("second")
+    until(lambda: "a dialog is open" in decisions.read_text(), 30, "run did not hold the wake for the dialog")
+    terminal.type("y", "Enter")
+    until(lambda: "answer: y" in _lines(log), 30, "the dialog's answer did not arrive")
+    assert _lines(log)[-1] == "answer: y"  # the trigger did not answer the dialog
+    until(lambda: _lines(log).count(f"line: {TRIGGER}") == 2, 30, "no wake after the dialog closed")
+
+
+@pytest.mark.requires("tmux")
+def test_a_harness_killed_by_a_signal_exits_run_with_128_plus_n(wrapped):
+    terminal, log, _, code = wrapped
+    terminal.type("signal 15", "Enter")
+    until(lambda: code.exists() and code.read_text().strip(), 30, "run did not exit")
+    assert code.read_text().strip() == "143"
+
+
+@pytest.mark.requires("tmux")
+def test_a_resize_and_colours_pass_through_and_sigterm_to_run_ends_the_harness(wrapped):
+    terminal, log, _, code = wrapped
+    subprocess.run([*terminal.tmux, "resize-window", "-t", terminal.name, "-x", "100", "-y", "30"], check=True)
+    terminal.type("size", "Enter")
+    until(lambda: any(x.startswith("size: ") for x in _lines(log)), 30, "no size logged")
+    assert "size: 100x30" in _lines(log)  # the harness's terminal took the new size (SIGWINCH)
+    shown = subprocess.run([*terminal.tmux, "capture-pane", "-p", "-e", "-t", terminal.name], capture_output=True,
+                           text=True).stdout
+    assert "\x1b[31mred" in shown  # colours reach the terminal as written
+    child = int(_lines(log)[0].split()[1])
+    run = int(open(f"/proc/{child}/stat").read().rsplit(")", 1)[1].split()[1])  # run is the harness's parent
+    os.kill(run, 15)
+    until(lambda: code.exists() and code.read_text().strip(), 30, "run did not exit on SIGTERM")
+    assert code.read_text().strip() == "143" and not _alive(child)
+    until(lambda: _status().get("watch_state") == "released", 30, "run's watch session was not released")
+
+
+@pytest.mark.requires("tmux")
+def test_run_killed_outright_leaves_neither_the_harness_nor_its_wait(wrapped):
+    terminal, log, _, _ = wrapped
+    child = int(_lines(log)[0].split()[1])
+    run = int(open(f"/proc/{child}/stat").read().rsplit(")", 1)[1].split()[1])
+    os.kill(run, 9)  # no handler runs: the terminal hangs up on the harness, the kernel stops the helper
+    until(lambda: not _alive(child), 30, "the harness outlived run")
+    until(lambda: _status().get("watch_state") == "released", 30, "run's wait was not released")
+
+
+@pytest.mark.requires("tmux")
+def test_the_terminal_going_away_ends_the_harness_and_releases_the_wait(wrapped):
+    terminal, log, _, _ = wrapped
+    child = int(_lines(log)[0].split()[1])
+    subprocess.run([*terminal.tmux, "kill-server"], capture_output=True)  # the pane's terminal closes: SIGHUP
+    until(lambda: not _alive(child), 30, "the harness outlived its terminal")
+    until(lambda: _status().get("watch_state") == "released", 30, "run's watch session was not released")
+
+
+class TestThroughAServer:
+    """AGENT_MAIL_DB names an agent-mail server: run waits with the server's watch (armed there)."""
+
+    @pytest.fixture
+    def through(self, server):
+        return {"AGENT_MAIL_DB": server.url, "AGENT_MAIL_TOKEN": server.token("--agent", AGENT)}
+
+    @pytest.mark.requires("tmux")
+    def test_an_idle_prompt_is_woken_through_the_server(self, wrapped):
+        terminal, log, _, code = wrapped
+        assert _status()["reached_by"].startswith("woken now (an armed watch")  # the server's watch, on the mailbox
+        _send()
+        until(lambda: f"line: {TRIGGER}" in _lines(log), 30, "no trigger typed")
+        assert json.loads(am_process("read", AGENT, "--no-mark-read").stdout)["count"] == 1
+        terminal.type("exit 0", "Enter")
+        until(lambda: code.exists() and code.read_text().strip(), 30, "run did not exit")
+        assert code.read_text().strip() == "0"
+        until(lambda: _status().get("watch_state") == "released", 30, "the server's watch was not released")
+
+
+def test_without_a_terminal_on_stdin_run_refuses_clearly(mailbox_path):
+    done = am_process("run", "--agent", AGENT, "--", sys.executable, CHILD, "/dev/null", stdin=subprocess.DEVNULL)
+    assert done.returncode == 2
+    problems = json.loads(done.stderr)["problems"]
+    assert [p["field"] for p in problems] == ["stdin"] and "not a terminal" in problems[0]["message"]
+    missing = am_process("run", "--", "no-such-harness-xyz", stdin=subprocess.DEVNULL,
+                         env={k: v for k, v in process_env().items() if k != "AGENT_MAIL_AGENT"})
+    fields = [p["field"] for p in json.loads(missing.stderr)["problems"]]
+    assert missing.returncode == 2 and fields == ["--agent", "command", "stdin"]
+
+
+# -- the real Gemini CLI under run --------------------------------------------------------------------------------
+GEMINI = find("gemini")
+
+
+@pytest.fixture
+def gemini_project(tmp_path, mailbox_path):
+    pytest.importorskip("mcp", reason="the mcp extra is not installed")
+    directory = tmp_path / "project"
+    directory.mkdir()
+    home = tmp_path / "gemini-home"
+    (home / ".gemini").mkdir(parents=True)
+    (home / ".gemini" / "settings.json").write_text(json.dumps({"security": {"auth": {
+        "selectedType": "gemini-api-key"}}}))
+    done = am_process("setup", "gemini", "--agent", AGENT, "--dir", str(directory))
+    assert done.returncode == 0, done.stderr
+    return directory
+
+
+def _main(request: dict) -> bool:
+    return any(f["name"] == "mcp_agent-mail_read" for t in request.get("tools", [])
+               for f in t.get("functionDeclarations", []))
+
+
+def _prompts(model) -> list[str]:
+    """The person's (or run's) prompt of each of the session's own requests: its last user text part that is not
+    a hook's context."""
+    said = []
+    for request in [r for r in model.requests if _main(r)]:
+        users = [c for c in request.get("contents", []) if c.get("role") == "user"]
+        texts = [p.get("text", "") for p in users[-1].get("parts", []) if "text" in p] if users else []
+        said.append(next((t for t in texts if not t.startswith(("<hook_context>", "<session_context>"))), ""))
+    return said
+
+
+def _answer(request: dict):
+    """The session's own turns are answered; the harness's side questions (routing, next speaker) get their JSON."""
+    return [{"type": "text", "text": "ok from the model"}] if _main(request) else None
+
+
+def gemini_under_run(project, model, name: str):
+    """A Terminal running `agent-mail run --agent AGENT -- gemini` in `project` against `model`."""
+    home = project.parent / "gemini-home"
+    env = process_env(HOME=str(home), GEMINI_API_KEY="test", GOOGLE_GEMINI_BASE_URL=model.url,
+                      GEMINI_CLI_TRUST_WORKSPACE="true", TMPDIR=private_tmp(home),
+                      AGENT_MAIL_RUN_LOG=str(project.parent / "run.log"))
+    passed = [k for k in env if k.startswith(("GEMINI_", "GOOGLE_")) or k in ("HOME", "TMPDIR", "PYTHONPATH", "PATH",
+                                                                           "AGENT_MAIL_RUN_LOG")]
+    command = shlex.join(["env", "-u", "AGENT_MAIL_DB", *(f"{k}={env[k]}" for k in passed), sys.executable, "-m",
+                          "agent_mail", "run", "--agent", AGENT, "--", GEMINI])
+    command += f"; echo $? > {shlex.quote(str(project.parent / 'exit'))}"
+    return Terminal(project.parent, name, project, command)
+
+
+def _at_prompt(terminal) -> bool:
+    screen = terminal.screen()
+    return "Type your message" in screen and "Executing Hook" not in screen and "esc to cancel" not in screen
+
+
+def _processes_in(directory) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                if os.readlink(f"/proc/{entry}/cwd") == str(directory) and _alive(int(entry)):
+                    found.append(int(entry))
+            except OSError:
+                pass
+    return found
+
+
+@pytest.mark.requires("gemini", "tmux")
+def test_an_idle_gemini_is_woken_by_mail_quiet_while_text_is_typed_and_ends_with_its_terminal(gemini_project):
+    from tests.lib.fake_model import FakeModel
+
+    with FakeModel(_answer) as model:
+        with gemini_under_run(gemini_project, model, f"agent-mail-run-gemini-{os.getpid()}") as terminal:
+            terminal.wait_for(lambda: _at_prompt(terminal), 90, "gemini did not reach its prompt")
+            assert _status()["watch_state"] == "armed" and _status()["reachable"]
+            # Gemini's own session (which cannot be woken) does not hide that run wakes it.
+            until(lambda: _status()["sessions"] == 1, 30, "gemini's session start hook did not run")
+            assert _status()["reached_by"].startswith("woken now (an armed watch")
+            turns = len(_prompts(model))
+            _send()
+            terminal.wait_for(lambda: len(_prompts(model)) > turns, 60, "the idle session was not woken")
+            assert _prompts(model)[turns] == TRIGGER  # one line, never the mail
+            loop = [r for r in model.requests if _main(r)]
+            context = json.dumps(loop[turns]["contents"])
+            assert context.count("Stop the deploy") == 1 and "the body stays in the mailbox" not in context
+            terminal.wait_for(lambda: _at_prompt(terminal) and "ok from the model" in terminal.screen(), 60,
+                              "the woken turn did not end")
+
+            # Text at the prompt: mail waits; cleared, it wakes.
+            turns = len(_prompts(model))
+            terminal.type("h", "e", "l", "l", "o")
+            decisions = gemini_project.parent / "run.log"
+            decisions.write_text("")
+            _send("Second thing")
+            until(lambda: "unsent text at the prompt" in decisions.read_text(), 30, "run did not hold the wake")
+            assert len(_prompts(model)) == turns and "hello" in terminal.screen()
+            terminal.type(*["BSpace"] * 5)
+            terminal.wait_for(lambda: len(_prompts(model)) > turns, 60, "no wake once the prompt was cleared")
+            assert _prompts(model)[turns] == TRIGGER and "Second thing" in json.dumps(
+                [r for r in model.requests if _main(r)][turns]["contents"])
+            terminal.wait_for(lambda: _at_prompt(terminal), 60, "the second woken turn did not end")
+            assert _processes_in(gemini_project)
+            subprocess.run([*terminal.tmux, "kill-server"], capture_output=True)  # SIGHUP: the terminal is gone
+            until(lambda: not _processes_in(gemini_project), 30,
+                  lambda: f"left running after SIGHUP: {_processes_in(gemini_project)}")
+    assert json.loads(am_process("read", AGENT, "--no-mark-read").stdout)["count"] == 2  # told, never consumed
+
+
+@pytest.mark.requires("gemini", "tmux")
+def test_a_flood_of_mail_is_one_wake_and_gemini_s_exit_status_is_runs(gemini_project):
+    from tests.lib.fake_model import FakeModel
+
+    with FakeModel(_answer) as model:
+        with gemini_under_run(gemini_project, model, f"agent-mail-run-flood-{os.getpid()}") as terminal:
+            # The flood comes as Gemini starts: before or after its session-start hook tells it, it is one wake
+            # (told by the start alone, the model has not seen it yet).
+            until(lambda: _status().get("watch_state") == "armed", 60, "run's wait did not arm")
+            turns = len(_prompts(model))
+            flood = subprocess.run([sys.executable, "-c", (
+                "from agent_mail import calls\n"
+                "for i in range(8):\n"
+                f"    calls.call('send', {{'from': 'boss:lead', 'to': ['{AGENT}'], 'subject': f'flood {{i}}'}})\n")],
+                env=process_env(), capture_output=True, text=True, timeout=60)
+            assert flood.returncode == 0, flood.stderr
+            until(lambda: all(f"flood {i}" in json.dumps(model.requests) for i in range(8)), 60,
+                  "the flood did not reach the model")
+            woken = time.monotonic()
+            terminal.wait_for(lambda: _at_prompt(terminal), 60, "the woken turn did not end")
+            # A second wake could come only after the interval: wait past it, then count.
+            until(lambda: time.monotonic() > woken + running.WAKE_INTERVAL_SECONDS + 2, 30)
+            assert _prompts(model)[turns:].count(TRIGGER) == 1
+            terminal.type("/quit", "Enter")
+            code = gemini_project.parent / "exit"
+            until(lambda: code.exists() and code.read_text().strip(), 60, "run did not exit after /quit")
+            assert code.read_text().strip() == "0"
+
+
+# -- the real Copilot CLI under run -------------------------------------------------------------------------------
+COPILOT = find("copilot")
+COPILOT_CACHE = os.path.join(ROOT, ".cache", "copilot")
+
+
+@pytest.fixture
+def copilot_project(tmp_path, mailbox_path):
+    pytest.importorskip("mcp", reason="the mcp extra is not installed")
+    directory = tmp_path / "project"
+    directory.mkdir()
+    home = tmp_path / "copilot-home"
+    (home / ".copilot").mkdir(parents=True)
+    (home / ".copilot" / "config.json").write_text(json.dumps({"trustedFolders": [str(directory)]}))
+    done = am_process("setup", "copilot", "--agent", AGENT, "--dir", str(directory))
+    assert done.returncode == 0, done.stderr
+    return directory
+
+
+def _copilot_main(request: dict) -> bool:
+    return "create" in [t.get("function", {}).get("name") for t in request.get("tools") or []]
+
+
+@pytest.mark.requires("copilot", "tmux")
+def test_an_idle_copilot_is_woken_by_mail(copilot_project):
+    from tests.lib.fake_model import FakeModel
+
+    home = copilot_project.parent / "copilot-home"
+    os.makedirs(COPILOT_CACHE, exist_ok=True)
+    with FakeModel(lambda request: [{"type": "text", "text": "ok from the model"}]) as model:
+        env = process_env(HOME=str(home), COPILOT_OFFLINE="true", COPILOT_AUTO_UPDATE="false",
+                          COPILOT_PROVIDER_BASE_URL=f"{model.url}/v1", COPILOT_PROVIDER_API_KEY="x",
+                          COPILOT_MODEL="scripted", COPILOT_CACHE_HOME=COPILOT_CACHE, TMPDIR=private_tmp(home))
+        passed = [k for k in env if k.startswith("COPILOT_") or k in ("HOME", "TMPDIR", "PYTHONPATH", "PATH")]
+        command = shlex.join(["env", "-u", "AGENT_MAIL_DB", *(f"{k}={env[k]}" for k in passed), sys.executable,
+                              "-m", "agent_mail", "run", "--agent", AGENT, "--", COPILOT])
+        command += f"; echo $? > {shlex.quote(str(copilot_project.parent / 'exit'))}"
+        with Terminal(copilot_project.parent, f"agent-mail-run-copilot-{os.getpid()}", copilot_project,
+                      command) as terminal:
+            terminal.wait_for(lambda: "/ commands" in terminal.screen(), 90, "copilot did not reach its prompt")
+            turns = len([r for r in model.requests if _copilot_main(r)])
+            _send()
+            terminal.wait_for(lambda: len([r for r in model.requests if _copilot_main(r)]) > turns, 60,
+                              "the idle session was not woken")
+            said = json.dumps([r for r in model.requests if _copilot_main(r)][turns]["messages"])
+            assert TRIGGER in said and said.count("Stop the deploy") == 1
+            assert "the body stays in the mailbox" not in said
+            terminal.wait_for(lambda: "ok from the model" in terminal.screen(), 60, "the woken turn did not end")
+            terminal.type("/exit", "Enter")
+            code = copilot_project.parent / "exit"
+            until(lambda: code.exists() and code.read_text().strip(), 60, "run did not exit after /exit")
+            assert code.read_text().strip() == "0"
+
+
+@pytest.mark.fast
+def test_a_wake_is_typed_seen_entered_and_checked_or_erased_and_given_up():
+    """Runner.wake_step with the pseudo-terminal's master as a pipe: what is written to the harness, step by step."""
+    read_end, write_end = os.pipe()
+    runner = running.Runner(AGENT, ["true"])
+    told = {"untold": True}
+    runner.session_untold = lambda child: told["untold"]
+    screen, keys = running.Screen(5, 120), running.KeyTracker()
+    waker = running.Waker(screen, keys, 0.0)
+
+    def written() -> bytes:
+        os.set_blocking(read_end, False)
+        try:
+            return os.read(read_end, 65536)
+        except BlockingIOError:
+            return b""
+
+    def step(typing, now, held=b""):
+        return runner.wake_step(typing, screen, waker, write_end, now, held, 0)
+
+    # Seen on the screen, Enter a moment later, told by the prompt hook.
+    typing = {"phase": "echo", "deadline": 1.0 + running.ECHO_SECONDS, "shown": 0}
+    assert step(typing, 1.1) is typing
+    screen.feed(f"> {TRIGGER}".encode())
+    typing = step(typing, 1.2)
+    assert typing["phase"] == "enter" and written() == b""
+    assert step(typing, 1.25) is typing
+    typing = step(typing, 1.2 + running.ENTER_DELAY_SECONDS)
+    assert typing["phase"] == "landing" and written() == b"\r" and runner.woken == 1
+    told["untold"] = False
+    assert step(typing, typing["next"]) is None
+
+    # Entered but never told: one more Enter, then given up.
+    told["untold"] = True
+    typing = {**typing, "deadline": 10.0, "next": 10.0, "enters": 1}
+    typing = step(typing, 10.0)
+    assert written() == b"\r" and typing["enters"] == 2
+    assert step(typing, typing["deadline"]) is None and runner.gave_up == 1
+
+    # Never seen: erased each time; after ATTEMPTS tries, again after the wake interval; after ROUNDS, given up.
+    waker.mail(20.0)
+    for attempt in range(1, running.ATTEMPTS * running.ROUNDS + 1):
+        typing = {"phase": "echo", "deadline": 20.0 + attempt, "shown": screen.count(TRIGGER)}
+        assert step(typing, 20.0 + attempt) is None
+        assert written() == b"\x7f" * len(TRIGGER)
+        if attempt == running.ATTEMPTS:
+            assert waker.pending_since is not None and waker.last_wake == 20.0 + attempt
+    assert runner.gave_up == 2 and waker.pending_since is None
+
+    # The person types while it waits to be seen: erased at once, not counted as a failed try.
+    typing = {"phase": "echo", "deadline": 31.0, "shown": screen.count(TRIGGER)}
+    assert step(typing, 30.1, b"x") is None and written() == b"\x7f" * len(TRIGGER) and runner.attempts == 0
+    os.close(read_end)
+    os.close(write_end)
