@@ -37,10 +37,13 @@ same commands; agent-mail runs them as a client of the server.
 All three: DIR/.agent-mail-db, the file by which any agent-mail command run in DIR or below finds the
 mailbox (agent_mail.operations.location). Setup first checks that the mailbox can be opened (without creating it).
 
-Files are merged, not replaced: other keys, hooks and servers stay as they were, in their order. Our
-entries are recognised by their command (`agent_mail hook` / `agent_mail mcp`), so a second run changes
-no byte, a run with another identity replaces ours, and --remove takes out only ours. Writes are atomic
-(a temporary file renamed over the old one, its permissions kept); --dry-run prints the diff instead.
+Files are merged, not replaced: other keys, hooks and servers stay as they were, in their order, and a JSON file
+is edited as text (harness.json_text: its indentation, inline arrays, comments and trailing commas where the harness
+reads JSONC, every byte setup does not change). Our entries are recognised by their command (`agent_mail hook` /
+`agent_mail mcp`), so a second run changes no byte, a run with another identity replaces ours, and --remove takes
+out only ours; what a file held before setup first changed it is kept in the user's state directory and written
+back by --remove when it says the same (the exact bytes: a file of {}, an empty object setup filled). Writes are
+atomic (a temporary file renamed over the old one, its permissions kept); --dry-run prints the diff instead.
 """
 
 from __future__ import annotations
