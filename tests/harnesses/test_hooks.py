@@ -777,7 +777,7 @@ def test_a_plain_shell_in_the_project_finds_the_mailbox_setup_recorded(tmp_path)
                                     env={**bare, "AGENT_MAIL_DB": str(other)}).stdout)["storage"]
     assert storage["path"] == str(other) and storage["source"] == "AGENT_MAIL_DB"
     storage = json.loads(am_process("describe", cwd=str(tmp_path), env=bare).stdout)["storage"]
-    assert storage["source"] == "default" and not (tmp_path / "home").exists()
+    assert storage["source"] == "default" and not (tmp_path / "home" / ".agent-mail").exists()
     # A project file that names nothing is a clear error.
     (project / ".agent-mail-db").write_text("# nothing\n")
     refused = am_process("read", AGENT, cwd=str(project), env=bare)

@@ -20,6 +20,7 @@ import subprocess
 
 import pytest
 
+from agent_mail.harness import json_text
 from tests.lib.cli import am_process, process_env
 from tests.lib.tools import NODE_BIN, find
 from tests.lib.fake_model import FakeModel
@@ -63,13 +64,17 @@ def project(tmp_path, mailbox_path, model):
             "provider": {"scripted": {"npm": "@ai-sdk/openai-compatible", "name": "Scripted",
                                       "options": {"baseURL": f"{model.url}/v1", "apiKey": "x"},
                                       "models": {"scripted": {"name": "Scripted"}}}}}
-    (directory / "opencode.json").write_text(json.dumps(mine, indent=2))
+    # JSONC, as OpenCode reads it: setup keeps the comments (issue 33) and OpenCode then runs with the merged file.
+    (directory / "opencode.json").write_text("// the scripted model of the tests\n" + json.dumps(mine, indent=2)
+                                             .replace('\n  "model"', '\n  /* theirs */ "model"', 1))
     offline_plugin_dependency(directory / ".opencode")
     offline_plugin_dependency(tmp_path / "opencode-home" / ".config" / "opencode")
     done = am_process("setup", "opencode", "--agent", AGENT, "--dir", str(directory))
     assert done.returncode == 0, done.stderr
-    settings = json.loads((directory / "opencode.json").read_text())
+    text = (directory / "opencode.json").read_text()
+    settings = json_text.parse(text, comments=True).value
     assert {k: v for k, v in settings.items() if k != "mcp"} == mine  # merged, not overwritten
+    assert text.startswith("// the scripted model of the tests\n") and "/* theirs */" in text
     assert settings["mcp"]["agent-mail"]["type"] == "local"
     return directory
 

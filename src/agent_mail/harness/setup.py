@@ -37,10 +37,13 @@ same commands; agent-mail runs them as a client of the server.
 All three: DIR/.agent-mail-db, the file by which any agent-mail command run in DIR or below finds the
 mailbox (agent_mail.operations.location). Setup first checks that the mailbox can be opened (without creating it).
 
-Files are merged, not replaced: other keys, hooks and servers stay as they were, in their order. Our
-entries are recognised by their command (`agent_mail hook` / `agent_mail mcp`), so a second run changes
-no byte, a run with another identity replaces ours, and --remove takes out only ours. Writes are atomic
-(a temporary file renamed over the old one, its permissions kept); --dry-run prints the diff instead.
+Files are merged, not replaced: other keys, hooks and servers stay as they were, in their order, and a JSON file
+is edited as text (harness.json_text: its indentation, inline arrays, comments and trailing commas where the harness
+reads JSONC, every byte setup does not change). Our entries are recognised by their command (`agent_mail hook` /
+`agent_mail mcp`), so a second run changes no byte, a run with another identity replaces ours, and --remove takes
+out only ours; what a file held before setup first changed it is kept in the user's state directory and written
+back by --remove when it says the same (the exact bytes: a file of {}, an empty object setup filled). Writes are
+atomic (a temporary file renamed over the old one, its permissions kept); --dry-run prints the diff instead.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ import shlex
 import sys
 
 from agent_mail import errors, model, spec
-from agent_mail.harness import opencode
+from agent_mail.harness import json_text, opencode
 from agent_mail.protocols import http_api
 
 HARNESSES = spec.HARNESSES
@@ -159,8 +162,9 @@ def _mailbox_problem(location: str) -> str | None:
     return None
 
 
-def _load(path: str) -> tuple[dict | None, str | None]:
-    """(document, original text) of a JSON settings file; (None, None) when absent."""
+def _load(path: str, comments: bool = False) -> tuple[dict | None, str | None]:
+    """(document, original text) of a JSON settings file (JSONC, with comments and trailing commas, where the
+    harness reads that: `comments`); (None, None) when absent."""
     try:
         with open(path, encoding="utf-8") as handle:
             text = handle.read()
@@ -174,9 +178,10 @@ def _load(path: str) -> tuple[dict | None, str | None]:
     if not text.strip():
         return {}, text
     try:
-        document = json.loads(text)
-    except ValueError as exc:
-        raise errors.InvalidInput([(path, f"is not valid JSON ({exc}); fix it (or move it aside), then run setup "
+        document = json_text.parse(text, comments).value
+    except json_text.JSONTextError as exc:
+        kind = "JSON (comments allowed)" if comments else "JSON"
+        raise errors.InvalidInput([(path, f"is not valid {kind} ({exc}); fix it (or move it aside), then run setup "
                                           "again. Nothing was written.")]) from None
     if not isinstance(document, dict):
         raise errors.InvalidInput([(path, "must hold a JSON object; fix it, then run setup again. Nothing was "
@@ -419,6 +424,29 @@ def _qwen_settings(document: dict, root: str, agent: str, mailbox: str, remove: 
     return document
 
 
+def _gemini_ui(document: dict, path: str, remove: bool) -> dict:
+    """ui.errorVerbosity = "full" unless the person chose one: at "low" (Gemini CLI's default) a held stop (mail
+    that arrived during a turn, given back as the next prompt) is followed by "This request failed", which mail is
+    not. --remove takes it out unless it was there before setup."""
+    ui = document.get("ui", {})
+    if not isinstance(ui, dict):
+        raise errors.InvalidInput([("ui", "in the settings is not an object; fix it, then run setup again.")])
+    ui = dict(ui)
+    if not remove:
+        ui.setdefault("errorVerbosity", "full")
+    else:
+        before = _meaning(path, (_original(path) or {}).get("before"))
+        theirs = isinstance(before, dict) and isinstance(before.get("ui"), dict) and "errorVerbosity" in before["ui"]
+        if ui.get("errorVerbosity") == "full" and not theirs:
+            ui.pop("errorVerbosity")
+    document = dict(document)
+    if ui:
+        document["ui"] = ui
+    else:
+        document.pop("ui", None)
+    return document
+
+
 def _copilot_hooks(document: dict, agent: str, mailbox: str, remove: bool) -> dict:
     """DIR/.github/hooks/agent-mail.json: Copilot CLI's hooks file ({version: 1, hooks: ...}), ours merged in."""
     document = _hooks_merged(document, "copilot", agent, mailbox, remove)
@@ -565,10 +593,17 @@ def _planned(path: str, action: str, before: str | None, after: str | None) -> d
     return {"path": path, "action": action, "diff": diff, "_text": after, "_before": before}
 
 
-def _plan(path: str, change) -> dict:
-    document, before = _load(path)
+def _plan(path: str, change, comments: bool = False) -> dict:
+    """The plan for a JSON settings file: `change` (document -> document) applied, written as an edit of the text
+    that was there (json_text: its formatting, order and comments kept; only what changed is rewritten)."""
+    document, before = _load(path, comments)
     after_document = change(document or {})
-    after = _dump(after_document) if after_document else None
+    if not after_document:
+        after = None
+    elif before is None or not before.strip():
+        after = _dump(after_document)
+    else:
+        after = json_text.edited(before, after_document, comments)
     if document is None and after is None:
         action = "unchanged"
     elif before is not None and after is not None and (after == before or after_document == document):
@@ -578,6 +613,108 @@ def _plan(path: str, change) -> dict:
     else:
         action = "create" if document is None else "update"
     return _planned(path, action, before, after)
+
+
+# What a file held before setup first changed it, kept (privately, in the user's state directory:
+# $XDG_STATE_HOME/agent-mail/setup, by default ~/.local/state/agent-mail/setup) so that
+# --remove gives back those exact bytes: formatting the edit could not undo, a file of {} the person had, an empty
+# object setup filled. Used only when it says the same as what --remove computes (other entries added since, by the
+# person or another harness's setup, are never undone by it).
+def originals_directory() -> str:
+    state = os.environ.get("XDG_STATE_HOME", "").strip()
+    if not state or not os.path.isabs(state):  # the XDG rule: a relative path is ignored
+        state = os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(state, "agent-mail", "setup")
+
+
+def _original_path(path: str) -> str:
+    import hashlib
+
+    name = hashlib.sha256(path.encode("utf-8", "surrogateescape")).hexdigest()[:32] + ".json"
+    return os.path.join(originals_directory(), name)
+
+
+def _original(path: str) -> dict | None:
+    """{"path", "before"} as setup found `path` before its first change, or None (none kept, or unreadable)."""
+    try:
+        with open(_original_path(path), encoding="utf-8") as handle:
+            record = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("path") != path or not isinstance(record.get("before"),
+                                                                                     (str, type(None))):
+        return None
+    return record
+
+
+def _keep_original(path: str, before: str | None) -> None:
+    """Remember what `path` held before setup first changed it (the first time only); best effort: without it
+    --remove still takes out exactly setup's entries, in the file's own formatting."""
+    from agent_mail import files
+
+    target = _original_path(path)
+    if os.path.exists(target):
+        return
+    try:
+        files.make_private_dirs(os.path.dirname(target))
+        fd = os.open(target + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump({"path": path, "before": before}, handle, ensure_ascii=False)
+        os.replace(target + ".tmp", target)
+    except (OSError, errors.AgentMailError):
+        pass
+
+
+def _forget_original(path: str) -> None:
+    try:
+        os.unlink(_original_path(path))
+    except OSError:
+        pass
+
+
+def _meaning(path: str, text: str | None) -> object:
+    """What a settings file says, for comparing two versions of it: its document with empty objects and lists left
+    out (setup takes out a container it emptied), {} for no file; the text itself for a file that is not JSON/TOML."""
+    if text is None or not text.strip():
+        return {}
+    try:
+        if path.endswith(".toml"):
+            import tomllib
+
+            document = tomllib.loads(text)
+        elif path.endswith((".json", ".jsonc")):
+            document = json_text.parse(text, comments=True).value
+        else:
+            return text
+    except (ValueError, json_text.JSONTextError):
+        return text
+
+    def pruned(value):
+        if isinstance(value, dict):
+            value = {k: pruned(v) for k, v in value.items()}
+            return {k: v for k, v in value.items() if v not in ({}, [])}
+        if isinstance(value, list):
+            return [pruned(v) for v in value]
+        return value
+
+    return pruned(document)
+
+
+def _restoring(plan: dict) -> dict:
+    """A --remove plan given the bytes the file held before setup, where those say what the plan's result says
+    (or the plan would delete a plain file setup replaced)."""
+    record = _original(plan["path"])
+    if record is None or plan["_text"] == record["before"]:
+        return plan
+    before = record["before"]
+    same = _meaning(plan["path"], plan["_text"]) == _meaning(plan["path"], before)
+    plain = not plan["path"].endswith((".json", ".jsonc", ".toml")) and plan["_text"] is None
+    if not (same or plain):
+        return plan
+    current = plan["_before"]
+    action = "unchanged" if before == current else ("remove" if before is None else
+                                                    ("create" if current is None else "update"))
+    return _planned(plan["path"], action, current, before)
 
 
 _PROJECT_NOTE = ("# The agent-mail mailbox of this directory tree (written by `agent-mail setup`; AGENT_MAIL_DB "
@@ -691,8 +828,13 @@ NOTES = {
         "project hooks).",
         "Mail reaches the model's context on session start, each prompt (BeforeAgent) and after tool calls "
         "(AfterTool); a finished turn (AfterAgent) is sent back once for mail that arrived during it.",
-        "Gemini CLI cannot wake an idle session (its hooks have no asyncRewake): an idle Gemini hears of mail at "
-        "its next prompt. For an agent that must wait, have it call the watch tool.",
+        "Gemini CLI cannot wake an idle session by itself (its hooks have no asyncRewake): start it as "
+        "`agent-mail run -- gemini` and an idle session is woken when mail arrives (run types a one-line notice at "
+        "the empty prompt, never while you type; the hooks then tell the model). Started plainly, an idle Gemini "
+        "hears of mail at its next prompt.",
+        "ui.errorVerbosity is set to full in .gemini/settings.json (unless you chose one): at low, Gemini CLI follows "
+        "a held stop with \"This request failed\", and mail is not a failure. The held stop shows as \"Agent "
+        "execution blocked: agent-mail: new mail ...\" (Gemini's words for a hook that continues the turn).",
     ],
     "qwen": [
         "Start `qwen` in this directory: the agent-mail MCP server (trusted: no confirmation per call; its main tools "
@@ -719,8 +861,9 @@ NOTES = {
         "does not do that for you.",
         "Mail reaches the model's context on session start, each prompt and after tool calls; a stop (agentStop) is "
         "held once for mail that arrived during the turn.",
-        "Copilot CLI cannot wake an idle session: an idle Copilot hears of mail at its next prompt. For an agent that "
-        "must wait, have it call the watch tool.",
+        "Copilot CLI cannot wake an idle session by itself: start it as `agent-mail run -- copilot` and an idle "
+        "session is woken when mail arrives (run types a one-line notice at the empty prompt, never while you type; "
+        "the hooks then tell the model). Started plainly, an idle Copilot hears of mail at its next prompt.",
         ".github/hooks/agent-mail.json and the agent-mail entry of .mcp.json hold this interpreter, identity and "
         "mailbox (Copilot CLI reads no personal project settings): keep them out of version control, or commit them "
         "only for a shared mailbox.",
@@ -752,7 +895,7 @@ def _opencode_plans(root: str, agent: str, mailbox: str, remove: bool) -> list[d
     base = _base_command()
     remote = mailbox + http_api.MCP_PATH if _is_server(mailbox) else None
     entry = None if remove else opencode.server_entry(base, agent, mailbox, remote, BEARER_FROM_OPENCODE_ENV)
-    return [_plan(os.path.join(root, opencode.CONFIG), lambda d: opencode.config_merged(d, entry)),
+    return [_plan(os.path.join(root, opencode.CONFIG), lambda d: opencode.config_merged(d, entry), comments=True),
             opencode.plugin_plan(root, None if remove else opencode.plugin_text(agent, base, mailbox, REWAKE_MESSAGE),
                                  _planned)]
 
@@ -835,10 +978,12 @@ def setup(harness: str, agent: str, directory: str | None = None, dry_run: bool 
     elif harness == "opencode":
         plans = _opencode_plans(root, agent, mailbox, remove)
     else:
-        plans = [_plan(os.path.join(root, ".gemini", "settings.json"),
-                       lambda d: _hooks_merged(_servers(d, agent, mailbox, remove, trust=True), "gemini", agent,
-                                               mailbox, remove))]
+        path = os.path.join(root, ".gemini", "settings.json")
+        plans = [_plan(path, lambda d: _gemini_ui(_hooks_merged(_servers(d, agent, mailbox, remove, trust=True),
+                                                                "gemini", agent, mailbox, remove), path, remove))]
     plans.append(project_file)
+    if remove:
+        plans = [_restoring(plan) for plan in plans]
     files = [{k: v for k, v in plan.items() if not k.startswith("_")} for plan in plans]
     result = {
         "harness": harness, "agent": agent, "mailbox": mailbox, "dir": root, "removed": remove,
@@ -860,6 +1005,11 @@ def setup(harness: str, agent: str, directory: str | None = None, dry_run: bool 
                     write(plan["path"], plan["_text"])
                     done.append(plan)
             _remove_emptied_directories(root, plans)
+            for plan in done:
+                if not remove:
+                    _keep_original(plan["path"], plan["_before"])
+                elif plan["_text"] is None or (_original(plan["path"]) or {}).get("before", 0) == plan["_text"]:
+                    _forget_original(plan["path"])
         except OSError as exc:
             for plan in reversed(done):  # all or nothing: put back what was already written
                 try:
