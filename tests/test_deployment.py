@@ -1,6 +1,7 @@
 """docs/deployment.md run as written (issue 27): its backup and restore commands for SQLite and PostgreSQL, taken
 from the page itself with a running server, and what a restore brings back (tokens, mail, deliveries); and a
-certificate renewed under a server serving TLS, by SIGHUP, without a restart."""
+certificate renewed under a server serving TLS, by SIGHUP, without a restart; a key the server's user cannot read
+refused before it listens (issue 32)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import threading
 
 import pytest
 
-from conftest import TEST_PG_URL, armed, json_of, process_env, require, until
+from conftest import TEST_PG_URL, armed, as_a_user, json_of, process_env, require, until
 from serving import Server
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.local_only("runs the operator's commands on the mailbox itself")]
@@ -200,3 +201,59 @@ def test_sighup_renews_the_certificate_without_a_restart(tmp_path, mailbox_path)
             proc.kill()
             proc.wait()
     assert proc.returncode == 0
+
+
+# ---------------------------------------------------------------- a TLS pair the server cannot use
+
+
+def _only_its_owner_reads(path: str) -> None:
+    """Make `path` a file the server about to run cannot read, as a key only root reads is to a service's user: as
+    root (CI), owned by nobody with mode 0600, read by a child without root's power over file modes (as_a_user);
+    as anyone else, mode 0000 (its owner may not read it either)."""
+    if os.geteuid() == 0:
+        os.chown(path, 65534, 65534)
+        os.chmod(path, 0o600)
+    else:
+        os.chmod(path, 0)
+
+
+def _serve_refused(tmp_path, cert: str, key: str, **kwargs) -> dict:
+    """`agent-mail serve --tls-cert CERT --tls-key KEY`, which must refuse to start: exit 2, one JSON error on
+    stderr and nothing else (no "listening" line), no mailbox made. The error's document."""
+    box = tmp_path / "refused" / "mail.db"
+    proc = subprocess.run([sys.executable, "-m", "agent_mail", "serve", "--listen", "127.0.0.1:0", "--tls-cert", cert,
+                           "--tls-key", key], env=process_env(AGENT_MAIL_DB=str(box)), capture_output=True, text=True,
+                          timeout=60, start_new_session=True, **kwargs)  # no terminal to ask a password on
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert proc.stdout == "" and "listening" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert not box.exists()
+    return json.loads(proc.stderr)
+
+
+def test_a_key_the_server_cannot_read_is_refused_before_it_listens(tmp_path):
+    cert, key = str(tmp_path / "fullchain.pem"), str(tmp_path / "privkey.pem")
+    _certificate(cert, key, "unreadable")
+    _only_its_owner_reads(key)
+    error = _serve_refused(tmp_path, cert, key, **as_a_user())
+    assert [p["field"] for p in error["problems"]] == ["--tls-key"], error
+    assert error["error"].startswith(f"--tls-key: {key!r} cannot be read by the user this server runs as"), error
+    assert "LoadCredential=" in error["error"] and "internal error" not in error["error"]
+
+
+def test_a_pair_that_is_no_pair_is_refused_naming_the_file(tmp_path):
+    cert, key = str(tmp_path / "fullchain.pem"), str(tmp_path / "privkey.pem")
+    _certificate(cert, key, "first")
+    _certificate(str(tmp_path / "other.pem"), str(tmp_path / "otherkey.pem"), "other")
+    mismatched = _serve_refused(tmp_path, cert, str(tmp_path / "otherkey.pem"))
+    assert mismatched["error"] == (f"--tls-key: {str(tmp_path / 'otherkey.pem')!r} is not the key of the "
+                                   f"certificate in {cert!r}."), mismatched
+    swapped = _serve_refused(tmp_path, key, cert)  # the two files given the wrong way round
+    assert [p["field"] for p in swapped["problems"]] == ["--tls-cert"], swapped
+    assert "holds no PEM certificate" in swapped["error"]
+    missing = _serve_refused(tmp_path, cert, str(tmp_path / "nowhere.pem"))
+    assert missing["error"] == f"--tls-key: {str(tmp_path / 'nowhere.pem')!r} does not exist.", missing
+    encrypted = str(tmp_path / "encrypted.pem")
+    subprocess.run(["openssl", "pkey", "-in", key, "-aes256", "-passout", "pass:secret", "-out", encrypted],
+                   check=True, capture_output=True)
+    asked = _serve_refused(tmp_path, cert, encrypted, stdin=subprocess.DEVNULL)
+    assert asked["error"].startswith(f"--tls-key: {encrypted!r} is encrypted"), asked
