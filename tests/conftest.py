@@ -127,6 +127,7 @@ TOOLS = {
     "sqlite3": (None, ("sqlite3",), "apt-get install sqlite3"),
     "pg_dump": (None, ("pg_dump",), "apt-get install postgresql-client"),
     "systemd-analyze": (None, ("systemd-analyze",), "apt-get install systemd"),
+    "git": (None, ("git",), "apt-get install git"),
 }
 
 
