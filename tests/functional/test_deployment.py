@@ -1,6 +1,7 @@
 """docs/deployment.md run as written (issue 27): its backup and restore commands for SQLite and PostgreSQL, taken
 from the page itself with a running server, and what a restore brings back (tokens, mail, deliveries); and a
-certificate renewed under a server serving TLS, by SIGHUP, without a restart."""
+certificate renewed under a server serving TLS, by SIGHUP, without a restart; a key the server's user cannot read
+refused before it listens (issue 32)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import threading
 
 import pytest
 
-from tests.lib.cli import json_of, process_env
+from tests.lib.cli import as_a_user, json_of, process_env
 from tests.lib.postgres import TEST_PG_URL
 from tests.lib.serving import Server
 from tests.lib.tools import ROOT, require
@@ -77,7 +78,7 @@ def _restored(server: Server, seen: dict) -> None:
 def test_the_documented_sqlite_backup_and_restore(tmp_path):
     box = tmp_path / "lib" / "mailbox.db"
     backups = tmp_path / "backups"
-    swaps = {"/var/lib/agent-mail/mailbox.db": str(box), "/var/backups/agent-mail": str(backups)}
+    swaps = {"/var/lib/agent-mail": str(box.parent), "/var/backups/agent-mail": str(backups)}
     server = Server(str(box))
     try:
         checked = []
@@ -202,4 +203,210 @@ def test_sighup_renews_the_certificate_without_a_restart(tmp_path, mailbox_path)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+    assert proc.returncode == 0
+
+
+# ---------------------------------------------------------------- a TLS pair the server cannot use
+
+
+def _only_its_owner_reads(path: str) -> None:
+    """Make `path` a file the server about to run cannot read, as a key only root reads is to a service's user: as
+    root (CI), owned by nobody with mode 0600, read by a child without root's power over file modes (as_a_user);
+    as anyone else, mode 0000 (its owner may not read it either)."""
+    if os.geteuid() == 0:
+        os.chown(path, 65534, 65534)
+        os.chmod(path, 0o600)
+    else:
+        os.chmod(path, 0)
+
+
+def _serve_refused(tmp_path, cert: str, key: str, **kwargs) -> dict:
+    """`agent-mail serve --tls-cert CERT --tls-key KEY`, which must refuse to start: exit 2, one JSON error on
+    stderr and nothing else (no "listening" line), no mailbox made. The error's document."""
+    box = tmp_path / "refused" / "mail.db"
+    proc = subprocess.run([sys.executable, "-m", "agent_mail", "serve", "--listen", "127.0.0.1:0", "--tls-cert", cert,
+                           "--tls-key", key], env=process_env(AGENT_MAIL_DB=str(box)), capture_output=True, text=True,
+                          timeout=60, start_new_session=True, **kwargs)  # no terminal to ask a password on
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert proc.stdout == "" and "listening" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert not box.exists()
+    return json.loads(proc.stderr)
+
+
+def test_a_key_the_server_cannot_read_is_refused_before_it_listens(tmp_path):
+    cert, key = str(tmp_path / "fullchain.pem"), str(tmp_path / "privkey.pem")
+    _certificate(cert, key, "unreadable")
+    _only_its_owner_reads(key)
+    error = _serve_refused(tmp_path, cert, key, **as_a_user())
+    assert [p["field"] for p in error["problems"]] == ["--tls-key"], error
+    assert error["error"].startswith(f"--tls-key: {key!r} cannot be read by the user this server runs as"), error
+    assert "LoadCredential=" in error["error"] and "internal error" not in error["error"]
+
+
+def test_a_pair_that_is_no_pair_is_refused_naming_the_file(tmp_path):
+    cert, key = str(tmp_path / "fullchain.pem"), str(tmp_path / "privkey.pem")
+    _certificate(cert, key, "first")
+    _certificate(str(tmp_path / "other.pem"), str(tmp_path / "otherkey.pem"), "other")
+    mismatched = _serve_refused(tmp_path, cert, str(tmp_path / "otherkey.pem"))
+    assert mismatched["error"] == (f"--tls-key: {str(tmp_path / 'otherkey.pem')!r} is not the key of the "
+                                   f"certificate in {cert!r}."), mismatched
+    swapped = _serve_refused(tmp_path, key, cert)  # the two files given the wrong way round
+    assert [p["field"] for p in swapped["problems"]] == ["--tls-cert"], swapped
+    assert "holds no PEM certificate" in swapped["error"]
+    missing = _serve_refused(tmp_path, cert, str(tmp_path / "nowhere.pem"))
+    assert missing["error"] == f"--tls-key: {str(tmp_path / 'nowhere.pem')!r} does not exist.", missing
+    encrypted = str(tmp_path / "encrypted.pem")
+    subprocess.run(["openssl", "pkey", "-in", key, "-aes256", "-passout", "pass:secret", "-out", encrypted],
+                   check=True, capture_output=True)
+    asked = _serve_refused(tmp_path, cert, encrypted, stdin=subprocess.DEVNULL)
+    assert asked["error"].startswith(f"--tls-key: {encrypted!r} is encrypted"), asked
+
+
+# ---------------------------------------------------------------- the systemd unit, as shipped in deploy/
+
+DEPLOY = os.path.join(os.path.dirname(DOCS), os.pardir, "deploy")
+UNIT, TLS_DROP_IN = os.path.join(DEPLOY, "agent-mail@.service"), os.path.join(DEPLOY, "tls.conf")
+PROGRAM = "/opt/agent-mail/bin/agent-mail"  # where section 0 of the page installs it
+
+
+def _units_here(tmp_path, drop_in: bool) -> str:
+    """The unit (and its TLS drop-in beside it, as /etc/systemd/system holds them) copied into a folder, with
+    ExecStart's program swapped for this Python (`systemd-analyze verify` checks that it exists); the unit's path."""
+    folder = tmp_path / "system"
+    (folder / "agent-mail@.service.d").mkdir(parents=True)
+    for source, target in ((UNIT, folder / "agent-mail@.service"),
+                           (TLS_DROP_IN, folder / "agent-mail@.service.d" / "tls.conf")):
+        if target.name == "tls.conf" and not drop_in:
+            continue
+        with open(source, encoding="utf-8") as handle:
+            text = handle.read()
+        assert PROGRAM in text
+        target.write_text(text.replace(PROGRAM, sys.executable))
+    return str(folder / "agent-mail@.service")
+
+
+@pytest.mark.requires("systemd-analyze")
+@pytest.mark.parametrize("drop_in", [False, True], ids=["behind_a_proxy", "serving_tls"])
+def test_the_unit_passes_systemd_analyze(tmp_path, drop_in):
+    unit = _units_here(tmp_path, drop_in)
+    instance = unit.replace("agent-mail@.service", "agent-mail@8025.service")
+    for name in (unit, instance):  # the template (instance "i") and an instance, with the drop-in if there is one
+        proc = subprocess.run(["systemd-analyze", "verify", name], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0 and proc.stderr == "", (name, proc.stderr)
+    rated = subprocess.run(["systemd-analyze", "security", "--offline=yes", "--threshold=20", instance],
+                           capture_output=True, text=True, timeout=60)
+    assert rated.returncode == 0, rated.stdout[-400:]  # an exposure of 2.0 or better
+
+
+def _unit_settings(*paths: str) -> dict[str, list[str]]:
+    """The [Service] settings of a unit and its drop-ins, read as systemd reads them: a list per key, in order,
+    an empty assignment (`ExecStart=`) emptying the list."""
+    settings: dict[str, list[str]] = {}
+    for path in paths:
+        section = None
+        with open(path, encoding="utf-8") as handle:
+            for line in handle:
+                line = line.strip()
+                if not line or line.startswith(("#", ";")):
+                    continue
+                if line.startswith("["):
+                    section = line
+                    continue
+                key, _, value = line.partition("=")
+                if section == "[Service]":
+                    settings[key] = settings.get(key, []) + [value] if value else []
+    return settings
+
+
+def _environment_file(path: str) -> dict[str, str]:
+    """KEY=VALUE lines, as systemd's EnvironmentFile= reads them (comments and blank lines skipped)."""
+    with open(path, encoding="utf-8") as handle:
+        return dict(line.strip().split("=", 1) for line in handle if line.strip() and not line.lstrip().startswith("#"))
+
+
+@pytest.mark.backends
+def test_the_units_command_serves_its_mailbox_and_tls_from_credentials(tmp_path, backend, mailbox_path):
+    """What systemd gives the service, made by hand: the state directory (%S/agent-mail, the service's own, 0700),
+    the environment file written by the page's install block, the certificate and key copied into
+    $CREDENTIALS_DIRECTORY (0400, the service's) while the originals stay unreadable to it. Then the unit's
+    ExecStart, with its TLS drop-in, run as systemd would (its specifiers and ${...} expanded, UMask applied,
+    working directory /) by a user bound by file modes: the mailbox is made where the unit says, and a client
+    sends and reads through its TLS."""
+    etc, state, credentials = tmp_path / "etc", tmp_path / "lib", tmp_path / "credentials" / "agent-mail@0.service"
+    original_cert, original_key = etc / "tls" / "fullchain.pem", etc / "tls" / "privkey.pem"
+    (etc / "tls").mkdir(parents=True)
+    _certificate(str(original_cert), str(original_key), "replica")
+    # The environment file, by the page's own commands (its PostgreSQL line left out for SQLite: the unit's own).
+    database_line = "AGENT_MAIL_DB=postgresql://agent_mail@db.internal/team?sslmode=verify-full"
+    swaps = {"/usr/local/src/agent-mail/deploy/agent-mail@.service": UNIT,
+             "/etc/systemd/system/agent-mail@.service": str(tmp_path / "installed.service"),
+             "/etc/agent-mail": str(etc),
+             database_line: f"AGENT_MAIL_DB={mailbox_path}" if backend == "postgresql" else ""}
+    _run(_documented("install", "unit"), swaps)
+    assert oct(os.stat(etc / "env").st_mode & 0o777) == "0o600"
+    assert oct(os.stat(tmp_path / "installed.service").st_mode & 0o777) == "0o644"
+    # What systemd makes at start: the state directory, the credentials (copies the service's user can read).
+    (state / "agent-mail").mkdir(parents=True, mode=0o700)
+    credentials.mkdir(parents=True)
+    for name, source in (("tls-cert", original_cert), ("tls-key", original_key)):
+        (credentials / name).write_bytes(source.read_bytes())
+        os.chmod(credentials / name, 0o400)
+    os.chmod(credentials, 0o500)
+    _only_its_owner_reads(str(original_key))
+    settings = _unit_settings(UNIT, TLS_DROP_IN)
+    assert settings["StateDirectory"] == ["agent-mail"] and settings["DynamicUser"] == ["yes"]
+    assert settings["EnvironmentFile"] == ["/etc/agent-mail/env"]
+    assert sorted(settings["LoadCredential"]) == ["tls-cert:/etc/agent-mail/tls/fullchain.pem",
+                                                   "tls-key:/etc/agent-mail/tls/privkey.pem"]
+    specifiers = {"%i": "0", "%S": str(state), "%%": "%"}  # instance "0": a free port, named on stderr
+
+    def specified(text: str) -> str:
+        return re.sub(r"%[iS%]", lambda m: specifiers[m.group(0)], text)
+
+    environment = dict(specified(value).split("=", 1) for value in settings["Environment"])
+    environment.update(_environment_file(str(etc / "env")))  # the file's settings win over Environment=
+    environment.update(CREDENTIALS_DIRECTORY=str(credentials), STATE_DIRECTORY=str(state / "agent-mail"))
+    [command] = settings["ExecStart"]
+    argv = [re.sub(r"\$\{(\w+)\}", lambda m: environment[m.group(1)], specified(word))
+            for word in command.split()]
+    assert argv[0] == PROGRAM
+    umask = int(settings["UMask"][0], 8)
+
+    def as_the_service() -> None:
+        os.umask(umask)
+        if os.geteuid() == 0:
+            as_a_user()["preexec_fn"]()
+
+    env = process_env(**environment)
+    proc = subprocess.Popen([sys.executable, "-m", "agent_mail", *argv[1:]], env=env, cwd="/",
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=as_the_service)
+    try:
+        started = json.loads(proc.stderr.readline() or b"{}")
+        assert "listening" in started, proc.communicate(timeout=30)
+        assert started["listening"].startswith("https://0.0.0.0:")
+        url = "https://127.0.0.1:" + started["listening"].rsplit(":", 1)[1]
+        if backend == "sqlite":
+            box = state / "agent-mail" / "mailbox.db"
+            assert started["mailbox"] == str(box) and oct(box.stat().st_mode & 0o777) == "0o600"
+        made = subprocess.run([sys.executable, "-m", "agent_mail", "token", "create", "--agent", "deploy:worker"],
+                              env=process_env(**environment), capture_output=True, timeout=60, cwd="/",
+                              preexec_fn=as_the_service)
+        token = json_of(made)["token"]
+        client = process_env(AGENT_MAIL_DB=url, AGENT_MAIL_TOKEN=token, AGENT_MAIL_CA=str(credentials / "tls-cert"))
+        sent = subprocess.run([sys.executable, "-m", "agent_mail", "send", "--from", "deploy:worker", "--to",
+                               "deploy:worker", "--subject", "through the unit"], env=client, capture_output=True,
+                              timeout=60)
+        json_of(sent)
+        read = json_of(subprocess.run([sys.executable, "-m", "agent_mail", "read", "deploy:worker"], env=client,
+                                      capture_output=True, timeout=60))
+        assert [m["subject"] for m in read["messages"]] == ["through the unit"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
+        proc.stdout.close()
     assert proc.returncode == 0

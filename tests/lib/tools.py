@@ -34,6 +34,8 @@ TOOLS = {
     "pg_ctlcluster": (None, ("pg_ctlcluster",), "apt-get install postgresql-common"),
     "sqlite3": (None, ("sqlite3",), "apt-get install sqlite3"),
     "pg_dump": (None, ("pg_dump",), "apt-get install postgresql-client"),
+    "systemd-analyze": (None, ("systemd-analyze",), "apt-get install systemd"),
+    "git": (None, ("git",), "apt-get install git"),
 }
 
 

@@ -43,7 +43,7 @@ from starlette.routing import Route
 from agent_mail import __version__, calls, errors, jsonout, model, spec
 from agent_mail.protocols import http_api, wire
 from agent_mail.parts import checks
-from agent_mail.server import grants, metrics, openapi, stops
+from agent_mail.server import certs, grants, metrics, openapi, stops
 from agent_mail.operations import tokens
 from agent_mail.server.edge import (BEARER_CHALLENGE, CUT_KEY, MAX_HEAD_BYTES, Dated, EdgeProtocol, Gate, is_loopback,
                                     listen_address, log, read_body, spool_upload)
@@ -898,11 +898,10 @@ def serve(listen: str | None = None, tls_cert: str | None = None, tls_key: str |
         raise errors.InvalidInput([("listen", f"{host} is not a loopback address{named}: tokens and mail would cross "
                                               "the network in clear. Give --tls-cert FILE --tls-key FILE, or (behind "
                                               "a TLS proxy you trust) --insecure-no-tls.")])
-    problems = [(flag, f"{path!r} is not a readable file.") for flag, path in (("tls_cert", tls_cert),
-                                                                                ("tls_key", tls_key))
-                if path and not os.path.isfile(path)]
-    if problems:
-        raise errors.InvalidInput(problems)
+    if tls_cert or tls_key:
+        problems = certs.problems(tls_cert, tls_key)  # read as this user now, not once "listening" was said
+        if problems:
+            raise errors.InvalidInput(problems)
     _more_descriptors()
     location, _ = locating.resolve_location()
     open_store(location).close()  # create or migrate it now, and fail here rather than on the first call
@@ -937,8 +936,6 @@ def serve(listen: str | None = None, tls_cert: str | None = None, tls_key: str |
     # that came right after "listening" was swallowed, and the server ran on.
     previous = {number: signal.signal(number, server.handle_exit) for number in (signal.SIGTERM, signal.SIGINT)}
     if tls_cert:
-        from agent_mail.server import certs
-
         certs.reload_on_sighup(server, tls_cert, tls_key or tls_cert, log)
     if insecure_no_tls and not is_loopback(host):
         log(level="warning", warning=f"serving plain HTTP on {shown_host}:{bound} (--insecure-no-tls): tokens and mail "

@@ -451,7 +451,9 @@ register(Command(
         Arg("--listen", TEXT, "HOST:PORT to listen on (default 127.0.0.1:8025; port 0 picks a free one, printed "
             "on stderr). An address other than loopback needs --tls-cert and --tls-key, or --insecure-no-tls."),
         Arg("--tls-cert", PATH, "The certificate (PEM) to serve HTTPS with."),
-        Arg("--tls-key", PATH, "Its private key (PEM)."),
+        Arg("--tls-key", PATH, "Its private key (PEM, unencrypted). Both files are read and loaded as a pair "
+            "before the server listens: a file this user cannot read, or a key that is not the certificate's, "
+            "is exit 2 naming it."),
         Arg("--insecure-no-tls", FLAG, "Serve plain HTTP on an address other than loopback: tokens and mail cross "
             "the network in clear. Only behind a proxy that terminates TLS on the same host or network you trust."),
     ),
