@@ -37,6 +37,23 @@ def pid_alive(pid: int | None) -> bool:
     return True
 
 
+def same_file(path: str, others: list[str]) -> bool:
+    """Whether `path` is one of the files `others` (the same device and inode, whatever the names and links), by
+    stat alone: nothing is opened."""
+    try:
+        info = os.stat(path)
+    except (OSError, ValueError):
+        return False
+    for other in others:
+        try:
+            found = os.stat(other)
+        except (OSError, ValueError):
+            continue
+        if (found.st_dev, found.st_ino) == (info.st_dev, info.st_ino):
+            return True
+    return False
+
+
 # ---------------------------------------------------------------- directories
 
 
