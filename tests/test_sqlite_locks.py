@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from conftest import json_of, process_env, until
+from conftest import json_of, process_env
 
 pytestmark = [pytest.mark.timeout(120)]
 

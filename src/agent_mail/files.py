@@ -315,8 +315,9 @@ def stage_attachments(directory: str, attachments: list[dict], contents: dict[st
         for attachment, name in zip(attachments, names, strict=True):
             content = contents.get(attachment["sha256"])
             if content is None or hashlib.sha256(content).hexdigest() != attachment["sha256"]:
-                raise errors.StorageError(f"the stored content of attachment {attachment['name']!r} is missing or "
-                                          "damaged; nothing was saved.")
+                said = f"the stored content of attachment {attachment['name']!r} is missing or damaged; nothing was " \
+                       "saved."
+                raise errors.StorageError(said, told=said)
             try:
                 existing = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
             except FileNotFoundError:

@@ -27,7 +27,7 @@ import sys
 import time
 
 from agent_mail.parts import checks
-from agent_mail import errors, files, model
+from agent_mail import errors, model
 from agent_mail.store.schema import STATE_COLUMNS as _STATE
 from agent_mail.store.sql_values import decode_refs
 
@@ -486,9 +486,11 @@ def import_file(store, path: str, dry_run: bool) -> dict:
         source, shown = sys.stdin.buffer, "stdin"
     else:
         shown = os.path.abspath(os.path.expanduser(path))
+        from agent_mail.files import same_file
+
         mailbox = getattr(store, "path", None)  # a SQLite mailbox's file: never opened outside SQLite here, where
         # this process holds a connection to it (closing the descriptor would drop the connection's locks)
-        if mailbox and files.same_file(shown, [mailbox + suffix for suffix in ("", "-wal", "-shm", "-journal")]):
+        if mailbox and same_file(shown, [mailbox + suffix for suffix in ("", "-wal", "-shm", "-journal")]):
             raise errors.InvalidInput([("file", f"{shown} is the mailbox itself (or its journal), not an export; "
                                                 "nothing was imported. Give a file agent-mail export wrote.")])
         try:
