@@ -115,7 +115,30 @@ class Interrupted(AgentMailError):
 
 
 class StorageError(AgentMailError):
-    """The mailbox file cannot be opened, read or written."""
+    """The mailbox file cannot be opened, read or written.
+
+    Its message is for whoever runs the mailbox (it may name the file, or the database's host, port, user and
+    name); `told` is what a server says to its callers instead (for_callers), which never names where the
+    database is."""
+
+    def __init__(self, message: str, field: str | None = None, *, told: str | None = None):
+        super().__init__(message, field)
+        self.told = told
+
+    def for_callers(self) -> StorageError:
+        """This error as a server's callers see it: `told`, or CANNOT_USE when the error has none."""
+        copy = type(self).__new__(type(self))
+        copy.__dict__.update(self.__dict__)
+        copy.message = copy.raw_message = self.told or CANNOT_USE
+        copy.args = (copy.message,)
+        return copy
+
+
+# What a server tells its callers of a database it cannot reach, or cannot use: the details go to its log.
+CANNOT_REACH = ("the database cannot be reached; nothing was changed. Retry in a while; if it lasts, tell the "
+                "server's operator (the server's log says why).")
+CANNOT_USE = ("the server cannot use its database right now; nothing was changed. Retry in a while; if it lasts, "
+              "tell the server's operator (the server's log says why).")
 
 
 class OutputError(AgentMailError):

@@ -37,6 +37,23 @@ def pid_alive(pid: int | None) -> bool:
     return True
 
 
+def same_file(path: str, others: list[str]) -> bool:
+    """Whether `path` is one of the files `others` (the same device and inode, whatever the names and links), by
+    stat alone: nothing is opened."""
+    try:
+        info = os.stat(path)
+    except (OSError, ValueError):
+        return False
+    for other in others:
+        try:
+            found = os.stat(other)
+        except (OSError, ValueError):
+            continue
+        if (found.st_dev, found.st_ino) == (info.st_dev, info.st_ino):
+            return True
+    return False
+
+
 # ---------------------------------------------------------------- directories
 
 
@@ -298,8 +315,9 @@ def stage_attachments(directory: str, attachments: list[dict], contents: dict[st
         for attachment, name in zip(attachments, names, strict=True):
             content = contents.get(attachment["sha256"])
             if content is None or hashlib.sha256(content).hexdigest() != attachment["sha256"]:
-                raise errors.StorageError(f"the stored content of attachment {attachment['name']!r} is missing or "
-                                          "damaged; nothing was saved.")
+                said = f"the stored content of attachment {attachment['name']!r} is missing or damaged; nothing was " \
+                       "saved."
+                raise errors.StorageError(said, told=said)
             try:
                 existing = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
             except FileNotFoundError:

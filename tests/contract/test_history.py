@@ -403,6 +403,16 @@ def test_a_deeply_nested_line_is_a_clear_problem(am, history, fresh, tmp_path):
 
 
 @pytest.mark.fast
+@pytest.mark.sqlite_only
+@pytest.mark.local_only("about the mailbox file of this process")
+def test_importing_the_mailbox_file_itself_is_refused_before_it_is_opened(am, history, mailbox_path):
+    """A process holding a connection never opens the mailbox outside SQLite (issue 32, finding 5)."""
+    result = am("import", str(mailbox_path))
+    assert result.code == 2 and "is the mailbox itself" in result.error["error"], result.error
+    assert [p["field"] for p in result.error["problems"]] == ["file"]
+
+
+@pytest.mark.fast
 def test_importing_an_mbox_export_says_it_is_one(am, history, fresh, tmp_path):
     path = tmp_path / "team.mbox"
     am("export", "--format", "mbox", "--output", str(path)).assert_ok()

@@ -332,6 +332,67 @@ def test_readiness_fails_while_postgresql_is_stopped_and_while_a_migration_is_pe
         served.stop()
 
 
+@pytest.mark.sqlite_only
+def test_readiness_fails_while_the_store_refuses_every_call(server):
+    """The file reads and its schema is right, yet every call fails (a damage record beside it: the store refuses
+    it, issue 32 finding 5): readiness says so without naming the file, the server's log names it; the record
+    gone, ready again."""
+    from agent_mail.store import sqlite as sqlite_store
+
+    token = server.token("--agent", "a:x")
+    assert _post(server.port, "/v1/call/status", b'{"agent": "a:x"}', token)[0] == 200
+    assert _ready(server.port)[0] == 200
+    sqlite_store.record_damage(server.mailbox, "a test said so", "testing")
+    status, _, body = _post(server.port, "/v1/call/status", b'{"agent": "a:x"}', token)
+    assert status == 503, (status, body)
+    status, document = _ready(server.port)
+    assert status == 503 and document["ready"] is False and document["reason"], document
+    directory = os.path.dirname(server.mailbox)
+    assert directory not in json.dumps(document) and directory not in body.decode(), (document, body)
+    until(lambda: directory in b"".join(server.log).decode(), 10, "the log never named the mailbox")
+    os.unlink(sqlite_store.damage_marker(server.mailbox))
+    assert _ready(server.port)[0] == 200
+
+
+@pytest.mark.sqlite_only
+def test_a_database_that_cannot_be_reached_is_not_located_for_callers(private_postgres):
+    """A server on a private cluster (its own user and database names), the cluster stopped: an identity's call,
+    its MCP tool call and an unauthenticated readiness say the database cannot be reached, naming neither host,
+    port, user nor database; the server's log names them (issue 32, finding 8)."""
+    import psycopg
+
+    with psycopg.connect(private_postgres.url, autocommit=True) as db:
+        db.execute("CREATE ROLE mailer_rhea LOGIN SUPERUSER")
+        db.execute("CREATE DATABASE mailbox_vault OWNER mailer_rhea")
+    url = f"postgresql://mailer_rhea@127.0.0.1:{private_postgres.port}/mailbox_vault?schema=hidden_place"
+    served = Server(url)
+    try:
+        created = subprocess.run([sys.executable, "-m", "agent_mail", "token", "create", "--agent", "ops:one"],
+                                 env=process_env(AGENT_MAIL_DB=url), capture_output=True, timeout=60)
+        token = json.loads(created.stdout)["token"]
+        assert served.client(token, "status", "--agent", "ops:one").returncode == 0
+        private_postgres.stop()
+        secrets = ("127.0.0.1", str(private_postgres.port), "mailer_rhea", "mailbox_vault", "hidden_place")
+        call = served.client(token, "status", "--agent", "ops:one")
+        told = call.stdout.decode() + call.stderr.decode()
+        assert call.returncode != 0 and "cannot be reached" in told, told
+        status, _, body = _post(served.port, "/v1/call/status", b'{"agent": "ops:one"}', token)
+        assert status == 503 and "cannot be reached" in body.decode(), body
+        rpc = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                          "params": {"name": "status", "arguments": {}}}).encode()
+        mcp_status, _, mcp_body = _post(served.port, "/mcp", rpc, token)
+        status, document = _ready(served.port)
+        assert status == 503 and "cannot be reached" in document["reason"], document
+        for shown in (told, body.decode(), mcp_body.decode(), json.dumps(document)):
+            assert not [secret for secret in secrets if secret in shown], shown
+        log = b"".join(served.log).decode()
+        assert str(private_postgres.port) in log and "mailbox_vault" in log, log
+        private_postgres.start()
+        until(lambda: _ready(served.port)[0] == 200, 30, "readiness never came back with PostgreSQL")
+    finally:
+        served.stop()
+
+
 # ---- /metrics ----
 
 _NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"

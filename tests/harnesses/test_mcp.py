@@ -312,6 +312,26 @@ def test_a_session_acts_only_as_its_own_identity_unless_started_for_a_supervisor
     assert json.loads(proc.stderr)["problems"][0]["field"] == "--agent"
 
 
+@pytest.mark.sqlite_only
+def test_a_send_never_reads_the_mailbox_file_itself(tmp_path, mailbox_path):
+    """The server runs calls side by side, so one call's connection may be open while another reads its files: the
+    mailbox (by any name: a hard link here) is never opened outside SQLite (issue 32, finding 5)."""
+    assert am_process("send", "--from", "p:a", "--to", "p:b", "--subject", "first").returncode == 0
+    linked = tmp_path / "another-name.db"
+    os.link(mailbox_path, linked)
+
+    async def body(client):
+        return [await call(client, "send", to=["p:b"], subject="a", attach=[str(mailbox_path)]),
+                await call(client, "send", to=["p:b"], subject="b", body_file=str(linked))]
+
+    results = session(body, "--agent", ME, "--root", str(tmp_path), cwd=str(tmp_path))
+    for (outcome, document), field in zip(results, ["attach", "body_file"], strict=True):
+        assert outcome == "error", document
+        assert [p["field"] for p in document["problems"]] == [field], document
+        assert "is the mailbox itself" in document["error"], document
+    assert [m["subject"] for m in json.loads(am_process("read", "p:b").stdout)["messages"]] == ["first"]
+
+
 def test_a_send_may_name_only_files_inside_the_working_tree_or_a_listed_root(tmp_path):
     project, shared, outside = tmp_path / "project", tmp_path / "shared", tmp_path / "outside"
     for directory in (project, shared, outside):

@@ -55,6 +55,7 @@ class AgentMailServer(MCPServer):
             from agent_mail.parts import inputs
 
             problems += inputs.confine_paths(arguments, self.roots)
+            problems += inputs.naming_the_mailbox(arguments, _mailbox_file())
         wait = mcp_tools.take_wait(arguments, problems) if name == "watch" else None
         values = calls.check(name, arguments, skip=mcp_tools.not_tool_args(name), also=problems)
         if name == "attachments" and values.get("save_to") is not None:
@@ -89,6 +90,18 @@ class AgentMailServer(MCPServer):
             raise errors.InvalidInput([("save_to", f"must be a directory under {root}, where this server may save "
                                                    "files (agent-mail mcp --save-root); give a relative path.")])
         return target
+
+
+def _mailbox_file() -> str:
+    """The SQLite file this server's calls open ("" for a database server's mailbox, or one not resolved)."""
+    from agent_mail.operations import location
+    from agent_mail.urls import scheme_of
+
+    try:
+        found = location.resolve_location()[0]
+    except errors.AgentMailError:
+        return ""
+    return "" if scheme_of(found) is not None else found
 
 
 def _told(result: object) -> None:

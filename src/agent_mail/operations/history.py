@@ -486,6 +486,13 @@ def import_file(store, path: str, dry_run: bool) -> dict:
         source, shown = sys.stdin.buffer, "stdin"
     else:
         shown = os.path.abspath(os.path.expanduser(path))
+        from agent_mail.files import same_file
+
+        mailbox = getattr(store, "path", None)  # a SQLite mailbox's file: never opened outside SQLite here, where
+        # this process holds a connection to it (closing the descriptor would drop the connection's locks)
+        if mailbox and same_file(shown, [mailbox + suffix for suffix in ("", "-wal", "-shm", "-journal")]):
+            raise errors.InvalidInput([("file", f"{shown} is the mailbox itself (or its journal), not an export; "
+                                                "nothing was imported. Give a file agent-mail export wrote.")])
         try:
             source = open(shown, "rb")
         except OSError as exc:

@@ -284,6 +284,36 @@ def confine_paths(given: dict, roots: tuple[str, ...]) -> list[tuple[str, str]]:
     return problems
 
 
+def naming_the_mailbox(given: dict, mailbox: str) -> list[tuple[str, str]]:
+    """A send's files (attach, body_file; by argument name) that are the SQLite mailbox `mailbox` or its journal
+    files, as problems; those paths are taken out of `given`. A process that may hold connections to the mailbox
+    (an MCP server runs calls side by side) never opens it outside SQLite: closing that descriptor would drop every
+    lock its connections hold on the file (SQLite's "How to corrupt an SQLite database file", 2.2)."""
+    from agent_mail import files
+
+    if not mailbox:
+        return []
+    guarded = [mailbox + suffix for suffix in ("", "-wal", "-shm", "-journal")]
+    problems: list[tuple[str, str]] = []
+
+    def the_mailbox(path: object) -> bool:
+        return isinstance(path, str) and path != "-" and "\x00" not in path and \
+            files.same_file(os.path.expanduser(path), guarded)
+
+    def refused(field: str, path: str) -> tuple[str, str]:
+        return (field, f"{path!r} is the mailbox itself (or its journal), which is read through SQLite only; "
+                       "send an export of it instead (agent-mail export).")
+
+    attached = given.get("attach")
+    listed = [attached] if isinstance(attached, str) else attached
+    if isinstance(listed, list):
+        problems += [refused("attach", p) for p in listed if the_mailbox(p)]
+        given["attach"] = [p for p in listed if not the_mailbox(p)]
+    if the_mailbox(given.get("body_file")):
+        problems.append(refused("body_file", given.pop("body_file")))
+    return problems
+
+
 def input_problems(command: str, values: dict) -> list[tuple[str, str]]:
     """Problems found without the mailbox, for reporting alongside parse errors."""
     if command == "send":

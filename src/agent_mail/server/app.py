@@ -541,15 +541,21 @@ async def _answered(request: Request, name: str, work, namer=None, status: int |
     started = time.monotonic()
     admitted = request.scope.get(Gate.GRANT_KEY)  # the token's id as soon as the Gate admitted it
     info: dict = {"token_id": admitted[0]["id"] if admitted is not None else None, "as": None}
+    detail = None  # what the log says beyond what the client was told (where the database is, a bug's text)
     try:
         done = await work(info)
         response = done if isinstance(done, Response) else _document(done, 200, errors.EXIT_OK)
     except errors.AgentMailError as exc:
         shown = exc.renamed(namer) if namer is not None else exc
+        if isinstance(shown, errors.StorageError) and not _operator(request):
+            detail, shown = shown.message, shown.for_callers()
         response = _document(shown.payload(), status or _status(exc), exc.exit_code)
-    except Exception as exc:  # a bug: still JSON, never a traceback
-        response = _document({"error": f"internal error ({type(exc).__name__}: {exc}). Nothing was changed. "
-                                       "Please report this.", "problems": []}, 500, errors.EXIT_FAILED)
+    except Exception as exc:  # a bug: still JSON, never a traceback; its text (a driver's may name the database's
+        # host) to the log only
+        detail = f"internal error ({type(exc).__name__}: {exc})"[:2000]
+        response = _document({"error": f"internal error ({type(exc).__name__}). Nothing was changed. Please report "
+                                       "this (the server's log has its text).", "problems": []}, 500,
+                             errors.EXIT_FAILED)
     if response.status_code == 401:
         response.headers["WWW-Authenticate"] = BEARER_CHALLENGE
     failed = {}  # a server error's text (what the client was told: never a token, a URL's password is redacted)
@@ -558,12 +564,20 @@ async def _answered(request: Request, name: str, work, namer=None, status: int |
             failed = {"error": json.loads(response.body)["error"]}
         except (ValueError, KeyError, TypeError):
             pass
+    if detail is not None and detail != failed.get("error"):
+        failed["detail"] = detail
     cut = request.scope.get(CUT_KEY)  # the protocol answered 408 at the request's deadline: what the client got
     log(method=request.method, path=request.url.path, command=name, token_id=info["token_id"],
          **{"as": info["as"]}, status=408 if cut else response.status_code,
          exit=errors.EXIT_INVALID if cut else int(response.headers[EXIT_HEADER]),
          ms=round((time.monotonic() - started) * 1000, 1), **({"refused": cut} if cut else failed))
     return response
+
+
+def _operator(request: Request) -> bool:
+    """Whether the request's token, as the Gate admitted it, is an operator's ('*'): told where the database is."""
+    admitted = request.scope.get(Gate.GRANT_KEY)
+    return admitted is not None and "*" in admitted[0]["agents"]
 
 
 def app_for(location: str) -> Starlette:
@@ -671,15 +685,22 @@ def app_for(location: str) -> Starlette:
 
     async def ready(request: Request) -> Response:
         """Readiness (agent_mail.server.metrics.readiness): 503 with the reason while calls cannot be served."""
-        reason = "the server is stopping." if _STOPPING.is_set() else None
-        if reason is None:
+        found = ("the server is stopping.",) * 2 if _STOPPING.is_set() else None
+        if found is None:
+            carrier.ready()
             try:
                 with anyio.fail_after(metrics.READY_SECONDS + 1):
-                    reason = await anyio.to_thread.run_sync(metrics.readiness, location, abandon_on_cancel=True)
+                    found = await anyio.to_thread.run_sync(metrics.readiness, location, abandon_on_cancel=True)
+                    if found is None:  # a store as a call's, read through: a schema can be right and calls fail
+                        found = await anyio.to_thread.run_sync(metrics.store_readiness,
+                                                               lambda: carrier.store(own=True),
+                                                               abandon_on_cancel=True)
             except TimeoutError:
-                reason = f"the database did not answer within {metrics.READY_SECONDS + 1} s."
-        if reason is not None:
-            log(method="GET", path=request.url.path, status=503, exit=errors.EXIT_FAILED, error=reason)
+                found = (f"the database did not answer within {metrics.READY_SECONDS + 1} s.",) * 2
+        if found is not None:
+            reason, detail = found
+            log(method="GET", path=request.url.path, status=503, exit=errors.EXIT_FAILED, error=reason,
+                **({"detail": detail} if detail != reason else {}))
             return _document({"ok": False, "ready": False, "reason": reason, "stopping": _STOPPING.is_set()}, 503,
                              errors.EXIT_FAILED)
         return _document({"ok": True, "ready": True, "reason": None, "stopping": False}, 200, errors.EXIT_OK)

@@ -196,7 +196,9 @@ class Gate:
                 client = scope.get("client") or ("unknown", 0)
                 await anyio.sleep(self.penalties.hold(str(client[0])))
             status = 401 if refused else 503 if isinstance(exc, errors.StorageError) else 500
-            body = jsonout.dumps(exc.payload(), end="\n").encode("utf-8")
+            told = exc.for_callers() if isinstance(exc, errors.StorageError) else exc  # no grant: never where the
+            # database is (the log line says it)
+            body = jsonout.dumps(told.payload(), end="\n").encode("utf-8")
             headers = [(b"content-type", http_api.JSON.encode()), (b"content-length", str(len(body)).encode()),
                        (EXIT_HEADER.lower().encode(), str(exc.exit_code).encode())]
             if status == 401:
@@ -207,7 +209,7 @@ class Gate:
             command = path[len(http_api.CALL_PATH):] if path.startswith(http_api.CALL_PATH) else None
             log(method=scope.get("method"), path=path, command=command, token_id=None, status=status,
                 exit=exc.exit_code, ms=round((time.monotonic() - started) * 1000, 1),
-                **({} if refused else {"error": exc.message}))
+                **({} if refused else {"error": told.message, "detail": exc.message}))
             return
         return await self.app(scope, receive, send)
 

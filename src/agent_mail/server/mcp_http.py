@@ -148,6 +148,8 @@ class Endpoint:
             except errors.AgentMailError as exc:
                 await _refusal(exc, sending)
                 info["exit"] = exc.exit_code
+                if isinstance(exc, errors.StorageError):
+                    info["error"] = exc.message  # where the database is, for the log only
                 return
             if method != "POST":  # stateless: no stream for the server to speak first on, no session to end
                 await _send_json(sending, 405, {"error": f"{method} {http_api.MCP_PATH}: this server keeps no MCP "
@@ -214,14 +216,19 @@ class Endpoint:
             work = self._checked(name, arguments, state, cancelled)
         except errors.AgentMailError as exc:
             state["info"]["exit"] = exc.exit_code
-            raise
+            raise _told(exc, state) from None
 
         def logged():
             try:
                 return work()
-            except Exception as exc:
-                state["info"]["exit"] = getattr(exc, "exit_code", errors.EXIT_FAILED)
-                raise
+            except errors.AgentMailError as exc:
+                state["info"]["exit"] = exc.exit_code
+                raise _told(exc, state) from None
+            except Exception as exc:  # a bug: its text (a driver's may name the database's host) to the log only
+                state["info"]["exit"] = errors.EXIT_FAILED
+                state["info"]["error"] = f"internal error ({type(exc).__name__}: {exc})"[:2000]
+                raise errors.AgentMailError(f"internal error ({type(exc).__name__}). Nothing was changed. Please "
+                                            "report this (the server's log has its text).") from None
         return logged
 
     def _checked(self, name: str, arguments: dict, state: dict, cancelled: threading.Event):
@@ -259,7 +266,8 @@ class Endpoint:
         from agent_mail.store import open_store
 
         if self.stopping.is_set():
-            raise errors.StorageError("the server is stopping; nothing was done. Call again in a moment.")
+            said = "the server is stopping; nothing was done. Call again in a moment."
+            raise errors.StorageError(said, told=said)
         gone = state["gone"]
         store = open_store(self.location)  # the token was authenticated by this same request, moments ago
         try:
@@ -272,8 +280,9 @@ class Endpoint:
 
                 def wanted() -> bool:
                     if self.stopping.is_set():
-                        raise errors.StorageError("the server is stopping; this wait ended with nothing found. "
-                                                  "Call watch again in a moment.")
+                        said = "the server is stopping; this wait ended with nothing found. Call watch again in a " \
+                               "moment."
+                        raise errors.StorageError(said, told=said)
                     tokens.still_valid(store, grant)
                     return not (gone.is_set() or cancelled.is_set())
                 values["wanted"] = wanted
@@ -356,6 +365,15 @@ def _rpc_method(body: bytes) -> str | None:
     return message.get("method") if isinstance(message, dict) and isinstance(message.get("method"), str) else None
 
 
+def _told(exc: errors.AgentMailError, state: dict) -> errors.AgentMailError:
+    """A tool call's error as its caller sees it: a storage failure without where the database is (but to an
+    operator's token), the whole text in the request's log line."""
+    if not isinstance(exc, errors.StorageError) or "*" in state["grant"]["agents"]:
+        return exc
+    state["info"]["error"] = exc.message
+    return exc.for_callers()
+
+
 async def _refusal(exc: errors.AgentMailError, send) -> None:
     if isinstance(exc, errors.Forbidden):
         status = 401 if exc.unauthenticated else 403
@@ -364,7 +382,8 @@ async def _refusal(exc: errors.AgentMailError, send) -> None:
     else:
         status = 503 if isinstance(exc, errors.StorageError) else 500
     extra = [(b"www-authenticate", b'Bearer realm="agent-mail"')] if status == 401 else []
-    await _send_json(send, status, exc.payload(), exc.exit_code, extra)
+    told = exc.for_callers() if isinstance(exc, errors.StorageError) else exc  # before any grant: never the database
+    await _send_json(send, status, told.payload(), exc.exit_code, extra)
 
 
 async def _send_json(send, status: int, payload: dict, code: int, extra: list | None = None) -> None:

@@ -1,9 +1,10 @@
 """What an operator's monitors ask `agent-mail serve`: GET /v1/health/ready (readiness) and GET /metrics.
 
-Readiness: whether this process can serve calls now: the database reached within READY_SECONDS and its schema
-exactly the one this version knows (a migration pending, or one applied by a newer version, is not ready); the
-reason when not. Liveness (GET /v1/health, /v1/health/live) asks nothing of the database: a replica whose database is
-away is not restarted for it, only taken out of rotation.
+Readiness: whether this process can serve calls now: the database reached within READY_SECONDS, its schema
+exactly the one this version knows (a migration pending, or one applied by a newer version, is not ready), and a
+store opened as a call's is and read through; the reason when not, which never names where the database is (the
+server's log line does). Liveness (GET /v1/health, /v1/health/live) asks nothing of the database: a replica whose
+database is away is not restarted for it, only taken out of rotation.
 
 Metrics: the server's counters in the Prometheus text format (version 0.0.4), written
 here rather than by prometheus_client: a dozen series need no dependency, nothing is added to the server's start-up,
@@ -156,8 +157,9 @@ class Counting:
             self.metrics.ended_request(route, scope.get("method", ""), status[0], time.monotonic() - started)
 
 
-def readiness(location: str) -> str | None:
-    """None when the mailbox at `location` can serve calls now; else why not, in a sentence naming no secret."""
+def readiness(location: str) -> tuple[str, str] | None:
+    """None when the mailbox at `location` can serve calls now; else why not: (what anyone who asks is told, which
+    never names where the database is; the same with it, for the server's log). Never a password."""
     from agent_mail.store import backend_name
 
     backend = backend_name(location)
@@ -168,10 +170,27 @@ def readiness(location: str) -> str | None:
     return None
 
 
-def _postgres_readiness(url: str) -> str | None:
+def store_readiness(store_of) -> tuple[str, str] | None:
+    """None when a store (`store_of()`: a context manager, as calls get theirs) answers a read as a call's would; else
+    (told, detail) as readiness gives them. The schema can be right and every call still fail: a store refused (a
+    damage record), or a connection that cannot read any more."""
+    from agent_mail import errors
+
+    try:
+        with store_of() as store, store.transaction():
+            store.last_seq()
+    except errors.StorageError as exc:
+        return exc.for_callers().message, exc.message
+    except errors.AgentMailError as exc:
+        return errors.CANNOT_USE, exc.message
+    return None
+
+
+def _postgres_readiness(url: str) -> tuple[str, str] | None:
     import psycopg
     from psycopg.conninfo import make_conninfo
 
+    from agent_mail import errors
     from agent_mail.store import postgres, postgres_schema
     from agent_mail.urls import redact_url, url_secrets
 
@@ -182,24 +201,27 @@ def _postgres_readiness(url: str) -> str | None:
             table = db.execute("SELECT to_regclass(%s)", (f'"{schema}".schema_migrations',)).fetchone()[0]
             applied = {r[0] for r in db.execute(f'SELECT name FROM "{schema}".schema_migrations')} if table else set()
     except psycopg.Error as exc:
-        return f"the database cannot be reached ({redact_url(url)}: {postgres.error_text(exc, url_secrets(url))})."
+        return errors.CANNOT_REACH, (f"the database cannot be reached ({redact_url(url)}: "
+                                     f"{postgres.error_text(exc, url_secrets(url))}).")
     known = {m.__name__ for m in postgres_schema.MIGRATIONS}
     if known - applied:
-        return f"a migration is pending: {len(known - applied)} of {len(known)} not applied to schema {schema}."
+        told = f"a migration is pending: {len(known - applied)} of {len(known)} not applied"
+        return f"{told}.", f"{told} to schema {schema}."
     if applied - known:
-        return (f"the schema {schema} has migrations this version does not know ({', '.join(sorted(applied - known))})"
-                ": a newer agent-mail migrated it; upgrade this replica.")
+        told = (f"the mailbox has migrations this version does not know ({', '.join(sorted(applied - known))}): a "
+                "newer agent-mail migrated it; upgrade this replica.")
+        return told, f"schema {schema}: {told}"
     return None
 
 
-def _sqlite_readiness(path: str) -> str | None:
+def _sqlite_readiness(path: str) -> tuple[str, str] | None:
     import sqlite3
     from urllib.parse import quote
 
     from agent_mail.store import sqlite
 
     if not os.path.isfile(path):
-        return f"the mailbox file {path} is not there."
+        return "the mailbox file is not there.", f"the mailbox file {path} is not there."
     try:
         db = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True, timeout=READY_SECONDS)
         try:
@@ -209,13 +231,16 @@ def _sqlite_readiness(path: str) -> str | None:
         finally:
             db.close()
     except sqlite3.Error as exc:
-        return f"the mailbox file {path} cannot be read ({exc})."
+        return f"the mailbox file cannot be read ({exc}).", f"the mailbox file {path} cannot be read ({exc})."
     if application != sqlite.APPLICATION_ID:
-        return f"{path} is not an agent-mail mailbox (its application id is {application})."
+        told = f"the mailbox file is not an agent-mail mailbox (its application id is {application})."
+        return told, f"{path}: {told}"
     if version < sqlite.SCHEMA_VERSION:
-        return (f"a migration is pending: the mailbox's schema is version {version}, this server's "
+        told = (f"a migration is pending: the mailbox's schema is version {version}, this server's "
                 f"{sqlite.SCHEMA_VERSION}.")
+        return told, told
     if version > sqlite.SCHEMA_VERSION:
-        return (f"the mailbox's schema is version {version}, newer than this server's {sqlite.SCHEMA_VERSION}: a newer "
-                "agent-mail migrated it; upgrade this replica.")
+        told = (f"the mailbox's schema is version {version}, newer than this server's {sqlite.SCHEMA_VERSION}: a "
+                "newer agent-mail migrated it; upgrade this replica.")
+        return told, told
     return None

@@ -317,12 +317,14 @@ def document(version: str) -> dict:
                             "reason": {"type": ["string", "null"]}, "stopping": {"type": "boolean"}}}
     paths[HEALTH_READY_PATH] = {"get": {
         "operationId": "health_ready", "security": [],
-        "summary": "Readiness: whether calls can be served now (the database reached, its schema this version's; no "
-                   "token needed). What a proxy's health check and a monitor should ask.",
+        "summary": "Readiness: whether calls can be served now (the database reached, its schema this version's, a "
+                   "store read through as a call's; no token needed). What a proxy's health check and a monitor "
+                   "should ask.",
         "responses": {"200": {"description": "Ready.", "headers": _exit_header(), "content": {JSON: {"schema": ready}}},
                       "503": {"description": "Not ready: the database cannot be reached, a migration is pending or "
-                                             "was applied by a newer version, or the server is stopping; the reason "
-                                             "in `reason`.", "headers": _exit_header(),
+                                             "was applied by a newer version, a store cannot read through it, or the "
+                                             "server is stopping; the reason in `reason`, which never names where "
+                                             "the database is (the server's log does).", "headers": _exit_header(),
                               "content": {JSON: {"schema": ready}}}}}}
     paths[METRICS_PATH] = {"get": {
         "operationId": "metrics", "summary": "The server's counters in the Prometheus text format (0.0.4): a "

@@ -47,8 +47,9 @@ class Stopping(errors.StorageError):
     """The server is stopping: a wait in progress ends (the client reconnects and looks again)."""
 
     def __init__(self):
-        super().__init__("the server is stopping; this wait ended with nothing found. Look again (the client "
-                         "reconnects by itself).")
+        said = ("the server is stopping; this wait ended with nothing found. Look again (the client reconnects by "
+                "itself).")
+        super().__init__(said, told=said)  # it names nothing of the database: callers are told as it is
 
 
 class _Waiter:
@@ -543,8 +544,9 @@ class ServedWaits:
             with anyio.fail_after(self.hub_patience()):
                 await asyncio.wrap_future(subscribed)
         except TimeoutError:
-            raise errors.StorageError("the server lost its connection to the PostgreSQL mailbox and could not "
-                                      f"listen for this wait; nothing was changed. {then}") from None
+            said = f"the server lost its connection to its database and could not listen for this wait; nothing was " \
+                   f"changed. {then}"
+            raise errors.StorageError(said, told=said) from None
 
     def hub_patience(self) -> float:
         from agent_mail.store.base import Store

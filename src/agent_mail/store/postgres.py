@@ -201,11 +201,15 @@ class PostgresStore(SQLStore):
         where = f"the PostgreSQL mailbox {self.display} (schema {self.schema})"
         if isinstance(exc, pg_errors.LockNotAvailable):
             return errors.StorageError(f"{where} was locked by another writer while {doing} (waited up to "
-                                       f"{BUSY_TIMEOUT_SECONDS:.0f} s); nothing was changed. Retry in a moment.")
+                                       f"{BUSY_TIMEOUT_SECONDS:.0f} s); nothing was changed. Retry in a moment.",
+                                       told=f"the mailbox was locked by another writer while {doing} (waited up to "
+                                            f"{BUSY_TIMEOUT_SECONDS:.0f} s); nothing was changed. Retry in a moment.")
         if isinstance(exc, pg_errors.QueryCanceled):
             return errors.StorageError(f"{where}: a statement was cancelled while {doing} ({text}: the server's "
                                        "statement_timeout, or an operator); nothing was changed. Retry, or raise "
-                                       "statement_timeout for this role.")
+                                       "statement_timeout for this role.",
+                                       told=f"a statement of the database was cancelled while {doing} (its time "
+                                            "limit, or its operator); nothing was changed. Retry in a while.")
         if isinstance(exc, pg_errors.InsufficientPrivilege):
             return errors.StorageError(
                 f"{where}: the role lacks a right it needs while {doing} ({text}). To create the mailbox the role "
@@ -216,14 +220,18 @@ class PostgresStore(SQLStore):
                                        "point AGENT_MAIL_DB at one that exists.")
         if isinstance(exc, pg_errors.InvalidAuthorizationSpecification | pg_errors.InvalidPassword):
             return errors.StorageError(f"{where} refused the login: {text}. Check the user, the password "
-                                       "(PGPASSFILE, ~/.pgpass) and the server's pg_hba.conf.")
+                                       "(PGPASSFILE, ~/.pgpass) and the server's pg_hba.conf.",
+                                       told=errors.CANNOT_REACH)
         if "commit" in doing and isinstance(exc, psycopg.OperationalError):
             return errors.StorageError(f"the connection to {where} was lost while {doing} ({text}): the server "
                                        "may or may not have saved the change. Check with read/status before "
-                                       "repeating it.")
+                                       "repeating it.",
+                                       told=f"the connection to the database was lost while {doing}: it may or may "
+                                            "not have saved the change. Check with read/status before repeating it.")
         if isinstance(exc, psycopg.OperationalError | pg_errors.AdminShutdown):
             return errors.StorageError(f"cannot reach {where} while {doing}: {text}. Nothing was changed; check "
-                                       "that the server is running and reachable, then retry.")
+                                       "that the server is running and reachable, then retry.",
+                                       told=errors.CANNOT_REACH)
         return errors.StorageError(f"cannot use {where} while {doing}: {text}.")
 
     # -- connecting --------------------------------------------------------------
@@ -316,8 +324,8 @@ class PostgresStore(SQLStore):
                     raise errors.StorageError(
                         f"lost the connection to the PostgreSQL mailbox {self.display} (schema {self.schema}) while "
                         f"{doing}, and it stayed unreachable for {self.reconnect_seconds:g} s; nothing more was "
-                        "changed. Check that the server is running and reachable, then run the command again."
-                    ) from None
+                        "changed. Check that the server is running and reachable, then run the command again.",
+                        told=errors.CANNOT_REACH) from None
             time.sleep(pause)
             pause = min(pause * 2, 1.0)
         if self._listening or self.presence_held:
@@ -443,7 +451,9 @@ class PostgresStore(SQLStore):
         if found is None:
             raise errors.StorageError(
                 f"the mailbox schema {self.schema} in {self.display} was dropped while this command was waiting; "
-                "it stopped rather than wait on a mailbox nobody writes to. Run the command again.")
+                "it stopped rather than wait on a mailbox nobody writes to. Run the command again.",
+                told="the mailbox was removed while this command was waiting; it stopped rather than wait on a "
+                     "mailbox nobody writes to. Run the command again.")
 
     def liveness(self, agent: str | None = None) -> dict[str, dict]:
         """As stored, with what the watches' connections tell (_presence)."""

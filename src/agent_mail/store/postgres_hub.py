@@ -159,7 +159,7 @@ class Hub:
         except psycopg.Error as exc:
             raise errors.StorageError(f"the server cannot listen for wake-ups on the PostgreSQL mailbox {self.display}"
                                       f" (schema {self.schema}): {error_text(exc, self._secrets)}. Check that it is "
-                                      "running and reachable.") from None
+                                      "running and reachable.", told=errors.CANNOT_REACH) from None
         self.db = db
         with self._lock:
             self._listened = {self._broadcast: "*"}

@@ -163,8 +163,9 @@ class SQLiteStore(SQLStore):
         if "locked" in text or "busy" in text:
             return errors.StorageError(
                 f"the mailbox {self.path} was locked by another process while {doing} (waited up to "
-                f"{BUSY_TIMEOUT_SECONDS:.0f} s); nothing was changed. Retry in a moment."
-            )
+                f"{BUSY_TIMEOUT_SECONDS:.0f} s); nothing was changed. Retry in a moment.",
+                told=f"the mailbox was locked by another process while {doing} (waited up to "
+                     f"{BUSY_TIMEOUT_SECONDS:.0f} s); nothing was changed. Retry in a moment.")
         if "not a database" in text or "malformed" in text or "corrupt" in text:
             return errors.StorageError(
                 f"{self.path} is not a readable agent-mail mailbox ({text}); it was left untouched. "
@@ -173,8 +174,9 @@ class SQLiteStore(SQLStore):
         if "disk I/O" in text or "full" in text or "no space" in text.lower():
             return errors.StorageError(
                 f"the mailbox {self.path} could not be written while {doing}: no space left ({text}: is the disk "
-                "full, or a file-size limit in force?); nothing was changed. Free some space and retry."
-            )
+                "full, or a file-size limit in force?); nothing was changed. Free some space and retry.",
+                told=f"the mailbox could not be written while {doing}: no space left where the server keeps it; "
+                     "nothing was changed. Tell the server's operator.")
         return errors.StorageError(f"cannot use the mailbox {self.path} while {doing}: {text}.")
 
     def _damaged(self, text: str, doing: str) -> errors.StorageError:
@@ -387,8 +389,9 @@ class SQLiteStore(SQLStore):
             raise errors.StorageError(
                 f"the mailbox {self.path} was deleted or replaced while this command was waiting; it stopped "
                 "rather than wait on a file nobody writes to. Run the command again (it opens the mailbox now at "
-                "that path)."
-            )
+                "that path).",
+                told="the mailbox was replaced while this command was waiting; it stopped rather than wait on a file "
+                     "nobody writes to. Run the command again.")
 
     def listen(self, agent: str, session: str | None = None) -> None:
         """Wait on this process's own wake-up pipe (WakePipe), so a blocked watch is woken by its own mail
@@ -482,8 +485,9 @@ def damaged_error(path: str, text: str) -> errors.StorageError:
     return errors.StorageError(
         f"the mailbox {path} is damaged ({text}); nothing more will be written into it. Run `agent-mail doctor` to "
         "see what is wrong, then `agent-mail doctor --repair` to save every readable message into a fresh mailbox "
-        "(the damaged file is kept aside)."
-    )
+        "(the damaged file is kept aside).",
+        told="the mailbox is damaged; nothing more will be written into it. Tell the server's operator: agent-mail "
+             "doctor on the server's machine says what is wrong, and doctor --repair saves what can be read.")
 
 
 def damage_problem(path: str) -> str | None:
