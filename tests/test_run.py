@@ -137,9 +137,30 @@ def through():
     return {}
 
 
+def _ready(decisions) -> bool:
+    return decisions.exists() and "the wait for mail is ready" in decisions.read_text()
+
+
+def _title(terminal) -> str:
+    return _shown(terminal, "#{pane_title}")
+
+
+def _bell(terminal) -> bool:
+    return _shown(terminal, "#{window_bell_flag}") == "1"
+
+
+def _shown(terminal, what: str) -> str:
+    return subprocess.run([*terminal.tmux, "display-message", "-p", "-t", terminal.name, what],
+                          capture_output=True, text=True).stdout.strip()
+
+
+TITLE = f"agent-mail: new mail for {AGENT}"
+
+
 @pytest.fixture
 def wrapped(tmp_path, mailbox_path, through):
-    """run around tests/run_child.py in tmux: (terminal, the child's log, run's decision log, the exit file)."""
+    """run around tests/run_child.py in tmux: (terminal, the child's log, run's decision log, the exit file).
+    run_child is no harness set up here: run never types into it, and tells of mail by the terminal's title."""
     log, decisions, code = tmp_path / "child.log", tmp_path / "run.log", tmp_path / "exit"
     env = process_env(AGENT_MAIL_RUN_LOG=str(decisions), **through)
     passed = " ".join(f"{k}={shlex.quote(env[k])}" for k in ("AGENT_MAIL_DB", "AGENT_MAIL_RUN_LOG", "PYTHONPATH",
@@ -148,45 +169,41 @@ def wrapped(tmp_path, mailbox_path, through):
               f"{shlex.quote(sys.executable)} {shlex.quote(CHILD)} {shlex.quote(str(log))}; echo $? > {code}"
     with Terminal(tmp_path, f"agent-mail-run-{os.getpid()}", tmp_path, command) as terminal:
         until(lambda: _lines(log), 30, "the child did not start")
-        until(lambda: _status().get("watch_state") == "armed", 30, "run's wait was not armed")
+        until(lambda: _ready(decisions), 30, "run's wait for mail did not start")
         yield terminal, log, decisions, code
 
 
+def _run_of(child: int) -> int:
+    """run's process, from the harness's: run -> the harness's session leader -> the harness."""
+    return _parent(_parent(child))
+
+
+def _parent(pid: int) -> int:
+    return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+
+
+def _state(pid: int) -> str:
+    return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+
+
 @pytest.mark.requires("tmux")
-def test_an_idle_prompt_is_woken_by_one_typed_line_that_never_holds_the_mail(wrapped):
+def test_a_program_not_set_up_is_told_by_the_title_and_bell_and_never_typed_into(wrapped):
     terminal, log, decisions, code = wrapped
     row = _status()
-    assert row["reachable"] and row["reached_by"].startswith("woken now (an armed watch")
+    assert not row.get("reachable") and "woken" not in row.get("reached_by", "")  # run cannot wake it: not said
+    assert row.get("watch_state", "never") == "never"
+    assert not _bell(terminal)
     _send()
-    line = until(lambda: next((x for x in _lines(log) if x.startswith("line: ")), None), 30, "no trigger typed")
-    assert line == f"line: {TRIGGER}" and "Stop the deploy" not in line and "body" not in line
+    until(lambda: _title(terminal) == TITLE, 30, lambda: f"no title: {_title(terminal)!r}")
+    assert _bell(terminal)
+    assert "told by the terminal's title and bell" in decisions.read_text()
+    assert _lines(log) == [_lines(log)[0]]  # nothing was typed into the program
+    assert "Stop the deploy" not in _title(terminal)
     assert json.loads(am_process("read", AGENT, "--no-mark-read").stdout)["count"] == 1  # waiting marked nothing
+    assert "woken" not in _status().get("reached_by", "")
     terminal.type("exit 7", "Enter")
     until(lambda: code.exists() and code.read_text().strip(), 30, "run did not exit")
     assert code.read_text().strip() == "7"
-    until(lambda: _status().get("watch_state") == "released", 30, "run's watch session was not released")
-
-
-@pytest.mark.requires("tmux")
-def test_no_trigger_while_text_is_unsent_or_a_dialog_is_open(wrapped):
-    terminal, log, decisions, _ = wrapped
-    terminal.type("abc")
-    _send()
-    until(lambda: decisions.exists() and "unsent text at the prompt" in decisions.read_text(), 30,
-          "run did not hold the wake for the unsent text")
-    assert _lines(log) == [_lines(log)[0]]  # nothing was typed into the prompt
-    terminal.type("BSpace", "BSpace", "BSpace")  # the person clears the line: now it wakes
-    until(lambda: f"line: {TRIGGER}" in _lines(log), 30, "no wake once the line was cleared")
-    assert "line: abc" not in "\n".join(_lines(log)) and f"line: abc{TRIGGER}" not in _lines(log)
-    terminal.type("dialog", "Enter")
-    until(lambda: "Allow once? (y/n)" in terminal.screen(), 30, "no dialog")
-    decisions.write_text("")
-    _send("second")
-    until(lambda: "a dialog is open" in decisions.read_text(), 30, "run did not hold the wake for the dialog")
-    terminal.type("y", "Enter")
-    until(lambda: "answer: y" in _lines(log), 30, "the dialog's answer did not arrive")
-    assert _lines(log)[-1] == "answer: y"  # the trigger did not answer the dialog
-    until(lambda: _lines(log).count(f"line: {TRIGGER}") == 2, 30, "no wake after the dialog closed")
 
 
 @pytest.mark.requires("tmux")
@@ -208,30 +225,125 @@ def test_a_resize_and_colours_pass_through_and_sigterm_to_run_ends_the_harness(w
                            text=True).stdout
     assert "\x1b[31mred" in shown  # colours reach the terminal as written
     child = int(_lines(log)[0].split()[1])
-    run = int(open(f"/proc/{child}/stat").read().rsplit(")", 1)[1].split()[1])  # run is the harness's parent
-    os.kill(run, 15)
+    os.kill(_run_of(child), 15)
     until(lambda: code.exists() and code.read_text().strip(), 30, "run did not exit on SIGTERM")
     assert code.read_text().strip() == "143" and not _alive(child)
-    until(lambda: _status().get("watch_state") == "released", 30, "run's watch session was not released")
 
 
 @pytest.mark.requires("tmux")
 def test_run_killed_outright_leaves_neither_the_harness_nor_its_wait(wrapped):
     terminal, log, _, _ = wrapped
     child = int(_lines(log)[0].split()[1])
-    run = int(open(f"/proc/{child}/stat").read().rsplit(")", 1)[1].split()[1])
+    run = _run_of(child)
+    helpers = [int(p) for p in os.listdir("/proc") if p.isdigit() and _alive(int(p)) and _parent(int(p)) == run
+               and int(p) != _parent(child)]
     os.kill(run, 9)  # no handler runs: the terminal hangs up on the harness, the kernel stops the helper
     until(lambda: not _alive(child), 30, "the harness outlived run")
-    until(lambda: _status().get("watch_state") == "released", 30, "run's wait was not released")
+    until(lambda: not any(_alive(p) for p in helpers), 30, "run's helper outlived run")
 
 
 @pytest.mark.requires("tmux")
 def test_the_terminal_going_away_ends_the_harness_and_releases_the_wait(wrapped):
     terminal, log, _, _ = wrapped
     child = int(_lines(log)[0].split()[1])
+    run = _run_of(child)
     subprocess.run([*terminal.tmux, "kill-server"], capture_output=True)  # the pane's terminal closes: SIGHUP
     until(lambda: not _alive(child), 30, "the harness outlived its terminal")
-    until(lambda: _status().get("watch_state") == "released", 30, "run's watch session was not released")
+    until(lambda: not _alive(run), 30, "run outlived its terminal")
+
+
+def _in_a_shell(tmp_path, name: str, program: list[str], **extra) -> tuple[Terminal, object, object]:
+    """A tmux pane running an interactive bash (job control on), with a script that starts `run -- PROGRAM` as one
+    job: (the terminal, the script's path to type, run's decision log)."""
+    decisions = tmp_path / "run.log"
+    env = process_env(AGENT_MAIL_RUN_LOG=str(decisions), **extra)
+    passed = " ".join(f"{k}={shlex.quote(env[k])}" for k in ("AGENT_MAIL_DB", "AGENT_MAIL_RUN_LOG", "PYTHONPATH",
+                                                            "HOME", "PATH", *extra))
+    script = tmp_path / "start.sh"
+    script.write_text(f"exec env {passed} {shlex.quote(sys.executable)} -m agent_mail run --agent {AGENT} -- "
+                      f"{shlex.join(program)}\n")
+    shell = f"env -i {passed} TERM=xterm-256color PS1='outer$ ' bash --norc --noprofile -i"
+    return Terminal(tmp_path, name, tmp_path, shell), script, decisions
+
+
+@pytest.mark.requires("tmux")
+def test_ctrl_z_stops_run_with_the_program_and_fg_continues_both(tmp_path, mailbox_path):
+    log = tmp_path / "child.log"
+    terminal, script, decisions = _in_a_shell(tmp_path, f"agent-mail-run-stop-{os.getpid()}",
+                                              [sys.executable, CHILD, str(log)])
+    with terminal:
+        terminal.wait_for(lambda: "outer$" in terminal.screen(), 30, "no outer shell")
+        terminal.type(f"bash {script}", "Enter")
+        until(lambda: _lines(log), 30, "the child did not start")
+        child = int(_lines(log)[0].split()[1])
+        run = _run_of(child)
+        terminal.type("C-z")  # the pseudo-terminal sends the program SIGTSTP, as a terminal does the bare program
+        terminal.wait_for(lambda: "Stopped" in terminal.screen(), 30, "the outer shell saw no stop")
+        assert _state(run) == "T" and _state(child) == "T"
+        terminal.type("fg", "Enter")
+        until(lambda: _state(run) != "T" and _state(child) != "T", 30, "fg did not continue run and the program")
+        terminal.type("size", "Enter")  # the terminal is raw again, keys reach the program, its size is copied
+        until(lambda: "size: 160x45" in _lines(log), 30, lambda: f"the program does not work after fg: {_lines(log)}")
+        terminal.type("exit 3", "Enter")
+        terminal.wait_for(lambda: "outer$" in terminal.screen().rstrip().splitlines()[-1], 30, "run did not exit")
+        terminal.type("echo code=$?", "Enter")
+        terminal.wait_for(lambda: "code=3" in terminal.screen(), 30, "run's exit status")
+
+
+def _vim() -> str | None:
+    import shutil
+
+    return shutil.which("vim") or shutil.which("vim.tiny") or shutil.which("vi")
+
+
+@pytest.mark.requires("tmux")
+def test_under_bash_the_notice_is_never_typed_into_the_shell_vim_or_less(tmp_path, mailbox_path):
+    import shutil
+
+    vim, less = _vim(), shutil.which("less")
+    if not vim or not less:
+        pytest.skip("vim and less are needed (apt-get install vim-tiny less)")
+    page = tmp_path / "page.txt"
+    page.write_text("".join(f"line {i}\n" for i in range(200)))
+    terminal, script, decisions = _in_a_shell(tmp_path, f"agent-mail-run-bash-{os.getpid()}",
+                                              ["bash", "--norc", "--noprofile", "-i"])
+    with terminal:
+        terminal.wait_for(lambda: "outer$" in terminal.screen(), 30, "no outer shell")
+        terminal.type(f"bash {script}", "Enter")
+        until(lambda: _ready(decisions), 30, "run's wait for mail did not start")
+        assert "not a harness set up here" in decisions.read_text()
+        terminal.type("PS1='inner$ '", "Enter")
+        terminal.wait_for(lambda: "inner$" in terminal.screen(), 30, "no inner shell")
+        _send("first")  # at the shell's prompt: the title, never a command line
+        until(lambda: _title(terminal) == TITLE, 30, lambda: f"no title: {_title(terminal)!r}")
+        terminal.type("printf '\\033]2;reset\\007'", "Enter")
+        until(lambda: _title(terminal) == "reset", 30, "the title was not reset")
+
+        terminal.type(f"{vim} -u NONE {shlex.quote(str(page))}", "Enter")  # on the alternate screen
+        terminal.wait_for(lambda: "line 0" in terminal.screen() and "inner$" not in terminal.screen(), 30, "no vim")
+        _send("second")
+        until(lambda: _title(terminal) == TITLE, 30, lambda: f"no title in vim: {_title(terminal)!r}")
+        terminal.type(":wq", "Enter")
+        terminal.wait_for(lambda: "inner$" in terminal.screen(), 30, "vim did not end")
+        assert page.read_text().splitlines()[0] == "line 0" and len(page.read_text().splitlines()) == 200
+        terminal.type("printf '\\033]2;reset\\007'", "Enter")
+        until(lambda: _title(terminal) == "reset", 30, "the title was not reset")
+
+        terminal.type(f"{less} {shlex.quote(str(page))}", "Enter")
+        terminal.wait_for(lambda: "line 0" in terminal.screen() and "inner$" not in terminal.screen(), 30, "no less")
+        _send("third")
+        until(lambda: _title(terminal) == TITLE, 30, lambda: f"no title in less: {_title(terminal)!r}")
+        assert "HELP" not in terminal.screen().upper() and "log file" not in terminal.screen()
+        terminal.type("q")
+        terminal.wait_for(lambda: "inner$" in terminal.screen(), 30, "less did not end")
+        terminal.type("echo still-here", "Enter")
+        terminal.wait_for(lambda: "still-here" in terminal.screen(), 30, "the shell does not answer")
+        screen = terminal.screen()
+        assert "syntax error" not in screen and "agent-mail: new mail" not in screen  # never run as a command
+        assert "trigger typed" not in decisions.read_text()
+        assert json.loads(am_process("read", AGENT, "--no-mark-read").stdout)["count"] == 3
+        terminal.type("exit", "Enter")
+        terminal.wait_for(lambda: "outer$" in terminal.screen().rstrip().splitlines()[-1], 30, "run did not exit")
 
 
 class TestThroughAServer:
@@ -242,16 +354,16 @@ class TestThroughAServer:
         return {"AGENT_MAIL_DB": server.url, "AGENT_MAIL_TOKEN": server.token("--agent", AGENT)}
 
     @pytest.mark.requires("tmux")
-    def test_an_idle_prompt_is_woken_through_the_server(self, wrapped):
+    def test_a_program_not_set_up_is_told_by_the_title_through_the_server(self, wrapped):
         terminal, log, _, code = wrapped
-        assert _status()["reached_by"].startswith("woken now (an armed watch")  # the server's watch, on the mailbox
+        assert "woken" not in _status().get("reached_by", "")  # no armed watch on the server: run cannot type
         _send()
-        until(lambda: f"line: {TRIGGER}" in _lines(log), 30, "no trigger typed")
+        until(lambda: _title(terminal) == TITLE, 30, lambda: f"no title: {_title(terminal)!r}")
+        assert _lines(log) == [_lines(log)[0]]
         assert json.loads(am_process("read", AGENT, "--no-mark-read").stdout)["count"] == 1
         terminal.type("exit 0", "Enter")
         until(lambda: code.exists() and code.read_text().strip(), 30, "run did not exit")
         assert code.read_text().strip() == "0"
-        until(lambda: _status().get("watch_state") == "released", 30, "the server's watch was not released")
 
 
 def test_without_a_terminal_on_stdin_run_refuses_clearly(mailbox_path):
