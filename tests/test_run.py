@@ -252,15 +252,15 @@ def test_the_terminal_going_away_ends_the_harness_and_releases_the_wait(wrapped)
     until(lambda: not _alive(run), 30, "run outlived its terminal")
 
 
-def _in_a_shell(tmp_path, name: str, program: list[str], **extra) -> tuple[Terminal, object, object]:
-    """A tmux pane running an interactive bash (job control on), with a script that starts `run -- PROGRAM` as one
-    job: (the terminal, the script's path to type, run's decision log)."""
+def _in_a_shell(tmp_path, name: str, program: list[str], cwd=None, **extra) -> tuple[Terminal, object, object]:
+    """A tmux pane running an interactive bash (job control on), with a script that starts `run -- PROGRAM` (in
+    `cwd`) as one job: (the terminal, the script's path to type, run's decision log)."""
     decisions = tmp_path / "run.log"
     env = process_env(AGENT_MAIL_RUN_LOG=str(decisions), **extra)
     passed = " ".join(f"{k}={shlex.quote(env[k])}" for k in ("AGENT_MAIL_DB", "AGENT_MAIL_RUN_LOG", "PYTHONPATH",
                                                             "HOME", "PATH", *extra))
     script = tmp_path / "start.sh"
-    script.write_text(f"exec env {passed} {shlex.quote(sys.executable)} -m agent_mail run --agent {AGENT} -- "
+    script.write_text(f"cd {shlex.quote(str(cwd or tmp_path))}\nexec env {passed} {shlex.quote(sys.executable)} -m agent_mail run --agent {AGENT} -- "
                       f"{shlex.join(program)}\n")
     shell = f"env -i {passed} TERM=xterm-256color PS1='outer$ ' bash --norc --noprofile -i"
     return Terminal(tmp_path, name, tmp_path, shell), script, decisions
@@ -454,7 +454,8 @@ def test_an_idle_gemini_is_woken_by_mail_quiet_while_text_is_typed_and_ends_with
     with FakeModel(_answer) as model:
         with gemini_under_run(gemini_project, model, f"agent-mail-run-gemini-{os.getpid()}") as terminal:
             terminal.wait_for(lambda: _at_prompt(terminal), 90, "gemini did not reach its prompt")
-            assert _status()["watch_state"] == "armed" and _status()["reachable"]
+            until(lambda: _status().get("watch_state") == "armed", 30, "run did not arm its wait at the empty prompt")
+            assert _status()["reachable"]
             # Gemini's own session (which cannot be woken) does not hide that run wakes it.
             until(lambda: _status()["sessions"] == 1, 30, "gemini's session start hook did not run")
             assert _status()["reached_by"].startswith("woken now (an armed watch")
@@ -474,8 +475,10 @@ def test_an_idle_gemini_is_woken_by_mail_quiet_while_text_is_typed_and_ends_with
             decisions = gemini_project.parent / "run.log"
             decisions.write_text("")
             _send("Second thing")
-            until(lambda: "unsent text at the prompt" in decisions.read_text(), 30, "run did not hold the wake")
+            until(lambda: "empty prompt is not showing" in decisions.read_text(), 30, "run did not hold the wake")
             assert len(_prompts(model)) == turns and "hello" in terminal.screen()
+            until(lambda: _status()["reached_by"].startswith("told at its next prompt"), 30,  # not "woken now"
+                  lambda: f"status while text is unsent: {_status()['reached_by']}")
             terminal.type(*["BSpace"] * 5)
             terminal.wait_for(lambda: len(_prompts(model)) > turns, 60, "no wake once the prompt was cleared")
             assert _prompts(model)[turns] == TRIGGER and "Second thing" in json.dumps(
@@ -486,6 +489,46 @@ def test_an_idle_gemini_is_woken_by_mail_quiet_while_text_is_typed_and_ends_with
             until(lambda: not _processes_in(gemini_project), 30,
                   lambda: f"left running after SIGHUP: {_processes_in(gemini_project)}")
     assert json.loads(am_process("read", AGENT, "--no-mark-read").stdout)["count"] == 2  # told, never consumed
+
+
+@pytest.mark.requires("gemini", "tmux")
+def test_gemini_is_woken_after_escape_and_not_typed_into_while_a_dialog_is_open(gemini_project):
+    from fake_model import FakeModel
+
+    decisions = gemini_project.parent / "run.log"
+    with FakeModel(_answer) as model:
+        with gemini_under_run(gemini_project, model, f"agent-mail-run-esc-{os.getpid()}") as terminal:
+            terminal.wait_for(lambda: _at_prompt(terminal), 90, "gemini did not reach its prompt")
+            until(lambda: _status().get("watch_state") == "armed", 30, "run did not arm its wait at the empty prompt")
+            # Esc at the empty prompt puts nothing on it: the mail wakes the session as if it had not been pressed.
+            terminal.type("Escape")
+            turns = len(_prompts(model))
+            _send()
+            terminal.wait_for(lambda: len(_prompts(model)) > turns, 60, "no wake after Esc at the empty prompt")
+            assert _prompts(model)[turns] == TRIGGER
+            terminal.wait_for(lambda: _at_prompt(terminal) and "ok from the model" in terminal.screen(), 60,
+                              "the woken turn did not end")
+
+            # A dialog (/settings, with a search box of its own): nothing typed into it, and status says so.
+            terminal.type("/settings", "Enter")
+            terminal.wait_for(lambda: "Esc to close" in terminal.screen(), 30, "no settings dialog")
+            until(lambda: _status()["reached_by"].startswith("told at its next prompt"), 30,
+                  lambda: f"status while a dialog is open: {_status()['reached_by']}")
+            turns = len(_prompts(model))
+            decisions.write_text("")
+            _send("Second thing")
+            until(lambda: "empty prompt is not showing" in decisions.read_text(), 30, "run did not hold the wake")
+            assert TRIGGER not in terminal.screen() and "agent-mail" not in terminal.screen()
+            terminal.type("Escape")  # closed: the pending mail wakes the session
+            terminal.wait_for(lambda: len(_prompts(model)) > turns, 60, "no wake after the dialog closed")
+            assert _prompts(model)[turns] == TRIGGER and "Second thing" in json.dumps(
+                [r for r in model.requests if _main(r)][turns]["contents"])
+            assert "given up" not in decisions.read_text()
+            terminal.wait_for(lambda: _at_prompt(terminal), 60, "the woken turn did not end")
+            until(lambda: _status().get("reached_by", "").startswith("woken now"), 30, "not armed again when idle")
+            terminal.type("/quit", "Enter")
+            code = gemini_project.parent / "exit"
+            until(lambda: code.exists() and code.read_text().strip(), 60, "run did not exit after /quit")
 
 
 @pytest.mark.requires("gemini", "tmux")
@@ -537,6 +580,46 @@ def copilot_project(tmp_path, mailbox_path):
 
 def _copilot_main(request: dict) -> bool:
     return "create" in [t.get("function", {}).get("name") for t in request.get("tools") or []]
+
+
+def _copilot_env(home, model) -> dict:
+    return {"HOME": str(home), "COPILOT_OFFLINE": "true", "COPILOT_AUTO_UPDATE": "false",
+            "COPILOT_PROVIDER_BASE_URL": f"{model.url}/v1", "COPILOT_PROVIDER_API_KEY": "x",
+            "COPILOT_MODEL": "scripted", "COPILOT_CACHE_HOME": COPILOT_CACHE, "TMPDIR": private_tmp(home)}
+
+
+@pytest.mark.requires("copilot", "tmux")
+def test_ctrl_z_suspends_copilot_under_run_as_without_it_and_fg_resumes_it(copilot_project):
+    """Copilot CLI stops itself at ctrl+z ("Copilot has been suspended"); under run the shell sees run stop, and
+    after fg Copilot works (and is woken) as before."""
+    from fake_model import FakeModel
+
+    home = copilot_project.parent / "copilot-home"
+    os.makedirs(COPILOT_CACHE, exist_ok=True)
+    with FakeModel(lambda request: [{"type": "text", "text": "ok from the model"}]) as model:
+        terminal, script, decisions = _in_a_shell(copilot_project.parent, f"agent-mail-run-cz-{os.getpid()}",
+                                                  [COPILOT], cwd=copilot_project, **_copilot_env(home, model))
+        with terminal:
+            terminal.wait_for(lambda: "outer$" in terminal.screen(), 30, "no outer shell")
+            terminal.type(f"bash {script}", "Enter")
+            terminal.wait_for(lambda: "/ commands" in terminal.screen(), 90, "copilot did not reach its prompt")
+            until(lambda: _status().get("watch_state") == "armed", 30, "run did not arm its wait at the empty prompt")
+            terminal.type("C-z")
+            terminal.wait_for(lambda: "Stopped" in terminal.screen(), 30, "the outer shell saw no stop")
+            run = next(int(p) for p in os.listdir("/proc") if p.isdigit() and _alive(int(p)) and
+                       b"agent_mail\0run" in open(f"/proc/{p}/cmdline", "rb").read())
+            assert _state(run) == "T"
+            until(lambda: not _status().get("reached_by", "").startswith("woken now"), 30,
+                  "a stopped run still said woken now")
+            terminal.type("fg", "Enter")
+            terminal.wait_for(lambda: "/ commands" in terminal.screen(), 60, "copilot did not come back after fg")
+            turns = len([r for r in model.requests if _copilot_main(r)])
+            _send()
+            terminal.wait_for(lambda: len([r for r in model.requests if _copilot_main(r)]) > turns, 60,
+                              "copilot was not woken after fg")
+            terminal.wait_for(lambda: "ok from the model" in terminal.screen(), 60, "the woken turn did not end")
+            terminal.type("/exit", "Enter")
+            terminal.wait_for(lambda: "outer$" in terminal.screen().rstrip().splitlines()[-1], 60, "run did not exit")
 
 
 @pytest.mark.requires("copilot", "tmux")
