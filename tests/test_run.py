@@ -108,6 +108,91 @@ def test_a_wake_waits_for_quiet_no_keys_no_unsent_text_no_dialog_and_the_interva
     assert waker.blocked_by(at + 20) == "no mail" and not waker.person_prompted
 
 
+@pytest.mark.fast
+def test_esc_and_keys_that_only_move_leave_no_unsent_text_and_the_alternate_screen_is_followed():
+    keys = running.KeyTracker()
+    keys.feed(b"\x1b", 1.0)  # Esc alone, as a read ends
+    keys.feed(b"\x1b\x1b\x1b[D\x1b[C\x1b[H\x1b[F\x1bOP\x1b[15~\x1b[5~\x1b[2~\x1b[3~\x1bb", 2.0)
+    assert keys.clear() and keys.last_key == 2.0  # Esc, moves, F1, F5, page up, insert; delete, alt+b: empty line
+    keys.feed(b"\x1b[1;5A", 3.0)  # ctrl+up: history may put text on the line
+    assert not keys.clear()
+    keys.feed(b"\r", 4.0)
+    keys.feed(b"ab\x1b[3~", 5.0)  # delete on a line with text: unknown
+    assert keys.uncertain
+    keys.feed(b"\x15", 6.0)
+    keys.feed(b"q:wq\r", 7.0, counted=False)  # typed into vim or less over the prompt: not the prompt's
+    assert keys.clear() and keys.submitted == 1 and keys.last_key == 7.0
+    keys.feed(b"\x1b[I", 8.0, counted=False)  # a focus report is still not a key
+    assert keys.last_key == 7.0
+
+    screen = running.Screen(5, 40)
+    screen.feed(b"$ vim\r\n\x1b[?1049h\x1b[H~\r\n~")
+    assert screen.alternate and "$ vim" not in screen.text()
+    screen.feed(b"\x1b[?1049l")
+    assert not screen.alternate
+    screen.feed(b"\x1b[?47h")
+    assert screen.alternate
+    screen.feed(b"\x1bc")  # a full reset
+    assert not screen.alternate
+    screen.feed(b"\x1b[1049h")  # not a private mode: no screen switch
+    assert not screen.alternate
+
+
+@pytest.mark.fast
+def test_run_is_stuck_where_it_cannot_type_and_the_screen_says_whether_a_known_prompt_is_empty():
+    screen, keys = running.Screen(10, 60), running.KeyTracker()
+    waker = running.Waker(screen, keys, 0.0, types=False)
+    assert waker.stuck().startswith("not a harness set up here")
+    waker = running.Waker(screen, keys, 0.0)  # a harness set up here whose empty prompt's words are not known
+    screen.feed(b"> ")
+    assert waker.stuck() is None
+    screen.feed(b"\x1b[?1049hless's page")
+    assert waker.stuck() == "a full-screen program is open (the alternate screen)"
+    screen.feed(b"\x1b[?1049l> ")
+    keys.feed(b"hi", 1.0)
+    assert waker.stuck() == "unsent text at the prompt"
+
+    # Gemini CLI: its placeholder shows while its prompt is empty; keys do not decide there, the screen does.
+    screen, keys = running.Screen(10, 60), running.KeyTracker()
+    waker = running.Waker(screen, keys, 0.0, empty=running.EMPTY_PROMPT["gemini"])
+    screen.feed(b" >   Type your message or @path/to/file")
+    keys.feed(b"hello\x1b\x1b", 1.0)  # typed, then Esc twice: Gemini CLI clears its line
+    assert waker.stuck() is None and not keys.clear()
+    screen.feed(b"\r\x1b[2K > hello")
+    assert waker.stuck().startswith("the harness's empty prompt is not showing")
+    screen.feed(b"\x1b[2J\x1b[H(Use Enter to select, Ctrl+L to reset, Tab to change focus, Esc to close)")
+    assert waker.stuck().startswith("the harness's empty prompt is not showing")  # a dialog over the prompt
+
+    # Copilot CLI draws on the alternate screen: that is its own, not a program over its prompt.
+    screen, keys = running.Screen(10, 100), running.KeyTracker()
+    waker = running.Waker(screen, keys, 0.0, empty=running.EMPTY_PROMPT["copilot"])
+    screen.feed("\x1b[?1049h\u276f\r\n \u2190 open sidebar \u00b7 / commands \u00b7 ? help".encode())
+    assert waker.stuck() is None
+
+
+@pytest.mark.fast
+def test_a_harness_counts_as_set_up_where_its_hooks_file_is_here_or_above(tmp_path, mailbox_path):
+    from agent_mail.harness import setup
+
+    project = tmp_path / "project"
+    (project / "src").mkdir(parents=True)
+    assert setup.set_up_for("/usr/bin/gemini", str(project / "src")) is None
+    done = am_process("setup", "gemini", "--agent", AGENT, "--dir", str(project))
+    assert done.returncode == 0, done.stderr
+    assert setup.set_up_for("/opt/node/bin/gemini", str(project / "src")) == "gemini"
+    assert setup.set_up_for("gemini", str(project)) == "gemini"
+    assert setup.set_up_for("copilot", str(project)) is None  # another harness, not set up here
+    assert setup.set_up_for("bash", str(project)) is None
+    assert setup.set_up_for("gemini", str(tmp_path)) is None
+
+
+@pytest.mark.fast
+def test_the_title_names_whose_mail_and_rings_the_bell():
+    assert running.title_text(AGENT) == (f"\x1b]0;agent-mail: new mail for {AGENT}\x07"
+                                         f"\x1b]2;agent-mail: new mail for {AGENT}\x07\x07").encode()
+    assert b"\x1b[" not in running.title_text("p:x\x1b[2J")  # nothing of the name can end the title early
+
+
 # -- the wrapper around a scripted prompt, in tmux ----------------------------------------------------------------
 def _lines(log) -> list[str]:
     return log.read_text().splitlines() if log.exists() else []
@@ -260,7 +345,8 @@ def _in_a_shell(tmp_path, name: str, program: list[str], cwd=None, **extra) -> t
     passed = " ".join(f"{k}={shlex.quote(env[k])}" for k in ("AGENT_MAIL_DB", "AGENT_MAIL_RUN_LOG", "PYTHONPATH",
                                                             "HOME", "PATH", *extra))
     script = tmp_path / "start.sh"
-    script.write_text(f"cd {shlex.quote(str(cwd or tmp_path))}\nexec env {passed} {shlex.quote(sys.executable)} -m agent_mail run --agent {AGENT} -- "
+    script.write_text(f"cd {shlex.quote(str(cwd or tmp_path))}\n"
+                      f"exec env {passed} {shlex.quote(sys.executable)} -m agent_mail run --agent {AGENT} -- "
                       f"{shlex.join(program)}\n")
     shell = f"env -i {passed} TERM=xterm-256color PS1='outer$ ' bash --norc --noprofile -i"
     return Terminal(tmp_path, name, tmp_path, shell), script, decisions
@@ -290,19 +376,9 @@ def test_ctrl_z_stops_run_with_the_program_and_fg_continues_both(tmp_path, mailb
         terminal.wait_for(lambda: "code=3" in terminal.screen(), 30, "run's exit status")
 
 
-def _vim() -> str | None:
-    import shutil
-
-    return shutil.which("vim") or shutil.which("vim.tiny") or shutil.which("vi")
-
-
-@pytest.mark.requires("tmux")
+@pytest.mark.requires("tmux", "vim", "less")
 def test_under_bash_the_notice_is_never_typed_into_the_shell_vim_or_less(tmp_path, mailbox_path):
-    import shutil
-
-    vim, less = _vim(), shutil.which("less")
-    if not vim or not less:
-        pytest.skip("vim and less are needed (apt-get install vim-tiny less)")
+    vim, less = find("vim"), find("less")
     page = tmp_path / "page.txt"
     page.write_text("".join(f"line {i}\n" for i in range(200)))
     terminal, script, decisions = _in_a_shell(tmp_path, f"agent-mail-run-bash-{os.getpid()}",

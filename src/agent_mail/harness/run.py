@@ -516,27 +516,53 @@ class Waker:
 
 
 # -- the helper: waiting for mail ---------------------------------------------------------------------------------
+class _Changed(Exception):
+    """run changed what it wants of the helper's wait (SIGINT) as a wait was starting or ending."""
+
+
 class _Control:
     """The helper's end of run's control pipe: whether its wait should be armed (b"a": run can type the trigger, so
     senders are told the identity is woken now) or not (b"q": run cannot type now, or never will; the helper still
     waits, holding no session). run writes the byte, then sends SIGINT, which ends a wait under way (its session
-    released); a SIGINT between waits is taken here and only makes the next look at the pipe sooner."""
+    released: the wait's own handler); a SIGINT as a wait starts or ends (`waiting`) raises _Changed; elsewhere it
+    is noted (`changed`), and the next wait does not start."""
 
     def __init__(self, fd: int, armed: bool):
         import signal
 
-        self.fd, self.armed, self.changed, self.gone = fd, armed, False, False
+        self.fd, self.armed, self.changed, self.gone, self.waiting = fd, armed, False, False, False
         os.set_blocking(fd, False)
         signal.signal(signal.SIGINT, self._interrupted)
 
     def _interrupted(self, signum, frame) -> None:
         self.changed = True
+        if self.waiting:
+            self.waiting = False
+            raise _Changed
+
+    def wait(self, waiting, *args):
+        """waiting(*args), a wait that ends with errors.Interrupted(130) at SIGINT; None when run changed what it
+        wants meanwhile (SIGINT), else what it found."""
+        if self.changed:
+            return None
+        try:
+            self.waiting = True
+            return waiting(*args)
+        except _Changed:
+            return None
+        except errors.Interrupted as exc:
+            if exc.exit_code != 128 + 2:  # SIGINT: run changed what it wants; anything else ends the helper
+                raise
+            return None
+        finally:
+            self.waiting = False
 
     def read(self, wait: float = 0.0) -> bool:
         """Take what run wrote (waiting up to `wait` seconds for something); whether the wanted state changed."""
         import select
 
         before = self.armed
+        self.changed = False  # before the read: a SIGINT from now on comes with a byte not read yet
         if wait > 0:
             try:
                 select.select([self.fd], [], [], wait)
@@ -551,7 +577,6 @@ class _Control:
         for byte in data or b"":
             if byte in b"aq":
                 self.armed = byte == ord("a")
-        self.changed = False
         return self.armed != before
 
 
@@ -575,6 +600,7 @@ def _helper_local(agent: str, notify: int, parent: int, control: _Control) -> No
                     mark["seq"] = max(mark["seq"], store.newest_seq())
             if new:
                 mark["at"] = now
+                os.write(notify, b"m")  # said here, at once: a wait ended by run's SIGINT as it returns loses nothing
             return envelopes if new else []
 
         def wanted() -> bool:
@@ -583,14 +609,7 @@ def _helper_local(agent: str, notify: int, parent: int, control: _Control) -> No
         while os.getppid() == parent and not control.gone:
             control.read()
             wait = mailbox.wait_armed if control.armed else mailbox.wait_unarmed
-            try:
-                found = wait(agent, WAIT_SECONDS, look, wanted)
-            except errors.Interrupted as exc:
-                if exc.exit_code != 128 + 2:  # SIGINT: run changed what it wants; anything else ends the helper
-                    raise
-                continue
-            if found:
-                os.write(notify, b"m")
+            control.wait(wait, agent, WAIT_SECONDS, look, wanted)
 
 
 def _helper_served(agent: str, notify: int, parent: int, served, control: _Control) -> None:
@@ -612,11 +631,8 @@ def _helper_served(agent: str, notify: int, parent: int, served, control: _Contr
         if unread or not control.armed:
             control.read(SERVED_LOOK_SECONDS)  # a change of what run wants ends it sooner
             continue
-        try:
-            answer = served.watch(agent)  # a signal releases its session on the server before this process ends
-        except errors.Interrupted as exc:
-            if exc.exit_code != 128 + 2:
-                raise
+        answer = control.wait(served.watch, agent)  # a signal releases its session on the server first
+        if answer is None:
             continue
         ids = {m["id"] for m in answer.get("messages", [])}
         if ids - known:
