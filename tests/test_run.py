@@ -193,6 +193,43 @@ def test_the_title_names_whose_mail_and_rings_the_bell():
     assert b"\x1b[" not in running.title_text("p:x\x1b[2J")  # nothing of the name can end the title early
 
 
+@pytest.mark.backends
+def test_the_helper_arms_its_wait_only_while_run_can_type_and_hears_mail_either_way(mailbox_path):
+    """The helper process run forks (a real process on a real mailbox): unarmed, it holds no watch session
+    (status: not woken now) and still says when mail comes; told to arm (b"a" and SIGINT), it is an armed watch;
+    told not to, that watch is released."""
+    import select
+    import signal
+
+    def heard(notify, byte: bytes) -> bool:
+        ready, _, _ = select.select([notify], [], [], 30)
+        return bool(ready) and byte in os.read(notify, 64)
+
+    pid, notify, control = running.start_helper(AGENT, None, False)
+    try:
+        assert heard(notify, b"r")
+        assert "woken" not in _status().get("reached_by", "") and _status().get("watch_state", "never") == "never"
+        _send("while unarmed")
+        assert heard(notify, b"m")
+        os.write(control, b"a")
+        os.kill(pid, signal.SIGINT)
+        until(lambda: _status().get("watch_state") == "armed", 30, "the helper did not arm its wait")
+        assert _status()["reached_by"].startswith("woken now (an armed watch")
+        _send("while armed")
+        assert heard(notify, b"m")
+        until(lambda: _status().get("watch_state") == "armed", 30, "the helper did not arm again after the mail")
+        os.write(control, b"q")
+        os.kill(pid, signal.SIGINT)
+        until(lambda: _status().get("watch_state") == "released", 30, "the helper did not release its watch")
+        _send("while unarmed again")
+        assert heard(notify, b"m")
+        assert json.loads(am_process("read", AGENT, "--no-mark-read").stdout)["count"] == 3  # nothing marked read
+    finally:
+        running.Runner.end_helper(pid)
+        os.close(notify)
+        os.close(control)
+
+
 # -- the wrapper around a scripted prompt, in tmux ----------------------------------------------------------------
 def _lines(log) -> list[str]:
     return log.read_text().splitlines() if log.exists() else []

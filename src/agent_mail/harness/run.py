@@ -1,18 +1,26 @@
 """`agent-mail run [--agent P:N] -- COMMAND [ARGS...]`: a harness with no wake primitive of its own (Gemini CLI,
-Copilot CLI, any interactive CLI) run in a pseudo-terminal this process owns, and woken when mail arrives.
+Copilot CLI) run in a pseudo-terminal this process owns, and woken when mail arrives.
 
 The person's terminal is passed through unchanged: their keys go to the harness byte for byte, its output comes
 back byte for byte, a resize is copied to the pseudo-terminal (the kernel sends the harness SIGWINCH), and `run`
-exits with the harness's status (128+N when signal N ended it). When its terminal goes away (SIGHUP) or `run` is
-stopped (SIGTERM, SIGINT), the harness's process group is ended and waited for: nothing is left behind.
+exits with the harness's status (128+N when signal N ended it). The harness runs in a process group of its own
+under a small session leader (_lead), as a shell runs a job, so ctrl+z stops it as it would stop the bare program;
+run then stops too, and `fg` continues both. When its terminal goes away (SIGHUP) or `run` is stopped (SIGTERM,
+SIGINT), the harness's process group is ended and waited for: nothing is left behind.
 
-A helper process (forked before the harness starts) waits for the identity's mail with the mailbox's own wait
-(Mailbox.wait_armed: an armed watch session, so `status` shows the identity reachable; through an agent-mail
-server, the server's watch), marking nothing read, and writes one byte on a pipe for each arrival. The main loop
-folds those into one pending wake, and types the trigger only when the session is idle at an empty prompt:
+A helper process (forked before the harness starts) waits for the identity's mail with the mailbox's own wait,
+marking nothing read, and writes one byte on a pipe for each arrival. The wait is armed (Mailbox.wait_armed: a
+watch session, so `status` says the identity is woken now; through an agent-mail server, the server's watch) only
+while run can type the trigger, and holds no session while it cannot (Waker.stuck: _Control). The main loop folds
+arrivals into one pending wake, and types the trigger only when the session is idle at an empty prompt:
 
+- the program is a harness set up in this directory (its prompt hook reads the line); anything else is told by
+  the terminal's title and bell, never typed into (a shell would run the line as a command);
 - the harness has written nothing for QUIET_SECONDS (a turn under way redraws its spinner far more often);
-- the person pressed no key for TYPING_PAUSE_SECONDS and left nothing unsent since their last Enter (KeyTracker);
+- the person pressed no key for TYPING_PAUSE_SECONDS;
+- the prompt is empty: the screen shows the harness's empty prompt (EMPTY_PROMPT: hidden by typed text and by its
+  dialogs) where its words are known, else nothing is unsent since the person's last Enter (KeyTracker) and no
+  full-screen program is on the alternate screen;
 - the screen's last lines (Screen, a small model of the terminal) show no approval dialog and no turn under way;
 - no wake in the last WAKE_INTERVAL_SECONDS.
 
@@ -655,7 +663,7 @@ def _end_with(parent: int) -> None:
         raise errors.Interrupted("agent-mail run ended before its helper started", 0)
 
 
-def _start_helper(agent: str, served, armed: bool) -> tuple[int, int, int]:
+def start_helper(agent: str, served, armed: bool) -> tuple[int, int, int]:
     """Fork the helper; (its pid, the pipe end it writes a byte to per arrival, the pipe end run tells it on whether
     to arm its wait: _Control)."""
     read_end, write_end = os.pipe()
@@ -885,7 +893,7 @@ class Runner:
 
         stdin, stdout = sys.stdin.fileno(), sys.stdout.fileno()
         size = _window(stdin)
-        helper, notify, self.control = _start_helper(self.agent, self.served, False)
+        helper, notify, self.control = start_helper(self.agent, self.served, False)
         self.helper = helper
         signals_r, signals_w = os.pipe()
         os.set_blocking(signals_w, False)
@@ -933,7 +941,7 @@ class Runner:
             signal.set_wakeup_fd(old_wakeup)
             for number, handler in previous.items():
                 signal.signal(number, handler)
-            self._end_helper(helper)
+            self.end_helper(helper)
             if child:
                 self._end_child(child, signal.SIGHUP)
 
@@ -1103,7 +1111,9 @@ class Runner:
             termios.tcsetattr(stdin, termios.TCSAFLUSH, self.saved)
         except termios.error:
             pass
-        os.kill(os.getpid(), signal.SIGTSTP)  # as the bare harness would stop; `fg` (SIGCONT) returns here
+        # Stopped as the terminal stops the bare harness's job: run's whole process group (a script that started
+        # run with it); `fg` (SIGCONT) returns here.
+        os.killpg(os.getpgrp(), signal.SIGTSTP)
         self._note("continued")
         try:
             tty.setraw(stdin, termios.TCSANOW)
@@ -1225,7 +1235,7 @@ class Runner:
                 pass
 
     @staticmethod
-    def _end_helper(helper: int) -> None:
+    def end_helper(helper: int) -> None:
         import signal
 
         try:
