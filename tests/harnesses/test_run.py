@@ -110,6 +110,128 @@ def test_a_wake_waits_for_quiet_no_keys_no_unsent_text_no_dialog_and_the_interva
     assert waker.blocked_by(at + 20) == "no mail" and not waker.person_prompted
 
 
+@pytest.mark.fast
+def test_esc_and_keys_that_only_move_leave_no_unsent_text_and_the_alternate_screen_is_followed():
+    keys = running.KeyTracker()
+    keys.feed(b"\x1b", 1.0)  # Esc alone, as a read ends
+    keys.feed(b"\x1b\x1b\x1b[D\x1b[C\x1b[H\x1b[F\x1bOP\x1b[15~\x1b[5~\x1b[2~\x1b[3~\x1bb", 2.0)
+    assert keys.clear() and keys.last_key == 2.0  # Esc, moves, F1, F5, page up, insert; delete, alt+b: empty line
+    keys.feed(b"\x1b[1;5A", 3.0)  # ctrl+up: history may put text on the line
+    assert not keys.clear()
+    keys.feed(b"\r", 4.0)
+    keys.feed(b"ab\x1b[3~", 5.0)  # delete on a line with text: unknown
+    assert keys.uncertain
+    keys.feed(b"\x15", 6.0)
+    keys.feed(b"q:wq\r", 7.0, counted=False)  # typed into vim or less over the prompt: not the prompt's
+    assert keys.clear() and keys.submitted == 1 and keys.last_key == 7.0
+    keys.feed(b"\x1b[I", 8.0, counted=False)  # a focus report is still not a key
+    assert keys.last_key == 7.0
+
+    screen = running.Screen(5, 40)
+    screen.feed(b"$ vim\r\n\x1b[?1049h\x1b[H~\r\n~")
+    assert screen.alternate and "$ vim" not in screen.text()
+    screen.feed(b"\x1b[?1049l")
+    assert not screen.alternate
+    screen.feed(b"\x1b[?47h")
+    assert screen.alternate
+    screen.feed(b"\x1bc")  # a full reset
+    assert not screen.alternate
+    screen.feed(b"\x1b[1049h")  # not a private mode: no screen switch
+    assert not screen.alternate
+
+
+@pytest.mark.fast
+def test_run_is_stuck_where_it_cannot_type_and_the_screen_says_whether_a_known_prompt_is_empty():
+    screen, keys = running.Screen(10, 60), running.KeyTracker()
+    waker = running.Waker(screen, keys, 0.0, types=False)
+    assert waker.stuck().startswith("not a harness set up here")
+    waker = running.Waker(screen, keys, 0.0)  # a harness set up here whose empty prompt's words are not known
+    screen.feed(b"> ")
+    assert waker.stuck() is None
+    screen.feed(b"\x1b[?1049hless's page")
+    assert waker.stuck() == "a full-screen program is open (the alternate screen)"
+    screen.feed(b"\x1b[?1049l> ")
+    keys.feed(b"hi", 1.0)
+    assert waker.stuck() == "unsent text at the prompt"
+
+    # Gemini CLI: its placeholder shows while its prompt is empty; keys do not decide there, the screen does.
+    screen, keys = running.Screen(10, 60), running.KeyTracker()
+    waker = running.Waker(screen, keys, 0.0, empty=running.EMPTY_PROMPT["gemini"])
+    screen.feed(b" >   Type your message or @path/to/file")
+    keys.feed(b"hello\x1b\x1b", 1.0)  # typed, then Esc twice: Gemini CLI clears its line
+    assert waker.stuck() is None and not keys.clear()
+    screen.feed(b"\r\x1b[2K > hello")
+    assert waker.stuck().startswith("the harness's empty prompt is not showing")
+    screen.feed(b"\x1b[2J\x1b[H(Use Enter to select, Ctrl+L to reset, Tab to change focus, Esc to close)")
+    assert waker.stuck().startswith("the harness's empty prompt is not showing")  # a dialog over the prompt
+
+    # Copilot CLI draws on the alternate screen: that is its own, not a program over its prompt.
+    screen, keys = running.Screen(10, 100), running.KeyTracker()
+    waker = running.Waker(screen, keys, 0.0, empty=running.EMPTY_PROMPT["copilot"])
+    screen.feed("\x1b[?1049h\u276f\r\n \u2190 open sidebar \u00b7 / commands \u00b7 ? help".encode())
+    assert waker.stuck() is None
+
+
+@pytest.mark.fast
+def test_a_harness_counts_as_set_up_where_its_hooks_file_is_here_or_above(tmp_path, mailbox_path):
+    from agent_mail.harness import setup
+
+    project = tmp_path / "project"
+    (project / "src").mkdir(parents=True)
+    assert setup.set_up_for("/usr/bin/gemini", str(project / "src")) is None
+    done = am_process("setup", "gemini", "--agent", AGENT, "--dir", str(project))
+    assert done.returncode == 0, done.stderr
+    assert setup.set_up_for("/opt/node/bin/gemini", str(project / "src")) == "gemini"
+    assert setup.set_up_for("gemini", str(project)) == "gemini"
+    assert setup.set_up_for("copilot", str(project)) is None  # another harness, not set up here
+    assert setup.set_up_for("bash", str(project)) is None
+    assert setup.set_up_for("gemini", str(tmp_path)) is None
+
+
+@pytest.mark.fast
+def test_the_title_names_whose_mail_and_rings_the_bell():
+    assert running.title_text(AGENT) == (f"\x1b]0;agent-mail: new mail for {AGENT}\x07"
+                                         f"\x1b]2;agent-mail: new mail for {AGENT}\x07\x07").encode()
+    assert b"\x1b[" not in running.title_text("p:x\x1b[2J")  # nothing of the name can end the title early
+
+
+@pytest.mark.backends
+def test_the_helper_arms_its_wait_only_while_run_can_type_and_hears_mail_either_way(mailbox_path):
+    """The helper process run forks (a real process on a real mailbox): unarmed, it holds no watch session
+    (status: not woken now) and still says when mail comes; told to arm (b"a" and SIGINT), it is an armed watch;
+    told not to, that watch is released."""
+    import select
+    import signal
+
+    def heard(notify, byte: bytes) -> bool:
+        ready, _, _ = select.select([notify], [], [], 30)
+        return bool(ready) and byte in os.read(notify, 64)
+
+    pid, notify, control = running.start_helper(AGENT, None, False)
+    try:
+        assert heard(notify, b"r")
+        assert "woken" not in _status().get("reached_by", "") and _status().get("watch_state", "never") == "never"
+        _send("while unarmed")
+        assert heard(notify, b"m")
+        os.write(control, b"a")
+        os.kill(pid, signal.SIGINT)
+        until(lambda: _status().get("watch_state") == "armed", 30, "the helper did not arm its wait")
+        assert _status()["reached_by"].startswith("woken now (an armed watch")
+        _send("while armed")
+        assert heard(notify, b"m")
+        until(lambda: _status().get("watch_state") == "armed", 30, "the helper did not arm again after the mail")
+        os.write(control, b"q")
+        os.kill(pid, signal.SIGINT)
+        until(lambda: _status().get("watch_state") == "released", 30, "the helper did not release its watch")
+        _send("while unarmed again")
+        assert heard(notify, b"m")
+        assert json.loads(am_process("read", AGENT, "--no-mark-read").stdout)["count"] == 3  # nothing marked read
+    finally:
+        running.Runner.end_helper(pid)
+        os.close(notify)
+        os.close(control)
+
+
 # -- the wrapper around a scripted prompt, in tmux ----------------------------------------------------------------
 def _lines(log) -> list[str]:
     return log.read_text().splitlines() if log.exists() else []
@@ -139,9 +261,30 @@ def through():
     return {}
 
 
+def _ready(decisions) -> bool:
+    return decisions.exists() and "the wait for mail is ready" in decisions.read_text()
+
+
+def _title(terminal) -> str:
+    return _shown(terminal, "#{pane_title}")
+
+
+def _bell(terminal) -> bool:
+    return _shown(terminal, "#{window_bell_flag}") == "1"
+
+
+def _shown(terminal, what: str) -> str:
+    return subprocess.run([*terminal.tmux, "display-message", "-p", "-t", terminal.name, what],
+                          capture_output=True, text=True).stdout.strip()
+
+
+TITLE = f"agent-mail: new mail for {AGENT}"
+
+
 @pytest.fixture
 def wrapped(tmp_path, mailbox_path, through):
-    """run around tests/lib/run_child.py in tmux: (terminal, the child's log, run's decision log, the exit file)."""
+    """run around tests/lib/run_child.py in tmux: (terminal, the child's log, run's decision log, the exit file).
+    run_child is no harness set up here: run never types into it, and tells of mail by the terminal's title."""
     log, decisions, code = tmp_path / "child.log", tmp_path / "run.log", tmp_path / "exit"
     env = process_env(AGENT_MAIL_RUN_LOG=str(decisions), **through)
     passed = " ".join(f"{k}={shlex.quote(env[k])}" for k in ("AGENT_MAIL_DB", "AGENT_MAIL_RUN_LOG", "PYTHONPATH",
@@ -150,45 +293,41 @@ def wrapped(tmp_path, mailbox_path, through):
               f"{shlex.quote(sys.executable)} {shlex.quote(CHILD)} {shlex.quote(str(log))}; echo $? > {code}"
     with Terminal(tmp_path, f"agent-mail-run-{os.getpid()}", tmp_path, command) as terminal:
         until(lambda: _lines(log), 30, "the child did not start")
-        until(lambda: _status().get("watch_state") == "armed", 30, "run's wait was not armed")
+        until(lambda: _ready(decisions), 30, "run's wait for mail did not start")
         yield terminal, log, decisions, code
 
 
+def _run_of(child: int) -> int:
+    """run's process, from the harness's: run -> the harness's session leader -> the harness."""
+    return _parent(_parent(child))
+
+
+def _parent(pid: int) -> int:
+    return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+
+
+def _state(pid: int) -> str:
+    return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+
+
 @pytest.mark.requires("tmux")
-def test_an_idle_prompt_is_woken_by_one_typed_line_that_never_holds_the_mail(wrapped):
+def test_a_program_not_set_up_is_told_by_the_title_and_bell_and_never_typed_into(wrapped):
     terminal, log, decisions, code = wrapped
     row = _status()
-    assert row["reachable"] and row["reached_by"].startswith("woken now (an armed watch")
+    assert not row.get("reachable") and "woken" not in row.get("reached_by", "")  # run cannot wake it: not said
+    assert row.get("watch_state", "never") == "never"
+    assert not _bell(terminal)
     _send()
-    line = until(lambda: next((x for x in _lines(log) if x.startswith("line: ")), None), 30, "no trigger typed")
-    assert line == f"line: {TRIGGER}" and "Stop the deploy" not in line and "body" not in line
+    until(lambda: _title(terminal) == TITLE, 30, lambda: f"no title: {_title(terminal)!r}")
+    assert _bell(terminal)
+    assert "told by the terminal's title and bell" in decisions.read_text()
+    assert _lines(log) == [_lines(log)[0]]  # nothing was typed into the program
+    assert "Stop the deploy" not in _title(terminal)
     assert json.loads(am_process("read", AGENT, "--no-mark-read").stdout)["count"] == 1  # waiting marked nothing
+    assert "woken" not in _status().get("reached_by", "")
     terminal.type("exit 7", "Enter")
     until(lambda: code.exists() and code.read_text().strip(), 30, "run did not exit")
     assert code.read_text().strip() == "7"
-    until(lambda: _status().get("watch_state") == "released", 30, "run's watch session was not released")
-
-
-@pytest.mark.requires("tmux")
-def test_no_trigger_while_text_is_unsent_or_a_dialog_is_open(wrapped):
-    terminal, log, decisions, _ = wrapped
-    terminal.type("abc")
-    _send()
-    until(lambda: decisions.exists() and "unsent text at the prompt" in decisions.read_text(), 30,
-          "run did not hold the wake for the unsent text")
-    assert _lines(log) == [_lines(log)[0]]  # nothing was typed into the prompt
-    terminal.type("BSpace", "BSpace", "BSpace")  # the person clears the line: now it wakes
-    until(lambda: f"line: {TRIGGER}" in _lines(log), 30, "no wake once the line was cleared")
-    assert "line: abc" not in "\n".join(_lines(log)) and f"line: abc{TRIGGER}" not in _lines(log)
-    terminal.type("dialog", "Enter")
-    until(lambda: "Allow once? (y/n)" in terminal.screen(), 30, "no dialog")
-    decisions.write_text("")
-    _send("second")
-    until(lambda: "a dialog is open" in decisions.read_text(), 30, "run did not hold the wake for the dialog")
-    terminal.type("y", "Enter")
-    until(lambda: "answer: y" in _lines(log), 30, "the dialog's answer did not arrive")
-    assert _lines(log)[-1] == "answer: y"  # the trigger did not answer the dialog
-    until(lambda: _lines(log).count(f"line: {TRIGGER}") == 2, 30, "no wake after the dialog closed")
 
 
 @pytest.mark.requires("tmux")
@@ -210,30 +349,116 @@ def test_a_resize_and_colours_pass_through_and_sigterm_to_run_ends_the_harness(w
                            text=True).stdout
     assert "\x1b[31mred" in shown  # colours reach the terminal as written
     child = int(_lines(log)[0].split()[1])
-    run = int(open(f"/proc/{child}/stat").read().rsplit(")", 1)[1].split()[1])  # run is the harness's parent
-    os.kill(run, 15)
+    os.kill(_run_of(child), 15)
     until(lambda: code.exists() and code.read_text().strip(), 30, "run did not exit on SIGTERM")
     assert code.read_text().strip() == "143" and not _alive(child)
-    until(lambda: _status().get("watch_state") == "released", 30, "run's watch session was not released")
 
 
 @pytest.mark.requires("tmux")
 def test_run_killed_outright_leaves_neither_the_harness_nor_its_wait(wrapped):
     terminal, log, _, _ = wrapped
     child = int(_lines(log)[0].split()[1])
-    run = int(open(f"/proc/{child}/stat").read().rsplit(")", 1)[1].split()[1])
+    run = _run_of(child)
+    helpers = [int(p) for p in os.listdir("/proc") if p.isdigit() and _alive(int(p)) and _parent(int(p)) == run
+               and int(p) != _parent(child)]
     os.kill(run, 9)  # no handler runs: the terminal hangs up on the harness, the kernel stops the helper
     until(lambda: not _alive(child), 30, "the harness outlived run")
-    until(lambda: _status().get("watch_state") == "released", 30, "run's wait was not released")
+    until(lambda: not any(_alive(p) for p in helpers), 30, "run's helper outlived run")
 
 
 @pytest.mark.requires("tmux")
 def test_the_terminal_going_away_ends_the_harness_and_releases_the_wait(wrapped):
     terminal, log, _, _ = wrapped
     child = int(_lines(log)[0].split()[1])
+    run = _run_of(child)
     subprocess.run([*terminal.tmux, "kill-server"], capture_output=True)  # the pane's terminal closes: SIGHUP
     until(lambda: not _alive(child), 30, "the harness outlived its terminal")
-    until(lambda: _status().get("watch_state") == "released", 30, "run's watch session was not released")
+    until(lambda: not _alive(run), 30, "run outlived its terminal")
+
+
+def _in_a_shell(tmp_path, name: str, program: list[str], cwd=None, **extra) -> tuple[Terminal, object, object]:
+    """A tmux pane running an interactive bash (job control on), with a script that starts `run -- PROGRAM` (in
+    `cwd`) as one job: (the terminal, the script's path to type, run's decision log)."""
+    decisions = tmp_path / "run.log"
+    env = process_env(AGENT_MAIL_RUN_LOG=str(decisions), **extra)
+    passed = " ".join(f"{k}={shlex.quote(env[k])}" for k in ("AGENT_MAIL_DB", "AGENT_MAIL_RUN_LOG", "PYTHONPATH",
+                                                            "HOME", "PATH", *extra))
+    script = tmp_path / "start.sh"
+    script.write_text(f"cd {shlex.quote(str(cwd or tmp_path))}\n"
+                      f"exec env {passed} {shlex.quote(sys.executable)} -m agent_mail run --agent {AGENT} -- "
+                      f"{shlex.join(program)}\n")
+    shell = f"env -i {passed} TERM=xterm-256color PS1='outer$ ' bash --norc --noprofile -i"
+    return Terminal(tmp_path, name, tmp_path, shell), script, decisions
+
+
+@pytest.mark.requires("tmux")
+def test_ctrl_z_stops_run_with_the_program_and_fg_continues_both(tmp_path, mailbox_path):
+    log = tmp_path / "child.log"
+    terminal, script, decisions = _in_a_shell(tmp_path, f"agent-mail-run-stop-{os.getpid()}",
+                                              [sys.executable, CHILD, str(log)])
+    with terminal:
+        terminal.wait_for(lambda: "outer$" in terminal.screen(), 30, "no outer shell")
+        terminal.type(f"bash {script}", "Enter")
+        until(lambda: _lines(log), 30, "the child did not start")
+        child = int(_lines(log)[0].split()[1])
+        run = _run_of(child)
+        terminal.type("C-z")  # the pseudo-terminal sends the program SIGTSTP, as a terminal does the bare program
+        terminal.wait_for(lambda: "Stopped" in terminal.screen(), 30, "the outer shell saw no stop")
+        assert _state(run) == "T" and _state(child) == "T"
+        terminal.type("fg", "Enter")
+        until(lambda: _state(run) != "T" and _state(child) != "T", 30, "fg did not continue run and the program")
+        terminal.type("size", "Enter")  # the terminal is raw again, keys reach the program, its size is copied
+        until(lambda: "size: 160x45" in _lines(log), 30, lambda: f"the program does not work after fg: {_lines(log)}")
+        terminal.type("exit 3", "Enter")
+        terminal.wait_for(lambda: "outer$" in terminal.screen().rstrip().splitlines()[-1], 30, "run did not exit")
+        terminal.type("echo code=$?", "Enter")
+        terminal.wait_for(lambda: "code=3" in terminal.screen(), 30, "run's exit status")
+
+
+@pytest.mark.requires("tmux", "vim", "less")
+def test_under_bash_the_notice_is_never_typed_into_the_shell_vim_or_less(tmp_path, mailbox_path):
+    vim, less = find("vim"), find("less")
+    page = tmp_path / "page.txt"
+    page.write_text("".join(f"line {i}\n" for i in range(200)))
+    terminal, script, decisions = _in_a_shell(tmp_path, f"agent-mail-run-bash-{os.getpid()}",
+                                              ["bash", "--norc", "--noprofile", "-i"])
+    with terminal:
+        terminal.wait_for(lambda: "outer$" in terminal.screen(), 30, "no outer shell")
+        terminal.type(f"bash {script}", "Enter")
+        until(lambda: _ready(decisions), 30, "run's wait for mail did not start")
+        assert "not a harness set up here" in decisions.read_text()
+        terminal.type("PS1='inner$ '", "Enter")
+        terminal.wait_for(lambda: "inner$" in terminal.screen(), 30, "no inner shell")
+        _send("first")  # at the shell's prompt: the title, never a command line
+        until(lambda: _title(terminal) == TITLE, 30, lambda: f"no title: {_title(terminal)!r}")
+        terminal.type("printf '\\033]2;reset\\007'", "Enter")
+        until(lambda: _title(terminal) == "reset", 30, "the title was not reset")
+
+        terminal.type(f"{vim} -u NONE {shlex.quote(str(page))}", "Enter")  # on the alternate screen
+        terminal.wait_for(lambda: "line 0" in terminal.screen() and "inner$" not in terminal.screen(), 30, "no vim")
+        _send("second")
+        until(lambda: _title(terminal) == TITLE, 30, lambda: f"no title in vim: {_title(terminal)!r}")
+        terminal.type(":wq", "Enter")
+        terminal.wait_for(lambda: "inner$" in terminal.screen(), 30, "vim did not end")
+        assert page.read_text().splitlines()[0] == "line 0" and len(page.read_text().splitlines()) == 200
+        terminal.type("printf '\\033]2;reset\\007'", "Enter")
+        until(lambda: _title(terminal) == "reset", 30, "the title was not reset")
+
+        terminal.type(f"{less} {shlex.quote(str(page))}", "Enter")
+        terminal.wait_for(lambda: "line 0" in terminal.screen() and "inner$" not in terminal.screen(), 30, "no less")
+        _send("third")
+        until(lambda: _title(terminal) == TITLE, 30, lambda: f"no title in less: {_title(terminal)!r}")
+        assert "HELP" not in terminal.screen().upper() and "log file" not in terminal.screen()
+        terminal.type("q")
+        terminal.wait_for(lambda: "inner$" in terminal.screen(), 30, "less did not end")
+        terminal.type("echo still-here", "Enter")
+        terminal.wait_for(lambda: "still-here" in terminal.screen(), 30, "the shell does not answer")
+        screen = terminal.screen()
+        assert "syntax error" not in screen and "agent-mail: new mail" not in screen  # never run as a command
+        assert "trigger typed" not in decisions.read_text()
+        assert json.loads(am_process("read", AGENT, "--no-mark-read").stdout)["count"] == 3
+        terminal.type("exit", "Enter")
+        terminal.wait_for(lambda: "outer$" in terminal.screen().rstrip().splitlines()[-1], 30, "run did not exit")
 
 
 class TestThroughAServer:
@@ -244,16 +469,16 @@ class TestThroughAServer:
         return {"AGENT_MAIL_DB": server.url, "AGENT_MAIL_TOKEN": server.token("--agent", AGENT)}
 
     @pytest.mark.requires("tmux")
-    def test_an_idle_prompt_is_woken_through_the_server(self, wrapped):
+    def test_a_program_not_set_up_is_told_by_the_title_through_the_server(self, wrapped):
         terminal, log, _, code = wrapped
-        assert _status()["reached_by"].startswith("woken now (an armed watch")  # the server's watch, on the mailbox
+        assert "woken" not in _status().get("reached_by", "")  # no armed watch on the server: run cannot type
         _send()
-        until(lambda: f"line: {TRIGGER}" in _lines(log), 30, "no trigger typed")
+        until(lambda: _title(terminal) == TITLE, 30, lambda: f"no title: {_title(terminal)!r}")
+        assert _lines(log) == [_lines(log)[0]]
         assert json.loads(am_process("read", AGENT, "--no-mark-read").stdout)["count"] == 1
         terminal.type("exit 0", "Enter")
         until(lambda: code.exists() and code.read_text().strip(), 30, "run did not exit")
         assert code.read_text().strip() == "0"
-        until(lambda: _status().get("watch_state") == "released", 30, "the server's watch was not released")
 
 
 def test_without_a_terminal_on_stdin_run_refuses_clearly(mailbox_path):
@@ -344,7 +569,8 @@ def test_an_idle_gemini_is_woken_by_mail_quiet_while_text_is_typed_and_ends_with
     with FakeModel(_answer) as model:
         with gemini_under_run(gemini_project, model, f"agent-mail-run-gemini-{os.getpid()}") as terminal:
             terminal.wait_for(lambda: _at_prompt(terminal), 90, "gemini did not reach its prompt")
-            assert _status()["watch_state"] == "armed" and _status()["reachable"]
+            until(lambda: _status().get("watch_state") == "armed", 30, "run did not arm its wait at the empty prompt")
+            assert _status()["reachable"]
             # Gemini's own session (which cannot be woken) does not hide that run wakes it.
             until(lambda: _status()["sessions"] == 1, 30, "gemini's session start hook did not run")
             assert _status()["reached_by"].startswith("woken now (an armed watch")
@@ -364,8 +590,10 @@ def test_an_idle_gemini_is_woken_by_mail_quiet_while_text_is_typed_and_ends_with
             decisions = gemini_project.parent / "run.log"
             decisions.write_text("")
             _send("Second thing")
-            until(lambda: "unsent text at the prompt" in decisions.read_text(), 30, "run did not hold the wake")
+            until(lambda: "empty prompt is not showing" in decisions.read_text(), 30, "run did not hold the wake")
             assert len(_prompts(model)) == turns and "hello" in terminal.screen()
+            until(lambda: _status()["reached_by"].startswith("told at its next prompt"), 30,  # not "woken now"
+                  lambda: f"status while text is unsent: {_status()['reached_by']}")
             terminal.type(*["BSpace"] * 5)
             terminal.wait_for(lambda: len(_prompts(model)) > turns, 60, "no wake once the prompt was cleared")
             assert _prompts(model)[turns] == TRIGGER and "Second thing" in json.dumps(
@@ -376,6 +604,46 @@ def test_an_idle_gemini_is_woken_by_mail_quiet_while_text_is_typed_and_ends_with
             until(lambda: not _processes_in(gemini_project), 30,
                   lambda: f"left running after SIGHUP: {_processes_in(gemini_project)}")
     assert json.loads(am_process("read", AGENT, "--no-mark-read").stdout)["count"] == 2  # told, never consumed
+
+
+@pytest.mark.requires("gemini", "tmux")
+def test_gemini_is_woken_after_escape_and_not_typed_into_while_a_dialog_is_open(gemini_project):
+    from tests.lib.fake_model import FakeModel
+
+    decisions = gemini_project.parent / "run.log"
+    with FakeModel(_answer) as model:
+        with gemini_under_run(gemini_project, model, f"agent-mail-run-esc-{os.getpid()}") as terminal:
+            terminal.wait_for(lambda: _at_prompt(terminal), 90, "gemini did not reach its prompt")
+            until(lambda: _status().get("watch_state") == "armed", 30, "run did not arm its wait at the empty prompt")
+            # Esc at the empty prompt puts nothing on it: the mail wakes the session as if it had not been pressed.
+            terminal.type("Escape")
+            turns = len(_prompts(model))
+            _send()
+            terminal.wait_for(lambda: len(_prompts(model)) > turns, 60, "no wake after Esc at the empty prompt")
+            assert _prompts(model)[turns] == TRIGGER
+            terminal.wait_for(lambda: _at_prompt(terminal) and "ok from the model" in terminal.screen(), 60,
+                              "the woken turn did not end")
+
+            # A dialog (/settings, with a search box of its own): nothing typed into it, and status says so.
+            terminal.type("/settings", "Enter")
+            terminal.wait_for(lambda: "Esc to close" in terminal.screen(), 30, "no settings dialog")
+            until(lambda: _status()["reached_by"].startswith("told at its next prompt"), 30,
+                  lambda: f"status while a dialog is open: {_status()['reached_by']}")
+            turns = len(_prompts(model))
+            decisions.write_text("")
+            _send("Second thing")
+            until(lambda: "empty prompt is not showing" in decisions.read_text(), 30, "run did not hold the wake")
+            assert TRIGGER not in terminal.screen() and "agent-mail" not in terminal.screen()
+            terminal.type("Escape")  # closed: the pending mail wakes the session
+            terminal.wait_for(lambda: len(_prompts(model)) > turns, 60, "no wake after the dialog closed")
+            assert _prompts(model)[turns] == TRIGGER and "Second thing" in json.dumps(
+                [r for r in model.requests if _main(r)][turns]["contents"])
+            assert "given up" not in decisions.read_text()
+            terminal.wait_for(lambda: _at_prompt(terminal), 60, "the woken turn did not end")
+            until(lambda: _status().get("reached_by", "").startswith("woken now"), 30, "not armed again when idle")
+            terminal.type("/quit", "Enter")
+            code = gemini_project.parent / "exit"
+            until(lambda: code.exists() and code.read_text().strip(), 60, "run did not exit after /quit")
 
 
 @pytest.mark.requires("gemini", "tmux")
@@ -427,6 +695,46 @@ def copilot_project(tmp_path, mailbox_path):
 
 def _copilot_main(request: dict) -> bool:
     return "create" in [t.get("function", {}).get("name") for t in request.get("tools") or []]
+
+
+def _copilot_env(home, model) -> dict:
+    return {"HOME": str(home), "COPILOT_OFFLINE": "true", "COPILOT_AUTO_UPDATE": "false",
+            "COPILOT_PROVIDER_BASE_URL": f"{model.url}/v1", "COPILOT_PROVIDER_API_KEY": "x",
+            "COPILOT_MODEL": "scripted", "COPILOT_CACHE_HOME": COPILOT_CACHE, "TMPDIR": private_tmp(home)}
+
+
+@pytest.mark.requires("copilot", "tmux")
+def test_ctrl_z_suspends_copilot_under_run_as_without_it_and_fg_resumes_it(copilot_project):
+    """Copilot CLI stops itself at ctrl+z ("Copilot has been suspended"); under run the shell sees run stop, and
+    after fg Copilot works (and is woken) as before."""
+    from tests.lib.fake_model import FakeModel
+
+    home = copilot_project.parent / "copilot-home"
+    os.makedirs(COPILOT_CACHE, exist_ok=True)
+    with FakeModel(lambda request: [{"type": "text", "text": "ok from the model"}]) as model:
+        terminal, script, decisions = _in_a_shell(copilot_project.parent, f"agent-mail-run-cz-{os.getpid()}",
+                                                  [COPILOT], cwd=copilot_project, **_copilot_env(home, model))
+        with terminal:
+            terminal.wait_for(lambda: "outer$" in terminal.screen(), 30, "no outer shell")
+            terminal.type(f"bash {script}", "Enter")
+            terminal.wait_for(lambda: "/ commands" in terminal.screen(), 90, "copilot did not reach its prompt")
+            until(lambda: _status().get("watch_state") == "armed", 30, "run did not arm its wait at the empty prompt")
+            terminal.type("C-z")
+            terminal.wait_for(lambda: "Stopped" in terminal.screen(), 30, "the outer shell saw no stop")
+            run = next(int(p) for p in os.listdir("/proc") if p.isdigit() and _alive(int(p)) and
+                       b"agent_mail\0run" in open(f"/proc/{p}/cmdline", "rb").read())
+            assert _state(run) == "T"
+            until(lambda: not _status().get("reached_by", "").startswith("woken now"), 30,
+                  "a stopped run still said woken now")
+            terminal.type("fg", "Enter")
+            terminal.wait_for(lambda: "/ commands" in terminal.screen(), 60, "copilot did not come back after fg")
+            turns = len([r for r in model.requests if _copilot_main(r)])
+            _send()
+            terminal.wait_for(lambda: len([r for r in model.requests if _copilot_main(r)]) > turns, 60,
+                              "copilot was not woken after fg")
+            terminal.wait_for(lambda: "ok from the model" in terminal.screen(), 60, "the woken turn did not end")
+            terminal.type("/exit", "Enter")
+            terminal.wait_for(lambda: "outer$" in terminal.screen().rstrip().splitlines()[-1], 60, "run did not exit")
 
 
 @pytest.mark.requires("copilot", "tmux")

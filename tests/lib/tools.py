@@ -20,6 +20,8 @@ NODE_BIN = os.path.join(ROOT, ".cache", "node", "node_modules", ".bin")  # where
 TOOLS = {
     "tmux": (None, ("tmux",), "apt-get install tmux"),
     "mutt": (None, ("mutt",), "apt-get install mutt"),
+    "vim": (None, ("vim", "vim.tiny"), "apt-get install vim-tiny"),
+    "less": (None, ("less",), "apt-get install less"),
     "nginx": (None, ("nginx",), "apt-get install nginx-light"),
     "caddy": (None, ("caddy",), "apt-get install caddy"),
     "chromium": ("AGENT_MAIL_CHROMIUM", ("chromium-headless-shell", "chromium"),

@@ -1,18 +1,26 @@
 """`agent-mail run [--agent P:N] -- COMMAND [ARGS...]`: a harness with no wake primitive of its own (Gemini CLI,
-Copilot CLI, any interactive CLI) run in a pseudo-terminal this process owns, and woken when mail arrives.
+Copilot CLI) run in a pseudo-terminal this process owns, and woken when mail arrives.
 
 The person's terminal is passed through unchanged: their keys go to the harness byte for byte, its output comes
 back byte for byte, a resize is copied to the pseudo-terminal (the kernel sends the harness SIGWINCH), and `run`
-exits with the harness's status (128+N when signal N ended it). When its terminal goes away (SIGHUP) or `run` is
-stopped (SIGTERM, SIGINT), the harness's process group is ended and waited for: nothing is left behind.
+exits with the harness's status (128+N when signal N ended it). The harness runs in a process group of its own
+under a small session leader (_lead), as a shell runs a job, so ctrl+z stops it as it would stop the bare program;
+run then stops too, and `fg` continues both. When its terminal goes away (SIGHUP) or `run` is stopped (SIGTERM,
+SIGINT), the harness's process group is ended and waited for: nothing is left behind.
 
-A helper process (forked before the harness starts) waits for the identity's mail with the mailbox's own wait
-(Mailbox.wait_armed: an armed watch session, so `status` shows the identity reachable; through an agent-mail
-server, the server's watch), marking nothing read, and writes one byte on a pipe for each arrival. The main loop
-folds those into one pending wake, and types the trigger only when the session is idle at an empty prompt:
+A helper process (forked before the harness starts) waits for the identity's mail with the mailbox's own wait,
+marking nothing read, and writes one byte on a pipe for each arrival. The wait is armed (Mailbox.wait_armed: a
+watch session, so `status` says the identity is woken now; through an agent-mail server, the server's watch) only
+while run can type the trigger, and holds no session while it cannot (Waker.stuck: _Control). The main loop folds
+arrivals into one pending wake, and types the trigger only when the session is idle at an empty prompt:
 
+- the program is a harness set up in this directory (its prompt hook reads the line); anything else is told by
+  the terminal's title and bell, never typed into (a shell would run the line as a command);
 - the harness has written nothing for QUIET_SECONDS (a turn under way redraws its spinner far more often);
-- the person pressed no key for TYPING_PAUSE_SECONDS and left nothing unsent since their last Enter (KeyTracker);
+- the person pressed no key for TYPING_PAUSE_SECONDS;
+- the prompt is empty: the screen shows the harness's empty prompt (EMPTY_PROMPT: hidden by typed text and by its
+  dialogs) where its words are known, else nothing is unsent since the person's last Enter (KeyTracker) and no
+  full-screen program is on the alternate screen;
 - the screen's last lines (Screen, a small model of the terminal) show no approval dialog and no turn under way;
 - no wake in the last WAKE_INTERVAL_SECONDS.
 
@@ -50,6 +58,10 @@ DIALOG_MARKERS = ("Allow once", "Allow execution", "Allow for this session", "Ap
                   "Approve", "approve this", "Press enter to confirm", "Press Enter to confirm", "Trust folder",
                   "Do you trust")
 SCREEN_LINES_CHECKED = 12
+# What the screen's last lines show while a harness's prompt is empty and ready for a line (its placeholder, or a
+# footer that is there only while nothing is typed): where a harness's words are known, the screen, not the keys,
+# says whether text is unsent, and a dialog or a program over the prompt hides them.
+EMPTY_PROMPT = {"gemini": ("Type your message",), "copilot": ("/ commands",)}
 
 
 def trigger_text(agent: str) -> str:
@@ -57,11 +69,19 @@ def trigger_text(agent: str) -> str:
     return f"agent-mail: new mail for {agent} (agent-mail read {agent})"
 
 
+def title_text(agent: str) -> bytes:
+    """What run writes to its own terminal when mail comes for a program that is not a set-up harness: the terminal's
+    title (OSC 0, and OSC 2 for terminals that keep the two apart) saying whose mail, never the mail, and the bell."""
+    said = "".join(ch for ch in f"agent-mail: new mail for {agent}" if ch >= " " and ch != "\x7f")
+    return f"\x1b]0;{said}\x07\x1b]2;{said}\x07\x07".encode("utf-8")
+
+
 # -- the screen ---------------------------------------------------------------------------------------------------
 class Screen:
     """A small model of a terminal's screen, enough to know what its last lines say: printable text, carriage
     return, line feed, backspace, tab, the cursor moves and erases of CSI (A B C D E F G H f d J K), scrolling at
-    the bottom and the alternate screen (cleared). Colours and other sequences are skipped. One cell per character
+    the bottom and the alternate screen (cleared, and `alternate` while a program is on it: DECSET 47, 1047,
+    1049). Colours and other sequences are skipped. One cell per character
     (wide characters are counted as one): good enough to find words on a line, not to draw it."""
 
     def __init__(self, rows: int = 24, cols: int = 80):
@@ -70,6 +90,7 @@ class Screen:
         self.row = self.col = 0
         self.state = "text"  # text, esc, csi, osc, osc_esc, charset
         self.params = ""
+        self.alternate = False  # a program (vim, less, a full-screen harness) draws on the alternate screen
         self.pending = b""  # an incomplete UTF-8 sequence
 
     def resize(self, rows: int, cols: int) -> None:
@@ -131,6 +152,8 @@ class Screen:
                 self.grid[self.row][self.col] = ch
                 self.col += 1
         elif state == "esc":
+            if ch == "c":  # full reset: back on the main screen
+                self.alternate = False
             if ch == "[":
                 self.state, self.params = "csi", ""
             elif ch == "]":
@@ -172,8 +195,9 @@ class Screen:
     def _csi(self, params: str, final: str) -> None:
         private = params[:1] in ("?", ">", "<", "=")
         if private:
-            if final in "hl" and any(p in ("47", "1047", "1049") for p in params[1:].split(";")):
+            if final in "hl" and params[:1] == "?" and any(p in ("47", "1047", "1049") for p in params[1:].split(";")):
                 self._erase_display(2)  # into or out of the alternate screen: what was there is not this one
+                self.alternate = final == "h"
             return
         numbers = []
         for part in params.split(";"):
@@ -251,10 +275,13 @@ def _complete_prefix(data: bytes) -> int:
 class KeyTracker:
     """What the person's keys left at the prompt: `unsent` characters typed since their last Enter (backspace takes
     one away; ctrl+u, ctrl+c and Enter clear them), `uncertain` after a key whose effect on the line cannot be
-    known from here (arrows recalling history, tab completion, Esc, other control keys: unsent text until Enter,
-    ctrl+u or ctrl+c), and when the last key came. What the terminal itself sends on this input is not a key: its
-    answers to the harness's queries (cursor position, device attributes, colours, keyboard modes), focus and mouse
-    reports. A bracketed paste is text typed."""
+    known from here (up and down recalling history, tab completion, other control keys; delete and alt+key on a
+    line holding text: unsent text until Enter, ctrl+u or ctrl+c), and when the last key came. Esc, the keys that
+    only move (left, right, home, end, page up and down) and function keys put no text on the line. What the
+    terminal itself sends on this input is not a key: its answers to the harness's queries (cursor position,
+    device attributes, colours, keyboard modes), focus and mouse reports. A bracketed paste is text typed.
+    Keys fed with `counted=False` (typed into a full-screen program over the prompt: vim, less) only say when the
+    last key came."""
 
     def __init__(self):
         self.unsent = 0
@@ -267,7 +294,12 @@ class KeyTracker:
     def clear(self) -> bool:
         return self.unsent == 0 and not self.uncertain
 
-    def feed(self, data: bytes, at: float) -> None:
+    def feed(self, data: bytes, at: float, counted: bool = True) -> None:
+        if not counted:
+            self.partial, self.pasting = b"", False
+            if any(kind != "report" for kind in _kinds(data)):
+                self.last_key = at
+            return
         data, self.partial = self.partial + data, b""
         i = 0
         while i < len(data):
@@ -284,7 +316,9 @@ class KeyTracker:
                     self.pasting = sequence.endswith(b"200~")
                     self.last_key = at
                 elif kind == "key":
-                    self.uncertain, self.last_key = True, at
+                    self.last_key = at
+                    if _edits(sequence, self.unsent):
+                        self.uncertain = True
                 continue  # a report of the terminal: not the person
             self.last_key = at
             if self.pasting:
@@ -304,6 +338,39 @@ class KeyTracker:
             elif byte & 0xC0 != 0x80:  # a character (a UTF-8 continuation byte is part of the one before)
                 self.unsent += 1
             i += 1
+
+
+def _kinds(data: bytes) -> list[str]:
+    """What each escape sequence and other byte of `data` is ("key", "report", "paste"): whether a person typed."""
+    kinds, i = [], 0
+    while i < len(data):
+        if data[i] != 0x1b:
+            kinds.append("key")
+            i += 1
+            continue
+        end, kind = _escape(data, i)
+        if end is None:
+            kinds.append("key")
+            break
+        kinds.append(kind)
+        i = end
+    return kinds
+
+
+def _edits(sequence: bytes, unsent: int) -> bool:
+    """Whether the key `sequence` (an escape sequence the person typed) may have changed what the prompt line holds:
+    up and down (history: text recalled into an empty line too); delete and alt+key (alt+backspace, alt+d) on a line
+    holding text. Esc, moves, function keys, Insert: no."""
+    if len(sequence) < 2:
+        return False  # Esc
+    kind, final = sequence[1:2], sequence[-1:]
+    if kind in (b"[", b"O"):
+        if final in (b"A", b"B"):
+            return True
+        return bool(unsent) and sequence[2:] == b"3~"  # delete
+    if kind == b"\x1b":
+        return False  # Esc twice
+    return bool(unsent)  # alt+key
 
 
 _REPORT_FINALS = b"RcnytIOu"  # CSI answers of a terminal: cursor position, attributes, status, modes, focus, flags
@@ -350,11 +417,16 @@ def _escape(data: bytes, start: int) -> tuple[int | None, str]:
 
 # -- the decision -------------------------------------------------------------------------------------------------
 class Waker:
-    """When to type the trigger. The main loop tells it of output, keys and mail; `due(now)` says whether to wake
-    now (every condition of an idle session at an empty prompt met), `next_check(now)` when to ask again."""
+    """When to type the trigger. The main loop tells it of output, keys and mail; `blocked_by(now)` says why not
+    now (None: every condition of an idle session at an empty prompt met), `stuck()` why it cannot type until
+    something changes (not for a moment), `next_check(now)` when to ask again. `types`: the program is a harness
+    set up here, whose prompt hook reads the trigger (else nothing is ever typed); `empty`: the words its screen
+    shows while its prompt is empty (EMPTY_PROMPT), where known."""
 
-    def __init__(self, screen: Screen, keys: KeyTracker, started: float):
+    def __init__(self, screen: Screen, keys: KeyTracker, started: float, types: bool = True,
+                 empty: tuple[str, ...] = ()):
         self.screen, self.keys = screen, keys
+        self.types, self.empty = types, empty
         self.last_output = started
         self.output_seen = False
         self.pending_since: float | None = None
@@ -413,13 +485,30 @@ class Waker:
             return "the harness is writing"
         if now - self.keys.last_key < TYPING_PAUSE_SECONDS:
             return "the person typed in the last seconds"
-        if not self.keys.clear():
-            return "unsent text at the prompt"
+        stuck = self.stuck()
+        if stuck is not None:
+            return stuck
         if now - self.last_wake < WAKE_INTERVAL_SECONDS:
             return "woken in the last interval"
         tail = self.screen.last_lines(SCREEN_LINES_CHECKED)
         if any(marker in tail for marker in BUSY_MARKERS):
             return "a turn is under way"
+        return None
+
+    def stuck(self) -> str | None:
+        """Why the trigger cannot be typed until the person or the program changes something (None: nothing of
+        the kind): not a set-up harness, a full-screen program over the prompt, unsent text, a dialog."""
+        if not self.types:
+            return "not a harness set up here (its prompt hook would not read the line): told by title and bell"
+        if self.empty:
+            tail = self.screen.last_lines(SCREEN_LINES_CHECKED)
+            if not any(words in tail for words in self.empty):
+                return "the harness's empty prompt is not showing (unsent text, a dialog or another program)"
+        else:
+            if self.screen.alternate:
+                return "a full-screen program is open (the alternate screen)"
+            if not self.keys.clear():
+                return "unsent text at the prompt"
         if self.dialog():
             return "a dialog is open"
         return None
@@ -435,15 +524,81 @@ class Waker:
 
 
 # -- the helper: waiting for mail ---------------------------------------------------------------------------------
-def _helper_local(agent: str, notify: int, parent: int) -> None:
-    """Block on the mailbox (an armed watch session) until mail for `agent` arrives after what was already there
-    when run started, write a byte to `notify` per arrival, re-arm; until run goes away or stops this process."""
+class _Changed(Exception):
+    """run changed what it wants of the helper's wait (SIGINT) as a wait was starting or ending."""
+
+
+class _Control:
+    """The helper's end of run's control pipe: whether its wait should be armed (b"a": run can type the trigger, so
+    senders are told the identity is woken now) or not (b"q": run cannot type now, or never will; the helper still
+    waits, holding no session). run writes the byte, then sends SIGINT, which ends a wait under way (its session
+    released: the wait's own handler); a SIGINT as a wait starts or ends (`waiting`) raises _Changed; elsewhere it
+    is noted (`changed`), and the next wait does not start."""
+
+    def __init__(self, fd: int, armed: bool):
+        import signal
+
+        self.fd, self.armed, self.changed, self.gone, self.waiting = fd, armed, False, False, False
+        os.set_blocking(fd, False)
+        signal.signal(signal.SIGINT, self._interrupted)
+
+    def _interrupted(self, signum, frame) -> None:
+        self.changed = True
+        if self.waiting:
+            self.waiting = False
+            raise _Changed
+
+    def wait(self, waiting, *args):
+        """waiting(*args), a wait that ends with errors.Interrupted(130) at SIGINT; None when run changed what it
+        wants meanwhile (SIGINT), else what it found."""
+        if self.changed:
+            return None
+        try:
+            self.waiting = True
+            return waiting(*args)
+        except _Changed:
+            return None
+        except errors.Interrupted as exc:
+            if exc.exit_code != 128 + 2:  # SIGINT: run changed what it wants; anything else ends the helper
+                raise
+            return None
+        finally:
+            self.waiting = False
+
+    def read(self, wait: float = 0.0) -> bool:
+        """Take what run wrote (waiting up to `wait` seconds for something); whether the wanted state changed."""
+        import select
+
+        before = self.armed
+        self.changed = False  # before the read: a SIGINT from now on comes with a byte not read yet
+        if wait > 0:
+            try:
+                select.select([self.fd], [], [], wait)
+            except InterruptedError:
+                pass
+        try:
+            data = os.read(self.fd, 256)
+        except BlockingIOError:
+            data = None
+        if data == b"":
+            self.gone = True
+        for byte in data or b"":
+            if byte in b"aq":
+                self.armed = byte == ord("a")
+        return self.armed != before
+
+
+def _helper_local(agent: str, notify: int, parent: int, control: _Control) -> None:
+    """Block on the mailbox until mail for `agent` arrives after what was already there when run started, write a
+    byte to `notify` per arrival, wait again; until run goes away or stops this process. The wait is armed (a watch
+    session: status says the identity is woken now) while run says it can type, and holds no session otherwise."""
     from agent_mail.operations import mail
 
     with mail.open_mailbox() as mailbox:
         store = mailbox.store
         with store.transaction():
             mark = {"seq": store.newest_seq(), "at": model.now_iso()}
+        os.write(notify, b"r")  # mail from now on is seen
 
         def look() -> list[dict]:
             now = model.now_iso()
@@ -453,33 +608,40 @@ def _helper_local(agent: str, notify: int, parent: int) -> None:
                     mark["seq"] = max(mark["seq"], store.newest_seq())
             if new:
                 mark["at"] = now
+                os.write(notify, b"m")  # said here, at once: a wait ended by run's SIGINT as it returns loses nothing
             return envelopes if new else []
 
         def wanted() -> bool:
-            return os.getppid() == parent
+            return os.getppid() == parent and not control.changed
 
-        while wanted():
-            if mailbox.wait_armed(agent, WAIT_SECONDS, look, wanted):
-                os.write(notify, b"m")
+        while os.getppid() == parent and not control.gone:
+            control.read()
+            wait = mailbox.wait_armed if control.armed else mailbox.wait_unarmed
+            control.wait(wait, agent, WAIT_SECONDS, look, wanted)
 
 
-def _helper_served(agent: str, notify: int, parent: int, served) -> None:
+def _helper_served(agent: str, notify: int, parent: int, served, control: _Control) -> None:
     """The same through an agent-mail server: its watch (a long request, armed there) until unread mail it has not
-    reported yet is there; while mail it reported is still unread, a look (watch --once) every SERVED_LOOK_SECONDS."""
+    reported yet is there; while mail it reported is still unread, or while run wants no armed wait, a look
+    (watch --once) every SERVED_LOOK_SECONDS."""
     known: set[str] = set()
     first = served.call("watch", {"agent": agent, "once": True})[1]
     known.update(m["id"] for m in first.get("messages", []))
-    while os.getppid() == parent:
+    os.write(notify, b"r")
+    while os.getppid() == parent and not control.gone:
+        control.read()
         unread = served.call("watch", {"agent": agent, "once": True})[1].get("messages", [])
         ids = {m["id"] for m in unread}
         if ids - known:
             known |= ids
             os.write(notify, b"m")
         known &= ids  # read mail leaves the set: what is unread now is all it needs
-        if unread:
-            time.sleep(SERVED_LOOK_SECONDS)
+        if unread or not control.armed:
+            control.read(SERVED_LOOK_SECONDS)  # a change of what run wants ends it sooner
             continue
-        answer = served.watch(agent)  # a signal releases its session on the server before this process ends
+        answer = control.wait(served.watch, agent)  # a signal releases its session on the server first
+        if answer is None:
+            continue
         ids = {m["id"] for m in answer.get("messages", [])}
         if ids - known:
             known |= ids
@@ -501,21 +663,25 @@ def _end_with(parent: int) -> None:
         raise errors.Interrupted("agent-mail run ended before its helper started", 0)
 
 
-def _start_helper(agent: str, served) -> tuple[int, int]:
-    """Fork the helper; (its pid, the pipe end it writes a byte to per arrival)."""
+def start_helper(agent: str, served, armed: bool) -> tuple[int, int, int]:
+    """Fork the helper; (its pid, the pipe end it writes a byte to per arrival, the pipe end run tells it on whether
+    to arm its wait: _Control)."""
     read_end, write_end = os.pipe()
+    control_read, control_write = os.pipe()
     parent = os.getpid()
     pid = os.fork()
     if pid == 0:
         code = 0
         try:
             os.close(read_end)
+            os.close(control_write)
             os.setpgid(0, 0)  # out of the terminal's reach: only run's SIGTERM (or its death) ends it, once
             _end_with(parent)
+            control = _Control(control_read, armed)
             if served is None:
-                _helper_local(agent, write_end, parent)
+                _helper_local(agent, write_end, parent, control)
             else:
-                _helper_served(agent, write_end, parent, served)
+                _helper_served(agent, write_end, parent, served, control)
         except errors.Interrupted:
             code = 0  # stopped by run: its session released
         except BaseException as exc:  # noqa: BLE001 - the helper's failure is run's to report
@@ -526,7 +692,8 @@ def _start_helper(agent: str, served) -> tuple[int, int]:
             code = 1
         os._exit(code)
     os.close(write_end)
-    return pid, read_end
+    os.close(control_read)
+    return pid, read_end, control_write
 
 
 # -- the session under this process -------------------------------------------------------------------------------
@@ -621,17 +788,99 @@ def _exit_code(status: int) -> int:
     return 128 - code if code < 0 else code
 
 
+def _lead(command: list[str], told: int) -> None:
+    """The first process on the pseudo-terminal (its session's leader, in pty.fork's child): start the harness in a
+    process group of its own, the terminal's foreground group, and stand between it and run, as a shell does for
+    a job. The harness's group then has a parent in its session, so a stop (ctrl+z in a cooked terminal, or the
+    harness stopping itself, as Copilot CLI does) is not discarded as the kernel discards it for a session
+    leader's orphaned group. When the harness stops, this process stops too (SIGSTOP: run sees it and stops
+    itself); continued (run's SIGCONT, after `fg`), it continues the harness's group. SIGHUP, SIGTERM, SIGINT and
+    SIGQUIT are passed on to the harness's group; its end is this process's end, with its exit status or by its
+    signal. `told`: a pipe on which the harness's process id is written for run."""
+    import signal
+
+    signal.set_wakeup_fd(-1)  # run's, inherited: not this process's
+    for number in (signal.SIGWINCH, signal.SIGCHLD):
+        signal.signal(number, signal.SIG_DFL)
+    limit = min(os.sysconf("SC_OPEN_MAX"), 65536) if hasattr(os, "sysconf") else 1024
+    os.closerange(3, told)  # run's pipes and files: the helper's, the log
+    os.closerange(told + 1, limit)
+    signal.signal(signal.SIGTTOU, signal.SIG_IGN)  # taking the terminal's foreground from here
+    harness = os.fork()
+    if harness == 0:
+        os.close(told)
+        os.setpgid(0, 0)
+        try:
+            os.tcsetpgrp(0, os.getpgrp())
+        except OSError:
+            pass
+        signal.signal(signal.SIGTTOU, signal.SIG_DFL)
+        try:
+            os.execvp(command[0], command)
+        except OSError as exc:
+            os.write(2, f"agent-mail run: could not start {command[0]!r}: {exc}\r\n".encode())
+        os._exit(127)
+    try:
+        os.setpgid(harness, harness)
+    except OSError:
+        pass  # it did so itself (and may have exec'd already)
+    try:
+        os.tcsetpgrp(0, harness)
+    except OSError:
+        pass
+    os.write(told, str(harness).encode())
+    os.close(told)
+
+    def passed_on(signum, frame):
+        try:
+            os.killpg(harness, signum)
+            if signum == signal.SIGHUP:
+                os.killpg(harness, signal.SIGCONT)
+        except OSError:
+            pass
+    for number in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
+        signal.signal(number, passed_on)
+    while True:
+        try:
+            _, status = os.waitpid(harness, os.WUNTRACED)
+        except ChildProcessError:
+            os._exit(0)
+        if os.WIFSTOPPED(status):
+            os.kill(os.getpid(), signal.SIGSTOP)  # run sees this stop, and stops itself; `fg` continues it
+            try:
+                os.tcsetpgrp(0, harness)
+                os.killpg(harness, signal.SIGCONT)
+            except OSError:
+                pass
+            continue
+        if os.WIFSIGNALED(status):
+            number = os.WTERMSIG(status)
+            signal.signal(number, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [number])
+            os.kill(os.getpid(), number)
+            os._exit(128 + number)  # a signal whose default is not to end a process
+        os._exit(os.WEXITSTATUS(status))
+
+
 class Runner:
     """One harness under run: the pseudo-terminal, the person's terminal, the helper, the loop."""
 
     def __init__(self, agent: str, command: list[str], served=None):
         self.agent, self.command, self.served = agent, command, served
         self.trigger = trigger_text(agent).encode("utf-8")
+        self.title = title_text(agent)
         self.gave_up = 0
         self.attempts = 0  # tries of the wake under way whose trigger was not seen
         self.woken = 0
         self.stopped_by: int | None = None
         self.problem: str | None = None
+        from agent_mail.harness import setup
+
+        self.harness = setup.set_up_for(command[0], os.getcwd())  # None: its prompt hook would not read a line
+        self.harness_pid: int | None = None  # the harness's process (and group), under _lead
+        self.armed = False  # what the helper was last told: arm its wait (run can type) or not
+        self.helper: int | None = None
+        self.control: int | None = None
         where = os.environ.get("AGENT_MAIL_RUN_LOG")
         self.log = open(where, "a", encoding="utf-8") if where else None  # why each pending wake waits (debugging)
 
@@ -644,7 +893,8 @@ class Runner:
 
         stdin, stdout = sys.stdin.fileno(), sys.stdout.fileno()
         size = _window(stdin)
-        helper, notify = _start_helper(self.agent, self.served)
+        helper, notify, self.control = start_helper(self.agent, self.served, False)
+        self.helper = helper
         signals_r, signals_w = os.pipe()
         os.set_blocking(signals_w, False)
         os.set_blocking(signals_r, False)
@@ -655,18 +905,31 @@ class Runner:
         handled = (signal.SIGHUP, signal.SIGTERM, signal.SIGINT, signal.SIGWINCH, signal.SIGCHLD, signal.SIGQUIT)
         previous = {number: signal.signal(number, on_signal) for number in handled}
         old_wakeup = signal.set_wakeup_fd(signals_w)
-        saved = termios.tcgetattr(stdin)
+        saved = self.saved = termios.tcgetattr(stdin)
         child = None
+        told_r, told_w = os.pipe()
         try:
             child, master = pty.fork()
-            if child == 0:  # the harness: its own session, the pseudo-terminal its controlling terminal
-                for number in handled:
-                    signal.signal(number, signal.SIG_DFL)
+            if child == 0:  # its own session, the pseudo-terminal its controlling terminal: the harness's leader
                 try:
-                    os.execvp(self.command[0], self.command)
-                except OSError as exc:
-                    os.write(2, f"agent-mail run: could not start {self.command[0]!r}: {exc}\r\n".encode())
-                os._exit(127)
+                    for number in handled:
+                        signal.signal(number, signal.SIG_DFL)
+                    os.close(told_r)
+                    _lead(self.command, told_w)
+                finally:
+                    os._exit(127)
+            os.close(told_w)
+            told = b""
+            while True:
+                try:
+                    part = os.read(told_r, 32)
+                except InterruptedError:
+                    continue
+                if not part:
+                    break
+                told += part
+            os.close(told_r)
+            self.harness_pid = int(told) if told.isdigit() else None
             _set_window(master, size)
             tty.setraw(stdin, termios.TCSANOW)
             return self._loop(child, master, stdin, stdout, notify, signals_r, caught, select)
@@ -678,7 +941,7 @@ class Runner:
             signal.set_wakeup_fd(old_wakeup)
             for number, handler in previous.items():
                 signal.signal(number, handler)
-            self._end_helper(helper)
+            self.end_helper(helper)
             if child:
                 self._end_child(child, signal.SIGHUP)
 
@@ -688,10 +951,13 @@ class Runner:
         rows, cols = _rows_cols(_window(stdin))
         screen, keys = Screen(rows, cols), KeyTracker()
         now = time.monotonic()
-        waker = Waker(screen, keys, now)
+        waker = Waker(screen, keys, now, types=self.harness is not None, empty=EMPTY_PROMPT.get(self.harness or "", ()))
+        self._note(f"the program: the harness {self.harness}, set up here" if self.harness else
+                   "the program: not a harness set up here (mail is told by the terminal's title and bell)")
         typing: dict | None = None  # a wake under way (Runner.wake_step)
         held_keys = b""  # the person's keys while a trigger waits to be seen (sent once it is, or erased)
         status = None
+        last_told = float("-inf")  # the title and bell, for a program that is not a set-up harness
         inputs = [master, stdin, notify, signals_r]
         while True:
             now = time.monotonic()
@@ -702,6 +968,9 @@ class Runner:
                 later = waker.next_check(now)
                 if later is not None:
                     timeout = later
+            settle = waker.last_output + QUIET_SECONDS - now  # what the screen says, once it is drawn: _steer
+            if settle > 0 and (timeout is None or settle < timeout):
+                timeout = settle
             try:
                 ready, _, _ = select.select(inputs, [], [], timeout)
             except InterruptedError:
@@ -719,8 +988,11 @@ class Runner:
                     _set_window(master, size)
                     screen.resize(*_rows_cols(size))
                 elif signum == signal.SIGCHLD:
-                    done, found = os.waitpid(child, os.WNOHANG)
-                    if done:
+                    done, found = os.waitpid(child, os.WNOHANG | os.WUNTRACED)
+                    if done and os.WIFSTOPPED(found):
+                        self._suspend(child, master, stdin, screen)
+                        waker.output(time.monotonic())  # what is on the screen is looked at again once redrawn
+                    elif done:
                         status = found
                 else:
                     self.stopped_by = signum
@@ -750,7 +1022,7 @@ class Runner:
                     self._end_child(child, signal.SIGHUP)
                     return 128 + signal.SIGHUP
                 before = keys.submitted
-                keys.feed(data, now)
+                keys.feed(data, now, counted=not (screen.alternate and not waker.empty))  # vim's keys: not a prompt's
                 waker.typed(before)
                 if typing is not None and typing["phase"] != "landing":
                     held_keys += data
@@ -764,13 +1036,26 @@ class Runner:
                     self.problem = data[1:].decode("utf-8", "replace") or "the wait for mail ended"
                     inputs.remove(notify)
                 else:
-                    waker.mail(now)
+                    if b"r" in data:
+                        self._note("the wait for mail is ready")
+                    if b"m" in data:
+                        waker.mail(now)
+            if typing is None:
+                self._steer(waker, now)
             if typing is not None:
                 typing = self.wake_step(typing, screen, waker, master, now, held_keys, child)
                 if typing is None or typing["phase"] == "landing":
                     if held_keys:
                         _write_all(master, held_keys)
                         held_keys = b""
+                continue
+            if not waker.types:
+                if waker.pending_since is not None and now - last_told >= WAKE_INTERVAL_SECONDS and \
+                        screen.state == "text" and not screen.pending:
+                    _write_all(stdout, self.title)  # between the program's sequences, never inside one
+                    last_told = now
+                    waker.carried()
+                    self._note("told by the terminal's title and bell (the program is not a set-up harness)")
                 continue
             why = waker.blocked_by(now)
             if waker.pending_since is not None:
@@ -789,6 +1074,58 @@ class Runner:
                 typing = {"phase": "echo", "deadline": now + ECHO_SECONDS,
                           "shown": screen.count(self.trigger.decode("utf-8"))}
                 self._note(f"trigger typed (the session under run: {'not known' if told is None else 'not told yet'})")
+
+    def _steer(self, waker: Waker, now: float) -> None:
+        """Arm the helper's wait while run can type the trigger (status: woken now), disarm it while it cannot until
+        something changes (Waker.stuck): decided once the harness's output has settled, so a frame half drawn
+        changes nothing."""
+        if now - waker.last_output < QUIET_SECONDS:
+            return
+        stuck = waker.stuck()
+        self._arm(stuck is None, stuck)
+
+    def _arm(self, armed: bool, why: str | None = None) -> None:
+        import signal
+
+        if armed == self.armed or self.control is None:
+            return
+        self.armed = armed
+        try:
+            os.write(self.control, b"a" if armed else b"q")
+            os.kill(self.helper, signal.SIGINT)  # ends the wait under way: the next one is as asked
+        except OSError:
+            pass
+        self._note("the wait armed: woken now" if armed else f"the wait disarmed: {why}")
+
+    def _suspend(self, child: int, master: int, stdin: int, screen: Screen) -> None:
+        """The harness stopped (ctrl+z): stop as it would have stopped without run, giving the person's terminal back
+        as it was and not counted as woken meanwhile; continued (`fg`), take the terminal again, copy its size (it
+        may have changed meanwhile) and continue the harness."""
+        import signal
+        import termios
+        import tty
+
+        self._arm(False, "stopped (ctrl+z)")
+        self._note("the harness stopped: run stops")
+        try:
+            termios.tcsetattr(stdin, termios.TCSAFLUSH, self.saved)
+        except termios.error:
+            pass
+        # Stopped as the terminal stops the bare harness's job: run's whole process group (a script that started
+        # run with it); `fg` (SIGCONT) returns here.
+        os.killpg(os.getpgrp(), signal.SIGTSTP)
+        self._note("continued")
+        try:
+            tty.setraw(stdin, termios.TCSANOW)
+        except termios.error:
+            pass
+        size = _window(stdin)
+        _set_window(master, size)
+        screen.resize(*_rows_cols(size))
+        try:
+            os.kill(child, signal.SIGCONT)
+        except OSError:
+            pass
 
     def wake_step(self, typing: dict, screen: Screen, waker: Waker, master: int, now: float, held_keys: bytes,
                 child: int) -> dict | None:
@@ -865,8 +1202,8 @@ class Runner:
             return None
 
     def _end_child(self, child: int, first: int) -> None:
-        """Signal the harness's process group (`first`: SIGHUP when its terminal went away, else SIGTERM), wait
-        for it, SIGKILL it after STOP_PATIENCE_SECONDS."""
+        """Signal the harness's leader (`first`: SIGHUP when its terminal went away, else SIGTERM; it passes the
+        signal on to the harness's group), wait for it, SIGKILL both groups after STOP_PATIENCE_SECONDS."""
         import signal
 
         try:
@@ -890,13 +1227,15 @@ class Runner:
                 os.waitpid(child, 0)
             except (OSError, ChildProcessError):
                 pass
-        try:  # what else of its group is left (a process it started that ignored the signal)
-            os.killpg(child, signal.SIGKILL)
-        except OSError:
-            pass
+        for group in (child, self.harness_pid):  # what else is left (a process that ignored the signal)
+            try:
+                if group:
+                    os.killpg(group, signal.SIGKILL)
+            except OSError:
+                pass
 
     @staticmethod
-    def _end_helper(helper: int) -> None:
+    def end_helper(helper: int) -> None:
         import signal
 
         try:

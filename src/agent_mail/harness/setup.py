@@ -890,6 +890,25 @@ _STARTS = {"claude-code": "claude", "codex": "codex", "gemini": "gemini", "qwen"
            "opencode": "opencode"}
 
 
+def set_up_for(command: str, directory: str) -> str | None:
+    """The harness that `command` starts (its file's name: gemini, copilot, ...), when agent-mail setup connected it
+    in `directory` or a directory above (its hooks are in that harness's project file, so its prompt hook reads
+    what agent-mail run types); None otherwise (another program, or a harness not set up here)."""
+    name = os.path.basename(command)
+    harness = next((h for h, start in _STARTS.items() if start == name), None)
+    if harness is None:
+        return None
+    path, mark = _HARNESS_FILES[harness]
+    here = os.path.abspath(directory)
+    while True:
+        if _mentions(os.path.join(here, path), mark):
+            return harness
+        above = os.path.dirname(here)
+        if above == here:
+            return None
+        here = above
+
+
 def _opencode_plans(root: str, agent: str, mailbox: str, remove: bool) -> list[dict]:
     """DIR/opencode.json (the MCP server, merged) and DIR/.opencode/plugin/agent-mail.js (the hooks)."""
     base = _base_command()

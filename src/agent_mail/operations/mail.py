@@ -469,6 +469,10 @@ class Mailbox:
         """Block as a watch does until look_for() finds something; see Waits.wait_armed."""
         return self.waits.wait_armed(agent, seconds, look_for, wanted)
 
+    def wait_unarmed(self, agent: str, seconds: float, look_for=None, wanted=None) -> list[dict]:
+        """Block until look_for() finds something, holding no watch session; see Waits.wait_unarmed."""
+        return self.waits.wait_unarmed(agent, seconds, look_for, wanted)
+
 
 @contextmanager
 def open_mailbox() -> Iterator["Mailbox"]:

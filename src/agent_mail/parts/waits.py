@@ -140,6 +140,23 @@ class Waits:
         finally:
             restore_handlers(previous)
 
+    def wait_unarmed(self, agent: str, seconds: float, look_for=None, wanted=None) -> list[dict]:
+        """Block as wait_armed does, woken by the same wake-ups, but holding no liveness session: the wait of a
+        process that wants to know of mail without telling senders it will be woken (agent-mail run while it
+        cannot type into its program). A signal ends it with errors.Interrupted (128+N)."""
+        self.store.relax_durability()
+        previous = install_stop_handlers()
+        try:
+            self.store.listen(agent)
+            return self.wait_for_mail(agent, None, seconds, look_for, wanted)
+        except Stopped as stop:
+            import signal
+
+            name = signal.Signals(stop.signum).name
+            raise errors.Interrupted(f"the wait for {agent} was stopped by {name}.", 128 + stop.signum) from None
+        finally:
+            restore_handlers(previous)
+
     def release(self, session: str, reason: str, quietly: bool = False, patience: float | None = None) -> None:
         """Mark the session released (a no-op if it never got stored or is released already).
 
@@ -193,7 +210,7 @@ class Waits:
         moment = model.parse_iso(min((d for d in (due, *holds.values()) if d), default=None))
         return None if moment is None else max(0.0, (moment - now).total_seconds())
 
-    def wait_for_mail(self, agent: str, session: str, seconds: float, look_for=None, wanted=None) -> list[dict]:
+    def wait_for_mail(self, agent: str, session: str | None, seconds: float, look_for=None, wanted=None) -> list[dict]:
         """The blocking loop: sleep until `agent` is woken (mail for it, or a broadcast, was committed) or a
         scheduled message for it falls due, refreshing liveness; return the envelopes, or [] at the deadline.
         The caller has called store.listen(agent, session) already (before the first look here: mail committed
@@ -245,7 +262,8 @@ class Waits:
                     return []
                 ask_at = now + ask_every
             if now >= refresh_at:
-                self.store.refresh_session(session, model.now_iso())
+                if session is not None:  # None: a wait that holds no session (wait_unarmed)
+                    self.store.refresh_session(session, model.now_iso())
                 refresh_at = now + refresh_every
             if now >= check_at:
                 self.store.check_still_there()

@@ -504,13 +504,15 @@ register(Command(
 
 register(Command(
     name="run",
-    summary="Run a harness that cannot be woken from outside (Gemini CLI, Copilot CLI, any interactive CLI) in a "
-    "pseudo-terminal of its own, passed through unchanged (keys, resizes, colours, its exit status), and wake it "
-    "when mail arrives: while it sits idle at an empty prompt, type one line (never the mail: `agent-mail: new mail "
-    "for P:N ...`) and Enter, which its prompt hook (agent-mail setup) answers with the envelopes. Never types while "
-    "the person has unsent text at the prompt or typed in the last 3 s, while the screen shows an approval dialog or "
-    "a turn under way; a flood of mail folds into one wake, at most one every 10 s. While it runs the identity has "
-    "an armed watch (status: reachable). Waiting marks nothing read.",
+    summary="Run a harness that cannot be woken from outside (Gemini CLI, Copilot CLI) in a pseudo-terminal of its "
+    "own, passed through unchanged (keys, resizes, colours, ctrl+z and fg, its exit status), and wake it when mail "
+    "arrives: while it sits idle at an empty prompt, type one line (never the mail: `agent-mail: new mail for P:N "
+    "...`) and Enter, which its prompt hook (agent-mail setup) answers with the envelopes. Types only into a harness "
+    "set up in this directory (or above); any other program (a shell, vim) is told by the terminal's title and bell. "
+    "Never types while the person has unsent text at the prompt or typed in the last 3 s, while a dialog, a "
+    "full-screen program or a turn under way shows; a flood of mail folds into one wake, at most one every 10 s. "
+    "While it can type, the identity has an armed watch (status: woken now); while it cannot, no watch is armed. "
+    "Waiting marks nothing read.",
     args=(
         Arg("command", TEXT, "The harness and its arguments, after --: agent-mail run -- gemini --model x.",
             required=True, repeat=True),
@@ -518,14 +520,24 @@ register(Command(
             "setup records it for the harness's hooks."),
     ),
     output={},
-    modes={"running": "Prints nothing on stdout of its own: the terminal is the harness's. Exits with the harness's "
-           "exit status (128+N when a signal N ended it). SIGHUP (the terminal went away), SIGTERM or SIGINT sent "
-           "to run end the harness's process group with it (SIGKILL after 3 s), then run exits 128+N."},
+    modes={"running": "Prints nothing on stdout of its own: the terminal is the harness's (but for the title and bell "
+           "that tell of mail a program that is not a set-up harness). Exits with the harness's exit status (128+N "
+           "when a signal N ended it). SIGHUP (the terminal went away), SIGTERM or SIGINT sent to run end the "
+           "harness's process group with it (SIGKILL after 3 s), then run exits 128+N. When the harness stops "
+           "(ctrl+z), run stops too (SIGTSTP, the terminal's modes given back); continued (fg), it continues the "
+           "harness."},
     notes=("Standard input must be a terminal (a person's); otherwise a JSON error, exit 2, before anything starts.",
-           "Idle means: the harness has written nothing for 0.4 s; the person has pressed no key for 3 s and left "
-           "nothing unsent since their last Enter (keys are counted as typed; arrows, history and other editing "
-           "keys count as unsent text until Enter or ctrl+u/ctrl+c); the last lines of the screen (a small screen "
-           "model of the harness's output) show no approval dialog and no turn under way (\"esc to cancel\"). The "
+           "A set-up harness: the command's file name is a harness's (gemini, copilot, claude, codex, qwen, opencode) "
+           "and its hooks file from agent-mail setup is in the current directory or one above. Anything else gets "
+           "no keys from run: mail sets the terminal's title to `agent-mail: new mail for P:N` (OSC 0/2) and rings "
+           "the bell, at most once every 10 s.",
+           "Idle means: the harness has written nothing for 0.4 s; the person has pressed no key for 3 s; the prompt "
+           "is empty: for Gemini CLI and Copilot CLI the screen shows their empty prompt (a placeholder, a footer "
+           "hidden by typed text and by dialogs); for other harnesses the keys say so (counted as typed; up, down, "
+           "tab and other editing keys count as unsent text until Enter or ctrl+u/ctrl+c; Esc, moves and function "
+           "keys do not) and no program is on the alternate screen (vim, less); the last lines of the screen (a "
+           "small screen model of the harness's output) show no approval dialog and no turn under way (\"esc to "
+           "cancel\"). The "
            "trigger is typed, seen on the screen, then Enter 0.1 s later; not seen within 2 s, it is erased and tried "
            "again (3 tries, then 3 more after 10 s, then that wake is given up, said on stderr when run exits). Where "
            "the mailbox knows the harness session under run (its hooks recorded it), an Enter the prompt hook did "
@@ -534,6 +546,7 @@ register(Command(
            "told its session during a turn, wakes nothing. Mail already waiting when run starts is told by the "
            "session-start hook, not typed.",
            "Through an agent-mail server (AGENT_MAIL_DB an http(s):// URL) the wait is the server's watch; while mail "
-           "the harness was woken for is still unread it looks again every 3 s (watch --once, a heartbeat)."),
+           "the harness was woken for is still unread, or while run cannot type, it looks again every 3 s (watch "
+           "--once, a heartbeat)."),
     examples=("run --agent deploy:worker -- gemini", "run -- copilot", "run --agent ops:bot -- gemini --model flash"),
 ))
