@@ -2,8 +2,10 @@
 `agent-mail mcp` offers them over stdio), on the official MCP SDK's transport, the identity taken from the
 bearer token. Part of the server front end: only server.py imports it (the `mcp` extra, which `server` brings).
 
-- Every request carries `Authorization: Bearer TOKEN`. A missing, unknown or revoked token is answered 401 with
-  {error, problems} before anything else is read (the body, the mailbox); the token itself is never repeated.
+- Every request carries `Authorization: Bearer TOKEN`, read and looked up by the server's edge (edge.Gate) as on
+  every route: a missing, unknown or revoked token is answered 401 with {error, problems} before anything else is
+  read (the body, the mailbox), the token itself never repeated; a request admitted reaches this endpoint with
+  the grant in its scope (edge.admitted), the only way it learns who calls.
 - Stateless: each POST is a whole exchange (the SDK's stateless mode: no session to keep, so any replica behind
   a proxy can answer any request); GET and DELETE are answered 405, as the transport allows (no stream for the
   server to speak first on, no session to end). A tool result comes back as a server-sent event stream, which

@@ -77,21 +77,25 @@ class Shape:
                 if shown[:1] == b":":
                     self.field = self.candidate.decode("utf-8", "replace")
                 self.candidate = None
-        opens = run.count(b"[") + run.count(b"{")
+        opens, deepest = run.count(b"[") + run.count(b"{"), self.depth
         if opens or b"]" in run or b"}" in run:  # a step per bracket: a run is one chunk's at most
             for bracket in _BRACKETS.finditer(run):
                 self.depth += 1 if bracket.group() in (b"[", b"{") else -1
+                deepest = max(deepest, self.depth)
                 if self.depth > self.depth_max:
-                    raise self._refusal(f"nests deeper than {self.depth_max} levels, deeper than any call's values")
+                    raise self._refusal(f"nests deeper than {self.depth_max} levels, deeper than any call's values",
+                                        deepest)
                 if self.depth < 0:
                     raise errors.InvalidInput([(None, "the request body is not JSON (a bracket closes what was "
                                                       "never opened); nothing was done.")])
         self.items += run.count(b",") + opens
         if self.items > self.items_max:
-            raise self._refusal(f"holds more than {self.items_max} values, more than any call takes")
+            raise self._refusal(f"holds more than {self.items_max} values, more than any call takes", deepest)
 
-    def _refusal(self, why: str) -> errors.InvalidInput:
-        if self.field is not None and self.depth >= 2:
+    def _refusal(self, why: str, deepest: int) -> errors.InvalidInput:
+        """The refusal, naming the top-level member when the run that crossed the bound was inside its value (a
+        run begins after a string, so one member's at most)."""
+        if self.field is not None and deepest >= 2:
             return errors.InvalidInput([(self.field, f"{why}; nothing was done, and the rest of the request was not "
                                                      "read.")])
         return errors.InvalidInput([(None, f"the request body {why}; nothing was done, and the rest of it was not "
