@@ -484,7 +484,7 @@ async def _look_on_the_hub(carrier: _Carrier, request: Request, look: str, body:
     """A look (follow, dashboard) on PostgreSQL: checked and read on pooled stores, its wait on the server's LISTEN
     connection (ServedWaits.until_changed: woken by the identity's mail, or by every message for the dashboard)."""
     grant = _grant(request)
-    values = _look_checked(look, grant, body, info)
+    values = await carrier.run(_look_checked, look, grant, body, info)  # the body parsed off the event loop
     answer, until_due = await carrier.run(_look_once, carrier, look, grant, values, True)
     if answer is not None:
         return answer
