@@ -37,13 +37,14 @@ REVOKE_BOUND = 2.5  # the revocation's exit -> the watch's exit (taken within a 
 
 
 class Replica(Server):
-    """`agent-mail serve` on the test's mailbox, on a free loopback port or the one given (a restart)."""
+    """`agent-mail serve` on the test's mailbox, on a free loopback port or the one given (a restart), trusting
+    X-Forwarded-For from a proxy on this host as docs/deployment.md starts them."""
 
     def __init__(self, mailbox: str, port: int = 0):
         self.mailbox = mailbox
-        self.proc = subprocess.Popen([sys.executable, "-m", "agent_mail", "serve", "--listen", f"127.0.0.1:{port}"],
-                                     env=process_env(AGENT_MAIL_DB=mailbox), stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE)
+        self.proc = subprocess.Popen([sys.executable, "-m", "agent_mail", "serve", "--listen", f"127.0.0.1:{port}",
+                                      "--forwarded-allow-ips", "127.0.0.1"], env=process_env(AGENT_MAIL_DB=mailbox),
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         first = json.loads(self.proc.stderr.readline())
         self.log: list[bytes] = []
         self._reader = threading.Thread(target=lambda: self.log.extend(iter(self.proc.stderr.readline, b"")),
@@ -442,12 +443,40 @@ def _until_answering(url: str, proc: subprocess.Popen, cert: str) -> None:
     until(answering, 20, "the proxy never answered /v1/health")
 
 
+def _forwarded_as_the_proxy_saw(url: str, cert: str, a: Server, b: Server) -> None:
+    """Wrong tokens through the proxy, each claiming in X-Forwarded-For to come from 203.0.113.9: the replica
+    (started with --forwarded-allow-ips 127.0.0.1, as documented) counts each against the address the proxy saw,
+    127.0.0.5 or 127.0.0.1 (a client on the proxy's own host, which a proxy appending to the header would let name
+    any address), never the one the client wrote."""
+    import http.client
+    import ssl
+
+    context = ssl.create_default_context(cafile=cert)
+    host, port = url.removeprefix("https://").rsplit(":", 1)
+    for source in ("127.0.0.5", "127.0.0.1"):
+        connection = http.client.HTTPSConnection(host, int(port), timeout=30, context=context,
+                                                 source_address=(source, 0))
+        try:
+            connection.request("POST", "/v1/call/status", body=b"{}", headers={
+                "Authorization": "Bearer am_000000000000_" + "0" * 43, "X-Forwarded-For": "203.0.113.9"})
+            assert connection.getresponse().status == 401
+        finally:
+            connection.close()
+
+    def refused() -> list:
+        lines = [json.loads(line) for line in b"".join(a.log + b.log).decode().splitlines() if line.strip()]
+        return [line["client"] for line in lines if line.get("status") == 401 and "client" in line]
+    until(lambda: len(refused()) >= 2, 10, "the refusals' log lines")
+    assert sorted(refused()) == ["127.0.0.1", "127.0.0.5"], refused()
+
+
 def _through_proxy(replicas, mailbox_path, url: str, proc: subprocess.Popen, cert: str) -> None:
     """Commands through the proxy over TLS; then a blocked watch through it outlives each replica in turn killed
     with SIGKILL (and the first started again on its port): whichever replica carried it, it is carried over at
     least once, and answered."""
     a, b = replicas
     _until_answering(url, proc, cert)
+    _forwarded_as_the_proxy_saw(url, cert, a, b)
     token, lead = a.token("--agent", "deploy:worker"), a.token("--agent", "ops:lead")
     unknown = _client(url, token, "read", "deploy:worker")  # without AGENT_MAIL_CA the proxy's certificate is refused
     assert unknown.returncode == 1 and "certificate" in json.loads(unknown.stderr)["error"]

@@ -327,6 +327,26 @@ def _reaches_by_string(call: ast.Call, module_names: set[str], package: str) -> 
     return isinstance(base, ast.Name) and base.id in module_names
 
 
+def token_reads(src: Path = SRC, package: str = PACKAGE, front_end: str = "server") -> tuple[list[str], list[str]]:
+    """Where the server front end reads a request's token: (each place it names the Authorization header as a value,
+    a header's key in any case, str or bytes, not a sentence mentioning it; each call of tokens.authenticate, the
+    token's look-up)."""
+    header, looked_up = [], []
+    for path in sorted((src / package / front_end).rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        where = path.relative_to(src).as_posix()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes)):
+                value = node.value.decode("latin-1") if isinstance(node.value, bytes) else node.value
+                if value.strip().lower() == "authorization":
+                    header.append(f"{where}:{node.lineno}")
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                    node.func.attr == "authenticate" and isinstance(node.func.value, ast.Name) and \
+                    node.func.value.id == "tokens":
+                looked_up.append(f"{where}:{node.lineno}")
+    return header, looked_up
+
+
 # ---- The rules, on the package itself. ----
 
 @pytest.fixture(scope="module")
@@ -388,6 +408,26 @@ def _package(tmp_path: Path, files: dict[str, str]) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     return tmp_path
+
+
+def test_a_requests_token_is_read_once_at_the_edge():
+    """The server reads the Authorization header in one place (edge.Gate, before any body) and looks the token up
+    through one call; every route takes the grant the Gate left in the request's scope (issue 32, finding 11: it
+    was parsed in three modules, with a second login path in the MCP endpoint)."""
+    header, looked_up = token_reads()
+    assert header and {place.rsplit(":", 1)[0] for place in header} == {"agent_mail/server/edge.py"}, header
+    assert len(looked_up) == 1, looked_up
+
+
+def test_reading_finds_a_token_read_outside_the_edge(tmp_path):
+    _package(tmp_path, {"__init__.py": "", "server/__init__.py": "", "server/edge.py": 'H = b"authorization"\n',
+                        "server/app.py": "def f(request, tokens, store):\n"
+                                         "    request.headers.get('Authorization')\n"
+                                         "    return tokens.authenticate(store, 'x')\n",
+                        "server/mcp.py": "def g(tokens, s):\n    return tokens.authenticate(s, 'Bearer')\n"})
+    header, looked_up = token_reads(tmp_path, "pkg")
+    assert header == ["pkg/server/app.py:2", "pkg/server/edge.py:1"], header
+    assert looked_up == ["pkg/server/app.py:3", "pkg/server/mcp.py:2"], looked_up
 
 
 def test_reading_finds_circles_through_function_level_and_from_imports(tmp_path):

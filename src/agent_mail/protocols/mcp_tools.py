@@ -136,9 +136,10 @@ class OnTheLoop:
         self.awaited = awaited
 
 
-async def answer(name: str, prepare, agent: str | None, after=None) -> CallToolResult:
+async def answer(name: str, prepare, agent: str | None, after=None, limiter=None) -> CallToolResult:
     """One tool call: prepare(cancelled) checks it and returns the work to do (raising errors.AgentMailError to
-    refuse), which runs in a worker thread; after(result), if given, runs there too once it is done. The result
+    refuse), which runs in a worker thread (within `limiter`, anyio's default without one); after(result), if
+    given, runs there too once it is done. The result
     rendered for the model (steps as tool calls, the identity `agent` left out), or the tool error."""
     try:
         if name not in TOOLS:
@@ -146,7 +147,7 @@ async def answer(name: str, prepare, agent: str | None, after=None) -> CallToolR
         cancelled = threading.Event()
         work = prepare(cancelled)
         try:
-            result = await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
+            result = await anyio.to_thread.run_sync(work, abandon_on_cancel=True, limiter=limiter)
             if isinstance(result, OnTheLoop):  # cancelled while awaited: it ends at once, its session released
                 result = await result.awaited()
         except anyio.get_cancelled_exc_class():

@@ -45,8 +45,9 @@ from agent_mail.protocols import http_api, wire
 from agent_mail.parts import checks
 from agent_mail.server import certs, grants, metrics, openapi, stops
 from agent_mail.operations import tokens
-from agent_mail.server.edge import (BEARER_CHALLENGE, CUT_KEY, MAX_HEAD_BYTES, Dated, EdgeProtocol, Gate, is_loopback,
-                                    listen_address, log, read_body, spool_upload)
+from agent_mail.server.edge import (BEARER_CHALLENGE, CUT_KEY, MAX_HEAD_BYTES, Admitted, Dated, EdgeProtocol, Gate,
+                                    admitted, forwarded_from, is_loopback, listen_address, log, read_body,
+                                    spool_upload)
 from agent_mail.server.versions import Versioned
 from agent_mail.server.waits import ServedWaits, Stopping
 from agent_mail.parts.waits import HungUp, Released, asked_when_woken
@@ -173,32 +174,9 @@ def _document(payload: object, status: int, code: int, delivery: str | None = No
     return Response(jsonout.dumps(payload, end="\n"), status, media_type=http_api.JSON, headers=headers)
 
 
-def _bearer(request: Request) -> str | None:
-    header = request.headers.get("authorization", "")
-    scheme, _, value = header.partition(" ")
-    return value.strip() if scheme.lower() == "bearer" and value.strip() else None
-
-
-def _presented(request: Request):
-    """What authenticates a request: the grant the Gate found for its token before its body was read (the token is
-    looked up once per request), or, on a path the Gate does not guard, the bearer token itself."""
-    admitted = request.scope.get(Gate.GRANT_KEY)
-    return admitted[0] if admitted is not None else _bearer(request)
-
-
-def _since(request: Request, carrier: _Carrier) -> int:
-    """The waits' generation read before the request's token was looked up (a revocation after it wakes its wait)."""
-    admitted = request.scope.get(Gate.GRANT_KEY)
-    if admitted is not None:
-        return admitted[1]
-    return carrier.waits.generation if carrier.waits is not None else 0
-
-
-def _grant(store, presented: str | dict | None, info: dict) -> dict:
-    """The grant of `presented` (_presented: the Gate's grant, or a token authenticated here), noted in `info`."""
-    grant = presented if isinstance(presented, dict) else tokens.authenticate(store, presented)
-    info["token_id"] = grant["id"]
-    return grant
+def _grant(request: Request) -> dict:
+    """The grant the Gate admitted the request with (edge.admitted): the only way a route learns who calls."""
+    return admitted(request.scope).grant
 
 
 def _given(name: str, body: bytes) -> dict:
@@ -235,14 +213,12 @@ def _uploads(given: dict) -> dict:
     return {"refs": refs, "attachments": attachments}
 
 
-def _carry_out(carrier: _Carrier, name: str, presented: str | dict | None, body: bytes, info: dict,
-               gone: threading.Event):
-    """Authenticate, check, grant and run one call on a store of its own; the result (or, for a watch that waits
-    on PostgreSQL, the _Wait the event loop carries out)."""
+def _carry_out(carrier: _Carrier, name: str, grant: dict, body: bytes, info: dict, gone: threading.Event):
+    """Check, grant and run one call (of the token the Gate admitted) on a store of its own; the result (or, for a
+    watch that waits on PostgreSQL, the _Wait the event loop carries out)."""
     from agent_mail.operations import mail
 
     with carrier.store() as store:
-        grant = _grant(store, presented, info)  # before anything else is read
         given = _given(name, body)
         extras = {key: given.pop(key) for key in EXTRAS.get(name, ()) if key in given and key != "upload_attachments"
                   and key != "client_refs"}
@@ -297,12 +273,11 @@ def _delivery(values: dict, deliver: object):
     return values["delivery"]
 
 
-def _settle(carrier: _Carrier, presented: str | dict | None, body: bytes, info: dict) -> dict:
+def _settle(carrier: _Carrier, grant: dict, body: bytes, info: dict) -> dict:
     """POST /v1/delivered: a delivery confirmed or cancelled (agent_mail.operations.deliveries.settle)."""
     from agent_mail.operations import deliveries, mail
 
     with carrier.store() as store:
-        grant = _grant(store, presented, info)  # before anything else is read
         delivery, printed = deliveries.checked(_given("delivered", body))
 
         def may_act_as(agent: str) -> None:
@@ -346,9 +321,8 @@ def _bound_wait(carrier: _Carrier, name: str, values: dict, extras: dict, store,
     return key
 
 
-def _look(location: str, look: str, presented: str | dict | None, body: bytes, info: dict,
-          gone: threading.Event) -> dict:
-    """POST /v1/follow or /v1/dashboard (agent_mail.server.looks): authenticate, check, grant, wait if asked, read.
+def _look(location: str, look: str, grant: dict, body: bytes, info: dict, gone: threading.Event) -> dict:
+    """POST /v1/follow or /v1/dashboard (agent_mail.server.looks): check, grant, wait if asked, read.
     SQLite: the wait blocks this thread. (PostgreSQL: _look_checked and _look_once, the wait on the hub.)"""
     from agent_mail.server import looks
     from agent_mail.operations import mail
@@ -356,7 +330,7 @@ def _look(location: str, look: str, presented: str | dict | None, body: bytes, i
 
     store = open_store(location)
     try:
-        grant, values = _look_checked(store, look, presented, body, info)
+        values = _look_checked(look, grant, body, info)
 
         def wanted() -> bool:
             if _STOPPING.is_set():
@@ -381,15 +355,14 @@ def _will_wait(body: bytes) -> bool:
     return isinstance(given, dict) and given.get("after") is not None and given.get("wait_seconds") is not None
 
 
-def _look_checked(store, look: str, presented: str | dict | None, body: bytes, info: dict) -> tuple[dict, dict]:
-    """A look's token authenticated (before anything else is read), its values checked and granted."""
+def _look_checked(look: str, grant: dict, body: bytes, info: dict) -> dict:
+    """A look's values checked, and granted to the token the Gate admitted."""
     from agent_mail.server import looks
 
-    grant = _grant(store, presented, info)
     given = _given(look, body)
     values = looks.check_follow(given) if look == "follow" else looks.check_dashboard(given)
     info["as"] = looks.grant(grant, look, values)
-    return grant, values
+    return values
 
 
 def _look_once(carrier: _Carrier, look: str, grant: dict, values: dict, first: bool) -> tuple[dict | None, object]:
@@ -415,10 +388,9 @@ def _look_once(carrier: _Carrier, look: str, grant: dict, values: dict, first: b
         return looks.dashboard(mailbox, {**values, "wait_seconds": None}, None), None
 
 
-def _stop_wait(carrier: _Carrier, presented: str | dict | None, body: bytes, info: dict) -> dict:
-    """POST /v1/watch/stop (agent_mail.server.stops): authenticate, check, grant, release the wait's session."""
+def _stop_wait(carrier: _Carrier, grant: dict, body: bytes, info: dict) -> dict:
+    """POST /v1/watch/stop (agent_mail.server.stops): check, grant, release the wait's session."""
     with carrier.store() as store:
-        grant = _grant(store, presented, info)  # before anything else is read
         values = stops.check(_given("the stop call", body))
         info["as"] = stops.grant(grant, values)
         return stops.stop(store, values)
@@ -432,13 +404,12 @@ def _contents(store, listed: list[dict]) -> dict:
                 for a in listed}
 
 
-def _export_file(carrier: _Carrier, presented: str | dict | None, body: bytes, info: dict, directory: str) -> dict:
+def _export_file(carrier: _Carrier, grant: dict, body: bytes, info: dict, directory: str) -> dict:
     """An export written whole into `directory` on this machine (then streamed to the client, who writes it on
     its own); its summary."""
     from agent_mail.operations import mail
 
     with carrier.store() as store:
-        grant = _grant(store, presented, info)
         given = _given("export", body)
         local = [("output", "the client writes the export on its own machine (--output there, or stdout).")] \
             if given.get("output") is not None else []
@@ -448,10 +419,10 @@ def _export_file(carrier: _Carrier, presented: str | dict | None, body: bytes, i
         return calls.run("export", values, mailbox=mail.Mailbox(store))
 
 
-def _authenticated(carrier: _Carrier, presented: str | dict | None, info: dict) -> dict:
+def _authenticated(carrier: _Carrier, token: str) -> dict:
+    """The grant of a presented token (tokens.authenticate): the Gate's one look-up for a request."""
     with carrier.store() as store:
-        grant = _grant(store, presented, info)
-        return grant
+        return tokens.authenticate(store, token)
 
 
 def _import_file(carrier: _Carrier, grant: dict, path: str, dry_run: bool, info: dict) -> dict:
@@ -489,13 +460,13 @@ async def _call(carrier: _Carrier, name: str, request: Request, body: bytes, inf
     """Carry out one call: in a worker thread, and a watch that waits on PostgreSQL on the event loop."""
     carrier.ready()
     gone, hung_up = threading.Event(), anyio.Event()
-    since = _since(request, carrier)  # before the token was looked at
+    since = admitted(request.scope).since  # read before the token was looked up
     # A client that hangs up ends its wait: watched by a plain task, cancelled at the end (a task group's cancel
     # scope costs ~20 times as much, a thousand times over when a broadcast answers every wait at once).
     watching = asyncio.get_running_loop().create_task(_hung_up(request, carrier, gone, hung_up, name)) \
         if name in openapi.WAITS else None
     try:
-        result = await carrier.run(_carry_out, carrier, name, _presented(request), body, info, gone,
+        result = await carrier.run(_carry_out, carrier, name, _grant(request), body, info, gone,
                                    own=carrier.waits is None and name in openapi.WAITS)
         if isinstance(result, _Wait):
             result = await carrier.waits.wait(result.values["agent"], result.seconds, result.grant, since, hung_up,
@@ -512,10 +483,8 @@ async def _look_on_the_hub(carrier: _Carrier, request: Request, look: str, body:
                            gone: threading.Event, hung_up: anyio.Event) -> dict:
     """A look (follow, dashboard) on PostgreSQL: checked and read on pooled stores, its wait on the server's LISTEN
     connection (ServedWaits.until_changed: woken by the identity's mail, or by every message for the dashboard)."""
-    def checked():
-        with carrier.store() as store:
-            return _look_checked(store, look, _presented(request), body, info)
-    grant, values = await carrier.run(checked)
+    grant = _grant(request)
+    values = await carrier.run(_look_checked, look, grant, body, info)  # the body parsed off the event loop
     answer, until_due = await carrier.run(_look_once, carrier, look, grant, values, True)
     if answer is not None:
         return answer
@@ -539,8 +508,8 @@ async def _answered(request: Request, name: str, work, namer=None, status: int |
     error as {error, problems} (named by `namer`, with HTTP `status` rather than the error's when given); logged
     as one line (no secrets)."""
     started = time.monotonic()
-    admitted = request.scope.get(Gate.GRANT_KEY)  # the token's id as soon as the Gate admitted it
-    info: dict = {"token_id": admitted[0]["id"] if admitted is not None else None, "as": None}
+    admission = request.scope.get(Gate.GRANT_KEY)  # the token's id, when the Gate admitted one
+    info: dict = {"token_id": admission.grant["id"] if isinstance(admission, Admitted) else None, "as": None}
     detail = None  # what the log says beyond what the client was told (where the database is, a bug's text)
     try:
         done = await work(info)
@@ -576,8 +545,8 @@ async def _answered(request: Request, name: str, work, namer=None, status: int |
 
 def _operator(request: Request) -> bool:
     """Whether the request's token, as the Gate admitted it, is an operator's ('*'): told where the database is."""
-    admitted = request.scope.get(Gate.GRANT_KEY)
-    return admitted is not None and "*" in admitted[0]["agents"]
+    admission = request.scope.get(Gate.GRANT_KEY)
+    return isinstance(admission, Admitted) and "*" in admission.grant["agents"]
 
 
 def app_for(location: str) -> Starlette:
@@ -610,7 +579,7 @@ def app_for(location: str) -> Starlette:
             if name == "export":
                 body = await read_body(request)
                 carrier.ready()
-                summary = await carrier.run(_export_file, carrier, _presented(request), body, info, directory)
+                summary = await carrier.run(_export_file, carrier, _grant(request), body, info, directory)
                 path = os.path.join(directory, "export")
                 summary = {key: value for key, value in summary.items() if key not in ("file", "next")}
 
@@ -629,7 +598,7 @@ def app_for(location: str) -> Starlette:
                                          headers={EXIT_HEADER: "0", http_api.RESULT_HEADER: json.dumps(summary),
                                                   "Content-Length": str(summary["bytes"])})
             carrier.ready()
-            grant = await carrier.run(_authenticated, carrier, _presented(request), info)
+            grant = _grant(request)
             grants.check(grant, "import", {})  # an operator's, before a byte of the upload is spooled here
             path = os.path.join(directory, "upload.jsonl")
             await spool_upload(request, path)
@@ -656,7 +625,7 @@ def app_for(location: str) -> Starlette:
             async with anyio.create_task_group() as group:
                 group.start_soon(_hung_up, request, carrier, gone, hung_up, look)
                 try:  # a look that waits blocks its thread (among the waits'), on a connection of its own
-                    outcome.append(await carrier.run(_look, location, look, _presented(request), body, info, gone,
+                    outcome.append(await carrier.run(_look, location, look, _grant(request), body, info, gone,
                                                      own=_will_wait(body)))
                 except Exception as exc:  # raised below, out of the task group (which would wrap it)
                     outcome.append(exc)
@@ -668,14 +637,14 @@ def app_for(location: str) -> Starlette:
         return await _answered(request, look, answer)
 
     def carried_by(name: str, function):
-        """An endpoint whose JSON body `function(carrier, token, body, info)` answers in a worker thread:
+        """An endpoint whose JSON body `function(carrier, grant, body, info)` answers in a worker thread:
         POST /v1/delivered (a read's delivery confirmed or cancelled) and POST /v1/watch/stop (a watch's client,
         stopped by a signal, releasing its wait's session)."""
         async def endpoint(request: Request) -> Response:
             async def carry_out(info: dict) -> dict:
                 body = await read_body(request)
                 carrier.ready()
-                return await carrier.run(function, carrier, _presented(request), body, info)
+                return await carrier.run(function, carrier, _grant(request), body, info)
             return await _answered(request, name, carry_out)
         return endpoint
 
@@ -708,20 +677,19 @@ def app_for(location: str) -> Starlette:
     async def scrape(request: Request) -> Response:
         """GET /metrics: a supervisor's or an operator's token (the counters are of every identity's traffic)."""
         async def carry_out(info: dict) -> Response:
-            carrier.ready()
-            grant = await carrier.run(_authenticated, carrier, _presented(request), info)
+            grant = _grant(request)
             if not grant["supervisor"] and "*" not in grant["agents"]:
                 raise errors.Forbidden(f"{grants.scope(grant)}; {http_api.METRICS_PATH} is read with a supervisor's "
                                        "or an operator's token (agent-mail token create --supervisor).")
             return Response(counted.text(), 200, media_type=metrics.CONTENT_TYPE, headers={EXIT_HEADER: "0"})
         return await _answered(request, "metrics", carry_out)
 
-    async def authenticate(presented: str) -> tuple[dict, int]:
-        """The Gate's check (once per request: the calls take its grant, _presented), and the waits' generation read
-        before it (_since)."""
+    async def authenticate(token: str) -> Admitted:
+        """The Gate's check, once per request (every route takes its grant: edge.admitted), and the waits'
+        generation read before it."""
         carrier.ready()
         since = carrier.waits.generation if carrier.waits is not None else 0
-        return await carrier.run(_authenticated, carrier, presented, {}), since
+        return Admitted(await carrier.run(_authenticated, carrier, token), since)
 
     counted = metrics.Metrics((*(http_api.call_path(name) for name in SERVED), *_GUARDED, http_api.HEALTH_PATH,
                                http_api.HEALTH_LIVE_PATH, http_api.HEALTH_READY_PATH, http_api.OPENAPI_PATH,
@@ -757,17 +725,19 @@ def app_for(location: str) -> Starlette:
                                  Middleware(Gate, authenticate=authenticate, guarded=_guarded)])
 
 
-# The paths whose token is checked before their body is read (edge.Gate): every one that takes a token but /metrics
-# (which has no body), a command's call under CALL_PATH besides.
+# The paths whose token the Gate checks (before any body is read): every one that takes a token, a command's call
+# under CALL_PATH besides.
 _GUARDED = (http_api.EXPORT_PATH, http_api.IMPORT_PATH, http_api.DELIVERED_PATH, http_api.FOLLOW_PATH,
             http_api.DASHBOARD_PATH, http_api.STOP_PATH, http_api.MCP_PATH)
 
 
 def _guarded(path: str, method: str) -> bool:
-    """A request that carries a body and a token: a POST to the API (another method is 405 without a look at
-    either), any request to /mcp (which authenticates every method first)."""
+    """A request that takes a token: a POST to the API (another method is 405 without a look at it), GET /metrics,
+    any request to /mcp (which authenticates every method first)."""
     if path == http_api.MCP_PATH:
         return True
+    if path == http_api.METRICS_PATH:
+        return method == "GET"
     return method == "POST" and (path.startswith(http_api.CALL_PATH) or path in _GUARDED)
 
 
@@ -905,7 +875,7 @@ def _more_descriptors() -> None:
 
 
 def serve(listen: str | None = None, tls_cert: str | None = None, tls_key: str | None = None,
-          insecure_no_tls: bool = False) -> None:
+          insecure_no_tls: bool = False, forwarded_allow_ips: str | None = None) -> None:
     """Serve until SIGTERM / SIGINT."""
     import socket
 
@@ -923,6 +893,9 @@ def serve(listen: str | None = None, tls_cert: str | None = None, tls_key: str |
         problems = certs.problems(tls_cert, tls_key)  # read as this user now, not once "listening" was said
         if problems:
             raise errors.InvalidInput(problems)
+    # X-Forwarded-For only from the proxies the operator names: uvicorn's default trusts it from loopback, where any
+    # local client (or one a proxy there passes through) could name a fresh address for each wrong token.
+    proxies = forwarded_from(forwarded_allow_ips)
     _more_descriptors()
     location, _ = locating.resolve_location()
     open_store(location).close()  # create or migrate it now, and fail here rather than on the first call
@@ -941,7 +914,8 @@ def serve(listen: str | None = None, tls_cert: str | None = None, tls_key: str |
     shown_host = f"[{host}]" if ":" in host else host
     config = uvicorn.Config(app_for(location), log_level="warning", access_log=False, lifespan="on",
                             ssl_certfile=tls_cert, ssl_keyfile=tls_key, timeout_graceful_shutdown=10,
-                            http=EdgeProtocol, h11_max_incomplete_event_size=MAX_HEAD_BYTES, date_header=False)
+                            http=EdgeProtocol, h11_max_incomplete_event_size=MAX_HEAD_BYTES, date_header=False,
+                            proxy_headers=bool(proxies), forwarded_allow_ips=proxies)
     server = Server(config)
     import logging
 
@@ -961,7 +935,8 @@ def serve(listen: str | None = None, tls_cert: str | None = None, tls_key: str |
     if insecure_no_tls and not is_loopback(host):
         log(level="warning", warning=f"serving plain HTTP on {shown_host}:{bound} (--insecure-no-tls): tokens and mail "
                                      "cross the network in clear; only behind a TLS proxy on a link you trust.")
-    log(listening=f"{scheme}://{shown_host}:{bound}", mailbox=redact_url(location), pid=os.getpid())
+    log(listening=f"{scheme}://{shown_host}:{bound}", mailbox=redact_url(location), pid=os.getpid(),
+        **({"forwarded_allow_ips": proxies} if proxies else {}))
     try:
         server.run(sockets=[sock])
     finally:
@@ -973,6 +948,7 @@ def serve(listen: str | None = None, tls_cert: str | None = None, tls_key: str |
 
 
 def main(values: dict, emit) -> int:
-    """`agent-mail serve [--listen HOST:PORT] [--tls-cert FILE --tls-key FILE | --insecure-no-tls]`."""
+    """`agent-mail serve [--listen HOST:PORT] [--tls-cert FILE --tls-key FILE | --insecure-no-tls]
+    [--forwarded-allow-ips ADDRS]`."""
     serve(**values)
     return errors.EXIT_OK

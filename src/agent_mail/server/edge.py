@@ -73,13 +73,20 @@ def log(**fields) -> None:
 
 
 async def read_body(request: Request) -> bytes:
-    """A call's body: at most MAX_REQUEST_BYTES (a larger Content-Length is refused before any of it is read),
-    arriving in time (_arriving), not cut short."""
+    """A call's JSON body: at most MAX_REQUEST_BYTES (a larger Content-Length is refused before any of it is read),
+    arriving in time (_arriving), not cut short, and of a shape a call takes (shape.Shape: refused as soon as it
+    holds more values than any call, before it is all read or parsed)."""
+    from agent_mail.server.shape import Shape
+
     declared = request.headers.get("content-length")
     if declared is not None and (not declared.isdigit() or int(declared) > MAX_REQUEST_BYTES):
         raise TooLarge([(None, f"the request is larger than {MAX_REQUEST_BYTES} bytes, the most a call carries; "
                                "nothing was done.")])
-    return b"".join([chunk async for chunk in _arriving(request, MAX_REQUEST_BYTES, None)])
+    shape, chunks = Shape(), []
+    async for chunk in _arriving(request, MAX_REQUEST_BYTES, None):
+        shape.feed(chunk)
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 async def _arriving(request: Request, most: int, field: str | None):
@@ -164,13 +171,24 @@ class Penalties:
         return max(0.0, at - now)
 
 
+class Admitted:
+    """What the Gate admitted a request as: the token's grant ({id, agents, supervisor}) and the waits' generation
+    read before the token was looked up (a revocation after it wakes the request's wait)."""
+
+    __slots__ = ("grant", "since")
+
+    def __init__(self, grant: dict, since: int):
+        self.grant, self.since = grant, since
+
+
 class Gate:
-    """ASGI middleware: the bearer token of a request to a guarded path (`guarded(path, method)`) checked before a
-    byte of its body is read (`authenticate(token)` -> what it admits, errors.Forbidden when refused), so a client
-    without a token cannot make the server take in a body. A refusal is 401 with WWW-Authenticate, held as Penalties say
-    when a token was given; a database that cannot be reached is 503. What `authenticate` answered (the server's:
-    the grant, and the waits' generation read before it) is left in the scope (GRANT_KEY), so the call does not look
-    the token up again.
+    """ASGI middleware, the one place a request's token is read: the bearer token of a request to a guarded path
+    (`guarded(path, method)`: every route that takes a token) checked before a byte of its body is read
+    (`authenticate(token)` -> Admitted, errors.Forbidden when refused), so a client without a token cannot make the
+    server take in a body. A refusal is 401 with WWW-Authenticate, held as Penalties say when a token was given; a
+    database that cannot be reached is 503. The admission is left in the scope (GRANT_KEY, read with `admitted`),
+    as Starlette's AuthenticationMiddleware leaves `auth`: every route takes its grant from there, and the token is
+    looked up once per request.
     """
 
     GRANT_KEY = "agent_mail.grant"
@@ -183,7 +201,7 @@ class Gate:
         if scope["type"] != "http" or not self.guarded(scope.get("path", ""), scope.get("method", "")):
             return await self.app(scope, receive, send)
         started = time.monotonic()
-        presented = bearer(scope)
+        presented = _bearer(scope)
         try:
             if presented is None:
                 raise errors.Forbidden("no token: send Authorization: Bearer TOKEN (the client reads "
@@ -191,10 +209,11 @@ class Gate:
                                        "one with agent-mail token create.", unauthenticated=True)
             scope[self.GRANT_KEY] = await self.authenticate(presented)
         except errors.AgentMailError as exc:
-            refused = isinstance(exc, errors.Forbidden)
+            refused, held = isinstance(exc, errors.Forbidden), None
+            client = str((scope.get("client") or ("unknown", 0))[0])  # the proxy's, unless --forwarded-allow-ips
             if refused and presented is not None:
-                client = scope.get("client") or ("unknown", 0)
-                await anyio.sleep(self.penalties.hold(str(client[0])))
+                held = self.penalties.hold(client)
+                await anyio.sleep(held)
             status = 401 if refused else 503 if isinstance(exc, errors.StorageError) else 500
             told = exc.for_callers() if isinstance(exc, errors.StorageError) else exc  # no grant: never where the
             # database is (the log line says it)
@@ -208,14 +227,24 @@ class Gate:
             path = scope.get("path", "")
             command = path[len(http_api.CALL_PATH):] if path.startswith(http_api.CALL_PATH) else None
             log(method=scope.get("method"), path=path, command=command, token_id=None, status=status,
-                exit=exc.exit_code, ms=round((time.monotonic() - started) * 1000, 1),
+                exit=exc.exit_code, ms=round((time.monotonic() - started) * 1000, 1), client=client,
+                **({"held": round(held, 3)} if held is not None else {}),
                 **({} if refused else {"error": told.message, "detail": exc.message}))
             return
         return await self.app(scope, receive, send)
 
 
-def bearer(scope) -> str | None:
-    """The token of a request's `Authorization: Bearer TOKEN`, or None."""
+def admitted(scope) -> Admitted:
+    """What the Gate admitted the request of `scope` as; errors.Forbidden (401) when it admitted nothing (a route
+    the Gate does not guard: refused rather than served without a token)."""
+    admission = scope.get(Gate.GRANT_KEY)
+    if not isinstance(admission, Admitted):
+        raise errors.Forbidden("no token: send Authorization: Bearer TOKEN.", unauthenticated=True)
+    return admission
+
+
+def _bearer(scope) -> str | None:
+    """The token of a request's `Authorization: Bearer TOKEN`, or None: read here only (the Gate)."""
     for key, value in scope.get("headers", ()):
         if key == b"authorization":
             scheme, _, token = value.decode("latin-1").partition(" ")
@@ -344,6 +373,35 @@ def listen_address(listen: str) -> tuple[str, int]:
     if not colon or not host or not port.isdigit() or int(port) > 65535:
         raise errors.InvalidInput([("listen", f"{listen!r} is not HOST:PORT (e.g. 127.0.0.1:8025).")])
     return host, int(port)
+
+
+FORWARDED_ENV = "AGENT_MAIL_FORWARDED_ALLOW_IPS"
+
+
+def forwarded_from(given: str | None) -> list[str]:
+    """The proxies whose X-Forwarded-For is trusted: --forwarded-allow-ips (`given`), else FORWARDED_ENV, else none.
+    Each comma-separated item an address or a network, written as uvicorn compares them (it would take anything
+    else for a name no connection ever has, and trust nobody without a word); InvalidInput naming the flag (or the
+    variable) otherwise."""
+    import ipaddress
+
+    source, text = ("forwarded_allow_ips", given) if given is not None else (None, os.environ.get(FORWARDED_ENV, ""))
+    if given is None and not text.strip():
+        return []
+    named = "" if source else f"{FORWARDED_ENV}: "
+    trusted, problems = [], []
+    for item in (part.strip() for part in text.split(",")):
+        try:
+            trusted.append(str(ipaddress.ip_network(item, strict=False) if "/" in item else ipaddress.ip_address(item)))
+        except ValueError:
+            why = ("'*' would trust the header from every client, which is what it must not be: name your proxy's "
+                   "address or network" if item == "*" else
+                   f"{item!r} is not an address or a network (a name is not taken: give the address your proxy "
+                   "connects from, e.g. 127.0.0.1 or 10.0.0.0/8)")
+            problems.append((source, f"{named}{why}; comma-separated, e.g. 127.0.0.1,::1."))
+    if problems:
+        raise errors.InvalidInput(problems)
+    return trusted
 
 
 def is_loopback(host: str) -> bool:

@@ -2,8 +2,10 @@
 `agent-mail mcp` offers them over stdio), on the official MCP SDK's transport, the identity taken from the
 bearer token. Part of the server front end: only server.py imports it (the `mcp` extra, which `server` brings).
 
-- Every request carries `Authorization: Bearer TOKEN`. A missing, unknown or revoked token is answered 401 with
-  {error, problems} before anything else is read (the body, the mailbox); the token itself is never repeated.
+- Every request carries `Authorization: Bearer TOKEN`, read and looked up by the server's edge (edge.Gate) as on
+  every route: a missing, unknown or revoked token is answered 401 with {error, problems} before anything else is
+  read (the body, the mailbox), the token itself never repeated; a request admitted reaches this endpoint with
+  the grant in its scope (edge.admitted), the only way it learns who calls.
 - Stateless: each POST is a whole exchange (the SDK's stateless mode: no session to keep, so any replica behind
   a proxy can answer any request); GET and DELETE are answered 405, as the transport allows (no stream for the
   server to speak first on, no session to end). A tool result comes back as a server-sent event stream, which
@@ -45,7 +47,8 @@ from agent_mail import __version__, calls, errors, jsonout, model, spec
 from agent_mail.protocols import http_api, mcp_tools
 from agent_mail.parts import checks
 from agent_mail.server import grants, openapi
-from agent_mail.server.edge import CUT_KEY, Gate
+from agent_mail.server.edge import CUT_KEY, admitted
+from agent_mail.server.shape import Shape
 from agent_mail.operations import tokens
 
 # A tool call carries no attachments (files stay on the client's machine): a body at its longest, escaped.
@@ -98,7 +101,7 @@ class _Tools(MCPServer):
                                                                f"{', '.join(TOOLS)}.")]).payload())
         return await mcp_tools.answer(
             name, lambda cancelled: self.endpoint.prepare(name, dict(arguments or {}), state, cancelled),
-            default_identity(state["grant"]))
+            default_identity(state["grant"]), limiter=self.endpoint.limiter)
 
 
 class Endpoint:
@@ -136,14 +139,10 @@ class Endpoint:
             await send(message)
 
         served = self.waits() if self.waits is not None else None
-        since = served.generation if served is not None else 0  # before the token is looked at
-        admitted = scope.get(Gate.GRANT_KEY)  # (grant, generation): the server's Gate looked the token up already
         try:
             try:
-                if admitted is not None:
-                    (grant, since), info["token_id"] = admitted, admitted[0]["id"]
-                else:
-                    grant = await self._thread(self._authenticate, _bearer(scope), info)
+                admission = admitted(scope)  # the server's Gate looked the token up, before any of the body came
+                grant, since, info["token_id"] = admission.grant, admission.since, admission.grant["id"]
                 body = await _body(scope, receive)
             except errors.AgentMailError as exc:
                 await _refusal(exc, sending)
@@ -192,20 +191,6 @@ class Endpoint:
                      exit=errors.EXIT_INVALID if cut else info["exit"],
                      ms=round((time.monotonic() - started) * 1000, 1),
                      **({"refused": cut} if cut else {"error": info["error"]} if "error" in info else {}))
-
-    async def _thread(self, function, *args):
-        return await anyio.to_thread.run_sync(function, *args, limiter=self.limiter)
-
-    def _authenticate(self, presented: str | None, info: dict) -> dict:
-        from agent_mail.store import open_store
-
-        store = open_store(self.location)
-        try:
-            grant = tokens.authenticate(store, presented)
-            info["token_id"] = grant["id"]
-            return grant
-        finally:
-            store.close()
 
     # ---- one tool call
 
@@ -327,14 +312,6 @@ def _log_as_json(log) -> None:
         root.addHandler(_JsonLines(log))
 
 
-def _bearer(scope) -> str | None:
-    for key, value in scope.get("headers", ()):
-        if key == b"authorization":
-            scheme, _, token = value.decode("latin-1").partition(" ")
-            return token.strip() if scheme.lower() == "bearer" and token.strip() else None
-    return None
-
-
 async def _body(scope, receive) -> bytes:
     for key, value in scope.get("headers", ()):
         if key == b"content-length" and (not value.isdigit() or int(value) > MAX_REQUEST_BYTES):
@@ -342,7 +319,7 @@ async def _body(scope, receive) -> bytes:
                                               "MCP call carries.")])
     if scope.get("method") != "POST":
         return b""
-    chunks, size = [], 0
+    shape, chunks, size = Shape(), [], 0  # a message that holds more values than any call is refused as it comes
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
@@ -351,6 +328,7 @@ async def _body(scope, receive) -> bytes:
         size += len(chunk)
         if size > MAX_REQUEST_BYTES:
             raise errors.InvalidInput([(None, f"the request is larger than {MAX_REQUEST_BYTES} bytes.")])
+        shape.feed(chunk)
         chunks.append(chunk)
         if not message.get("more_body"):
             return b"".join(chunks)

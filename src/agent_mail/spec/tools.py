@@ -456,6 +456,11 @@ register(Command(
             "is exit 2 naming it."),
         Arg("--insecure-no-tls", FLAG, "Serve plain HTTP on an address other than loopback: tokens and mail cross "
             "the network in clear. Only behind a proxy that terminates TLS on the same host or network you trust."),
+        Arg("--forwarded-allow-ips", TEXT, "The proxies whose X-Forwarded-For (and X-Forwarded-Proto) is trusted: "
+            "comma-separated addresses or networks (127.0.0.1, 10.0.0.0/8), e.g. the address your nginx or Caddy "
+            "connects from. A request from one of them counts as from the client the header names (wrong tokens "
+            "are slowed per client address); from anyone else the header is ignored. Default: "
+            "AGENT_MAIL_FORWARDED_ALLOW_IPS, else none (the header is never trusted)."),
     ),
     output={},
     requires=(("--tls-cert", "--tls-key"), ("--tls-key", "--tls-cert")),
@@ -487,10 +492,13 @@ register(Command(
            "the mail (or, printed=false, leaves it unread); unconfirmed, it is delivered again after 60 s. A "
            "request's token is checked before any of its body is read (401, WWW-Authenticate: Bearer), and wrong "
            "tokens from one address are answered ever later (AGENT_MAIL_SERVE_PENALTY_SECONDS, 0.05 doubling to "
-           "_PENALTY_MAX_SECONDS, 5), a right one never. A request's head must arrive within "
-           "AGENT_MAIL_SERVE_READ_SECONDS (30), the whole request, chunked or not, within that plus its body at "
-           "AGENT_MAIL_SERVE_MIN_BODY_RATE (65536 bytes/s) and at most AGENT_MAIL_SERVE_REQUEST_SECONDS (900): "
-           "later is 408; over the size cap 413; headers over 16 KiB 431. Off loopback (a literal address: "
+           "_PENALTY_MAX_SECONDS, 5), a right one never; the address is the connection's, or the one "
+           "X-Forwarded-For names when the connection comes from a proxy named by --forwarded-allow-ips. A request's "
+           "head must arrive within AGENT_MAIL_SERVE_READ_SECONDS (30), the whole request, chunked or not, within "
+           "that plus its body at AGENT_MAIL_SERVE_MIN_BODY_RATE (65536 bytes/s) and at most "
+           "AGENT_MAIL_SERVE_REQUEST_SECONDS (900): later is 408; over the size cap 413; headers over 16 KiB 431; a "
+           "JSON body holding more than 100000 values or nesting deeper than 32 levels is 400 naming the member that "
+           "held them, refused as it arrives (never parsed). Off loopback (a literal address: "
            "localhost is a name, not taken for one), TLS or --insecure-no-tls, which logs a warning line first.",
            "hook, guard and reserve, release, reservations run on the client's machine (the harness's input and "
            "process, the git checkout: the repository is located there and sent as POST /v1/call/... values "
@@ -498,7 +506,8 @@ register(Command(
            "POST /v1/call/hook with `session` answers {output, wake, note, waiter}. A harness session through a "
            "server counts as live while its hooks show signs of life (10 minutes; Claude Code's waiter keeps it "
            "fresh while idle and ends it when the harness dies)."),
-    examples=("serve", "serve --listen 0.0.0.0:8025 --tls-cert cert.pem --tls-key key.pem"),
+    examples=("serve", "serve --listen 0.0.0.0:8025 --tls-cert cert.pem --tls-key key.pem",
+              "serve --listen 127.0.0.1:8025 --forwarded-allow-ips 127.0.0.1"),
 ))
 
 
