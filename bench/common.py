@@ -52,6 +52,12 @@ def implementations() -> dict[str, str]:
     }
 
 
+def ours() -> str:
+    """This project's CLI alone, reinstalled from this tree (for a bench with no reference to run beside)."""
+    os.makedirs(CACHE, exist_ok=True)
+    return _venv("ours", ROOT, reinstall=True)
+
+
 def percentile(values: list[float], fraction: float) -> float:
     ordered = sorted(values)
     index = min(len(ordered) - 1, max(0, round(fraction * (len(ordered) - 1))))

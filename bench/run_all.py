@@ -7,7 +7,8 @@ bench_cli (cold start), bench_scale (per-agent commands, status, cleanup and gro
 200,000 messages spread or with a broadcast backlog, and at 1,000,000), bench_concurrency,
 bench_fanout, bench_watch and bench_herd (100 blocked watches beside the reference, then 1,000 of ours), and prints one
 table of both figures and their ratio; then bench_hooks (the harness hooks' cost beside our
-own `read`, and idle-wake latency, through the real Claude Code when it is installed),
+own `read`, and idle-wake latency, through the real Claude Code when it is installed), bench_floor (read, send and
+the after-tool hook as multiples of `python -I -S -c pass`, in the same rounds),
 bench_postgres (the team mailbox on PostgreSQL beside SQLite: per-agent commands and status at
 200,000 messages, wake across two hosts, 16 senders x 8 readers over two hosts, idle watches),
 bench_dashboard (the dashboard's idle cost and update latency beside 100 watches and a send every
@@ -32,6 +33,7 @@ import bench_cli  # noqa: E402
 import bench_concurrency  # noqa: E402
 import bench_dashboard  # noqa: E402
 import bench_fanout  # noqa: E402
+import bench_floor  # noqa: E402
 import bench_herd  # noqa: E402
 import bench_harness_hooks  # noqa: E402
 import bench_hooks  # noqa: E402
@@ -64,6 +66,9 @@ def main() -> None:
     print("\n# harness hooks (bench_hooks: beside our own read, same run)\n")
     print(table(bench_hooks.rows(clis, rounds=11 if args.quick else 31, wakes=3 if args.quick else 10),
                 bench_hooks.HEADERS))
+    print("\n# read, send and the after-tool hook beside the interpreter's floor (bench_floor: same run)\n")
+    print(table(bench_floor.rows({"agent-mail": clis["agent-mail"]}, rounds=21 if args.quick else 101),
+                bench_floor.HEADERS))
     print("\n# every harness's hooks, as each harness runs them (bench_harness_hooks: beside our own read)\n")
     print(table(bench_harness_hooks.rows(clis["agent-mail"], rounds=7 if args.quick else 21,
                                          harnesses=list(bench_harness_hooks.FILES)), bench_harness_hooks.HEADERS))

@@ -300,15 +300,53 @@ def test_describe_into_a_pipe_closed_early_ends_quietly_as_a_unix_tool_does():
 def test_everyday_commands_import_nothing_they_do_not_need(argv, mailbox_path):
     """What a command imports is start-up time on every call: the ones an agent runs all day need no
     regular expressions, enum, json, signal, hashlib or ctypes (send checks and indexes plain text with
-    str methods; a regex only for text that is not plain)."""
+    str methods; a regex only for text that is not plain), nor the pure-Python `datetime` (its C module
+    serves), the `sqlite3` package (its C driver serves) or contextlib (~3 ms between them)."""
     code = ("import sys; from agent_mail.cli.main import main; code = main(sys.argv[1:]); "
             "heavy = {'re', 'enum', 'json', 'signal', 'hashlib', 'ctypes', 'select', 'typing', 'dataclasses', "
-            "'uuid', 'urllib.parse', 'importlib.metadata', 'mcp', 'anyio', 'pydantic', 'psycopg', "
+            "'uuid', 'urllib.parse', 'importlib.metadata', 'mcp', 'anyio', 'pydantic', 'psycopg', 'datetime', "
+            "'sqlite3', 'contextlib', 'math', "
             "'textual', 'rich', 'textual_serve', 'plotext', 'aiohttp', 'pathspec', 'agent_mail.parts.wildmatch', "
             "'agent_mail.operations.reservations', 'agent_mail.parts.repos', 'subprocess'}; "
             "print(code, sorted(heavy & set(sys.modules)), file=sys.stderr)")
     proc = subprocess.run([sys.executable, "-S", "-c", code, *argv], env=process_env(), capture_output=True, text=True)
     assert proc.stderr.strip().splitlines()[-1] == "0 []", proc.stderr
+
+
+@pytest.mark.sqlite_only  # the collector of the command's own process: the same on either backend
+def test_brief_commands_run_without_the_garbage_collector_and_long_lived_ones_with_it(tmp_path, mailbox_path):
+    """A brief command (a read, a hook) ends before a collection could free anything worth its time: the script
+    starts with the collector off (about a millisecond of every start). One that may live for hours (a watch, a
+    hook's waiter) turns it back on. Seen at the process's exit, through scripts/agent-mail and `-m agent_mail`."""
+    (tmp_path / "sitecustomize.py").write_text(  # imported at start-up: says at the exit whether it was on
+        "import gc, os, sys\n"
+        "_exit = os._exit\n"
+        "def _saying(code):\n"
+        "    sys.stderr.write(f'collector on: {gc.isenabled()}\\n')\n"
+        "    sys.stderr.flush()\n"
+        "    _exit(code)\n"
+        "os._exit = _saying\n")
+    env = process_env(CLAUDE_CODE_SESSION_ATTENDED="0")  # a run nobody waits on: the waiter returns at once
+    env["PYTHONPATH"] = str(tmp_path) + os.pathsep + env["PYTHONPATH"]
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "scripts",
+                          "agent-mail")
+    start = json.dumps({"session_id": "s-1", "hook_event_name": "SessionStart"}).encode()
+    stop = json.dumps({"session_id": "s-1", "hook_event_name": "Stop"}).encode()
+    cases = [(["read", "a:b"], b"", False), (["hook", "claude-code", "context", "--agent", "a:b"], start, False),
+             (["watch", "a:b", "--once"], b"", True), (["hook", "claude-code", "wait", "--agent", "a:b"], stop, True)]
+    for program in ([sys.executable, script], [sys.executable, "-m", "agent_mail"]):
+        for argv, stdin, on in cases:
+            done = subprocess.run([*program, *argv], input=stdin, env=env, capture_output=True, timeout=60)
+            assert done.returncode == 0, done.stderr
+            assert done.stderr.decode().splitlines()[-1] == f"collector on: {on}", (program, argv, done.stderr)
+
+
+def test_which_commands_are_brief():
+    """Every command but those that wait, serve or work through a whole mailbox is brief."""
+    long_lived = {name for name in spec.COMMANDS if not main.brief(name, {})}
+    assert long_lived == {"watch", "notifications", "export", "import", "cleanup", "copy", "doctor", "mcp",
+                          "dashboard", "serve", "run"}
+    assert main.brief("hook", {"event": "context"}) and not main.brief("hook", {"event": "wait"})
 
 
 @pytest.mark.sqlite_only

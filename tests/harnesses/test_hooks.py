@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -425,7 +426,7 @@ def test_setup_that_fails_half_way_puts_back_what_it_wrote(tmp_path, monkeypatch
     real = setup.write
 
     def failing(path, text):
-        if path.endswith("settings.local.json") and text is not None and "agent_mail" in text:
+        if path.endswith("settings.local.json") and text is not None and " hook claude-code " in text:
             raise OSError(28, "No space left on device", path)
         real(path, text)
 
@@ -455,6 +456,62 @@ def test_setup_quotes_paths_with_spaces_and_quotes_in_hook_commands(tmp_path, mo
                           capture_output=True, env=bare, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "through the shell" in json.loads(done.stdout)["hookSpecificOutput"]["additionalContext"]
+
+
+SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "scripts",
+                      "agent-mail")
+
+
+def test_setup_writes_hooks_that_run_the_script_and_takes_out_those_of_older_setups(tmp_path):
+    """A hook runs on every tool call: setup writes it as this interpreter running the agent-mail script (`-m
+    agent_mail` costs runpy's millisecond more a start). The hooks older setups wrote as `-m agent_mail` are
+    still ours: a new setup replaces them in place and --remove takes them out; a user's own `agent-mail hook`
+    (no path) stays."""
+    mailbox = os.environ["AGENT_MAIL_DB"]
+    older = f"AGENT_MAIL_DB={mailbox} {sys.executable} -m agent_mail hook claude-code"
+    mine = {"type": "command", "command": "agent-mail hook claude-code context --agent proj:mine"}
+    before = {"hooks": {"PostToolUse": [{"matcher": "*", "hooks": [
+        mine, {"type": "command", "command": f"{older} context --agent {AGENT}"}]}],
+        "SessionEnd": [{"hooks": [{"type": "command", "command": f"{older} end --agent {AGENT}"}]}]}}
+    settings = tmp_path / ".claude" / "settings.local.json"
+    settings.parent.mkdir()
+    settings.write_text(json.dumps(before, indent=2))
+    assert am_process("setup", "claude-code", "--agent", AGENT, "--dir", str(tmp_path), "--remove").returncode == 0
+    assert json.loads(settings.read_text()) == {"hooks": {"PostToolUse": [{"matcher": "*", "hooks": [mine]}]}}
+    settings.write_text(json.dumps(before, indent=2))
+    done = subprocess.run([sys.executable, SCRIPT, "setup", "claude-code", "--agent", AGENT, "--dir", str(tmp_path)],
+                          env=process_env(), capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    hooks = json.loads(settings.read_text())["hooks"]
+    assert hooks["PostToolUse"][0]["hooks"][0] == mine  # theirs first, ours replaced in place
+    commands = [h["command"] for groups in hooks.values() for group in groups for h in group["hooks"] if h != mine]
+    assert len(commands) == 7 and not [c for c in commands if "-m agent_mail" in c]
+    for command in commands:
+        words = shlex.split(command)
+        assert words[1:4] == [sys.executable, SCRIPT, "hook"], command
+    bare = {k: v for k, v in process_env().items() if k != "AGENT_MAIL_DB"}
+    send("told through the script")
+    done = subprocess.run(["sh", "-c", hooks["SessionStart"][0]["hooks"][0]["command"]], env=bare,
+                          input=json.dumps(claude_input("SessionStart")).encode(), capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "told through the script" in json.loads(done.stdout)["hookSpecificOutput"]["additionalContext"]
+    assert am_process("setup", "claude-code", "--agent", AGENT, "--dir", str(tmp_path), "--remove").returncode == 0
+    assert json.loads(settings.read_text()) == {"hooks": {"PostToolUse": [{"matcher": "*", "hooks": [mine]}]}}
+
+
+@pytest.mark.sqlite_only  # PostgreSQL's driver brings more of its own
+@pytest.mark.local_only("what the local hook imports (through a server: tests/functional/test_server_hooks.py)")
+def test_the_hook_after_every_tool_imports_only_what_it_needs():
+    """The after-tool hook runs on every tool call: no json, re or enum (its input decoded by the C scanner), no
+    pure-Python datetime, sqlite3 package or contextlib, no runpy (run as the script)."""
+    context("SessionStart")
+    code = ("import sys; from agent_mail.cli.main import main; code = main(sys.argv[1:]); "
+            "print(code, sorted({'re', 'enum', 'json', 'typing', 'datetime', 'sqlite3', 'contextlib', 'runpy', 'math', "
+            "'subprocess'} & set(sys.modules)), file=sys.stderr)")
+    done = subprocess.run([sys.executable, "-c", code, "hook", "claude-code", "context", "--agent", AGENT],
+                          input=json.dumps(claude_input("PostToolUse")).encode(), env=process_env(),
+                          capture_output=True, timeout=60)
+    assert done.stderr.decode().strip().splitlines()[-1] == "0 []", done.stderr
 
 
 # ---------------------------------------------------------------- Codex and Gemini CLI

@@ -266,6 +266,10 @@ def main(argv: list[str] | None = None) -> int:
     name = None
     try:
         name, values = parse(args)
+        if not brief(name, values):
+            import gc
+
+            gc.enable()  # off from the start (scripts/agent-mail): this command may live for hours
         try:
             return _dispatch(name, values, emit_once)
         except errors.AgentMailError as exc:  # named as the command line names its arguments
@@ -286,6 +290,21 @@ def main(argv: list[str] | None = None) -> int:
         return errors.EXIT_FAILED
     finally:
         _restore_signals(previous)
+
+
+# The commands that end within moments, which an agent or a harness's hook runs all day. The program starts with the
+# garbage collector off (scripts/agent-mail, agent_mail/__main__.py): what these make dies with the process, and the
+# collections their imports would set off are about a millisecond of each start. Every other command (a watch, the
+# MCP server, serve, run, the dashboard, a hook's waiter; and those that may work through a whole mailbox) turns it
+# back on before it starts.
+BRIEF = frozenset({"describe", "help", "version", "send", "read", "ack", "heartbeat", "dismiss", "archive", "delete",
+                   "cancel", "attachments", "profile", "status", "reserve", "release", "reservations", "guard",
+                   "search", "hook", "setup", "token"})
+
+
+def brief(name: str, values: dict) -> bool:
+    """Whether the command `name` ends within moments (see BRIEF): a hook does, but for the waiter it arms."""
+    return name in BRIEF and not (name == "hook" and values.get("event") == "wait")
 
 
 CLOSED_PIPE = 141  # 128 + SIGPIPE: how a Unix tool ends when its reader closed the pipe

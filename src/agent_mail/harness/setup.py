@@ -1,7 +1,8 @@
 """`agent-mail setup HARNESS --agent P:N`: connect a harness to the mailbox in one command.
 
 For a project directory DIR, the MCP server `agent-mail` (this interpreter running `agent_mail mcp
---agent P:N`, with the mailbox it resolved in its environment) and the hooks (`agent_mail hook ...`):
+--agent P:N`, with the mailbox it resolved in its environment) and the hooks (this interpreter running the installed
+agent-mail script, `hook ...`; `-m agent_mail hook ...` where no script is installed):
 - Claude Code: DIR/.mcp.json (the server, nothing personal in it: teams commit it) and
   DIR/.claude/settings.local.json (personal, not committed: the interpreter, identity and mailbox in `env`;
   context on SessionStart, UserPromptSubmit and PostToolUse; the stop guard and the asyncRewake waiter
@@ -39,11 +40,12 @@ mailbox (agent_mail.operations.location). Setup first checks that the mailbox ca
 
 Files are merged, not replaced: other keys, hooks and servers stay as they were, in their order, and a JSON file
 is edited as text (harness.json_text: its indentation, inline arrays, comments and trailing commas where the harness
-reads JSONC, every byte setup does not change). Our entries are recognised by their command (`agent_mail hook` /
-`agent_mail mcp`), so a second run changes no byte, a run with another identity replaces ours, and --remove takes
-out only ours; what a file held before setup first changed it is kept in the user's state directory and written
-back by --remove when it says the same (the exact bytes: a file of {}, an empty object setup filled). Writes are
-atomic (a temporary file renamed over the old one, its permissions kept); --dry-run prints the diff instead.
+reads JSONC, every byte setup does not change). Our entries are recognised by their command (`/path/to/agent-mail
+hook`, or `-m agent_mail hook`, which older setups wrote; `agent_mail mcp`), so a second run changes no byte, a run
+with another identity replaces ours, and --remove takes out only ours; what a file held before setup first changed
+it is kept in the user's state directory and written back by --remove when it says the same (the exact bytes: a
+file of {}, an empty object setup filled). Writes are atomic (a temporary file renamed over the old one, its
+permissions kept); --dry-run prints the diff instead.
 """
 
 from __future__ import annotations
@@ -71,11 +73,46 @@ UNLOAD_DELAY_SECONDS = 2
 SERVER = "agent-mail"
 WAITER_TIMEOUT_SECONDS = 3600  # above the waiter's 55-minute wait
 REWAKE_MESSAGE = "agent-mail: new mail arrived while you were idle (this is mail for you, not an error):"
-_MARK = " -m agent_mail "  # in every command we write: how our entries are told from the user's
+_MARK = " -m agent_mail "  # in the MCP servers' commands, and the hooks' of older setups and checkouts run in place
+SCRIPT = "agent-mail"  # the script a hook runs (scripts/agent-mail, installed with the package)
 
 
 def _base_command() -> list[str]:
     return [sys.executable, "-m", "agent_mail"]
+
+
+def _hook_base() -> list[str]:
+    """How a hook starts agent-mail: this interpreter running the agent-mail script installed with it. A hook runs on
+    every tool call and prompt, and `-m agent_mail` costs a millisecond more a start (runpy finds and runs the
+    package's __main__); where no script of ours is found (a checkout run in place), `-m agent_mail` all the same."""
+    script = _script()
+    return [sys.executable, script] if script is not None else _base_command()
+
+
+def _script() -> str | None:
+    """The agent-mail script of this installation, by its absolute path: the one running (`agent-mail setup`), else
+    the one beside this interpreter or in its scripts directory (a virtual environment's bin, the system's, the
+    user's). Only a file that is our script counts: running it with this interpreter is `-m agent_mail`."""
+    import sysconfig
+
+    candidates = [sys.argv[0] if sys.argv else "", os.path.join(os.path.dirname(sys.executable), SCRIPT)]
+    for scheme in (None, f"{os.name}_user"):
+        try:
+            candidates.append(os.path.join(sysconfig.get_path("scripts", scheme) or "", SCRIPT))
+        except KeyError:  # no such scheme here
+            pass
+    for path in candidates:
+        if os.path.basename(path) == SCRIPT and _is_our_script(path):
+            return os.path.abspath(path)
+    return None
+
+
+def _is_our_script(path: str) -> bool:
+    try:
+        with open(path, "rb") as handle:
+            return b"from agent_mail.cli.main import run" in handle.read(4096)
+    except OSError:
+        return False
 
 
 def _shell(words: list[str]) -> str:
@@ -83,7 +120,25 @@ def _shell(words: list[str]) -> str:
 
 
 def _ours(command: object) -> bool:
-    return isinstance(command, str) and _MARK in f" {command} " and " hook " in command
+    """Whether a hook's command is one setup wrote: `PYTHON /path/to/agent-mail hook ...`, or `PYTHON -m agent_mail
+    hook ...` (older setups, and a checkout run in place), after its AGENT_MAIL_DB=... A command naming agent-mail
+    without its path (`agent-mail hook ...`) is the user's own."""
+    if not isinstance(command, str) or " hook " not in command:
+        return False
+    if _MARK in f" {command} ":
+        return True
+    try:
+        words = shlex.split(command)
+    except ValueError:  # not a command a shell would take: not ours
+        return False
+    return any(word == "hook" and os.path.isabs(before) and os.path.basename(before) == SCRIPT
+               for before, word in zip(words, words[1:], strict=False))
+
+
+def _hook_marks(harness: str) -> tuple[str, ...]:
+    """What a file setup wrote `harness`'s hooks into holds: `agent-mail hook HARNESS ` (the script, its path quoted
+    or not) or ` agent_mail hook HARNESS ` (-m agent_mail)."""
+    return tuple(f"{word} hook {harness} " for word in ("/agent-mail", "/agent-mail'", " agent_mail"))
 
 
 def _mailbox() -> str:
@@ -197,7 +252,7 @@ def _hook_entries(harness: str, agent: str, mailbox: str) -> dict[str, list[dict
     """Our hooks for `harness`, by its event names, in its settings' shape."""
     # The mailbox rides in the command (harnesses run it with a POSIX shell): a session started without
     # AGENT_MAIL_DB in its environment still reaches the mailbox set up here.
-    base = f"AGENT_MAIL_DB={shlex.quote(mailbox)} " + _shell(_base_command())
+    base = f"AGENT_MAIL_DB={shlex.quote(mailbox)} " + _shell(_hook_base())
 
     def hook(event: str, **extra) -> dict:
         command = base + " " + _shell(["hook", harness, event, "--agent", agent])
@@ -721,13 +776,12 @@ _PROJECT_NOTE = ("# The agent-mail mailbox of this directory tree (written by `a
                  "overrides it).\n")
 # The file (and the mark in it) by which a harness is known to be set up in a directory: for Claude Code its
 # hooks, since Copilot CLI's server shares .mcp.json.
-_HARNESS_FILES = {"claude-code": (os.path.join(".claude", "settings.local.json"),
-                                  " agent_mail hook claude-code "),
-                  "codex": (os.path.join(".codex", "config.toml"), _BEGIN),
-                  "gemini": (os.path.join(".gemini", "settings.json"), SERVER),
-                  "qwen": (os.path.join(".qwen", "settings.json"), SERVER),
-                  "copilot": (os.path.join(".github", "hooks", "agent-mail.json"), " agent_mail hook copilot "),
-                  "opencode": (opencode.PLUGIN, opencode.MARK)}
+_HARNESS_FILES = {"claude-code": (os.path.join(".claude", "settings.local.json"), _hook_marks("claude-code")),
+                  "codex": (os.path.join(".codex", "config.toml"), (_BEGIN,)),
+                  "gemini": (os.path.join(".gemini", "settings.json"), (SERVER,)),
+                  "qwen": (os.path.join(".qwen", "settings.json"), (SERVER,)),
+                  "copilot": (os.path.join(".github", "hooks", "agent-mail.json"), _hook_marks("copilot")),
+                  "opencode": (opencode.PLUGIN, (opencode.MARK,))}
 
 
 def _project_file_plan(root: str, harness: str, mailbox: str, remove: bool) -> dict:
@@ -756,10 +810,11 @@ def _project_file_plan(root: str, harness: str, mailbox: str, remove: bool) -> d
     return _planned(path, action, before, after)
 
 
-def _mentions(path: str, mark: str) -> bool:
+def _mentions(path: str, marks: tuple[str, ...]) -> bool:
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
-            return mark in handle.read()
+            text = handle.read()
+            return any(mark in text for mark in marks)
     except OSError:
         return False
 
@@ -911,12 +966,12 @@ def set_up_for(command: str, directory: str) -> str | None:
 
 def _opencode_plans(root: str, agent: str, mailbox: str, remove: bool) -> list[dict]:
     """DIR/opencode.json (the MCP server, merged) and DIR/.opencode/plugin/agent-mail.js (the hooks)."""
-    base = _base_command()
     remote = mailbox + http_api.MCP_PATH if _is_server(mailbox) else None
-    entry = None if remove else opencode.server_entry(base, agent, mailbox, remote, BEARER_FROM_OPENCODE_ENV)
+    entry = None if remove else opencode.server_entry(_base_command(), agent, mailbox, remote,
+                                                      BEARER_FROM_OPENCODE_ENV)
+    text = None if remove else opencode.plugin_text(agent, _hook_base(), mailbox, REWAKE_MESSAGE)
     return [_plan(os.path.join(root, opencode.CONFIG), lambda d: opencode.config_merged(d, entry), comments=True),
-            opencode.plugin_plan(root, None if remove else opencode.plugin_text(agent, base, mailbox, REWAKE_MESSAGE),
-                                 _planned)]
+            opencode.plugin_plan(root, text, _planned)]
 
 
 BEARER_FROM_OPENCODE_ENV = "Bearer {env:" + TOKEN_VAR + "}"  # OpenCode's substitution of a variable in its config

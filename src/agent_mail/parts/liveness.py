@@ -6,7 +6,6 @@ The stored facts (sessions, heartbeats, human profiles) come from the store; wha
 
 from __future__ import annotations
 
-import datetime as _dt
 import os
 
 from agent_mail import model
@@ -14,6 +13,8 @@ from agent_mail.files import pid_alive
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import datetime as _dt
+
     from agent_mail.store.base import Store
 
 _NEVER = {"armed_seen": None, "released_at": None, "session_seen": None, "heartbeat": None, "sessions": 0}

@@ -23,7 +23,10 @@ Contracts (tests/contract/test_store_contract.py proves them on every backend):
 from __future__ import annotations
 
 import time
-from contextlib import AbstractContextManager
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only (never evaluated): contextlib is not imported by a command
+    from contextlib import AbstractContextManager
 
 
 class WholeMailbox:
@@ -173,11 +176,9 @@ def gone_since(last_seen, now):
     """What liveness() reports as the last refresh of an armed session whose watch is known to be gone (its
     lock or its connection freed when it died): its stored one, but never within the stale window, so the
     session reads as stale at once rather than STALE_SECONDS after it was last refreshed."""
-    import datetime as dt
-
     from agent_mail import model
 
-    latest = now - dt.timedelta(seconds=model.STALE_SECONDS, milliseconds=1)
+    latest = now - model.timedelta(seconds=model.STALE_SECONDS, milliseconds=1)
     return latest if last_seen is None or last_seen > latest else last_seen
 
 

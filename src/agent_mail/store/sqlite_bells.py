@@ -236,8 +236,6 @@ def pipe_presence(path: str, agent: str | None, skip=()) -> dict[str, tuple]:
     (or all) that have a pipe: held True, its watch holds the pipe's lock (alive); False, its watch is gone
     (killed); None, its watch holds no lock (an older agent-mail, or no locks here) and is alive by its
     process, so its refreshes tell."""
-    import datetime as dt
-
     from agent_mail import files
 
     bells = bell_dir(path)
@@ -262,7 +260,7 @@ def pipe_presence(path: str, agent: str | None, skip=()) -> dict[str, tuple]:
             held = False  # its process is gone: killed
         elif held is False:
             held = None  # free, yet its process runs: a watch that never took the lock
-        found[session] = (identity, dt.datetime.fromtimestamp(mtime, dt.timezone.utc), held)
+        found[session] = (identity, model.from_timestamp(mtime), held)
     return found
 
 

@@ -18,7 +18,11 @@ b-tree pages name, so a repair never passes off what it could not read as nothin
 from __future__ import annotations
 
 import os
-import sqlite3
+
+try:  # the driver itself, as store/sqlite.py imports it
+    import _sqlite3 as sqlite3
+except ImportError:
+    import sqlite3
 
 from agent_mail import errors, model, spec
 from agent_mail.store import schema, sqlite_pages, sqlite_schema

@@ -10,7 +10,11 @@ below sqlite.SCHEMA_VERSION, which counts MIGRATIONS): a mailbox that is up to d
 from __future__ import annotations
 
 import os
-import sqlite3
+
+try:  # the driver itself, as store/sqlite.py imports it
+    import _sqlite3 as sqlite3
+except ImportError:
+    import sqlite3
 
 from agent_mail import errors, jsonout
 
