@@ -56,8 +56,9 @@ EXTRAS = {
                                                         "content_base64": {"type": "string",
                                                                            "contentEncoding": "base64"}}}},
         "client_refs": {"type": "array", "items": {"type": "string"},
-                        "description": "Absolute paths on the client's machine the message points at (checked "
-                                       "there)."},
+                        "description": "The refs as the client resolved them on its own machine (checked there): "
+                                       "KEY//PATH for a file in a git repository (its key and the path from its "
+                                       "root), else an absolute path. Stored as given."},
         "idempotency_key": {"type": "string", "format": "uuid",
                             "description": "A UUID the client makes for each send and sends again with it when the "
                                            "answer was lost: the send is stored once (the key is its batch_id), "
