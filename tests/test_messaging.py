@@ -118,7 +118,8 @@ def test_a_ref_inside_a_git_repository_is_stored_from_its_root_with_the_reposito
     monkeypatch.chdir(repo / "docs")
     receipt = am("send", "--from", "a:x", "--to", "b:y", "--subject", "s", "--ref", "plan.md", "--ref",
                  str(tmp_path / "loose.md"), "--refs", '["../docs/plan.md", ".."]').json
-    expected = ["git.example.com/team/widget//docs/plan.md", str(tmp_path / "loose.md"), "git.example.com/team/widget//."]
+    key = "git.example.com/team/widget"
+    expected = [f"{key}//docs/plan.md", str(tmp_path / "loose.md"), f"{key}//."]
     assert receipt["refs"] == expected
     monkeypatch.chdir(tmp_path)
     assert am("read", "b:y").json["messages"][0]["refs"] == expected

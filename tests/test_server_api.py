@@ -108,7 +108,7 @@ def _schemathesis(server, tmp_path, examples: int, seconds: int) -> subprocess.C
     hooks.write_text(NOT_WAITING)
     return subprocess.run(
         [os.path.join(os.path.dirname(sys.executable), "schemathesis"), "run", f"{server.url}/openapi.json",
-         "--header", f"Authorization: Bearer {token}", "--checks", os.environ.get("ST_CHECKS", CHECKS), "--max-examples", str(examples),
+         "--header", f"Authorization: Bearer {token}", "--checks", CHECKS, "--max-examples", str(examples),
          "--seed", "21", "--request-timeout", "20", "--max-time", str(seconds), "--workers", "2"],
         capture_output=True, text=True, timeout=seconds + 70, cwd=tmp_path, stdin=subprocess.DEVNULL,
         env=process_env(NO_COLOR="1", SCHEMATHESIS_HOOKS=str(hooks)))
