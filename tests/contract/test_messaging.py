@@ -107,6 +107,24 @@ def test_refs_resolve_to_absolute_paths_and_come_back_as_an_array(am, tmp_path, 
     assert am("read", "b:y").json["messages"][0]["refs"] == expected
 
 
+def test_a_ref_inside_a_git_repository_is_stored_from_its_root_with_the_repository_named(am, tmp_path, monkeypatch):
+    """Issue 32: a ref means the same file to every reader, in any clone on any machine: KEY//PATH from the root."""
+    repo = tmp_path / "widget"
+    (repo / ".git").mkdir(parents=True)
+    (repo / ".git" / "config").write_text('[remote "origin"]\n\turl = https://git.example.com/team/widget.git\n')
+    (repo / "docs").mkdir()
+    (repo / "docs" / "plan.md").write_text("x")
+    (tmp_path / "loose.md").write_text("y")
+    monkeypatch.chdir(repo / "docs")
+    receipt = am("send", "--from", "a:x", "--to", "b:y", "--subject", "s", "--ref", "plan.md", "--ref",
+                 str(tmp_path / "loose.md"), "--refs", '["../docs/plan.md", ".."]').json
+    key = "git.example.com/team/widget"
+    expected = [f"{key}//docs/plan.md", str(tmp_path / "loose.md"), f"{key}//."]
+    assert receipt["refs"] == expected
+    monkeypatch.chdir(tmp_path)
+    assert am("read", "b:y").json["messages"][0]["refs"] == expected
+
+
 @pytest.mark.parametrize("argv, field", [
     (["--ref", "missing.md"], "--ref"),
     (["--refs", "not json"], "--refs"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -43,11 +44,19 @@ def test_the_openapi_document_is_valid_and_covers_every_served_command(server):
         operation = document["paths"][f"/v1/call/{name}"]["post"]
         body = operation["requestBody"]["content"]["application/json"]["schema"]
         command = spec.COMMANDS[name]
-        # The same arguments, types and ranges as the MCP tools: both are made by agent_mail.protocols.schemas.
-        expected = schemas.arguments_schema(command, extra=openapi.EXTRAS.get(name), nullable=True)
-        for key in openapi.LOCAL_TO_CLIENT.get(name, ()):
-            expected["properties"].pop(key, None)
-        assert body == expected, name
+        # The same arguments, types, forms and ranges as the MCP tools: both are made by agent_mail.protocols.schemas.
+        assert body == openapi.call_schema(name), name
+        plain = schemas.arguments_schema(command)["properties"]
+        for key, value in body["properties"].items():
+            listed = next((v for v in value.get("anyOf", ()) if v.get("type") == "array"), value)
+            if key in plain:
+                assert listed["type"] == plain[key]["type"], (name, key)
+                for word in ("minimum", "maximum", "enum", "items"):
+                    if word in plain[key] and word != "items":
+                        assert listed[word] == plain[key][word], (name, key, word)
+                    elif word == "items" and "items" in plain[key]:
+                        assert listed["items"]["type"] == plain[key]["items"]["type"], (name, key)
+        assert not set(openapi.LOCAL_TO_CLIENT.get(name, ())) & set(body["properties"]), name
         assert set(operation["responses"]) >= {"200", "400", "401", "403", "default"}
         assert "X-Agent-Mail-Exit" in operation["responses"]["200"]["headers"]
     # The version check (server/versions.py) on every operation: asked of the client, said on every answer.
@@ -71,15 +80,48 @@ CHECKS = ("not_a_server_error,status_code_conformance,content_type_conformance,r
           "response_schema_conformance,negative_data_rejection")
 
 
-def test_schemathesis_finds_no_server_error_and_no_answer_off_the_schema(server, tmp_path):
+# Now that the schema says what a valid identity is, schemathesis makes valid calls that wait: a watch (up to 55
+# minutes), a hook's waiter, a look with wait_seconds. Each is made not to wait, without making an invalid case
+# valid: a watch gets once (unless its once is off the schema already), a wait at most half a second.
+NOT_WAITING = """
+import schemathesis
+
+
+@schemathesis.hook
+def before_call(ctx, case, **kwargs):
+    body = case.body
+    if not isinstance(body, dict):
+        return
+    if case.path.endswith("/watch") and isinstance(body.get("once", False), bool):
+        body["once"] = True
+    if case.path.endswith("/hook") and "wait_seconds" not in body:
+        body["wait_seconds"] = 0.05
+    wait = body.get("wait_seconds")
+    if isinstance(wait, (int, float)) and not isinstance(wait, bool) and 0.5 < wait <= 14400:
+        body["wait_seconds"] = 0.5
+"""
+
+
+def _schemathesis(server, tmp_path, examples: int, seconds: int) -> subprocess.CompletedProcess:
     token = server.token("--agent", "*")
-    proc = subprocess.run(
+    hooks = tmp_path / "not_waiting.py"
+    hooks.write_text(NOT_WAITING)
+    return subprocess.run(
         [os.path.join(os.path.dirname(sys.executable), "schemathesis"), "run", f"{server.url}/openapi.json",
-         "--header", f"Authorization: Bearer {token}", "--checks", CHECKS, "--max-examples", "8", "--seed", "21",
-         "--request-timeout", "20", "--max-time", "20", "--workers", "2"],
-        capture_output=True, text=True, timeout=90, cwd=tmp_path, stdin=subprocess.DEVNULL,
-        env=process_env(NO_COLOR="1"))
+         "--header", f"Authorization: Bearer {token}", "--checks", CHECKS, "--max-examples", str(examples),
+         "--seed", "21", "--request-timeout", "20", "--max-time", str(seconds), "--workers", "2"],
+        capture_output=True, text=True, timeout=seconds + 70, cwd=tmp_path, stdin=subprocess.DEVNULL,
+        env=process_env(NO_COLOR="1", SCHEMATHESIS_HOOKS=str(hooks)))
+
+
+def test_schemathesis_finds_no_server_error_and_no_answer_off_the_schema(server, tmp_path):
+    proc = _schemathesis(server, tmp_path, 8, 20)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
+    # The schema says what the server takes (issue 32: 23 of 30 operations "mostly rejected generated data" with
+    # these settings before; docs/testing.md has the figures). What is left is refused for the mailbox's state, not
+    # the data's form: ids of messages that do not exist, a stop_key no watch holds.
+    warned = re.search(r"Schema validation mismatch: (\d+) operations? mostly rejected", proc.stdout)
+    assert warned is None or int(warned.group(1)) <= 14, proc.stdout[-4000:]
 
 
 @pytest.fixture
@@ -164,3 +206,37 @@ def test_the_apis_names_are_one_module_that_imports_nothing():
     done = subprocess.run([sys.executable, "-S", "-c", code], env=process_env(), capture_output=True, text=True)
     assert done.stdout.strip() == str(["agent_mail", "agent_mail.protocols", "agent_mail.protocols.http_api"]), \
         done.stdout + done.stderr
+
+
+def test_the_server_refuses_what_its_schema_refuses_naming_the_value(server):
+    """Issue 32: schemathesis found 200s for bodies /openapi.json calls invalid (views: null on /v1/dashboard, a
+    path that is not a string in reservations, format: null on /v1/export). Each is now a 400 naming the value."""
+    token = server.token("--agent", "*", "--supervisor")
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    cases = [("/v1/dashboard", {"views": None}, "views"),
+             ("/v1/dashboard", {"views": {"feed": {}}, "after": None}, "after"),
+             ("/v1/call/reservations", {"repo": "r", "path": None}, "path"),
+             ("/v1/call/reservations", {"repo": "r", "path": 5}, "path"),
+             ("/v1/call/reservations", {"repo": "r", "paths": [["x"]]}, "paths"),
+             ("/v1/export", {"format": None}, "format"),
+             ("/v1/call/read", {"agent": "a:x", "limit": "30"}, "limit"),
+             ("/v1/call/status", {"agent": None}, "agent"),
+             ("/v1/follow", {"agent": "a:x", "after": None}, "after")]
+    for path, body, field in cases:
+        status, answer = server.raw(path, json.dumps(body).encode(), headers)
+        assert status == 400, (path, body, answer)
+        problems = json.loads(answer)["problems"]
+        assert field in [p["field"] for p in problems], (path, body, problems)
+        assert "Traceback" not in answer.decode()
+    assert json.loads(server.raw("/v1/dashboard", json.dumps({"views": None}).encode(), headers)[1])["problems"][0][
+        "message"].startswith("is null; leave a value out")
+    # What the document allows is taken: the same values left out, or given as it says.
+    for path, body in (("/v1/dashboard", {"views": {"feed": {}}}), ("/v1/call/reservations", {"repo": "r"}),
+                       ("/v1/call/reservations", {"repo": "r", "path": "src/x.py"}),
+                       ("/v1/call/read", {"agent": "a:x", "limit": 30, "fields": "id, subject"}),
+                       ("/v1/call/read", {"agent": "a:x", "fields": ["id"]}),
+                       ("/v1/call/status", {"agent": "a:x"}), ("/v1/follow", {"agent": "a:x"})):
+        status, answer = server.raw(path, json.dumps(body).encode(), headers)
+        assert status == 200, (path, body, answer)
+    status, _ = server.raw("/v1/export", json.dumps({"format": "mbox"}).encode(), headers)
+    assert status == 200

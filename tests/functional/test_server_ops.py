@@ -151,6 +151,51 @@ def test_refs_through_the_server_are_never_resolved_on_its_disk(server, tmp_path
     assert sent["refs"] == [str(note)]
 
 
+def _clone(where, origin: str):
+    """A git work tree at `where` whose origin is `origin` (as a clone of it would be), holding logs/error.txt."""
+    (where / "logs").mkdir(parents=True)
+    (where / "logs" / "error.txt").write_text("boom")
+    for argv in (["init", "-q"], ["remote", "add", "origin", origin]):
+        subprocess.run(["git", *argv], cwd=where, check=True, capture_output=True)
+
+
+def test_a_ref_through_a_server_names_the_file_in_its_repository_for_a_reader_elsewhere(server, tmp_path):
+    """Issue 32: a --ref through a server was stored as the sender's absolute path, useless on another machine. It
+    is stored as the repository's key and the path from its root, what any clone can open; outside a repository,
+    the absolute path."""
+    from tests.lib.cli import am_process
+
+    token = server.token("--agent", "*")
+    sender = tmp_path / "sender" / "widget"
+    _clone(sender, "git@github.com:Acme/Widget.git")
+    outside = tmp_path / "scratch.txt"
+    outside.write_text("x")
+    env = process_env(AGENT_MAIL_DB=server.url, AGENT_MAIL_TOKEN=token)
+    sent = json_of(am_process("send", "--from", "a:x", "--to", "b:y", "--subject", "see", "--ref", "error.txt",
+                              "--refs", json.dumps(["../logs/error.txt", str(outside)]), env=env, cwd=sender / "logs"))
+    expected = ["github.com/Acme/Widget//logs/error.txt", str(outside)]
+    assert sent["refs"] == expected
+    # Read by a process elsewhere (another directory, not in the repository): the same text, and in its own clone
+    # of the repository the path from the root opens the file the sender meant.
+    reader = tmp_path / "reader"
+    reader.mkdir()
+    message = json_of(am_process("read", "b:y", env=env, cwd=reader))["messages"][0]
+    assert message["refs"] == expected
+    clone = tmp_path / "elsewhere" / "widget"
+    _clone(clone, "https://github.com/Acme/Widget")
+    key, _, path = message["refs"][0].rpartition("//")
+    assert (clone / path).read_text() == "boom" and key == "github.com/Acme/Widget"
+    # The API takes the same two forms from a client, and nothing else; a path climbing out of the root is refused.
+    for refs, status in ((["github.com/Acme/Widget//src/lib.rs"], 200), (["github.com/Acme/Widget//../x"], 400),
+                         (["src/lib.rs"], 400)):
+        answer, body = server.raw("/v1/call/send", json.dumps({"from": "a:x", "to": "b:y", "subject": "r",
+                                                               "refs": json.dumps(refs)}).encode(),
+                                  {"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+        assert answer == status, (refs, body)
+        if status == 400:
+            assert json.loads(body)["problems"][0]["field"] == "refs", body
+
+
 def test_doctor_through_the_server_never_says_where_the_mailbox_is(server):
     boss = server.token("--agent", "ops:lead", "--supervisor")
     proc = server.client(boss, "doctor")

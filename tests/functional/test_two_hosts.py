@@ -94,3 +94,26 @@ def test_a_partition_longer_than_the_reconnect_window_ends_the_watch_with_a_clea
         assert watch.returncode == 1 and out == "" and "Traceback" not in err
         error = json.loads(err)["error"]
         assert "PostgreSQL" in error and ("unreachable" in error or "cannot reach" in error)
+
+
+def test_a_ref_sent_on_one_host_names_the_file_in_the_other_hosts_clone(hosts):
+    """Issue 32: a ref is stored from the repository's root with the repository named, so the reader on the other
+    machine, in its own clone (another path, another spelling of the origin URL), opens the file the sender meant."""
+    import os
+    import subprocess
+
+    a, b = hosts["a"], hosts["b"]
+    for host, origin in ((a, "git@github.com:acme/widget.git"), (b, "https://github.com/acme/widget")):
+        work = os.path.join(host.root, "work")
+        os.makedirs(os.path.join(work, "logs"), exist_ok=True)
+        with open(os.path.join(work, "logs", "error.txt"), "w") as handle:
+            handle.write(f"the log on {host.name}")
+        for argv in (["init", "-q"], ["remote", "add", "origin", origin]):
+            subprocess.run(["git", *argv], cwd=work, check=True, capture_output=True)
+    json_of(a.run("send", "--from", "team:alice", "--to", "team:bob", "--subject", "look", "--ref",
+                  "logs/error.txt"))
+    refs = json_of(b.run("read", "team:bob"))["messages"][0]["refs"]
+    assert refs == ["github.com/acme/widget//logs/error.txt"]
+    key, _, path = refs[0].rpartition("//")
+    with open(os.path.join(b.root, "work", path)) as handle:
+        assert handle.read() == "the log on b"

@@ -39,7 +39,10 @@ def _read_body_file(path: str) -> tuple[str | None, str | None]:
     return text.removeprefix("\ufeff"), None
 
 
-def _resolve_ref(path: str, must_exist: bool = True) -> tuple[str | None, str | None]:
+def _resolve_ref(path: str, must_exist: bool = True, found: dict | None = None) -> tuple[str | None, str | None]:
+    """A ref as stored (parts/repos.py's shared_ref: `KEY//PATH` inside a git repository, else the absolute path),
+    or why not. `must_exist` False: text the sender's machine resolved (a client of agent-mail serve), checked, never
+    looked for."""
     if not isinstance(path, str) or not path:
         return None, f"{path!r} is not a path; refs are non-empty strings."
     if "\x00" in path:
@@ -47,13 +50,15 @@ def _resolve_ref(path: str, must_exist: bool = True) -> tuple[str | None, str | 
     problem = _shown_path_problem(path)
     if problem:
         return None, problem
+    from agent_mail.parts import repos
+
     if not must_exist:  # resolved and checked on the sender's machine (a client of agent-mail serve)
-        return (path, None) if os.path.isabs(path) else (None, f"{path!r} is not an absolute path: through a server "
-                                                           "a ref is the path as the sender's machine resolved it.")
+        problem = repos.stored_ref_problem(path)
+        return (None, problem) if problem else (path, None)
     absolute = os.path.abspath(os.path.expanduser(path))
     if not os.path.exists(absolute):
         return None, f"{path!r} does not exist (resolved to {absolute}). Refs must exist when you send."
-    return absolute, None
+    return repos.shared_ref(absolute, found), None
 
 
 def _shown_path_problem(path: str) -> str | None:
@@ -94,9 +99,9 @@ def prepare_send(values: dict, uploaded: dict | None = None) -> tuple[dict, list
             refs.append(absolute)
     # Through a server (`uploaded` given), a ref is text the sender's machine read: never looked for, expanded
     # or resolved on the server's disk (an absolute path as given is stored; anything else is refused, unresolved).
-    here = uploaded is None
+    here, found = uploaded is None, {}
     for path in values.get("ref") or []:
-        absolute, problem = _resolve_ref(path, must_exist=here)
+        absolute, problem = _resolve_ref(path, must_exist=here, found=found)
         if problem:
             problems.append(("ref", problem))
         else:
@@ -117,7 +122,7 @@ def prepare_send(values: dict, uploaded: dict | None = None) -> tuple[dict, list
             problems.append(("refs", "must be a JSON array of paths, e.g. [\"docs/plan.md\"]."))
             listed = None
         for path in listed or []:
-            absolute, problem = _resolve_ref(path, must_exist=here)
+            absolute, problem = _resolve_ref(path, must_exist=here, found=found)
             if problem:
                 problems.append(("refs", problem))
             else:

@@ -1,9 +1,14 @@
-"""Which repository a reservation belongs to, and paths and patterns said relative to its root.
+"""Which repository a reservation or a ref belongs to, and paths and patterns said relative to its root.
 
 A repository is keyed so that clones of it on several machines share their reservations: its `origin` URL
 normalised (the ssh and https spellings of one URL are one key: host/owner/name, lower-case host, no user,
 port, scheme or .git), else its root directory; `--repo NAME` overrides. Paths given from anywhere inside the
 repository (`./`, `..`, an absolute path, a symbolic link inside the tree) become paths from its root.
+
+A ref (send's --ref) to a file inside a repository is stored as `KEY//PATH`: the repository's key, `//`, the path
+from its root (`github.com/acme/widget//src/lib.rs`), so it names one file to a reader in any clone, on any machine.
+Outside a repository it is the absolute path, which names the file on the sender's machine (and still opens, for a
+repository keyed by its root directory: POSIX reads `//` as `/`).
 """
 
 from __future__ import annotations
@@ -236,3 +241,39 @@ def _keyed(repo: str | None, root: str, values: dict[str, str]) -> Repository:
         return Repository(repo, root, fold)
     url = values.get("remote.origin.url")
     return Repository(normalise_url(url) if url else root, root, fold)
+
+
+REF_SEPARATOR = "//"  # between a ref's repository key and its path from the root
+
+
+def shared_ref(absolute: str, found: dict | None = None) -> str:
+    """The stored form of a ref to the existing `absolute` path: `KEY//PATH` inside a git repository, else the
+    path itself. `found`: directory -> its Repository (or None outside one), shared by one send's refs."""
+    directory = absolute if os.path.isdir(absolute) else os.path.dirname(absolute)
+    cache = found if found is not None else {}
+    if directory not in cache:
+        try:
+            cache[directory] = locate(None, directory)
+        except errors.AgentMailError:  # not inside a repository (or git cannot say): the path as it is
+            cache[directory] = None
+    repository = cache[directory]
+    if repository is None or repository.root is None:
+        return absolute
+    try:
+        relative = repository.path(absolute, directory)
+    except errors.InvalidInput:  # the root itself, or a link leading out of the tree
+        return absolute if not os.path.samefile(absolute, repository.root) else repository.key + REF_SEPARATOR + "."
+    return repository.key + REF_SEPARATOR + relative
+
+
+def stored_ref_problem(ref: str) -> str | None:
+    """Why text a client sends as a ref it resolved on its own machine is not one (an absolute path, or
+    `KEY//PATH`), or None. The server never looks for it."""
+    if os.path.isabs(ref):
+        return None
+    key, separator, path = ref.rpartition(REF_SEPARATOR)
+    if separator and key.strip() and len(key) <= KEY_MAX_CHARS and path and not path.startswith("/") \
+            and ".." not in path.split("/"):
+        return None
+    return (f"{ref!r} is neither an absolute path nor a path in a repository (KEY//PATH, as agent-mail stores a "
+            "ref inside a git repository): through a server a ref is what the sender's machine resolved.")

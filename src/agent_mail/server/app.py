@@ -220,6 +220,7 @@ def _carry_out(carrier: _Carrier, name: str, grant: dict, body: bytes, info: dic
 
     with carrier.store() as store:
         given = _given(name, body)
+        whole = dict(given)
         extras = {key: given.pop(key) for key in EXTRAS.get(name, ()) if key in given and key != "upload_attachments"
                   and key != "client_refs"}
         uploaded = _uploads(given) if name == "send" else None
@@ -228,6 +229,7 @@ def _carry_out(carrier: _Carrier, name: str, grant: dict, body: bytes, info: dic
                  for key in LOCAL_TO_CLIENT.get(name, ()) if given.get(key) not in (None, False, [])]
         values = calls.check(name, given, skip=LOCAL_TO_CLIENT.get(name, ()), also=local, with_inputs=False)
         info["as"] = grants.check(grant, name, values)
+        openapi.refuse_off_schema(http_api.call_path(name), whole)  # what the call layer lets by: a null, "30"
         mailbox = mail.Mailbox(store)
         mailbox.publish_due()
         if uploaded is not None:
@@ -278,7 +280,9 @@ def _settle(carrier: _Carrier, grant: dict, body: bytes, info: dict) -> dict:
     from agent_mail.operations import deliveries, mail
 
     with carrier.store() as store:
-        delivery, printed = deliveries.checked(_given("delivered", body))
+        given = _given("delivered", body)
+        delivery, printed = deliveries.checked(given)
+        openapi.refuse_off_schema(http_api.DELIVERED_PATH, given)
 
         def may_act_as(agent: str) -> None:
             info["as"] = grants.check(grant, "read", {"agent": agent, "no_mark_read": False, "thread": None,
@@ -361,6 +365,7 @@ def _look_checked(look: str, grant: dict, body: bytes, info: dict) -> dict:
 
     given = _given(look, body)
     values = looks.check_follow(given) if look == "follow" else looks.check_dashboard(given)
+    openapi.refuse_off_schema(http_api.FOLLOW_PATH if look == "follow" else http_api.DASHBOARD_PATH, given)
     info["as"] = looks.grant(grant, look, values)
     return values
 
@@ -391,7 +396,9 @@ def _look_once(carrier: _Carrier, look: str, grant: dict, values: dict, first: b
 def _stop_wait(carrier: _Carrier, grant: dict, body: bytes, info: dict) -> dict:
     """POST /v1/watch/stop (agent_mail.server.stops): check, grant, release the wait's session."""
     with carrier.store() as store:
-        values = stops.check(_given("the stop call", body))
+        given = _given("the stop call", body)
+        values = stops.check(given)
+        openapi.refuse_off_schema(http_api.STOP_PATH, given)
         info["as"] = stops.grant(grant, values)
         return stops.stop(store, values)
 
@@ -414,6 +421,7 @@ def _export_file(carrier: _Carrier, grant: dict, body: bytes, info: dict, direct
         local = [("output", "the client writes the export on its own machine (--output there, or stdout).")] \
             if given.get("output") is not None else []
         values = calls.check("export", given, skip=("output",), also=local, with_inputs=False)
+        openapi.refuse_off_schema(http_api.EXPORT_PATH, given)
         info["as"] = grants.check(grant, "export", values)
         values["output"] = os.path.join(directory, "export")
         return calls.run("export", values, mailbox=mail.Mailbox(store))

@@ -56,8 +56,9 @@ EXTRAS = {
                                                         "content_base64": {"type": "string",
                                                                            "contentEncoding": "base64"}}}},
         "client_refs": {"type": "array", "items": {"type": "string"},
-                        "description": "Absolute paths on the client's machine the message points at (checked "
-                                       "there)."},
+                        "description": "The refs as the client resolved them on its own machine (checked there): "
+                                       "KEY//PATH for a file in a git repository (its key and the path from its "
+                                       "root), else an absolute path. Stored as given."},
         "idempotency_key": {"type": "string", "format": "uuid",
                             "description": "A UUID the client makes for each send and sends again with it when the "
                                            "answer was lost: the send is stored once (the key is its batch_id), "
@@ -85,6 +86,11 @@ EXTRAS = {
              "wait_seconds": {"type": "number", "exclusiveMinimum": 0, "maximum": model.WATCH_MINUTES_MAX * 60,
                               "description": "wait: how long this request waits (the client's remaining wait)."}},
 }
+# What only a server asks of a call: the identity a hook acts as (the command line fills it in from
+# AGENT_MAIL_AGENT), and a reservation command's repository (`located`, or `repo` naming its key).
+_REPOSITORY = {"anyOf": [{"required": ["located"]}, {"required": ["repo"]}]}
+_THROUGH_A_SERVER = {"hook": {"required": ["agent", "session"]},
+                     **{name: {"allOf": [_REPOSITORY]} for name in ("reserve", "release", "reservations")}}
 # What a served call's operation takes from the extras (beside its checked values): a reservation command's
 # repository as the client located it ({} when it sent none: the server then needs `repo`, never looking at its own
 # files); a hook step's session as the client's machine knows it (a waiter's `once` is False: it blocks).
@@ -143,11 +149,24 @@ def _errors() -> dict:
             "default": _error_response("Any other failure (exit 1): still {error, problems}.")}
 
 
+def call_schema(name: str) -> dict:
+    """The body of POST /v1/call/NAME: the command's values (less those naming files, which stay with the client)
+    and the values only a client sends, every spelling and rule the server takes, and nothing else."""
+    command = spec.COMMANDS[name]
+    local = tuple(arg.name for arg in command.args if arg.name.lstrip("-").replace("-", "_")
+                  in LOCAL_TO_CLIENT.get(name, ()))
+    body = schemas.arguments_schema(command, leave_out=local, extra=EXTRAS.get(name), exact=True)
+    more = _THROUGH_A_SERVER.get(name, {})
+    if "required" in more:
+        body["required"] = list(dict.fromkeys([*body.get("required", ()), *more["required"]]))
+    if "allOf" in more:
+        body["allOf"] = [*body.get("allOf", ()), *more["allOf"]]
+    return body
+
+
 def _call_operation(name: str) -> dict:
     command = spec.COMMANDS[name]
-    body = schemas.arguments_schema(command, extra=EXTRAS.get(name), nullable=True)
-    for key in LOCAL_TO_CLIENT.get(name, ()):
-        body["properties"].pop(key, None)
+    body = call_schema(name)
     ok = {"description": "The command's result document, as the command line prints it (exit 0; send with refused "
                          "recipients: exit 3).", "headers": _exit_header(),
           "content": {JSON: {"schema": HOOK_RESULT if name == "hook" else
@@ -162,9 +181,17 @@ def _call_operation(name: str) -> dict:
             "responses": {"200": ok, **_errors()}}
 
 
+def export_schema() -> dict:
+    """The body of POST /v1/export: export's values but --output (the client writes the file)."""
+    return schemas.arguments_schema(spec.COMMANDS["export"], leave_out=("--output",), exact=True)
+
+
 def _wait_seconds() -> dict:
     return {"type": "number", "exclusiveMinimum": 0, "maximum": LOOK_WAIT_MAX,
             "description": "With `after`: wait up to this long for a change before answering."}
+
+
+_IDENTITY_VALUE = {"type": "string", "pattern": f"^{schemas.IDENTITY}$", "description": "The identity (project:name)."}
 
 
 def _look_operation(operation_id: str, summary: str, body: dict, result: dict) -> dict:
@@ -198,7 +225,7 @@ def _follow_operation() -> dict:
                   "system.json), for the client to write on its own machine (profile --mirror-dir, notifications, "
                   "notifications --follow). Acts as the identity: the token must name it.",
         {"type": "object", "additionalProperties": False, "required": ["agent"], "properties": {
-            "agent": {"type": "string", "description": "The identity (project:name)."},
+            "agent": _IDENTITY_VALUE,
             "after": {"type": "string", "description": "The fingerprint of the documents last written: with "
                                                         "wait_seconds, answer once they differ."},
             "wait_seconds": _wait_seconds()}},
@@ -215,7 +242,7 @@ def _stop_operation() -> dict:
                        "token must name it.",
             "requestBody": {"required": True, "content": {JSON: {"schema": {
                 "type": "object", "additionalProperties": False, "required": ["agent", "key"], "properties": {
-                    "agent": {"type": "string", "description": "The identity the watch waits for (project:name)."},
+                    "agent": {**_IDENTITY_VALUE, "description": "The identity the watch waits for (project:name)."},
                     "key": {"type": "string", "format": "uuid", "description": "The watch request's stop_key."},
                     "signal": {"type": "integer", "minimum": 1, "maximum": 64,
                                "description": "The signal that stopped the client (the release's reason)."}}}}}},
@@ -232,9 +259,10 @@ def _dashboard_operation() -> dict:
     def view(**properties) -> dict:
         return {"type": "object", "additionalProperties": False, "properties": properties,
                 "required": [name for name in properties if name in ("agent", "id")]}
+    some_id = {"type": "string", "pattern": "\\S", "description": "A message id (a thread's: any of its messages)."}
     views = {"fleet": view(overdue_minutes={"type": "number", "exclusiveMinimum": 0, "maximum": 10**6}),
-             "feed": view(), "inbox": view(agent={"type": "string"}), "thread": view(id={"type": "string"}),
-             "message": view(id={"type": "string"}), "hourly": view(by={"enum": ["project", "identity"]}),
+             "feed": view(), "inbox": view(agent=_IDENTITY_VALUE), "thread": view(id=some_id),
+             "message": view(id=some_id), "hourly": view(by={"enum": ["project", "identity"]}),
              "backlog": view(), "reservations": view()}
     return _look_operation(
         "dashboard", "The supervisor's views (fleet, feed, an inbox, a thread, charts), as the dashboard shows them; "
@@ -275,7 +303,7 @@ def document(version: str) -> dict:
     """The OpenAPI 3.1 document of the API, every served command's arguments from the spec."""
     paths = {call_path(name): {"post": _call_operation(name)} for name in SERVED}
     export = spec.COMMANDS["export"]
-    exported = schemas.arguments_schema(export, leave_out=("--output",), nullable=True)
+    exported = export_schema()
     paths[EXPORT_PATH] = {"post": {
         "operationId": "export", "summary": export.summary + " The client writes it (--output, or stdout).",
         "requestBody": {"required": False, "content": {JSON: {"schema": exported}}},
@@ -341,7 +369,8 @@ def document(version: str) -> dict:
                                 f"{CALL_PATH}COMMAND with its values by argument name (the command line's flag "
                                 "without dashes); the answer is the command's own result document, with the exit "
                                 f"code the command would have in the {EXIT_HEADER} header. A token acts only as "
-                                "the identities it names (agent-mail token create)."},
+                                "the identities it names (agent-mail token create). The server takes exactly what "
+                                "this document allows: leave a value out to not give it (null is refused)."},
         "servers": [{"url": "/"}],
         "security": [{"bearer": []}],
         "paths": paths,
@@ -349,3 +378,61 @@ def document(version: str) -> dict:
                                                       "description": "A token from agent-mail token create."}},
                        "schemas": {"Error": _ERROR}},
     }
+
+
+_CHECKED: dict = {}  # path -> the validator of its request body
+
+
+def refuse_off_schema(path: str, given: dict) -> None:
+    """InvalidInput naming each value of `given` (a request's body, as JSON) that /openapi.json does not allow at
+    `path`: the server takes nothing its document refuses. (The call layer's own checks come first, with their own
+    words; this holds the rest: a null, a number as text, a value of the wrong type inside a look.)"""
+    validator = _CHECKED.get(path)
+    if validator is None:
+        from jsonschema import Draft202012Validator, FormatChecker  # the server's (the mcp SDK brings it)
+
+        from agent_mail import __version__
+
+        for route, operations in document(__version__)["paths"].items():
+            body = operations.get("post", {}).get("requestBody", {}).get("content", {}).get(JSON)
+            if body is not None:
+                _CHECKED[route] = Draft202012Validator(body["schema"], format_checker=FormatChecker())
+        validator = _CHECKED[path]
+    problems = [_problem(error) for error in sorted(validator.iter_errors(given), key=lambda e: list(e.path))[:20]]
+    if problems:
+        raise errors.InvalidInput(problems)
+
+
+def _problem(error) -> tuple[str | None, str]:
+    """One way a body is off the schema, as (the value's name, what is wrong and how to fix it)."""
+    where = ".".join(str(part) for part in error.absolute_path) or None
+    kind, instance, expected = error.validator, error.instance, error.validator_value
+    if instance is None and kind == "type":
+        return where, "is null; leave a value out to not give it (null is no value here)."
+    if kind == "type":
+        wanted = expected if isinstance(expected, str) else " or ".join(expected)
+        return where, f"must be of JSON type {wanted}, not {_json_type(instance)} (as /openapi.json says)."
+    if kind == "additionalProperties":
+        extra = sorted(set(instance) - set(error.schema.get("properties", {})))
+        return (where + "." if where else "") + str(extra[0]) if extra else where, \
+            f"is not a value this takes; it takes {', '.join(error.schema.get('properties', {})) or 'none'}."
+    if kind in ("enum", "const"):
+        return where, f"must be one of {expected if kind == 'enum' else [expected]}."
+    if kind == "pattern":
+        return where, f"does not have the form /openapi.json gives it (pattern {expected})."
+    if kind == "required":
+        missing = [key for key in expected if key not in instance]
+        return (missing[0] if missing and not where else where), f"needs {', '.join(missing)} here."
+    if kind in ("not", "oneOf", "anyOf", "if", "allOf"):  # the call layer says these first, in its own words
+        import json
+
+        return where, f"breaks a rule between values that /openapi.json states ({kind} {json.dumps(expected)[:300]})."
+    return where, f"{kind} is {expected} (as /openapi.json says)."
+
+
+def _json_type(value) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    return {str: "string", list: "array", dict: "object"}.get(type(value), "null")

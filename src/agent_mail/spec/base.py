@@ -133,7 +133,9 @@ MESSAGE_FIELDS = {
     "recipient": "Identity it was addressed to, or '*' for a broadcast.",
     "subject": "One-line subject.",
     "body": "Body text (may be empty).",
-    "refs": "Absolute paths the sender pointed at, as a JSON array.",
+    "refs": "What the sender pointed at, as a JSON array: REPO//PATH for a file in a git repository (its key, as "
+    "reservations name it, and the path from its root: the same file in every clone), else an absolute path on "
+    "the sender's machine (and so is every ref of a message stored before refs named their repository).",
     "reply_to": "Id of the message this answers, or null.",
     "type": "'direct' or 'broadcast'.",
     "created": "When it was sent (ISO 8601).",

@@ -55,8 +55,10 @@ register(Command(
             "what the recipient should do; put documents in files and --ref them."),
         Arg("--body-file", PATH, "Read the body from this UTF-8 file ('-' for standard input). For text that "
             "is awkward to quote, not for length: the same cap applies."),
-        Arg("--ref", PATH, "A path this message points at; repeat for several. Resolved to an absolute path "
-            "against your working directory; it must exist.", repeat=True),
+        Arg("--ref", PATH, "A path this message points at; repeat for several. It must exist. Stored so that it "
+            "names the same file to every reader: inside a git repository as the repository's key and the path from "
+            "its root (github.com/acme/widget//src/lib.rs: open src/lib.rs in your clone), else as the absolute "
+            "path (on the sender's machine).", repeat=True),
         Arg("--refs", JSON, "A JSON array of paths, same rules as --ref (prefer --ref: no quoting)."),
         Arg("--reply-to", MESSAGE_ID, "Id of the message you are answering. Threads the reply and marks that "
             "message read and acknowledged for you: a reply is proof it was handled."),
@@ -82,7 +84,7 @@ register(Command(
         "subject": "The subject as stored.",
         "type": "'direct' or 'broadcast'.",
         "created": "When it was stored (ISO 8601).",
-        "refs": "The absolute paths stored with it.",
+        "refs": "The refs stored with it: KEY//PATH inside a git repository, else absolute paths (see --ref).",
         "attachments": "The attached files: [{name, size, sha256}].",
         "reply_to": "The message it answers, or null.",
         "acknowledged": "With --reply-to: the id marked read and acknowledged for you, else null.",
