@@ -238,7 +238,7 @@ MARKUP = ("fix [/bold] now", "[link=https://evil.example]notes[/link]")
 
 
 @pytest.mark.requires("tmux")
-def test_text_from_mail_reaches_the_terminal_as_text(tmp_path):
+def test_text_from_mail_reaches_the_terminal_as_text(tmp_path, mailbox_path):
     """Subjects that are markup to Rich and a ref, an attachment name and a body full of control sequences: the
     dashboard lives, shows each as text (the sequences written out), and writes none of them to the terminal."""
     import sqlite3
@@ -248,7 +248,7 @@ def test_text_from_mail_reaches_the_terminal_as_text(tmp_path):
         am_process("send", "--from", "ops:lead", "--to", "web:worker", "--subject", subject)
     hostile = am_process("send", "--from", "ops:lead", "--to", "web:worker", "--subject", "escapes",
                          "--ref", str(tmp_path / "notes.txt"), "--attach", str(tmp_path / "notes.txt"))["id"]
-    with sqlite3.connect(os.environ["AGENT_MAIL_DB"]) as db:  # as stored by an older version: send refuses them
+    with sqlite3.connect(mailbox_path) as db:  # as stored by an older version: send refuses them
         db.execute("UPDATE messages SET refs = ?, body = ? WHERE id = ?",
                    (json.dumps(["/srv/" + HOSTILE]), "body " + HOSTILE, hostile))
         db.execute("UPDATE attachments SET name = ? WHERE message_id = ?", (HOSTILE, hostile))
