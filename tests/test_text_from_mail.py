@@ -110,13 +110,20 @@ def _plant(mailbox, text: str) -> str:
 
 
 @pytest.mark.backends  # through a server, and what a stored message shows: on SQLite and PostgreSQL
-def test_read_and_watch_write_no_c1_or_del_whatever_is_stored(mailbox_path):
+def test_read_and_watch_write_no_c1_or_del_whatever_is_stored(mailbox_path, server):
     stored = "".join(C1) + "\x7f\u2028\u2029\x1b"
     planted = _plant(mailbox_path, stored)
+    token = server.token("--agent", AGENT)
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    status, answer = server.raw("/v1/call/read", json.dumps({"agent": AGENT, "no_mark_read": True}).encode(),
+                                headers)
+    assert status == 200 and json.loads(answer)["messages"][0]["subject"] == f"s{stored}"
+    assert not any(char.encode() in answer for char in C1 + ["\x7f", "\u2028", "\u2029", "\x1b"]), answer
     for argv in (("watch", AGENT, "--once"), ("read", AGENT, "--no-mark-read"), ("search", "plain"),
-                 ("read", AGENT)):
-        done = am_process(*argv)
+                 ("through the server", "read", AGENT, "--no-mark-read"), ("read", AGENT)):
+        done = server.client(token, *argv[1:]) if argv[0] == "through the server" else am_process(*argv)
         assert done.returncode == 0, done.stderr
+        argv = argv[1:] if argv[0] == "through the server" else argv
         written = done.stdout.decode("utf-8")
         assert not any(char in written for char in C1 + ["\x7f", "\u2028", "\u2029", "\x1b"]), (argv, written)
         assert "\\u009b" in written and "\\u001b" in written, written
