@@ -1,8 +1,12 @@
-"""JSON output, byte for byte what `json.dumps(value, indent=2, ensure_ascii=False)` produces.
+"""JSON output, byte for byte what `json.dumps(value, indent=2, ensure_ascii=False)` produces, except that the
+characters a terminal could take as a command are escaped too: DEL and the C1 controls U+0080-U+009F (U+009B is
+an 8-bit CSI to many terminals) as `\\u0080`..., and the line and paragraph separators U+2028 and U+2029. JSON
+readers decode them to the same strings; a person or a model shown the text sees the escape, never a command.
 
 Why not json.dumps itself: `import json` pulls in `re` and `enum` and costs about 8 ms,
 a quarter of a whole `agent-mail read`. Strings are escaped by the same C function
-json.dumps uses (`_json.encode_basestring`); this module only lays out containers.
+json.dumps uses (`_json.encode_basestring`), then the few characters above by `str.translate`, only in a string
+that holds one (ASCII text is known at once to hold none but DEL); this module only lays out containers.
 A property test compares the two on arbitrary documents. Decoding a small document on a hot path (a
 hook's input, before every tool call) uses `loads`, the same C scanner json.loads runs, without the json
 module; a document it does not take whole is handed to json.loads, so errors read exactly as json's.
@@ -11,9 +15,45 @@ module; a document it does not take whole is handed to json.loads, so errors rea
 from __future__ import annotations
 
 try:
-    from _json import encode_basestring as _quote
+    from _json import encode_basestring as _json_quote
 except ImportError:  # an interpreter without the C accelerator
-    from json.encoder import py_encode_basestring as _quote
+    from json.encoder import py_encode_basestring as _json_quote
+
+# What json.dumps(ensure_ascii=False) leaves as it is and this module escapes (see the module's docstring).
+RAW_ESCAPED = {c: f"\\u{c:04x}" for c in (0x7f, *range(0x80, 0xa0), 0x2028, 0x2029)}
+_RAW_CHARS = tuple(map(chr, RAW_ESCAPED))
+
+
+def _quote(value: str) -> str:
+    """json.dumps's string, with RAW_ESCAPED's characters escaped too."""
+    text = _json_quote(value)
+    if text.isascii():  # a flag of the string: no scan
+        return text if "\x7f" not in text else text.replace("\x7f", "\\u007f")
+    return text if text.isprintable() else text.translate(RAW_ESCAPED)
+
+
+def _filled(template: str, values) -> str:
+    """`template` % the values quoted as _quote does, for a flat object of strings (the hot path of a large
+    watch: json's C function for each value, and one look at the whole object for what it leaves)."""
+    quoted = tuple(map(_json_quote, values))
+    text = template % quoted
+    if text.isascii():
+        return text if "\x7f" not in text else text.replace("\x7f", "\\u007f")
+    if "".join(quoted).isprintable():
+        return text
+    return template % tuple(q if q.isprintable() else q.translate(RAW_ESCAPED) for q in quoted)
+
+
+def escaped(text: str) -> str:
+    """JSON text (or any text) with RAW_ESCAPED's characters escaped: in JSON they can only stand inside a string,
+    where the escape reads back as the same character."""
+    if text.isascii():
+        return text if "\x7f" not in text else text.replace("\x7f", "\\u007f")
+    # A search per character is a fast scan of the text (about 1 ms for 2 MB, all 35 together); translate()
+    # looks each character up (about 50 ms for 2 MB): only for text that holds one.
+    if any(char in text for char in _RAW_CHARS):
+        return text.translate(RAW_ESCAPED)
+    return text
 
 _INFINITY = float("inf")
 _WHITESPACE = " \t\n\r"  # what json skips around a document
@@ -56,14 +96,14 @@ def loads(text: str):
 
 
 def quoted(value) -> str:
-    """json.dumps(value, ensure_ascii=False) for a string (or None, shown as null)."""
+    """json.dumps(value, ensure_ascii=False) for a string (or None, shown as null), RAW_ESCAPED's escaped too."""
     if value is None:
         return "null"
     if isinstance(value, str):
         return _quote(value)
     import json
 
-    return json.dumps(value, ensure_ascii=False)
+    return escaped(json.dumps(value, ensure_ascii=False))
 
 
 class Rendered:
@@ -135,7 +175,7 @@ def dumps(value: object, end: str = "") -> str:
     if isinstance(value, OneLine):
         import json
 
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":")) + end
+        return escaped(json.dumps(value, ensure_ascii=False, separators=(",", ":"))) + end
     parts: list[str] = []
     _encode(value, 0, parts.append)
     parts.append(end)
@@ -152,7 +192,8 @@ def _encode(value: object, level: int, out) -> None:
         elif value.level == level + 1:
             inner = ",\n" + "  " * (level + 1)
             out("[" + inner[1:])
-            out(inner.join(value.members))  # megabytes for a large backlog: copied once here, not again
+            # Megabytes for a large backlog: copied once here, not again (nor when nothing needs escaping).
+            out(escaped(inner.join(value.members)))  # SQLite's json_quote leaves DEL and C1 as they are
             out("\n" + "  " * level + "]")
         else:
             _encode(value.decoded(), level, out)
@@ -171,7 +212,7 @@ def _encode(value: object, level: int, out) -> None:
                 _quote(k).replace("%", "%%") + ": %s" for k in value) + close)
         if template is not None:
             try:
-                out(template % tuple(map(_quote, value.values())))
+                out(_filled(template, value.values()))
                 return
             except TypeError:
                 pass  # some value is not a string: lay it out member by member
@@ -204,7 +245,7 @@ def _encode(value: object, level: int, out) -> None:
                 template = _TEMPLATES.get((level + 1, *item))
                 if template is not None:
                     try:
-                        out(template % tuple(map(_quote, item.values())))
+                        out(_filled(template, item.values()))
                         continue
                     except TypeError:
                         pass

@@ -153,6 +153,40 @@ def bidi_problem(value: str) -> str | None:
     return None
 
 
+def name_problem(value: str) -> str | None:
+    """Why `value`, a one-line text others are shown as it is (a ref, an attachment's name, a reservation's
+    pattern or reason), cannot be: a control character (C0, DEL, C1: a terminal takes ESC and U+009B as the
+    start of a command) or a bidi control. None when it is plain text."""
+    if value.isprintable():  # the common case, one C loop: no control character, no bidi control
+        return None
+    import re
+
+    match = re.search(LINE_CONTROL, value)
+    if match:
+        return (f"contains the control character U+{ord(match.group()):04X} at position {match.start()}, which a "
+                "terminal would take as a command. Use plain printable text (rename the file if it is a name).")
+    return bidi_problem(value)
+
+
+# What `visible` writes for a character no view shows as it is: C0, DEL and C1 as \xNN, the line and paragraph
+# separators and the bidi controls as \uNNNN. Made on first use.
+_SHOWN_AS: dict[int, str] = {}
+
+
+def visible(value: str, keep: str = "") -> str:
+    """`value` as a view shows it: every control character (C0 but those in `keep`, DEL, C1), U+2028, U+2029 and
+    the bidi controls written out as an escape (ESC as `\\x1b`), so text from mail is never a terminal command
+    or made to display as something it is not. Text without them is returned as it is."""
+    if value.isprintable():
+        return value
+    if not _SHOWN_AS:
+        _SHOWN_AS.update({c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7f, 0xa0))})
+        _SHOWN_AS.update({ord(c): f"\\u{ord(c):04x}" for c in "\u2028\u2029" + _BIDI_CHARS})
+    if not keep:
+        return value.translate(_SHOWN_AS)
+    return value.translate({**_SHOWN_AS, **{ord(c): c for c in keep}})
+
+
 def subject_problem(value: str) -> str | None:
     """Why `value` is not a usable subject line, or None."""
     problem = _encoding_problem(value)

@@ -338,6 +338,44 @@ def test_selecting_an_identity_opens_its_inbox_without_marking_it_read(am):
     assert unread_of(am, "web:worker") == 1
 
 
+def test_text_from_mail_is_plain_text_on_every_screen(am, mailbox_path, monkeypatch):
+    """Subjects that are markup to Rich are shown as written on the Traffic and Inbox screens (they stopped the app
+    with MarkupError), and what an older version could store (ESC and C1 in a subject, body, ref or attachment
+    name) is written out, never drawn as a control sequence. Notices quoting mail are plain too."""
+    hostile = "x\x1b]0;pwned\x07\x9b2J"
+    send(am, "ops:lead", "web:worker", "fix [/bold] now")
+    send(am, "ops:lead", "web:worker", "[link=https://evil.example]notes[/link]")
+    planted = send(am, "ops:lead", "web:worker", "later")["id"]
+    db = raw_db(str(mailbox_path))
+    try:
+        with db:
+            db.execute("UPDATE messages SET subject = ?, body = ?, refs = ? WHERE id = ?",
+                       (f"s{hostile}", f"line one\nb{hostile}", json.dumps([f"/srv/{hostile}"]), planted))
+    finally:
+        db.close()
+    shown = "x\\x1b]0;pwned\\x07\\x9b2J"
+
+    async def test(app, pilot):
+        await pilot.press("2")
+        assert await wait_for(pilot, lambda: len(table_text(app, "feed-table")) == 3)
+        rows = "\n".join(table_text(app, "feed-table"))
+        assert "fix [/bold] now" in rows and "[link=https://evil.example]notes[/link]" in rows and shown in rows
+        detail = str(app.query_one("#detail-text").render())
+        assert f"s{shown}" in detail and f"/srv/{shown}" in detail and f"line one\nb{shown}" in detail
+        app.open_inbox("web:worker")
+        assert await wait_for(pilot, lambda: len(table_text(app, "inbox-table")) == 3)
+        rows = "\n".join(table_text(app, "inbox-table"))
+        assert "fix [/bold] now" in rows and f"s{shown}" in rows and "\x1b" not in rows and "\x9b" not in rows
+        assert f"b{shown}" in str(app.query_one("#inbox-detail-text").render())
+        said = []  # a notice quoting mail goes to Textual as plain text, written out
+        monkeypatch.setattr(textual.app.App, "notify", lambda self, message, **kw: said.append((message, kw)))
+        app.notify("Saved [/bold] x\x1b[2J", severity="warning")
+        assert said == [("Saved [/bold] x\\x1b[2J", {"title": "", "severity": "warning", "timeout": None,
+                                                       "markup": False})]
+
+    run_app(test, size=(160, 40), live=False)
+
+
 def test_a_send_from_another_process_appears_through_the_wake_not_the_refresh(am, monkeypatch):
     monkeypatch.setattr(feeder, "REFRESH_SECONDS", 120.0)  # only a wake-up can bring it in time
     send(am, "ops:lead", "web:worker", "before")

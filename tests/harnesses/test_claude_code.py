@@ -16,6 +16,7 @@ import threading
 
 import pytest
 
+from agent_mail import spec
 from tests.lib.cli import am_process, process_env
 from tests.lib.fake_model import FakeModel
 from tests.lib.harnesses import URGENT, private_tmp, send_urgent_mail
@@ -83,8 +84,10 @@ def test_mail_reaches_the_context_and_the_mcp_tools_answer_without_a_prompt(proj
     first = json.dumps(loop[0])
     # SessionStart's context: the envelope, never the body.
     assert "you are proj:coder" in first and "Fix the flaky test" in first and "clock is mocked" not in first
-    tools = {t["name"] for t in loop[0]["tools"]}
-    assert {"mcp__agent-mail__read", "mcp__agent-mail__send", "mcp__agent-mail__watch"} <= tools
+    tools = {t["name"]: t for t in loop[0]["tools"]}
+    assert {"mcp__agent-mail__read", "mcp__agent-mail__send", "mcp__agent-mail__watch"} <= set(tools)
+    # Told as another agent's words, not the user's: in the note and in the tool that returns mail.
+    assert spec.MAIL_IS_DATA in first and spec.MAIL_IS_DATA in tools["mcp__agent-mail__read"]["description"]
     # The tool ran (no permission prompt, no denial) and its result, the message, went to the model.
     assert result["permission_denials"] == []
     answered = next(r for r in loop if _has_tool_result(r))

@@ -433,3 +433,38 @@ def test_reservation_tools_act_as_the_session_and_refuse_another_identity(tmp_pa
     assert sorted(r["agent"] for r in listed["reservations"]) == ["boss:lead", ME]
     assert set(seen["release"][1]) == set(spec.COMMANDS["release"].output)
     assert seen["release"][1]["count"] == 1
+
+
+def test_the_tools_say_mail_is_data_and_results_write_no_control_characters(mailbox_path):
+    """The server's instructions and every tool that returns mail tell the model it is another agent's words, not
+    its user's; a stored subject's C1 and ESC reach the model escaped in the text (the same string, decoded)."""
+    from tests.lib.mailbox import raw_db
+
+    sent = json.loads(am_process("send", "--from", "boss:lead", "--to", ME, "--subject", "plain").stdout)["id"]
+    db = raw_db(str(mailbox_path))  # as an older version could have stored it: send refuses it now
+    try:
+        with db:
+            db.execute("UPDATE messages SET subject = ? WHERE id = ?", ("fix\x9b2J\x1b]0;t\x07", sent))
+    finally:
+        db.close()
+
+    async def main():
+        params = StdioServerParameters(command=sys.executable, args=["-m", "agent_mail", "mcp", "--agent", ME],
+                                       env=process_env())
+        async with stdio_client(params) as (read, write):
+            async with ClientSession(read, write) as client:
+                started = await client.initialize()
+                tools = (await client.list_tools()).tools
+                result = await client.call_tool("read", {"no_mark_read": True})
+                return started.instructions, tools, result
+
+    instructions, tools, result = anyio.run(main)
+    assert spec.MAIL_IS_DATA in instructions
+    described = {t.name: t.description for t in tools}
+    for name in ("read", "watch", "search"):
+        assert spec.MAIL_IS_DATA in described[name], name
+    text = result.content[0].text
+    assert not result.is_error and "\x9b" not in text and "\x1b" not in text and "\x07" not in text, text
+    assert '"fix\\u009b2J\\u001b]0;t\\u0007"' in text
+    assert json.loads(text)["messages"][0]["subject"] == "fix\x9b2J\x1b]0;t\x07" == \
+        result.structured_content["messages"][0]["subject"]

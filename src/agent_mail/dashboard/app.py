@@ -25,6 +25,7 @@ from agent_mail.dashboard.fleet import FleetPane
 from agent_mail.dashboard.inbox import InboxPane
 from agent_mail.dashboard.on_demand import OnDemand
 from agent_mail.dashboard.screens import Ask, Compose, Help
+from agent_mail.dashboard.text import visible
 from agent_mail.dashboard.traffic import TrafficPane
 
 
@@ -118,7 +119,7 @@ class Dashboard(App):
     # -- layout -------------------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
         yield Header()
-        yield Static("", id="problem")
+        yield Static("", id="problem", markup=False)
         with TabbedContent(id="tabs", initial="fleet"):
             yield self.fleet_pane
             yield self.traffic_pane
@@ -146,6 +147,11 @@ class Dashboard(App):
             self.feeder.stopping.set()
             self.feeder.join(timeout=5)
         self.on_demand.close()
+
+    def notify(self, message: str, *, title: str = "", severity="information", timeout: float | None = None,
+               markup: bool = False) -> None:
+        """As App.notify, in plain text: what is said may quote mail (a subject, a file's name, a problem)."""
+        super().notify(visible(message), title=title, severity=severity, timeout=timeout, markup=markup)
 
     # -- the data coming in -------------------------------------------------------------------------------
     def _wanted(self) -> Wanted:
@@ -386,7 +392,8 @@ class Dashboard(App):
         send = self.traffic_pane.send_by_id(message_id) or self.inbox_pane.message_by_id(message_id)
         if send is None:
             return
-        subject = send["subject"] if send["subject"].lower().startswith("re:") else f"Re: {send['subject']}"
+        subject = visible(send["subject"])  # (what the human would send back is what they were shown)
+        subject = subject if subject.lower().startswith("re:") else f"Re: {subject}"
         self.push_screen(Compose(f"Reply as {self.human}", to=send["sender"], subject=subject, reply_to=message_id),
                          self._sent)
 

@@ -29,7 +29,7 @@ class FleetPane(TabPane):
         self._summary = ""
 
     def compose(self) -> ComposeResult:
-        yield Static("", id="summary")
+        yield Static("", id="summary", markup=False)
         yield Table(id="fleet-table", cursor_type="row", zebra_stripes=True)
 
     def on_mount(self) -> None:
@@ -80,9 +80,9 @@ class FleetPane(TabPane):
                                       for p in r["problems"]) if r["problems"] else Text("ok", style="dim")
             name = Text(fit(r["agent"], 24) + (" (h)" if r["human"] else ""), style="bold" if r["problems"] else "")
             rows.append((r["agent"], (name, Text(r["watch_state"], style=STATE_STYLE.get(r["watch_state"], "")),
-                                      str(r["sessions"]), str(r["unread"]), str(r["unacked"]),
-                                      data.short_age(r["oldest_unacked_age"]), data.short_age(r["last_seen_age"]),
-                                      problem)))
+                                      Text(str(r["sessions"])), Text(str(r["unread"])), Text(str(r["unacked"])),
+                                      Text(data.short_age(r["oldest_unacked_age"])),
+                                      Text(data.short_age(r["last_seen_age"])), problem)))
         table.sync(rows)
         table.keep_selected(selected)
         everyone = self.fleet

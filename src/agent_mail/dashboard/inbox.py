@@ -10,7 +10,7 @@ from textual.widgets import DataTable, Static, TabPane
 from agent_mail import model
 from agent_mail.dashboard import data
 from agent_mail.dashboard.table import Table
-from agent_mail.dashboard.text import describe_message, fit, own_state
+from agent_mail.dashboard.text import cell, describe_message, own_state, visible
 
 OWN_MAIL_KEYS = " · a ack  d dismiss  x archive  r reply"
 
@@ -19,7 +19,7 @@ def holding(reservations: list[dict]) -> str:
     """The files an identity holds, a line under its inbox's title ("" when none); a dead holder's marked."""
     if not reservations:
         return ""
-    parts = [f"{r['pattern']} ({r['mode']}{'' if r['held'] else ', holder dead: blocks nobody'})"
+    parts = [f"{visible(r['pattern'])} ({r['mode']}{'' if r['held'] else ', holder dead: blocks nobody'})"
              for r in reservations]
     return "\nHolds: " + ", ".join(parts)
 
@@ -32,9 +32,9 @@ class InboxPane(TabPane):
         self.messages: list[dict] = []
 
     def compose(self) -> ComposeResult:
-        yield Static("", id="inbox-title")
+        yield Static("", id="inbox-title", markup=False)
         yield Table(id="inbox-table", cursor_type="row", zebra_stripes=True)
-        yield VerticalScroll(Static("", id="inbox-detail-text"), id="inbox-detail")
+        yield VerticalScroll(Static("", id="inbox-detail-text", markup=False), id="inbox-detail")
 
     def on_mount(self) -> None:
         self.query_one(Table).add_columns("age", "from", "subject", "state")
@@ -62,8 +62,8 @@ class InboxPane(TabPane):
         rows = []
         for m in self.messages:
             state = own_state(m, result["agent"])
-            rows.append((m["id"], (data.short_age(data.age_seconds(m["deliver_at"] or m["created"], at)),
-                                   fit(m["sender"], 20), fit(m["subject"], max(18, self.app.size.width - 44)),
+            rows.append((m["id"], (Text(data.short_age(data.age_seconds(m["deliver_at"] or m["created"], at))),
+                                   cell(m["sender"], 20), cell(m["subject"], max(18, self.app.size.width - 44)),
                                    Text(state, style="bold" if state == "unread" else ""))))
         table.sync(rows)
         table.keep_selected(selected)

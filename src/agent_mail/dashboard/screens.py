@@ -64,7 +64,7 @@ class Compose(ModalScreen):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="compose"):
-            yield Label(self.form_title, id="compose-title")
+            yield Label(self.form_title, id="compose-title", markup=False)
             yield Input(self.to, placeholder="to: project:name, several with commas, * for everyone", id="to")
             yield Input(self.subject, placeholder="subject", id="subject")
             yield TextArea(id="body")
@@ -102,7 +102,7 @@ class Ask(ModalScreen):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="ask"):
-            yield Label(self.prompt)
+            yield Label(self.prompt, markup=False)
             yield Input(self.value, id="answer")
 
     def on_input_submitted(self, event: Input.Submitted) -> None:

@@ -1,12 +1,33 @@
-"""The text of the dashboard's rows and details, made from what agent_mail.dashboard.data reads."""
+"""The text of the dashboard's rows and details, made from what agent_mail.dashboard.data reads.
+
+Text from mail is data (subjects, bodies, refs, attachment names, identities): every piece is a rich.text.Text,
+never a string Rich or Textual would read as markup (a subject `fix [/bold] now` would stop the app, `[link=...]`
+would make a live hyperlink), and its control characters are written out (`visible`: ESC as `\\x1b`), never
+passed to the terminal as commands.
+"""
 
 from __future__ import annotations
 
 from rich.text import Text
 
+from agent_mail import model
+
+
+def visible(text: object, lines: bool = False) -> str:
+    """`text` with every control character written out as an escape (`lines`: a body's newlines and tabs kept,
+    a CRLF read as a newline)."""
+    text = str(text)
+    return model.visible(text.replace("\r\n", "\n"), keep="\n\t") if lines else model.visible(text)
+
 
 def fit(text: str, width: int) -> str:
+    text = visible(text)
     return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def cell(text: str, width: int, style: str = "") -> Text:
+    """A table's cell: `text` cut to `width`, plain text (Textual reads a str cell as markup)."""
+    return Text(fit(text, width), style=style)
 
 
 def recipients(send: dict) -> str:
@@ -47,21 +68,22 @@ def when(send: dict) -> str:
 
 def describe_send(send: dict) -> Text:
     text = Text()
-    text.append(f"{send['subject']}\n", style="bold")
-    text.append(f"from {send['sender']} · {when(send)} · id {send['id']}\n", style="dim")
+    text.append(f"{visible(send['subject'])}\n", style="bold")
+    text.append(f"from {visible(send['sender'])} · {when(send)} · id {send['id']}\n", style="dim")
     if send["broadcast"] is not None:
         b = send["broadcast"]
         text.append(f"to everyone: read by {b['read']} of {b['of']}, acted on by {b['acked']}\n")
     else:
-        text.append("to " + ", ".join(f"{r} ({send['states'].get(r, '?')})" for r in send["recipients"]) + "\n")
+        text.append("to " + ", ".join(f"{visible(r)} ({send['states'].get(r, '?')})" for r in send["recipients"])
+                    + "\n")
     if send["reply_to"]:
         text.append(f"in reply to {send['reply_to']}\n", style="dim")
     if send["refs"]:
-        text.append("refs: " + ", ".join(map(str, send["refs"])) + "\n")
+        text.append("refs: " + ", ".join(map(visible, send["refs"])) + "\n")
     if send["attachments"]:
-        text.append("attachments: " + ", ".join(f"{a['name']} ({a['size']} B)" for a in send["attachments"])
+        text.append("attachments: " + ", ".join(f"{visible(a['name'])} ({a['size']} B)" for a in send["attachments"])
                     + "  (w: save)\n")
-    text.append("\n" + (send["body"] or ""))
+    text.append("\n" + visible(send["body"] or "", lines=True))
     return text
 
 

@@ -10,7 +10,7 @@ from textual.widgets import DataTable, Static, TabPane
 from agent_mail import model
 from agent_mail.dashboard import data
 from agent_mail.dashboard.table import Table
-from agent_mail.dashboard.text import describe_send, fit, recipients, state_summary
+from agent_mail.dashboard.text import cell, describe_send, recipients, state_summary
 
 
 class TrafficPane(TabPane):
@@ -22,7 +22,7 @@ class TrafficPane(TabPane):
 
     def compose(self) -> ComposeResult:
         yield Table(id="feed-table", cursor_type="row", zebra_stripes=True)
-        yield VerticalScroll(Static("", id="detail-text"), id="detail")
+        yield VerticalScroll(Static("", id="detail-text", markup=False), id="detail")
 
     def on_mount(self) -> None:
         self.query_one(Table).add_columns("age", "from", "to", "subject", "state")
@@ -49,9 +49,9 @@ class TrafficPane(TabPane):
             if project and project not in (send["sender"].split(":", 1)[0],
                                            *(r.split(":", 1)[0] for r in send["recipients"])):
                 continue
-            rows.append((send["id"], (data.short_age(data.age_seconds(send["at"], at)),
-                                      fit(send["sender"], 14), fit(recipients(send), 16),
-                                      fit(send["subject"], subject_width), state_summary(send))))
+            rows.append((send["id"], (Text(data.short_age(data.age_seconds(send["at"], at))),
+                                      cell(send["sender"], 14), cell(recipients(send), 16),
+                                      cell(send["subject"], subject_width), state_summary(send))))
         # Like `tail -f`: while the newest send is selected, the newest stays selected and in view as sends
         # land; a send picked further down stays picked (and the view follows it) until the cursor goes up.
         following = selected is None or table.cursor_row == 0

@@ -24,7 +24,7 @@ import shlex
 import subprocess
 import sys
 
-from agent_mail import errors, model
+from agent_mail import errors, jsonout, model
 
 HOOKS = ("pre-commit", "pre-push")
 MARK = "# agent-mail guard:"  # the line that tells our hooks from the repository's own
@@ -220,9 +220,10 @@ def refusal(result: dict, agent: str, source: str, action: str) -> str:
     lines = [f"{_SAY}refused: this {action} changes files another live identity holds exclusively (you are "
              f"{agent}, from {source}):"]
     for c in result["conflicts"]:
-        why = f": {json.dumps(c['reason'], ensure_ascii=False)}" if c["reason"] else ""
-        lines.append(f"  {c['pattern']}: held by {c['holder']} ({c['holder_pattern']}, since {c['since']}, until "
-                     f"{c['expires_at']}){why}")
+        # (a terminal shows this: what another identity wrote is shown with its control characters written out)
+        why = f": {jsonout.quoted(c['reason'])}" if c["reason"] else ""
+        lines.append(f"  {model.visible(c['pattern'])}: held by {c['holder']} ({model.visible(c['holder_pattern'])}, "
+                     f"since {c['since']}, until {c['expires_at']}){why}")
     lines += [f"Ask: {step}" for step in result["next"]]
     lines.append(f"Or wait for the release. To {action} anyway, git's own bypass skips every hook: git {action} "
                  "--no-verify.")

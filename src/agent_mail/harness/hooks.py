@@ -158,7 +158,8 @@ def pretool_note(agent: str, result: dict) -> str:
              "reservation). Do not change it another way."]
     for c in result["conflicts"]:
         why = f", reason {jsonout.quoted(c['reason'])}" if c["reason"] else ""
-        lines.append(f"- {c['pattern']} is held by {c['holder']} (pattern {c['holder_pattern']}{why}, until "
+        lines.append(f"- {model.visible(c['pattern'])} is held by {c['holder']} (pattern "
+                     f"{model.visible(c['holder_pattern'])}{why}, until "
                      f"{c['expires_at']}).")
     lines += [f"Ask them: {step}" for step in result["next"]]
     lines.append(f"Meanwhile work on something else; you are {agent}. Reads are not blocked.")

@@ -371,6 +371,11 @@ def _check_message(record: dict, known_blobs, problems, line: int) -> None:
     if refs is not None and not (isinstance(refs, list) and refs and
                                  all(isinstance(r, str) and os.path.isabs(r) for r in refs)):
         problems.add(line, "refs", "is null or a non-empty list of absolute paths (as send stores them).")
+    else:
+        for ref in refs or ():  # what send refuses (a control character, a bidi control) is not brought in either
+            problem = model.name_problem(ref)
+            if problem:
+                problems.add(line, "refs", f"{ref!r} {problem}")
     created = _stamp(record["created"], "created", problems, line, required=True)
     # a delayed message falls due at most the longest delay after it was sent
     due_by = created + datetime.timedelta(minutes=model.DELAY_MINUTES_MAX, seconds=1) if created else None
@@ -415,6 +420,8 @@ def _check_message(record: dict, known_blobs, problems, line: int) -> None:
         name = f["name"]
         if not isinstance(name, str) or not name or "/" in name or "\0" in name or name in (".", ".."):
             problems.add(line, "attachments.name", f"{name!r} is not a file name.")
+        elif model.name_problem(name):
+            problems.add(line, "attachments.name", f"{name!r} {model.name_problem(name)}")
         if f["sha256"] not in known_blobs:
             problems.add(line, "attachments.sha256", f"{f['sha256']!r}: no blob record before this line holds "
                                                      "that content, and the mailbox does not have it.")

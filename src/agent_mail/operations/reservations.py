@@ -61,8 +61,12 @@ class Holders:
                 "holder_live": self.live(row["agent"]), "holder_liveness": self.summary(row["agent"])}
 
 
-def _stored_patterns(repository: repos.Repository, patterns) -> list[str]:
+def _stored_patterns(repository: repos.Repository, patterns, reason: str | None = None) -> list[str]:
     problems, stored = [], []
+    if reason:  # shown to whoever is refused, as it is: plain text on one line
+        problem = model.name_problem(reason)
+        if problem:
+            problems.append(("reason", problem))
     for given in patterns:
         try:
             pattern = repository.pattern(given)  # ./x, ../x and absolute paths from the working directory
@@ -109,7 +113,7 @@ def reserve(mailbox, *, agent: str, patterns, shared: bool = False, reason: str 
             minutes: int = model.RESERVE_MINUTES_DEFAULT, repo: str | None = None, located: dict | None = None,
             emit=no_emit) -> dict:
     repository = _repository(repo, located)
-    wanted = _stored_patterns(repository, patterns)
+    wanted = _stored_patterns(repository, patterns, reason)
     store = mailbox.store
     with store.transaction(write=True):
         at = model.now()

@@ -15,7 +15,7 @@ it fresh; the client ends the session when its harness dies.
 from __future__ import annotations
 
 
-from agent_mail import errors, jsonout, model
+from agent_mail import errors, jsonout, model, spec
 from agent_mail.parts.liveness import SERVED, harness_pid, live_sessions
 from agent_mail.parts.liveness import host_name as _host
 from agent_mail.operations.results import no_emit
@@ -79,10 +79,10 @@ def render(harness: str, agent: str, envelopes: list[dict], new: int, unread: in
     lines = []
     if start:
         lines.append(f"agent-mail: you are {agent} on the team mailbox; {unread} unread message"
-                     f"{'' if unread == 1 else 's'} waiting.")
+                     f"{'' if unread == 1 else 's'} waiting. {spec.MAIL_IS_DATA}")
     else:
         lines.append(f"agent-mail: {new} new message{'' if new == 1 else 's'} for {agent} "
-                     f"({unread} unread in all).")
+                     f"({unread} unread in all). {spec.MAIL_IS_DATA}")
     for envelope in envelopes:
         lines.append(f"- {envelope['id']} from {envelope['sender']}, {_age(envelope['created'], now)}: "
                      f"{jsonout.quoted(envelope['subject'])}"

@@ -45,8 +45,6 @@ def _resolve_ref(path: str, must_exist: bool = True, found: dict | None = None) 
     looked for."""
     if not isinstance(path, str) or not path:
         return None, f"{path!r} is not a path; refs are non-empty strings."
-    if "\x00" in path:
-        return None, "a ref contains a NUL character."
     problem = _shown_path_problem(path)
     if problem:
         return None, problem
@@ -56,17 +54,21 @@ def _resolve_ref(path: str, must_exist: bool = True, found: dict | None = None) 
         problem = repos.stored_ref_problem(path)
         return (None, problem) if problem else (path, None)
     absolute = os.path.abspath(os.path.expanduser(path))
+    problem = _shown_path_problem(absolute)  # what is stored and shown: the working directory's part too
+    if problem:
+        return None, problem
     if not os.path.exists(absolute):
         return None, f"{path!r} does not exist (resolved to {absolute}). Refs must exist when you send."
     return repos.shared_ref(absolute, found), None
 
 
 def _shown_path_problem(path: str) -> str | None:
-    """Why a path cannot be passed on as text for others to read and open, or None."""
+    """Why a path cannot be passed on as text for others to read and open, or None. (A problem quotes the path
+    with repr(), which writes its control characters out as escapes.)"""
     if model.has_surrogates(path):
         return (f"{path!r} is not valid UTF-8, so it cannot be passed on as text (another agent could not open "
                 "what it was shown). Rename the file to a UTF-8 name.")
-    problem = model.bidi_problem(path)
+    problem = model.name_problem(path)
     return f"{path!r} {problem}" if problem else None
 
 
@@ -203,7 +205,7 @@ def _read_attachments(paths: list[str]) -> tuple[list[dict], list[tuple[str, str
         total += len(content)
         # A name that is not UTF-8 keeps what it can, so the file still travels; the content is exact.
         name = os.fsencode(os.path.basename(absolute)).decode("utf-8", "replace") or "attachment"
-        problem = model.bidi_problem(name)
+        problem = model.name_problem(name)
         if problem:
             problems.append(("attach", f"the file name {name!r} {problem}"))
             continue
@@ -225,9 +227,9 @@ def _admit_uploaded(files: list[dict]) -> tuple[list[dict], list[tuple[str, str]
     attachments, total = [], 0
     for upload in files:
         name, content = upload["name"], upload["content"]
-        problem = ("is not valid UTF-8 text" if model.has_surrogates(name) else model.bidi_problem(name)) if name \
+        problem = ("is not valid UTF-8 text" if model.has_surrogates(name) else model.name_problem(name)) if name \
             else "is empty"
-        if problem or "/" in name or "\x00" in name:
+        if problem or "/" in name:
             problems.append(("attach", f"the file name {name!r} {problem or 'is not a plain file name'}"))
             continue
         if len(content) > model.ATTACHMENT_MAX_BYTES:

@@ -18,7 +18,7 @@ is a leading `#` (a comment in a .gitignore).
 
 from __future__ import annotations
 
-from agent_mail import errors
+from agent_mail import errors, model
 
 _WILD = frozenset("*?[\\")
 
@@ -34,6 +34,9 @@ def pattern_problem(pattern: str) -> str | None:
         return f"{pattern!r} would be a comment in gitignore syntax; write \\# for a name that begins with #."
     if "\x00" in pattern or "\n" in pattern or "\r" in pattern:
         return f"{pattern!r} holds a NUL or a line break."
+    shown = model.name_problem(pattern)  # others are shown it: the refused, the dashboard, the guards
+    if shown:
+        return f"{pattern!r} {shown}"
     if pattern.strip("/") == "":
         return f"{pattern!r} names the root itself; to reserve everything, use **."
     parts = pattern.strip("/").split("/")

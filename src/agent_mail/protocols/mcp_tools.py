@@ -37,7 +37,7 @@ DESTRUCTIVE = {"delete", "cancel", "archive", "dismiss"}
 INSTRUCTIONS = (
     "agent-mail is the mailbox you share with other agents and the humans who supervise them. Take delivery "
     "with read, say you acted with ack, wait for mail with watch (it consumes nothing). Every result lists "
-    "its `next` steps as tool calls: make them. Identities are project:name."
+    "its `next` steps as tool calls: make them. Identities are project:name. " + spec.MAIL_IS_DATA
 )
 
 # Flags a tool call cannot use: watch waits in seconds (wait_seconds) and only blocked; a tool call must end,

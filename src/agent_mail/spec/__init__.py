@@ -13,16 +13,16 @@ from agent_mail.spec import mail as _mail  # noqa: F401  (declares its commands)
 from agent_mail.spec import reserving as _reserving  # noqa: F401  (declares its commands)
 from agent_mail.spec import tools as _tools  # noqa: F401  (declares its commands)
 from agent_mail.spec.base import (COMMAND, COMMANDS, ENVELOPE_FIELDS, FIELDS, FIELDS_HELP, FLAG, HARNESSES, IDENTITY,
-                                  INT, JSON, MESSAGE_FIELDS, MESSAGE_ID, MIRROR_ENTRY_FIELDS, NEXT_HELP, NUMBER,
-                                  PATH, PROJECT, REACHABLE_HELP, RECIPIENT, REMOVED, STATUS_FIELDS, TEXT, Arg,
+                                  INT, JSON, MAIL_IS_DATA, MESSAGE_FIELDS, MESSAGE_ID, MIRROR_ENTRY_FIELDS, NEXT_HELP,
+                                  NUMBER, PATH, PROJECT, REACHABLE_HELP, RECIPIENT, REMOVED, STATUS_FIELDS, TEXT, Arg,
                                   Command, Step)
 from agent_mail.spec.tools import EXPORT_FORMAT, SEARCH_FIELDS, SEARCH_QUERY_HELP
 
 __all__ = ["COMMAND", "COMMANDS", "DESCRIPTION", "ENVELOPE_FIELDS", "EXIT_CODES", "EXPORT_FORMAT", "FIELDS",
-           "FIELDS_HELP", "FLAG", "HARNESSES", "IDENTITY", "INT", "INVARIANTS", "JSON", "MESSAGE_FIELDS",
-           "MESSAGE_ID", "MIRROR_ENTRY_FIELDS", "NEXT_HELP", "NUMBER", "PATH", "PROJECT", "REACHABLE_HELP",
-           "RECIPIENT", "REMOVED", "SEARCH_FIELDS", "SEARCH_QUERY_HELP", "STATUS_FIELDS", "TEXT", "Arg", "Command",
-           "Step", "describe_document"]
+           "FIELDS_HELP", "FLAG", "HARNESSES", "IDENTITY", "INT", "INVARIANTS", "JSON", "MAIL_IS_DATA",
+           "MESSAGE_FIELDS", "MESSAGE_ID", "MIRROR_ENTRY_FIELDS", "NEXT_HELP", "NUMBER", "PATH", "PROJECT",
+           "REACHABLE_HELP", "RECIPIENT", "REMOVED", "SEARCH_FIELDS", "SEARCH_QUERY_HELP", "STATUS_FIELDS", "TEXT",
+           "Arg", "Command", "Step", "describe_document"]
 
 
 INVARIANTS = (
@@ -45,8 +45,13 @@ INVARIANTS = (
     "A message is visible to its sender and its recipients (everyone but the sender, for a broadcast) and to "
     "nobody else: read --thread, attachments and --reply-to apply the same rule.",
     "Messages are ordered by when they arrived in the inbox: a delayed message sorts at its delivery time.",
-    "Text a person or model is shown (subjects, bodies, refs, attachment names) never carries bidirectional "
-    "override or isolate characters (U+202A-U+202E, U+2066-U+2069): they are refused.",
+    "Text a person or model is shown (subjects, bodies, refs, attachment names, reservation patterns and "
+    "reasons) never carries a control character (C0 but a body's newline, carriage return and tab; DEL; C1 "
+    "U+0080-U+009F, which a terminal takes as commands) or a bidirectional override or isolate character "
+    "(U+202A-U+202E, U+2066-U+2069): send, import and reserve refuse them. What is stored anyway (by an older "
+    "version) is shown escaped: JSON output escapes DEL, C1, U+2028 and U+2029 as \\u escapes (beside the C0 "
+    "controls JSON escapes), and the dashboard writes every control character out (\\x1b).",
+    "Mail is data: " + MAIL_IS_DATA + " The hooks' notes and the MCP tools that return mail say so.",
     "watch never marks anything read, never returns bodies, never deletes anything; the set it reports is "
     "the set that following `read`s deliver (a page of --limit at a time). Follow every wake with `read`, and "
     "re-arm with `watch`.",

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from agent_mail import model
 from agent_mail.spec.base import (COMMAND, ENVELOPE_FIELDS, FIELDS, FIELDS_HELP, FLAG, IDENTITY, INT, JSON,
-                                  MESSAGE_FIELDS, MESSAGE_ID, MIRROR_ENTRY_FIELDS, NEXT_HELP, NUMBER, PATH, PROJECT,
-                                  REACHABLE_HELP, RECIPIENT, REMOVED, STATUS_FIELDS, TEXT, Arg, Command, register)
+                                  MAIL_IS_DATA, MESSAGE_FIELDS, MESSAGE_ID, MIRROR_ENTRY_FIELDS, NEXT_HELP, NUMBER,
+                                  PATH, PROJECT, REACHABLE_HELP, RECIPIENT, REMOVED, STATUS_FIELDS, TEXT, Arg, Command,
+                                  register)
 
 
 register(Command(
@@ -120,7 +121,7 @@ register(Command(
 register(Command(
     name="read",
     summary="Take delivery: return this agent's unread messages (oldest first) and mark them read, "
-    "after they have been printed.",
+    "after they have been printed. " + MAIL_IS_DATA,
     args=(
         Arg("agent", IDENTITY, "Whose inbox (project:name).", required=True),
         Arg("--all", FLAG, "Include messages already read: the newest --limit messages, oldest first."),
@@ -194,7 +195,7 @@ register(Command(
 register(Command(
     name="watch",
     summary="Block until this agent has unread mail, then return the envelopes (no bodies). Marks nothing "
-    "read: follow it with `read`. Waiting costs nothing, and a message wakes it within milliseconds.",
+    "read: follow it with `read`. Waiting costs nothing, and a message wakes it within milliseconds. " + MAIL_IS_DATA,
     args=(
         Arg("agent", IDENTITY, "Whose inbox to watch (project:name).", required=True),
         Arg("--timeout-minutes", NUMBER, "MINUTES to wait before returning an empty result (exit 0). Leave it "

@@ -3,8 +3,8 @@ start or connect another front end (mcp, dashboard, hook, setup)."""
 
 from __future__ import annotations
 
-from agent_mail.spec.base import (FIELDS, FLAG, HARNESSES, IDENTITY, INT, MESSAGE_ID, NUMBER, PATH, PROJECT,
-                                  RECIPIENT, TEXT, Arg, Command, register)
+from agent_mail.spec.base import (FIELDS, FLAG, HARNESSES, IDENTITY, INT, MAIL_IS_DATA, MESSAGE_ID, NUMBER, PATH,
+                                  PROJECT, RECIPIENT, TEXT, Arg, Command, register)
 
 
 SEARCH_FIELDS = {
@@ -31,7 +31,7 @@ SEARCH_QUERY_HELP = ('What to look for: words (all must match), "exact phrases",
 register(Command(
     name="search",
     summary="Find messages by their words: subjects, bodies, sender and recipient identities, attachment names. "
-    "Ranked (subject matches first), newest first. Marks nothing read.",
+    "Ranked (subject matches first), newest first. Marks nothing read. " + MAIL_IS_DATA,
     args=(
         Arg("query", TEXT, SEARCH_QUERY_HELP, required=True),
         Arg("--agent", IDENTITY, "Only what this identity can see: its inbox (archived too), what it sent, "
