@@ -516,6 +516,7 @@ def frozen(monkeypatch):
     counter = itertools.count(1)
     monkeypatch.setattr(model, "now", lambda: clock["now"])
     monkeypatch.setattr(model, "new_message_id", lambda: f"00000000-0000-4000-8000-{next(counter):012d}")
+    monkeypatch.setattr(model, "machine_name", lambda: "build-1")  # the machine the team works on, shown
     return clock
 
 
