@@ -289,7 +289,8 @@ def test_a_row_with_several_problems_names_them_all(am, monkeypatch):
 
     async def test(app, pilot):
         row = next(r for r in table_text(app, "fleet-table") if r.startswith("web:worker"))
-        assert row.endswith("deaf, overdue"), row  # both named (it said "deaf with mail +1"), short to fit
+        # both named (it said "deaf with mail +1"), short to fit; then its last activity and machine: none
+        assert row.endswith("deaf, overdue - -"), row
 
     run_app(test, live=False)
 

@@ -81,7 +81,8 @@ class Supervisor:
             oldest = self.store.oldest_unacked(now, [r["agent"] for r in status if r["unacked"]])
         names = {r["agent"] for r in status}
         rows = list(status) + [{"agent": a, "unread": 0, "unacked": 0, "sessions": 0, "last_active": None,
-                                "hosts": [], **_liveness_row(liveness.get(a), at)} for a in sorted(set(bounces) - names)]
+                                "hosts": [], **_liveness_row(liveness.get(a), at)}
+                               for a in sorted(set(bounces) - names)]
         reserved = self.reservations()
         fleet = []
         for row in rows:
