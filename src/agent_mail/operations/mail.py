@@ -357,7 +357,7 @@ class Mailbox:
         if agent is not None:
             names = [agent]
         else:
-            names = sorted(set(counts) | set(sessions) | set(active))
+            names = sorted(set(counts) | set(sessions))
             if project is not None:
                 names = [n for n in names if n.split(":", 1)[0] == project]
         rows = []

@@ -365,7 +365,8 @@ class Store(WholeMailbox):
 
     # -- overview and maintenance -----------------------------------------
     def agent_counts(self, now: str) -> dict[str, dict]:
-        """{identity: {"unread": n, "unacked": n}} for every identity seen in traffic, watches or profiles."""
+        """{identity: {"unread": n, "unacked": n}} for every identity seen in traffic, watches, heartbeats, profiles
+        or activity."""
         raise NotImplementedError
 
     def cleanup(self, cutoff: str, dry_run: bool) -> dict:

@@ -518,7 +518,7 @@ class SQLStore(Store):
         for sql in (self._distinct("sender", "messages"),
                     self._distinct("recipient", f"messages {self._hint('idx_messages_recipient')}"),
                     self._distinct("agent", "watch_sessions"), "SELECT agent FROM heartbeats",
-                    "SELECT agent FROM profiles"):
+                    "SELECT agent FROM profiles", self._distinct("agent", "activity")):
             for (agent,) in self._x(sql):
                 if agent != "*":
                     entry(agent)
