@@ -120,6 +120,53 @@ def message_id_problem(value: str) -> str | None:
     )
 
 
+# A machine's name as the supervisor sees it (`status`'s hosts): shown, never trusted for anything else. The
+# letters of a DNS name (RFC 1123: letters, digits, hyphens, dots) and the underscore some systems allow, at most
+# HOST_MAX_CHARS: nothing a terminal could take for a command, and short enough to show in a table.
+HOST_MAX_CHARS = 253
+_HOST_START = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
+_HOST_CHARS = _HOST_START | {"-", ".", "_"}
+#: How long a machine stays among an identity's hosts after the last thing it did there (its armed watches and
+#: live harness sessions count however old).
+HOSTS_SECONDS = 86400.0
+
+
+def host_problem(value: object) -> str | None:
+    """Why `value` is not a machine's name as agent-mail records one, or None."""
+    if isinstance(value, str) and 0 < len(value) <= HOST_MAX_CHARS and value[0] in _HOST_START \
+            and all(c in _HOST_CHARS for c in value):
+        return None
+    return (f"is a machine's name: 1 to {HOST_MAX_CHARS} ASCII letters, digits, '-', '.' and '_', starting with a "
+            "letter or digit (the client sends its own host name).")
+
+
+def host_shown(raw: str | None) -> str | None:
+    """`raw` (a host name as the system gives it) as agent-mail records it: itself when host_problem has nothing
+    to say; a name with letters from other scripts in its IDNA form (xn--...); anything else with each character
+    that does not belong replaced by '-', cut to HOST_MAX_CHARS; None for nothing at all."""
+    if not raw or not raw.strip(".-_ "):
+        return None
+    if host_problem(raw) is None:
+        return raw
+    try:
+        raw = raw.encode("idna").decode("ascii")
+    except UnicodeError:
+        pass
+    cleaned = "".join(c if c in _HOST_CHARS else "-" for c in raw)[:HOST_MAX_CHARS].lstrip("-._")
+    return cleaned or None
+
+
+def machine_name() -> str | None:
+    """This machine's name, as host_shown gives it: what a command records as its host (and a client sends)."""
+    try:
+        raw = os.uname().nodename
+    except AttributeError:  # no uname (Windows)
+        import socket
+
+        raw = socket.gethostname()
+    return host_shown(raw)
+
+
 def has_surrogates(value: str) -> bool:
     """Whether `value` holds bytes that were not UTF-8 (Python decodes them to lone surrogates).
 

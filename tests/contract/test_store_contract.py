@@ -345,6 +345,40 @@ class StoreContract:
             assert store.liveness("a:x")["a:x"]["armed_seen"] is None and "b:y" not in store.liveness("a:x")
 
     @pytest.mark.fast
+    @exercises("note_active", "activity")
+    def test_activity(self, store):
+        """Activity is written with the commit, one row per identity and machine, only ever moved forward; a read
+        transaction or a rolled-back one writes none; armed watch sessions name their machines however old, and
+        what an identity did counts among its hosts only since `since`."""
+        old, now, later = _ago(60 * 48), model.now_iso(), _ago(-1)
+        with store.transaction(write=True):
+            store.note_active("a:x", "laptop", now)
+            store.note_active("a:x", "laptop", old)  # earlier: no change
+            store.note_active("a:x", "desk", old)
+            store.note_active("b:y", None, now)  # a machine nobody named
+            store.open_session("s1", "c:z", old, "rack-7")  # armed, and two days old
+            store.open_session("s2", "c:z", now, None)
+        with store.transaction():
+            store.note_active("d:w", "laptop", now)  # a look: nothing written
+        with pytest.raises(RuntimeError), store.transaction(write=True):
+            store.note_active("e:v", "laptop", now)
+            raise RuntimeError("rolled back")
+        with store.transaction(write=True):
+            store.note_active("a:x", "laptop", later)
+            store.note_active("a:x", "laptop", now)  # the same transaction, earlier: the later one stands
+        with store.transaction():
+            everyone = store.activity(since=_ago(60 * 24))
+            one = store.activity("a:x", since=_ago(60 * 24 * 3))
+        assert everyone == {"a:x": {"last_active": later, "hosts": {"laptop": later}},
+                            "b:y": {"last_active": now, "hosts": {}},
+                            "c:z": {"last_active": None, "hosts": {"rack-7": old}}}
+        assert one == {"a:x": {"last_active": later, "hosts": {"laptop": later, "desk": old}}}
+        with store.transaction(write=True):
+            store.release_session("s1", now, "done")
+        with store.transaction():
+            assert "c:z" not in store.activity(since=_ago(60 * 24))  # released: only activity counts now
+
+    @pytest.mark.fast
     @exercises("abandon_sessions", "release_keyed_session", "session_state")
     def test_a_servers_sessions_stopped_by_key_or_abandoned(self, store):
         """A server's session (HOLDER.KEY) is released by its identity and key wherever its holder is, abandoned

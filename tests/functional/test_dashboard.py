@@ -289,7 +289,8 @@ def test_a_row_with_several_problems_names_them_all(am, monkeypatch):
 
     async def test(app, pilot):
         row = next(r for r in table_text(app, "fleet-table") if r.startswith("web:worker"))
-        assert row.endswith("deaf, overdue"), row  # both named (it said "deaf with mail +1"), short to fit
+        # both named (it said "deaf with mail +1"), short to fit; then its last activity and machine: none
+        assert row.endswith("deaf, overdue - -"), row
 
     run_app(test, live=False)
 
@@ -554,6 +555,7 @@ def frozen(monkeypatch):
     counter = itertools.count(1)
     monkeypatch.setattr(model, "now", lambda: clock["now"])
     monkeypatch.setattr(model, "new_message_id", lambda: f"00000000-0000-4000-8000-{next(counter):012d}")
+    monkeypatch.setattr(model, "machine_name", lambda: "build-1")  # the machine the team works on, shown
     return clock
 
 

@@ -13,8 +13,15 @@ from agent_mail.dashboard.text import fit
 STATE_STYLE = {"armed": "bold green", "released": "yellow", "stale": "bold red", "never": "dim"}
 PROBLEM_STYLE = {data.DEAF: "bold red", data.OVERDUE: "bold yellow", data.STALE: "red", data.BOUNCED: "magenta"}
 SHORT = {data.DEAF: "deaf"}  # a problem's name beside others
-SORTS = ("problems", "agent", "unread", "unacked", "oldest", "last seen")
+SORTS = ("problems", "agent", "unread", "unacked", "oldest", "last seen", "last active")
 STATES = (None, "armed", "released", "stale", "never")
+
+
+def machines(hosts: list[str]) -> Text:
+    """The machines an identity is on, in a cell: the latest (its first name), and how many more."""
+    if not hosts:
+        return Text("-", style="dim")
+    return Text(fit(hosts[0].split(".", 1)[0], 14) + (f" +{len(hosts) - 1}" if len(hosts) > 1 else ""))
 
 
 class FleetPane(TabPane):
@@ -34,7 +41,7 @@ class FleetPane(TabPane):
 
     def on_mount(self) -> None:
         self.query_one(Table).add_columns("identity", "watch", "sess", "unread", "unacked", "oldest", "seen",
-                                          "problem")
+                                          "problem", "active", "host")
 
     def next_sort(self) -> None:
         self.sort_by = SORTS[(SORTS.index(self.sort_by) + 1) % len(SORTS)]
@@ -56,7 +63,8 @@ class FleetPane(TabPane):
             rows = [r for r in rows if r["watch_state"] == self.state_filter]
         if self.filter_text:
             needle = self.filter_text.lower()
-            rows = [r for r in rows if needle in r["agent"].lower() or any(needle in p for p in r["problems"])]
+            rows = [r for r in rows if needle in r["agent"].lower() or any(needle in p for p in r["problems"])
+                    or any(needle in h.lower() for h in r.get("hosts") or ())]
         key = {
             "problems": None,
             "agent": lambda r: r["agent"],
@@ -64,6 +72,7 @@ class FleetPane(TabPane):
             "unacked": lambda r: (-r["unacked"], r["agent"]),
             "oldest": lambda r: (-(r["oldest_unacked_age"] or -1), r["agent"]),
             "last seen": lambda r: (r["last_seen_age"] is None, r["last_seen_age"] or 0, r["agent"]),
+            "last active": lambda r: (r.get("last_active_age") is None, r.get("last_active_age") or 0, r["agent"]),
         }[self.sort_by]
         return sorted(rows, key=key) if key else rows
 
@@ -82,7 +91,9 @@ class FleetPane(TabPane):
             rows.append((r["agent"], (name, Text(r["watch_state"], style=STATE_STYLE.get(r["watch_state"], "")),
                                       Text(str(r["sessions"])), Text(str(r["unread"])), Text(str(r["unacked"])),
                                       Text(data.short_age(r["oldest_unacked_age"])),
-                                      Text(data.short_age(r["last_seen_age"])), problem)))
+                                      Text(data.short_age(r["last_seen_age"])), problem,
+                                      Text(data.short_age(r.get("last_active_age"))),
+                                      machines(r.get("hosts") or []))))
         table.sync(rows)
         table.keep_selected(selected)
         everyone = self.fleet

@@ -19,6 +19,7 @@ class Handling:
     def __init__(self, mailbox):  # the agent_mail.operations.mail.Mailbox whose operations these are
         self.store = mailbox.store
         self.mirrors = mailbox.mirrors
+        self.host = mailbox.host
 
     def ack(self, *, agent: str, ids=(), all: bool = False, emit: Emit = no_emit) -> dict:
         """Record that `agent` acted on these messages (all outstanding ones with all=True)."""
@@ -46,6 +47,7 @@ class Handling:
         wanted = list(dict.fromkeys(ids))
         now = model.now_iso()
         with self.mirrors.changing():
+            self.store.note_active(agent, self.host, now)
             if outstanding is not None:
                 fresh, already = outstanding(agent, now), []
             else:
@@ -96,6 +98,7 @@ class Handling:
         wanted = list(dict.fromkeys(ids))
         now = model.now_iso()
         with self.store.transaction(write=True):
+            self.store.note_active(sender, self.host, now)
             problems = []
             for message_id in wanted:
                 message = self.store.get_message(message_id)

@@ -37,8 +37,11 @@ if TYPE_CHECKING:
 class Mailbox:
     """The operations over one store."""
 
-    def __init__(self, store: Store):
+    def __init__(self, store: Store, host: str | None = None):
         self.store = store
+        # The machine the caller runs on, recorded with what it does (status's hosts): this one's, or a server's
+        # client's as it said (shown, never trusted); "" where nobody said.
+        self.host = model.machine_name() if host is None else host
         self.mirrors = Mirrors(store)  # the notification files, journaled with each transaction
         self._waits: Waits | None = None
 
@@ -105,6 +108,7 @@ class Mailbox:
         deliver_at = model.iso(moment + model.timedelta(minutes=delay_minutes)) if delay_minutes else None
         batch = key.lower() if key is not None else model.new_message_id()
         with self.mirrors.changing():
+            self.store.note_active(from_, self.host, created)
             earlier = self.store.batch_rows([batch]) if key is not None else []
             if earlier:  # this send, repeated: its first answer was lost
                 receipt = _repeated(self.store, earlier, from_, recipients, prepared, reply_to, no_ack,
@@ -221,6 +225,7 @@ class Mailbox:
             return result
         marking = not no_mark_read
         with self.mirrors.changing(write=marking or ack):
+            self.store.note_active(agent, self.host, now)  # a read that marks nothing is a look: no trace
             # The page comes from arrival-ordered indexes, and whole rows only for it: the cost is the
             # page's, not the backlog's. The unread total is counted, not listed.
             # Mail handed to a reader through a server and not yet confirmed is left to it: one reader each.
@@ -278,6 +283,7 @@ class Mailbox:
         at = model.now_iso()
         with self.store.transaction(write=True):
             self.store.record_heartbeat(agent, at)
+            self.store.note_active(agent, self.host, at)
             unread = self.store.count_unread(agent, at)
             # The heartbeat just recorded makes it reachable for the next LIVENESS_SECONDS.
             result = {"agent": agent, "last_seen": at, "unread": unread, "reachable": True,
@@ -311,7 +317,9 @@ class Mailbox:
             if render:
                 self.mirrors.render([agent])
             if heartbeat:
-                self.store.record_heartbeat(agent, model.now_iso())
+                at = model.now_iso()
+                self.store.record_heartbeat(agent, at)
+                self.store.note_active(agent, self.host, at)
             facts = self.store.liveness(agent).get(agent)
             # Reachable after this call: another watch is armed (a --once check counts as presence).
             presence = describe_liveness(facts, model.now())
@@ -331,7 +339,7 @@ class Mailbox:
     @guarded("status")
     def status(self, *, agent: str | None = None, project: str | None = None, fields: list[str] | None = None,
                emit: Emit = no_emit) -> dict:
-        """One row per identity seen in traffic, watches, heartbeats or profiles (or just `agent`)."""
+        """One row per identity seen in traffic, watches, heartbeats, profiles or activity (or just `agent`)."""
         now = model.now_iso()
         with self.store.transaction():
             if agent is not None:  # one identity: its own counts, not everyone's
@@ -340,8 +348,10 @@ class Mailbox:
             else:
                 counts = self.store.agent_counts(now)
             facts = self.store.liveness(agent)
-            harnesses = liveness.harnesses_of(self.store, agent)
+            live = liveness.live_sessions(self.store.harness_sessions_of(agent), model.now())
+            harnesses = liveness.harnesses_of(self.store, agent, live)
             humans = self.store.humans()
+            active = self.store.activity(agent, since=liveness.recent_since(model.now()))
         at = model.now()
         sessions = {name: len(of) for name, of in harnesses.items()}
         if agent is not None:
@@ -355,6 +365,8 @@ class Mailbox:
             row = {"agent": name, **counts.get(name, {"unread": 0, "unacked": 0})}
             row.update(describe_liveness(facts.get(name), at, harnesses.get(name, ()), name in humans))
             row["sessions"] = sessions.get(name, 0)
+            row["last_active"] = active.get(name, {}).get("last_active")
+            row["hosts"] = liveness.hosts_of(active.get(name), [s for s in live if s["agent"] == name])
             rows.append({f: row[f] for f in fields} if fields else row)
         result = {"agents": rows, "count": len(rows)}
         emit(result)

@@ -73,7 +73,9 @@ class Profiles:
         with self.mirrors.changing(write=bool(wanted)):
             dismissed = []
             if wanted:
-                dismissed = self.store.dismiss_events(agent, wanted, model.now_iso())
+                at = model.now_iso()
+                self.store.note_active(agent, self.mailbox.host, at)
+                dismissed = self.store.dismiss_events(agent, wanted, at)
                 unknown = [i for i in wanted if i not in dismissed]
                 if unknown:
                     raise errors.NotFound([("dismiss", f"{i} is not an open event of {agent}; nothing was "

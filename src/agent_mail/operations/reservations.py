@@ -118,6 +118,7 @@ def reserve(mailbox, *, agent: str, patterns, shared: bool = False, reason: str 
     with store.transaction(write=True):
         at = model.now()
         now = model.iso(at)
+        store.note_active(agent, mailbox.host, now)
         store.expire_reservations(repository.key, now)
         rows = store.reservations_in(repository.key, now)
         holders = Holders(store, [r["agent"] for r in rows], at)
@@ -158,6 +159,7 @@ def release(mailbox, *, agent: str, patterns=(), all: bool = False, force: bool 
     with mailbox.mirrors.changing():
         at = model.now()
         now = model.iso(at)
+        store.note_active(agent, mailbox.host, now)
         store.expire_reservations(repository.key, now)
         rows = store.reservations_in(repository.key, now)
         own = [r for r in rows if r["agent"] == agent and (all or r["pattern"] in named)]

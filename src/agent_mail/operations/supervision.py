@@ -80,8 +80,9 @@ class Supervisor:
             bounces = self.store.open_bounces()
             oldest = self.store.oldest_unacked(now, [r["agent"] for r in status if r["unacked"]])
         names = {r["agent"] for r in status}
-        rows = list(status) + [{"agent": a, "unread": 0, "unacked": 0, "sessions": 0,
-                                **_liveness_row(liveness.get(a), at)} for a in sorted(set(bounces) - names)]
+        rows = list(status) + [{"agent": a, "unread": 0, "unacked": 0, "sessions": 0, "last_active": None,
+                                "hosts": [], **_liveness_row(liveness.get(a), at)}
+                               for a in sorted(set(bounces) - names)]
         reserved = self.reservations()
         fleet = []
         for row in rows:
@@ -110,6 +111,9 @@ class Supervisor:
                 "oldest_unacked_age": oldest_age,
                 "last_seen": row["last_seen"],
                 "last_seen_age": age_seconds(row["last_seen"], at),
+                "last_active": row["last_active"],
+                "last_active_age": age_seconds(row["last_active"], at),
+                "hosts": row["hosts"],
                 "bounces": bounces.get(agent, 0),
                 "reserved": len(reserved.get(agent, [])),
                 "reserved_dead": sum(not r["held"] for r in reserved.get(agent, [])),

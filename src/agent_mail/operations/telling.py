@@ -138,6 +138,11 @@ class Session:
         self.event_name = str(document.get("hook_event_name") or "")
         self.pid, self.host = (harness_pid(), _host()) if host is None else (pid, host)
 
+    def _active(self, now: str) -> None:
+        """A hook of this session ran (in a write transaction: the common context hook that finds nothing new
+        writes nothing, and leaves no trace; it refreshes the session, and so this, once a minute)."""
+        self.store.note_active(self.agent, self.mailbox.host, now)
+
     def _new_session(self, now: str) -> dict:
         return {"id": self.key, "harness": self.harness, "agent": self.agent, "pid": self.pid,
                 "host": self.host, "started_at": now, "last_seen": now, "told_seq": 0, "told_at": now,
@@ -163,6 +168,7 @@ class Session:
                     if not new and not events and fresh:
                         return None  # the common case: one read transaction, nothing written
         with self.store.transaction(write=True):
+            self._active(now)
             session = self.store.harness_session(self.key)
             if session is None or start or session["agent"] != self.agent or session["ended_at"]:
                 note = self._start_note(session, now)
@@ -206,6 +212,7 @@ class Session:
             return None  # held once already: let it stop
         now = model.now_iso()
         with self.store.transaction(write=True):
+            self._active(now)
             session = self.store.harness_session(self.key)
             if session is None or session["agent"] != self.agent or session["ended_at"]:
                 self._start_note(session, now)  # first contact: the baseline; nothing arrived "during" a turn
@@ -231,6 +238,7 @@ class Session:
             session = self.store.harness_session(self.key)
             if session is None or session["agent"] != self.agent:
                 return None  # a hook acts only for its own identity: another's session and waiter are left alone
+            self._active(now)
             waiter = session["waiter"]
             session["ended_at"], session["last_seen"], session["waiter"] = now, now, None
             self.store.save_harness_session(session)
@@ -240,6 +248,7 @@ class Session:
         """Make `me` (a waiter's process token) the session's waiter; the older waiter's token, which ends."""
         now = model.now_iso()
         with self.store.transaction(write=True):
+            self._active(now)  # a waiter is armed as a turn ends
             session = self.store.harness_session(self.key)
             if session is None or session["agent"] != self.agent or session["ended_at"]:
                 self._start_note(session, now)

@@ -111,14 +111,34 @@ def _deaf(state: str) -> str:
     return "its last watch ended and was not re-armed; no live harness session"
 
 
-def harnesses_of(store: Store, agent: str | None = None) -> dict[str, list[str]]:
-    """{identity: the harnesses of its live harness sessions} (of `agent`, or of everyone), each marked WAITING
-    where the session's waiter is armed (it will be woken when idle)."""
+def harnesses_of(store: Store, agent: str | None = None, live: list[dict] | None = None) -> dict[str, list[str]]:
+    """{identity: the harnesses of its live harness sessions} (of `agent`, or of everyone; `live`: those sessions,
+    when the caller has them), each marked WAITING where the session's waiter is armed (it will be woken when
+    idle)."""
     found: dict[str, list[str]] = {}
-    for session in live_sessions(store.harness_sessions_of(agent), model.now()):
+    if live is None:
+        live = live_sessions(store.harness_sessions_of(agent), model.now())
+    for session in live:
         waiting = WAITING if _waiting(session.get("waiter")) and session["harness"] in WOKEN else ""
         found.setdefault(session["agent"], []).append(session["harness"] + waiting)
     return found
+
+
+def hosts_of(active: dict | None, live: list[dict]) -> list[str]:
+    """The machines an identity is on, the latest first: where it did anything in the last model.HOSTS_SECONDS
+    and where a watch of its is armed (Store.activity's entry, `active`), and where a harness session of its is
+    live (`live`: those sessions; one reached through a server by the machine its client named)."""
+    latest = dict(active["hosts"]) if active else {}
+    for session in live:
+        host = model.host_shown((session.get("host") or "").removesuffix(SERVED))
+        if host is not None:
+            latest[host] = max(latest.get(host, ""), session.get("last_seen") or "")
+    return sorted(latest, key=lambda host: (latest[host], host), reverse=True)
+
+
+def recent_since(at: _dt.datetime) -> str:
+    """The moment from which what an identity did counts among its hosts (hosts_of)."""
+    return model.iso(at - _dt.timedelta(seconds=model.HOSTS_SECONDS))
 
 
 def _waiting(waiter: str | None) -> bool:

@@ -111,7 +111,9 @@ class Waits:
             # session's row never exists without it, so a reader never takes a starting watch for a dead one.
             self.store.listen(agent, session)
             with self.store.transaction(write=True):
-                self.store.open_session(session, agent, model.now_iso())
+                at = model.now_iso()
+                self.store.open_session(session, agent, at, self.mailbox.host or None)
+                self.store.note_active(agent, self.mailbox.host, at)
             found = self.wait_for_mail(agent, session, seconds, look_for, wanted)
             if found:  # the mail is the answer: a release that cannot take the write lock in time must not lose it
                 # (a thousand waits woken at once through a SQLite-backed server: issue 27); the session is left

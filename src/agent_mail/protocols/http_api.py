@@ -28,6 +28,9 @@ RESULT_HEADER = "X-Agent-Mail-Result"  # export: its summary (JSON), the export 
 DELIVERY_HEADER = "X-Agent-Mail-Delivery"  # read with deliver=confirm: the delivery to confirm once printed
 NAMES_HEADER = "X-Agent-Mail-Names"  # "flags": name arguments in problems as the command line does (--reply-to)
 VERSION_HEADER = "X-Agent-Mail-Version"  # a client's request: its version; every answer: the server's
+# A client's request: the name of the machine it runs on (model.host_shown's form), recorded with what the call
+# does for the supervisor to read (status's hosts); shown, never trusted for anything else.
+HOST_HEADER = "X-Agent-Mail-Host"
 
 
 def version_problem(client: str, server: str) -> str | None:

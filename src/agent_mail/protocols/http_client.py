@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from agent_mail import __version__, errors, jsonout
+from agent_mail import __version__, errors, jsonout, model
 from agent_mail.protocols import http_api, wire
 
 TOKEN_VAR, TOKEN_FILE_VAR = "AGENT_MAIL_TOKEN", "AGENT_MAIL_TOKEN_FILE"
@@ -52,6 +52,15 @@ class Unreachable(errors.StorageError):
     def passing(self) -> bool:
         """Whether asking again may find the server: no answer came, or a proxy's "no server behind me"."""
         return not self.lasting and self.answered in (None, 502, 503, 504)
+
+
+def _headers(token: str, content_type: str = http_api.JSON) -> dict:
+    """What every request says: its body's type, the token, this client's version and its machine's name."""
+    headers = {"Content-Type": content_type, "Authorization": f"Bearer {token}", http_api.VERSION_HEADER: __version__}
+    host = model.machine_name()
+    if host is not None:
+        headers[http_api.HOST_HEADER] = host
+    return headers
 
 
 def _refuse(field: str, why: str) -> errors.InvalidInput:
@@ -126,8 +135,7 @@ def request(url: str, token: str, name: str, given: dict, timeout: float | None 
     import http.client
 
     connection, base = _connection(url, timeout)
-    headers = {"Content-Type": content_type, "Authorization": f"Bearer {token}", http_api.NAMES_HEADER: "flags",
-               http_api.VERSION_HEADER: __version__}
+    headers = {**_headers(token, content_type), http_api.NAMES_HEADER: "flags"}
     chunked = body is not None and not isinstance(body, bytes) and not hasattr(body, "fileno")
     if body is None:
         body = jsonout.dumps(given).encode("utf-8")
@@ -159,7 +167,7 @@ def _call(url: str, token: str, name: str, given: dict, timeout: float | None, p
           names: str = "flags", connect_timeout: float = CONNECT_SECONDS):
     """One plain call (a JSON object, its JSON answer) through agent_mail.protocols.wire: what every command but
     export and import makes, without http.client's import."""
-    headers = {"Content-Type": http_api.JSON, "Authorization": f"Bearer {token}", http_api.VERSION_HEADER: __version__}
+    headers = _headers(token)
     if names:
         headers[http_api.NAMES_HEADER] = names
     try:

@@ -149,8 +149,8 @@ class _Wait:
     """A watch (or a hook's waiter: `steps`, operations.telling.ServedWaiter) to wait for on the server's event loop:
     what _carry_out checked for it."""
 
-    def __init__(self, values: dict, grant: dict, key: str | None, steps=None):
-        self.values, self.grant, self.key, self.steps = values, grant, key, steps
+    def __init__(self, values: dict, grant: dict, key: str | None, steps=None, host: str = ""):
+        self.values, self.grant, self.key, self.steps, self.host = values, grant, key, steps, host
         minutes = values.get("timeout_minutes") or model.WATCH_MINUTES_DEFAULT
         self.seconds = values["timeout_seconds"] if values.get("timeout_seconds") is not None else minutes * 60.0
 
@@ -213,12 +213,26 @@ def _uploads(given: dict) -> dict:
     return {"refs": refs, "attachments": attachments}
 
 
-def _carry_out(carrier: _Carrier, name: str, grant: dict, body: bytes, info: dict, gone: threading.Event):
+def client_host(named: str | None) -> str:
+    """The machine a client named in http_api.HOST_HEADER (model.host_shown's form), recorded with what its call
+    does for display only; "" when it named none; InvalidInput when what it named is no machine's name."""
+    if named is None:
+        return ""
+    problem = model.host_problem(named)
+    if problem:
+        raise errors.InvalidInput([(http_api.HOST_HEADER, f"{problem} Nothing was done.")])
+    return named
+
+
+def _carry_out(carrier: _Carrier, name: str, grant: dict, body: bytes, info: dict, gone: threading.Event,
+               named_host: str | None = None):
     """Check, grant and run one call (of the token the Gate admitted) on a store of its own; the result (or, for a
-    watch that waits on PostgreSQL, the _Wait the event loop carries out)."""
+    watch that waits on PostgreSQL, the _Wait the event loop carries out). `named_host`: the client's machine as its
+    request named it (http_api.HOST_HEADER)."""
     from agent_mail.operations import mail
 
     with carrier.store() as store:
+        host = client_host(named_host)
         given = _given(name, body)
         whole = dict(given)
         extras = {key: given.pop(key) for key in EXTRAS.get(name, ()) if key in given and key != "upload_attachments"
@@ -230,7 +244,7 @@ def _carry_out(carrier: _Carrier, name: str, grant: dict, body: bytes, info: dic
         values = calls.check(name, given, skip=LOCAL_TO_CLIENT.get(name, ()), also=local, with_inputs=False)
         info["as"] = grants.check(grant, name, values)
         openapi.refuse_off_schema(http_api.call_path(name), whole)  # what the call layer lets by: a null, "30"
-        mailbox = mail.Mailbox(store)
+        mailbox = mail.Mailbox(store, host=host)
         mailbox.publish_due()
         if uploaded is not None:
             values["uploaded"] = {**uploaded, "key": extras.get("idempotency_key")}
@@ -240,7 +254,7 @@ def _carry_out(carrier: _Carrier, name: str, grant: dict, body: bytes, info: dic
             key = _bound_wait(carrier, name, values, extras, store, grant, gone)
             if carrier.waits is not None and name == "watch" and not values["once"]:
                 values.pop("wanted")
-                return _Wait(values, grant, key)
+                return _Wait(values, grant, key, host=host)
             if carrier.waits is not None and name == "hook":  # a waiter's wait, armed here, awaited on the loop
                 from agent_mail.operations import telling
 
@@ -248,7 +262,7 @@ def _carry_out(carrier: _Carrier, name: str, grant: dict, body: bytes, info: dic
                 steps = telling.served_waiter(mailbox, **values)
                 if steps is not None:
                     values.pop("wanted", None)
-                    return _Wait(values, grant, None, steps)
+                    return _Wait(values, grant, None, steps, host=host)
         result = calls.run(name, values, mailbox=mailbox)
         if name == "doctor":  # its health, never where the server keeps the mailbox
             result = grants.without_location(result, carrier.location)
@@ -475,10 +489,11 @@ async def _call(carrier: _Carrier, name: str, request: Request, body: bytes, inf
         if name in openapi.WAITS else None
     try:
         result = await carrier.run(_carry_out, carrier, name, _grant(request), body, info, gone,
+                                   request.headers.get(http_api.HOST_HEADER),
                                    own=carrier.waits is None and name in openapi.WAITS)
         if isinstance(result, _Wait):
             result = await carrier.waits.wait(result.values["agent"], result.seconds, result.grant, since, hung_up,
-                                              result.key, result.steps)
+                                              result.key, result.steps, host=result.host)
             if result is None:  # nobody to answer
                 raise HungUp()
         return result

@@ -257,7 +257,7 @@ class Endpoint:
         store = open_store(self.location)  # the token was authenticated by this same request, moments ago
         try:
             info["as"] = grants.check(grant, name, values)
-            mailbox = mail.Mailbox(store)
+            mailbox = mail.Mailbox(store, host="")  # an MCP client names no machine: its activity has none
             mailbox.publish_due()
             if name == "watch" and not values.get("once") and state["waits"] is not None:
                 return mcp_tools.OnTheLoop(lambda: self._served_watch(values, grant, info, state))

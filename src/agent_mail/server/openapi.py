@@ -11,7 +11,7 @@ from __future__ import annotations
 from agent_mail import errors, model, spec
 from agent_mail.protocols import schemas
 from agent_mail.protocols.http_api import (CALL_PATH, DASHBOARD_PATH, DELIVERED_PATH, DELIVERY_HEADER, EXIT_HEADER,
-                                           EXPORT_PATH, FOLLOW_PATH, HEALTH_LIVE_PATH, HEALTH_PATH,
+                                           EXPORT_PATH, FOLLOW_PATH, HEALTH_LIVE_PATH, HEALTH_PATH, HOST_HEADER,
                                            HEALTH_READY_PATH, IMPORT_PATH, JSON, JSON_LINES, LOOK_WAIT_MAX, MBOX,
                                            METRICS_PATH, NAMES_HEADER, OCTETS, RESULT_HEADER, STOP_PATH, VERSION_HEADER,
                                            call_path)
@@ -175,7 +175,15 @@ def _call_operation(name: str) -> dict:
             "parameters": [{"name": NAMES_HEADER, "in": "header", "required": False,
                             "description": "`flags`: name arguments in problems as the command line does "
                                            "(`--reply-to`); anything else: as the API does (`reply_to`).",
-                            "schema": {"type": "string"}}],
+                            "schema": {"type": "string"}},
+                           {"name": HOST_HEADER, "in": "header", "required": False,
+                            "description": "The name of the client's machine, recorded with what the call does "
+                                           "(status's hosts) and shown, never trusted for anything else. Left out: "
+                                           "no machine is recorded. Anything but 1 to 253 ASCII letters, digits, "
+                                           "'-', '.' and '_' starting with a letter or digit is refused (400, exit "
+                                           "2), nothing done.",
+                            "schema": {"type": "string", "minLength": 1, "maxLength": model.HOST_MAX_CHARS,
+                                       "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]*$"}}],
             "requestBody": {"required": False, "description": "No body: no values (as {}).",
                             "content": {JSON: {"schema": body}}},
             "responses": {"200": ok, **_errors()}}

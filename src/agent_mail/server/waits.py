@@ -267,18 +267,19 @@ class ServedWaits:
 
     # -- one wait ---------------------------------------------------------------------------
     async def wait(self, agent: str, seconds: float, grant: dict, since: int, gone: anyio.Event,
-                   key: str | None = None, waiter_steps=None):
+                   key: str | None = None, waiter_steps=None, host: str = ""):
         """Block as a watch does, for `agent`, until mail for it is there, `seconds` pass, the client is gone or
         the server stops; then release its session and return the watch's result (None when the client is
         gone: its session abandoned). waits.Released when its client's stop call released its session. `since`:
-        the generation read before the token was authenticated; `key`: the client's stop_key (or None).
+        the generation read before the token was authenticated; `key`: the client's stop_key (or None); `host`:
+        the client's machine as it named it ("": unknown), recorded with its session.
 
         `waiter_steps`: a hook's waiter (operations.telling.ServedWaiter, armed) instead of a watch: its own look
         (mail its session was not told of), its session's sign of life once every LAST_SEEN_EVERY_SECONDS, its
         end (the answer: the hook's {output, wake, note, waiter}); its session released when its client hangs up
         (a harness ends its waiter routinely)."""
         if waiter_steps is not None:
-            return await self._hook_wait(agent, seconds, grant, since, gone, waiter_steps)
+            return await self._hook_wait(agent, seconds, grant, since, gone, waiter_steps, host)
         from agent_mail.server import stops
 
         await self._started()
@@ -288,7 +289,7 @@ class ServedWaits:
         opened = False
         try:
             await self._listening(subscribed, "The client looks again by itself.")
-            await self._opens.do((session, agent))
+            await self._opens.do((session, agent, host))
             opened = True
             found = await self._until_mail(waiter, seconds, grant, since, gone, session)
             if waiter.released:  # by its client's stop call, in the database: nothing more to write
@@ -307,7 +308,8 @@ class ServedWaits:
                 with anyio.CancelScope(shield=True):
                     await self._release_quietly(session)
 
-    async def _hook_wait(self, agent: str, seconds: float, grant: dict, since: int, gone: anyio.Event, steps):
+    async def _hook_wait(self, agent: str, seconds: float, grant: dict, since: int, gone: anyio.Event, steps,
+                         host: str):
         from agent_mail.operations import tokens
         from agent_mail.operations.telling import LAST_SEEN_EVERY_SECONDS
         from agent_mail.server import stops
@@ -340,7 +342,7 @@ class ServedWaits:
         loop = asyncio.get_running_loop()
         try:
             await self._listening(subscribed, "The client looks again by itself.")
-            await self._opens.do((session, agent))
+            await self._opens.do((session, agent, host))
             opened = True
             deadline, touch_at = loop.time() + seconds, loop.time() + LAST_SEEN_EVERY_SECONDS
             look_now, publish, due_at = "first", False, None
@@ -456,12 +458,14 @@ class ServedWaits:
 
     # -- the steps of many waits, batched ---------------------------------------------------------
     @staticmethod
-    def _open_all(store, items: list[tuple[str, str]]) -> list:
-        """Write the sessions (one transaction, one commit)."""
+    def _open_all(store, items: list[tuple[str, str, str]]) -> list:
+        """Write the sessions of (session, agent, the client's machine), and each identity's activity (one
+        transaction, one commit)."""
         with store.transaction(write=True):
             now = model.now_iso()
-            for session, agent in items:
-                store.open_session(session, agent, now)
+            for session, agent, host in items:
+                store.open_session(session, agent, now, host or None)
+                store.note_active(agent, host, now)
         return [None] * len(items)
 
     def _look_all(self, store, items: list[tuple[str, bool, dict | None, str | None]]) -> list:

@@ -189,6 +189,18 @@ STATUS_FIELDS = {
     "sessions": "Live harness sessions (Claude Code, Codex, Gemini CLI, Qwen Code, Copilot CLI, OpenCode, through "
     "agent-mail's hooks) holding this "
     "identity. More than 1: they share one inbox and take each other's unread mail.",
+    "last_active": "When this identity last did something (the database's clock), or null if it never did: a send "
+    "from it; a read, ack, dismiss, archive or delete of its mail; a cancel; a watch started (watch --once "
+    "included); a heartbeat; a reserve or release; notifications --dismiss; a hook of its harness session that "
+    "wrote (one that told it mail, its start, stop, end or waiter, and at least once a minute while it runs); the "
+    "same through MCP or a server. Looks that change nothing (read --no-mark-read, --thread or --archived, status, "
+    "search, reservations, attachments, describe) leave no trace. Unlike last_seen, a watch blocked for an hour "
+    "does not move it.",
+    "hosts": "The machines this identity is on, the latest first: where it did anything (last_active) in the last "
+    f"{model.HOSTS_SECONDS / 3600:.0f} hours, where a watch of its is armed (live or stale: a stale watch's "
+    "machine is here), and where a harness session of its is live. Through agent-mail serve, the machine its "
+    "client names (the X-Agent-Mail-Host header: shown, never trusted); an MCP client over HTTP names none. Empty "
+    "when none is known.",
 }
 
 REACHABLE_HELP = ("Whether this identity can be reached right now: a live harness session (Claude Code, Codex, "

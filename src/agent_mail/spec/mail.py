@@ -397,8 +397,8 @@ register(Command(
 
 register(Command(
     name="status",
-    summary="One row per identity seen in traffic, watches, heartbeats or profiles: what is waiting for it "
-    "and whether it is listening.",
+    summary="One row per identity seen in traffic, watches, heartbeats, profiles or activity: what is waiting for "
+    "it, whether it is listening, when it last did something and on which machines.",
     args=(
         Arg("--agent", IDENTITY, "Only this identity (listed even if it has never been seen)."),
         Arg("--project", PROJECT, "Only identities of this project (the part before ':')."),

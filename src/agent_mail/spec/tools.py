@@ -157,8 +157,8 @@ register(Command(
         "deleted_count": "Messages deleted (or that would be).",
         "oldest_deleted": "Arrival time of the oldest of them, or null.",
         "newest_deleted": "Arrival time of the newest of them, or null.",
-        "sessions_deleted": "Liveness records (watch sessions, heartbeats, harness sessions) last seen before the "
-        "cutoff, deleted (or that would be).",
+        "sessions_deleted": "Liveness records (watch sessions, heartbeats, harness sessions, and each identity's "
+        "activity per machine) last seen before the cutoff, deleted (or that would be).",
         "events_deleted": "System-channel events older than the cutoff deleted (or that would be).",
         "attachments_deleted": "Stored attachment contents no remaining message refers to, deleted (or that "
         "would be).",

@@ -365,7 +365,8 @@ class Store(WholeMailbox):
 
     # -- overview and maintenance -----------------------------------------
     def agent_counts(self, now: str) -> dict[str, dict]:
-        """{identity: {"unread": n, "unacked": n}} for every identity seen in traffic, watches or profiles."""
+        """{identity: {"unread": n, "unacked": n}} for every identity seen in traffic, watches, heartbeats, profiles
+        or activity."""
         raise NotImplementedError
 
     def cleanup(self, cutoff: str, dry_run: bool) -> dict:
@@ -382,8 +383,20 @@ class Store(WholeMailbox):
         """Remove what leftovers() listed."""
 
     # -- liveness -------------------------------------------------------------
-    def open_session(self, session_id: str, agent: str, at: str) -> None:
-        """Record an armed watch session for `agent`."""
+    def open_session(self, session_id: str, agent: str, at: str, host: str | None = None) -> None:
+        """Record an armed watch session for `agent`, on machine `host` (model.host_shown's, or None: unknown)."""
+        raise NotImplementedError
+
+    def note_active(self, agent: str, host: str | None, at: str) -> None:
+        """Note, inside a write transaction, that `agent` did something at `at` on machine `host` (None: unknown):
+        written with the commit (one row per identity and machine, only ever moved forward; a read transaction
+        writes nothing, so a look that changes nothing leaves no trace). Wakes no wait: nothing waits for it."""
+        raise NotImplementedError
+
+    def activity(self, agent: str | None = None, *, since: str) -> dict[str, dict]:
+        """{identity: {last_active: the latest time it did anything (note_active), or None; hosts: {machine: the
+        latest time}}} (of `agent`, or of everyone): the machines where it did something at or after `since`, and
+        those of its watch sessions still armed (live or stale), however old."""
         raise NotImplementedError
 
     def touch_session(self, session_id: str, at: str) -> None:

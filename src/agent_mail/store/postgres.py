@@ -129,6 +129,7 @@ class PostgresStore(SQLStore):
         self._lock_key = int.from_bytes(hashlib.sha1(f"agent-mail {self.schema}".encode()).digest()[:8], "big",
                                         signed=True)
         self._wakes: set[str] = set()
+        self._activity = ""  # the statement recording activity, sent with the commit
         self._listening: list[str] = []
         self._session: str | None = None
         self._woken = False
@@ -374,6 +375,7 @@ class PostgresStore(SQLStore):
     _driver_error = psycopg.Error
 
     def _start(self, write: bool, patience: float | None, doing: str) -> None:
+        self._activity = ""
         self._ready(doing)
         try:
             self._begin(write, patience)
@@ -390,19 +392,29 @@ class PostgresStore(SQLStore):
             self._rollback()
             raise self._fail(exc, doing) from None
 
+    def _write_active(self) -> None:
+        # Sent with the commit (_finish), so recording activity costs no round trip of its own: the values as
+        # literals, quoted by the driver (several statements in one message take no parameters).
+        rows, self._active = self._active, {}
+        literal = psycopg.sql.Literal
+        self._activity = self._ACTIVE.format(rows=", ".join(
+            f"({literal(agent).as_string(self.db)}, {literal(host).as_string(self.db)}, "
+            f"{literal(at).as_string(self.db)})" for (agent, host), at in rows.items())) + "; "
+
     def _finish(self, write: bool, doing: str) -> None:
         try:
             # The wake-ups inside the transaction: PostgreSQL delivers them exactly when (and only if) it
-            # commits. One round trip for both (channel names are hex digests: nothing to quote).
-            # The "" channel hears every message (a supervisor's dashboard listens there).
+            # commits. One round trip for them, the activity noted (_write_active) and the commit (channel names
+            # are hex digests: nothing to quote). The "" channel hears every message (a supervisor's dashboard
+            # listens there).
             notify = "".join(f"NOTIFY {channel(self.schema, r)}; " for r in sorted(self._wakes | {""} if self._wakes
                                                                                    else ()))
-            self.db.execute(f"{notify}COMMIT".encode())
+            self.db.execute(f"{self._activity}{notify}COMMIT".encode())
         except psycopg.Error as exc:
             self._rollback()
             raise self._fail(exc, "committing" if write else doing) from None
         finally:
-            self._wakes = set()
+            self._wakes, self._activity = set(), ""
 
     def _begin(self, write: bool, patience: float | None) -> None:
         if not write:

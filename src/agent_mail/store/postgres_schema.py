@@ -145,8 +145,16 @@ def m010_token_lifetimes(x) -> None:
         x(f"ALTER TABLE tokens ADD COLUMN IF NOT EXISTS {column} {T}")
 
 
+def m011_activity(x) -> None:
+    """When each identity last did something, per machine, and each watch session's machine (SQLite's
+    m016_activity)."""
+    x(f"""CREATE TABLE IF NOT EXISTS activity (
+        agent {T} NOT NULL, host {T} NOT NULL DEFAULT '', last_active {T} NOT NULL, PRIMARY KEY (agent, host))""")
+    x(f"ALTER TABLE watch_sessions ADD COLUMN IF NOT EXISTS host {T}")
+
+
 MIGRATIONS = (m001_tables, m002_indexes, m003_count_indexes, m004_batch_index, m005_search, m006_search_marks,
-              m007_tokens, m008_reservations, m009_deliveries, m010_token_lifetimes)
+              m007_tokens, m008_reservations, m009_deliveries, m010_token_lifetimes, m011_activity)
 
 
 def index_missing(x) -> int:

@@ -12,6 +12,7 @@ MESSAGE_COLUMNS = ("id", "sender", "recipient", "subject", "body", "refs", "repl
 STATE_COLUMNS = ("read_at", "acked_at", "archived_at", "deleted_at")
 PROFILE_COLUMNS = ("agent", "human", "mirror_dir", "max_entries", "updated_at")
 EVENT_COLUMNS = ("id", "agent", "source", "payload", "created", "dismissed_at")
+ACTIVITY_COLUMNS = ("agent", "host", "last_active")
 HARNESS_COLUMNS = ("id", "harness", "agent", "pid", "host", "started_at", "last_seen", "told_seq", "told_at",
                    "told_event", "waiter", "ended_at")
 
@@ -26,10 +27,13 @@ TABLES = {
     "profiles": (PROFILE_COLUMNS, False, ("agent",)),
     "system_events": (EVENT_COLUMNS, True, ("id",)),
     "watchers": (("agent", "started_at", "last_seen"), False, ("agent",)),
-    "watch_sessions": (("id", "agent", "started_at", "last_seen", "state", "released_at", "released_reason"), False,
-                       ("id",)),
+    "watch_sessions": (("id", "agent", "started_at", "last_seen", "state", "released_at", "released_reason", "host"),
+                       False, ("id",)),
     "heartbeats": (("agent", "last_seen"), False, ("agent",)),
     "harness_sessions": (HARNESS_COLUMNS, False, ("id",)),
+    # When each identity last did something, on each machine (status's last_active and hosts): liveness, copied
+    # with the mailbox as its sessions are, never exported.
+    "activity": (ACTIVITY_COLUMNS, False, ("agent", "host")),
     # A token's hash and grant, and file reservations: a moved mailbox keeps its team's tokens working and its
     # holders' claims (a reservation's key is its holder's pattern in a repository, as reserve renews it).
     "tokens": (("id", "secret_hash", "agents", "supervisor", "note", "created", "revoked_at", "expires_at",
@@ -48,8 +52,9 @@ ALL_TABLES = (*TABLES, DELIVERIES_TABLE, MIGRATIONS_TABLE)
 #: and unused, nor `harness_sessions`).
 REQUIRED_TABLES = ("messages", "broadcast_acks", "watch_sessions", "heartbeats", "scheduled", "attachments",
                    "attachment_blobs", "profiles", "system_events", MIGRATIONS_TABLE)
-#: Tables of liveness rows, which cleanup sweeps by their last_seen.
-LIVENESS_TABLES = ("watch_sessions", "watchers", "heartbeats", "harness_sessions")
+#: Tables of liveness rows, which cleanup sweeps by the column of when each was last seen.
+LIVENESS_TABLES = {"watch_sessions": "last_seen", "watchers": "last_seen", "heartbeats": "last_seen",
+                   "harness_sessions": "last_seen", "activity": "last_active"}
 #: Where SQLite keeps its search index (an FTS5 table, with shadow tables named after it): derived from the
 #: messages, so never copied or repaired, only rebuilt.
 SQLITE_SEARCH_TABLE = "message_search"
@@ -58,4 +63,5 @@ SQLITE_SEARCH_TABLE = "message_search"
 # (mailboxes of older implementations stored local offsets, which SQLite orders through julianday()).
 STAMPS = frozenset({"created", "read_at", "acked_at", "deliver_at", "cancelled_at", "archived_at", "deleted_at",
                     "published_at", "updated_at", "dismissed_at", "started_at", "last_seen", "released_at",
-                    "told_at", "ended_at", "revoked_at", "renewed_at", "expires_at", "last_used"})
+                    "told_at", "ended_at", "revoked_at", "renewed_at", "expires_at", "last_used",
+                    "last_active"})

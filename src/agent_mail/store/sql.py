@@ -178,6 +178,16 @@ class SQLStore(Store):
     def transaction(self, write: bool = False, patience: float | None = None) -> Transaction:
         return Transaction(self, write, patience)
 
+    #: The statement that records activity (note_active): one row per identity and machine, moved forward only.
+    _ACTIVE = ("INSERT INTO activity (agent, host, last_active) VALUES {rows} ON CONFLICT (agent, host) DO UPDATE "
+               "SET last_active = excluded.last_active WHERE activity.last_active < excluded.last_active")
+
+    def _write_active(self) -> None:
+        """Write what note_active queued, before the commit (PostgreSQL sends it with the commit instead)."""
+        rows, self._active = self._active, {}
+        self._x(self._ACTIVE.format(rows=", ".join(["(?, ?, ?)"] * len(rows))),
+                [value for (agent, host), at in rows.items() for value in (agent, host, at)])
+
     def _start(self, write: bool, patience: float | None, doing: str) -> None:
         """Begin (write: take the write lock first, waiting up to `patience`); StorageError if it cannot."""
         raise NotImplementedError
@@ -508,7 +518,7 @@ class SQLStore(Store):
         for sql in (self._distinct("sender", "messages"),
                     self._distinct("recipient", f"messages {self._hint('idx_messages_recipient')}"),
                     self._distinct("agent", "watch_sessions"), "SELECT agent FROM heartbeats",
-                    "SELECT agent FROM profiles"):
+                    "SELECT agent FROM profiles", self._distinct("agent", "activity")):
             for (agent,) in self._x(sql):
                 if agent != "*":
                     entry(agent)
@@ -559,9 +569,30 @@ class SQLStore(Store):
         return state
 
     # -- liveness ------------------------------------------------------------
-    def open_session(self, session_id: str, agent: str, at: str) -> None:
-        self._x("INSERT INTO watch_sessions (id, agent, started_at, last_seen, state) VALUES (?, ?, ?, ?, 'armed')",
-                (session_id, agent, at, at))
+    def note_active(self, agent: str, host: str | None, at: str) -> None:
+        # Queued, and written once at the commit: an operation that notes its identity twice writes one row.
+        key = (agent, host or "")
+        if at > self._active.get(key, ""):
+            self._active[key] = at
+
+    def activity(self, agent: str | None = None, *, since: str) -> dict[str, dict]:
+        where = "agent = :agent" if agent is not None else "1 = 1"
+        found: dict[str, dict] = {}
+        for kind, name, host, at in self._x(
+                f"SELECT 'active', agent, host, last_active FROM activity WHERE {where} UNION ALL "
+                f"SELECT 'armed', agent, host, MAX(last_seen) FROM watch_sessions WHERE state = 'armed' "
+                f"AND host IS NOT NULL AND {where} GROUP BY agent, host", {"agent": agent}):
+            entry = found.setdefault(name, {"last_active": None, "hosts": {}})
+            if kind == "active":
+                entry["last_active"] = max(entry["last_active"] or "", at)
+                if not host or at < since:
+                    continue
+            entry["hosts"][host] = max(entry["hosts"].get(host, ""), at)
+        return found
+
+    def open_session(self, session_id: str, agent: str, at: str, host: str | None = None) -> None:
+        self._x("INSERT INTO watch_sessions (id, agent, started_at, last_seen, state, host) "
+                "VALUES (?, ?, ?, ?, 'armed', ?)", (session_id, agent, at, at, host))
 
     def touch_session(self, session_id: str, at: str) -> None:
         self._x("UPDATE watch_sessions SET last_seen = ? WHERE id = ? AND state = 'armed'", (at, session_id))
@@ -769,11 +800,19 @@ class Transaction:
 
     def __enter__(self) -> SQLStore:
         self.store._start(self.write, self.patience, self.doing)
-        self.store._wakes = set()
+        self.store._wakes, self.store._active = set(), {}
         return self.store
 
     def __exit__(self, kind, exc, traceback) -> bool:
         if kind is None:
+            if self.write and self.store._active:  # the activity noted, written before the commit
+                try:
+                    self.store._write_active()
+                except BaseException as failed:
+                    self.store._rollback()
+                    if isinstance(failed, self.store._driver_error):
+                        raise self.store._fail(failed, self.doing) from None
+                    raise
             self.store._finish(self.write, self.doing)
             return False
         self.store._rollback()

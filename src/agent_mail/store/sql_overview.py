@@ -181,9 +181,9 @@ def cleanup(store, cutoff: str, dry_run: bool) -> dict:
         f"LIMIT 1) FROM messages WHERE {old}",
         params,
     ).fetchone()
-    stale = f"{ts('last_seen')} < {ts(':cutoff')}"
-    sessions = sum(store._value(f"SELECT COUNT(*) FROM {table} WHERE {stale}", params)
-                   for table in schema.LIVENESS_TABLES)
+    stale = {table: f"{ts(column)} < {ts(':cutoff')}" for table, column in schema.LIVENESS_TABLES.items()}
+    sessions = sum(store._value(f"SELECT COUNT(*) FROM {table} WHERE {old_row}", params)
+                   for table, old_row in stale.items())
     old_event = f"{ts('created')} < {ts(':cutoff')}"
     events = store._value(f"SELECT COUNT(*) FROM system_events WHERE {old_event}", params)
     doomed = f"SELECT id FROM messages WHERE {old}"
@@ -200,8 +200,8 @@ def cleanup(store, cutoff: str, dry_run: bool) -> dict:
             store._x(f"DELETE FROM {table} WHERE {column} IN ({doomed})", params)
         store._x(f"DELETE FROM attachment_blobs WHERE sha256 IN ({orphans})", params)
         store._x(f"DELETE FROM messages WHERE {old}", params)
-        for table in schema.LIVENESS_TABLES:
-            store._x(f"DELETE FROM {table} WHERE {stale}", params)
+        for table, old_row in stale.items():
+            store._x(f"DELETE FROM {table} WHERE {old_row}", params)
         store._x(f"DELETE FROM system_events WHERE {old_event}", params)
         # Holds of deliveries that ended before the cutoff (their reader never confirmed them): nothing of the
         # mail, which stayed unread; a client's hold lasts a minute, so these are long over.

@@ -225,13 +225,24 @@ def m015_token_lifetimes(db: sqlite3.Connection) -> None:
             db.execute(f"ALTER TABLE tokens ADD COLUMN {column} TEXT")
 
 
+def m016_activity(db: sqlite3.Connection) -> None:
+    """When each identity last did something, per machine (one row per identity and host, '' where the machine is
+    not known: an MCP client over HTTP), and the machine of each watch session: what a supervisor of several
+    machines reads in status's last_active and hosts."""
+    db.execute("""CREATE TABLE IF NOT EXISTS activity (
+        agent TEXT NOT NULL, host TEXT NOT NULL DEFAULT '', last_active TEXT NOT NULL, PRIMARY KEY (agent, host))""")
+    if "host" not in {r[1] for r in db.execute("PRAGMA table_info(watch_sessions)")}:
+        db.execute("ALTER TABLE watch_sessions ADD COLUMN host TEXT")
+
+
 def has_table(db: sqlite3.Connection, name: str) -> bool:
     return db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).fetchone() is not None
 
 
 MIGRATIONS = (m001_seed_schema, m002_inbox_indexes, m003_liveness, m004_delivery, m005_count_indexes,
               m006_arrival_indexes, m007_harness_sessions, m008_envelope_indexes, m009_batch_index, m010_search,
-              m011_route_marks, m012_tokens, m013_reservations, m014_deliveries, m015_token_lifetimes)
+              m011_route_marks, m012_tokens, m013_reservations, m014_deliveries, m015_token_lifetimes,
+              m016_activity)
 
 
 def index_missing(db: sqlite3.Connection) -> int:
