@@ -138,7 +138,7 @@ def hosts_of(active: dict | None, live: list[dict]) -> list[str]:
 
 def recent_since(at: _dt.datetime) -> str:
     """The moment from which what an identity did counts among its hosts (hosts_of)."""
-    return model.iso(at - _dt.timedelta(seconds=model.HOSTS_SECONDS))
+    return model.iso(at - model.timedelta(seconds=model.HOSTS_SECONDS))
 
 
 def _waiting(waiter: str | None) -> bool:
