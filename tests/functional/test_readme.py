@@ -157,7 +157,7 @@ def test_the_quick_start_and_the_tour_run_as_written(tmp_path):
         assert f'"{key}"' in comment
 
     comment, status = answers["agent-mail status"]
-    for key in ("unread", "unacked", "watch_state", "reachable", "reached_by"):
+    for key in ("unread", "unacked", "watch_state", "reachable", "reached_by", "last_active", "hosts"):
         assert key in comment and all(key in row for row in status["agents"]), key
 
     comment, found = answers["agent-mail search deploy OR rollback"]
