@@ -151,9 +151,11 @@ def _agent_mail_processes(project) -> set[int]:
     for entry in os.listdir("/proc"):
         try:
             with open(f"/proc/{entry}/cmdline", "rb") as handle:
-                if entry.isdigit() and b"\0agent_mail\0" in handle.read() and \
-                        os.readlink(f"/proc/{entry}/cwd") == str(project):
-                    found.add(int(entry))
+                words = handle.read().split(b"\0")
+            # `python -m agent_mail ...` (the MCP server) or `python /path/to/agent-mail ...` (a hook: the script)
+            ours = b"agent_mail" in words[1:3] or any(w.endswith(b"/agent-mail") for w in words[1:2])
+            if entry.isdigit() and ours and os.readlink(f"/proc/{entry}/cwd") == str(project):
+                found.add(int(entry))
         except OSError:
             continue
     return _alive(found)
