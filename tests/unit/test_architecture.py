@@ -6,7 +6,7 @@
 - no import circle among agent_mail's modules;
 - no runaway file (a generous guard; a file is as long as its one job needs);
 - a name starting with `_` is used only in its own module (tests included);
-- no harness is named below its registry (operations, parts and spec ask agent_mail.harness.kinds);
+- no harness is named below its registry (operations, parts and spec ask agent_mail.harnesses);
 - the suite's layout: test modules in a folder per kind, helpers in tests/lib, and no module imports conftest
   (fixtures and hooks only) or another test module.
 
@@ -44,8 +44,7 @@ LAYERS = (
     ("store", ("agent_mail.store",)),
     ("ground", ("agent_mail", "agent_mail.spec", "agent_mail.model", "agent_mail.errors", "agent_mail.jsonout",
                 "agent_mail.files", "agent_mail.urls",
-                # what each harness is (one record a harness, agent_mail.harness.kinds), which every layer asks
-                "agent_mail.harness.kinds")),
+                "agent_mail.harnesses")),  # what each harness is (one record a harness), which every layer asks
 )
 FRONT_END_LAYER = "front ends"
 CALL_LAYER = "agent_mail.calls"
@@ -283,7 +282,7 @@ def _a_helper_module(root: Path, dotted: str) -> bool:
 
 # Where a harness may be named: its own module under the registry (and the front ends that run it); the layers
 # below ask the registry, and the ground only for its list of names.
-HARNESS_REGISTRY = "agent_mail/harness/kinds"
+HARNESS_REGISTRY = "agent_mail/harnesses"
 HARNESS_FREE = ("agent_mail/operations", "agent_mail/parts", "agent_mail/spec")
 
 
@@ -450,12 +449,12 @@ def test_no_module_reaches_another_modules_private_names():
         "\n".join(f"  {f}" for f in found)
 
 def test_no_harness_is_named_below_its_registry():
-    """operations/, parts/ and spec/ ask a harness's record (agent_mail.harness.kinds) for what is particular to
+    """operations/, parts/ and spec/ ask a harness's record (agent_mail.harnesses) for what is particular to
     it, and never name one: no table keyed by harness, no branch on one (issue 33, finding 11)."""
     words, parts = harness_words()
     assert {"claude-code", "opencode", "apply_patch", "MultiEdit"} <= words and "claude" in parts, (words, parts)
     found = harness_specific(words=words, parts=parts)
-    assert not found, "a harness named outside its module (put it in its record, agent_mail.harness.kinds):\n" + \
+    assert not found, "a harness named outside its module (put it in its record, agent_mail.harnesses):\n" + \
         "\n".join(f"  {f}" for f in found)
 
 

@@ -2,7 +2,7 @@
 
 A harness runs a hook command at points of a session and passes it a JSON document on stdin (session_id,
 hook_event_name, ...); what each harness sends and takes, its events and its tools are its record's
-(agent_mail.harness.kinds, loaded for the one harness the hook is for). The events, in Claude Code's words:
+(agent_mail.harnesses, loaded for the one harness the hook is for). The events, in Claude Code's words:
 
 - context: SessionStart, UserPromptSubmit / BeforeAgent, PostToolUse / AfterTool. Adds to the model's
   context what is new since this session was last told: envelopes (never bodies), the unread count,
@@ -37,10 +37,9 @@ from __future__ import annotations
 import os
 import sys
 
-from agent_mail import calls, errors, jsonout, model
+from agent_mail import calls, errors, harnesses, jsonout, model
 from agent_mail.parts.liveness import harness_pid, pid_alive
 from agent_mail.parts.liveness import host_name as _host
-from agent_mail.harness import kinds
 
 INPUT_MAX_BYTES = 4 * 1024 * 1024
 _NON_INTERACTIVE = ("sdk-cli", "sdk-ts", "sdk-py", "mcp")  # CLAUDE_CODE_ENTRYPOINT values of headless runs
@@ -69,7 +68,7 @@ def read_input(stream=None, harness: str | None = None) -> dict:
     if not isinstance(document, dict):
         raise errors.InvalidInput([("stdin", "must be a JSON object (the harness's hook input).")])
     if harness is not None:
-        document = kinds.of(harness).read_input(document)
+        document = harnesses.of(harness).read_input(document)
     session = document.get("session_id")
     if not isinstance(session, str) or not session.strip() or len(session) > 200 or model.has_surrogates(session):
         raise errors.InvalidInput([("stdin", "has no usable session_id: the harness passes one to every hook.")])
@@ -92,7 +91,7 @@ _PATCH_HEADS = ("*** Update File: ", "*** Add File: ", "*** Delete File: ", "***
 
 def edited_paths(harness: str, document: dict) -> list[str]:
     """The files the tool call in a pre-tool hook's input would change ([] for any other tool)."""
-    kind = kinds.of(harness)
+    kind = harnesses.of(harness)
     if document.get("tool_name") not in kind.edit_tools:
         return []
     given = document.get("tool_input")
@@ -170,7 +169,7 @@ def main(values: dict, emit, served=None) -> int:
 def run(harness: str, event: str, agent: str | None, emit, served=None) -> int:
     """Run one hook; the exit status (0, or EXIT_WAKE for a waiter that found mail)."""
     agent = _checked(harness, event, agent)
-    kind = kinds.of(harness)
+    kind = harnesses.of(harness)
     document = read_input(harness=harness)
     printed = []
     if event == "pretool" and not edited_paths(harness, document):
@@ -243,7 +242,7 @@ def pretool(harness: str, agent: str, document: dict, emit, check) -> dict | Non
         conflicts["next"] += [step for step in result["next"] if step not in conflicts["next"]]
     if not conflicts["conflicts"]:
         return None
-    output = kinds.of(harness).denial(pretool_note(agent, conflicts))
+    output = harnesses.of(harness).denial(pretool_note(agent, conflicts))
     emit(output)
     return output
 
@@ -327,7 +326,7 @@ def served_wait(served, harness: str, agent: str, document: dict, deliver=None, 
     `deliver(note)`, `pid`: as wait's (the note is delivered once the server told it)."""
     import threading
 
-    if not kinds.of(harness).wakes_idle or not _waits_here():
+    if not harnesses.of(harness).wakes_idle or not _waits_here():
         return errors.EXIT_OK
     me, harness_process = _process_token(os.getpid()), pid or harness_pid()
     given = {"harness": harness, "event": "wait", "agent": agent, "session": _session(document, me, harness_process)}

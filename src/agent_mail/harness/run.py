@@ -35,8 +35,7 @@ import os
 import sys
 import time
 
-from agent_mail import errors, model
-from agent_mail.harness import kinds
+from agent_mail import errors, harnesses, model
 
 QUIET_SECONDS = 0.4  # the harness wrote nothing for this long: not drawing a turn's progress
 TYPING_PAUSE_SECONDS = 3.0  # the person pressed no key for this long
@@ -60,7 +59,7 @@ DIALOG_MARKERS = ("Allow once", "Allow execution", "Allow for this session", "Ap
                   "Do you trust")
 SCREEN_LINES_CHECKED = 12
 # What the screen's last lines show while a harness's prompt is empty and ready for a line (its placeholder, or a
-# footer that is there only while nothing is typed: its record's empty_prompt, agent_mail.harness.kinds): where a
+# footer that is there only while nothing is typed: its record's empty_prompt, agent_mail.harnesses): where a
 # harness's words are known, the screen, not the keys, says whether text is unsent, and a dialog or a program over
 # the prompt hides them.
 
@@ -952,7 +951,7 @@ class Runner:
         rows, cols = _rows_cols(_window(stdin))
         screen, keys = Screen(rows, cols), KeyTracker()
         now = time.monotonic()
-        empty = kinds.of(self.harness).empty_prompt if self.harness else ()
+        empty = harnesses.of(self.harness).empty_prompt if self.harness else ()
         waker = Waker(screen, keys, now, types=self.harness is not None, empty=empty)
         self._note(f"the program: the harness {self.harness}, set up here" if self.harness else
                    "the program: not a harness set up here (mail is told by the terminal's title and bell)")

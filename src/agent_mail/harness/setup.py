@@ -3,7 +3,7 @@
 For a project directory DIR, the MCP server `agent-mail` (this interpreter running `agent_mail mcp --agent P:N`,
 with the mailbox it resolved in its environment) and the hooks (this interpreter running the installed agent-mail
 script, `hook ...`; `-m agent_mail hook ...` where no script is installed), and the file that names the mailbox.
-Each harness's files, what goes in them and the notes shown are its record's (agent_mail.harness.kinds: claude_code,
+Each harness's files, what goes in them and the notes shown are its record's (agent_mail.harnesses: claude_code,
 codex, gemini, qwen, copilot, opencode, one module each); this module writes them, the same way for all: hooks
 merged into a harness's hooks object (hooks_merged: the record says the events and the shape of one hook), the MCP
 server entry (servers), a JSON settings file edited in place (json_plan). Every harness gets the context hooks, the
@@ -36,9 +36,9 @@ import os
 import shlex
 import sys
 
-from agent_mail import errors, model, spec
-from agent_mail.harness import json_text, kinds
-from agent_mail.harness.kinds import record
+from agent_mail import errors, harnesses, model, spec
+from agent_mail.harness import json_text
+from agent_mail.harnesses import record
 from agent_mail.protocols import http_api
 
 HARNESSES = spec.HARNESSES
@@ -221,7 +221,7 @@ def _hook_entries(harness: str, agent: str, mailbox: str) -> dict[str, list[dict
     # The mailbox rides in the command (harnesses run it with a POSIX shell): a session started without
     # AGENT_MAIL_DB in its environment still reaches the mailbox set up here.
     base = f"AGENT_MAIL_DB={shlex.quote(mailbox)} " + _shell(hook_base())
-    kind = kinds.of(harness)
+    kind = harnesses.of(harness)
 
     def hook(event: str, **extra) -> dict:
         return kind.hook_entry(base + " " + _shell(["hook", harness, event, "--agent", agent]), event, extra)
@@ -449,7 +449,7 @@ _PROJECT_NOTE = ("# The agent-mail mailbox of this directory tree (written by `a
                  "overrides it).\n")
 def set_up_here(root: str, harness: str) -> bool:
     """Whether `harness` is set up in the directory `root`: the file its record's marker names holds a mark."""
-    path, marks = kinds.of(harness).marker
+    path, marks = harnesses.of(harness).marker
     return mentions(os.path.join(root, path), marks)
 
 
@@ -469,7 +469,7 @@ def _project_file_plan(root: str, harness: str, mailbox: str, remove: bool) -> d
         raise errors.AgentMailError(f"cannot read {path}: {exc}. Nothing was written.") from None
     text = _PROJECT_NOTE + mailbox + "\n"
     if remove:
-        others = [h for h in kinds.NAMES if h != harness and set_up_here(root, h)]
+        others = [h for h in harnesses.NAMES if h != harness and set_up_here(root, h)]
         after = None if before == text and not others else before
     else:
         after = text
@@ -532,7 +532,7 @@ def set_up_for(command: str, directory: str) -> str | None:
     in `directory` or a directory above (its hooks are in that harness's project file, so its prompt hook reads
     what agent-mail run types); None otherwise (another program, or a harness not set up here)."""
     name = os.path.basename(command)
-    harness = next((h for h in kinds.NAMES if kinds.of(h).program == name), None)
+    harness = next((h for h in harnesses.NAMES if harnesses.of(h).program == name), None)
     if harness is None:
         return None
     here = os.path.abspath(directory)
@@ -556,7 +556,7 @@ def _token_report(harness: str, mailbox: str, remove: bool) -> dict | None:
 def _remote_notes(harness: str, mailbox: str) -> list[str]:
     if not is_server(mailbox):
         return []
-    kind = kinds.of(harness)
+    kind = harnesses.of(harness)
     start = kind.program
     notes = [f"The MCP server is the agent-mail server's {mailbox}{http_api.MCP_PATH} (streamable HTTP), the identity "
              f"taken from the token; the hooks run agent-mail as a client of {mailbox}. No file holds the token: "
@@ -597,7 +597,7 @@ def setup(harness: str, agent: str, directory: str | None = None, dry_run: bool 
                                               "starts in.")])
     mailbox = _mailbox()
     project_file = _project_file_plan(root, harness, mailbox, remove)
-    kind = kinds.of(harness)
+    kind = harnesses.of(harness)
     plans = kind.plans(KIT, root, agent, mailbox, remove)
     plans.append(project_file)
     if remove:

@@ -29,7 +29,7 @@ import os
 import re
 
 from agent_mail import errors, model
-from agent_mail.harness.kinds.record import WOKEN_FRAME as FRAME
+from agent_mail.harnesses.record import WOKEN_FRAME as FRAME
 from agent_mail.parts.liveness import harness_pid, pid_alive
 
 RETRY_SECONDS = 5.0  # after a delivery that failed (nothing was told), the next try
@@ -96,7 +96,7 @@ def forget(deliver) -> None:
     """The harness is gone: the input file setup's setting made for its process goes too, and with it those of
     other Qwen Code processes of the workspace that are gone (a session that ended left its file: its process was
     still there when its waker ended)."""
-    from agent_mail.harness.kinds import qwen
+    from agent_mail.harnesses import qwen
 
     path = getattr(deliver, "path", None)
     directory = os.path.dirname(path) if path else ""

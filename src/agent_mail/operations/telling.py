@@ -15,8 +15,7 @@ it fresh; the client ends the session when its harness dies.
 from __future__ import annotations
 
 
-from agent_mail import errors, jsonout, model, spec
-from agent_mail.harness import kinds
+from agent_mail import errors, harnesses, jsonout, model, spec
 from agent_mail.parts.liveness import SERVED, harness_pid, live_sessions
 from agent_mail.parts.liveness import host_name as _host
 from agent_mail.operations.results import no_emit
@@ -26,7 +25,7 @@ LAST_SEEN_EVERY_SECONDS = 60.0  # a quiet check refreshes the session's last_see
 
 # What each harness takes and how its idle session is woken (its context output, the decision that holds its stop,
 # what it prints when quiet, how it names our MCP tools, whether a waiter wakes it) are its record's
-# (agent_mail.harness.kinds); a Session asks the record of its harness, loaded for that harness only.
+# (agent_mail.harnesses); a Session asks the record of its harness, loaded for that harness only.
 
 
 def _age(created: str, now) -> str:
@@ -70,7 +69,7 @@ def render(harness: str, agent: str, envelopes: list[dict], new: int, unread: in
         lines.append(f"Warning: {sessions} the identity {agent}; you will take each other's unread mail. Use a "
                      "distinct identity (agent-mail setup --agent) unless this is intended.")
     if unread:
-        kind = kinds.of(harness)
+        kind = harnesses.of(harness)
         lines.append(f"Next: take delivery with {kind.tool_named('read')} (or `agent-mail read {agent}`); after "
                      f"acting on a message, {kind.tool_named('ack')} with its id (`agent-mail ack {agent} ID`); "
                      f"reply with {kind.tool_named('send')} and reply_to=ID.")
@@ -99,7 +98,7 @@ class Session:
                  host: str | None = None):
         self.mailbox, self.store = mailbox, mailbox.store
         self.harness, self.agent, self.document = harness, agent, document
-        self.kind = kinds.of(harness)
+        self.kind = harnesses.of(harness)
         self.key = f"{harness}:{document['session_id']}"
         self.event_name = str(document.get("hook_event_name") or "")
         self.pid, self.host = (harness_pid(), _host()) if host is None else (pid, host)
@@ -354,7 +353,7 @@ def served_waiter(mailbox, *, harness: str, event: str, agent: str, session: dic
                   **_) -> ServedWaiter | None:
     """A hook step's wait to carry on a server's event loop, armed: a waiter's (`wait`) of a harness whose hooks can
     wake it; None for any other step (served_step carries it)."""
-    if event != "wait" or not kinds.of(harness).waits_in_its_hook:
+    if event != "wait" or not harnesses.of(harness).waits_in_its_hook:
         return None
     given = _session_input(session)
     me = given.get("waiter")

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import os
 
-from agent_mail import model
+from agent_mail import harnesses, model
 from agent_mail.files import pid_alive
-from agent_mail.harness import kinds
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -24,7 +23,7 @@ _NEVER = {"armed_seen": None, "released_at": None, "session_seen": None, "heartb
 # session is started by a waiter its hooks run), "woken within ..." (a waker hands the envelopes over through the
 # harness's own primitive, which is slower), "told at its next ..." (no waiter: the model is told when the session
 # next runs a hook), "not listening" (nothing will tell it). Each harness's words are its record's
-# (agent_mail.harness.kinds): `woken` for a live session whose waiter is armed (hooks.py, operations.telling), `told`
+# (agent_mail.harnesses): `woken` for a live session whose waiter is armed (hooks.py, operations.telling), `told`
 # for a live session without one (at work, or a harness that cannot be woken while idle).
 ARMED_WATCH = "woken now (an armed watch: `watch`, or a harness under `agent-mail run`, woken at its idle prompt)"
 HUMAN = "read by a person (human profile): reads the inbox"
@@ -36,7 +35,7 @@ def _soonest(ways: list[str]) -> str | None:
     """The words of the soonest of a live identity's harness sessions (harnesses_of's entries), or None."""
     words = []
     for way in ways:
-        kind = kinds.get(way.removesuffix(WAITING))
+        kind = harnesses.get(way.removesuffix(WAITING))
         if kind is not None and way.endswith(WAITING) and kind.woken is not None:
             words.append(kind.woken)
         if kind is not None:
@@ -109,7 +108,7 @@ def harnesses_of(store: Store, agent: str | None = None, live: list[dict] | None
     if live is None:
         live = live_sessions(store.harness_sessions_of(agent), model.now())
     for session in live:
-        kind = kinds.get(session["harness"])
+        kind = harnesses.get(session["harness"])
         waiting = WAITING if kind is not None and kind.woken is not None and _waiting(session.get("waiter")) else ""
         found.setdefault(session["agent"], []).append(session["harness"] + waiting)
     return found

@@ -14,7 +14,7 @@ import json
 import os
 
 from agent_mail import errors
-from agent_mail.harness.kinds.record import SERVER, WAKER, Harness
+from agent_mail.harnesses.record import SERVER, WAKER, Harness
 
 NAME = "codex"
 CONFIG = os.path.join(".codex", "config.toml")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 from agent_mail import errors
-from agent_mail.harness.kinds.record import RUN, SERVER, Harness
+from agent_mail.harnesses.record import RUN, SERVER, Harness
 
 NAME = "gemini"
 SETTINGS = os.path.join(".gemini", "settings.json")

@@ -1,4 +1,4 @@
-"""The record of one harness (agent_mail.harness.kinds: one module a harness, each defining HARNESS), and the words
+"""The record of one harness (agent_mail.harnesses: one module a harness, each defining HARNESS), and the words
 the records share.
 """
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 
 from agent_mail import errors, jsonout
-from agent_mail.harness.kinds.record import RUN, SERVER, Harness, hook_marks
+from agent_mail.harnesses.record import RUN, SERVER, Harness, hook_marks
 
 NAME = "copilot"
 HOOKS = os.path.join(".github", "hooks", "agent-mail.json")

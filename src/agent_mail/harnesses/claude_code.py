@@ -14,7 +14,7 @@ import os
 import sys
 
 from agent_mail import errors
-from agent_mail.harness.kinds.record import HOOK, Harness, hook_marks
+from agent_mail.harnesses.record import HOOK, Harness, hook_marks
 
 NAME = "claude-code"
 SETTINGS = os.path.join(".claude", "settings.local.json")

@@ -14,7 +14,7 @@ JSON settings file edited in place, our hooks merged into a harness's hooks obje
 `plans` is handed as `kit` (agent_mail.harness.setup itself), so the record says what goes where and setup how it is
 written.
 
-The record's type, Harness, and the words the records share are in agent_mail.harness.kinds.record (each module
+The record's type, Harness, and the words the records share are in agent_mail.harnesses.record (each module
 imports it from there, so that none imports this registry, which imports them; and this registry imports nothing, so
 the command line's start pays for NAMES alone). A new harness is one module defining HARNESS, its name in NAMES and its
 branch in _load below, and one entry in the parametrized harness tests.
@@ -31,17 +31,17 @@ def _load(name: str):
     """The record of the harness `name`, its module imported now (once: Python keeps it); None for another name.
     One branch a harness: a module named in the code, so that a reader of imports sees it."""
     if name == "claude-code":
-        from agent_mail.harness.kinds import claude_code as kind
+        from agent_mail.harnesses import claude_code as kind
     elif name == "codex":
-        from agent_mail.harness.kinds import codex as kind
+        from agent_mail.harnesses import codex as kind
     elif name == "gemini":
-        from agent_mail.harness.kinds import gemini as kind
+        from agent_mail.harnesses import gemini as kind
     elif name == "qwen":
-        from agent_mail.harness.kinds import qwen as kind
+        from agent_mail.harnesses import qwen as kind
     elif name == "copilot":
-        from agent_mail.harness.kinds import copilot as kind
+        from agent_mail.harnesses import copilot as kind
     elif name == "opencode":
-        from agent_mail.harness.kinds import opencode as kind
+        from agent_mail.harnesses import opencode as kind
     else:
         return None
     return kind.HARNESS

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 from agent_mail import errors
-from agent_mail.harness.kinds.record import SERVER, WAKER, Harness
+from agent_mail.harnesses.record import SERVER, WAKER, Harness
 
 NAME = "qwen"
 SETTINGS = os.path.join(".qwen", "settings.json")

@@ -27,7 +27,7 @@ import json
 import os
 
 from agent_mail import errors
-from agent_mail.harness.kinds.record import HOOK, SERVER, Harness
+from agent_mail.harnesses.record import HOOK, SERVER, Harness
 
 NAME = "opencode"
 PLUGIN = os.path.join(".opencode", "plugin", "agent-mail.js")
