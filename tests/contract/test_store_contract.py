@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import os
 import inspect
 import threading
 
@@ -257,6 +258,19 @@ class StoreContract:
             assert store.unread_of_many([], now) == {} and store.next_due_of_many([], now) == {}
             many = [f"n:{i}" for i in range(1200)]  # more than one statement's worth where each is a parameter
             assert all(len(envelopes) == 2 for envelopes in store.unread_of_many(many, now).values())
+
+    @pytest.mark.fast
+    @exercises("own_file")
+    def test_own_files_are_the_sqlite_database_and_its_neighbours_only(self, store, mailbox_path, tmp_path):
+        mailbox_path = str(mailbox_path)
+        if "://" in mailbox_path:  # a server's database has no file on this machine
+            assert not store.own_file(str(tmp_path / "mail.db"))
+            return
+        mine = os.path.realpath(mailbox_path)
+        assert all(store.own_file(mine + end) for end in ("", "-wal", "-shm", "-journal"))
+        folder = os.path.dirname(mine)
+        assert not store.own_file(os.path.join(folder, "notes.txt"))
+        assert not store.own_file(os.path.join(str(tmp_path / "elsewhere"), os.path.basename(mine)))
 
     @pytest.mark.fast
     @exercises("add_attachment", "attachments_of", "attachment_content", "attachment_blob", "blob_size")
