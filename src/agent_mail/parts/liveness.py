@@ -24,7 +24,9 @@ _NEVER = {"armed_seen": None, "released_at": None, "session_seen": None, "heartb
 # waker hands the envelopes over through the harness's own primitive, which is slower: `codex queue`, Qwen
 # Code's input file), "told at its next ..." (no waiter: the model is told when the session next runs a hook),
 # "not listening" (nothing will tell it). WOKEN: a live session whose waiter is armed (hooks.py, operations.telling);
-# TOLD: a live session without one (at work, or a harness that cannot be woken while idle).
+# TOLD: a live session at work (its turn's start stood its waiter down: the hooks tell it), or of a harness that
+# cannot be woken while idle; IDLE: a live session of a harness that wakes, idle with no waiter armed (before its
+# first turn ended, or after its waiter's wait ran out).
 WOKEN = {
     "claude-code": "woken now (a live Claude Code session, idle: its asyncRewake waiter starts a turn)",
     "opencode": "woken now (a live OpenCode session, idle: its agent-mail plugin's waiter starts a turn)",
@@ -42,16 +44,42 @@ TOLD = {
                "`agent-mail run -- copilot` can)",
     "opencode": "told at its next prompt or tool call (a live OpenCode session, at work; woken when idle)",
 }
+IDLE = {
+    "claude-code": "told at its next prompt (a live Claude Code session, idle with no waiter armed: its "
+                   "asyncRewake waiter arms only when a turn ends)",
+    "opencode": "told at its next prompt (a live OpenCode session, idle with no waiter armed: its plugin arms one "
+                "when a turn ends)",
+    "codex": "told at its next prompt (a live Codex session, idle with no waker armed: an interactive session's "
+             "arms at its start and when a turn ends)",
+    "qwen": "told at its next prompt (a live Qwen Code session, idle with no waker armed: an interactive session's "
+            "arms at its start and when a turn ends)",
+}
 ARMED_WATCH = "woken now (an armed watch: `watch`, or a harness under `agent-mail run`, woken at its idle prompt)"
 HUMAN = "read by a person (human profile): reads the inbox"
 NOT_LISTENING = "not listening"
 WAITING = "/waiting"  # harnesses_of's mark on a live session whose waiter is armed
+UNARMED = "/idle"  # and on one of a harness that wakes, idle with no waiter armed
+# What a harness session's waiter column holds instead of a waiter's process token (operations.telling): AT_WORK,
+# a turn started (its prompt or tool hooks ran) and stood the waiter down; HELD, its stop was held (the turn goes
+# on), so a waiter armed by the same stop stands down too. Neither is a process.
+AT_WORK = "at-work"
+HELD = "held"
+MARKS = (AT_WORK, HELD)
+
+
+def _words(way: str) -> str | None:
+    harness, slash, rest = way.partition("/")
+    mark = slash + rest
+    if mark == WAITING and harness in WOKEN:
+        return WOKEN[harness]
+    if mark == UNARMED and harness in IDLE:
+        return IDLE[harness]
+    return TOLD.get(harness)
 
 
 def _soonest(ways: list[str]) -> str | None:
     """The words of the soonest of a live identity's harness sessions (harnesses_of's entries), or None."""
-    words = [WOKEN[w[:-len(WAITING)]] for w in ways if w.endswith(WAITING) and w[:-len(WAITING)] in WOKEN]
-    words += [TOLD[w.removesuffix(WAITING)] for w in ways if w.removesuffix(WAITING) in TOLD]
+    words = [w for w in map(_words, ways) if w is not None]
     order = ("woken now", "woken within a second", "woken within about a second", "woken within seconds", "told")
     return min(words, key=lambda w: next((i for i, o in enumerate(order) if w.startswith(o)), len(order)),
                default=None)
@@ -113,14 +141,17 @@ def _deaf(state: str) -> str:
 
 def harnesses_of(store: Store, agent: str | None = None, live: list[dict] | None = None) -> dict[str, list[str]]:
     """{identity: the harnesses of its live harness sessions} (of `agent`, or of everyone; `live`: those sessions,
-    when the caller has them), each marked WAITING where the session's waiter is armed (it will be woken when
-    idle)."""
+    when the caller has them), each of a harness that wakes marked WAITING where the session's waiter is armed (it
+    will be woken when idle), UNARMED where it is idle with none (told at its next prompt), and left unmarked while
+    it is at work (told by its hooks)."""
     found: dict[str, list[str]] = {}
     if live is None:
         live = live_sessions(store.harness_sessions_of(agent), model.now())
     for session in live:
-        waiting = WAITING if _waiting(session.get("waiter")) and session["harness"] in WOKEN else ""
-        found.setdefault(session["agent"], []).append(session["harness"] + waiting)
+        waiter, mark = session.get("waiter"), ""
+        if session["harness"] in WOKEN and waiter not in MARKS:
+            mark = WAITING if _waiting(waiter) else UNARMED
+        found.setdefault(session["agent"], []).append(session["harness"] + mark)
     return found
 
 
@@ -144,7 +175,7 @@ def recent_since(at: _dt.datetime) -> str:
 def _waiting(waiter: str | None) -> bool:
     """Whether a session's waiter (its process token, pid:start@host) is still there: on this machine, while
     that process runs; elsewhere, while the session names it (a served waiter is forgotten when its request ends)."""
-    if not waiter:
+    if not waiter or waiter in MARKS:
         return False
     pid, _, rest = waiter.partition(":")
     if rest.partition("@")[2] != host_name() or not pid.isdigit():
