@@ -326,6 +326,12 @@ class _Interactive:
         subprocess.run([*self.tmux, "kill-session", "-t", self.name], capture_output=True)
         subprocess.run([*self.tmux, "kill-server"], capture_output=True)
         _stop_daemon(self.home)
+        for entry in os.listdir("/proc"):  # and any app-server its pid files no longer name: run from this home
+            try:
+                if entry.isdigit() and os.readlink(f"/proc/{entry}/exe").startswith(str(self.home) + os.sep):
+                    os.kill(int(entry), signal.SIGTERM)
+            except OSError:
+                continue
 
 
 def _interactive(project, model: FakeModel) -> _Interactive:
