@@ -461,6 +461,34 @@ class StoreContract:
         assert store.wait_for_wake(0.01) is False
 
     @pytest.mark.fast
+    @exercises("listen", "wait_for_wake")
+    def test_a_wait_also_wakes_for_a_descriptor_it_watches(self, store):
+        """Issue 33 #6: a harness's waiter sleeps on its harness's pidfd with the mailbox's wake-ups (`also`), so it
+        wakes when the harness ends, well before its timeout; until then mail still wakes it."""
+        import os
+        import subprocess
+        import sys
+        import time
+
+        store.listen("b:y")
+        harness = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        handle = os.pidfd_open(harness.pid)
+        try:
+            assert store.wait_for_wake(0.01, (handle,)) is False  # alive, and no mail
+            with store.transaction(write=True):
+                store.insert_message(_message(1))
+            assert store.wait_for_wake(5, (handle,)) is True  # mail wakes it as before
+            harness.kill()
+            started = time.monotonic()
+            assert store.wait_for_wake(60, (handle,)) is True
+            assert time.monotonic() - started < 30  # woken by the harness's end, not by the timeout
+        finally:
+            if harness.poll() is None:
+                harness.kill()
+            harness.wait()
+            os.close(handle)
+
+    @pytest.mark.fast
     @exercises("searchable", "index_missing", "index_behind", "search_rows", "whole_thread", "recent_rows",
                "batch_rows", "broadcast_tallies")
     def test_search_and_supervision(self, store):

@@ -38,12 +38,14 @@ import os
 import sys
 
 from agent_mail import calls, errors, harnesses, jsonout, model
+from agent_mail.files import process_handle
 from agent_mail.parts.liveness import harness_pid, pid_alive
 from agent_mail.parts.liveness import host_name as _host
 
 INPUT_MAX_BYTES = 4 * 1024 * 1024
 _NON_INTERACTIVE = ("sdk-cli", "sdk-ts", "sdk-py", "mcp")  # CLAUDE_CODE_ENTRYPOINT values of headless runs
 EXIT_WAKE = 2  # what an asyncRewake hook exits with to wake its session
+WATCH_HARNESS_SECONDS = 0.5  # how often a waiter looks at its harness's process where it cannot sleep on a pidfd
 
 
 def read_input(stream=None, harness: str | None = None) -> dict:
@@ -208,8 +210,10 @@ def _local(harness: str, event: str, agent: str, document: dict, emit) -> int:
         session = telling.Session(mailbox, harness, agent, document)
         if event == "context":
             session.context(emit)
+            _end_waiter(session.stood_down)  # the turn started: its idle waiter stands down
         elif event == "stop":
             session.stop(emit, bool(document.get("stop_hook_active")))
+            _end_waiter(session.stood_down)  # held: the turn goes on, without a waiter
         elif event == "end":
             _end_waiter(session.end())
         elif wait(session, model.WATCH_MINUTES_DEFAULT) is not None:
@@ -249,31 +253,46 @@ def pretool(harness: str, agent: str, document: dict, emit, check) -> dict | Non
 
 def wait(session, minutes: float, deliver=None, harness: int | None = None) -> str | None:
     """Block until mail this session was not told of arrives (the note to wake it with) or until the wait ends
-    (None): timeout, a newer waiter, the harness gone, or a non-interactive run. `deliver(note)`: how the note
-    reaches the session before it counts as told (stderr by default, asyncRewake's); `harness`: its process."""
+    (None): timeout, a newer waiter, a turn's start, the harness gone, or a non-interactive run. `deliver(note)`: how
+    the note reaches the session before it counts as told (stderr by default, asyncRewake's); `harness`: its
+    process, which the wait watches (a pidfd slept on with the mailbox's wake-ups; where there is none, a look at
+    the process every WATCH_HARNESS_SECONDS), so the waiter ends, and stops counting as an armed watch, at once
+    when the harness does."""
     from agent_mail.operations import telling
 
     if not session.kind.wakes_idle or not _waits_here():
         return None
     me = _process_token(os.getpid())
-    _end_waiter(session.arm(me))
+    try:
+        _end_waiter(session.arm(me))
+    except telling.Superseded:
+        return None  # not idle: its stop was held, or a turn started since the session start that started this
     harness = harness or harness_pid()
+    handle = process_handle(harness)
     note: list[str] = []
 
     def write_note(told: str) -> None:  # on stderr before the commit: if it cannot be written, it was not told
         sys.stderr.write(told + "\n")
         sys.stderr.flush()
+
+    def alive() -> bool:
+        return pid_alive(harness)
+    if handle is None:
+        alive.every = WATCH_HARNESS_SECONDS
+    found: list[dict] = []
     try:
         found = session.mailbox.wait_armed(session.agent, minutes * 60.0,
-                                           lambda: session.look(me, note, deliver or write_note),
-                                           lambda: pid_alive(harness))
+                                           lambda: session.look(me, note, deliver or write_note), alive,
+                                           also=(handle,) if handle is not None else ())
     except (telling.Superseded, errors.Interrupted):
-        # Replaced by a newer waiter (which SIGTERMs this one) or ended with its session: its liveness
-        # session is released; a quiet exit 0, since any other status is a hook failure the harness
-        # would show the user at every turn.
+        # Replaced by a newer waiter (which SIGTERMs this one), stood down by a turn's start or ended with its
+        # session: its liveness session is released; a quiet exit 0, since any other status is a hook failure
+        # the harness would show the user at every turn.
         return None
     finally:
-        session.forget_waiter(me)
+        session.forget_waiter(me, woke=bool(found and note))
+        if handle is not None:
+            os.close(handle)
     return note[0] if found and note else None
 
 
@@ -331,27 +350,38 @@ def served_wait(served, harness: str, agent: str, document: dict, deliver=None, 
     me, harness_process = _process_token(os.getpid()), pid or harness_pid()
     given = {"harness": harness, "event": "wait", "agent": agent, "session": _session(document, me, harness_process)}
     done = threading.Event()
+    handle = process_handle(harness_process)
 
-    def watch_harness() -> None:
-        while not done.wait(1.0):
-            if harness_process is not None and not pid_alive(harness_process):
+    def watch_harness() -> None:  # asleep on the harness's pidfd where there is one (a look every half second)
+        from agent_mail.files import wait_readable
+
+        while not done.is_set():
+            if handle is not None:
+                wait_readable([handle], WATCH_HARNESS_SECONDS)
+            else:
+                done.wait(WATCH_HARNESS_SECONDS)
+            if not done.is_set() and harness_process is not None and not pid_alive(harness_process):
                 try:
                     served.call("hook", {**given, "event": "end", "session": _session(document, None, harness_process)},
                                 timeout=10.0)
                 except errors.AgentMailError:
                     pass  # the session stops counting by itself once it stops showing signs of life
                 os._exit(errors.EXIT_OK)
-    threading.Thread(target=watch_harness, daemon=True).start()
+    watcher = threading.Thread(target=watch_harness, daemon=True)
+    watcher.start()
     try:
         # First a glance (armed, then a look at once): the older waiter it replaces is named, and ended here.
         result = served.glance("hook", {**given, "wait_seconds": 0.05})  # rides out a restart, as the wait does
-        if not result.get("wake"):
+        if not result.get("wake") and result.get("idle") is not False:  # idle false: its stop held, or at work
             _end_waiter(result.get("waiter"))
             result = served.wait("hook", given, model.WATCH_MINUTES_DEFAULT * 60.0)
     except errors.Interrupted:
         return errors.EXIT_OK  # ended by a newer waiter or the session's end: quietly, as without a server
     finally:
         done.set()
+        if handle is not None:
+            watcher.join(2 * WATCH_HARNESS_SECONDS)
+            os.close(handle)
     if not result or not result.get("wake"):
         return errors.EXIT_OK
     if deliver is not None:

@@ -472,9 +472,10 @@ class Mailbox:
 
         return telling.served_step(self, **options)
 
-    def wait_armed(self, agent: str, seconds: float, look_for=None, wanted=None) -> list[dict]:
+    def wait_armed(self, agent: str, seconds: float, look_for=None, wanted=None, also: tuple[int, ...] = ()) \
+            -> list[dict]:
         """Block as a watch does until look_for() finds something; see Waits.wait_armed."""
-        return self.waits.wait_armed(agent, seconds, look_for, wanted)
+        return self.waits.wait_armed(agent, seconds, look_for, wanted, also=also)
 
     def wait_unarmed(self, agent: str, seconds: float, look_for=None, wanted=None) -> list[dict]:
         """Block until look_for() finds something, holding no watch session; see Waits.wait_unarmed."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 
 from agent_mail import errors, harnesses, jsonout, model, spec
-from agent_mail.parts.liveness import SERVED, harness_pid, live_sessions
+from agent_mail.parts.liveness import AT_WORK, HELD, MARKS, SERVED, harness_pid, live_sessions
 from agent_mail.parts.liveness import host_name as _host
 from agent_mail.operations.results import no_emit
 
@@ -26,6 +26,12 @@ LAST_SEEN_EVERY_SECONDS = 60.0  # a quiet check refreshes the session's last_see
 # What each harness takes and how its idle session is woken (its context output, the decision that holds its stop,
 # what it prints when quiet, how it names our MCP tools, whether a waiter wakes it) are its record's
 # (agent_mail.harnesses); a Session asks the record of its harness, loaded for that harness only.
+# A waiter of a harness that wakes is armed when a turn ends and stood down when the next starts (its prompt hook, or
+# the first tool hook of a turn the waiter itself started): the session's waiter column then says AT_WORK
+# (liveness), so status and a send's receipt say it is at work, and mail during the turn is told by its hooks
+# (after the next tool call, or by holding its stop), not as an idle wake after the turn. A held stop marks it
+# HELD: the waiter that the same Stop starts stands down (the turn goes on), unless that Stop is the second
+# (stop_hook_active).
 
 
 def _age(created: str, now) -> str:
@@ -102,6 +108,8 @@ class Session:
         self.key = f"{harness}:{document['session_id']}"
         self.event_name = str(document.get("hook_event_name") or "")
         self.pid, self.host = (harness_pid(), _host()) if host is None else (pid, host)
+        self.wakes = self.kind.wakes_idle
+        self.stood_down: str | None = None  # the waiter a turn's start (or a held stop) stood down, to end
 
     def _active(self, now: str) -> None:
         """A hook of this session ran (in a write transaction: the common context hook that finds nothing new
@@ -123,6 +131,7 @@ class Session:
         if it cannot be printed, it was not told)."""
         now = model.now_iso()
         start = self.event_name == "SessionStart"
+        turn = self.wakes and not start  # a prompt or a tool: the session is at work, its waiter stands down
         if not start:
             with self.store.transaction():
                 session = self.store.harness_session(self.key)
@@ -130,14 +139,16 @@ class Session:
                     envelopes, new, events, _ = self._untold(session, now)
                     seen = model.parse_iso(session["last_seen"])
                     fresh = seen is not None and (model.now() - seen).total_seconds() < LAST_SEEN_EVERY_SECONDS
-                    if not new and not events and fresh:
+                    if not new and not events and fresh and (not turn or session["waiter"] == AT_WORK):
                         return None  # the common case: one read transaction, nothing written
         with self.store.transaction(write=True):
             self._active(now)
             session = self.store.harness_session(self.key)
             if session is None or start or session["agent"] != self.agent or session["ended_at"]:
-                note = self._start_note(session, now)
+                note = self._start_note(session, now, at_work=turn)
             else:
+                if turn:
+                    self._stand_down(session, AT_WORK)
                 note = self._tell(session, now)
             output = None if note is None else self.kind.context_output(self.event_name or self.kind.context_event,
                                                                         note)
@@ -145,10 +156,19 @@ class Session:
                 emit(output)
         return output
 
-    def _start_note(self, previous: dict | None, now: str) -> str:
+    def _stand_down(self, session: dict, mark: str) -> None:
+        """Mark the session (AT_WORK, HELD; saved by the caller); the waiter it held is stood down (ended by the
+        caller on its machine: stood_down)."""
+        if session["waiter"] not in MARKS and session["waiter"] is not None:
+            self.stood_down = session["waiter"]
+        session["waiter"] = mark
+
+    def _start_note(self, previous: dict | None, now: str, at_work: bool = False) -> str:
         session = self._new_session(now)
         if previous is not None and previous["agent"] == self.agent:
             session["started_at"], session["waiter"] = previous["started_at"], previous["waiter"]
+        if at_work:
+            self._stand_down(session, AT_WORK)
         session["told_seq"] = self.store.newest_seq()
         events, session["told_event"] = self.store.events_since(self.agent, 0)
         unread = self.store.count_unread(self.agent, now)
@@ -173,19 +193,30 @@ class Session:
         return render(self.harness, self.agent, envelopes, new, unread, events)
 
     def stop(self, emit, active: bool = False) -> dict | None:
-        if active:
-            return None  # held once already: let it stop
         now = model.now_iso()
+        if active:  # held once already: let it stop (the turn ends; the Stop's waiter arms)
+            if self.wakes:
+                with self.store.transaction(write=True):
+                    session = self.store.harness_session(self.key)
+                    if session is not None and session["agent"] == self.agent and session["waiter"] in MARKS:
+                        session["waiter"] = None
+                        self.store.save_harness_session(session)
+            return None
         with self.store.transaction(write=True):
             self._active(now)
             session = self.store.harness_session(self.key)
             if session is None or session["agent"] != self.agent or session["ended_at"]:
                 self._start_note(session, now)  # first contact: the baseline; nothing arrived "during" a turn
                 return None
+            if session["waiter"] in MARKS:
+                session["waiter"] = None  # the turn ends (unless held, below): idle until the Stop's waiter arms
             told: list[dict] = []
             note = self._tell(session, now, told)
             if note is None:
                 return None
+            if self.wakes:  # held: the turn goes on, and a waiter the same Stop armed stands down
+                self._stand_down(session, HELD)
+                self.store.save_harness_session(session)
             # The reason goes to the model as the next prompt: mail, said as mail. systemMessage is the line each
             # harness shows the user (Claude Code and Codex under the hook's name; Gemini CLI after its fixed
             # "Agent execution blocked:"), which would otherwise be the whole reason or nothing.
@@ -207,10 +238,12 @@ class Session:
             waiter = session["waiter"]
             session["ended_at"], session["last_seen"], session["waiter"] = now, now, None
             self.store.save_harness_session(session)
-        return waiter
+        return None if waiter in MARKS else waiter
 
     def arm(self, me: str) -> str | None:
-        """Make `me` (a waiter's process token) the session's waiter; the older waiter's token, which ends."""
+        """Make `me` (a waiter's process token) the session's waiter; the older waiter's token, which ends.
+        Superseded when the session is not idle: its stop was held (HELD, and this is not the second stop), or a
+        turn started since the session start that started this waiter (AT_WORK)."""
         now = model.now_iso()
         with self.store.transaction(write=True):
             self._active(now)  # a waiter is armed as a turn ends
@@ -218,7 +251,11 @@ class Session:
             if session is None or session["agent"] != self.agent or session["ended_at"]:
                 self._start_note(session, now)
                 session = self.store.harness_session(self.key)
+            if (session["waiter"] == HELD and self.document.get("stop_hook_active") is not True) or \
+                    (session["waiter"] == AT_WORK and self.event_name == "SessionStart"):
+                raise Superseded()
             older = session["waiter"]
+            older = None if older in MARKS else older
             session["waiter"] = me
             session["pid"] = self.pid or session["pid"]
             session["last_seen"] = now
@@ -252,12 +289,14 @@ class Session:
                 self.store.save_harness_session(current)
         return True
 
-    def forget_waiter(self, me: str) -> None:
+    def forget_waiter(self, me: str, woke: bool = False) -> None:
+        """`me` is no longer the session's waiter: it woke the session (`woke`: at work from now), or its wait
+        ended."""
         try:
             with self.store.transaction(write=True, patience=1.0):
                 session = self.store.harness_session(self.key)
                 if session is not None and session["waiter"] == me:
-                    session["waiter"] = None
+                    session["waiter"] = AT_WORK if woke else None
                     self.store.save_harness_session(session)
         except errors.AgentMailError:
             pass
@@ -303,8 +342,10 @@ def served_step(mailbox, *, harness: str, event: str, agent: str, session: dict,
     result: dict = {"output": None, "wake": False, "note": None, "waiter": None}
     if event == "context":
         result["output"] = step.context(no_emit)
+        result["waiter"] = step.stood_down  # a turn's start stands the waiter down: the client ends it
     elif event == "stop":
         result["output"] = step.stop(no_emit, bool(given.get("stop_hook_active")))
+        result["waiter"] = step.stood_down
     elif event == "end":
         result["waiter"] = step.end()
     elif event == "wait":
@@ -328,13 +369,18 @@ class ServedWaiter:
         self.harness, self.agent, self.document = step.harness, step.agent, step.document
         self.pid, self.host, self.me = step.pid, step.host, me
         self.note: list[str] = []
-        self.older = step.arm(me)
+        try:
+            self.older, self.idle = step.arm(me), True
+        except Superseded:  # not idle (its stop held, or a turn started): nothing to wait for
+            self.older, self.idle = None, False
 
     def _step(self, mailbox) -> Session:
         return Session(mailbox, self.harness, self.agent, self.document, pid=self.pid, host=self.host)
 
     def look(self, mailbox) -> list[dict] | None:
         """Mail this session was not told of, told now; None when a newer waiter took over (the wait ends)."""
+        if not self.idle:
+            return None
         try:
             return self._step(mailbox).look(self.me, self.note)
         except Superseded:
@@ -344,9 +390,9 @@ class ServedWaiter:
         return self._step(mailbox).still_waiting(self.me, True)
 
     def end(self, mailbox, found) -> dict:
-        self._step(mailbox).forget_waiter(self.me)
+        self._step(mailbox).forget_waiter(self.me, woke=bool(found and self.note))
         return {"output": None, "wake": bool(found and self.note), "note": self.note[0] if found and self.note
-                else None, "waiter": self.older if self.older not in (None, self.me) else None}
+                else None, "waiter": self.older if self.older not in (None, self.me) else None, "idle": self.idle}
 
 
 def served_waiter(mailbox, *, harness: str, event: str, agent: str, session: dict, once: bool = False,
@@ -375,7 +421,10 @@ def _served_wait(step: Session, given: dict, wanted, seconds: float) -> dict:
     me = given.get("waiter")
     if not me:
         raise errors.InvalidInput([("session", "wait needs the waiter's process token (waiter).")])
-    older = step.arm(me)
+    try:
+        older = step.arm(me)
+    except Superseded:  # not idle (its stop held, or a turn started): nothing to wait for
+        return {"wake": False, "note": None, "waiter": None, "idle": False}
     note: list[str] = []
     touched = [time.monotonic()]
 
@@ -386,12 +435,13 @@ def _served_wait(step: Session, given: dict, wanted, seconds: float) -> dict:
             return True
         touched[0] = time.monotonic()
         return step.still_waiting(me, True)
+    found: list[dict] = []
     try:
         found = step.mailbox.wait_armed(step.agent, seconds, lambda: step.look(me, note), still)
     except Superseded:
         found = []
     finally:
-        step.forget_waiter(me)
+        step.forget_waiter(me, woke=bool(found and note))
     # The older waiter's process is the client's to end (it is on the harness's machine): its request here would
     # otherwise see at its next look that it was superseded.
     return {"wake": bool(found and note), "note": note[0] if found and note else None,

@@ -46,7 +46,12 @@ _SESSION = {"type": "object", "required": ["session_id"],
 HOOK_RESULT = {"type": "object", "required": ["output", "wake", "note"], "properties": {
     "output": {"type": ["object", "null"], "description": "What the hook prints for the harness (null: nothing)."},
     "wake": {"type": "boolean", "description": "wait: mail arrived; the hook exits 2 with `note` on stderr."},
-    "note": {"type": ["string", "null"], "description": "wait: the envelopes that wake the session."}}}
+    "note": {"type": ["string", "null"], "description": "wait: the envelopes that wake the session."},
+    "waiter": {"type": ["string", "null"], "description": "A waiter of the session this step replaced or stood "
+                                                            "down (a turn started, a stop held): its process token, "
+                                                            "for the client to end on its machine."},
+    "idle": {"type": "boolean", "description": "wait: false when the session is not idle (its stop was held, or a "
+                                               "turn started since): the waiter does not arm."}}}
 # Values only a client sends, beside the command's own: content it read, a watch's remaining wait.
 EXTRAS = {
     "send": {

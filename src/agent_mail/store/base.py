@@ -597,8 +597,10 @@ class Store(WholeMailbox):
         dashboard). A listener of everything is nobody's watch: it counts for no identity's liveness."""
         self.listen("")
 
-    def wait_for_wake(self, timeout: float) -> bool:
-        """Block until a wake-up `listen` asked for arrives (True) or `timeout` passes (False).
+    def wait_for_wake(self, timeout: float, also: tuple[int, ...] = ()) -> bool:
+        """Block until a wake-up `listen` asked for arrives (True) or `timeout` passes (False). `also`: other
+        descriptors to sleep on (a pidfd of the harness a waiter serves): one that reads as ready answers True
+        too, and the caller sees which (files.wait_readable).
 
         A wake-up is a reason to look, not a promise of mail. The default polls mail_marker (any
         new message wakes every waiter); backends with notification override it. Raises
@@ -613,4 +615,10 @@ class Store(WholeMailbox):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
-            time.sleep(min(self.poll_seconds, remaining))
+            if also:
+                from agent_mail.files import wait_readable
+
+                if wait_readable(list(also), min(self.poll_seconds, remaining)):
+                    return True
+            else:
+                time.sleep(min(self.poll_seconds, remaining))

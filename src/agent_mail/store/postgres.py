@@ -497,13 +497,14 @@ class PostgresStore(SQLStore):
         for name in self._listening:
             self.db.execute(f'LISTEN "{name}"'.encode())
 
-    def wait_for_wake(self, timeout: float) -> bool:
+    def wait_for_wake(self, timeout: float, also: tuple[int, ...] = ()) -> bool:
         """Sleep (no transaction open) until a NOTIFY for us arrives (True) or `timeout` passes (False). A
         dropped connection is re-made and answers True: the caller looks again, so nothing sent while it was
         down is missed. The sleep is the kernel's (poll on the connection's socket: files.wait_readable): the
-        driver's own wait wakes ten times a second, which a hundred idle watches would pay for."""
+        driver's own wait wakes ten times a second, which a hundred idle watches would pay for. `also`: other
+        descriptors slept on with the socket (a pidfd of the harness a waiter serves); one ready answers True."""
         if not self._listening:
-            return super().wait_for_wake(timeout)
+            return super().wait_for_wake(timeout, also)
         if not self._woken:
             if not self._healthy():
                 self._reconnect("waiting")
@@ -511,8 +512,12 @@ class PostgresStore(SQLStore):
                 from agent_mail.files import wait_readable
 
                 try:
-                    if not self._drain() and wait_readable([self.db.fileno()], timeout):
-                        self._drain()
+                    if not self._drain():
+                        ready = wait_readable([self.db.fileno(), *also], timeout)
+                        if self.db.fileno() in ready:
+                            self._drain()
+                        if ready - {self.db.fileno()}:
+                            self._woken = True  # what the caller also watches: it looks, and sees which
                 except psycopg.OperationalError:
                     self._reconnect("waiting")
                 except psycopg.Error as exc:

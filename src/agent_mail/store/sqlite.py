@@ -415,11 +415,11 @@ class SQLiteStore(SQLStore):
         if self._pipe is None:
             super().listen(agent)
 
-    def wait_for_wake(self, timeout: float) -> bool:
-        """Sleep until our pipe is written to (True) or `timeout` passes (False)."""
+    def wait_for_wake(self, timeout: float, also: tuple[int, ...] = ()) -> bool:
+        """Sleep until our pipe is written to or one of `also` reads as ready (True) or `timeout` passes (False)."""
         if self._pipe is None:
-            return super().wait_for_wake(timeout)
-        return self._pipe.wait(timeout)
+            return super().wait_for_wake(timeout, also)
+        return self._pipe.wait(timeout, also)
 
     def _stop_listening(self) -> None:
         pipe, self._pipe = self._pipe, None
