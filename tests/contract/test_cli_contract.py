@@ -301,16 +301,42 @@ def test_everyday_commands_import_nothing_they_do_not_need(argv, mailbox_path):
     """What a command imports is start-up time on every call: the ones an agent runs all day need no
     regular expressions, enum, json, signal, hashlib or ctypes (send checks and indexes plain text with
     str methods; a regex only for text that is not plain), nor the pure-Python `datetime` (its C module
-    serves), the `sqlite3` package (its C driver serves) or contextlib (~3 ms between them)."""
+    serves), the `sqlite3` package (its C driver serves) or contextlib (~3 ms between them), nor functools
+    and the collections it brings (the driver's statement cache is functools' C one: ~2 ms)."""
     code = ("import sys; from agent_mail.cli.main import main; code = main(sys.argv[1:]); "
             "heavy = {'re', 'enum', 'json', 'signal', 'hashlib', 'ctypes', 'select', 'typing', 'dataclasses', "
             "'uuid', 'urllib.parse', 'importlib.metadata', 'mcp', 'anyio', 'pydantic', 'psycopg', 'datetime', "
-            "'sqlite3', 'contextlib', 'math', "
+            "'sqlite3', 'contextlib', 'math', 'functools', 'collections', 'types', 'operator', "
             "'textual', 'rich', 'textual_serve', 'plotext', 'aiohttp', 'pathspec', 'agent_mail.parts.wildmatch', "
             "'agent_mail.operations.reservations', 'agent_mail.parts.repos', 'subprocess'}; "
             "print(code, sorted(heavy & set(sys.modules)), file=sys.stderr)")
     proc = subprocess.run([sys.executable, "-S", "-c", code, *argv], env=process_env(), capture_output=True, text=True)
     assert proc.stderr.strip().splitlines()[-1] == "0 []", proc.stderr
+
+
+@pytest.mark.sqlite_only
+def test_the_driver_loads_without_functools_and_works_all_the_same(tmp_path):
+    """The C driver takes functools.lru_cache for its statement cache when it loads; the store hands it the same
+    C cache without importing functools (and the collections, types and operator it brings). In a fresh
+    interpreter: functools stays unimported, statements run again and again through the cache, the stand-in
+    caches as lru_cache does, and a later `import functools` gets the real module."""
+    code = ("import sys\n"
+            "from agent_mail.store import sqlite as store\n"
+            "assert 'functools' not in sys.modules and 'collections' not in sys.modules, sorted(sys.modules)\n"
+            "db = store.sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+            "db.execute('CREATE TABLE t (x)')\n"
+            "for i in range(3):\n"
+            "    db.execute('INSERT INTO t VALUES (?)', (i,))\n"
+            "assert db.execute('SELECT SUM(x) FROM t').fetchone()[0] == 3\n"
+            "assert store.sqlite3.sqlite_version\n"
+            "import functools\n"
+            "assert functools.lru_cache is not store._lru_cache and functools.reduce(int.__add__, [1, 2]) == 3\n"
+            "cached = store._lru_cache(2)(lambda x: object())\n"
+            "assert cached(1) is cached(1) and cached.cache_info() == (1, 1, 2, 1)\n"
+            "print('ok')\n")
+    proc = subprocess.run([sys.executable, "-S", "-c", code, str(tmp_path / "t.db")], env=process_env(),
+                          capture_output=True, text=True)
+    assert proc.stdout.strip() == "ok", proc.stderr
 
 
 @pytest.mark.sqlite_only  # the collector of the command's own process: the same on either backend

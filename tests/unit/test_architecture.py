@@ -243,6 +243,8 @@ def private_reaches(roots: tuple[Path, ...], package: str = PACKAGE) -> list[str
     found = []
     for root in roots:
         for path in sorted(root.rglob("*.py")):
+            if any(part.startswith(".") for part in path.relative_to(root).parts):
+                continue  # not ours: bench/.cache holds the benches' virtual environments
             tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
             module_names = set()
             for node in ast.walk(tree):

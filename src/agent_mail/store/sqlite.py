@@ -9,17 +9,58 @@ and describe's, doctor's and copy's look at a file (store/sqlite_checks.py).
 from __future__ import annotations
 
 import os
+import sys
 import time
-
-try:  # the driver itself: the `sqlite3` package adds only the datetime adapters (unused here) and imports
-    import _sqlite3 as sqlite3  # `datetime` for them, ~1.5 ms of every start
-except ImportError:  # an interpreter without it
-    import sqlite3
 
 from agent_mail import errors, jsonout
 from agent_mail.store.sql import SQLStore
 from agent_mail.store.sql_values import ids_clause
 from agent_mail.store.sqlite_bells import WakePipe, presence, ring_bells
+
+
+def _lru_cache(maxsize=128, typed=False):
+    """functools.lru_cache as the driver uses it, made of the same C cache functools itself wraps."""
+    from _functools import _lru_cache_wrapper
+
+    if callable(maxsize) and isinstance(typed, bool):  # lru_cache(function)
+        return _lru_cache_wrapper(maxsize, 128, typed, _cache_info)
+    if maxsize is not None and not isinstance(maxsize, int):
+        raise TypeError("Expected first argument to be an integer, a callable, or None")
+    return lambda function: _lru_cache_wrapper(function, maxsize if maxsize is None else max(maxsize, 0), typed,
+                                               _cache_info)
+
+
+def _cache_info(hits: int, misses: int, maxsize: int | None, currsize: int) -> tuple:
+    return hits, misses, maxsize, currsize
+
+
+def _load_driver():
+    """The C driver `_sqlite3` (the `sqlite3` package adds only the datetime adapters, unused here, and imports
+    `datetime` for them: ~1.5 ms of every start). On loading, the driver takes `functools.lru_cache` for its
+    statement cache, and importing `functools` brings `collections`, `types`, `operator` and more: about a third
+    of the interpreter's own start-up, on every command. Where nothing has imported functools yet, the driver is
+    given, for that moment, a stand-in holding only lru_cache, built on the C cache functools.lru_cache is itself
+    made of (`_functools._lru_cache_wrapper`); the stand-in is gone from sys.modules before anything else runs, so
+    a later `import functools` gets the real module."""
+    if "functools" in sys.modules or "_sqlite3" in sys.modules:
+        import _sqlite3
+
+        return _sqlite3
+    stand_in = type(sys)("functools")
+    stand_in.lru_cache = _lru_cache
+    sys.modules["functools"] = stand_in
+    try:
+        import _sqlite3
+    finally:
+        if sys.modules.get("functools") is stand_in:
+            del sys.modules["functools"]
+    return _sqlite3
+
+
+try:
+    sqlite3 = _load_driver()
+except ImportError:  # an interpreter without the C driver
+    import sqlite3
 
 # Marks a file as an agent-mail mailbox ("AGML"). Older mailboxes carry 0.
 APPLICATION_ID = 0x41474D4C
