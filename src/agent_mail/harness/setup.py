@@ -23,6 +23,8 @@ agent-mail script, `hook ...`; `-m agent_mail hook ...` where no script is insta
 - OpenCode: DIR/.opencode/plugin/agent-mail.js (a plugin running the same hook commands: context on each prompt and
   after each tool, the stop guard and the idle waiter when a session goes idle, the pre-tool guard, end on exit;
   agent_mail.harness.opencode) and the server in DIR/opencode.json (mcp.agent-mail, `type: local`).
+- Pi: DIR/.pi/extensions/agent-mail.ts (an extension running the same hook commands, agent_mail.harness.pi; Pi has
+  no MCP client).
 
 All three also get the pre-tool hook (`hook HARNESS pretool`), which denies an edit of a file another live
 identity holds: Claude Code PreToolUse on Edit|Write|MultiEdit|NotebookEdit, Codex PreToolUse on
@@ -57,7 +59,7 @@ import shlex
 import sys
 
 from agent_mail import errors, model, spec
-from agent_mail.harness import json_text, opencode
+from agent_mail.harness import json_text, opencode, pi
 from agent_mail.protocols import http_api
 
 HARNESSES = spec.HARNESSES
@@ -781,7 +783,7 @@ _HARNESS_FILES = {"claude-code": (os.path.join(".claude", "settings.local.json")
                   "gemini": (os.path.join(".gemini", "settings.json"), (SERVER,)),
                   "qwen": (os.path.join(".qwen", "settings.json"), (SERVER,)),
                   "copilot": (os.path.join(".github", "hooks", "agent-mail.json"), _hook_marks("copilot")),
-                  "opencode": (opencode.PLUGIN, (opencode.MARK,))}
+                  "opencode": (opencode.PLUGIN, (opencode.MARK,)), "pi": (pi.EXTENSION, (pi.MARK,))}
 
 
 def _project_file_plan(root: str, harness: str, mailbox: str, remove: bool) -> dict:
@@ -938,11 +940,12 @@ NOTES = {
         "mailbox (OpenCode reads no personal project settings): keep them out of version control, or commit them only "
         "for a shared mailbox.",
     ],
+    "pi": pi.NOTES,
 }
 
 
 _STARTS = {"claude-code": "claude", "codex": "codex", "gemini": "gemini", "qwen": "qwen", "copilot": "copilot",
-           "opencode": "opencode"}
+           "opencode": "opencode", "pi": "pi"}
 
 
 def set_up_for(command: str, directory: str) -> str | None:
@@ -1051,6 +1054,9 @@ def setup(harness: str, agent: str, directory: str | None = None, dry_run: bool 
         ]
     elif harness == "opencode":
         plans = _opencode_plans(root, agent, mailbox, remove)
+    elif harness == "pi":  # the extension only: Pi has no MCP client
+        plans = [pi.extension_plan(root, None if remove else pi.extension_text(agent, _hook_base(), mailbox,
+                                                                               REWAKE_MESSAGE), _planned)]
     else:
         path = os.path.join(root, ".gemini", "settings.json")
         plans = [_plan(path, lambda d: _gemini_ui(_hooks_merged(_servers(d, agent, mailbox, remove, trust=True),
@@ -1062,7 +1068,7 @@ def setup(harness: str, agent: str, directory: str | None = None, dry_run: bool 
     result = {
         "harness": harness, "agent": agent, "mailbox": mailbox, "dir": root, "removed": remove,
         "dry_run": dry_run, "files": files,
-        "wakes_idle_session": harness in ("claude-code", "opencode", "codex", "qwen") and not remove,
+        "wakes_idle_session": harness in ("claude-code", "opencode", "codex", "qwen", "pi") and not remove,
         "token": _token_report(harness, mailbox, remove),
         "notes": [] if remove else NOTES[harness] + _remote_notes(harness, mailbox) + [
             f"A plain shell in {root} or below now uses this mailbox too: {os.path.basename(project_file['path'])} "

@@ -31,12 +31,12 @@ LAST_SEEN_EVERY_SECONDS = 60.0  # a quiet check refreshes the session's last_see
 # from sessionStart, userPromptSubmitted and postToolUse (it ignores the nested hookSpecificOutput form) and holds
 # its agentStop with {"decision": "block"} (both seen with 1.0.102).
 STOP_DECISION = {"claude-code": "block", "codex": "block", "gemini": "deny", "qwen": "block", "copilot": "block",
-                 "opencode": "block"}
+                 "opencode": "block", "pi": "block"}
 DEFAULT_EVENT = {"claude-code": "PostToolUse", "codex": "PostToolUse", "gemini": "AfterTool", "qwen": "PostToolUse",
-                 "copilot": "postToolUse", "opencode": "PostToolUse"}
+                 "copilot": "postToolUse", "opencode": "PostToolUse", "pi": "PostToolUse"}
 # The harnesses whose idle session a waiter wakes: Claude Code's asyncRewake hook; OpenCode's plugin, which starts a
-# turn with the waiter's note (agent_mail.harness.opencode).
-WAKES_IDLE = ("claude-code", "opencode")
+# turn with the waiter's note (agent_mail.harness.opencode); Pi's extension, the same way (agent_mail.harness.pi).
+WAKES_IDLE = ("claude-code", "opencode", "pi")
 # Harnesses whose idle session a waker of ours wakes from outside, through the harness's own primitive
 # (harness.waker: Qwen Code's dual-output input file, `codex queue`): the waiter's wait, the note delivered there.
 WAKES_FROM_OUTSIDE = ("qwen", "codex")
@@ -98,7 +98,11 @@ def render(harness: str, agent: str, envelopes: list[dict], new: int, unread: in
         sessions = "1 other live session uses" if others == 1 else f"{others} other live sessions use"
         lines.append(f"Warning: {sessions} the identity {agent}; you will take each other's unread mail. Use a "
                      "distinct identity (agent-mail setup --agent) unless this is intended.")
-    if unread:
+    if unread and harness == "pi":  # no MCP client: the commands, run with its bash tool
+        lines.append(f"Next: take delivery with `agent-mail read {agent}` (in your bash tool); after acting on a "
+                     f"message, `agent-mail ack {agent} ID`; reply with `agent-mail send --from {agent} --to SENDER "
+                     "--subject ... --body ... --reply-to ID`.")
+    elif unread:
         lines.append(f"Next: take delivery with {_tool(harness, 'read')} (or `agent-mail read {agent}`); after "
                      f"acting on a message, {_tool(harness, 'ack')} with its id (`agent-mail ack {agent} ID`); "
                      f"reply with {_tool(harness, 'send')} and reply_to=ID.")
