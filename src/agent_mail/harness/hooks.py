@@ -10,19 +10,19 @@ JSON document on stdin (session_id, hook_event_name, ...). The events:
 - stop (Stop; Gemini CLI's AfterAgent): holds the session's stop once when mail it was not told of
   arrived during the turn (the envelopes become the reason for one more turn); a second stop
   (stop_hook_active) always passes.
-- wait: the waiter, armed when a turn ends (Claude Code's asyncRewake hook; OpenCode's plugin, which starts a
-  turn with the note). Blocks like `watch` (it counts as one for liveness) until mail the session was not told
-  of arrives, then exits 2 with the envelopes on stderr, which wakes the idle session. One per session: a newer
-  waiter ends the older, which exits 0 quietly. Never blocks a non-interactive run (claude -p, the SDK), and
+- wait: the waiter, armed when a turn ends (Claude Code's asyncRewake hook; OpenCode's plugin and Pi's extension,
+  which start a turn with the note). Blocks like `watch` (it counts as one for liveness) until mail the session was
+  not told of arrives, then exits 2 with the envelopes on stderr, which wakes the idle session. One per session: a
+  newer waiter ends the older, which exits 0 quietly. Never blocks a non-interactive run (claude -p, the SDK), and
   ends when the harness process does. Codex and Qwen Code (SessionStart and Stop): starts the session's waker
   detached and returns at once (harness.waker: the same wait, run by wake_once, the envelopes handed over as a
   prompt through the harness's own way in).
 - end: SessionEnd. The session stops counting as live; its waiter is ended.
 - pretool (Claude Code PreToolUse on Edit|Write|MultiEdit|NotebookEdit; Codex PreToolUse on apply_patch|Bash;
   Gemini CLI BeforeTool on write_file|replace; OpenCode's plugin before write, edit, multiedit, patch,
-  apply_patch): denies an edit of a file another live identity holds
-  exclusively (agent_mail.operations.reservations), telling the model who holds it, why, until when, and the `send` that
-  asks them. Any other tool, a read, a file outside a git repository or one nobody holds passes silently.
+  apply_patch; Pi's extension before write and edit): denies an edit of a file another live identity holds
+  exclusively (agent_mail.operations.reservations), telling the model who holds it, why, until when, and the `send`
+  that asks them. Any other tool, a read, a file outside a git repository or one nobody holds passes silently.
 
 What a session was told is kept in the mailbox (operations.telling, which makes the notes and the documents each
 harness takes). When AGENT_MAIL_DB names an agent-mail server, the client starts this front end with a caller

@@ -306,17 +306,18 @@ register(Command(
     "BeforeAgent / userPromptSubmitted, PostToolUse / AfterTool / postToolUse): adds the "
     "envelopes of mail new to this session, the unread count, bounces and the next steps to the model's "
     "context, quiet when nothing is new, marking nothing read. stop: holds the stop once when mail the "
-    "session was not told of arrived. wait: the idle waiter (Claude Code's asyncRewake hook; OpenCode's plugin, which "
-    "starts a turn with its note), blocking like watch "
+    "session was not told of arrived. wait: the idle waiter (Claude Code's asyncRewake hook; OpenCode's plugin and "
+    "Pi's extension, which start a turn with its note), blocking like watch "
     "until such mail arrives, then exit 2 with the envelopes on stderr (wakes an idle session); for Codex and Qwen "
     "Code it starts the session's waker detached and returns at once: the waker waits the same way and hands the "
     "envelopes to the session as a prompt (`codex queue`; Qwen Code's dual-output input file). end: the "
     "session ended. pretool (Claude Code, Codex and Qwen Code PreToolUse, Gemini CLI BeforeTool, Copilot CLI "
-    "preToolUse, OpenCode's plugin before write, edit, multiedit, patch and apply_patch): denies "
+    "preToolUse, OpenCode's plugin before write, edit, multiedit, patch and apply_patch, Pi's extension before write "
+    "and edit): denies "
     "an edit of a file another live identity holds exclusively, saying who holds it, why, until when and the send "
     "that asks them; silent for any other tool or file.",
     args=(
-        Arg("harness", TEXT, "claude-code, codex, gemini, qwen, copilot or opencode.", required=True,
+        Arg("harness", TEXT, "claude-code, codex, gemini, qwen, copilot, opencode or pi.", required=True,
             choices=HARNESSES),
         Arg("event", TEXT, "context, stop, wait, end or pretool.", required=True,
             choices=("context", "stop", "wait", "end", "pretool")),
@@ -324,8 +325,9 @@ register(Command(
     ),
     output={"hookSpecificOutput": "context: {hookEventName, additionalContext} for the harness (printed only when "
             "there is something new; Copilot CLI gets a top-level additionalContext instead). pretool (Claude Code, "
-            "Codex, Qwen Code, OpenCode): {hookEventName: PreToolUse, permissionDecision: deny, "
-            "permissionDecisionReason} when the edit is refused (OpenCode's plugin throws the reason).",
+            "Codex, Qwen Code, OpenCode, Pi): {hookEventName: PreToolUse, permissionDecision: deny, "
+            "permissionDecisionReason} when the edit is refused (OpenCode's plugin throws the reason; Pi's extension "
+            "blocks the call with it).",
             "additionalContext": "Copilot CLI only: context's note, top-level (printed only when there is something "
             "new).",
             "permissionDecision": "Copilot CLI only: pretool's \"deny\" (with permissionDecisionReason) when the edit "
@@ -336,9 +338,10 @@ register(Command(
             "BeforeTool): \"deny\" when the edit is refused.",
             "reason": "stop: the envelopes and what to do, shown to the model as its next turn. pretool (Gemini CLI): "
             "who holds the file, why, until when, and the send that asks them."},
-    modes={"wait": "Prints nothing on stdout. Claude Code: exit 2 with the note on stderr when mail arrives, 0 when "
-                   "the wait ends (55 minutes, a newer waiter, the harness gone, or a run nobody waits on: claude -p, "
-                   "the SDK). Codex, Qwen Code: exit 0 at once, the waker detached (none for codex exec or qwen -p)."},
+    modes={"wait": "Prints nothing on stdout. Claude Code, OpenCode, Pi: exit 2 with the note on stderr when mail "
+                   "arrives, 0 when the wait ends (55 minutes, a newer waiter, the harness gone, or a run nobody "
+                   "waits on: claude -p, the SDK). Codex, Qwen Code: exit 0 at once, the waker detached (none for "
+                   "codex exec or qwen -p)."},
     examples=("hook claude-code context --agent deploy:worker",),
 ))
 
@@ -346,8 +349,8 @@ register(Command(
 register(Command(
     name="setup",
     summary="Connect a harness to this mailbox in one step: its hooks (mail in the model's context, a stop held "
-    "once for mail that arrived, and for Claude Code, OpenCode, Codex and Qwen Code an idle session woken when mail "
-    "arrives) and the agent-mail "
+    "once for mail that arrived, and for Claude Code, OpenCode, Pi, Codex and Qwen Code an idle session woken when "
+    "mail arrives) and the agent-mail "
     "MCP server, already allowed. Merges into existing settings (nothing else touched), idempotent, atomic; --dry-run "
     "shows the diff, --remove takes out only what it added. Records the identity and the mailbox resolved now, "
     "after checking that the mailbox can be opened (it creates nothing there); for Claude Code the personal values "
@@ -357,8 +360,9 @@ register(Command(
     args=(
         Arg("harness", TEXT, "The harness: claude-code (.mcp.json, .claude/settings.local.json), codex "
             "(.codex/config.toml, .codex/hooks.json), gemini (.gemini/settings.json), qwen (.qwen/settings.json), "
-            "copilot (.mcp.json, .github/hooks/agent-mail.json) or opencode (opencode.json, "
-            ".opencode/plugin/agent-mail.js).", required=True,
+            "copilot (.mcp.json, .github/hooks/agent-mail.json), opencode (opencode.json, "
+            ".opencode/plugin/agent-mail.js) or pi (.pi/extensions/agent-mail.ts: an extension, Pi has no MCP "
+            "client).", required=True,
             choices=HARNESSES),
         Arg("--agent", IDENTITY, "The identity the harness's sessions use (project:name).", required=True),
         Arg("--dir", PATH, "The project directory the harness starts in (default: the current directory)."),
@@ -536,8 +540,8 @@ register(Command(
            "(ctrl+z), run stops too (SIGTSTP, the terminal's modes given back); continued (fg), it continues the "
            "harness."},
     notes=("Standard input must be a terminal (a person's); otherwise a JSON error, exit 2, before anything starts.",
-           "A set-up harness: the command's file name is a harness's (gemini, copilot, claude, codex, qwen, opencode) "
-           "and its hooks file from agent-mail setup is in the current directory or one above. Anything else gets "
+           "A set-up harness: the command's file name is a harness's (gemini, copilot, claude, codex, qwen, opencode, "
+           "pi) and its hooks file from agent-mail setup is in the current directory or one above. Anything else gets "
            "no keys from run: mail sets the terminal's title to `agent-mail: new mail for P:N` (OSC 0/2) and rings "
            "the bell, at most once every 10 s.",
            "Idle means: the harness has written nothing for 0.4 s; the person has pressed no key for 3 s; the prompt "
