@@ -231,9 +231,11 @@ def test_an_idle_pi_is_woken_by_mail_its_stop_held_once_and_it_ends_with_pi(proj
 
 
 @pytest.mark.requires("tmux")
-def test_pi_through_an_agent_mail_server_is_told_at_its_prompt_and_woken_when_idle(tmp_path, model, server):
+def test_pi_through_an_agent_mail_server_is_woken_before_its_first_prompt_and_after_a_turn(tmp_path, model, server):
     """Every hook of the extension through `agent-mail serve` (the mailbox its URL, the token from AGENT_MAIL_TOKEN
-    in Pi's environment, in no file): the inbox at the first prompt, and mail sent while idle wakes the session."""
+    in Pi's environment, in no file): live and armed from its start, mail wakes it before anyone typed (the inbox as
+    it stood at the start, then the new envelope), a prompt tells nothing twice, and mail wakes it again after a
+    turn; /quit ends the session."""
     token = server.token("--agent", AGENT)
     directory = tmp_path / "project"
     directory.mkdir()
@@ -247,32 +249,42 @@ def test_pi_through_an_agent_mail_server_is_told_at_its_prompt_and_woken_when_id
     assert done.returncode == 0, done.stderr
     text = (directory / EXTENSION).read_text()
     assert server.url in text and token not in text
-    assert am_process("send", "--from", "boss:lead", "--to", AGENT, "--subject", "Fix the flaky test",
-                      env=process_env()).returncode == 0
+
+    def send(subject: str) -> None:
+        assert am_process("send", "--from", "boss:lead", "--to", AGENT, "--subject", subject,
+                          env=process_env()).returncode == 0
+
+    send("Fix the flaky test")
     model.script = lambda request: [{"type": "text", "text": "on it"}] if _main(request) else None
     command = _command(directory, AGENT_MAIL_TOKEN=token)
     with Terminal(tmp_path, f"agent-mail-pi-served-{os.getpid()}", directory, command) as terminal:
         _started(terminal)
         terminal.wait_for(lambda: status_of(AGENT)["watch_state"] == "armed", 30, "not armed at the session's start")
-        terminal.type("Hello.", "Enter")
-        terminal.wait_for(lambda: "on it" in terminal.screen(), 60, "the first turn did not end")
-        first = json.dumps(_loop(model)[0]["messages"])
-        assert "you are proj:coder" in first and "Fix the flaky test" in first
+        send("Rebase the branch")
+        terminal.wait_for(lambda: _loop(model), 30, "the idle session was not woken before its first prompt")
+        woken = json.dumps(_loop(model)[0]["messages"])
+        assert "you are proj:coder" in woken and woken.count("Fix the flaky test") == 1
+        assert WOKEN in woken and woken.count("Rebase the branch") == 1
+        terminal.wait_for(lambda: "on it" in terminal.screen(), 60, "the woken turn did not end")
         terminal.wait_for(lambda: status_of(AGENT)["watch_state"] == "armed", 30, "no waiter armed while idle")
-        turns = len(_loop(model))
-        assert am_process("send", "--from", "boss:lead", "--to", AGENT, "--subject", "Rebase the branch",
-                          env=process_env()).returncode == 0
-        terminal.wait_for(lambda: len(_loop(model)) > turns, 30, "the idle session was not woken through the server")
-        woken = json.dumps(_loop(model)[turns]["messages"])
-        assert WOKEN in woken and woken.count("Rebase the branch") == 1 and woken.count("Fix the flaky test") == 1
+        terminal.type("Hello.", "Enter")
+        terminal.wait_for(lambda: len(_loop(model)) > 1, 60, "the prompt did not reach the model")
+        prompted = json.dumps(_loop(model)[1]["messages"])
+        assert prompted.count("Fix the flaky test") == 1 and prompted.count("Rebase the branch") == 1  # told once
+        terminal.wait_for(lambda: len(_loop(model)) == 2 and status_of(AGENT)["watch_state"] == "armed", 60,
+                          "no waiter armed after the prompt's turn")
+        send("Ship it")
+        terminal.wait_for(lambda: len(_loop(model)) > 2, 30, "the idle session was not woken after a turn")
+        again = json.dumps(_loop(model)[2]["messages"])
+        assert again.count("Ship it") == 1 and again.count(WOKEN) == 2
         terminal.type("/quit", "Enter")
         terminal.wait_for(lambda: status_of(AGENT)["sessions"] == 0, 30, "the session still counts as live after /quit")
     code, log = server.stop()
     calls = [json.loads(line) for line in log.splitlines() if '"path"' in line]
     hooked = [c for c in calls if c.get("command") == "hook" and c["status"] == 200]
-    assert len(hooked) >= 4 and all(c["as"] == AGENT for c in hooked)  # start, prompt, stop, wait, end carried
+    assert len(hooked) >= 5 and all(c["as"] == AGENT for c in hooked)  # start, prompts, stops, waits, end carried
     assert token not in log
-    assert _unread() == 2  # told, never consumed
+    assert _unread() == 3  # told, never consumed
 
 
 def _parent(pid: int) -> int:
