@@ -18,9 +18,9 @@ arrivals into one pending wake, and types the trigger only when the session is i
   the terminal's title and bell, never typed into (a shell would run the line as a command);
 - the harness has written nothing for QUIET_SECONDS (a turn under way redraws its spinner far more often);
 - the person pressed no key for TYPING_PAUSE_SECONDS;
-- the prompt is empty: the screen shows the harness's empty prompt (EMPTY_PROMPT: hidden by typed text and by its
-  dialogs) where its words are known, else nothing is unsent since the person's last Enter (KeyTracker) and no
-  full-screen program is on the alternate screen;
+- the prompt is empty: the screen shows the harness's empty prompt (its record's empty_prompt: hidden by typed text
+  and by its dialogs) where its words are known, else nothing is unsent since the person's last Enter (KeyTracker)
+  and no full-screen program is on the alternate screen;
 - the screen's last lines (Screen, a small model of the terminal) show no approval dialog and no turn under way;
 - no wake in the last WAKE_INTERVAL_SECONDS.
 
@@ -35,7 +35,7 @@ import os
 import sys
 import time
 
-from agent_mail import errors, model
+from agent_mail import errors, harnesses, model
 
 QUIET_SECONDS = 0.4  # the harness wrote nothing for this long: not drawing a turn's progress
 TYPING_PAUSE_SECONDS = 3.0  # the person pressed no key for this long
@@ -59,9 +59,9 @@ DIALOG_MARKERS = ("Allow once", "Allow execution", "Allow for this session", "Ap
                   "Do you trust")
 SCREEN_LINES_CHECKED = 12
 # What the screen's last lines show while a harness's prompt is empty and ready for a line (its placeholder, or a
-# footer that is there only while nothing is typed): where a harness's words are known, the screen, not the keys,
-# says whether text is unsent, and a dialog or a program over the prompt hides them.
-EMPTY_PROMPT = {"gemini": ("Type your message",), "copilot": ("/ commands",)}
+# footer that is there only while nothing is typed: its record's empty_prompt, agent_mail.harnesses): where a
+# harness's words are known, the screen, not the keys, says whether text is unsent, and a dialog or a program over
+# the prompt hides them.
 
 
 def trigger_text(agent: str) -> str:
@@ -421,7 +421,7 @@ class Waker:
     now (None: every condition of an idle session at an empty prompt met), `stuck()` why it cannot type until
     something changes (not for a moment), `next_check(now)` when to ask again. `types`: the program is a harness
     set up here, whose prompt hook reads the trigger (else nothing is ever typed); `empty`: the words its screen
-    shows while its prompt is empty (EMPTY_PROMPT), where known."""
+    shows while its prompt is empty (its record's empty_prompt), where known."""
 
     def __init__(self, screen: Screen, keys: KeyTracker, started: float, types: bool = True,
                  empty: tuple[str, ...] = ()):
@@ -951,7 +951,8 @@ class Runner:
         rows, cols = _rows_cols(_window(stdin))
         screen, keys = Screen(rows, cols), KeyTracker()
         now = time.monotonic()
-        waker = Waker(screen, keys, now, types=self.harness is not None, empty=EMPTY_PROMPT.get(self.harness or "", ()))
+        empty = harnesses.of(self.harness).empty_prompt if self.harness else ()
+        waker = Waker(screen, keys, now, types=self.harness is not None, empty=empty)
         self._note(f"the program: the harness {self.harness}, set up here" if self.harness else
                    "the program: not a harness set up here (mail is told by the terminal's title and bell)")
         typing: dict | None = None  # a wake under way (Runner.wake_step)

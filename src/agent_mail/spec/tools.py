@@ -310,14 +310,13 @@ register(Command(
     "Pi's extension, which start a turn with its note), blocking like watch "
     "until such mail arrives, then exit 2 with the envelopes on stderr (wakes an idle session); for Codex and Qwen "
     "Code it starts the session's waker detached and returns at once: the waker waits the same way and hands the "
-    "envelopes to the session as a prompt (`codex queue`; Qwen Code's dual-output input file). end: the "
+    "envelopes to the session as a prompt (Codex's queue command; Qwen Code's dual-output input file). end: the "
     "session ended. pretool (Claude Code, Codex and Qwen Code PreToolUse, Gemini CLI BeforeTool, Copilot CLI "
-    "preToolUse, OpenCode's plugin before write, edit, multiedit, patch and apply_patch, Pi's extension before write "
-    "and edit): denies "
+    "preToolUse, OpenCode's plugin and Pi's extension before each tool that edits): denies "
     "an edit of a file another live identity holds exclusively, saying who holds it, why, until when and the send "
     "that asks them; silent for any other tool or file.",
     args=(
-        Arg("harness", TEXT, "claude-code, codex, gemini, qwen, copilot, opencode or pi.", required=True,
+        Arg("harness", TEXT, f"{', '.join(HARNESSES[:-1])} or {HARNESSES[-1]}.", required=True,
             choices=HARNESSES),
         Arg("event", TEXT, "context, stop, wait, end or pretool.", required=True,
             choices=("context", "stop", "wait", "end", "pretool")),
@@ -327,7 +326,7 @@ register(Command(
             "there is something new; Copilot CLI gets a top-level additionalContext instead). pretool (Claude Code, "
             "Codex, Qwen Code, OpenCode, Pi): {hookEventName: PreToolUse, permissionDecision: deny, "
             "permissionDecisionReason} when the edit is refused (OpenCode's plugin throws the reason; Pi's extension "
-            "blocks the call with it).",
+            "blocks the call).",
             "additionalContext": "Copilot CLI only: context's note, top-level (printed only when there is something "
             "new).",
             "permissionDecision": "Copilot CLI only: pretool's \"deny\" (with permissionDecisionReason) when the edit "
@@ -338,11 +337,10 @@ register(Command(
             "BeforeTool): \"deny\" when the edit is refused.",
             "reason": "stop: the envelopes and what to do, shown to the model as its next turn. pretool (Gemini CLI): "
             "who holds the file, why, until when, and the send that asks them."},
-    modes={"wait": "Prints nothing on stdout. Claude Code, OpenCode, Pi: exit 2 with the note on stderr when mail "
-                   "arrives, 0 when the wait ends (55 minutes, a newer waiter, the harness gone, or a run nobody "
-                   "waits on: claude -p, the SDK). Codex, Qwen Code: exit 0 at once, the waker detached (none for "
-                   "codex exec or qwen -p)."},
-    examples=("hook claude-code context --agent deploy:worker",),
+    modes={"wait": "Prints nothing on stdout. Claude Code: exit 2 with the note on stderr when mail arrives, 0 when "
+                   "the wait ends (55 minutes, a newer waiter, the harness gone, or a run nobody waits on: claude -p, "
+                   "the SDK). Codex, Qwen Code: exit 0 at once, the waker detached (none for codex exec or qwen -p)."},
+    examples=(f"hook {HARNESSES[0]} context --agent deploy:worker",),
 ))
 
 
@@ -350,7 +348,8 @@ register(Command(
     name="setup",
     summary="Connect a harness to this mailbox in one step: its hooks (mail in the model's context, a stop held "
     "once for mail that arrived, and for Claude Code, OpenCode, Pi, Codex and Qwen Code an idle session woken when "
-    "mail arrives) and the agent-mail "
+    "mail "
+    "arrives) and the agent-mail "
     "MCP server, already allowed. Merges into existing settings (nothing else touched), idempotent, atomic; --dry-run "
     "shows the diff, --remove takes out only what it added. Records the identity and the mailbox resolved now, "
     "after checking that the mailbox can be opened (it creates nothing there); for Claude Code the personal values "
@@ -358,11 +357,8 @@ register(Command(
     "agent-mail server's URL as the mailbox, the MCP entry is the server's /mcp over HTTP, its token read from "
     "AGENT_MAIL_TOKEN in the environment (written in no file).",
     args=(
-        Arg("harness", TEXT, "The harness: claude-code (.mcp.json, .claude/settings.local.json), codex "
-            "(.codex/config.toml, .codex/hooks.json), gemini (.gemini/settings.json), qwen (.qwen/settings.json), "
-            "copilot (.mcp.json, .github/hooks/agent-mail.json), opencode (opencode.json, "
-            ".opencode/plugin/agent-mail.js) or pi (.pi/extensions/agent-mail.ts: an extension, Pi has no MCP "
-            "client).", required=True,
+        Arg("harness", TEXT, f"The harness: {', '.join(HARNESSES[:-1])} or {HARNESSES[-1]} (the files each one's "
+            "setup writes are in its output's files, and in docs/harnesses.md).", required=True,
             choices=HARNESSES),
         Arg("--agent", IDENTITY, "The identity the harness's sessions use (project:name).", required=True),
         Arg("--dir", PATH, "The project directory the harness starts in (default: the current directory)."),
@@ -386,8 +382,8 @@ register(Command(
         "token itself. null for a mailbox opened here, and with --remove.",
         "notes": "What the harness now does, and what it does not.",
     },
-    examples=("setup claude-code --agent deploy:worker", "setup claude-code --agent deploy:worker --dry-run",
-              "setup claude-code --agent deploy:worker --remove"),
+    examples=(f"setup {HARNESSES[0]} --agent deploy:worker", f"setup {HARNESSES[0]} --agent deploy:worker --dry-run",
+              f"setup {HARNESSES[0]} --agent deploy:worker --remove"),
     mutating=True,
     needs_mailbox=False,
 ))
@@ -541,7 +537,8 @@ register(Command(
            "harness."},
     notes=("Standard input must be a terminal (a person's); otherwise a JSON error, exit 2, before anything starts.",
            "A set-up harness: the command's file name is a harness's (gemini, copilot, claude, codex, qwen, opencode, "
-           "pi) and its hooks file from agent-mail setup is in the current directory or one above. Anything else gets "
+           "pi) "
+           "and its hooks file from agent-mail setup is in the current directory or one above. Anything else gets "
            "no keys from run: mail sets the terminal's title to `agent-mail: new mail for P:N` (OSC 0/2) and rings "
            "the bell, at most once every 10 s.",
            "Idle means: the harness has written nothing for 0.4 s; the person has pressed no key for 3 s; the prompt "

@@ -1,5 +1,5 @@
-"""`agent-mail setup pi`: what the Pi coding agent (the npm package @mariozechner/pi-coding-agent, or its newer name
-@earendil-works/pi-coding-agent; the command `pi`) is given.
+"""Pi, and `agent-mail setup pi`: what the Pi coding agent (the npm package @mariozechner/pi-coding-agent, or its
+newer name @earendil-works/pi-coding-agent; the command `pi`) is given.
 
 Pi has no command hooks and no MCP client: it loads a project's TypeScript extensions (DIR/.pi/extensions/*.ts) into
 its own process at start, with no prompt. Setup writes one, DIR/.pi/extensions/agent-mail.ts (the extension shipped
@@ -31,15 +31,16 @@ import json
 import os
 
 from agent_mail import errors
+from agent_mail.harnesses.record import HOOK, Harness
 
+NAME = "pi"
 EXTENSION = os.path.join(".pi", "extensions", "agent-mail.ts")
 MARK = "written by `agent-mail setup pi"  # in the extension's first line: how ours is told from another's
 EDIT_TOOLS = ("write", "edit")  # Pi's tools that change a file, its path in input.path
-COMMANDS = ("pi",)  # what starts it (agent-mail run)
 _SHIPPED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pi_extension.ts")
 _AGENT, _SETTINGS = "__AGENT__", "__SETTINGS__"  # what setup fills in in the shipped extension
 
-NOTES = [
+NOTES = (
     "Start `pi` in this directory: Pi loads the agent-mail extension from .pi/extensions/agent-mail.ts at start "
     "(no prompt; /reload reloads it). Pi has no MCP client: the model reads, acks and sends with the agent-mail "
     "command in its bash tool, as the notes it is given say.",
@@ -50,7 +51,7 @@ NOTES = [
     "A write or edit of a file another live identity holds is blocked, the model told who holds it and how to ask.",
     ".pi/extensions/agent-mail.ts holds this interpreter, identity and mailbox: keep it out of version control, or "
     "commit it only for a shared mailbox.",
-]
+)
 
 
 def extension_text(agent: str, command: list[str], mailbox: str, wake: str) -> str:
@@ -86,3 +87,26 @@ def extension_plan(root: str, text: str | None, planned) -> dict:
     if text is None:
         return planned(path, "remove", before, None)
     return planned(path, "create" if before is None else "update", before, text)
+
+
+def plans(kit, root: str, agent: str, mailbox: str, remove: bool) -> list[dict]:
+    """DIR/.pi/extensions/agent-mail.ts (the hooks): the only file, since Pi has no MCP client."""
+    text = None if remove else extension_text(agent, kit.hook_base(), mailbox, kit.REWAKE_MESSAGE)
+    return [extension_plan(root, text, kit.planned)]
+
+
+HARNESS = Harness(
+    name=NAME,
+    title="Pi",
+    program="pi",
+    mcp=False,
+    tool="agent-mail {}",  # the command (no MCP client: the notes name the commands themselves)
+    edit_tools=EDIT_TOOLS,
+    wake=HOOK,
+    woken="woken now (a live Pi session, idle: its agent-mail extension's waiter starts a turn)",
+    told="told at its next prompt or tool call (a live Pi session, at work; woken when idle)",
+    plans=plans,
+    marker=(EXTENSION, (MARK,)),
+    token_reader="the extension's hooks",
+    notes=NOTES,
+)
