@@ -558,11 +558,15 @@ def _remote_notes(harness: str, mailbox: str) -> list[str]:
         return []
     kind = harnesses.of(harness)
     start = kind.program
-    notes = [f"The MCP server is the agent-mail server's {mailbox}{http_api.MCP_PATH} (streamable HTTP), the identity "
-             f"taken from the token; the hooks run agent-mail as a client of {mailbox}. No file holds the token: "
+    server = (f"The MCP server is the agent-mail server's {mailbox}{http_api.MCP_PATH} (streamable HTTP), the identity "
+              "taken from the token; t") if kind.mcp else "T"
+    notes = [f"{server}he hooks run agent-mail as a client of {mailbox}. No file holds the token: "
              f"{kind.token_reader} read it from {TOKEN_VAR} in the "
              f"environment `{start}` starts with."]
-    if not os.environ.get(TOKEN_VAR, "").strip():
+    if not os.environ.get(TOKEN_VAR, "").strip() and not kind.mcp:
+        notes.append(f"{TOKEN_VAR} is not set here. Export it (or {TOKEN_FILE_VAR}, a file holding it) before starting "
+                     f"`{start}` (the mailbox's operator makes a token with agent-mail token create --agent P:N).")
+    elif not os.environ.get(TOKEN_VAR, "").strip():
         notes.append(f"{TOKEN_VAR} is not set here. Export it before starting `{start}` (the mailbox's operator "
                      "makes a token with agent-mail token create --agent P:N). With "
                      f"{TOKEN_FILE_VAR} instead: the hooks read the file themselves, but an MCP entry can only read "

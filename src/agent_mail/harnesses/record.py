@@ -55,6 +55,7 @@ class Harness:
         "stop_decision",  # the decision that holds a stop ("block", "deny")
         "quiet",  # what a hook prints when it has nothing to say (None: nothing)
         "tool",  # how it names our MCP tool {} to its model, a format string
+        "mcp",  # whether it has an MCP client (False: the notes name the agent-mail commands for its shell tool)
         "edit_tools",  # the tools whose edits the pre-tool guard checks
         "patch_tools",  # of those, the ones whose input is a patch (the files in its headers)
         "denial",  # note -> the hook output that refuses a tool call
@@ -75,8 +76,9 @@ class Harness:
     def __init__(self, *, name: str, title: str, program: str, wake: str, told: str, notes: tuple[str, ...],
                  plans, marker: tuple[str, tuple[str, ...]], woken: str | None = None, read_input=_same,
                  context_event: str = "PostToolUse", context_output=_context, stop_decision: str = "block",
-                 quiet: dict | None = None, tool: str = "the agent-mail MCP tool {}", edit_tools: tuple[str, ...] = (),
-                 patch_tools: tuple[str, ...] = (), denial=_denial, empty_prompt: tuple[str, ...] = (),
+                 quiet: dict | None = None, tool: str = "the agent-mail MCP tool {}", mcp: bool = True,
+                 edit_tools: tuple[str, ...] = (), patch_tools: tuple[str, ...] = (), denial=_denial,
+                 empty_prompt: tuple[str, ...] = (),
                  hook_entry=_hook_entry, hook_entries=None, token_reader: str = "the settings"):
         given = dict(locals())
         for field in self.__slots__:

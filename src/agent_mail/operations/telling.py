@@ -74,8 +74,12 @@ def render(harness: str, agent: str, envelopes: list[dict], new: int, unread: in
         sessions = "1 other live session uses" if others == 1 else f"{others} other live sessions use"
         lines.append(f"Warning: {sessions} the identity {agent}; you will take each other's unread mail. Use a "
                      "distinct identity (agent-mail setup --agent) unless this is intended.")
-    if unread:
-        kind = harnesses.of(harness)
+    kind = harnesses.of(harness) if unread else None
+    if kind is not None and not kind.mcp:  # no MCP client: the commands, for its shell tool
+        lines.append(f"Next: take delivery with `agent-mail read {agent}` (in your bash tool); after acting on a "
+                     f"message, `agent-mail ack {agent} ID`; reply with `agent-mail send --from {agent} --to SENDER "
+                     "--subject ... --body ... --reply-to ID`.")
+    elif kind is not None:
         lines.append(f"Next: take delivery with {kind.tool_named('read')} (or `agent-mail read {agent}`); after "
                      f"acting on a message, {kind.tool_named('ack')} with its id (`agent-mail ack {agent} ID`); "
                      f"reply with {kind.tool_named('send')} and reply_to=ID.")
