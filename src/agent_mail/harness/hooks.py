@@ -20,7 +20,7 @@ JSON document on stdin (session_id, hook_event_name, ...). The events:
 - end: SessionEnd. The session stops counting as live; its waiter is ended.
 - pretool (Claude Code PreToolUse on Edit|Write|MultiEdit|NotebookEdit; Codex PreToolUse on apply_patch|Bash;
   Gemini CLI BeforeTool on write_file|replace; OpenCode's plugin before write, edit, multiedit, patch,
-  apply_patch): denies an edit of a file another live identity holds
+  apply_patch; Mistral Vibe pre_tool on write_file|edit): denies an edit of a file another live identity holds
   exclusively (agent_mail.operations.reservations), telling the model who holds it, why, until when, and the `send` that
   asks them. Any other tool, a read, a file outside a git repository or one nobody holds passes silently.
 
@@ -121,7 +121,8 @@ def copilot_input(document: dict) -> dict:
 # the patch; seen under `codex exec`), and a model given the apply_patch tool calls it "apply_patch".
 EDIT_TOOLS = {"claude-code": ("Edit", "Write", "MultiEdit", "NotebookEdit"), "codex": ("apply_patch", "Bash"),
               "gemini": ("write_file", "replace"), "qwen": ("write_file", "edit"), "copilot": ("create", "edit"),
-              "opencode": ("write", "edit", "multiedit", "patch", "apply_patch")}  # OpenCode's plugin: args.filePath
+              "opencode": ("write", "edit", "multiedit", "patch", "apply_patch"),  # OpenCode's plugin: args.filePath
+              "vibe": ("file_system.write_file", "file_system.search_replace", "write_file", "edit", "search_replace")}
 _PATCH_HEADS = ("*** Update File: ", "*** Add File: ", "*** Delete File: ", "*** Move to: ")
 
 
@@ -216,6 +217,12 @@ def run(harness: str, event: str, agent: str | None, emit, served=None) -> int:
     agent = _checked(harness, event, agent)
     document = read_input(harness=harness)
     printed = []
+    if harness == "vibe":  # its own words for our output (harness.vibe)
+        from agent_mail.harness import vibe
+
+        emit = vibe.emitter(emit)
+        if document.get("parent_session_id") and event != "pretool":
+            return errors.EXIT_OK  # a subagent's hooks: its parent session is told (a subagent's edits are guarded)
     if event == "pretool" and not edited_paths(harness, document):
         if harness in QUIET:  # not an edit: answered without opening the mailbox
             emit(QUIET[harness])

@@ -62,6 +62,9 @@ SCREEN_LINES_CHECKED = 12
 # footer that is there only while nothing is typed): where a harness's words are known, the screen, not the keys,
 # says whether text is unsent, and a dialog or a program over the prompt hides them.
 EMPTY_PROMPT = {"gemini": ("Type your message",), "copilot": ("/ commands",)}
+# Harnesses with no prompt hook (Mistral Vibe): the trigger starts a turn whose tool calls or end tell the mail, so
+# nothing is told when Enter lands, and the wake is done once entered.
+TOLD_IN_THE_TURN = ("vibe",)
 
 
 def trigger_text(agent: str) -> str:
@@ -1165,6 +1168,9 @@ class Runner:
             self.woken, self.attempts = self.woken + 1, 0
             waker.woke(now)
             self._note("Enter")
+            if self.harness in TOLD_IN_THE_TURN:
+                self._note("entered: the turn's hooks tell the mail (no prompt hook)")
+                return None
             return {**typing, "phase": "landing", "deadline": now + LANDED_SECONDS, "enters": 1,
                     "next": now + LANDED_LOOK_SECONDS}
         # landing

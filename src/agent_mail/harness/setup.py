@@ -23,6 +23,8 @@ agent-mail script, `hook ...`; `-m agent_mail hook ...` where no script is insta
 - OpenCode: DIR/.opencode/plugin/agent-mail.js (a plugin running the same hook commands: context on each prompt and
   after each tool, the stop guard and the idle waiter when a session goes idle, the pre-tool guard, end on exit;
   agent_mail.harness.opencode) and the server in DIR/opencode.json (mcp.agent-mail, `type: local`).
+- Mistral Vibe: the user's ~/.vibe/hooks.toml (VIBE_HOME), a block for DIR whose commands act only in DIR and below
+  (context on post_tool, the guard on pre_tool, the stop guard on post_agent; agent_mail.harness.vibe). No MCP entry.
 
 All three also get the pre-tool hook (`hook HARNESS pretool`), which denies an edit of a file another live
 identity holds: Claude Code PreToolUse on Edit|Write|MultiEdit|NotebookEdit, Codex PreToolUse on
@@ -57,7 +59,7 @@ import shlex
 import sys
 
 from agent_mail import errors, model, spec
-from agent_mail.harness import json_text, opencode
+from agent_mail.harness import json_text, opencode, vibe
 from agent_mail.protocols import http_api
 
 HARNESSES = spec.HARNESSES
@@ -801,7 +803,7 @@ def _project_file_plan(root: str, harness: str, mailbox: str, remove: bool) -> d
     text = _PROJECT_NOTE + mailbox + "\n"
     if remove:
         others = [h for h, (name, mark) in _HARNESS_FILES.items() if h != harness and _mentions(
-            os.path.join(root, name), mark)]
+            os.path.join(root, name), mark)] + (["vibe"] if harness != "vibe" and vibe.set_up_at(root, True) else [])
         after = None if before == text and not others else before
     else:
         after = text
@@ -942,7 +944,7 @@ NOTES = {
 
 
 _STARTS = {"claude-code": "claude", "codex": "codex", "gemini": "gemini", "qwen": "qwen", "copilot": "copilot",
-           "opencode": "opencode"}
+           "opencode": "opencode", "vibe": "vibe"}
 
 
 def set_up_for(command: str, directory: str) -> str | None:
@@ -953,6 +955,8 @@ def set_up_for(command: str, directory: str) -> str | None:
     harness = next((h for h, start in _STARTS.items() if start == name), None)
     if harness is None:
         return None
+    if harness == "vibe":  # its hooks are the user's, each block scoped to a directory
+        return harness if vibe.set_up_at(directory) else None
     path, mark = _HARNESS_FILES[harness]
     here = os.path.abspath(directory)
     while True:
@@ -988,6 +992,9 @@ def _token_report(harness: str, mailbox: str, remove: bool) -> dict | None:
 def _remote_notes(harness: str, mailbox: str) -> list[str]:
     if not _is_server(mailbox):
         return []
+    if harness == "vibe":
+        return vibe.remote_notes(mailbox, TOKEN_VAR, TOKEN_FILE_VAR, bool(os.environ.get(TOKEN_VAR, "").strip() or
+                                                                          os.environ.get(TOKEN_FILE_VAR, "").strip()))
     start = _STARTS[harness]
     notes = [f"The MCP server is the agent-mail server's {mailbox}{http_api.MCP_PATH} (streamable HTTP), the identity "
              f"taken from the token; the hooks run agent-mail as a client of {mailbox}. No file holds the token: "
@@ -1051,6 +1058,8 @@ def setup(harness: str, agent: str, directory: str | None = None, dry_run: bool 
         ]
     elif harness == "opencode":
         plans = _opencode_plans(root, agent, mailbox, remove)
+    elif harness == "vibe":
+        plans = [vibe.hooks_plan(root, agent, mailbox, remove, _hook_base(), _planned)]
     else:
         path = os.path.join(root, ".gemini", "settings.json")
         plans = [_plan(path, lambda d: _gemini_ui(_hooks_merged(_servers(d, agent, mailbox, remove, trust=True),
@@ -1064,7 +1073,7 @@ def setup(harness: str, agent: str, directory: str | None = None, dry_run: bool 
         "dry_run": dry_run, "files": files,
         "wakes_idle_session": harness in ("claude-code", "opencode", "codex", "qwen") and not remove,
         "token": _token_report(harness, mailbox, remove),
-        "notes": [] if remove else NOTES[harness] + _remote_notes(harness, mailbox) + [
+        "notes": [] if remove else (vibe.notes(root) if harness == "vibe" else NOTES[harness]) + _remote_notes(harness, mailbox) + [
             f"A plain shell in {root} or below now uses this mailbox too: {os.path.basename(project_file['path'])} "
             "names it (AGENT_MAIL_DB still wins). It is personal, like .claude/settings.local.json: keep it out of "
             "version control unless it names a shared mailbox."],

@@ -30,10 +30,15 @@ LAST_SEEN_EVERY_SECONDS = 60.0  # a quiet check refreshes the session's last_see
 # Qwen Code takes Claude Code's forms (Stop, UserPromptSubmit, ...); Copilot CLI reads a TOP-LEVEL additionalContext
 # from sessionStart, userPromptSubmitted and postToolUse (it ignores the nested hookSpecificOutput form) and holds
 # its agentStop with {"decision": "block"} (both seen with 1.0.102).
+# Mistral Vibe's post_agent takes {"decision": "deny"} (harness.vibe says the rest in its words).
 STOP_DECISION = {"claude-code": "block", "codex": "block", "gemini": "deny", "qwen": "block", "copilot": "block",
-                 "opencode": "block"}
+                 "opencode": "block", "vibe": "deny"}
 DEFAULT_EVENT = {"claude-code": "PostToolUse", "codex": "PostToolUse", "gemini": "AfterTool", "qwen": "PostToolUse",
-                 "copilot": "postToolUse", "opencode": "PostToolUse"}
+                 "copilot": "postToolUse", "opencode": "PostToolUse", "vibe": "post_tool"}
+# Harnesses with no session-start event (Mistral Vibe: after a tool, before a tool, a turn's end): a first stop with
+# unread mail is held with the inbox, as a start would have told it. Nor an MCP entry: the notes name the CLI.
+NO_START = ("vibe",)
+CLI_ONLY = ("vibe",)
 # The harnesses whose idle session a waiter wakes: Claude Code's asyncRewake hook; OpenCode's plugin, which starts a
 # turn with the waiter's note (agent_mail.harness.opencode).
 WAKES_IDLE = ("claude-code", "opencode")
@@ -98,7 +103,11 @@ def render(harness: str, agent: str, envelopes: list[dict], new: int, unread: in
         sessions = "1 other live session uses" if others == 1 else f"{others} other live sessions use"
         lines.append(f"Warning: {sessions} the identity {agent}; you will take each other's unread mail. Use a "
                      "distinct identity (agent-mail setup --agent) unless this is intended.")
-    if unread:
+    if unread and harness in CLI_ONLY:
+        lines.append(f"Next: take delivery with `agent-mail read {agent}`; after acting on a message, "
+                     f"`agent-mail ack {agent} ID`; reply with `agent-mail send --from {agent} --to SENDER "
+                     f"--reply-to ID --subject ... --body ...`.")
+    elif unread:
         lines.append(f"Next: take delivery with {_tool(harness, 'read')} (or `agent-mail read {agent}`); after "
                      f"acting on a message, {_tool(harness, 'ack')} with its id (`agent-mail ack {agent} ID`); "
                      f"reply with {_tool(harness, 'send')} and reply_to=ID.")
@@ -214,11 +223,16 @@ class Session:
         with self.store.transaction(write=True):
             self._active(now)
             session = self.store.harness_session(self.key)
-            if session is None or session["agent"] != self.agent or session["ended_at"]:
-                self._start_note(session, now)  # first contact: the baseline; nothing arrived "during" a turn
-                return None
             told: list[dict] = []
-            note = self._tell(session, now, told)
+            if session is None or session["agent"] != self.agent or session["ended_at"]:
+                note = self._start_note(session, now)  # first contact: the baseline; nothing arrived "during" a turn
+                if self.harness not in NO_START:
+                    return None
+                told = self.store.unread(self.agent, now, limit=SHOWN)  # no start told it: the stop does
+                if not told:
+                    return None
+            else:
+                note = self._tell(session, now, told)
             if note is None:
                 return None
             # The reason goes to the model as the next prompt: mail, said as mail. systemMessage is the line each

@@ -41,6 +41,8 @@ TOLD = {
     "copilot": "told at its next prompt or tool call (a live Copilot CLI session, which cannot be woken while idle: "
                "`agent-mail run -- copilot` can)",
     "opencode": "told at its next prompt or tool call (a live OpenCode session, at work; woken when idle)",
+    "vibe": "told after its next tool call or at its next turn's end (a live Mistral Vibe session, which cannot be "
+            "woken while idle: `agent-mail run -- vibe` can)",
 }
 ARMED_WATCH = "woken now (an armed watch: `watch`, or a harness under `agent-mail run`, woken at its idle prompt)"
 HUMAN = "read by a person (human profile): reads the inbox"
