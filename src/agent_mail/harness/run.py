@@ -51,8 +51,9 @@ SERVED_LOOK_SECONDS = 3.0  # through a server, with woken-for mail still unread:
 WAIT_SECONDS = model.WATCH_MINUTES_DEFAULT * 60.0  # one armed wait of the helper (then re-armed)
 
 # What the screen's last lines show while a harness asks the person something or works on a turn (Gemini CLI,
-# Copilot CLI, Claude Code, Codex and common y/n prompts): typing then would answer the dialog or queue the trigger.
-BUSY_MARKERS = ("esc to cancel", "esc to interrupt", "Esc to cancel", "esc to stop")
+# Copilot CLI, Claude Code, Codex, Mistral Vibe and common y/n prompts): typing then would answer the dialog or queue
+# the trigger.
+BUSY_MARKERS = ("esc to cancel", "esc to interrupt", "Esc to cancel", "esc to stop", "Ctrl+C to interrupt")
 DIALOG_MARKERS = ("Allow once", "Allow execution", "Allow for this session", "Apply this change", "Do you want to",
                   "Waiting for user confirmation", "Yes, allow", "No, suggest changes", "(y/n)", "[y/N]", "[Y/n]",
                   "Approve", "approve this", "Press enter to confirm", "Press Enter to confirm", "Trust folder",
@@ -61,7 +62,10 @@ SCREEN_LINES_CHECKED = 12
 # What the screen's last lines show while a harness's prompt is empty and ready for a line (its placeholder, or a
 # footer that is there only while nothing is typed): where a harness's words are known, the screen, not the keys,
 # says whether text is unsent, and a dialog or a program over the prompt hides them.
-EMPTY_PROMPT = {"gemini": ("Type your message",), "copilot": ("/ commands",)}
+EMPTY_PROMPT = {"gemini": ("Type your message",), "copilot": ("/ commands",),
+                # Mistral Vibe draws its whole interface on the alternate screen: its empty prompt is a line of ">"
+                # alone (typed text follows it; an approval dialog takes its place)
+                "vibe": ("\n>\n",)}
 # Harnesses with no prompt hook (Mistral Vibe): the trigger starts a turn whose tool calls or end tell the mail, so
 # nothing is told when Enter lands, and the wake is done once entered.
 TOLD_IN_THE_TURN = ("vibe",)
