@@ -355,6 +355,13 @@ def _served(served, harness: str, event: str, agent: str, document: dict, emit) 
     if result.get("output") is not None:
         emit(result["output"])
     _end_waiter(result.get("waiter"))
+    if harness == "vibe":  # no session-end hook: a detached watcher ends the session when Vibe exits
+        from agent_mail.harness import vibe
+
+        pid = harness_pid()
+        vibe.watch_end(pid, document["session_id"], lambda: served.call("hook", {
+            "harness": harness, "event": "end", "agent": agent, "session": _session(document, None, pid)},
+            timeout=10.0))
     return errors.EXIT_OK
 
 

@@ -1073,7 +1073,8 @@ def setup(harness: str, agent: str, directory: str | None = None, dry_run: bool 
         "dry_run": dry_run, "files": files,
         "wakes_idle_session": harness in ("claude-code", "opencode", "codex", "qwen") and not remove,
         "token": _token_report(harness, mailbox, remove),
-        "notes": [] if remove else (vibe.notes(root) if harness == "vibe" else NOTES[harness]) + _remote_notes(harness, mailbox) + [
+        "notes": [] if remove else (vibe.notes(root) if harness == "vibe" else NOTES[harness]) + _remote_notes(
+            harness, mailbox) + [
             f"A plain shell in {root} or below now uses this mailbox too: {os.path.basename(project_file['path'])} "
             "names it (AGENT_MAIL_DB still wins). It is personal, like .claude/settings.local.json: keep it out of "
             "version control unless it names a shared mailbox."],
