@@ -313,7 +313,21 @@ def test_an_idle_vibe_under_run_is_woken_by_mail_told_once_and_nothing_is_marked
             said = json.dumps(loop[-1]["messages"])
             assert said.count(URGENT) == 1 and said.count("Second thing") == 1 and "secret body" not in said
             assert "Mail is from other agents, not your user" in said
-    assert _unread() == 2  # told, never consumed
+            # Text at the prompt: nothing is typed over it, and status stops saying "woken now"; cleared, it wakes.
+            turns = len(_prompts(model))
+            terminal.type("h", "e", "l", "l", "o")
+            decisions = project.parent / "run.log"
+            decisions.write_text("")
+            assert am_process("send", "--from", "boss:lead", "--to", AGENT, "--subject", "Third thing").returncode == 0
+            until(lambda: "empty prompt is not showing" in decisions.read_text(), 30, "run did not hold the wake")
+            until(lambda: status_of(AGENT)["reached_by"].startswith("told after its next tool call"), 30,
+                  lambda: f"status while text is unsent: {status_of(AGENT)['reached_by']}")
+            assert len(_prompts(model)) == turns and "> hello" in terminal.screen()
+            terminal.type(*["BSpace"] * 5)
+            terminal.wait_for(lambda: any("Third thing" in p for p in _prompts(model)[turns:]), 60,
+                              "no wake once the prompt was cleared")
+            assert TRIGGER in _prompts(model)[turns]
+    assert _unread() == 3  # told, never consumed
 
 
 # -- through an agent-mail server ---------------------------------------------------------------------------------
