@@ -289,8 +289,9 @@ class StagedSave:
 
 
 def stage_attachments(directory: str, attachments: list[dict], contents: dict[str, bytes | None],
-                      overwrite: bool) -> StagedSave:
-    """Check every name and write every attachment under a temporary name in `directory`; all or nothing."""
+                      overwrite: bool, own_file=None) -> StagedSave:
+    """Check every name and write every attachment under a temporary name in `directory`; all or nothing.
+    `own_file(path)`: whether a path is one of the mailbox's own files, never replaced, --overwrite or not."""
     import hashlib
 
     target = os.path.realpath(os.path.expanduser(directory))
@@ -318,6 +319,11 @@ def stage_attachments(directory: str, attachments: list[dict], contents: dict[st
                 said = f"the stored content of attachment {attachment['name']!r} is missing or damaged; nothing was " \
                        "saved."
                 raise errors.StorageError(said, told=said)
+            if own_file is not None and own_file(os.path.join(target, name)):
+                problems.append(("save_to", f"{os.path.join(target, name)} would be one of the mailbox's own files "
+                                              "(the database or SQLite's files beside it): never replaced; choose "
+                                              "another directory."))
+                continue
             try:
                 existing = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
             except FileNotFoundError:

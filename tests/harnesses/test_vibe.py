@@ -26,7 +26,7 @@ from tests.lib.tools import find
 from tests.lib.waiting import until
 
 from agent_mail.harness import run as running
-from agent_mail.harness import vibe
+from agent_mail.harnesses import vibe
 
 AGENT = "proj:coder"
 VIBE = find("vibe")
@@ -185,7 +185,7 @@ def test_mail_is_told_after_tool_calls_once_never_marked_read(project):
     assert URGENT in second and "Fix the flaky test" not in second and URGENT not in third
     said = json.dumps(loop[-1]["messages"])
     assert said.count(URGENT) == 1 and said.count("Fix the flaky test") == 1 and HELD not in said
-    assert during[0]["reachable"] and during[0]["reached_by"].startswith("told after its next tool call")
+    assert during[0]["reachable"] and during[0]["reached_by"].startswith("told at its next tool call")
     assert "a live Mistral Vibe session" in during[0]["reached_by"]
     assert not status_of(AGENT)["reachable"]  # its process ended: no longer live
     assert _unread() == 2  # told, never consumed
@@ -320,7 +320,7 @@ def test_an_idle_vibe_under_run_is_woken_by_mail_told_once_and_nothing_is_marked
             decisions.write_text("")
             assert am_process("send", "--from", "boss:lead", "--to", AGENT, "--subject", "Third thing").returncode == 0
             until(lambda: "empty prompt is not showing" in decisions.read_text(), 30, "run did not hold the wake")
-            until(lambda: status_of(AGENT)["reached_by"].startswith("told after its next tool call"), 30,
+            until(lambda: status_of(AGENT)["reached_by"].startswith("told at its next tool call"), 30,
                   lambda: f"status while text is unsent: {status_of(AGENT)['reached_by']}")
             assert len(_prompts(model)) == turns and "> hello" in terminal.screen()
             terminal.type(*["BSpace"] * 5)

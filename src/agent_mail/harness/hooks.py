@@ -1,7 +1,8 @@
 """`agent-mail hook HARNESS EVENT`: mail put in the model's context from inside its harness.
 
-A harness (Claude Code, Codex, Gemini CLI) runs a hook command at points of a session and passes it a
-JSON document on stdin (session_id, hook_event_name, ...). The events:
+A harness runs a hook command at points of a session and passes it a JSON document on stdin (session_id,
+hook_event_name, ...); what each harness sends and takes, its events and its tools are its record's
+(agent_mail.harnesses, loaded for the one harness the hook is for). The events, in Claude Code's words:
 
 - context: SessionStart, UserPromptSubmit / BeforeAgent, PostToolUse / AfterTool. Adds to the model's
   context what is new since this session was last told: envelopes (never bodies), the unread count,
@@ -16,11 +17,15 @@ JSON document on stdin (session_id, hook_event_name, ...). The events:
   waiter ends the older, which exits 0 quietly. Never blocks a non-interactive run (claude -p, the SDK), and
   ends when the harness process does. Codex and Qwen Code (SessionStart and Stop): starts the session's waker
   detached and returns at once (harness.waker: the same wait, run by wake_once, the envelopes handed over as a
-  prompt through the harness's own way in).
-- end: SessionEnd. The session stops counting as live; its waiter is ended.
-- pretool (Claude Code PreToolUse on Edit|Write|MultiEdit|NotebookEdit; Codex PreToolUse on apply_patch|Bash;
-  Gemini CLI BeforeTool on write_file|replace; OpenCode's plugin before write, edit, multiedit, patch,
-  apply_patch; Mistral Vibe pre_tool on write_file|edit): denies an edit of a file another live identity holds
+  prompt through the harness's own way in). A harness woken only under `agent-mail run` has no waiter.
+- end: SessionEnd. The session stops counting as live; its waiter is ended. A harness with no session-end hook
+  (its record's end_watch): through a server, which cannot see the harness's process, a detached watcher started by
+  its first hook ends the session when the harness exits.
+
+A hook of a subagent (its input carries the record's subagent_key) tells nothing: its parent session is told; its
+edits are guarded all the same.
+- pretool (PreToolUse, Gemini CLI's BeforeTool, ..., on the tools that edit: the record's edit_tools): denies an
+  edit of a file another live identity holds
   exclusively (agent_mail.operations.reservations), telling the model who holds it, why, until when, and the `send` that
   asks them. Any other tool, a read, a file outside a git repository or one nobody holds passes silently.
 
@@ -37,10 +42,9 @@ from __future__ import annotations
 import os
 import sys
 
-from agent_mail import calls, errors, jsonout, model
+from agent_mail import calls, errors, harnesses, jsonout, model
 from agent_mail.parts.liveness import harness_pid, pid_alive
 from agent_mail.parts.liveness import host_name as _host
-from agent_mail.operations.telling import QUIET, WAKES_FROM_OUTSIDE, WAKES_IDLE
 
 INPUT_MAX_BYTES = 4 * 1024 * 1024
 _NON_INTERACTIVE = ("sdk-cli", "sdk-ts", "sdk-py", "mcp")  # CLAUDE_CODE_ENTRYPOINT values of headless runs
@@ -49,7 +53,8 @@ EXIT_WAKE = 2  # what an asyncRewake hook exits with to wake its session
 
 def read_input(stream=None, harness: str | None = None) -> dict:
     """The hook's JSON input from stdin; InvalidInput naming stdin if it is not a JSON object with a
-    session_id (Copilot CLI's camelCase input is first said in the others' words: copilot_input)."""
+    session_id (an input in other words, Copilot CLI's camelCase, is first said in Claude Code's: the record's
+    read_input)."""
     if stream is None:
         if sys.stdin is None or sys.stdin.isatty():
             raise errors.InvalidInput([("stdin", "is a terminal (or closed), not the harness's hook input: this "
@@ -67,8 +72,8 @@ def read_input(stream=None, harness: str | None = None) -> dict:
                                              "command is run by the harness; see agent-mail setup.")]) from None
     if not isinstance(document, dict):
         raise errors.InvalidInput([("stdin", "must be a JSON object (the harness's hook input).")])
-    if harness == "copilot":
-        document = copilot_input(document)
+    if harness is not None:
+        document = harnesses.of(harness).read_input(document)
     session = document.get("session_id")
     if not isinstance(session, str) or not session.strip() or len(session) > 200 or model.has_surrogates(session):
         raise errors.InvalidInput([("stdin", "has no usable session_id: the harness passes one to every hook.")])
@@ -86,52 +91,16 @@ def _checked(harness: str, event: str, agent: str | None) -> str:
     return agent
 
 
-# Copilot CLI 1.0.102 passes camelCase input and no event name: {sessionId, timestamp, cwd, ...}; sessionStart adds
-# source and initialPrompt, userPromptSubmitted prompt, preToolUse toolName and toolArgs, postToolUse toolResult,
-# agentStop stopReason and stop_hook_active. Which event it is shows in the keys it carries.
-_COPILOT_EVENTS = (("toolResult", "postToolUse"), ("toolName", "preToolUse"), ("stopReason", "agentStop"),
-                   ("source", "SessionStart"), ("initialPrompt", "SessionStart"), ("prompt", "userPromptSubmitted"))
-
-
-def copilot_input(document: dict) -> dict:
-    """Copilot CLI's hook input in the words of the others' (session_id, hook_event_name, tool_name, tool_input,
-    stop_hook_active); the session start named SessionStart, as the telling side knows it."""
-    found = dict(document)
-    if "session_id" not in found and "sessionId" in found:
-        found["session_id"] = found["sessionId"]
-    if "hook_event_name" not in found:
-        event = next((name for key, name in _COPILOT_EVENTS if key in document), None)
-        if event is not None:
-            found["hook_event_name"] = event
-    if "toolName" in found:
-        found.setdefault("tool_name", found["toolName"])
-        arguments = found.get("toolArgs")
-        if isinstance(arguments, str):  # a JSON text in some versions
-            try:
-                arguments = jsonout.loads(arguments)
-            except ValueError:
-                arguments = None
-        found.setdefault("tool_input", arguments if isinstance(arguments, dict) else {})
-    if "stopHookActive" in found:
-        found.setdefault("stop_hook_active", found["stopHookActive"])
-    return found
-
-
-# Codex 0.171 reports an edit made with `apply_patch <<EOF` in its shell as tool_name "Bash" (tool_input.command:
-# the patch; seen under `codex exec`), and a model given the apply_patch tool calls it "apply_patch".
-EDIT_TOOLS = {"claude-code": ("Edit", "Write", "MultiEdit", "NotebookEdit"), "codex": ("apply_patch", "Bash"),
-              "gemini": ("write_file", "replace"), "qwen": ("write_file", "edit"), "copilot": ("create", "edit"),
-              "opencode": ("write", "edit", "multiedit", "patch", "apply_patch"),  # OpenCode's plugin: args.filePath
-              "vibe": ("file_system.write_file", "file_system.search_replace", "write_file", "edit", "search_replace")}
 _PATCH_HEADS = ("*** Update File: ", "*** Add File: ", "*** Delete File: ", "*** Move to: ")
 
 
 def edited_paths(harness: str, document: dict) -> list[str]:
     """The files the tool call in a pre-tool hook's input would change ([] for any other tool)."""
-    if document.get("tool_name") not in EDIT_TOOLS[harness]:
+    kind = harnesses.of(harness)
+    if document.get("tool_name") not in kind.edit_tools:
         return []
     given = document.get("tool_input")
-    if harness == "codex" or document.get("tool_name") in ("patch", "apply_patch"):
+    if document.get("tool_name") in kind.patch_tools:
         # apply_patch: the files are named in the patch's headers, wherever its text rides (OpenCode: patchText)
         texts = [given] if isinstance(given, str) else [v for v in (given or {}).values() if isinstance(v, str)] \
             if isinstance(given, dict) else []
@@ -141,16 +110,6 @@ def edited_paths(harness: str, document: dict) -> list[str]:
         return []
     return [p for p in (given.get("file_path"), given.get("notebook_path"), given.get("path"), given.get("filePath"))
             if isinstance(p, str) and p]
-
-
-def denial(harness: str, note: str) -> dict:
-    """The harness's documented way to refuse a tool call, with the reason the model is shown."""
-    if harness == "gemini":  # BeforeTool: decision deny, the reason sent to the agent as the tool's error
-        return {"decision": "deny", "reason": note}
-    if harness == "copilot":  # preToolUse: top-level (seen with 1.0.102)
-        return {"permissionDecision": "deny", "permissionDecisionReason": note}
-    return {"hookSpecificOutput": {"hookEventName": "PreToolUse", "permissionDecision": "deny",
-                                   "permissionDecisionReason": note}}
 
 
 def pretool_note(agent: str, result: dict) -> str:
@@ -215,20 +174,17 @@ def main(values: dict, emit, served=None) -> int:
 def run(harness: str, event: str, agent: str | None, emit, served=None) -> int:
     """Run one hook; the exit status (0, or EXIT_WAKE for a waiter that found mail)."""
     agent = _checked(harness, event, agent)
+    kind = harnesses.of(harness)
     document = read_input(harness=harness)
     printed = []
-    if harness == "vibe":  # its own words for our output (harness.vibe)
-        from agent_mail.harness import vibe
-
-        emit = vibe.emitter(emit)
-        if document.get("parent_session_id") and event != "pretool":
-            return errors.EXIT_OK  # a subagent's hooks: its parent session is told (a subagent's edits are guarded)
+    if kind.subagent_key and document.get(kind.subagent_key) and event != "pretool":
+        return errors.EXIT_OK  # a subagent's hooks: its parent session is told (a subagent's edits are guarded)
     if event == "pretool" and not edited_paths(harness, document):
-        if harness in QUIET:  # not an edit: answered without opening the mailbox
-            emit(QUIET[harness])
+        if kind.quiet is not None:  # not an edit: answered without opening the mailbox
+            emit(kind.quiet)
         return errors.EXIT_OK
 
-    if event == "wait" and harness in WAKES_FROM_OUTSIDE:  # a waker of its own, detached: the hook returns at once
+    if event == "wait" and kind.woken_by_our_waker:  # a waker of its own, detached: the hook returns at once
         from agent_mail.harness import waker
 
         return waker.start(harness, document, lambda deliver, pid: wake_once(harness, agent, document, served,
@@ -242,8 +198,8 @@ def run(harness: str, event: str, agent: str | None, emit, served=None) -> int:
         code = _served(served, harness, event, agent, document, emit_once)
     else:
         code = _local(harness, event, agent, document, emit_once)
-    if not printed and harness in QUIET and event != "wait":
-        emit(QUIET[harness])
+    if not printed and kind.quiet is not None and event != "wait":
+        emit(kind.quiet)
     return code
 
 
@@ -293,7 +249,7 @@ def pretool(harness: str, agent: str, document: dict, emit, check) -> dict | Non
         conflicts["next"] += [step for step in result["next"] if step not in conflicts["next"]]
     if not conflicts["conflicts"]:
         return None
-    output = denial(harness, pretool_note(agent, conflicts))
+    output = harnesses.of(harness).denial(pretool_note(agent, conflicts))
     emit(output)
     return output
 
@@ -304,7 +260,7 @@ def wait(session, minutes: float, deliver=None, harness: int | None = None) -> s
     reaches the session before it counts as told (stderr by default, asyncRewake's); `harness`: its process."""
     from agent_mail.operations import telling
 
-    if session.harness not in WAKES_IDLE + WAKES_FROM_OUTSIDE or not _waits_here():
+    if not session.kind.wakes_idle or not _waits_here():
         return None
     me = _process_token(os.getpid())
     _end_waiter(session.arm(me))
@@ -355,11 +311,10 @@ def _served(served, harness: str, event: str, agent: str, document: dict, emit) 
     if result.get("output") is not None:
         emit(result["output"])
     _end_waiter(result.get("waiter"))
-    if harness == "vibe":  # no session-end hook: a detached watcher ends the session when Vibe exits
-        from agent_mail.harness import vibe
-
+    end_watch = harnesses.of(harness).end_watch
+    if end_watch is not None:  # no session-end hook: a detached watcher ends the session when the harness exits
         pid = harness_pid()
-        vibe.watch_end(pid, document["session_id"], lambda: served.call("hook", {
+        end_watch(pid, document["session_id"], lambda: served.call("hook", {
             "harness": harness, "event": "end", "agent": agent, "session": _session(document, None, pid)},
             timeout=10.0))
     return errors.EXIT_OK
@@ -384,7 +339,7 @@ def served_wait(served, harness: str, agent: str, document: dict, deliver=None, 
     `deliver(note)`, `pid`: as wait's (the note is delivered once the server told it)."""
     import threading
 
-    if harness not in WAKES_IDLE + WAKES_FROM_OUTSIDE or not _waits_here():
+    if not harnesses.of(harness).wakes_idle or not _waits_here():
         return errors.EXIT_OK
     me, harness_process = _process_token(os.getpid()), pid or harness_pid()
     given = {"harness": harness, "event": "wait", "agent": agent, "session": _session(document, me, harness_process)}

@@ -15,7 +15,7 @@ it fresh; the client ends the session when its harness dies.
 from __future__ import annotations
 
 
-from agent_mail import errors, jsonout, model, spec
+from agent_mail import errors, harnesses, jsonout, model, spec
 from agent_mail.parts.liveness import SERVED, harness_pid, live_sessions
 from agent_mail.parts.liveness import host_name as _host
 from agent_mail.operations.results import no_emit
@@ -23,29 +23,9 @@ from agent_mail.operations.results import no_emit
 SHOWN = 10  # envelopes listed in one context note; the rest are counted
 LAST_SEEN_EVERY_SECONDS = 60.0  # a quiet check refreshes the session's last_seen at most this often
 
-# Where each harness takes the hooks' output. All three read hookSpecificOutput.additionalContext on their
-# context events (Claude Code and Codex: SessionStart, UserPromptSubmit, PostToolUse; Gemini CLI:
-# SessionStart, BeforeAgent, AfterTool); a held stop is {"decision": "block"} on Stop (Claude Code, Codex)
-# and {"decision": "deny"} on AfterAgent (Gemini CLI), the reason becoming the next prompt either way.
-# Qwen Code takes Claude Code's forms (Stop, UserPromptSubmit, ...); Copilot CLI reads a TOP-LEVEL additionalContext
-# from sessionStart, userPromptSubmitted and postToolUse (it ignores the nested hookSpecificOutput form) and holds
-# its agentStop with {"decision": "block"} (both seen with 1.0.102).
-# Mistral Vibe's post_agent takes {"decision": "deny"} (harness.vibe says the rest in its words).
-STOP_DECISION = {"claude-code": "block", "codex": "block", "gemini": "deny", "qwen": "block", "copilot": "block",
-                 "opencode": "block", "vibe": "deny"}
-DEFAULT_EVENT = {"claude-code": "PostToolUse", "codex": "PostToolUse", "gemini": "AfterTool", "qwen": "PostToolUse",
-                 "copilot": "postToolUse", "opencode": "PostToolUse", "vibe": "post_tool"}
-# Harnesses with no session-start event (Mistral Vibe: after a tool, before a tool, a turn's end): a first stop with
-# unread mail is held with the inbox, as a start would have told it. Nor an MCP entry: the notes name the CLI.
-NO_START = ("vibe",)
-CLI_ONLY = ("vibe",)
-# The harnesses whose idle session a waiter wakes: Claude Code's asyncRewake hook; OpenCode's plugin, which starts a
-# turn with the waiter's note (agent_mail.harness.opencode).
-WAKES_IDLE = ("claude-code", "opencode")
-# Harnesses whose idle session a waker of ours wakes from outside, through the harness's own primitive
-# (harness.waker: Qwen Code's dual-output input file, `codex queue`): the waiter's wait, the note delivered there.
-WAKES_FROM_OUTSIDE = ("qwen", "codex")
-QUIET = {"gemini": {}}  # Gemini CLI parses a hook's stdout as JSON: an empty object, not nothing
+# What each harness takes and how its idle session is woken (its context output, the decision that holds its stop,
+# what it prints when quiet, how it names our MCP tools, whether a waiter wakes it) are its record's
+# (agent_mail.harnesses); a Session asks the record of its harness, loaded for that harness only.
 
 
 def _age(created: str, now) -> str:
@@ -60,21 +40,6 @@ def _age(created: str, now) -> str:
     if seconds < 172800:
         return f"{seconds // 3600} h ago"
     return f"{seconds // 86400} days ago"
-
-
-def _tool(harness: str, name: str) -> str:
-    """How the harness names our MCP tool `name` to its model (as seen in their requests to the model:
-    Claude Code mcp__agent-mail__read, Gemini CLI mcp_agent-mail_read, Codex `read` in the namespace
-    mcp__agent_mail)."""
-    if harness == "claude-code":
-        return f"mcp__agent-mail__{name}"
-    if harness == "gemini":
-        return f"mcp_agent-mail_{name}"
-    if harness == "qwen":
-        return f"mcp__agent-mail__{name}"
-    if harness == "opencode":
-        return f"agent-mail_{name}"
-    return f"the agent-mail MCP tool {name}"
 
 
 def render(harness: str, agent: str, envelopes: list[dict], new: int, unread: int, events: list[dict],
@@ -103,14 +68,15 @@ def render(harness: str, agent: str, envelopes: list[dict], new: int, unread: in
         sessions = "1 other live session uses" if others == 1 else f"{others} other live sessions use"
         lines.append(f"Warning: {sessions} the identity {agent}; you will take each other's unread mail. Use a "
                      "distinct identity (agent-mail setup --agent) unless this is intended.")
-    if unread and harness in CLI_ONLY:
+    kind = harnesses.of(harness) if unread else None
+    if kind is not None and not kind.mcp:  # no MCP server in this harness: the command line
         lines.append(f"Next: take delivery with `agent-mail read {agent}`; after acting on a message, "
                      f"`agent-mail ack {agent} ID`; reply with `agent-mail send --from {agent} --to SENDER "
                      f"--reply-to ID --subject ... --body ...`.")
-    elif unread:
-        lines.append(f"Next: take delivery with {_tool(harness, 'read')} (or `agent-mail read {agent}`); after "
-                     f"acting on a message, {_tool(harness, 'ack')} with its id (`agent-mail ack {agent} ID`); "
-                     f"reply with {_tool(harness, 'send')} and reply_to=ID.")
+    elif kind is not None:
+        lines.append(f"Next: take delivery with {kind.tool_named('read')} (or `agent-mail read {agent}`); after "
+                     f"acting on a message, {kind.tool_named('ack')} with its id (`agent-mail ack {agent} ID`); "
+                     f"reply with {kind.tool_named('send')} and reply_to=ID.")
     return "\n".join(lines)
 
 
@@ -122,13 +88,6 @@ def user_line(agent: str, envelopes: list[dict]) -> str:
     more = len(envelopes) - 1
     return (f"agent-mail: mail for {agent} from {first['sender']}: {jsonout.quoted(first['subject'])}"
             + (f" (+{more} more)" if more else ""))
-
-
-def _output(harness: str, event_name: str, note: str) -> dict:
-    """The context note in the harness's hook output."""
-    if harness == "copilot":
-        return {"additionalContext": note}
-    return {"hookSpecificOutput": {"hookEventName": event_name, "additionalContext": note}}
 
 
 class Superseded(Exception):
@@ -143,6 +102,7 @@ class Session:
                  host: str | None = None):
         self.mailbox, self.store = mailbox, mailbox.store
         self.harness, self.agent, self.document = harness, agent, document
+        self.kind = harnesses.of(harness)
         self.key = f"{harness}:{document['session_id']}"
         self.event_name = str(document.get("hook_event_name") or "")
         self.pid, self.host = (harness_pid(), _host()) if host is None else (pid, host)
@@ -183,8 +143,8 @@ class Session:
                 note = self._start_note(session, now)
             else:
                 note = self._tell(session, now)
-            output = None if note is None else _output(self.harness, self.event_name or DEFAULT_EVENT[self.harness],
-                                                       note)
+            output = None if note is None else self.kind.context_output(self.event_name or self.kind.context_event,
+                                                                        note)
             if output is not None:
                 emit(output)
         return output
@@ -226,9 +186,9 @@ class Session:
             told: list[dict] = []
             if session is None or session["agent"] != self.agent or session["ended_at"]:
                 note = self._start_note(session, now)  # first contact: the baseline; nothing arrived "during" a turn
-                if self.harness not in NO_START:
+                if self.kind.starts:
                     return None
-                told = self.store.unread(self.agent, now, limit=SHOWN)  # no start told it: the stop does
+                told = self.store.unread(self.agent, now, limit=SHOWN)  # no session start told it: the stop does
                 if not told:
                     return None
             else:
@@ -237,10 +197,11 @@ class Session:
                 return None
             # The reason goes to the model as the next prompt: mail, said as mail. systemMessage is the line each
             # harness shows the user (Claude Code and Codex under the hook's name; Gemini CLI after its fixed
-            # "Agent execution blocked:"), which would otherwise be the whole reason or nothing.
-            output = {"decision": STOP_DECISION[self.harness], "reason": note + "\nThis arrived while you worked: "
-                      "it is mail for you, not an error; deal with it (or say why not) before you stop.",
-                      "systemMessage": user_line(self.agent, told)}
+            # "Agent execution blocked:"), which would otherwise be the whole reason or nothing; the record's
+            # stop_output says it all in the harness's words.
+            output = self.kind.stop_output(self.kind.stop_decision, note + "\nThis arrived while you worked: it is "
+                                           "mail for you, not an error; deal with it (or say why not) before you stop.",
+                                           user_line(self.agent, told))
             emit(output)
         return output
 
@@ -402,7 +363,7 @@ def served_waiter(mailbox, *, harness: str, event: str, agent: str, session: dic
                   **_) -> ServedWaiter | None:
     """A hook step's wait to carry on a server's event loop, armed: a waiter's (`wait`) of a harness whose hooks can
     wake it; None for any other step (served_step carries it)."""
-    if event != "wait" or harness not in WAKES_IDLE:
+    if event != "wait" or not harnesses.of(harness).waits_in_its_hook:
         return None
     given = _session_input(session)
     me = given.get("waiter")
@@ -419,7 +380,7 @@ def _served_wait(step: Session, given: dict, wanted, seconds: float) -> dict:
     `waiter` in the answer: the older waiter this one replaced, for the client to end."""
     import time
 
-    if step.harness not in WAKES_IDLE + WAKES_FROM_OUTSIDE:
+    if not step.kind.wakes_idle:
         return {}
     me = given.get("waiter")
     if not me:

@@ -311,14 +311,14 @@ register(Command(
     "blocking like watch "
     "until such mail arrives, then exit 2 with the envelopes on stderr (wakes an idle session); for Codex and Qwen "
     "Code it starts the session's waker detached and returns at once: the waker waits the same way and hands the "
-    "envelopes to the session as a prompt (`codex queue`; Qwen Code's dual-output input file). end: the "
+    "envelopes to the session as a prompt (Codex's queue command; Qwen Code's dual-output input file). end: the "
     "session ended. pretool (Claude Code, Codex and Qwen Code PreToolUse, Gemini CLI BeforeTool, Copilot CLI "
-    "preToolUse, OpenCode's plugin before write, edit, multiedit, patch and apply_patch, Mistral Vibe's pre_tool "
-    "before write_file and edit): denies "
+    "preToolUse, OpenCode's plugin before each tool that edits, Mistral Vibe's pre_tool before write_file and "
+    "edit): denies "
     "an edit of a file another live identity holds exclusively, saying who holds it, why, until when and the send "
     "that asks them; silent for any other tool or file.",
     args=(
-        Arg("harness", TEXT, "claude-code, codex, gemini, qwen, copilot, opencode or vibe.", required=True,
+        Arg("harness", TEXT, f"{', '.join(HARNESSES[:-1])} or {HARNESSES[-1]}.", required=True,
             choices=HARNESSES),
         Arg("event", TEXT, "context, stop, wait, end or pretool.", required=True,
             choices=("context", "stop", "wait", "end", "pretool")),
@@ -345,7 +345,7 @@ register(Command(
     modes={"wait": "Prints nothing on stdout. Claude Code: exit 2 with the note on stderr when mail arrives, 0 when "
                    "the wait ends (55 minutes, a newer waiter, the harness gone, or a run nobody waits on: claude -p, "
                    "the SDK). Codex, Qwen Code: exit 0 at once, the waker detached (none for codex exec or qwen -p)."},
-    examples=("hook claude-code context --agent deploy:worker",),
+    examples=(f"hook {HARNESSES[0]} context --agent deploy:worker",),
 ))
 
 
@@ -361,11 +361,8 @@ register(Command(
     "agent-mail server's URL as the mailbox, the MCP entry is the server's /mcp over HTTP, its token read from "
     "AGENT_MAIL_TOKEN in the environment (written in no file).",
     args=(
-        Arg("harness", TEXT, "The harness: claude-code (.mcp.json, .claude/settings.local.json), codex "
-            "(.codex/config.toml, .codex/hooks.json), gemini (.gemini/settings.json), qwen (.qwen/settings.json), "
-            "copilot (.mcp.json, .github/hooks/agent-mail.json), opencode (opencode.json, "
-            ".opencode/plugin/agent-mail.js) or vibe (the user's ~/.vibe/hooks.toml, or $VIBE_HOME's: a block acting "
-            "only in the directory and below; no MCP entry).", required=True,
+        Arg("harness", TEXT, f"The harness: {', '.join(HARNESSES[:-1])} or {HARNESSES[-1]} (the files each one's "
+            "setup writes are in its output's files, and in docs/harnesses.md).", required=True,
             choices=HARNESSES),
         Arg("--agent", IDENTITY, "The identity the harness's sessions use (project:name).", required=True),
         Arg("--dir", PATH, "The project directory the harness starts in (default: the current directory)."),
@@ -389,8 +386,8 @@ register(Command(
         "token itself. null for a mailbox opened here, and with --remove.",
         "notes": "What the harness now does, and what it does not.",
     },
-    examples=("setup claude-code --agent deploy:worker", "setup claude-code --agent deploy:worker --dry-run",
-              "setup claude-code --agent deploy:worker --remove"),
+    examples=(f"setup {HARNESSES[0]} --agent deploy:worker", f"setup {HARNESSES[0]} --agent deploy:worker --dry-run",
+              f"setup {HARNESSES[0]} --agent deploy:worker --remove"),
     mutating=True,
     needs_mailbox=False,
 ))

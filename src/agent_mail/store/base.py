@@ -215,6 +215,11 @@ class Store(WholeMailbox):
     def close(self) -> None:
         """Release the connection."""
 
+    def own_file(self, path: str) -> bool:
+        """Whether `path` (a real path) is one of the files this mailbox lives in, which nothing else written (a
+        saved attachment, say) may ever replace. A server's mailbox has none on this machine."""
+        return False
+
     def reusable(self) -> bool:
         """Whether this open store may serve another caller as it is (a pool's check when it is given back):
         its connection sound, no transaction open, no wake-up pending, not listening."""

@@ -148,6 +148,12 @@ class SQLiteStore(SQLStore):
         """As stored, with what the armed sessions' wake-up pipes tell (sqlite_bells.presence)."""
         return presence(self.path, self.db, super().liveness(agent), agent)
 
+    def own_file(self, path: str) -> bool:
+        """The database and every file SQLite keeps beside it (-wal, -shm, -journal): named after it, in its folder."""
+        mine = os.path.realpath(self.path)
+        return os.path.dirname(path) == os.path.dirname(mine) and os.path.basename(path).startswith(
+            os.path.basename(mine))
+
     def __init__(self, path: str, any_thread: bool = False):
         self.path = path
         self._any_thread = any_thread  # used by one thread at a time, whichever (a pool's store)

@@ -25,7 +25,9 @@ import os
 import shlex
 
 from agent_mail import errors
+from agent_mail.harnesses.record import RUN, Harness
 
+NAME = "vibe"
 HOOKS_FILE = "hooks.toml"
 HOME_VAR = "VIBE_HOME"
 _BEGIN = "# agent-mail setup vibe: begin "
@@ -77,7 +79,7 @@ def _within(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
-def set_up_at(directory: str, exactly: bool = False) -> bool:
+def set_up_at(directory: str, exactly: bool = True) -> bool:
     """Whether `setup vibe` connected `directory` (`exactly`), or it or a directory above it."""
     try:
         text = _read(hooks_path())
@@ -164,56 +166,23 @@ def hooks_plan(root: str, agent: str, mailbox: str, remove: bool, hook_base: lis
     return planned(path, action, before, after)
 
 
-def emitter(emit):
-    """`emit` for a Vibe hook: our output said in Vibe's words. Context: hook_specific_output.additional_context;
-    a held stop or a refused edit: decision deny with the reason (system_message, the line the person is shown)."""
-    def vibe_emit(document: dict) -> None:
-        emit(output(document))
-    return vibe_emit
+def context_output(event: str, note: str) -> dict:
+    """post_tool: the note appended to the tool's result."""
+    return {"hook_specific_output": {"additional_context": note}}
 
 
-def output(document: dict) -> dict:
-    specific = document.get("hookSpecificOutput")
-    if isinstance(specific, dict) and specific.get("permissionDecision") == "deny":
-        return {"decision": "deny", "reason": specific.get("permissionDecisionReason", "")}
-    if isinstance(specific, dict) and "additionalContext" in specific:
-        return {"hook_specific_output": {"additional_context": specific["additionalContext"]}}
-    found = {key: value for key, value in document.items() if key != "systemMessage"}
-    if "decision" in found:
-        found["decision"] = "deny"  # Vibe's post_agent: the reason sent back as the next user message
-    if "systemMessage" in document:
-        found["system_message"] = document["systemMessage"]
-    return found
+def denial(note: str) -> dict:
+    """pre_tool: decision deny, the reason the model is shown as the tool's error."""
+    return {"decision": "deny", "reason": note}
 
 
-def remote_notes(mailbox: str, token_var: str, token_file_var: str, token_set: bool) -> list[str]:
-    notes = [f"The hooks run agent-mail as a client of the agent-mail server {mailbox}. No file holds the token: they "
-             f"read {token_var} (or the file {token_file_var} names) from the environment `vibe` starts with."]
-    if not token_set:
-        notes.append(f"Neither {token_var} nor {token_file_var} is set here: export one before starting `vibe` (the "
-                     "mailbox's operator makes a token with agent-mail token create --agent P:N).")
-    return notes
+def stop_output(decision: str, reason: str, line: str) -> dict:
+    """post_agent: the reason sent back as the next user message; system_message the line the person is shown."""
+    return {"decision": decision, "reason": reason, "system_message": line}
 
 
-NOTES = [
-    "Vibe's hooks are in your user-wide hooks file, HOOKS (a project's .vibe/ is read only in a folder you trusted, "
-    "so setup does not use it); each agent-mail entry acts only in DIR and below, elsewhere it exits at once. Your "
-    "own hooks in that file stay as they were.",
-    "Start `vibe` in this directory: after each tool call the model is told of mail that is new to the session "
-    "(appended to the tool's result), and a turn that ends with mail it was not told of is sent back once with the "
-    "envelopes (post_agent). Vibe has no hook at a prompt or at a session's start: mail waiting when a session "
-    "starts is told at its first tool call or the end of its first turn.",
-    "Vibe cannot wake an idle session by itself: start it as `agent-mail run -- vibe` and an idle session is woken "
-    "when mail arrives (run types a one-line notice at the empty prompt, never while you type; that turn's hooks then "
-    "tell the model). Started plainly, an idle Vibe hears of mail after its next tool call or at its next turn's end.",
-    "No MCP entry is written: Vibe reads MCP servers from your user-wide config.toml (or a trusted project's), which "
-    "cannot hold one identity per project. The model uses the agent-mail command line the notes name (agent-mail "
-    "read, ack, send), through Vibe's bash tool.",
-]
-
-
-def notes(root: str) -> list[str]:
-    return [note.replace("HOOKS", hooks_path()).replace("DIR", root) for note in NOTES]
+def plans(kit, root: str, agent: str, mailbox: str, remove: bool) -> list[dict]:
+    return [hooks_plan(root, agent, mailbox, remove, kit.hook_base(), kit.planned)]
 
 
 def ends_directory() -> str:
@@ -232,7 +201,7 @@ def watch_end(pid: int | None, session_id: str, end) -> None:
     import fcntl
 
     from agent_mail import files
-    from agent_mail.parts.liveness import pid_alive
+    from agent_mail.files import pid_alive
 
     if pid is None or not pid_alive(pid):
         return
@@ -279,3 +248,45 @@ def watch_end(pid: int | None, session_id: str, end) -> None:
             pass
     finally:
         os._exit(0)
+
+
+HARNESS = Harness(
+    name=NAME,
+    title="Mistral Vibe",
+    program="vibe",
+    context_event="post_tool",
+    context_output=context_output,
+    stop_decision="deny",
+    stop_output=stop_output,
+    starts=False,  # no session start, no prompt hook: a first stop with unread mail is held with the inbox
+    subagent_key="parent_session_id",  # a subagent's hooks: its parent session is told (its edits are guarded)
+    edit_tools=EDIT_TOOLS,
+    denial=denial,
+    wake=RUN,
+    told="told at its next tool call or turn's end (a live Mistral Vibe session, which cannot be woken while idle: "
+         "`agent-mail run -- vibe` can)",
+    # Its whole interface is on the alternate screen: its empty prompt is a line of ">" alone (typed text follows
+    # it; an approval dialog takes its place).
+    empty_prompt=("\n>\n",),
+    told_at_prompt=False,
+    end_watch=watch_end,
+    plans=plans,
+    set_up_at=set_up_at,
+    mcp=False,
+    notes=(
+        "Vibe's hooks are in your user-wide hooks file (its hooks.toml above: ~/.vibe/, or $VIBE_HOME's; a project's "
+        ".vibe/ is read only in a folder you trusted, so setup does not use it); each agent-mail entry acts only in "
+        "this directory and below, elsewhere it exits at once. Your own hooks in that file stay as they were.",
+        "Start `vibe` in this directory: after each tool call the model is told of mail that is new to the session "
+        "(appended to the tool's result), and a turn that ends with mail it was not told of is sent back once with "
+        "the envelopes (post_agent). Vibe has no hook at a prompt or at a session's start: mail waiting when a "
+        "session starts is told at its first tool call or the end of its first turn.",
+        "Vibe cannot wake an idle session by itself: start it as `agent-mail run -- vibe` and an idle session is "
+        "woken when mail arrives (run types a one-line notice at the empty prompt, never while you type; that turn's "
+        "hooks then tell the model). Started plainly, an idle Vibe hears of mail after its next tool call or at its "
+        "next turn's end.",
+        "No MCP entry is written: Vibe reads MCP servers from your user-wide config.toml (or a trusted project's), "
+        "which cannot hold one identity per project. The model uses the agent-mail command line the notes name "
+        "(agent-mail read, ack, send), through Vibe's bash tool.",
+    ),
+)

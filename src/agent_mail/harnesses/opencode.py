@@ -27,11 +27,12 @@ import json
 import os
 
 from agent_mail import errors
+from agent_mail.harnesses.record import HOOK, SERVER, Harness
 
+NAME = "opencode"
 PLUGIN = os.path.join(".opencode", "plugin", "agent-mail.js")
 CONFIG = "opencode.json"
 MARK = "written by `agent-mail setup opencode"  # in the plugin's first line: how ours is told from another's
-SERVER = "agent-mail"
 EDIT_TOOLS = ("write", "edit", "multiedit", "patch", "apply_patch")
 
 _PLUGIN_TEXT = """\
@@ -208,7 +209,7 @@ def plugin_text(agent: str, command: list[str], mailbox: str, wake: str) -> str:
         return json.dumps(value, ensure_ascii=False)
 
     return _PLUGIN_TEXT.format(mark=MARK, agent=agent, agent_json=js(agent), command_json=js(command + ["hook",
-                               "opencode"]), env_json=js({"AGENT_MAIL_DB": mailbox}), wake_json=js(wake),
+                               NAME]), env_json=js({"AGENT_MAIL_DB": mailbox}), wake_json=js(wake),
                                edits_json=js(list(EDIT_TOOLS)))
 
 
@@ -263,3 +264,45 @@ def server_entry(command: list[str], agent: str, mailbox: str, remote_url: str |
         return {"type": "remote", "url": remote_url, "headers": {"Authorization": bearer}, "enabled": True}
     return {"type": "local", "command": command + ["mcp", "--agent", agent], "environment": {"AGENT_MAIL_DB": mailbox},
             "enabled": True}
+
+
+BEARER_FROM_ENV = "Bearer {env:AGENT_MAIL_TOKEN}"  # OpenCode's substitution of a variable in its config
+
+
+def plans(kit, root: str, agent: str, mailbox: str, remove: bool) -> list[dict]:
+    """DIR/opencode.json (the MCP server, merged) and DIR/.opencode/plugin/agent-mail.js (the hooks)."""
+    remote = kit.mcp_url(mailbox) if kit.is_server(mailbox) else None
+    entry = None if remove else server_entry(kit.base_command(), agent, mailbox, remote, BEARER_FROM_ENV)
+    text = None if remove else plugin_text(agent, kit.hook_base(), mailbox, kit.REWAKE_MESSAGE)
+    return [kit.json_plan(os.path.join(root, CONFIG), lambda d: config_merged(d, entry), comments=True),
+            plugin_plan(root, text, kit.planned)]
+
+
+HARNESS = Harness(
+    name=NAME,
+    title="OpenCode",
+    program="opencode",
+    tool="agent-mail_{}",
+    edit_tools=EDIT_TOOLS,
+    patch_tools=("patch", "apply_patch"),  # the files in the patch's headers (args.patchText); the others: filePath
+    wake=HOOK,
+    woken="woken now (a live OpenCode session, idle: its agent-mail plugin's waiter starts a turn)",
+    told="told at its next prompt or tool call (a live OpenCode session, at work; woken when idle)",
+    plans=plans,
+    marker=(PLUGIN, (MARK,)),
+    notes=(
+        "Start `opencode` in this directory (OpenCode reads opencode.json from the directory it starts in): the "
+        "agent-mail MCP server (tools agent-mail_*) loads from opencode.json, the plugin from "
+        ".opencode/plugin/agent-mail.js.",
+        "Mail reaches the model's context at each prompt (the first one of a session gets the inbox) and after tool "
+        "calls; a session that goes idle with mail that arrived during its turn is sent it as one more prompt, once; "
+        "an idle session is woken when mail arrives (the plugin's waiter starts a turn with the envelopes). Under "
+        "`opencode run` nothing waits: it exits when its session is idle.",
+        "At its first start in a directory OpenCode installs @opencode-ai/plugin into .opencode/node_modules with npm "
+        "(a few seconds; without a network it retries for about 75 s before the session starts; "
+        "npm_config_fetch_retries=0 makes that fail at once). The agent-mail plugin does not use it.",
+        "The agent-mail entry of opencode.json and .opencode/plugin/agent-mail.js hold this interpreter, identity and "
+        "mailbox (OpenCode reads no personal project settings): keep them out of version control, or commit them only "
+        "for a shared mailbox.",
+    ),
+)
