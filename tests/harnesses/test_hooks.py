@@ -139,7 +139,8 @@ def test_a_held_stop_shows_the_user_who_wrote_and_tells_the_model_it_is_mail(har
     send("Stop the deploy")
     held = run("stop", "AfterAgent" if harness == "gemini" else "Stop", stop_hook_active=False)
     assert held["decision"] in ("block", "deny")
-    assert held["systemMessage"] == f'agent-mail: mail for {AGENT} from boss:lead: "Stop the deploy"'
+    shown = held["system_message" if harness == "vibe" else "systemMessage"]  # Mistral Vibe's words for it
+    assert shown == f'agent-mail: mail for {AGENT} from boss:lead: "Stop the deploy"'
     assert "it is mail for you, not an error" in held["reason"] and "Stop the deploy" in held["reason"]
 
 

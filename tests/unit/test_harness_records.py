@@ -34,8 +34,10 @@ def test_a_harness_record_says_what_every_layer_asks(name):
     assert kind.tool_named("read") != kind.tool_named("send") and kind.tool_named("read").endswith("read")
     assert kind.edit_tools and set(kind.patch_tools) <= set(kind.edit_tools)
     # setup
-    path, marks = kind.marker
-    assert path and marks and kind.notes and all(isinstance(note, str) and note for note in kind.notes)
+    if kind.set_up_at is None:  # set up where a file in the directory says so, or where its record says
+        path, marks = kind.marker
+        assert path and marks
+    assert kind.notes and all(isinstance(note, str) and note for note in kind.notes)
     assert callable(kind.plans) and callable(kind.hook_entry)
 
 

@@ -18,7 +18,12 @@ hook_event_name, ...); what each harness sends and takes, its events and its too
   ends when the harness process does. Codex and Qwen Code (SessionStart and Stop): starts the session's waker
   detached and returns at once (harness.waker: the same wait, run by wake_once, the envelopes handed over as a
   prompt through the harness's own way in). A harness woken only under `agent-mail run` has no waiter.
-- end: SessionEnd. The session stops counting as live; its waiter is ended.
+- end: SessionEnd. The session stops counting as live; its waiter is ended. A harness with no session-end hook
+  (its record's end_watch): through a server, which cannot see the harness's process, a detached watcher started by
+  its first hook ends the session when the harness exits.
+
+A hook of a subagent (its input carries the record's subagent_key) tells nothing: its parent session is told; its
+edits are guarded all the same.
 - pretool (PreToolUse, Gemini CLI's BeforeTool, ..., on the tools that edit: the record's edit_tools): denies an
   edit of a file another live identity holds
   exclusively (agent_mail.operations.reservations), telling the model who holds it, why, until when, and the `send` that
@@ -174,6 +179,8 @@ def run(harness: str, event: str, agent: str | None, emit, served=None) -> int:
     kind = harnesses.of(harness)
     document = read_input(harness=harness)
     printed = []
+    if kind.subagent_key and document.get(kind.subagent_key) and event != "pretool":
+        return errors.EXIT_OK  # a subagent's hooks: its parent session is told (a subagent's edits are guarded)
     if event == "pretool" and not edited_paths(harness, document):
         if kind.quiet is not None:  # not an edit: answered without opening the mailbox
             emit(kind.quiet)
@@ -323,6 +330,12 @@ def _served(served, harness: str, event: str, agent: str, document: dict, emit) 
     if result.get("output") is not None:
         emit(result["output"])
     _end_waiter(result.get("waiter"))
+    end_watch = harnesses.of(harness).end_watch
+    if end_watch is not None:  # no session-end hook: a detached watcher ends the session when the harness exits
+        pid = harness_pid()
+        end_watch(pid, document["session_id"], lambda: served.call("hook", {
+            "harness": harness, "event": "end", "agent": agent, "session": _session(document, None, pid)},
+            timeout=10.0))
     return errors.EXIT_OK
 
 

@@ -25,8 +25,10 @@ arrivals into one pending wake, and types the trigger only when the session is i
 - no wake in the last WAKE_INTERVAL_SECONDS.
 
 The trigger is one line (never the mail), typed, seen on the screen, then Enter; the harness's prompt hook (from
-`agent-mail setup`) adds the envelopes to that turn. Mail the person's own prompt carried, or that the harness's
-hooks told the session under this process (its harness session, found by process), wakes nothing.
+`agent-mail setup`) adds the envelopes to that turn (a harness with no prompt hook, its record's
+told_at_prompt false: that turn's tool calls or its end tell them, and the wake is over once entered). Mail the
+person's own prompt carried, or that the harness's hooks told the session under this process (its harness session,
+found by process), wakes nothing.
 """
 
 from __future__ import annotations
@@ -51,8 +53,9 @@ SERVED_LOOK_SECONDS = 3.0  # through a server, with woken-for mail still unread:
 WAIT_SECONDS = model.WATCH_MINUTES_DEFAULT * 60.0  # one armed wait of the helper (then re-armed)
 
 # What the screen's last lines show while a harness asks the person something or works on a turn (Gemini CLI,
-# Copilot CLI, Claude Code, Codex and common y/n prompts): typing then would answer the dialog or queue the trigger.
-BUSY_MARKERS = ("esc to cancel", "esc to interrupt", "Esc to cancel", "esc to stop")
+# Copilot CLI, Claude Code, Codex, Mistral Vibe and common y/n prompts): typing then would answer the dialog or queue
+# the trigger.
+BUSY_MARKERS = ("esc to cancel", "esc to interrupt", "Esc to cancel", "esc to stop", "Ctrl+C to interrupt")
 DIALOG_MARKERS = ("Allow once", "Allow execution", "Allow for this session", "Apply this change", "Do you want to",
                   "Waiting for user confirmation", "Yes, allow", "No, suggest changes", "(y/n)", "[y/N]", "[Y/n]",
                   "Approve", "approve this", "Press enter to confirm", "Press Enter to confirm", "Trust folder",
@@ -1133,7 +1136,8 @@ class Runner:
         """One step of a wake under way: the trigger typed and waiting to be seen (echo), seen and waiting a moment
         before Enter (enter: a harness takes an Enter that follows typing at once for part of a paste), entered and
         waiting to be told (landing: the session under run told the mail by its prompt hook, where the mailbox
-        knows the session; one more Enter if not). None once it is over, landed or given up."""
+        knows the session; one more Enter if not; no landing for a harness whose prompt hook does not tell). None
+        once it is over, landed or given up."""
         text = self.trigger.decode("utf-8")
         if typing["phase"] == "echo":
             if screen.count(text) > typing["shown"]:
@@ -1166,6 +1170,9 @@ class Runner:
             self.woken, self.attempts = self.woken + 1, 0
             waker.woke(now)
             self._note("Enter")
+            if self.harness and not harnesses.of(self.harness).told_at_prompt:
+                self._note("entered: the turn's hooks tell the mail (no prompt hook)")
+                return None
             return {**typing, "phase": "landing", "deadline": now + LANDED_SECONDS, "enters": 1,
                     "next": now + LANDED_LOOK_SECONDS}
         # landing

@@ -4,7 +4,7 @@ For a project directory DIR, the MCP server `agent-mail` (this interpreter runni
 with the mailbox it resolved in its environment) and the hooks (this interpreter running the installed agent-mail
 script, `hook ...`; `-m agent_mail hook ...` where no script is installed), and the file that names the mailbox.
 Each harness's files, what goes in them and the notes shown are its record's (agent_mail.harnesses: claude_code,
-codex, gemini, qwen, copilot, opencode, one module each); this module writes them, the same way for all: hooks
+codex, gemini, qwen, copilot, opencode, vibe, one module each); this module writes them, the same way for all: hooks
 merged into a harness's hooks object (hooks_merged: the record says the events and the shape of one hook), the MCP
 server entry (servers), a JSON settings file edited in place (json_plan). Every harness gets the context hooks, the
 stop guard, the end of a session and the pre-tool hook (`hook HARNESS pretool`, which denies an edit of a file
@@ -448,8 +448,12 @@ def _restoring(plan: dict) -> dict:
 _PROJECT_NOTE = ("# The agent-mail mailbox of this directory tree (written by `agent-mail setup`; AGENT_MAIL_DB "
                  "overrides it).\n")
 def set_up_here(root: str, harness: str) -> bool:
-    """Whether `harness` is set up in the directory `root`: the file its record's marker names holds a mark."""
-    path, marks = harnesses.of(harness).marker
+    """Whether `harness` is set up in the directory `root`: the file its record's marker names holds a mark (or,
+    where setup writes no file there, its record's set_up_at says so)."""
+    kind = harnesses.of(harness)
+    if kind.set_up_at is not None:
+        return kind.set_up_at(root)
+    path, marks = kind.marker
     return mentions(os.path.join(root, path), marks)
 
 
@@ -558,23 +562,31 @@ def _remote_notes(harness: str, mailbox: str) -> list[str]:
         return []
     kind = harnesses.of(harness)
     start = kind.program
-    server = (f"The MCP server is the agent-mail server's {mailbox}{http_api.MCP_PATH} (streamable HTTP), the identity "
-              "taken from the token; t") if kind.mcp else "T"
-    notes = [f"{server}he hooks run agent-mail as a client of {mailbox}. No file holds the token: "
+    if not kind.mcp:  # its hooks alone: they read either variable
+        notes = [f"The hooks run agent-mail as a client of the agent-mail server {mailbox}. No file holds the token: "
+                 f"they read {TOKEN_VAR} (or the file {TOKEN_FILE_VAR} names) from the environment `{start}` starts "
+                 "with."]
+        if not (os.environ.get(TOKEN_VAR, "").strip() or os.environ.get(TOKEN_FILE_VAR, "").strip()):
+            notes.append(f"Neither {TOKEN_VAR} nor {TOKEN_FILE_VAR} is set here: export one before starting `{start}` "
+                         "(the mailbox's operator makes a token with agent-mail token create --agent P:N).")
+        return notes + _plain_http(mailbox)
+    notes = [f"The MCP server is the agent-mail server's {mailbox}{http_api.MCP_PATH} (streamable HTTP), the identity "
+             f"taken from the token; the hooks run agent-mail as a client of {mailbox}. No file holds the token: "
              f"{kind.token_reader} read it from {TOKEN_VAR} in the "
              f"environment `{start}` starts with."]
-    if not os.environ.get(TOKEN_VAR, "").strip() and not kind.mcp:
-        notes.append(f"{TOKEN_VAR} is not set here. Export it (or {TOKEN_FILE_VAR}, a file holding it) before starting "
-                     f"`{start}` (the mailbox's operator makes a token with agent-mail token create --agent P:N).")
-    elif not os.environ.get(TOKEN_VAR, "").strip():
+    if not os.environ.get(TOKEN_VAR, "").strip():
         notes.append(f"{TOKEN_VAR} is not set here. Export it before starting `{start}` (the mailbox's operator "
                      "makes a token with agent-mail token create --agent P:N). With "
                      f"{TOKEN_FILE_VAR} instead: the hooks read the file themselves, but an MCP entry can only read "
                      f"a variable, so start `{start}` with {TOKEN_VAR}=\"$(cat \"${TOKEN_FILE_VAR}\")\" {start}.")
+    return notes + _plain_http(mailbox)
+
+
+def _plain_http(mailbox: str) -> list[str]:
     if mailbox.startswith("http://") and not _loopback(mailbox):
-        notes.append(f"{mailbox} is plain http to another machine: the token and the mail cross the network in "
-                     "clear. Prefer https:// (agent-mail serve --tls-cert, or a TLS proxy in front).")
-    return notes
+        return [f"{mailbox} is plain http to another machine: the token and the mail cross the network in clear. "
+                "Prefer https:// (agent-mail serve --tls-cert, or a TLS proxy in front)."]
+    return []
 
 
 def _loopback(url: str) -> bool:

@@ -1,7 +1,7 @@
 """The harnesses agent-mail connects to, one module each, chosen by name through one small registry.
 
-Each module here (claude_code, codex, gemini, qwen, copilot, opencode, pi) holds everything about its harness in one
-record, a Harness: the program it starts as, the words of its hook input and output, the note's tool names, how its
+Each module here (claude_code, codex, gemini, qwen, copilot, opencode, pi, vibe) holds everything about its harness
+in one record, a Harness: the program it starts as, the words of its hook input and output, the note's tool names, how its
 idle session is woken and the liveness words that say so, the tools whose edits the pre-tool guard checks, and
 what `agent-mail setup` writes for it (its files, merged, and the notes shown). Every layer asks the record
 (agent_mail.operations.telling, agent_mail.parts.liveness, agent_mail.harness.hooks, agent_mail.harness.setup, ...);
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 # The harnesses, by name (as `agent-mail setup NAME` and `agent-mail hook NAME` take it, and as harness sessions are
 # stored): the command line's choices, without loading a module.
-NAMES = ("claude-code", "codex", "gemini", "qwen", "copilot", "opencode", "pi")
+NAMES = ("claude-code", "codex", "gemini", "qwen", "copilot", "opencode", "pi", "vibe")
 
 
 def _load(name: str):
@@ -44,6 +44,8 @@ def _load(name: str):
         from agent_mail.harnesses import opencode as kind
     elif name == "pi":
         from agent_mail.harnesses import pi as kind
+    elif name == "vibe":
+        from agent_mail.harnesses import vibe as kind
     else:
         return None
     return kind.HARNESS

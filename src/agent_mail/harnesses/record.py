@@ -34,6 +34,10 @@ def _context(event: str, note: str) -> dict:
     return {"hookSpecificOutput": {"hookEventName": event, "additionalContext": note}}
 
 
+def _stop(decision: str, reason: str, line: str) -> dict:
+    return {"decision": decision, "reason": reason, "systemMessage": line}
+
+
 def _denial(note: str) -> dict:
     return {"hookSpecificOutput": {"hookEventName": "PreToolUse", "permissionDecision": "deny",
                                    "permissionDecisionReason": note}}
@@ -53,6 +57,10 @@ class Harness:
         "context_event",  # the event a context note is labelled with when the input names none
         "context_output",  # (event, note) -> the hook output that adds the note to the model's context
         "stop_decision",  # the decision that holds a stop ("block", "deny")
+        "stop_output",  # (decision, reason, line for the person) -> the hook output that holds a stop
+        "starts",  # whether its hooks see a session start (the inbox told there); if not, a first stop with unread
+        # mail is held with the inbox
+        "subagent_key",  # a key of the hook input that marks a subagent's hook: its parent session is told (None)
         "quiet",  # what a hook prints when it has nothing to say (None: nothing)
         "tool",  # how it names our MCP tool {} to its model, a format string
         "mcp",  # whether it has an MCP client (False: the notes name the agent-mail commands for its shell tool)
@@ -64,22 +72,28 @@ class Harness:
         "woken",  # a live session whose waiter is armed (None: it has none)
         "told",  # a live session without one (at work, or one that cannot be woken while idle)
         "empty_prompt",  # what its screen shows while its prompt is empty (`agent-mail run`)
+        "told_at_prompt",  # whether a prompt hook tells the mail when run's typed line lands (run waits for that);
+        # if not, the woken turn's own hooks tell it, and the wake is done once the line is entered
+        "end_watch",  # (pid, session_id, end) for a harness with no session-end hook: through a server (which cannot
+        # see the process), end() once the harness process `pid` exits (None: its end hook says so)
         # -- what `agent-mail setup` writes (agent_mail.harness.setup)
         "plans",  # (kit, root, agent, mailbox, remove) -> the plans of its files
         "hook_entry",  # (command, event, extra) -> one of our hooks in its settings' shape
         "hook_entries",  # (kit, hook, agent) -> our hooks by its event names; hook(event, **extra) makes one
         "marker",  # (file, marks): set up in a directory when that file there holds one of the marks
+        "set_up_at",  # directory -> whether setup connected exactly it, where no file there says so (None: marker)
         "token_reader",  # what reads the server's token from the environment, in the notes
         "notes",  # what setup tells the person
     )
 
     def __init__(self, *, name: str, title: str, program: str, wake: str, told: str, notes: tuple[str, ...],
-                 plans, marker: tuple[str, tuple[str, ...]], woken: str | None = None, read_input=_same,
-                 context_event: str = "PostToolUse", context_output=_context, stop_decision: str = "block",
-                 quiet: dict | None = None, tool: str = "the agent-mail MCP tool {}", mcp: bool = True,
-                 edit_tools: tuple[str, ...] = (), patch_tools: tuple[str, ...] = (), denial=_denial,
-                 empty_prompt: tuple[str, ...] = (),
-                 hook_entry=_hook_entry, hook_entries=None, token_reader: str = "the settings"):
+                 plans, marker: tuple[str, tuple[str, ...]] | None = None, set_up_at=None, woken: str | None = None,
+                 read_input=_same, context_event: str = "PostToolUse", context_output=_context,
+                 stop_decision: str = "block", stop_output=_stop, starts: bool = True, subagent_key: str | None = None,
+                 quiet: dict | None = None, tool: str = "the agent-mail MCP tool {}", edit_tools: tuple[str, ...] = (),
+                 patch_tools: tuple[str, ...] = (), denial=_denial, empty_prompt: tuple[str, ...] = (),
+                 told_at_prompt: bool = True, end_watch=None, hook_entry=_hook_entry, hook_entries=None,
+                 token_reader: str = "the settings", mcp: bool = True):
         given = dict(locals())
         for field in self.__slots__:
             object.__setattr__(self, field, given[field])

@@ -209,13 +209,18 @@ class Session:
         with self.store.transaction(write=True):
             self._active(now)
             session = self.store.harness_session(self.key)
-            if session is None or session["agent"] != self.agent or session["ended_at"]:
-                self._start_note(session, now)  # first contact: the baseline; nothing arrived "during" a turn
-                return None
-            if session["waiter"] in MARKS:
-                session["waiter"] = None  # the turn ends (unless held, below): idle until the Stop's waiter arms
             told: list[dict] = []
-            note = self._tell(session, now, told)
+            if session is None or session["agent"] != self.agent or session["ended_at"]:
+                note = self._start_note(session, now)  # first contact: the baseline; nothing arrived "during" a turn
+                if self.kind.starts:
+                    return None
+                told = self.store.unread(self.agent, now, limit=SHOWN)  # no session start told it: the stop does
+                if not told:
+                    return None
+            else:
+                if session["waiter"] in MARKS:
+                    session["waiter"] = None  # the turn ends (unless held, below): idle until the Stop's waiter arms
+                note = self._tell(session, now, told)
             if note is None:
                 return None
             if self.wakes:  # held: the turn goes on, and a waiter the same Stop armed stands down
@@ -223,10 +228,11 @@ class Session:
                 self.store.save_harness_session(session)
             # The reason goes to the model as the next prompt: mail, said as mail. systemMessage is the line each
             # harness shows the user (Claude Code and Codex under the hook's name; Gemini CLI after its fixed
-            # "Agent execution blocked:"), which would otherwise be the whole reason or nothing.
-            output = {"decision": self.kind.stop_decision, "reason": note + "\nThis arrived while you worked: "
-                      "it is mail for you, not an error; deal with it (or say why not) before you stop.",
-                      "systemMessage": user_line(self.agent, told)}
+            # "Agent execution blocked:"), which would otherwise be the whole reason or nothing; the record's
+            # stop_output says it all in the harness's words.
+            output = self.kind.stop_output(self.kind.stop_decision, note + "\nThis arrived while you worked: it is "
+                                           "mail for you, not an error; deal with it (or say why not) before you stop.",
+                                           user_line(self.agent, told))
             emit(output)
         return output
 

@@ -204,8 +204,8 @@ STATUS_FIELDS = {
 }
 
 REACHABLE_HELP = ("Whether this identity can be reached right now: a live harness session (Claude Code, Codex, "
-                  "Gemini CLI, Qwen Code, Copilot CLI, OpenCode, Pi: its hooks tell the model), an armed watch, a "
-                  "heartbeat seen in the last "
+                  "Gemini CLI, Qwen Code, Copilot CLI, OpenCode, Pi, Mistral Vibe: its hooks tell the model), an "
+                  "armed watch, a heartbeat seen in the last "
                   f"{model.LIVENESS_SECONDS:.0f} s, or a human profile.")
 NEXT_HELP = "The literal commands that finish the loop from the state just observed, in order. Run them."
 

@@ -303,16 +303,18 @@ register(Command(
     name="hook",
     summary="Run by a harness's hooks (set up by `agent-mail setup`), never by hand: reads the hook's JSON input "
     "on stdin (Copilot CLI's camelCase input too). context (SessionStart / sessionStart, UserPromptSubmit / "
-    "BeforeAgent / userPromptSubmitted, PostToolUse / AfterTool / postToolUse): adds the "
+    "BeforeAgent / userPromptSubmitted, PostToolUse / AfterTool / postToolUse / Mistral Vibe's post_tool): adds the "
     "envelopes of mail new to this session, the unread count, bounces and the next steps to the model's "
     "context, quiet when nothing is new, marking nothing read. stop: holds the stop once when mail the "
-    "session was not told of arrived. wait: the idle waiter (Claude Code's asyncRewake hook; OpenCode's plugin and "
-    "Pi's extension, which start a turn with its note), blocking like watch "
+    "session was not told of arrived (Mistral Vibe's post_agent: also its first, which has no session start). "
+    "wait: the idle waiter (Claude Code's asyncRewake hook; OpenCode's plugin and Pi's extension, which start a turn "
+    "with its note), blocking like watch "
     "until such mail arrives, then exit 2 with the envelopes on stderr (wakes an idle session); for Codex and Qwen "
     "Code it starts the session's waker detached and returns at once: the waker waits the same way and hands the "
     "envelopes to the session as a prompt (Codex's queue command; Qwen Code's dual-output input file). end: the "
     "session ended. pretool (Claude Code, Codex and Qwen Code PreToolUse, Gemini CLI BeforeTool, Copilot CLI "
-    "preToolUse, OpenCode's plugin and Pi's extension before each tool that edits): denies "
+    "preToolUse, OpenCode's plugin and Pi's extension before each tool that edits, Mistral Vibe's pre_tool before "
+    "write_file and edit): denies "
     "an edit of a file another live identity holds exclusively, saying who holds it, why, until when and the send "
     "that asks them; silent for any other tool or file.",
     args=(
@@ -327,15 +329,19 @@ register(Command(
             "Codex, Qwen Code, OpenCode, Pi): {hookEventName: PreToolUse, permissionDecision: deny, "
             "permissionDecisionReason} when the edit is refused (OpenCode's plugin throws the reason; Pi's extension "
             "blocks the call).",
+            "hook_specific_output": "Mistral Vibe only: context's {additional_context} (printed only when there is "
+            "something new).",
+            "system_message": "Mistral Vibe only: stop's line for the person, with decision and reason.",
             "additionalContext": "Copilot CLI only: context's note, top-level (printed only when there is something "
             "new).",
             "permissionDecision": "Copilot CLI only: pretool's \"deny\" (with permissionDecisionReason) when the edit "
             "is refused.",
             "decision": "stop: \"block\" (Claude Code, Codex, Qwen Code's Stop, Copilot CLI's agentStop) or "
-            "\"deny\" (Gemini CLI's AfterAgent) when the stop "
+            "\"deny\" (Gemini CLI's AfterAgent, Mistral Vibe's post_agent) when the stop "
             "is held (printed only then; Gemini CLI gets {} when there is nothing to say). pretool (Gemini CLI's "
-            "BeforeTool): \"deny\" when the edit is refused.",
-            "reason": "stop: the envelopes and what to do, shown to the model as its next turn. pretool (Gemini CLI): "
+            "BeforeTool, Mistral Vibe's pre_tool): \"deny\" when the edit is refused.",
+            "reason": "stop: the envelopes and what to do, shown to the model as its next turn. pretool (Gemini CLI, "
+            "Mistral Vibe): "
             "who holds the file, why, until when, and the send that asks them."},
     modes={"wait": "Prints nothing on stdout. Claude Code: exit 2 with the note on stderr when mail arrives, 0 when "
                    "the wait ends (55 minutes, a newer waiter, the harness gone, or a run nobody waits on: claude -p, "
