@@ -1,9 +1,9 @@
 """The harnesses agent-mail connects to, one module each, chosen by name through one small registry.
 
-Each module here (claude_code, codex, gemini, qwen, copilot, opencode, pi, vibe) holds everything about its harness
-in one record, a Harness: the program it starts as, the words of its hook input and output, the note's tool names, how its
-idle session is woken and the liveness words that say so, the tools whose edits the pre-tool guard checks, and
-what `agent-mail setup` writes for it (its files, merged, and the notes shown). Every layer asks the record
+Each module here (claude_code, codex, gemini, qwen, copilot, opencode, pi, vibe) holds everything about its
+harness in one record, a Harness: the program it starts as, the words of its hook input and output, the note's tool
+names, how its idle session is woken and the liveness words that say so, the tools whose edits the pre-tool guard
+checks, and what `agent-mail setup` writes for it (its files, merged, and the notes shown). Every layer asks the record
 (agent_mail.operations.telling, agent_mail.parts.liveness, agent_mail.harness.hooks, agent_mail.harness.setup, ...);
 no other module names a harness (an architecture test checks).
 
