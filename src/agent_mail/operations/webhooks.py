@@ -192,15 +192,17 @@ def queue_deaf(mailbox, now=None) -> int:
     listening (not reachable, and not seen listening within those minutes): once per identity and oldest unread
     message, so several servers looking at once queue it once. How many webhooks looked (0: none asks)."""
     store = mailbox.store
-    with store.transaction(write=True):
+    with store.transaction():
         hooks = [h for h in store.webhooks() if "deaf" in h["events"]]
-        if not hooks:
-            return 0
-        at = now or model.now()
-        at_iso = model.iso(at)
-        for row in mailbox.status()["agents"]:
-            if not row["unread"] or row["reachable"] or row["agent"] == model.BROADCAST:
-                continue
+    if not hooks:
+        return 0
+    at = now or model.now()
+    at_iso = model.iso(at)
+    rows = [row for row in mailbox.status()["agents"] if row["unread"] and not row["reachable"]]
+    if not rows:
+        return len(hooks)
+    with store.transaction(write=True):
+        for row in rows:
             oldest = store.unread(row["agent"], at_iso, limit=1)
             if not oldest:
                 continue

@@ -66,6 +66,8 @@ def claim_webhook_deliveries(store, holder: str, now: str, lease_until: str, lim
 
 def settle_webhook_delivery(store, delivery_id: str, holder: str, state: str, status: int | None,
                             error: str | None, due_at: str | None, at: str) -> bool:
+    if state == "pending":
+        store._wake("")  # the servers' deliveries look again, and sleep until it is due
     return bool(store._x(
         "UPDATE webhook_outbox SET state = ?, attempts = attempts + 1, last_status = ?, last_error = ?, "
         "due_at = COALESCE(?, due_at), done_at = ?, lease_until = NULL, leased_by = NULL "
