@@ -22,7 +22,8 @@ from agent_mail.operations import webhooks
 
 CLAIM_BATCH = 16
 POSTS_AT_ONCE = 8
-LEASE_SECONDS = max(30.0, 3 * webhooks.POST_TIMEOUT_SECONDS)
+# How long a claimed delivery is this server's: a server killed mid-POST leaves it to another after this long.
+LEASE_SECONDS = 6 * webhooks.POST_TIMEOUT_SECONDS
 # How long the task sleeps with nothing due and no wake-up (a wake-up or a due retry ends the sleep sooner).
 IDLE_SECONDS = 3600.0
 # Where the mailbox cannot be woken through (a SQLite server without wake-up pipes): how often it looks.
