@@ -56,7 +56,7 @@ def _operate(mailbox, name: str, values: dict, emit) -> object:
     if name == "webhook":
         from agent_mail.operations import webhooks
 
-        return webhooks.webhook_command(mailbox.store, **values, emit=emit)
+        return webhooks.webhook_command(mailbox, **values, emit=emit)
     return getattr(mailbox, name)(**values, emit=emit)
 
 

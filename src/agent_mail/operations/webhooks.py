@@ -30,11 +30,12 @@ DELIVERED_BY = ("agent-mail serve: events are queued in the mailbox from now on,
                 "once they have waited undelivered for {window}.")
 
 
-def webhook_command(store, *, action: str, id: str | None = None, url: str | None = None, agent=(), event=(),
+def webhook_command(mailbox, *, action: str, id: str | None = None, url: str | None = None, agent=(), event=(),
                     secret_file: str | None = None, format: str | None = None, after_minutes: float | None = None,
                     with_body: bool = False, secret: str | None = None, emit=lambda document: None) -> dict:
-    """`agent-mail webhook add|list|remove` on an open store. `secret`: the secret a client of agent-mail serve
+    """`agent-mail webhook add|list|remove` on an open Mailbox. `secret`: the secret a client of agent-mail serve
     read from its --secret-file on its own machine."""
+    store = mailbox.store
     checks.guard("webhook", {"action": action, "id": id, "url": url, "agent": list(agent), "event": list(event),
                              "secret_file": secret_file, "format": format, "after_minutes": after_minutes,
                              "with_body": with_body})
@@ -73,7 +74,7 @@ def webhook_command(store, *, action: str, id: str | None = None, url: str | Non
     if problems:
         raise errors.InvalidInput(problems)
     if action == "add":
-        return _add(store, url, list(dict.fromkeys(agent)), list(dict.fromkeys(event)) or ["mail"], secret,
+        return _add(mailbox, url, list(dict.fromkeys(agent)), list(dict.fromkeys(event)) or ["mail"], secret,
                     format or "json", (after_minutes or DEAF_MINUTES_DEFAULT) if "deaf" in event else None,
                     with_body, emit)
     if action == "list":
@@ -90,14 +91,13 @@ def webhook_command(store, *, action: str, id: str | None = None, url: str | Non
     return result
 
 
-def _add(store, url: str, agents: list[str], events: list[str], secret: str, format: str,
+def _add(mailbox, url: str, agents: list[str], events: list[str], secret: str, format: str,
          after_minutes: float | None, with_body: bool, emit) -> dict:
     import secrets
 
+    store = mailbox.store
     if agents:
-        from agent_mail.operations.mail import Mailbox
-
-        known = {row["agent"] for row in Mailbox(store, host="").status()["agents"]}
+        known = {row["agent"] for row in mailbox.status()["agents"]}
         unknown = [a for a in agents if a not in known]
         if unknown:
             raise errors.NotFound([("agent", f"{a!r} is not known to this mailbox (no mail, watch or profile yet): "
