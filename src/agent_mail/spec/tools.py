@@ -538,7 +538,12 @@ register(Command(
     modes={"serving": "Prints nothing on stdout; on stderr a JSON line {listening: URL} once it listens, then one "
            "line per request: {time, method, path, command, as, token_id, status, exit, ms} (a 5xx's with its "
            "error)."},
-    notes=("API: POST /v1/call/COMMAND with a JSON object of the command's values by argument name (reply_to, "
+    notes=("Webhooks (agent-mail webhook): the server POSTs the events queued in the mailbox's outbox, woken by "
+           "their commits, each by one server of several replicas; a POST gets AGENT_MAIL_WEBHOOK_TIMEOUT_SECONDS "
+           "(5) to answer, and a failing one is retried for AGENT_MAIL_WEBHOOK_RETRY_SECONDS (3600) after its "
+           "event. One JSON line per attempt on stderr: {webhook, delivery, kind, url (its path cut), status, "
+           "error, outcome, attempt, ms}.",
+           "API: POST /v1/call/COMMAND with a JSON object of the command's values by argument name (reply_to, "
            "from, agent...) and Authorization: Bearer TOKEN. The answer is the command's own result document, "
            "its exit code in the X-Agent-Mail-Exit header; an error is {error, problems} with HTTP 400 (exit 2), "
            "401 or 403 (exit 4), 500 or 503 (exit 1). GET /openapi.json describes it all (OpenAPI 3.1, from this "
