@@ -216,11 +216,11 @@ def queue_deaf(mailbox, now=None) -> int:
                     continue
                 since = model.iso(max(arrived, seen) if seen is not None else arrived)
                 first = oldest[0]
-                _queue(store, [hook], "deaf", f"{row['agent']}:{first['id']}", at_iso, lambda h, r=row, s=since: {
-                    "agent": r["agent"], "unread": r["unread"], "since": s, "after_minutes": h["after_minutes"],
-                    "reached_by": r.get("reached_by"),
-                    "message": {"id": first["id"], "sender": first["sender"], "recipient": r["agent"],
-                                "subject": first["subject"]}})
+                told = {"agent": row["agent"], "unread": row["unread"], "since": since,
+                        "after_minutes": hook["after_minutes"], "reached_by": row.get("reached_by"),
+                        "message": {"id": first["id"], "sender": first["sender"], "recipient": row["agent"],
+                                    "subject": first["subject"]}}
+                _queue(store, [hook], "deaf", f"{row['agent']}:{first['id']}", at_iso, lambda h, told=told: told)
     return len(hooks)
 
 
