@@ -185,6 +185,14 @@ def test_documented_output_fields_match_what_commands_print(am, send, tmp_path, 
         rotated = am("token", "rotate", created["id"], "--grace", "0").json
         revoked = am("token", "revoke", rotated["id"]).json
     assert set(created) | set(listed) | set(rotated) | set(revoked) == set(spec.COMMANDS["token"].output)
+    secret = tmp_path / "hook-secret"  # webhook: the operator's, as token, and through a server with its token
+    secret.write_text("0123456789abcdef0123\n")
+    secret.chmod(0o600)
+    added = am("webhook", "add", "--url", "http://127.0.0.1:9/hook", "--agent", "b:y", "--secret-file",
+               str(secret)).json
+    hooks = am("webhook", "list").json
+    removed = am("webhook", "remove", added["id"]).json
+    assert set(added) | set(hooks) | set(removed) == set(spec.COMMANDS["webhook"].output)
     assert set(spec.COMMANDS) == {"describe", "send", "read", "ack", "watch", "heartbeat", "dismiss", "archive",
                                   "delete", "cancel", "attachments", "profile", "notifications", "status", "cleanup",
                                   "mcp",  # prints only the protocol: its tools are checked in test_mcp.py
@@ -193,7 +201,7 @@ def test_documented_output_fields_match_what_commands_print(am, send, tmp_path, 
                                   "run",  # a terminal passed through, prints nothing: checked in test_run.py
                                   "setup",
                                   "doctor", "copy", "search", "export", "import",
-                                  "token",  # checked above
+                                  "token", "webhook",  # checked above
                                   "serve",  # serves HTTP, prints nothing: checked in test_server.py
                                   "reserve", "release", "reservations",  # need a repository: test_reservations.py
                                       "guard"}  # needs a repository: test_guard.py

@@ -755,6 +755,59 @@ class StoreContract:
             store.close()
 
 
+    @pytest.mark.fast
+    @exercises("add_webhook", "webhooks", "remove_webhook", "queue_webhook_events", "claim_webhook_deliveries",
+               "settle_webhook_delivery", "next_webhook_due", "webhook_deliveries", "webhook_tallies")
+    def test_webhook_deliveries_are_queued_once_claimed_by_one_holder_and_settled(self):
+        store = open_store(resolve_location()[0])
+        now = model.now()
+        at, lease = model.iso(now), model.iso(now + dt.timedelta(seconds=30))
+        later = model.iso(now + dt.timedelta(seconds=60))
+        hook = {"id": "h1", "url": "http://127.0.0.1:9/x", "agents": ["b:y"], "events": ["mail", "deaf"],
+                "secret": "0123456789abcdef", "format": "json", "after_minutes": 2.5, "with_body": True,
+                "created": _ago(1)}
+
+        def event(n, key=None):
+            return {"id": f"d{n}", "webhook_id": "h1", "event_key": key or f"mail:m{n}", "kind": "mail",
+                    "payload": {"id": f"d{n}", "n": n}, "created": model.iso(now - dt.timedelta(seconds=10 - n))}
+        try:
+            with store.transaction(write=True):
+                store.add_webhook(hook)
+                assert store.queue_webhook_events([event(1), event(2)]) == 2
+                assert store.queue_webhook_events([event(3, key="mail:m1")]) == 0  # the same event: queued once
+                assert store.queue_webhook_events([]) == 0
+            with store.transaction():
+                listed = store.webhooks()
+                assert listed == [{k: v for k, v in hook.items() if k != "secret"}]  # never the secret
+                assert store.next_webhook_due() == event(1)["created"]
+            with store.transaction(write=True):
+                mine = store.claim_webhook_deliveries("A", at, lease, 1)
+                assert [(d["id"], d["payload"], d["secret"], d["url"]) for d in mine] == \
+                    [("d1", {"id": "d1", "n": 1}, hook["secret"], hook["url"])]
+                theirs = store.claim_webhook_deliveries("B", at, lease, 5)  # d1 is A's until its lease ends
+                assert [d["id"] for d in theirs] == ["d2"]
+                assert store.claim_webhook_deliveries("C", at, lease, 5) == []
+                again = store.claim_webhook_deliveries("C", later, later, 1)  # A's lease ran out
+                assert [d["id"] for d in again] == ["d1"]
+            with store.transaction(write=True):
+                assert not store.settle_webhook_delivery("d1", "A", "delivered", 200, None, None, at)  # lost it
+                assert store.settle_webhook_delivery("d1", "C", "pending", 500, "HTTP 500", later, at)
+                assert store.settle_webhook_delivery("d2", "B", "delivered", 204, None, None, at)
+            with store.transaction():
+                assert store.next_webhook_due() == later
+                assert store.webhook_tallies() == {"h1": {"pending": 1, "delivered": 1}}
+                recent = store.webhook_deliveries("h1", 5)
+                assert [(d["id"], d["state"], d["attempts"], d["last_status"]) for d in recent] == \
+                    [("d2", "delivered", 1, 204), ("d1", "pending", 1, 500)]
+                assert store.webhook_deliveries(None, 5, "failed") == []
+            with store.transaction(write=True):
+                assert store.remove_webhook("h1") == 1 and store.remove_webhook("h1") is None
+            with store.transaction():
+                assert store.webhooks() == [] and store.webhook_tallies() == {"h1": {"delivered": 1}}
+        finally:
+            store.close()
+
+
 class TestSQLiteStore(StoreContract):
     @pytest.fixture
     def backend(self):

@@ -854,14 +854,36 @@ class Server(uvicorn.Server):
 
         self._loop, self._stop_now = asyncio.get_running_loop(), asyncio.Event()
         counter, expiries_since = 0, model.now_iso()
-        while not await self.on_tick(counter):
-            counter = (counter + 10) % 864000
-            try:
-                await asyncio.wait_for(self._stop_now.wait(), min(60.0, EXPIRY_LOOK_SECONDS))
-            except TimeoutError:
-                pass
-            if not self._stop_now.is_set() and not _STOPPING.is_set():
-                expiries_since = await anyio.to_thread.run_sync(_woken_by_expiries, self.location, expiries_since)
+        delivering = [self._loop.create_task(_deliveries(carrier).run()) for carrier in _CARRIERS]
+        try:
+            while not await self.on_tick(counter):
+                counter = (counter + 10) % 864000
+                try:
+                    await asyncio.wait_for(self._stop_now.wait(), min(60.0, EXPIRY_LOOK_SECONDS))
+                except TimeoutError:
+                    pass
+                if not self._stop_now.is_set() and not _STOPPING.is_set():
+                    expiries_since = await anyio.to_thread.run_sync(_woken_by_expiries, self.location,
+                                                                    expiries_since)
+        finally:
+            for task in delivering:
+                task.cancel()
+
+
+def _deliveries(carrier: _Carrier):
+    """The webhooks' deliveries of a served mailbox (agent_mail.server.webhooks), on its waits' wake-ups."""
+    from agent_mail.server.webhooks import Deliveries
+
+    carrier.ready()
+    if carrier.waits is not None:
+        return Deliveries(carrier.waits, carrier.waits.db, carrier.instance, log)
+
+    async def db(action):
+        def run():
+            with carrier.store() as store:
+                return action(store)
+        return await carrier.run(run)
+    return Deliveries(None, db, carrier.instance, log)
 
 
 def _woken_by_expiries(location: str, since: str) -> str:

@@ -445,6 +445,76 @@ register(Command(
 ))
 
 
+WEBHOOK_EVENTS = ("mail", "deaf", "bounce", "clash")
+WEBHOOK_DELIVERY_FIELDS = "{id, webhook_id, kind, created, due_at, attempts, state, last_status, last_error, done_at}"
+
+register(Command(
+    name="webhook",
+    summary="Tell people when something happens: signed HTTP POSTs that `agent-mail serve` sends for events of the "
+    "mailbox (the operator's side, like token: on the mailbox itself, or through a server with an operator's "
+    "token). add: a webhook for --agent identities and/or --event kinds (mail: new mail for an identity; deaf: an "
+    "identity with unread mail and nobody listening for --after-minutes; bounce: a send refused for a recipient; "
+    "clash: a reserve refused because another identity holds the files). list: every webhook with its recent "
+    "deliveries and failures, never its secret. remove ID: no more deliveries. Events are queued in the mailbox "
+    "when they happen, whoever commits them; only a running agent-mail serve on the mailbox delivers them.",
+    mutating=True,
+    args=(
+        Arg("action", TEXT, "add, list or remove.", required=True, choices=("add", "list", "remove")),
+        Arg("id", TEXT, "remove: the webhook's id (from add or list)."),
+        Arg("--url", TEXT, "add: where to POST: an http:// or https:// URL (a Slack incoming webhook's with "
+            "--format slack). Shown afterwards with its path cut after the first part (a Slack URL's path is "
+            "its secret)."),
+        Arg("--agent", IDENTITY, "add: an identity the webhook is about (mail for it; it deaf; a bounce of its "
+            "send or for it; a clash it asked or holds); repeatable. It must be known to the mailbox (in its "
+            "traffic, watches or profiles). Without --event: new mail for these identities. Without --agent: "
+            "the --event kinds for every identity.", repeat=True),
+        Arg("--event", TEXT, "add: an event kind to POST: mail, deaf, bounce or clash; repeatable.", repeat=True,
+            choices=WEBHOOK_EVENTS),
+        Arg("--secret-file", PATH, "add: a file (only its owner may read it) whose first line is the secret each "
+            "POST is signed with (X-Agent-Mail-Signature: sha256=HMAC-SHA256 of the raw body); 16 to 1000 "
+            "characters. Read on this machine; the mailbox keeps it so the server can sign; never shown again."),
+        Arg("--format", TEXT, "add: json (the event as JSON, the default) or slack ({\"text\": ...}, what a "
+            "Slack-compatible incoming webhook takes).", choices=("json", "slack")),
+        Arg("--after-minutes", NUMBER, "add, with --event deaf: how long an identity must have unread mail with "
+            "nobody listening before the event (default 10; fractions allowed: 0.05 is 3 s).", minimum=0.01,
+            maximum=10080),
+        Arg("--with-body", FLAG, "add: put the message's body in mail events (left out unless asked)."),
+    ),
+    output={
+        "id": "add, remove: the webhook's id.",
+        "url": "add: where it POSTs, the path cut after its first part.",
+        "agents": "add: the identities it is about ([]: every identity).",
+        "events": "add: the event kinds it POSTs.",
+        "format": "add: json or slack.",
+        "after_minutes": "add: deaf's minutes, or null.",
+        "with_body": "add: whether mail events carry the body.",
+        "created": "add: when.",
+        "delivered_by": "add: who delivers: 'agent-mail serve' (events are queued in the mailbox from now on; a "
+        "mailbox no server serves keeps them queued, and they fail once an hour has passed undelivered).",
+        "webhooks": "list: [{id, url, agents, events, format, after_minutes, with_body, created, deliveries: {pending, "
+        "delivered, failed}, recent: the newest five " + WEBHOOK_DELIVERY_FIELDS + "}], oldest first; never a secret.",
+        "failures": "list: the newest 20 failed deliveries of every webhook, " + WEBHOOK_DELIVERY_FIELDS + ".",
+        "count": "list: how many webhooks.",
+        "removed": "remove: true.",
+        "dropped": "remove: how many of its deliveries were still pending (never sent now).",
+    },
+    notes=("Each POST carries X-Agent-Mail-Delivery: the delivery's id (also the body's `id`), the same on every "
+           "retry, so a receiver drops repeats (delivery is at least once); and X-Agent-Mail-Signature: "
+           "sha256=HEX, the HMAC-SHA256 of the raw body under the secret. The JSON body: {id, kind, time, "
+           "webhook, agent, message: {id, sender, recipient, subject (, body with --with-body)}} for mail, with "
+           "kind-specific fields for deaf (unread, since, after_minutes), bounce (reason) and clash (repo, "
+           "patterns, holders).",
+           "A POST answered 2xx is delivered. No answer, a timeout (5 s), 408, 429 or a 5xx is retried after 2 s, "
+           "then doubling up to 5 minutes, for an hour after the event, then recorded failed; any other answer "
+           "(a 4xx, a redirect) is recorded failed at once. Each event is delivered by one server of several "
+           "replicas, within seconds of its commit."),
+    examples=("webhook add --url https://hooks.example.com/agent-mail --agent ops:alice --secret-file ~/.am-hook",
+              "webhook add --url https://hooks.slack.com/services/T0/B0/XXXX --event deaf --after-minutes 15 "
+              "--event bounce --secret-file ~/.am-hook --format slack",
+              "webhook list", "webhook remove 3f9c2a7d41b0"),
+))
+
+
 register(Command(
     name="serve",
     extra="server",
@@ -474,7 +544,12 @@ register(Command(
     modes={"serving": "Prints nothing on stdout; on stderr a JSON line {listening: URL} once it listens, then one "
            "line per request: {time, method, path, command, as, token_id, status, exit, ms} (a 5xx's with its "
            "error)."},
-    notes=("API: POST /v1/call/COMMAND with a JSON object of the command's values by argument name (reply_to, "
+    notes=("Webhooks (agent-mail webhook): the server POSTs the events queued in the mailbox's outbox, woken by "
+           "their commits, each by one server of several replicas; a POST gets AGENT_MAIL_WEBHOOK_TIMEOUT_SECONDS "
+           "(5) to answer, and a failing one is retried for AGENT_MAIL_WEBHOOK_RETRY_SECONDS (3600) after its "
+           "event. One JSON line per attempt on stderr: {webhook, delivery, kind, url (its path cut), status, "
+           "error, outcome, attempt, ms}.",
+           "API: POST /v1/call/COMMAND with a JSON object of the command's values by argument name (reply_to, "
            "from, agent...) and Authorization: Bearer TOKEN. The answer is the command's own result document, "
            "its exit code in the X-Agent-Mail-Exit header; an error is {error, problems} with HTTP 400 (exit 2), "
            "401 or 403 (exit 4), 500 or 503 (exit 1). GET /openapi.json describes it all (OpenAPI 3.1, from this "

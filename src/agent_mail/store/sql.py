@@ -30,6 +30,8 @@ def _statements(module: str):
         from agent_mail.store import sql_reservations as statements
     elif module == "sql_waits":
         from agent_mail.store import sql_waits as statements
+    elif module == "sql_webhooks":
+        from agent_mail.store import sql_webhooks as statements
     else:
         from agent_mail.store import sql_deliveries as statements
     return statements
@@ -782,7 +784,10 @@ KEPT_ELSEWHERE = {"sql_overview": ("recent_rows", "batch_rows", "broadcast_talli
                   "sql_reservations": ("reservations_in", "save_reservations", "delete_reservations",
                                        "expire_reservations"), "sql_waits": ("unread_of_many", "next_due_of_many"),
                   "sql_deliveries": ("leased_ids", "holds_of_many", "lease_deliveries", "lease_of",
-                                     "end_lease")}
+                                     "end_lease"),
+                  "sql_webhooks": ("add_webhook", "webhooks", "remove_webhook", "queue_webhook_events",
+                                   "claim_webhook_deliveries", "settle_webhook_delivery", "next_webhook_due",
+                                   "webhook_deliveries", "webhook_tallies")}
 for _module, _name in [(module, name) for module, names in KEPT_ELSEWHERE.items() for name in names]:
     setattr(SQLStore, _name, _kept_in(_module, _name))
 

@@ -66,7 +66,7 @@ except ImportError:  # an interpreter without the C driver
 APPLICATION_ID = 0x41474D4C
 # How many migrations sqlite_schema.MIGRATIONS holds, so the user_version of a mailbox that has them all: such a
 # mailbox opens without importing them (a test holds the two equal).
-SCHEMA_VERSION = 16
+SCHEMA_VERSION = 17
 BUSY_TIMEOUT_SECONDS = 10.0
 # SQLite's own busy handler sleeps in C, where a signal cannot act; it waits this long at most before
 # control comes back to Python, which keeps waiting up to BUSY_TIMEOUT_SECONDS, signals acted on at once.
