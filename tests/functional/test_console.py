@@ -277,6 +277,12 @@ def test_state_changing_requests_from_another_origin_are_refused(server):
         "Cookie": session, "Content-Type": "application/x-www-form-urlencoded"})
     assert status == 403
     assert json_of(server.direct("read", "web:api", "--all", "--no-mark-read"))["count"] == 0
+    # A session whose cookie was changed (a later end, another token's id) is no session.
+    token_id, until, nonce, mac = session.split("=", 1)[1].split(".")
+    other = server.token("--agent", "ops:human", "--supervisor").split("_")[1]
+    for forged in (f"{token_id}.{int(until) + 3600}.{nonce}.{mac}", f"{other}.{until}.{nonce}.{mac}"):
+        status, headers, _ = _request(server, "GET", "/ui/", headers={"Cookie": f"agent_mail_console={forged}"})
+        assert status == 303 and headers["location"].startswith("/ui/login"), (forged, status)
 
 
 def test_the_cookie_is_secure_over_tls(mailbox_path):

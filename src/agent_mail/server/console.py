@@ -374,8 +374,11 @@ class Console:
             self._logged(request, 403, started, None, refused="cross-origin login")
             return self._render("login.html", 403, grant=None, next=target, said=None,
                                 error="refused: the form was not sent from this console's own page.")
-        form = await self._form(request)
-        token = (form.get("token") or "").strip()
+        try:
+            form = await self._form(request)
+        except errors.InvalidInput as exc:
+            return self._render("login.html", 413, grant=None, next=target, said=None, error=exc.message)
+        token = str(form.get("token") or "").strip()
         try:
             if not token:
                 raise errors.Forbidden("no token given: paste a token (agent-mail token create makes one).",
@@ -400,7 +403,10 @@ class Console:
         return response
 
     async def logout(self, request: Request) -> Response:
-        form = await self._form(request)
+        try:
+            form = await self._form(request)
+        except errors.InvalidInput:
+            form = {}
         value = request.cookies.get(COOKIE) or ""
         if not _same_origin(request) or not value or not hmac.compare_digest(form.get("csrf", ""), csrf_token(value)):
             return self._render("error.html", 403, grant=None, csrf="", title="Refused",
