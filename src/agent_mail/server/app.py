@@ -43,10 +43,10 @@ from starlette.routing import Route
 from agent_mail import __version__, calls, errors, jsonout, model, spec
 from agent_mail.protocols import http_api, wire
 from agent_mail.parts import checks
-from agent_mail.server import certs, grants, metrics, openapi, stops
+from agent_mail.server import certs, console, grants, metrics, openapi, stops
 from agent_mail.operations import tokens
 from agent_mail.server.edge import (BEARER_CHALLENGE, CUT_KEY, MAX_HEAD_BYTES, Admitted, Dated, EdgeProtocol, Gate,
-                                    admitted, forwarded_from, is_loopback, listen_address, log, read_body,
+                                    Penalties, admitted, forwarded_from, is_loopback, listen_address, log, read_body,
                                     spool_upload)
 from agent_mail.server.versions import Versioned
 from agent_mail.server.waits import ServedWaits, Stopping
@@ -729,7 +729,12 @@ def app_for(location: str) -> Starlette:
     # MCP over streamable HTTP (agent_mail.server.mcp_http), its session manager run by the app's lifespan; its
     # blocked watches on the same waits as the API's.
     mcp = _mcp_endpoint(location, waits)
-    return Starlette(routes=[Route(http_api.call_path("{command}"), call, methods=["POST"]),
+    # The web console at /ui/ (agent_mail.server.console): its login through the Gate's look-up and back-off, its
+    # actions through _carry_out as /v1's calls.
+    penalties = Penalties()
+    ui = console.Console(carrier, authenticate, penalties, console.call_for(_carry_out))
+    return Starlette(routes=[*ui.routes(),
+                             Route(http_api.call_path("{command}"), call, methods=["POST"]),
                              Route(http_api.EXPORT_PATH, transfer, methods=["POST"]),
                              Route(http_api.IMPORT_PATH, transfer, methods=["POST"]),
                              Route(http_api.DELIVERED_PATH, carried_by("delivered", _settle), methods=["POST"]),
@@ -745,7 +750,8 @@ def app_for(location: str) -> Starlette:
                      lifespan=getattr(mcp, "lifespan", None), exception_handlers={HTTPException: _not_routed},
                      middleware=[Middleware(Dated), Middleware(Versioned),
                                  Middleware(metrics.Counting, metrics=counted),
-                                 Middleware(Gate, authenticate=authenticate, guarded=_guarded)])
+                                 Middleware(Gate, authenticate=authenticate, guarded=_guarded,
+                                            penalties=penalties)])
 
 
 # The paths whose token the Gate checks (before any body is read): every one that takes a token, a command's call

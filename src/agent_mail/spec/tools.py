@@ -4,7 +4,7 @@ start or connect another front end (mcp, dashboard, hook, setup)."""
 from __future__ import annotations
 
 from agent_mail.spec.base import (FIELDS, FLAG, HARNESSES, IDENTITY, INT, MAIL_IS_DATA, MESSAGE_ID, NUMBER, PATH,
-                                  PROJECT, RECIPIENT, TEXT, Arg, Command, register)
+                                  PROJECT, RECIPIENT, REMOVED, TEXT, Arg, Command, register)
 
 
 SEARCH_FIELDS = {
@@ -272,7 +272,8 @@ register(Command(
 
 register(Command(
     name="dashboard",
-    summary="The supervisor's live view of this mailbox in the terminal (or a browser tab with --web): Fleet (one "
+    summary="The supervisor's live view of this mailbox in the terminal (a browser has the web console of agent-mail "
+    "serve, /ui/): Fleet (one "
     "row per identity: watch state, live sessions, unread, unacked, age of the oldest unacked, last seen; problems "
     "first: deaf with mail, overdue, stale, bounced), Traffic (sends as they land, per-recipient state, threads, "
     "bodies, refs, attachments), each identity's Inbox as it would see it, and Charts (sends per hour, unread and "
@@ -286,17 +287,17 @@ register(Command(
             "only looks."),
         Arg("--overdue-minutes", NUMBER, "Unacked mail older than this makes its identity overdue (default 30; "
             "+ and - change it on screen).", minimum=1, maximum=10080),
-        Arg("--web", FLAG, "Serve the dashboard to a browser on 127.0.0.1 instead of drawing it in this terminal "
-            "(textual-serve; each browser tab runs its own dashboard)."),
-        Arg("--port", INT, "The port --web listens on (default 8000).", minimum=1, maximum=65535),
+        Arg("--web", REMOVED, "Removed.", removed_because="was removed: it served this terminal app to a browser "
+            "without a login. The web console replaces it: run agent-mail serve and open http://127.0.0.1:8025/ui/ "
+            "(sign in with a supervisor's token; docs/console.md)."),
+        Arg("--port", REMOVED, "Removed.", removed_because="was removed with --web: the web console is served by "
+            "agent-mail serve (--listen HOST:PORT) at /ui/."),
     ),
-    requires=(("--port", "--web"),),
     output={},
     notes=("Draws in the terminal until q (or ctrl+c); prints nothing on stdout. A mailbox that cannot be opened, "
            "or the extra missing, is a JSON error on stderr (exit 1) before anything is drawn. A lost PostgreSQL "
-           "connection is shown on screen and retried. Honours NO_COLOR. --web listens on 127.0.0.1 only.",),
-    examples=("dashboard", "dashboard --as ops:human", "dashboard --project deploy --overdue-minutes 10",
-              "dashboard --web --port 8080"),
+           "connection is shown on screen and retried. Honours NO_COLOR.",),
+    examples=("dashboard", "dashboard --as ops:human", "dashboard --project deploy --overdue-minutes 10"),
 ))
 
 register(Command(

@@ -446,8 +446,13 @@ class PostgresStore(SQLStore):
         self._autocommit("refreshing a watch", lambda: self.touch_session(session_id, at))
 
     def release_session_alone(self, session_id: str, at: str, reason: str, patience: float | None = None) -> None:
-        # Likewise: the session's own row only, one round trip on the way out of a watch.
-        self._autocommit("releasing a watch", lambda: self.release_session(session_id, at, reason))
+        # Likewise: the session's own row only, one round trip on the way out of a watch; the looks at everything
+        # told (tell_supervisors) by a NOTIFY of its own, delivered at once in autocommit, else at the commit.
+        def release():
+            self.release_session(session_id, at, reason)
+            self._wakes.discard("")
+            self._x(f"NOTIFY {channel(self.schema, '')}")
+        self._autocommit("releasing a watch", release)
 
     def announce_release(self, agent: str, session_id: str) -> None:
         # On the identity's channel, naming the session (delivered at commit, as every wake-up): the hub holding
