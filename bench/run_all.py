@@ -16,7 +16,8 @@ bench_dashboard (the dashboard's idle cost and update latency beside 100 watches
 `agent-mail serve` on loopback beside SQLite, PostgreSQL direct and the reference; the client path's
 imports; wake through two replicas; 16 senders x 8 readers through two replicas beside PostgreSQL direct),
 bench_server_waits (1,000 waits on one server process over PostgreSQL: its connections, idle CPU, one
-broadcast's wake) and bench_server_hooks (the hooks through a server beside the same hooks on the mailbox).
+broadcast's wake) and bench_server_hooks (the hooks through a server beside the same hooks on the mailbox); then,
+each as its own command, bench_console, bench_webhooks and the idle-wake benches of OpenCode, Pi and Mistral Vibe.
 --quick uses fewer rounds, no million-message mailbox and a herd of 20, for a smoke run;
 the recorded numbers in docs/benchmarks.md come from the full run.
 """
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 import time
 
@@ -88,6 +90,23 @@ def main() -> None:
     print("\n# the hooks through agent-mail serve (bench_server_hooks)\n")
     print(table(bench_server_hooks.run(rounds=5 if args.quick else 31, wakes=3 if args.quick else 10, db=None),
                 bench_server_hooks.HEADERS))
+    # The benches that print their own figures, each run as its own command (as docs/benchmarks.md gives it).
+    here = os.path.dirname(os.path.abspath(__file__))
+    for title, script, words in (
+            ("the web console: 100 idle consoles, send to update (bench_console)", "bench_console.py",
+             ["--idle-seconds", "5" if args.quick else "20"]),
+            ("the web console on PostgreSQL (bench_console --postgres)", "bench_console.py",
+             ["--postgres", "--idle-seconds", "5" if args.quick else "20"]),
+            ("webhooks: send to POST (bench_webhooks)", "bench_webhooks.py", ["--sends", "10" if args.quick else "50"]),
+            ("waking an idle OpenCode session (bench_wake_opencode)", "bench_wake_opencode.py",
+             ["--wakes", "3" if args.quick else "12"]),
+            ("waking an idle Pi session (bench_wake_pi)", "bench_wake_pi.py", ["--wakes", "3" if args.quick else "12"]),
+            ("waking Mistral Vibe under run (bench_wake_vibe)", "bench_wake_vibe.py",
+             ["--wakes", "3" if args.quick else "12"])):
+        print(f"\n# {title}\n", flush=True)
+        done = subprocess.run([sys.executable, os.path.join(here, script), *words])
+        if done.returncode:
+            print(f"({script} exited {done.returncode}: a harness or server it needs may be missing)")
 
 
 if __name__ == "__main__":
