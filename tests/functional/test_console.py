@@ -348,6 +348,43 @@ def test_a_revoked_token_ends_the_session(server, tmp_path):
     asyncio.run(drive())
 
 
+def _signed_in(server: Server, token: str) -> str:
+    """The session cookie a login with `token` sets (name=value)."""
+    status, headers, _ = _request(server, "POST", "/ui/login", f"token={urllib.parse.quote(token)}".encode(),
+                                  {"Content-Type": "application/x-www-form-urlencoded"})
+    assert status == 303, status
+    return headers["set-cookie"].split(";")[0]
+
+
+def _page_for(server: Server, cookie: str) -> tuple[int, str, str]:
+    status, headers, body = _request(server, "GET", "/ui/", headers={"Cookie": cookie})
+    return status, headers.get("location", ""), body.decode()
+
+
+def test_an_expired_or_rotated_past_grace_token_ends_the_session(server):
+    """A session lasts no longer than its token: one made with a token that expires, or that is rotated with no
+    grace, is sent back to the login at its next page, saying why."""
+    import time
+
+    short = server.token("--agent", "ops:human", "--supervisor", "--expires-in", "3s")
+    cookie = _signed_in(server, short)
+    status, _, body = _page_for(server, cookie)
+    assert status == 200 and "ops:human" in body
+    deadline = time.monotonic() + 30
+    while _page_for(server, cookie)[0] == 200:  # the token's three seconds run out
+        assert time.monotonic() < deadline, "the session outlived its token's expiry"
+        time.sleep(0.2)
+    status, location, _ = _page_for(server, cookie)
+    assert status in (302, 303) and location.startswith("/ui/login"), (status, location)
+
+    rotated = server.token("--agent", "ops:human", "--supervisor")
+    cookie = _signed_in(server, rotated)
+    assert _page_for(server, cookie)[0] == 200
+    json_of(server.direct("token", "rotate", rotated.split("_")[1], "--grace", "0s"))
+    status, location, _ = _page_for(server, cookie)
+    assert status in (302, 303) and location.startswith("/ui/login"), (status, location)
+
+
 def test_a_session_works_on_two_replicas_behind_one_address(mailbox_path, backend, tmp_path):
     if backend != "postgresql":
         pytest.skip("replicas share a PostgreSQL mailbox")
