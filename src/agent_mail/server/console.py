@@ -266,11 +266,18 @@ class Reader:
     def webhooks(self) -> dict:
         """`webhook list` through the call layer (an operator's token only: grants refuse any other, as /v1 does),
         each delivery with its age and its webhook's URL as the list shows it (the path cut; never a secret)."""
+        from agent_mail.operations.supervision import short_age
+
         listed = self.call("webhook", {"action": "list"})
         at = model.now()
         urls = {hook["id"]: hook["url"] for hook in listed["webhooks"]}
+        for hook in listed["webhooks"]:
+            hook["created_ago"] = _ago(hook["created"], at)
         for delivery in [d for hook in listed["webhooks"] for d in hook["recent"]] + listed["failures"]:
             delivery["ago"] = _ago(delivery["created"], at)
+            delivery["done_ago"] = _ago(delivery["done_at"], at)
+            due = model.parse_iso(delivery["due_at"])
+            delivery["due_in"] = short_age(max(0.0, (due - at).total_seconds()) if due is not None else None)
             delivery["url"] = urls.get(delivery["webhook_id"], "(removed)")
         return listed
 
