@@ -2,7 +2,7 @@
 chromium-headless-shell, driven over the DevTools protocol), on SQLite and on PostgreSQL: the login and a wrong
 token, the session cookie's attributes, the headers (CSP, no-store), every page, live updates without a reload,
 hostile mail shown as text, compose and reply, an identity's token seeing only its own, a revoked token ending
-the session, and (PostgreSQL) two replicas behind one address."""
+the session, the webhooks page (an operator's only), and (PostgreSQL) two replicas behind one address."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from tests.lib.cli import json_of
 from tests.lib.replicas import Replica, Replicas, RoundRobin
 from tests.lib.serving import Server
 from tests.lib.tools import require
+from tests.lib.webhook_receiver import Receiver
 
 pytest.importorskip("jinja2", reason="the console needs the server extra: pip install 'agent-mail[server]'")
 pytest.importorskip("aiohttp", reason="the DevTools driver needs aiohttp (the test extra)")
@@ -383,6 +384,73 @@ def test_an_expired_or_rotated_past_grace_token_ends_the_session(server):
     json_of(server.direct("token", "rotate", rotated.split("_")[1], "--grace", "0s"))
     status, location, _ = _page_for(server, cookie)
     assert status in (302, 303) and location.startswith("/ui/login"), (status, location)
+def test_the_webhooks_page_shows_deliveries_and_failures_to_an_operator_only(mailbox_path, tmp_path):
+    """`webhook list` in the console: a receiver answers the first POST 500, then 200. The retry window is shorter
+    than the first retry's pause (AGENT_MAIL_WEBHOOK_RETRY_SECONDS), so the 500 is recorded failed at once and the
+    next event is delivered: the open page shows both as they happen, the URL cut as the list cuts it, the secret
+    nowhere. A supervisor's or an identity's token gets the refusal and no link to the page."""
+    chromium = require("chromium")
+    secret = "s3cr3t-for-the-console-" + "5e" * 12
+    secret_file = tmp_path / "hook-secret"
+    secret_file.write_text(secret + "\n")
+    secret_file.chmod(0o600)
+    receiver = Receiver(statuses=[500])
+    server = Server(str(mailbox_path), AGENT_MAIL_WEBHOOK_RETRY_SECONDS="1")
+    try:
+        added = json_of(server.direct("webhook", "add", "--url", receiver.url, "--event", "mail", "--secret-file",
+                                      str(secret_file)))
+        operator = server.token("--agent", "*")
+        supervisor = server.token("--agent", "ops:human", "--supervisor")
+        identity = server.token("--agent", "web:ui")
+
+        async def drive():
+            async with Chromium(chromium, tmp_path / "chromium") as tab:
+                await _login(tab, server, operator)
+                await tab.evaluate("document.querySelector(\"nav a[href='/ui/webhooks']\").click()")
+                await tab.wait_for("location.pathname === '/ui/webhooks' && document.readyState === 'complete'",
+                                   what="the nav's Webhooks link never led to the page")
+                assert added["id"] in await tab.text("main") and added["url"] in await tab.text("main")
+                assert "No delivery yet" in await tab.text("section.webhook")
+                await tab.wait_for("document.body.dataset.liveReady === 'yes'", what="the live stream never opened")
+                await tab.evaluate("window.sameDocument = 'yes'")
+                _send(server, "--from", "web:api", "--to", "web:ui", "--subject", "answered 500")
+                await tab.wait_for("document.querySelector(\"table.deliveries tr[data-state='failed']\") !== null",
+                                   LIVE_BOUND, "the page never showed the failed attempt")
+                _send(server, "--from", "web:api", "--to", "web:ui", "--subject", "answered 200")
+                await tab.wait_for("document.querySelector(\"table.deliveries tr[data-state='delivered']\") "
+                                   "!== null", LIVE_BOUND, "the page never showed the delivery")
+                assert await tab.evaluate("window.sameDocument") == "yes"
+                failed = await tab.text("table.deliveries tr[data-state='failed']")
+                delivered = await tab.text("table.deliveries tr[data-state='delivered']")
+                assert "HTTP 500" in failed and "mail" in failed, failed
+                assert "HTTP 200" in delivered and "HTTP 500" not in delivered, delivered
+                assert "1 delivered" in await tab.text("section.webhook")
+                assert "1 failed" in await tab.text("section.webhook")
+                failures = await tab.text("table.failures")
+                assert added["id"] in failures and "HTTP 500" in failures, failures
+                page = await tab.evaluate("document.documentElement.outerHTML")
+                assert secret not in page and receiver.url not in page
+
+                for token in (supervisor, identity):
+                    await tab.call("Network.clearBrowserCookies")
+                    await _login(tab, server, token)
+                    assert await tab.evaluate("document.querySelector(\"a[href='/ui/webhooks']\") === null")
+                    await tab.open(f"{server.url}/ui/webhooks")
+                    assert await tab.text("h1") == "Refused"
+                    assert "operator" in await tab.text(".error")
+                    shown = await tab.evaluate("document.documentElement.outerHTML")
+                    assert added["id"] not in shown and secret not in shown
+                return (await tab.call("Network.getCookies", urls=[server.url + "/ui/"]))["cookies"][0]["value"]
+
+        session = asyncio.run(drive())
+        status, headers, body = _request(server, "GET", "/ui/webhooks",
+                                         headers={"Cookie": f"agent_mail_console={session}"})
+        assert status == 403 and "no-store" in headers["cache-control"], status
+        assert len(receiver.posts) == 2
+    finally:
+        code, log = server.stop()
+        receiver.stop()
+    assert code == 0 and secret not in log and "Traceback" not in log
 
 
 def test_a_session_works_on_two_replicas_behind_one_address(mailbox_path, backend, tmp_path):

@@ -9,10 +9,11 @@ autoescaped: the `server` extra), a little JavaScript of its own, every asset in
 - What a token may see: the grants of /v1. A supervisor's or an operator's token sees the fleet; an identity's
   token its own identities only. Every action (send, reply, ack, dismiss, archive) and the mail an identity's page,
   search and attachments show go through the app's call layer (`call`: calls.check, grants.check, calls.run, as
-  POST /v1/call/NAME does), so their checks and errors are the command line's, shown in the page.
+  POST /v1/call/NAME does), so their checks and errors are the command line's, shown in the page. So does the
+  webhooks page (`webhook list`: an operator's token only; the nav links it only for such a token).
 - Live: /ui/events is a server-sent event stream woken by the server's waits (ServedWaits.until_changed on the ""
-  channel: every message, and what Store.tell_supervisors announces), no polling; the page's script fetches its
-  own URL again on an event and swaps the live part in.
+  channel: every message, and what Store.tell_supervisors announces: reads, watches, reservations, webhook
+  attempts), no polling; the page's script fetches its own URL again on an event and swaps the live part in.
 - Safe: autoescaping (no mail is marked safe), a Content-Security-Policy without inline script or style, a
   same-origin check and a per-session token on every POST, Cache-Control: no-store.
 """
@@ -115,6 +116,16 @@ def sees(grant: dict, identity: str) -> bool:
     return sees_all(grant) or grants.covers(grant, identity)
 
 
+def lists_webhooks(grant: dict) -> bool:
+    """Whether the grant may run `webhook list` through the server (an operator's token: grants.check decides, as
+    for /v1); the nav links the webhooks page only then."""
+    try:
+        grants.check(grant, "webhook", {"action": "list"})
+    except errors.Forbidden:
+        return False
+    return True
+
+
 def _acts_as(grant: dict, known: list[str]) -> list[str]:
     """The identities a compose form offers as From: those the grant names exactly, and the known ones it covers."""
     named = [a for a in grant["agents"] if "*" not in a]
@@ -165,9 +176,9 @@ def chart(hourly: dict, width: int = 720, height: int = 200) -> dict:
 
 class Reader:
     """The pages' reads for one session's grant, on one store (in a worker thread). The mail an identity sees, a
-    search and an attachment go through the call layer (`call(name, given)` as /v1's); the fleet, threads,
-    reservations and traffic through the supervisor's views (operations.supervision) the dashboard reads,
-    narrowed to what the grant sees."""
+    search, an attachment and the webhooks go through the call layer (`call(name, given)` as /v1's); the fleet,
+    threads, reservations and traffic through the supervisor's views (operations.supervision) the dashboard
+    reads, narrowed to what the grant sees."""
 
     def __init__(self, store, grant: dict, call):
         from agent_mail.operations import mail, supervision
@@ -252,6 +263,24 @@ class Reader:
             send["ago"] = _ago(send["at"], at)
         return {"chart": chart(hourly), "by": by, "feed": feed}
 
+    def webhooks(self) -> dict:
+        """`webhook list` through the call layer (an operator's token only: grants refuse any other, as /v1 does),
+        each delivery with its age and its webhook's URL as the list shows it (the path cut; never a secret)."""
+        from agent_mail.operations.supervision import short_age
+
+        listed = self.call("webhook", {"action": "list"})
+        at = model.now()
+        urls = {hook["id"]: hook["url"] for hook in listed["webhooks"]}
+        for hook in listed["webhooks"]:
+            hook["created_ago"] = _ago(hook["created"], at)
+        for delivery in [d for hook in listed["webhooks"] for d in hook["recent"]] + listed["failures"]:
+            delivery["ago"] = _ago(delivery["created"], at)
+            delivery["done_ago"] = _ago(delivery["done_at"], at)
+            due = model.parse_iso(delivery["due_at"])
+            delivery["due_in"] = short_age(max(0.0, (due - at).total_seconds()) if due is not None else None)
+            delivery["url"] = urls.get(delivery["webhook_id"], "(removed)")
+        return listed
+
     def attachment(self, agent: str, message_id: str, sha256: str) -> tuple[str, bytes]:
         listed = self.call("attachments", {"agent": agent, "id": message_id, "with_content": True})
         import base64
@@ -287,6 +316,7 @@ class Console:
                 Route("/ui/search", self.page("search"), methods=["GET"]),
                 Route("/ui/reservations", self.page("reservations"), methods=["GET"]),
                 Route("/ui/traffic", self.page("traffic"), methods=["GET"]),
+                Route("/ui/webhooks", self.page("webhooks"), methods=["GET"]),
                 Route("/ui/compose", self.page("compose"), methods=["GET"]),
                 Route("/ui/compose", self.compose, methods=["POST"]),
                 Route("/ui/attachments/{id}/{sha256}", self.download, methods=["GET"])]
@@ -448,7 +478,7 @@ class Console:
     def _common(self, request: Request, grant: dict, nav: str) -> dict:
         value = request.cookies.get(COOKIE) or ""
         return {"grant": grant, "csrf": csrf_token(value), "nav": nav, "sees_all": sees_all(grant),
-                "scope": grants.scope(grant)}
+                "scope": grants.scope(grant), "lists_webhooks": lists_webhooks(grant)}
 
     async def _page(self, request: Request, kind: str, grant: dict, status: int = 200, **more) -> Response:
         params = request.query_params
@@ -488,6 +518,9 @@ class Console:
             if kind == "traffic":
                 data = await self._read(grant, lambda r: r.traffic())
                 return self._render("traffic.html", status, **self._common(request, grant, "traffic"), **data)
+            if kind == "webhooks":  # another token's: the call layer's refusal, on the error page
+                data = await self._read(grant, lambda r: r.webhooks())
+                return self._render("webhooks.html", status, **self._common(request, grant, "webhooks"), **data)
             offered = await self._read(grant, lambda r: _acts_as(grant, r.known()))
             form = more.get("form") or {"from": (offered or [""])[0], "to": params.get("to", ""), "subject": "",
                                         "body": "", "reply_to": ""}

@@ -29,7 +29,7 @@ DECLARED_IN = {
                      "cancel", "attachments", "profile", "notifications", "status"), "mail"),
     **dict.fromkeys(("reserve", "release", "reservations", "guard"), "reserving"),
     **dict.fromkeys(("search", "export", "import", "cleanup", "copy", "doctor", "mcp", "dashboard", "hook", "setup",
-                     "token", "serve", "run"), "tools"),
+                     "token", "webhook", "serve", "run"), "tools"),
 }
 
 

@@ -603,7 +603,8 @@ class Store(WholeMailbox):
     def settle_webhook_delivery(self, delivery_id: str, holder: str, state: str, status: int | None,
                                 error: str | None, due_at: str | None, at: str) -> bool:
         """Record an attempt of a delivery `holder` leased: state 'delivered', 'failed', or 'pending' again (due at
-        `due_at`); False when the lease was lost meanwhile (another server took it)."""
+        `due_at`); False when the lease was lost meanwhile (another server took it). Adding, removing and settling
+        tell the looks at everything (tell_supervisors) when the transaction commits."""
         raise NotImplementedError
 
     def next_webhook_due(self) -> str | None:

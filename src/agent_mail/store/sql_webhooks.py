@@ -20,6 +20,7 @@ def _webhook(row: dict) -> dict:
 
 
 def add_webhook(store, row: dict) -> None:
+    store.tell_supervisors()  # an open console's webhooks page shows it
     store._x(f"INSERT INTO webhooks ({_COLUMNS}, secret) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
              (row["id"], row["url"], json.dumps(row["agents"]), json.dumps(row["events"]), row["format"],
               row["after_minutes"], int(row["with_body"]), row["created"], row["secret"]))
@@ -32,6 +33,7 @@ def webhooks(store) -> list[dict]:
 def remove_webhook(store, webhook_id: str) -> int | None:
     if not store._x("DELETE FROM webhooks WHERE id = ?", (webhook_id,)).rowcount:
         return None
+    store.tell_supervisors()
     return store._x("DELETE FROM webhook_outbox WHERE webhook_id = ? AND state = 'pending'", (webhook_id,)).rowcount
 
 
@@ -66,13 +68,14 @@ def claim_webhook_deliveries(store, holder: str, now: str, lease_until: str, lim
 
 def settle_webhook_delivery(store, delivery_id: str, holder: str, state: str, status: int | None,
                             error: str | None, due_at: str | None, at: str) -> bool:
-    if state == "pending":
-        store._wake("")  # the servers' deliveries look again, and sleep until it is due
-    return bool(store._x(
+    kept = bool(store._x(
         "UPDATE webhook_outbox SET state = ?, attempts = attempts + 1, last_status = ?, last_error = ?, "
         "due_at = COALESCE(?, due_at), done_at = ?, lease_until = NULL, leased_by = NULL "
         "WHERE id = ? AND leased_by = ? AND state = 'pending'",
         (state, status, error, due_at, at if state != "pending" else None, delivery_id, holder)).rowcount)
+    if kept:  # the looks at everything are told of each attempt (a console's webhooks page shows it), and the
+        store.tell_supervisors()  # servers' deliveries look again (one pending again is slept on until it is due)
+    return kept
 
 
 def next_webhook_due(store) -> str | None:
