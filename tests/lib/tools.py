@@ -32,6 +32,7 @@ TOOLS = {
     "qwen": ("AGENT_MAIL_QWEN", ("qwen",), "npm install @qwen-code/qwen-code, or set AGENT_MAIL_QWEN"),
     "copilot": ("AGENT_MAIL_COPILOT", ("copilot",), "npm install @github/copilot, or set AGENT_MAIL_COPILOT"),
     "opencode": ("AGENT_MAIL_OPENCODE", ("opencode",), "npm install opencode-ai, or set AGENT_MAIL_OPENCODE"),
+    "kilo": ("AGENT_MAIL_KILO", ("kilo",), "npm install @kilocode/cli@7.7.7, or set AGENT_MAIL_KILO"),
     "runuser": (None, ("runuser",), "apt-get install util-linux"),
     "pg_ctlcluster": (None, ("pg_ctlcluster",), "apt-get install postgresql-common"),
     "sqlite3": (None, ("sqlite3",), "apt-get install sqlite3"),

@@ -121,7 +121,8 @@ def copilot_input(document: dict) -> dict:
 # the patch; seen under `codex exec`), and a model given the apply_patch tool calls it "apply_patch".
 EDIT_TOOLS = {"claude-code": ("Edit", "Write", "MultiEdit", "NotebookEdit"), "codex": ("apply_patch", "Bash"),
               "gemini": ("write_file", "replace"), "qwen": ("write_file", "edit"), "copilot": ("create", "edit"),
-              "opencode": ("write", "edit", "multiedit", "patch", "apply_patch")}  # OpenCode's plugin: args.filePath
+              "opencode": ("write", "edit", "multiedit", "patch", "apply_patch"),  # OpenCode's plugin: args.filePath
+              "kilo": ("write", "edit", "multiedit", "patch", "apply_patch")}  # OpenCode's plugin, in Kilo Code
 _PATCH_HEADS = ("*** Update File: ", "*** Add File: ", "*** Delete File: ", "*** Move to: ")
 
 

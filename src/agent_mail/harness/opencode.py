@@ -1,9 +1,12 @@
-"""`agent-mail setup opencode`: what OpenCode (the npm package opencode-ai) is given.
+"""`agent-mail setup opencode` and `setup kilo`: what OpenCode (the npm package opencode-ai) and Kilo Code CLI
+(@kilocode/cli, a fork of OpenCode with its plugin API and config format) are given. Each is a Fork: its names, its
+plugin's path and its project config; everything else here is the same for both.
 
-OpenCode has no command hooks: it runs a project's JavaScript plugins (DIR/.opencode/plugin/*.js) in its own process.
-Setup writes one, DIR/.opencode/plugin/agent-mail.js, which runs `agent-mail hook opencode EVENT --agent P:N` (the JSON
-input on stdin, as every harness's hooks) at the points OpenCode offers, and adds the MCP server to DIR/opencode.json
-(the project's config, which OpenCode reads from the directory it starts in), merged into what is there:
+OpenCode has no command hooks: it runs a project's JavaScript plugins (DIR/.opencode/plugin/*.js; Kilo:
+DIR/.kilo/plugin/*.js) in its own process. Setup writes one, DIR/.opencode/plugin/agent-mail.js, which runs
+`agent-mail hook opencode EVENT --agent P:N` (the JSON input on stdin, as every harness's hooks) at the points
+OpenCode offers, and adds the MCP server to DIR/opencode.json (the project's config, which OpenCode reads from the
+directory it starts in; Kilo: DIR/kilo.json, or a kilo.jsonc already there), merged into what is there:
 
 - chat.message (each prompt, the first of a session as its SessionStart): the context note, a synthetic text part of
   the prompt (in the history from then on, as a hook's additionalContext is);
@@ -16,7 +19,9 @@ input on stdin, as every harness's hooks) at the points OpenCode offers, and add
   starts a turn with it (promptAsync). A newer waiter ends the older; a prompt ends the session's waiter (the hooks
   tell what comes during a turn); the waiter ends when OpenCode does (it watches its parent). Not under `opencode
   run`, which exits when the session goes idle.
-- OpenCode's exit: `hook opencode end` for each session it told (the session stops counting as live).
+- OpenCode's exit: `hook opencode end` for each session it told (the session stops counting as live). Kilo's TUI
+  runs plugins in a worker thread, which sees no exit: there the session ends with Kilo's process (a session whose
+  harness process is gone is not live, and its waiter watches that process).
 
 Everything here is this person's (interpreter, identity, mailbox): OpenCode reads no personal project file.
 """
@@ -25,19 +30,38 @@ from __future__ import annotations
 
 import json
 import os
+from typing import NamedTuple
 
 from agent_mail import errors
 
-PLUGIN = os.path.join(".opencode", "plugin", "agent-mail.js")
-CONFIG = "opencode.json"
-MARK = "written by `agent-mail setup opencode"  # in the plugin's first line: how ours is told from another's
 SERVER = "agent-mail"
 EDIT_TOOLS = ("write", "edit", "multiedit", "patch", "apply_patch")
 
+
+class Fork(NamedTuple):
+    """What differs between OpenCode and a harness built on it."""
+
+    harness: str  # the name setup and hook take
+    name: str  # what people call it
+    plugin: str  # our plugin, from the project's root
+    configs: tuple[str, ...]  # the project configs it reads; setup merges into the first one there, else the first
+
+    @property
+    def mark(self) -> str:
+        """In the plugin's first line: how ours is told from another's."""
+        return f"written by `agent-mail setup {self.harness}"
+
+
+FORKS = {
+    "opencode": Fork("opencode", "OpenCode", os.path.join(".opencode", "plugin", "agent-mail.js"), ("opencode.json",)),
+    # Kilo also reads opencode.json(c), and plugins from .kilocode/: setup writes only Kilo's own files.
+    "kilo": Fork("kilo", "Kilo Code", os.path.join(".kilo", "plugin", "agent-mail.js"), ("kilo.json", "kilo.jsonc")),
+}
+
 _PLUGIN_TEXT = """\
-// agent-mail for OpenCode: {mark} --agent {agent}`; `agent-mail setup opencode --remove` takes it out.
+// agent-mail for {name}: {mark} --agent {agent}`; `agent-mail setup {harness} --remove` takes it out.
 // Mail in the model's context (each prompt, after each tool), the held stop, the idle wake and the pre-edit guard,
-// each by running `agent-mail hook opencode EVENT` with the session's JSON on stdin. It holds this person's
+// each by running `agent-mail hook {harness} EVENT` with the session's JSON on stdin. It holds this person's
 // interpreter, identity and mailbox: keep it out of version control unless the mailbox is shared.
 import {{ spawn, spawnSync }} from "node:child_process";
 
@@ -46,7 +70,7 @@ const COMMAND = {command_json};
 const ENV = {env_json};
 const WAKE = {wake_json};
 const EDITS = new Set({edits_json});
-// `opencode run` exits once its session is idle: nobody is there to be woken or held.
+// `{harness} run` exits once its session is idle: nobody is there to be woken or held.
 const HEADLESS = process.argv.slice(2).find((word) => !word.startsWith("-")) === "run";
 
 function parsed(text) {{
@@ -202,24 +226,33 @@ export default async ({{ client, directory }}) => {{
 """
 
 
-def plugin_text(agent: str, command: list[str], mailbox: str, wake: str) -> str:
+def plugin_text(fork: Fork, agent: str, command: list[str], mailbox: str, wake: str) -> str:
     """The plugin for `agent` (the hook command's words up to the event; the mailbox its hooks use)."""
     def js(value) -> str:
         return json.dumps(value, ensure_ascii=False)
 
-    return _PLUGIN_TEXT.format(mark=MARK, agent=agent, agent_json=js(agent), command_json=js(command + ["hook",
-                               "opencode"]), env_json=js({"AGENT_MAIL_DB": mailbox}), wake_json=js(wake),
+    return _PLUGIN_TEXT.format(name=fork.name, harness=fork.harness, mark=fork.mark, agent=agent,
+                               agent_json=js(agent), command_json=js(command + ["hook", fork.harness]),
+                               env_json=js({"AGENT_MAIL_DB": mailbox}), wake_json=js(wake),
                                edits_json=js(list(EDIT_TOOLS)))
 
 
-def is_ours(text: str | None) -> bool:
-    return text is not None and MARK in text.split("\n", 1)[0]
+def is_ours(fork: Fork, text: str | None) -> bool:
+    return text is not None and fork.mark in text.split("\n", 1)[0]
 
 
-def plugin_plan(root: str, text: str | None, planned) -> dict:
-    """The plan for DIR/.opencode/plugin/agent-mail.js (`text`: what it should hold, None to take it out); refused
-    when a file of that name is not ours. `planned(path, action, before, after)` makes the plan."""
-    path = os.path.join(root, PLUGIN)
+def config_path(fork: Fork, root: str) -> str:
+    """The project config setup merges into: the first of the fork's config files that is there, else the first."""
+    for name in fork.configs:
+        if os.path.lexists(os.path.join(root, name)):
+            return os.path.join(root, name)
+    return os.path.join(root, fork.configs[0])
+
+
+def plugin_plan(fork: Fork, root: str, text: str | None, planned) -> dict:
+    """The plan for the plugin (DIR/.opencode/plugin/agent-mail.js; `text`: what it should hold, None to take it
+    out); refused when a file of that name is not ours. `planned(path, action, before, after)` makes the plan."""
+    path = os.path.join(root, fork.plugin)
     try:
         with open(path, encoding="utf-8") as handle:
             before: str | None = handle.read()
@@ -227,7 +260,7 @@ def plugin_plan(root: str, text: str | None, planned) -> dict:
         before = None
     except (OSError, UnicodeDecodeError) as exc:
         raise errors.AgentMailError(f"cannot read {path}: {exc}. Nothing was written.") from None
-    if before is not None and not is_ours(before):
+    if before is not None and not is_ours(fork, before):
         raise errors.InvalidInput([(path, "exists and was not written by agent-mail setup; move it aside (or rename "
                                           "it), then run setup again. Nothing was written.")])
     if text == before:
@@ -238,13 +271,13 @@ def plugin_plan(root: str, text: str | None, planned) -> dict:
     return planned(path, action, before, text)
 
 
-def config_merged(document: dict, entry: dict | None) -> dict:
-    """DIR/opencode.json with our MCP server (`entry`) put under mcp.agent-mail, or taken out (None); every other
-    key left as it was, in its order."""
+def config_merged(document: dict, entry: dict | None, config: str) -> dict:
+    """DIR/opencode.json (the config file named `config`) with our MCP server (`entry`) put under mcp.agent-mail, or
+    taken out (None); every other key left as it was, in its order."""
     document = dict(document)
     servers = document.get("mcp", {})
     if not isinstance(servers, dict):
-        raise errors.InvalidInput([("mcp", "in opencode.json is not an object; fix it, then run setup again. Nothing "
+        raise errors.InvalidInput([("mcp", f"in {config} is not an object; fix it, then run setup again. Nothing "
                                            "was written.")])
     servers = {name: spec for name, spec in servers.items() if name != SERVER}
     if entry is not None:
@@ -257,8 +290,9 @@ def config_merged(document: dict, entry: dict | None) -> dict:
 
 
 def server_entry(command: list[str], agent: str, mailbox: str, remote_url: str | None, bearer: str) -> dict:
-    """OpenCode's MCP entry: a local server (the command and its environment), or the agent-mail server's /mcp over
-    HTTP with the token read from the environment ({env:AGENT_MAIL_TOKEN}: OpenCode substitutes it)."""
+    """OpenCode's (and Kilo's) MCP entry: a local server (the command and its environment), or the agent-mail
+    server's /mcp over HTTP with the token read from the environment ({env:AGENT_MAIL_TOKEN}: OpenCode substitutes
+    it)."""
     if remote_url is not None:
         return {"type": "remote", "url": remote_url, "headers": {"Authorization": bearer}, "enabled": True}
     return {"type": "local", "command": command + ["mcp", "--agent", agent], "environment": {"AGENT_MAIL_DB": mailbox},

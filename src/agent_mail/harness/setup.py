@@ -23,6 +23,8 @@ agent-mail script, `hook ...`; `-m agent_mail hook ...` where no script is insta
 - OpenCode: DIR/.opencode/plugin/agent-mail.js (a plugin running the same hook commands: context on each prompt and
   after each tool, the stop guard and the idle waiter when a session goes idle, the pre-tool guard, end on exit;
   agent_mail.harness.opencode) and the server in DIR/opencode.json (mcp.agent-mail, `type: local`).
+- Kilo Code CLI (built on OpenCode): the same plugin in DIR/.kilo/plugin/agent-mail.js and the server in DIR/kilo.json
+  (or the DIR/kilo.jsonc there).
 
 All three also get the pre-tool hook (`hook HARNESS pretool`), which denies an edit of a file another live
 identity holds: Claude Code PreToolUse on Edit|Write|MultiEdit|NotebookEdit, Codex PreToolUse on
@@ -781,7 +783,7 @@ _HARNESS_FILES = {"claude-code": (os.path.join(".claude", "settings.local.json")
                   "gemini": (os.path.join(".gemini", "settings.json"), (SERVER,)),
                   "qwen": (os.path.join(".qwen", "settings.json"), (SERVER,)),
                   "copilot": (os.path.join(".github", "hooks", "agent-mail.json"), _hook_marks("copilot")),
-                  "opencode": (opencode.PLUGIN, (opencode.MARK,))}
+                  **{h: (fork.plugin, (fork.mark,)) for h, fork in opencode.FORKS.items()}}
 
 
 def _project_file_plan(root: str, harness: str, mailbox: str, remove: bool) -> dict:
@@ -820,8 +822,8 @@ def _mentions(path: str, marks: tuple[str, ...]) -> bool:
 
 
 def _remove_emptied_directories(root: str, plans: list[dict]) -> None:
-    """A harness directory (.claude, .codex, .gemini, .qwen, .github/hooks and .github) left empty by --remove goes
-    too: setup made it."""
+    """A harness directory (.claude, .codex, .gemini, .qwen, .github/hooks and .github, .opencode/plugin, ...) left
+    empty by --remove goes too: setup made it."""
     for plan in plans:
         directory = os.path.dirname(plan["path"])
         while plan["action"] == "remove" and directory != root and directory.startswith(root + os.sep):
@@ -938,11 +940,24 @@ NOTES = {
         "mailbox (OpenCode reads no personal project settings): keep them out of version control, or commit them only "
         "for a shared mailbox.",
     ],
+    "kilo": [
+        "Start `kilo` in this directory: the agent-mail MCP server (tools agent-mail_*) loads from the project's "
+        "kilo.json (or the kilo.jsonc it merged into), the plugin from .kilo/plugin/agent-mail.js.",
+        "Mail reaches the model's context at each prompt (the first one of a session gets the inbox) and after tool "
+        "calls; a session that goes idle with mail that arrived during its turn is sent it as one more prompt, once; "
+        "an idle session is woken when mail arrives (the plugin's waiter starts a turn with the envelopes). Under "
+        "`kilo run` nothing waits: it exits when its session is idle.",
+        "Kilo's TUI runs plugins in a worker that sees no exit: the session stops counting as live when Kilo's "
+        "process ends, and its waiter ends with that process.",
+        "The agent-mail entry of the kilo.json and .kilo/plugin/agent-mail.js hold this interpreter, identity and "
+        "mailbox (Kilo Code reads no personal project settings): keep them out of version control, or commit them "
+        "only for a shared mailbox.",
+    ],
 }
 
 
 _STARTS = {"claude-code": "claude", "codex": "codex", "gemini": "gemini", "qwen": "qwen", "copilot": "copilot",
-           "opencode": "opencode"}
+           "opencode": "opencode", "kilo": "kilo"}
 
 
 def set_up_for(command: str, directory: str) -> str | None:
@@ -964,14 +979,17 @@ def set_up_for(command: str, directory: str) -> str | None:
         here = above
 
 
-def _opencode_plans(root: str, agent: str, mailbox: str, remove: bool) -> list[dict]:
-    """DIR/opencode.json (the MCP server, merged) and DIR/.opencode/plugin/agent-mail.js (the hooks)."""
+def _opencode_plans(harness: str, root: str, agent: str, mailbox: str, remove: bool) -> list[dict]:
+    """DIR/opencode.json (the MCP server, merged) and DIR/.opencode/plugin/agent-mail.js (the hooks); for Kilo Code,
+    DIR/kilo.json (or kilo.jsonc) and DIR/.kilo/plugin/agent-mail.js."""
+    fork = opencode.FORKS[harness]
     remote = mailbox + http_api.MCP_PATH if _is_server(mailbox) else None
     entry = None if remove else opencode.server_entry(_base_command(), agent, mailbox, remote,
                                                       BEARER_FROM_OPENCODE_ENV)
-    text = None if remove else opencode.plugin_text(agent, _hook_base(), mailbox, REWAKE_MESSAGE)
-    return [_plan(os.path.join(root, opencode.CONFIG), lambda d: opencode.config_merged(d, entry), comments=True),
-            opencode.plugin_plan(root, text, _planned)]
+    text = None if remove else opencode.plugin_text(fork, agent, _hook_base(), mailbox, REWAKE_MESSAGE)
+    config = opencode.config_path(fork, root)
+    return [_plan(config, lambda d: opencode.config_merged(d, entry, os.path.basename(config)), comments=True),
+            opencode.plugin_plan(fork, root, text, _planned)]
 
 
 BEARER_FROM_OPENCODE_ENV = "Bearer {env:" + TOKEN_VAR + "}"  # OpenCode's substitution of a variable in its config
@@ -1049,8 +1067,8 @@ def setup(harness: str, agent: str, directory: str | None = None, dry_run: bool 
             _plan(os.path.join(root, ".github", "hooks", "agent-mail.json"),
                   lambda d: _copilot_hooks(d, agent, mailbox, remove)),
         ]
-    elif harness == "opencode":
-        plans = _opencode_plans(root, agent, mailbox, remove)
+    elif harness in opencode.FORKS:
+        plans = _opencode_plans(harness, root, agent, mailbox, remove)
     else:
         path = os.path.join(root, ".gemini", "settings.json")
         plans = [_plan(path, lambda d: _gemini_ui(_hooks_merged(_servers(d, agent, mailbox, remove, trust=True),
@@ -1062,7 +1080,7 @@ def setup(harness: str, agent: str, directory: str | None = None, dry_run: bool 
     result = {
         "harness": harness, "agent": agent, "mailbox": mailbox, "dir": root, "removed": remove,
         "dry_run": dry_run, "files": files,
-        "wakes_idle_session": harness in ("claude-code", "opencode", "codex", "qwen") and not remove,
+        "wakes_idle_session": harness in ("claude-code", "opencode", "kilo", "codex", "qwen") and not remove,
         "token": _token_report(harness, mailbox, remove),
         "notes": [] if remove else NOTES[harness] + _remote_notes(harness, mailbox) + [
             f"A plain shell in {root} or below now uses this mailbox too: {os.path.basename(project_file['path'])} "

@@ -31,12 +31,12 @@ LAST_SEEN_EVERY_SECONDS = 60.0  # a quiet check refreshes the session's last_see
 # from sessionStart, userPromptSubmitted and postToolUse (it ignores the nested hookSpecificOutput form) and holds
 # its agentStop with {"decision": "block"} (both seen with 1.0.102).
 STOP_DECISION = {"claude-code": "block", "codex": "block", "gemini": "deny", "qwen": "block", "copilot": "block",
-                 "opencode": "block"}
+                 "opencode": "block", "kilo": "block"}
 DEFAULT_EVENT = {"claude-code": "PostToolUse", "codex": "PostToolUse", "gemini": "AfterTool", "qwen": "PostToolUse",
-                 "copilot": "postToolUse", "opencode": "PostToolUse"}
-# The harnesses whose idle session a waiter wakes: Claude Code's asyncRewake hook; OpenCode's plugin, which starts a
-# turn with the waiter's note (agent_mail.harness.opencode).
-WAKES_IDLE = ("claude-code", "opencode")
+                 "copilot": "postToolUse", "opencode": "PostToolUse", "kilo": "PostToolUse"}
+# The harnesses whose idle session a waiter wakes: Claude Code's asyncRewake hook; OpenCode's plugin (Kilo Code's
+# too), which starts a turn with the waiter's note (agent_mail.harness.opencode).
+WAKES_IDLE = ("claude-code", "opencode", "kilo")
 # Harnesses whose idle session a waker of ours wakes from outside, through the harness's own primitive
 # (harness.waker: Qwen Code's dual-output input file, `codex queue`): the waiter's wait, the note delivered there.
 WAKES_FROM_OUTSIDE = ("qwen", "codex")
@@ -67,7 +67,7 @@ def _tool(harness: str, name: str) -> str:
         return f"mcp_agent-mail_{name}"
     if harness == "qwen":
         return f"mcp__agent-mail__{name}"
-    if harness == "opencode":
+    if harness in ("opencode", "kilo"):
         return f"agent-mail_{name}"
     return f"the agent-mail MCP tool {name}"
 

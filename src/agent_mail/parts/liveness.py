@@ -28,6 +28,7 @@ _NEVER = {"armed_seen": None, "released_at": None, "session_seen": None, "heartb
 WOKEN = {
     "claude-code": "woken now (a live Claude Code session, idle: its asyncRewake waiter starts a turn)",
     "opencode": "woken now (a live OpenCode session, idle: its agent-mail plugin's waiter starts a turn)",
+    "kilo": "woken now (a live Kilo Code session, idle: its agent-mail plugin's waiter starts a turn)",
     "codex": "woken within a second (a live Codex session, idle: its waker queues the envelopes, `codex queue`)",
     "qwen": "woken within about a second (a live Qwen Code session, idle: its waker hands the envelopes to Qwen "
             "Code's input file, which it reads every 0.5 s)",
@@ -41,6 +42,7 @@ TOLD = {
     "copilot": "told at its next prompt or tool call (a live Copilot CLI session, which cannot be woken while idle: "
                "`agent-mail run -- copilot` can)",
     "opencode": "told at its next prompt or tool call (a live OpenCode session, at work; woken when idle)",
+    "kilo": "told at its next prompt or tool call (a live Kilo Code session, at work; woken when idle)",
 }
 ARMED_WATCH = "woken now (an armed watch: `watch`, or a harness under `agent-mail run`, woken at its idle prompt)"
 HUMAN = "read by a person (human profile): reads the inbox"

@@ -306,17 +306,17 @@ register(Command(
     "BeforeAgent / userPromptSubmitted, PostToolUse / AfterTool / postToolUse): adds the "
     "envelopes of mail new to this session, the unread count, bounces and the next steps to the model's "
     "context, quiet when nothing is new, marking nothing read. stop: holds the stop once when mail the "
-    "session was not told of arrived. wait: the idle waiter (Claude Code's asyncRewake hook; OpenCode's plugin, which "
-    "starts a turn with its note), blocking like watch "
+    "session was not told of arrived. wait: the idle waiter (Claude Code's asyncRewake hook; OpenCode's and Kilo "
+    "Code's plugin, which starts a turn with its note), blocking like watch "
     "until such mail arrives, then exit 2 with the envelopes on stderr (wakes an idle session); for Codex and Qwen "
     "Code it starts the session's waker detached and returns at once: the waker waits the same way and hands the "
     "envelopes to the session as a prompt (`codex queue`; Qwen Code's dual-output input file). end: the "
     "session ended. pretool (Claude Code, Codex and Qwen Code PreToolUse, Gemini CLI BeforeTool, Copilot CLI "
-    "preToolUse, OpenCode's plugin before write, edit, multiedit, patch and apply_patch): denies "
+    "preToolUse, OpenCode's and Kilo Code's plugin before write, edit, multiedit, patch and apply_patch): denies "
     "an edit of a file another live identity holds exclusively, saying who holds it, why, until when and the send "
     "that asks them; silent for any other tool or file.",
     args=(
-        Arg("harness", TEXT, "claude-code, codex, gemini, qwen, copilot or opencode.", required=True,
+        Arg("harness", TEXT, "claude-code, codex, gemini, qwen, copilot, opencode or kilo.", required=True,
             choices=HARNESSES),
         Arg("event", TEXT, "context, stop, wait, end or pretool.", required=True,
             choices=("context", "stop", "wait", "end", "pretool")),
@@ -324,8 +324,8 @@ register(Command(
     ),
     output={"hookSpecificOutput": "context: {hookEventName, additionalContext} for the harness (printed only when "
             "there is something new; Copilot CLI gets a top-level additionalContext instead). pretool (Claude Code, "
-            "Codex, Qwen Code, OpenCode): {hookEventName: PreToolUse, permissionDecision: deny, "
-            "permissionDecisionReason} when the edit is refused (OpenCode's plugin throws the reason).",
+            "Codex, Qwen Code, OpenCode, Kilo Code): {hookEventName: PreToolUse, permissionDecision: deny, "
+            "permissionDecisionReason} when the edit is refused (the OpenCode and Kilo plugin throws the reason).",
             "additionalContext": "Copilot CLI only: context's note, top-level (printed only when there is something "
             "new).",
             "permissionDecision": "Copilot CLI only: pretool's \"deny\" (with permissionDecisionReason) when the edit "
@@ -346,7 +346,8 @@ register(Command(
 register(Command(
     name="setup",
     summary="Connect a harness to this mailbox in one step: its hooks (mail in the model's context, a stop held "
-    "once for mail that arrived, and for Claude Code, OpenCode, Codex and Qwen Code an idle session woken when mail "
+    "once for mail that arrived, and for Claude Code, OpenCode, Kilo Code, Codex and Qwen Code an idle session woken "
+    "when mail "
     "arrives) and the agent-mail "
     "MCP server, already allowed. Merges into existing settings (nothing else touched), idempotent, atomic; --dry-run "
     "shows the diff, --remove takes out only what it added. Records the identity and the mailbox resolved now, "
@@ -357,8 +358,9 @@ register(Command(
     args=(
         Arg("harness", TEXT, "The harness: claude-code (.mcp.json, .claude/settings.local.json), codex "
             "(.codex/config.toml, .codex/hooks.json), gemini (.gemini/settings.json), qwen (.qwen/settings.json), "
-            "copilot (.mcp.json, .github/hooks/agent-mail.json) or opencode (opencode.json, "
-            ".opencode/plugin/agent-mail.js).", required=True,
+            "copilot (.mcp.json, .github/hooks/agent-mail.json), opencode (opencode.json, "
+            ".opencode/plugin/agent-mail.js) or kilo (kilo.json or kilo.jsonc, .kilo/plugin/agent-mail.js).",
+            required=True,
             choices=HARNESSES),
         Arg("--agent", IDENTITY, "The identity the harness's sessions use (project:name).", required=True),
         Arg("--dir", PATH, "The project directory the harness starts in (default: the current directory)."),
@@ -536,7 +538,8 @@ register(Command(
            "(ctrl+z), run stops too (SIGTSTP, the terminal's modes given back); continued (fg), it continues the "
            "harness."},
     notes=("Standard input must be a terminal (a person's); otherwise a JSON error, exit 2, before anything starts.",
-           "A set-up harness: the command's file name is a harness's (gemini, copilot, claude, codex, qwen, opencode) "
+           "A set-up harness: the command's file name is a harness's (gemini, copilot, claude, codex, qwen, opencode, "
+           "kilo) "
            "and its hooks file from agent-mail setup is in the current directory or one above. Anything else gets "
            "no keys from run: mail sets the terminal's title to `agent-mail: new mail for P:N` (OSC 0/2) and rings "
            "the bell, at most once every 10 s.",
