@@ -303,6 +303,7 @@ def wait(session, minutes: float, deliver=None, harness: int | None = None) -> s
     me = _process_token(os.getpid())
     _end_waiter(session.arm(me))
     harness = harness or harness_pid()
+    _end_with(harness)
     note: list[str] = []
 
     def write_note(told: str) -> None:  # on stderr before the commit: if it cannot be written, it was not told
@@ -320,6 +321,34 @@ def wait(session, minutes: float, deliver=None, harness: int | None = None) -> s
     finally:
         session.forget_waiter(me)
     return note[0] if found and note else None
+
+
+def _end_with(harness: int | None) -> None:
+    """SIGTERM this waiter (its watch released, as any stopped wait's) as soon as the harness process `harness` ends:
+    a pidfd read by a thread, so the identity stops counting as reachable at once, not at the wait's next look at the
+    harness (model.REFRESH_SECONDS). A harness that ends without a word needs it: Kilo Code's TUI runs its plugins in a
+    worker thread, which sees no exit, so nothing ends the waiter but this."""
+    import threading
+
+    if harness is None or harness == os.getpid():
+        return
+
+    def watch() -> None:
+        import select
+        import signal
+
+        try:
+            handle = os.pidfd_open(harness)
+        except ProcessLookupError:
+            pass  # already gone
+        except (AttributeError, OSError):  # no pidfds here (before Linux 5.3, another system): look every 0.2 s
+            while pid_alive(harness):
+                threading.Event().wait(0.2)
+        else:
+            select.select([handle], [], [])
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="agent-mail harness watch", daemon=True).start()
 
 
 def wake_once(harness: str, agent: str, document: dict, served, deliver, pid: int) -> bool:

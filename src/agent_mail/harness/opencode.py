@@ -45,6 +45,11 @@ class Fork(NamedTuple):
     name: str  # what people call it
     plugin: str  # our plugin, from the project's root
     configs: tuple[str, ...]  # the project configs it reads; setup merges into the first one there, else the first
+    # Whether a project's config may read the environment ({env:VAR}): how a remote MCP entry reads the token.
+    # Kilo refuses it ("environment references are not allowed in project config") and drops the entry; its user
+    # config (`user_config`) may.
+    env_in_project: bool = True
+    user_config: str = ""
 
     @property
     def mark(self) -> str:
@@ -55,7 +60,8 @@ class Fork(NamedTuple):
 FORKS = {
     "opencode": Fork("opencode", "OpenCode", os.path.join(".opencode", "plugin", "agent-mail.js"), ("opencode.json",)),
     # Kilo also reads opencode.json(c), and plugins from .kilocode/: setup writes only Kilo's own files.
-    "kilo": Fork("kilo", "Kilo Code", os.path.join(".kilo", "plugin", "agent-mail.js"), ("kilo.json", "kilo.jsonc")),
+    "kilo": Fork("kilo", "Kilo Code", os.path.join(".kilo", "plugin", "agent-mail.js"), ("kilo.json", "kilo.jsonc"),
+                 env_in_project=False, user_config="~/.config/kilo/kilo.json"),
 }
 
 _PLUGIN_TEXT = """\

@@ -655,6 +655,8 @@ def _plan(path: str, change, comments: bool = False) -> dict:
     that was there (json_text: its formatting, order and comments kept; only what changed is rewritten)."""
     document, before = _load(path, comments)
     after_document = change(document or {})
+    if document is not None and after_document == document:
+        return _planned(path, "unchanged", before, before)  # nothing of ours to add or take out: not a byte changed
     if not after_document:
         after = None
     elif before is None or not before.strip():
@@ -941,15 +943,16 @@ NOTES = {
         "for a shared mailbox.",
     ],
     "kilo": [
-        "Start `kilo` in this directory: the agent-mail MCP server (tools agent-mail_*) loads from the project's "
-        "kilo.json (or the kilo.jsonc it merged into), the plugin from .kilo/plugin/agent-mail.js.",
+        "Start `kilo` in this directory: the plugin loads from .kilo/plugin/agent-mail.js, the agent-mail MCP server "
+        "(tools agent-mail_*) from the project's kilo.json (or the kilo.jsonc it merged into; through an agent-mail "
+        "server, see below).",
         "Mail reaches the model's context at each prompt (the first one of a session gets the inbox) and after tool "
         "calls; a session that goes idle with mail that arrived during its turn is sent it as one more prompt, once; "
         "an idle session is woken when mail arrives (the plugin's waiter starts a turn with the envelopes). Under "
         "`kilo run` nothing waits: it exits when its session is idle.",
         "Kilo's TUI runs plugins in a worker that sees no exit: the session stops counting as live when Kilo's "
         "process ends, and its waiter ends with that process.",
-        "The agent-mail entry of the kilo.json and .kilo/plugin/agent-mail.js hold this interpreter, identity and "
+        "The agent-mail entry of kilo.json and .kilo/plugin/agent-mail.js hold this interpreter, identity and "
         "mailbox (Kilo Code reads no personal project settings): keep them out of version control, or commit them "
         "only for a shared mailbox.",
     ],
@@ -986,6 +989,8 @@ def _opencode_plans(harness: str, root: str, agent: str, mailbox: str, remove: b
     remote = mailbox + http_api.MCP_PATH if _is_server(mailbox) else None
     entry = None if remove else opencode.server_entry(_base_command(), agent, mailbox, remote,
                                                       BEARER_FROM_OPENCODE_ENV)
+    if remote is not None and not fork.env_in_project:
+        entry = None  # the token cannot be read there, and is never written: _remote_notes says where it goes
     text = None if remove else opencode.plugin_text(fork, agent, _hook_base(), mailbox, REWAKE_MESSAGE)
     config = opencode.config_path(fork, root)
     return [_plan(config, lambda d: opencode.config_merged(d, entry, os.path.basename(config)), comments=True),
@@ -1011,6 +1016,15 @@ def _remote_notes(harness: str, mailbox: str) -> list[str]:
              f"taken from the token; the hooks run agent-mail as a client of {mailbox}. No file holds the token: "
              f"{'.mcp.json' if harness == 'claude-code' else 'the settings'} read it from {TOKEN_VAR} in the "
              f"environment `{start}` starts with."]
+    if harness in opencode.FORKS and not opencode.FORKS[harness].env_in_project:
+        entry = {"type": "remote", "url": mailbox + http_api.MCP_PATH, "headers": {"Authorization":
+                                                                                 BEARER_FROM_OPENCODE_ENV}}
+        notes[0] = (f"The hooks run agent-mail as a client of {mailbox}, reading the token from {TOKEN_VAR} in the "
+                    f"environment `{start}` starts with. {opencode.FORKS[harness].name} refuses to read the "
+                    "environment in a project's config, so no MCP entry was written here (one naming the token "
+                    "itself would put it in a file): for the MCP tools, add "
+                    f'"mcp": {{"{SERVER}": {json.dumps(entry)}}} to your own {opencode.FORKS[harness].user_config}, '
+                    f"which it trusts to read {TOKEN_VAR}.")
     if not os.environ.get(TOKEN_VAR, "").strip():
         notes.append(f"{TOKEN_VAR} is not set here. Export it before starting `{start}` (the mailbox's operator "
                      "makes a token with agent-mail token create --agent P:N). With "
