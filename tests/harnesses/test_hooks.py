@@ -124,7 +124,7 @@ def test_the_stop_is_held_once_for_mail_the_session_was_not_told_of():
     assert hook("stop", claude_input("Stop")).stdout == b""
 
 
-@pytest.mark.parametrize("harness", ["claude-code", "codex", "gemini", "qwen", "copilot", "opencode"])
+@pytest.mark.parametrize("harness", ["claude-code", "codex", "gemini", "qwen", "copilot", "opencode", "kilo"])
 def test_a_held_stop_shows_the_user_who_wrote_and_tells_the_model_it_is_mail(harness):
     """Issue 20 #4: the stop hold's systemMessage is the line each harness shows the user (who wrote, the
     subject); the reason, the model's next prompt, says it is mail, not an error."""
@@ -187,7 +187,7 @@ def _require_reachable(to: str = AGENT) -> subprocess.CompletedProcess:
     return am_process("send", "--from", "team:carl", "--to", to, "--subject", "still there?", "--require-reachable")
 
 
-@pytest.mark.parametrize("harness", ["claude-code", "codex", "gemini", "qwen", "copilot", "opencode"])
+@pytest.mark.parametrize("harness", ["claude-code", "codex", "gemini", "qwen", "copilot", "opencode", "kilo"])
 def test_a_live_harness_session_is_reachable_while_it_works_and_says_how(harness):
     """Issue 20 #1: a session at work (no watch armed: its last one was released) will be told at its next tool
     call or stop, so it is listening: status, the send receipt, --require-reachable and the dashboard agree, in
@@ -199,7 +199,7 @@ def test_a_live_harness_session_is_reachable_while_it_works_and_says_how(harness
     assert row["watch_state"] != "armed" and row["sessions"] == 1  # at work: no watch armed
     assert row["reachable"] is True
     name = {"claude-code": "Claude Code", "codex": "Codex", "gemini": "Gemini CLI", "qwen": "Qwen Code",
-            "copilot": "Copilot CLI", "opencode": "OpenCode"}[harness]
+            "copilot": "Copilot CLI", "opencode": "OpenCode", "kilo": "Kilo Code"}[harness]
     words = f"a live {name} session"
     assert words in row["reached_by"] and row["reached_by"].startswith("told at its next")
     done = _require_reachable()
@@ -774,7 +774,7 @@ def test_setup_gemini_writes_one_settings_file(tmp_path):
     assert json.loads(settings.read_text()) == {"theme": "Dracula", "mcpServers": {"other": {"command": "x"}}}
 
 
-@pytest.mark.parametrize("harness", ["claude-code", "codex", "gemini", "qwen", "copilot", "opencode"])
+@pytest.mark.parametrize("harness", ["claude-code", "codex", "gemini", "qwen", "copilot", "opencode", "kilo"])
 def test_setup_then_remove_in_an_empty_directory_leaves_it_empty(tmp_path, harness):
     tmp_path = tmp_path / "project"  # beside the test's mailbox
     tmp_path.mkdir()
