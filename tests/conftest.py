@@ -134,6 +134,7 @@ def mailbox_path(tmp_path, monkeypatch, backend):
     dir so the default is never touched. The value is the file's path on SQLite (where nothing is created
     yet), the URL on PostgreSQL."""
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("VIBE_HOME", raising=False)  # Mistral Vibe's user files (setup vibe's hooks.toml): under HOME
     if backend == "sqlite":
         path = tmp_path / "box" / "mail.db"
         monkeypatch.setenv("AGENT_MAIL_DB", str(path))

@@ -53,6 +53,10 @@ def _operate(mailbox, name: str, values: dict, emit) -> object:
         from agent_mail.operations import tokens
 
         return tokens.token_command(mailbox.store, **values, emit=emit)
+    if name == "webhook":
+        from agent_mail.operations import webhooks
+
+        return webhooks.webhook_command(mailbox, **values, emit=emit)
     return getattr(mailbox, name)(**values, emit=emit)
 
 

@@ -25,7 +25,8 @@ TEMP_SUFFIX = ".part"
 
 
 def pid_alive(pid: int | None) -> bool:
-    """Whether process `pid` (on this machine) still runs; True when unknown."""
+    """Whether process `pid` (on this machine) still runs; True when unknown. A zombie (ended, not yet reaped by its
+    parent) has ended: a harness killed under a parent that has not waited for it yet counts as gone."""
     if not pid:
         return True  # unknown: assume so
     try:
@@ -33,8 +34,25 @@ def pid_alive(pid: int | None) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True  # someone else's live process
-    return True
+        pass  # someone else's process: there, unless it is a zombie
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True  # no /proc here: the signal said it is there
+
+
+def process_handle(pid: int | None) -> int | None:
+    """A descriptor that reads as ready once process `pid` ends (a pidfd: Linux 5.3 and later), to sleep on with
+    other descriptors (wait_readable); None where there is none (the caller polls pid_alive instead). The caller
+    closes it."""
+    opener = getattr(os, "pidfd_open", None)
+    if not pid or opener is None:
+        return None
+    try:
+        return opener(pid)
+    except OSError:
+        return None
 
 
 def same_file(path: str, others: list[str]) -> bool:
@@ -289,8 +307,9 @@ class StagedSave:
 
 
 def stage_attachments(directory: str, attachments: list[dict], contents: dict[str, bytes | None],
-                      overwrite: bool) -> StagedSave:
-    """Check every name and write every attachment under a temporary name in `directory`; all or nothing."""
+                      overwrite: bool, own_file=None) -> StagedSave:
+    """Check every name and write every attachment under a temporary name in `directory`; all or nothing.
+    `own_file(path)`: whether a path is one of the mailbox's own files, never replaced, --overwrite or not."""
     import hashlib
 
     target = os.path.realpath(os.path.expanduser(directory))
@@ -318,6 +337,11 @@ def stage_attachments(directory: str, attachments: list[dict], contents: dict[st
                 said = f"the stored content of attachment {attachment['name']!r} is missing or damaged; nothing was " \
                        "saved."
                 raise errors.StorageError(said, told=said)
+            if own_file is not None and own_file(os.path.join(target, name)):
+                problems.append(("save_to", f"{os.path.join(target, name)} would be one of the mailbox's own files "
+                                              "(the database or SQLite's files beside it): never replaced; choose "
+                                              "another directory."))
+                continue
             try:
                 existing = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
             except FileNotFoundError:

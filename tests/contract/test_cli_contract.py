@@ -185,6 +185,14 @@ def test_documented_output_fields_match_what_commands_print(am, send, tmp_path, 
         rotated = am("token", "rotate", created["id"], "--grace", "0").json
         revoked = am("token", "revoke", rotated["id"]).json
     assert set(created) | set(listed) | set(rotated) | set(revoked) == set(spec.COMMANDS["token"].output)
+    secret = tmp_path / "hook-secret"  # webhook: the operator's, as token, and through a server with its token
+    secret.write_text("0123456789abcdef0123\n")
+    secret.chmod(0o600)
+    added = am("webhook", "add", "--url", "http://127.0.0.1:9/hook", "--agent", "b:y", "--secret-file",
+               str(secret)).json
+    hooks = am("webhook", "list").json
+    removed = am("webhook", "remove", added["id"]).json
+    assert set(added) | set(hooks) | set(removed) == set(spec.COMMANDS["webhook"].output)
     assert set(spec.COMMANDS) == {"describe", "send", "read", "ack", "watch", "heartbeat", "dismiss", "archive",
                                   "delete", "cancel", "attachments", "profile", "notifications", "status", "cleanup",
                                   "mcp",  # prints only the protocol: its tools are checked in test_mcp.py
@@ -193,7 +201,7 @@ def test_documented_output_fields_match_what_commands_print(am, send, tmp_path, 
                                   "run",  # a terminal passed through, prints nothing: checked in test_run.py
                                   "setup",
                                   "doctor", "copy", "search", "export", "import",
-                                  "token",  # checked above
+                                  "token", "webhook",  # checked above
                                   "serve",  # serves HTTP, prints nothing: checked in test_server.py
                                   "reserve", "release", "reservations",  # need a repository: test_reservations.py
                                       "guard"}  # needs a repository: test_guard.py
@@ -301,16 +309,42 @@ def test_everyday_commands_import_nothing_they_do_not_need(argv, mailbox_path):
     """What a command imports is start-up time on every call: the ones an agent runs all day need no
     regular expressions, enum, json, signal, hashlib or ctypes (send checks and indexes plain text with
     str methods; a regex only for text that is not plain), nor the pure-Python `datetime` (its C module
-    serves), the `sqlite3` package (its C driver serves) or contextlib (~3 ms between them)."""
+    serves), the `sqlite3` package (its C driver serves) or contextlib (~3 ms between them), nor functools
+    and the collections it brings (the driver's statement cache is functools' C one: ~2 ms)."""
     code = ("import sys; from agent_mail.cli.main import main; code = main(sys.argv[1:]); "
             "heavy = {'re', 'enum', 'json', 'signal', 'hashlib', 'ctypes', 'select', 'typing', 'dataclasses', "
             "'uuid', 'urllib.parse', 'importlib.metadata', 'mcp', 'anyio', 'pydantic', 'psycopg', 'datetime', "
-            "'sqlite3', 'contextlib', 'math', "
+            "'sqlite3', 'contextlib', 'math', 'functools', 'collections', 'types', 'operator', "
             "'textual', 'rich', 'textual_serve', 'plotext', 'aiohttp', 'pathspec', 'agent_mail.parts.wildmatch', "
             "'agent_mail.operations.reservations', 'agent_mail.parts.repos', 'subprocess'}; "
             "print(code, sorted(heavy & set(sys.modules)), file=sys.stderr)")
     proc = subprocess.run([sys.executable, "-S", "-c", code, *argv], env=process_env(), capture_output=True, text=True)
     assert proc.stderr.strip().splitlines()[-1] == "0 []", proc.stderr
+
+
+@pytest.mark.sqlite_only
+def test_the_driver_loads_without_functools_and_works_all_the_same(tmp_path):
+    """The C driver takes functools.lru_cache for its statement cache when it loads; the store hands it the same
+    C cache without importing functools (and the collections, types and operator it brings). In a fresh
+    interpreter: functools stays unimported, statements run again and again through the cache, the stand-in
+    caches as lru_cache does, and a later `import functools` gets the real module."""
+    code = ("import sys\n"
+            "from agent_mail.store import sqlite as store\n"
+            "assert 'functools' not in sys.modules and 'collections' not in sys.modules, sorted(sys.modules)\n"
+            "db = store.sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+            "db.execute('CREATE TABLE t (x)')\n"
+            "for i in range(3):\n"
+            "    db.execute('INSERT INTO t VALUES (?)', (i,))\n"
+            "assert db.execute('SELECT SUM(x) FROM t').fetchone()[0] == 3\n"
+            "assert store.sqlite3.sqlite_version\n"
+            "import functools\n"
+            "assert functools.lru_cache is not store._lru_cache and functools.reduce(int.__add__, [1, 2]) == 3\n"
+            "cached = store._lru_cache(2)(lambda x: object())\n"
+            "assert cached(1) is cached(1) and cached.cache_info() == (1, 1, 2, 1)\n"
+            "print('ok')\n")
+    proc = subprocess.run([sys.executable, "-S", "-c", code, str(tmp_path / "t.db")], env=process_env(),
+                          capture_output=True, text=True)
+    assert proc.stdout.strip() == "ok", proc.stderr
 
 
 @pytest.mark.sqlite_only  # the collector of the command's own process: the same on either backend

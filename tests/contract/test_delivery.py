@@ -359,6 +359,24 @@ def test_saving_never_overwrites_unasked_and_never_follows_links(am, mailbox_pat
     assert outside.read_bytes() == b"untouched"
 
 
+@pytest.mark.fast
+@pytest.mark.sqlite_only
+@pytest.mark.local_only("the mailbox's own files are on this machine only when it is opened here")
+def test_saving_never_replaces_the_mailbox_own_files_even_with_overwrite(am, mailbox_path, tmp_path):
+    message = am(*send_args("a:x", "b:y")).json["id"]
+    name = os.path.basename(mailbox_path)
+    for planted in (name, name + "-wal", name + "-shm"):
+        _plant_attachment(mailbox_path, message, planted, b"not a database")
+    folder = os.path.dirname(mailbox_path)
+    before = sorted(os.listdir(folder))
+    error = am("attachments", "b:y", message, "--save-to", folder, "--overwrite").error
+    assert error["problems"][0]["field"] == "--save-to" and "mailbox's own files" in error["error"]
+    assert sorted(os.listdir(folder)) == before  # nothing saved, nothing replaced
+    assert am("read", "b:y", "--no-mark-read").json["count"] == 1  # the mailbox is whole
+    other = tmp_path / "elsewhere"
+    assert len(am("attachments", "b:y", message, "--save-to", str(other)).json["saved"]) == 3
+
+
 # ---------------------------------------------------------------- handling
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import os
 import inspect
 import threading
 
@@ -259,6 +260,19 @@ class StoreContract:
             assert all(len(envelopes) == 2 for envelopes in store.unread_of_many(many, now).values())
 
     @pytest.mark.fast
+    @exercises("own_file")
+    def test_own_files_are_the_sqlite_database_and_its_neighbours_only(self, store, mailbox_path, tmp_path):
+        mailbox_path = str(mailbox_path)
+        if "://" in mailbox_path:  # a server's database has no file on this machine
+            assert not store.own_file(str(tmp_path / "mail.db"))
+            return
+        mine = os.path.realpath(mailbox_path)
+        assert all(store.own_file(mine + end) for end in ("", "-wal", "-shm", "-journal"))
+        folder = os.path.dirname(mine)
+        assert not store.own_file(os.path.join(folder, "notes.txt"))
+        assert not store.own_file(os.path.join(str(tmp_path / "elsewhere"), os.path.basename(mine)))
+
+    @pytest.mark.fast
     @exercises("add_attachment", "attachments_of", "attachment_content", "attachment_blob", "blob_size")
     def test_attachments(self, store):
         message, content = _message(1), b"\x00hello"
@@ -445,6 +459,34 @@ class StoreContract:
         assert store.wait_for_wake(5) is True and store.mail_marker() != marker
         store.listen_everything()
         assert store.wait_for_wake(0.01) is False
+
+    @pytest.mark.fast
+    @exercises("listen", "wait_for_wake")
+    def test_a_wait_also_wakes_for_a_descriptor_it_watches(self, store):
+        """Issue 33 #6: a harness's waiter sleeps on its harness's pidfd with the mailbox's wake-ups (`also`), so it
+        wakes when the harness ends, well before its timeout; until then mail still wakes it."""
+        import os
+        import subprocess
+        import sys
+        import time
+
+        store.listen("b:y")
+        harness = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        handle = os.pidfd_open(harness.pid)
+        try:
+            assert store.wait_for_wake(0.01, (handle,)) is False  # alive, and no mail
+            with store.transaction(write=True):
+                store.insert_message(_message(1))
+            assert store.wait_for_wake(5, (handle,)) is True  # mail wakes it as before
+            harness.kill()
+            started = time.monotonic()
+            assert store.wait_for_wake(60, (handle,)) is True
+            assert time.monotonic() - started < 30  # woken by the harness's end, not by the timeout
+        finally:
+            if harness.poll() is None:
+                harness.kill()
+            harness.wait()
+            os.close(handle)
 
     @pytest.mark.fast
     @exercises("searchable", "index_missing", "index_behind", "search_rows", "whole_thread", "recent_rows",
@@ -709,6 +751,59 @@ class StoreContract:
                 store.cleanup(_ago(60 * 24 * 7), dry_run=False)
             with store.transaction():
                 assert store.lease_of("d4") == [] and store.leased_ids("c:z", at) == {"m1"}
+        finally:
+            store.close()
+
+
+    @pytest.mark.fast
+    @exercises("add_webhook", "webhooks", "remove_webhook", "queue_webhook_events", "claim_webhook_deliveries",
+               "settle_webhook_delivery", "next_webhook_due", "webhook_deliveries", "webhook_tallies")
+    def test_webhook_deliveries_are_queued_once_claimed_by_one_holder_and_settled(self):
+        store = open_store(resolve_location()[0])
+        now = model.now()
+        at, lease = model.iso(now), model.iso(now + dt.timedelta(seconds=30))
+        later = model.iso(now + dt.timedelta(seconds=60))
+        hook = {"id": "h1", "url": "http://127.0.0.1:9/x", "agents": ["b:y"], "events": ["mail", "deaf"],
+                "secret": "0123456789abcdef", "format": "json", "after_minutes": 2.5, "with_body": True,
+                "created": _ago(1)}
+
+        def event(n, key=None):
+            return {"id": f"d{n}", "webhook_id": "h1", "event_key": key or f"mail:m{n}", "kind": "mail",
+                    "payload": {"id": f"d{n}", "n": n}, "created": model.iso(now - dt.timedelta(seconds=10 - n))}
+        try:
+            with store.transaction(write=True):
+                store.add_webhook(hook)
+                assert store.queue_webhook_events([event(1), event(2)]) == 2
+                assert store.queue_webhook_events([event(3, key="mail:m1")]) == 0  # the same event: queued once
+                assert store.queue_webhook_events([]) == 0
+            with store.transaction():
+                listed = store.webhooks()
+                assert listed == [{k: v for k, v in hook.items() if k != "secret"}]  # never the secret
+                assert store.next_webhook_due() == event(1)["created"]
+            with store.transaction(write=True):
+                mine = store.claim_webhook_deliveries("A", at, lease, 1)
+                assert [(d["id"], d["payload"], d["secret"], d["url"]) for d in mine] == \
+                    [("d1", {"id": "d1", "n": 1}, hook["secret"], hook["url"])]
+                theirs = store.claim_webhook_deliveries("B", at, lease, 5)  # d1 is A's until its lease ends
+                assert [d["id"] for d in theirs] == ["d2"]
+                assert store.claim_webhook_deliveries("C", at, lease, 5) == []
+                again = store.claim_webhook_deliveries("C", later, later, 1)  # A's lease ran out
+                assert [d["id"] for d in again] == ["d1"]
+            with store.transaction(write=True):
+                assert not store.settle_webhook_delivery("d1", "A", "delivered", 200, None, None, at)  # lost it
+                assert store.settle_webhook_delivery("d1", "C", "pending", 500, "HTTP 500", later, at)
+                assert store.settle_webhook_delivery("d2", "B", "delivered", 204, None, None, at)
+            with store.transaction():
+                assert store.next_webhook_due() == later
+                assert store.webhook_tallies() == {"h1": {"pending": 1, "delivered": 1}}
+                recent = store.webhook_deliveries("h1", 5)
+                assert [(d["id"], d["state"], d["attempts"], d["last_status"]) for d in recent] == \
+                    [("d2", "delivered", 1, 204), ("d1", "pending", 1, 500)]
+                assert store.webhook_deliveries(None, 5, "failed") == []
+            with store.transaction(write=True):
+                assert store.remove_webhook("h1") == 1 and store.remove_webhook("h1") is None
+            with store.transaction():
+                assert store.webhooks() == [] and store.webhook_tallies() == {"h1": {"delivered": 1}}
         finally:
             store.close()
 

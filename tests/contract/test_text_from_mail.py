@@ -138,9 +138,12 @@ def _note(harness: str, event: str, document: dict, hook_event: str) -> str:
                       env=process_env())
     assert done.returncode == 0, done.stderr
     output = json.loads(done.stdout)
-    if hook_event == "stop":
-        assert output["decision"] in ("block", "deny") and "\x9b" not in output["systemMessage"]
+    if hook_event == "stop":  # the line the person is shown: Mistral Vibe's system_message, the others' systemMessage
+        shown = output["system_message"] if harness == "vibe" else output["systemMessage"]
+        assert output["decision"] in ("block", "deny") and "\x9b" not in shown
         return output["reason"]
+    if harness == "vibe":
+        return output["hook_specific_output"]["additional_context"]
     return (output if harness == "copilot" else output["hookSpecificOutput"])["additionalContext"]
 
 

@@ -533,14 +533,15 @@ def test_an_unopenable_mailbox_is_a_json_error_before_anything_is_drawn(tmp_path
     done = subprocess.run([sys.executable, "-m", "agent_mail", "dashboard", "--as", "Nope"], env=process_env(),
                           capture_output=True, timeout=60)
     assert done.returncode == 2 and json.loads(done.stderr)["problems"][0]["field"] == "--as"
-    done = subprocess.run([sys.executable, "-m", "agent_mail", "dashboard", "--port", "9"], env=process_env(),
-                          capture_output=True, timeout=60)
-    assert done.returncode == 2 and json.loads(done.stderr)["problems"][0]["field"] == "--port"
+    done = subprocess.run([sys.executable, "-m", "agent_mail", "dashboard", "--web"], env=process_env(),
+                          capture_output=True, timeout=60)  # gone: the web console (serve, /ui/) replaces it
+    assert done.returncode == 2 and json.loads(done.stderr)["problems"][0]["field"] == "--web"
+    assert "/ui/" in json.loads(done.stderr)["error"]
     # a good mailbox, but output to a pipe: nothing to draw on, said plainly (no escape codes in the pipe)
     done = subprocess.run([sys.executable, "-m", "agent_mail", "dashboard"], env=process_env(
         AGENT_MAIL_DB=str(tmp_path / "good.db")), stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
     assert done.returncode == 1 and done.stdout == b""
-    assert "--web" in json.loads(done.stderr)["error"]
+    assert "/ui/" in json.loads(done.stderr)["error"]
 
 
 # ---------------------------------------------------------------- snapshots (80x24 and wide)

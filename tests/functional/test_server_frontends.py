@@ -208,7 +208,7 @@ def test_describe_names_the_server_and_never_the_token(server):
     assert storage["token_from"] == "AGENT_MAIL_TOKEN"
     secret_file = server.client(None, "describe", AGENT_MAIL_TOKEN_FILE="/nonexistent/token")
     assert json.loads(secret_file.stdout)["storage"]["url"] == server.url
-    assert token not in "".join(server.outputs) and token.rsplit("_", 1)[-1] not in "".join(server.outputs)
+    assert token not in "".join(server.outputs) and token.split("_", 2)[2] not in "".join(server.outputs)
 
 
 # ---------------------------------------------------------------- the dashboard, through Textual's pilot
@@ -403,79 +403,3 @@ def test_the_dashboard_saves_attachments_on_its_own_machine(server, tmp_path):
     with pytest.raises(errors.InvalidInput) as again:  # nothing is overwritten, as on the command line
         served.call("attachments", {"agent": "ops:human", "id": sent["id"], "save_to": str(tmp_path / "out")})
     assert again.value.exit_code == 2 and "already exists" in again.value.message
-
-
-def test_the_dashboard_web_through_the_server_in_headless_chromium(server, tmp_path):
-    from tests.lib.browser import DevTools, free_port
-
-    chromium = require("chromium")
-    import socket
-
-    import aiohttp
-
-    token = server.token("--agent", "ops:human", "--supervisor")
-    port = free_port()
-    web = subprocess.Popen([sys.executable, "-m", "agent_mail", "dashboard", "--web", "--port", str(port), "--as",
-                            "ops:human"], env=process_env(AGENT_MAIL_DB=server.url, AGENT_MAIL_TOKEN=token),
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    browser = None
-
-    def while_up(condition, seconds: float = 30.0) -> None:
-        until(lambda: web.poll() is not None or condition(), seconds)
-        assert web.poll() is None, web.stderr.read1().decode()
-
-    def sent() -> bool:
-        return any(m["subject"] == "sent from the browser" for m in
-                   json_of(server.direct("read", "web:worker", "--all", "--no-mark-read"))["messages"])
-    try:
-        def listening() -> bool:
-            with socket.socket() as s:
-                return s.connect_ex(("127.0.0.1", port)) == 0
-        while_up(listening)
-        profile = tmp_path / "chromium"
-        browser = subprocess.Popen([chromium, "--headless", "--no-sandbox", "--disable-gpu",
-                                    "--remote-debugging-port=0", f"--user-data-dir={profile}",
-                                    "--window-size=1200,800", "about:blank"],
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        active = profile / "DevToolsActivePort"
-        while_up(lambda: active.exists() and active.read_text().strip())
-
-        async def drive():
-            async with aiohttp.ClientSession() as http:
-                async with http.get(f"http://127.0.0.1:{active.read_text().split()[0]}/json") as reply:
-                    page = next(t for t in await reply.json() if t["type"] == "page")
-                async with http.ws_connect(page["webSocketDebuggerUrl"], max_msg_size=0) as ws:
-                    tab = DevTools(ws)
-                    await tab.call("Page.enable")
-                    await tab.call("Page.navigate", url=f"http://127.0.0.1:{port}/")
-                    deadline = time.monotonic() + 40
-                    while not await tab.evaluate("document.body.classList.contains('-first-byte')"):
-                        assert time.monotonic() < deadline, "the dashboard never drew in the browser"
-                        await asyncio.sleep(0.2)
-                    await asyncio.sleep(2.0)  # the app mounts and takes its first look, through the server
-                    await tab.evaluate("document.querySelector('.xterm-helper-textarea').focus()")
-                    await tab.type("c")
-                    await asyncio.sleep(1.0)
-                    await tab.type("web:worker")
-                    await tab.key("Tab", "Tab", 9)
-                    await tab.type("sent from the browser")
-                    await tab.key("s", "KeyS", 83, modifiers=2)  # ctrl+s
-                    deadline = time.monotonic() + 30
-                    while not sent():
-                        assert time.monotonic() < deadline, "typing in the browser never sent the message"
-                        await asyncio.sleep(0.3)
-        asyncio.run(drive())
-    finally:
-        for process in (browser, web):
-            if process is not None and process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
-                try:
-                    process.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    os.killpg(process.pid, signal.SIGKILL)
-                    process.wait()
-        web.stdout.close()
-        web.stderr.close()
-    message = [m for m in json_of(server.direct("read", "web:worker", "--all", "--no-mark-read"))["messages"]
-               if m["subject"] == "sent from the browser"][0]
-    assert message["sender"] == "ops:human"

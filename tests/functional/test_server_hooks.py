@@ -420,6 +420,28 @@ def test_a_real_git_commit_through_the_server_is_refused_naming_the_holder_and_l
     assert strict.returncode != 0 and "Refused" in strict.stderr
 
 
+def test_a_commit_of_more_paths_than_one_request_carries_is_checked_whole_through_the_server(server, repo):
+    mine, holder = server.token("--agent", AGENT), server.token("--agent", HOLDER)
+    server.client(mine, "guard", "install")
+    json_of(server.client(holder, "reserve", HOLDER, "zz/held.txt", "--reason", "mine"))
+    # 100,001 files (more than a request's bound on its items, 100,000): the held one sorts last, in the last batch.
+    many = repo / "many"
+    many.mkdir()
+    for i in range(100_000):
+        (many / f"f{i}").write_bytes(b"")
+    (repo / "zz").mkdir()
+    (repo / "zz" / "held.txt").write_text("x\n")
+    subprocess.run(["git", "add", "."], cwd=repo, check=True, capture_output=True)
+    through = process_env(AGENT_MAIL_DB=server.url, AGENT_MAIL_TOKEN=mine, AGENT_MAIL_AGENT=AGENT)
+    refused = subprocess.run(["git", "commit", "-q", "-m", "many"], cwd=repo, capture_output=True, text=True,
+                             env=through)
+    assert refused.returncode != 0, refused.stderr
+    assert f"held by {HOLDER} (/zz/held.txt" in refused.stderr, refused.stderr
+    subprocess.run(["git", "rm", "-q", "--cached", "zz/held.txt"], cwd=repo, check=True, capture_output=True)
+    done = subprocess.run(["git", "commit", "-q", "-m", "many"], cwd=repo, capture_output=True, text=True, env=through)
+    assert done.returncode == 0, done.stderr  # nothing held among them: let through
+
+
 # -- a real Claude Code session whose hooks go through the server ------------------------------------------------
 def test_claude_code_through_the_server_is_told_of_mail_by_its_post_tool_hook(server, tmp_path):
     pytest.importorskip("mcp", reason="the mcp extra is not installed")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import threading
@@ -19,7 +20,7 @@ import pytest
 from agent_mail import spec
 from tests.lib.cli import am_process, process_env
 from tests.lib.fake_model import FakeModel
-from tests.lib.harnesses import URGENT, private_tmp, send_urgent_mail
+from tests.lib.harnesses import URGENT, Terminal, private_tmp, send_urgent_mail
 from tests.lib.tools import find
 from tests.lib.waiting import armed, disarmed, until
 
@@ -342,3 +343,40 @@ def test_an_edit_of_a_reserved_file_is_denied_before_it_is_written(project):
     said = json.dumps(result["content"]) if not isinstance(result["content"], str) else result["content"]
     assert "held by proj:holder" in said and "parser rewrite" in said
     assert f"agent-mail send --from {AGENT} --to proj:holder --subject" in said
+
+
+@pytest.mark.requires("tmux")
+def test_a_killed_interactive_session_is_not_reachable_at_once(project):
+    """Issue 33 #6: kill -9 of an idle Claude Code whose waiter is armed: the waiter ends with it (it sleeps on the
+    harness's process), so a send that requires a reachable recipient refuses at once, not 2-4 s later."""
+    import signal
+
+    home = project.parent / "home"
+    _interactive_home(home, project)
+    with FakeModel() as model:
+        env = _env(model, home)
+        command = shlex.join(["env", "-u", "AGENT_MAIL_DB"] + [f"{k}={v}" for k, v in env.items() if k in (
+            "HOME", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY", "DISABLE_TELEMETRY", "ENABLE_TOOL_SEARCH",
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "DISABLE_AUTOUPDATER", "PYTHONPATH", "TMPDIR")] + [CLAUDE])
+        with Terminal(project.parent, f"agent-mail-test-{os.getpid()}", project, command) as terminal:
+            terminal.wait_for(lambda: "❯" in terminal.screen(), 60, "claude did not reach its prompt")
+            terminal.type("hello", "Enter")
+            armed(AGENT, timeout=60)
+            claude = int(subprocess.run([*terminal.tmux, "display-message", "-p", "-t", terminal.name,
+                                         "#{pane_pid}"], check=True, capture_output=True, text=True).stdout)
+            os.kill(claude, signal.SIGKILL)
+            until(lambda: _refused(), 3.0, lambda: f"still reachable after kill -9: {_status()}")
+
+
+def _status() -> dict:
+    return json.loads(am_process("status", "--agent", AGENT).stdout)["agents"][0]
+
+
+def _refused() -> bool:
+    """Whether a send that requires a reachable recipient refuses (asked once status says not reachable: a send
+    that went through would be mail that wakes the session)."""
+    if _status()["reachable"]:
+        return False
+    done = am_process("send", "--from", "team:carl", "--to", AGENT, "--subject", "still there?", "--require-reachable")
+    assert done.returncode == 3, done.stdout + done.stderr
+    return True

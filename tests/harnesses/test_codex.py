@@ -183,96 +183,44 @@ def test_an_interactive_codex_session_is_woken_when_idle_and_ends_with_its_exit(
     stops counting as live within seconds (the daemon unloads the thread thread_unload_delay_secs, set by setup
     to 2, after the terminal left, and fires SessionEnd), and nothing of it is left running: neither the codex
     process, nor its MCP server, nor its waker (the daemon itself is Codex's, shared, and stays)."""
-    home = project.parent / "codex-home"
-    name = f"agent-mail-codex-{os.getpid()}"
-    tmux = ["tmux", "-S", str(project.parent / "tmux.sock")]
-
-    def pane() -> str:
-        return subprocess.run([*tmux, "capture-pane", "-p", "-t", name], capture_output=True, text=True).stdout
-
-    def wait_for(what, seconds: float, why: str) -> None:
-        until(what, seconds, lambda: f"{why}:\n{pane()}", interval=0.2)
-
-    def keys(*typed: str) -> None:
-        subprocess.run([*tmux, "send-keys", "-t", name, *typed], check=True)
-        time.sleep(0.3)
-
     def status() -> dict:
         return json.loads(am_process("status", "--agent", AGENT).stdout)["agents"][0]
 
     def sessions() -> int:
         return status()["sessions"]
 
-    with FakeModel() as model:
-        (home / "config.toml").write_text(
-            'model = "gpt-test"\nmodel_provider = "scripted"\n\n[model_providers.scripted]\nname = "scripted"\n'
-            f'base_url = "{model.url}/v1"\nenv_key = "SCRIPTED_KEY"\nwire_api = "responses"\n\n'
-            f'[projects."{project}"]\ntrust_level = "trusted"\n')
-        env = process_env(CODEX_HOME=str(home), HOME=str(home), SCRIPTED_KEY="test", TMPDIR=private_tmp(home))
-        command = " ".join(["env", "-u", "AGENT_MAIL_DB"] + [f"{k}={env[k]}" for k in
-                                                             ("CODEX_HOME", "HOME", "SCRIPTED_KEY", "TMPDIR",
-                                                              "PYTHONPATH", "PATH", "AGENT_MAIL_TOKEN")
-                                                             if k in env] + [CODEX])
-        subprocess.run([*tmux, "new-session", "-d", "-s", name, "-x", "200", "-y", "50", "-c", str(project), command],
-                       check=True)
-        try:
-            wait_for(lambda: "Hooks need review" in pane(), 90, "codex did not ask to review the project's hooks")
-            keys("2")  # "Trust all and continue"
-            keys("Enter")
-            tried = [time.monotonic()]
-
-            def at_prompt() -> bool:
-                # Under load Codex can miss keys typed before its menu takes them: the menu is then still there
-                # (choose again), or it took the Enter alone and opened its hooks review screen ("t" trusts them
-                # all, Escape closes it), as a person would do; tried again only once the last try had 2 s.
-                shown = pane()
-                if "Ask Codex" in shown:
-                    return True
-                if time.monotonic() - tried[0] > 2:
-                    if "t trust all" in shown:
-                        keys("t")
-                        keys("Escape")
-                        tried[0] = time.monotonic()
-                    elif "Trust all and continue" in shown:
-                        keys("2")
-                        keys("Enter")
-                        tried[0] = time.monotonic()
-                return False
-            wait_for(at_prompt, 60, "codex did not reach its prompt")
-            keys("hello")
-            keys("Enter")
-            wait_for(lambda: model.wait_for(_main, 0) is not None and sessions() == 1, 60,
-                     "the turn did not reach the model with a live session")
-            wait_for(lambda: status()["watch_state"] == "armed" and len(wakers(project, "codex")) == 1, 30,
-                     "the idle session's waker did not arm")
-            assert status()["reachable"] and status()["reached_by"].startswith("woken within a second (a live Codex")
-            turns = len([r for r in model.requests if _main(r)])
-            send_urgent_mail(AGENT)
-            woken = model.wait_for(lambda r: _main(r) and URGENT in json.dumps(r["input"]), 60)
-            assert woken is not None, pane()
-            said = json.dumps(woken["input"])
-            assert said.count(URGENT) == 1 and WOKEN in said
-            assert len([r for r in model.requests if _main(r)]) == turns + 1  # nobody typed: the waker's turn
-            # The woken turn's Stop started the next waker: armed again, one waker.
-            wait_for(lambda: status()["watch_state"] == "armed" and len(wakers(project, "codex")) == 1, 30,
-                     "the waker did not arm again after the woken turn")
-            root = int(subprocess.run([*tmux, "display-message", "-p", "-t", name, "#{pane_pid}"], check=True,
-                                      capture_output=True, text=True).stdout)
-            below = {pid for pid in _descendants(root) if not _daemon(pid)}  # the terminal's codex
-            ours = _agent_mail_processes(project)  # its MCP server and its waker, under the daemon
-            assert ours and wakers(project, "codex") <= ours
-            keys("/exit")
-            keys("Enter")
-            # Ended by SessionEnd when the daemon unloads the thread, 2 s after the terminal left (60 s by default).
-            wait_for(lambda: sessions() == 0, 30, "the session still counts as live after /exit")
-            until(lambda: not _alive(below | ours), 30, lambda: "processes of the session outlived it: " + "; ".join(
-                open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")[:200]
-                for pid in _alive(below | ours)), interval=0.2)
-            assert not status()["reachable"]
-        finally:
-            subprocess.run([*tmux, "kill-session", "-t", name], capture_output=True)
-            subprocess.run([*tmux, "kill-server"], capture_output=True)
-            _stop_daemon(home)
+    with FakeModel() as model, _interactive(project, model) as terminal:
+        pane, wait_for, keys, tmux, name = terminal.pane, terminal.wait_for, terminal.keys, terminal.tmux, terminal.name
+        keys("hello")
+        keys("Enter")
+        wait_for(lambda: model.wait_for(_main, 0) is not None and sessions() == 1, 60,
+                 "the turn did not reach the model with a live session")
+        wait_for(lambda: status()["watch_state"] == "armed" and len(wakers(project, "codex")) == 1, 30,
+                 "the idle session's waker did not arm")
+        assert status()["reachable"] and status()["reached_by"].startswith("woken within a second (a live Codex")
+        turns = len([r for r in model.requests if _main(r)])
+        send_urgent_mail(AGENT)
+        woken = model.wait_for(lambda r: _main(r) and URGENT in json.dumps(r["input"]), 60)
+        assert woken is not None, pane()
+        said = json.dumps(woken["input"])
+        assert said.count(URGENT) == 1 and WOKEN in said
+        assert len([r for r in model.requests if _main(r)]) == turns + 1  # nobody typed: the waker's turn
+        # The woken turn's Stop started the next waker: armed again, one waker.
+        wait_for(lambda: status()["watch_state"] == "armed" and len(wakers(project, "codex")) == 1, 30,
+                 "the waker did not arm again after the woken turn")
+        root = int(subprocess.run([*tmux, "display-message", "-p", "-t", name, "#{pane_pid}"], check=True,
+                                  capture_output=True, text=True).stdout)
+        below = {pid for pid in _descendants(root) if not _daemon(pid)}  # the terminal's codex
+        ours = _agent_mail_processes(project)  # its MCP server and its waker, under the daemon
+        assert ours and wakers(project, "codex") <= ours
+        keys("/exit")
+        keys("Enter")
+        # Ended by SessionEnd when the daemon unloads the thread, 2 s after the terminal left (60 s by default).
+        wait_for(lambda: sessions() == 0, 30, "the session still counts as live after /exit")
+        until(lambda: not _alive(below | ours), 30, lambda: "processes of the session outlived it: " + "; ".join(
+            open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")[:200]
+            for pid in _alive(below | ours)), interval=0.2)
+        assert not status()["reachable"]
 
 
 def test_an_apply_patch_of_a_reserved_file_is_denied_before_it_is_written(project):
@@ -309,3 +257,152 @@ def test_an_apply_patch_of_a_reserved_file_is_denied_before_it_is_written(projec
     said = json.dumps(_tool_results([r for r in model.requests if _main(r)][-1]))
     assert "held by proj:holder" in said and "parser rewrite" in said
     assert "agent-mail send --from proj:coder --to proj:holder" in said
+
+
+class _Interactive:
+    """Interactive `codex` in tmux, at its prompt (the project's hooks trusted in its review dialog, as a user
+    does); on leaving, the terminal and the app-server daemon its CODEX_HOME started are stopped."""
+
+    def __init__(self, project, model: FakeModel):
+        self.project, self.model, self.home = project, model, project.parent / "codex-home"
+        self.name = f"agent-mail-codex-{os.getpid()}"
+        self.tmux = ["tmux", "-S", str(project.parent / "tmux.sock")]
+
+    def pane(self) -> str:
+        return subprocess.run([*self.tmux, "capture-pane", "-p", "-t", self.name], capture_output=True,
+                              text=True).stdout
+
+    def wait_for(self, what, seconds: float, why: str):
+        return until(what, seconds, lambda: f"{why}:\n{self.pane()}", interval=0.2)
+
+    def keys(self, *typed: str) -> None:
+        subprocess.run([*self.tmux, "send-keys", "-t", self.name, *typed], check=True)
+        time.sleep(0.3)
+
+    def __enter__(self) -> _Interactive:
+        (self.home / "config.toml").write_text(
+            'model = "gpt-test"\nmodel_provider = "scripted"\n\n[model_providers.scripted]\nname = "scripted"\n'
+            f'base_url = "{self.model.url}/v1"\nenv_key = "SCRIPTED_KEY"\nwire_api = "responses"\n\n'
+            f'[projects."{self.project}"]\ntrust_level = "trusted"\n')
+        env = process_env(CODEX_HOME=str(self.home), HOME=str(self.home), SCRIPTED_KEY="test",
+                          TMPDIR=private_tmp(self.home))
+        command = " ".join(["env", "-u", "AGENT_MAIL_DB"] + [f"{k}={env[k]}" for k in
+                                                             ("CODEX_HOME", "HOME", "SCRIPTED_KEY", "TMPDIR",
+                                                              "PYTHONPATH", "PATH", "AGENT_MAIL_TOKEN")
+                                                             if k in env] + [CODEX])
+        subprocess.run([*self.tmux, "new-session", "-d", "-s", self.name, "-x", "200", "-y", "50", "-c",
+                        str(self.project), command], check=True)
+        try:
+            self.wait_for(lambda: "Hooks need review" in self.pane(), 90,
+                          "codex did not ask to review the project's hooks")
+            self.keys("2")  # "Trust all and continue"
+            self.keys("Enter")
+            tried = [time.monotonic()]
+
+            def at_prompt() -> bool:
+                # Under load Codex can miss keys typed before its menu takes them: the menu is then still there
+                # (choose again), or it took the Enter alone and opened its hooks review screen ("t" trusts them
+                # all, Escape closes it), as a person would do; tried again only once the last try had 2 s.
+                shown = self.pane()
+                if "Ask Codex" in shown:
+                    return True
+                if time.monotonic() - tried[0] > 2:
+                    if "t trust all" in shown:
+                        self.keys("t")
+                        self.keys("Escape")
+                        tried[0] = time.monotonic()
+                    elif "Trust all and continue" in shown:
+                        self.keys("2")
+                        self.keys("Enter")
+                        tried[0] = time.monotonic()
+                return False
+            self.wait_for(at_prompt, 60, "codex did not reach its prompt")
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        subprocess.run([*self.tmux, "kill-session", "-t", self.name], capture_output=True)
+        subprocess.run([*self.tmux, "kill-server"], capture_output=True)
+        _stop_daemon(self.home)
+        for entry in os.listdir("/proc"):  # and any app-server its pid files no longer name: run from this home
+            try:
+                if entry.isdigit() and os.readlink(f"/proc/{entry}/exe").startswith(str(self.home) + os.sep):
+                    os.kill(int(entry), signal.SIGTERM)
+            except OSError:
+                continue
+
+
+def _interactive(project, model: FakeModel) -> _Interactive:
+    return _Interactive(project, model)
+
+
+def _status() -> dict:
+    return json.loads(am_process("status", "--agent", AGENT).stdout)["agents"][0]
+
+
+@pytest.mark.requires("tmux")
+def test_a_working_codex_session_is_at_work_and_mail_during_a_tool_call_is_told_after_it(project):
+    """Issue 33 #5: the waker armed when the last turn ended stands down when the next turn starts: 2 s into a 5 s
+    tool call, status says the session is at work (not "woken within a second"), and mail sent then is told after
+    the tool call, in that turn, once; not as an idle wake (`codex queue`) after the turn."""
+    def script(request):
+        if not _main(request):
+            return None
+        said = json.dumps(request["input"])
+        if "run the slow step" in said and not _tool_results(request):
+            return [{"type": "tool_use", "name": "exec_command", "input": {"cmd": "sleep 5"}}]
+        return [{"type": "text", "text": "ok from the model"}]
+
+    with FakeModel(script) as model, _interactive(project, model) as terminal:
+        terminal.keys("hello")
+        terminal.keys("Enter")
+        terminal.wait_for(lambda: _status()["watch_state"] == "armed" and len(wakers(project, "codex")) == 1, 60,
+                          "the idle session's waker did not arm after the first turn")
+        terminal.keys("run the slow step")
+        terminal.keys("Enter")
+        assert model.wait_for(lambda r: _main(r) and "run the slow step" in json.dumps(r["input"]), 60)
+        row = terminal.wait_for(lambda: (lambda r: "at work" in r["reached_by"] and r)(_status()), 3,
+                                "the working session is not said to be at work")
+        assert row["reachable"] and row["watch_state"] != "armed"
+        assert row["reached_by"].startswith("told at its next prompt or tool call (a live Codex session")
+        send_urgent_mail(AGENT)  # during the tool call
+        after = model.wait_for(lambda r: _main(r) and _tool_results(r) and URGENT in json.dumps(r["input"]), 30)
+        assert after is not None, terminal.pane()
+        terminal.wait_for(lambda: _status()["watch_state"] == "armed" and len(wakers(project, "codex")) == 1, 60,
+                          "the waker did not arm again after the turn")
+        loop = [r for r in model.requests if _main(r)]
+        assert not any(WOKEN in json.dumps(r["input"]) for r in loop)  # told in the turn, not as an idle wake
+        assert json.dumps(loop[-1]["input"]).count(URGENT) == 1
+
+
+@pytest.mark.requires("tmux")
+def test_a_killed_codex_session_is_not_reachable_at_once(project):
+    """Issue 33 #6: kill -9 of the Codex terminal, idle with its waker armed: a send that requires a reachable
+    recipient refuses within seconds (Codex's app-server ends the session when its terminal is gone, and the
+    waker ends with it)."""
+    with FakeModel() as model, _interactive(project, model) as terminal:
+        terminal.keys("hello")
+        terminal.keys("Enter")
+        terminal.wait_for(lambda: _status()["watch_state"] == "armed" and len(wakers(project, "codex")) == 1, 60,
+                          "the idle session's waker did not arm")
+        root = int(subprocess.run([*terminal.tmux, "display-message", "-p", "-t", terminal.name, "#{pane_pid}"],
+                                  check=True, capture_output=True, text=True).stdout)
+        for pid in {root} | {p for p in _descendants(root) if not _daemon(p)}:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        until(_refused, 3.0, lambda: f"still reachable after kill -9: {_status()}")
+
+
+def _refused() -> bool:
+    """Whether a send that requires a reachable recipient refuses (it is asked once status says not reachable: a
+    send that went through would be mail that wakes the session)."""
+    if _status()["reachable"]:
+        return False
+    done = am_process("send", "--from", "team:carl", "--to", AGENT, "--subject", "still there?",
+                      "--require-reachable")
+    assert done.returncode == 3, done.stdout + done.stderr
+    return True

@@ -21,8 +21,12 @@ import pytest
 from tests.lib.cli import am_process, process_env
 from tests.lib.tools import ROOT, find
 from tests.lib.fake_model import FakeModel
-from tests.lib.harnesses import (HELD, URGENT, Terminal, chat_tools, mail_during_the_turn, private_tmp,
-                                 send_urgent_mail, status_of)
+from tests.lib.harnesses import (URGENT, ChatHarness, Terminal,
+                                 a_write_of_a_reserved_file_is_refused_while_a_free_one_is_written, chat_tools,
+                                 mail_after_a_tool_is_told_once_and_not_marked_read,
+                                 mail_during_a_turn_holds_the_stop_once, mail_reaches_once_and_the_mcp_tools_run,
+                                 private_tmp, send_urgent_mail, status_of,
+                                 what_the_read_tool_showed_is_not_told_again)
 
 AGENT = "proj:coder"
 COPILOT = find("copilot")
@@ -71,116 +75,28 @@ def _mcp(request: dict, name: str) -> str:
     return found[0]
 
 
-def _tool_results(request: dict) -> int:
-    return sum(m.get("role") == "tool" for m in request.get("messages", []))
+COPILOT_CLI = ChatHarness(_run, _main, _mcp, lambda path, text: ("create", {"path": str(path), "file_text": text}),
+                          live="a live Copilot CLI session", agent=AGENT)
+
 
 def test_mail_reaches_copilot_once_and_its_mcp_tools_run(project):
-    assert am_process("send", "--from", "boss:lead", "--to", AGENT, "--subject", "Fix the flaky test",
-                      "--body", "It is test_login.", env=process_env()).returncode == 0
-
-    during = []
-
-    def script(request):
-        if not _main(request):
-            return None
-        if _tool_results(request):
-            return [{"type": "text", "text": "done"}]
-        during.append(status_of(AGENT))  # while the session lives
-        return [{"type": "tool_use", "name": _mcp(request, "read"), "input": {}}]
-
-    with FakeModel(script) as model:
-        _run(project, model, "Check your mail.")
-    assert during[0]["reachable"] and "a live Copilot CLI session" in during[0]["reached_by"]
-    assert not status_of(AGENT)["reachable"]  # its sessionEnd: no longer live
-    loop = [r for r in model.requests if _main(r)]
-    assert _mcp(loop[0], "read") and _mcp(loop[0], "send") and _mcp(loop[0], "reserve")
-    first = json.dumps(loop[0]["messages"])
-    assert "you are proj:coder" in first and "Fix the flaky test" in first and "test_login" not in first
-    last = json.dumps(loop[-1]["messages"])
-    assert "test_login" in last  # the read tool ran, and its result reached the model
-    # told once: no hook told it again after the start (nor after the read, whose result showed it)
-    assert last.count("you are proj:coder") == 1 and "new message" not in last
-    assert json.loads(am_process("read", AGENT, "--no-mark-read").stdout)["count"] == 0
+    mail_reaches_once_and_the_mcp_tools_run(project, COPILOT_CLI)
 
 
 def test_mail_after_a_tool_reaches_copilot_once_and_is_not_marked_read(project):
-    sent = []
-
-    def script(request):
-        if not _main(request):
-            return None
-        results = _tool_results(request)
-        if results == 0:
-            return [{"type": "tool_use", "name": "create",
-                     "input": {"path": str(project / "a.txt"), "file_text": "a\n"}}]
-        if results == 1 and not sent:
-            send_urgent_mail(AGENT)
-            sent.append(True)
-            return [{"type": "tool_use", "name": "create",
-                     "input": {"path": str(project / "b.txt"), "file_text": "b\n"}}]
-        return [{"type": "text", "text": "done"}]
-
-    with FakeModel(script) as model:
-        _run(project, model, "Write two files.")
-    last = json.dumps([r for r in model.requests if _main(r)][-1]["messages"])
-    assert last.count(URGENT) == 1  # told after the tool, once, though hooks ran again since
-    assert json.loads(am_process("read", AGENT, "--no-mark-read").stdout)["count"] == 1
-
+    mail_after_a_tool_is_told_once_and_not_marked_read(project, COPILOT_CLI)
 
 
 def test_what_the_read_tool_showed_is_not_told_again(project):
-    """Mail that lands just before the model calls the read tool is shown by the tool's result: the hooks after it
-    (PostToolUse, the next prompt) do not tell it again."""
-    def script(request):
-        if not _main(request):
-            return None
-        if _tool_results(request):
-            return [{"type": "text", "text": "done"}]
-        send_urgent_mail(AGENT)
-        return [{"type": "tool_use", "name": _mcp(request, "read"), "input": {}}]
+    what_the_read_tool_showed_is_not_told_again(project, COPILOT_CLI)
 
-    with FakeModel(script) as model:
-        _run(project, model, "Check your mail.")
-    last = json.dumps([r for r in model.requests if _main(r)][-1]["messages"])
-    assert URGENT in last and "new message" not in last
 
 def test_mail_during_a_copilot_turn_holds_the_stop_once(project):
-    script = mail_during_the_turn(_main, lambda request: request["messages"], lambda: send_urgent_mail(AGENT))
-    with FakeModel(script) as model:
-        proc = _run(project, model, "Do the task.")
-    loop = [r for r in model.requests if _main(r)]
-    held = [r for r in loop if HELD in json.dumps(r["messages"])]
-    assert len(held) == 1 and URGENT in json.dumps(held[0]["messages"])
-    assert "it is mail for you, not an error" in json.dumps(held[0]["messages"])
-    assert "I will handle it next." in proc.stdout
-    assert json.loads(am_process("read", AGENT, "--no-mark-read").stdout)["count"] == 1  # told, not consumed
+    mail_during_a_turn_holds_the_stop_once(project, COPILOT_CLI)
 
 
 def test_a_write_of_a_reserved_file_is_refused_while_a_free_one_is_written(project):
-    subprocess.run(["git", "init", "-q"], cwd=project, check=True)
-    subprocess.run(["git", "remote", "add", "origin", "https://github.com/acme/widget.git"], cwd=project, check=True)
-    (project / "src").mkdir()
-    held, free = project / "src" / "lib.rs", project / "notes.txt"  # new files: create refuses an existing one
-    done = am_process("reserve", "proj:holder", "src/**", "--reason", "parser rewrite", cwd=str(project))
-    assert done.returncode == 0, done.stderr
-
-    def script(request):
-        if not _main(request):
-            return None
-        results = _tool_results(request)
-        if results == 0:
-            return [{"type": "tool_use", "name": "create", "input": {"path": str(held), "file_text": "x\n"}}]
-        if results == 1:
-            return [{"type": "tool_use", "name": "create", "input": {"path": str(free), "file_text": "new\n"}}]
-        return [{"type": "text", "text": "done"}]
-
-    with FakeModel(script) as model:
-        _run(project, model, "Write the files.")
-    assert not held.exists()
-    assert free.read_text() == "new\n"
-    said = json.dumps([r for r in model.requests if _main(r)][-1]["messages"])
-    assert "held by proj:holder" in said and "parser rewrite" in said
-    assert "agent-mail send --from proj:coder --to proj:holder" in said
+    a_write_of_a_reserved_file_is_refused_while_a_free_one_is_written(project, COPILOT_CLI)
 
 
 @pytest.mark.requires("tmux")

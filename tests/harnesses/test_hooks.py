@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from agent_mail import harnesses
 from tests.lib.cli import am_process, as_a_user, process_env
 from tests.lib.waiting import armed, presences, until
 
@@ -124,7 +125,7 @@ def test_the_stop_is_held_once_for_mail_the_session_was_not_told_of():
     assert hook("stop", claude_input("Stop")).stdout == b""
 
 
-@pytest.mark.parametrize("harness", ["claude-code", "codex", "gemini", "qwen", "copilot", "opencode", "kilo"])
+@pytest.mark.parametrize("harness", harnesses.NAMES)
 def test_a_held_stop_shows_the_user_who_wrote_and_tells_the_model_it_is_mail(harness):
     """Issue 20 #4: the stop hold's systemMessage is the line each harness shows the user (who wrote, the
     subject); the reason, the model's next prompt, says it is mail, not an error."""
@@ -138,7 +139,8 @@ def test_a_held_stop_shows_the_user_who_wrote_and_tells_the_model_it_is_mail(har
     send("Stop the deploy")
     held = run("stop", "AfterAgent" if harness == "gemini" else "Stop", stop_hook_active=False)
     assert held["decision"] in ("block", "deny")
-    assert held["systemMessage"] == f'agent-mail: mail for {AGENT} from boss:lead: "Stop the deploy"'
+    shown = held["system_message" if harness == "vibe" else "systemMessage"]  # Mistral Vibe's words for it
+    assert shown == f'agent-mail: mail for {AGENT} from boss:lead: "Stop the deploy"'
     assert "it is mail for you, not an error" in held["reason"] and "Stop the deploy" in held["reason"]
 
 
@@ -187,7 +189,7 @@ def _require_reachable(to: str = AGENT) -> subprocess.CompletedProcess:
     return am_process("send", "--from", "team:carl", "--to", to, "--subject", "still there?", "--require-reachable")
 
 
-@pytest.mark.parametrize("harness", ["claude-code", "codex", "gemini", "qwen", "copilot", "opencode", "kilo"])
+@pytest.mark.parametrize("harness", harnesses.NAMES)
 def test_a_live_harness_session_is_reachable_while_it_works_and_says_how(harness):
     """Issue 20 #1: a session at work (no watch armed: its last one was released) will be told at its next tool
     call or stop, so it is listening: status, the send receipt, --require-reachable and the dashboard agree, in
@@ -198,9 +200,7 @@ def test_a_live_harness_session_is_reachable_while_it_works_and_says_how(harness
     row = _status()
     assert row["watch_state"] != "armed" and row["sessions"] == 1  # at work: no watch armed
     assert row["reachable"] is True
-    name = {"claude-code": "Claude Code", "codex": "Codex", "gemini": "Gemini CLI", "qwen": "Qwen Code",
-            "copilot": "Copilot CLI", "opencode": "OpenCode", "kilo": "Kilo Code"}[harness]
-    words = f"a live {name} session"
+    words = f"a live {harnesses.of(harness).title} session"
     assert words in row["reached_by"] and row["reached_by"].startswith("told at its next")
     done = _require_reachable()
     assert done.returncode == 0, done.stderr
@@ -298,6 +298,112 @@ def test_the_waiter_never_blocks_a_run_nobody_waits_on_and_ends_with_its_harness
         if harness.poll() is None:
             harness.kill()
             harness.wait()
+
+
+def _stopped(proc: subprocess.Popen) -> bool:
+    return proc.poll() is not None
+
+
+def test_a_waiter_ends_with_its_killed_harness_at_once_and_a_zombie_harness_is_not_reachable():
+    """Issue 33 #6: the waiter sleeps on its harness's process (a pidfd, with the mailbox's wake-ups), so when the
+    harness is killed it ends, and stops counting as an armed watch, at once (it used to look every 5 s), and a
+    send that requires a reachable recipient refuses. The harness is left a zombie (its parent has not reaped it
+    yet, as when a harness dies under a busy parent): it counts as gone, not as a live session."""
+    harness = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    waiter = None
+    try:
+        env = process_env(CLAUDE_PID=str(harness.pid))
+        document = json.dumps(claude_input("SessionStart")).encode()
+        assert am_process("hook", "claude-code", "context", "--agent", AGENT, input=document, env=env).returncode == 0
+        waiter = _waiter(CLAUDE_PID=str(harness.pid))
+        armed(AGENT, procs=[waiter])
+        assert _status()["reached_by"].startswith("woken now (a live Claude Code session")
+        harness.kill()  # not reaped: a zombie until harness.wait() below
+        until(lambda: _require_reachable().returncode == 3, 3.0,
+              lambda: f"still reachable after its harness was killed: {_status()}")
+        until(lambda: _stopped(waiter), 3.0, "the waiter outlived its harness")
+        assert waiter.returncode == 0 and waiter.stderr.read() == b""  # quietly: no wake, no hook failure
+        row = _status()
+        assert row["sessions"] == 0 and row["watch_state"] != "armed" and not row["reachable"]
+    finally:
+        for proc in (harness, waiter):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+            if proc is not None:
+                proc.wait()
+
+
+@pytest.mark.parametrize("harness", ["claude-code", "codex", "qwen", "opencode"])
+def test_a_session_that_wakes_says_whether_it_is_idle_or_at_work(harness):
+    """Issue 33 #7: before its first prompt a session of a harness that wakes has no waiter armed: it is idle and
+    told at its next prompt (not "at work", not "woken"); its prompt makes it at work (told by its hooks)."""
+    env = process_env(CLAUDE_PID=str(os.getpid()))
+    for event, words in (("SessionStart", "idle with no"), ("UserPromptSubmit", "at work")):
+        document = json.dumps(claude_input(event, "live")).encode()
+        assert am_process("hook", harness, "context", "--agent", AGENT, input=document, env=env).returncode == 0
+        row = _status()
+        assert row["reachable"] and words in row["reached_by"] and row["reached_by"].startswith("told at its next")
+        assert ("at work" in row["reached_by"]) is (event != "SessionStart")
+
+
+def test_a_turns_start_stands_the_waiter_down_and_mail_is_told_after_the_next_tool():
+    """Issue 33 #5: the waiter armed when a turn ended does not run on through the next turn: the turn's prompt
+    stands it down (it exits quietly), status and a send's receipt say the session is at work, and mail that lands
+    during the turn is told by the next tool call's hook, not as an idle wake."""
+    context("SessionStart")
+    waiter = _waiter(CLAUDE_PID=str(os.getpid()))
+    try:
+        armed(AGENT, procs=[waiter])
+        assert _status()["reached_by"].startswith("woken now")
+        assert context("UserPromptSubmit") is None  # the next turn starts
+        assert waiter.wait(timeout=20) == 0 and waiter.stderr.read() == b""
+        row = _status()
+        assert row["watch_state"] != "armed" and row["reachable"]
+        assert row["reached_by"].startswith("told at its next tool call or stop (a live Claude Code session, at work")
+        done = am_process("send", "--from", "boss:lead", "--to", AGENT, "--subject", "mid-turn", "--require-reachable")
+        assert done.returncode == 0 and "at work" in json.loads(done.stdout)["deliveries"][0]["reached_by"]
+        note = context("PostToolUse")
+        assert note is not None and "mid-turn" in note
+    finally:
+        if waiter.poll() is None:
+            waiter.kill()
+            waiter.wait()
+    # The turn ends: its Stop's waiter arms again.
+    assert hook("stop", claude_input("Stop")).stdout == b""
+    again = _waiter(CLAUDE_PID=str(os.getpid()))
+    try:
+        armed(AGENT, procs=[again])
+        assert _status()["reached_by"].startswith("woken now")
+    finally:
+        again.kill()
+        again.wait()
+
+
+def test_a_held_stop_stands_down_the_waiter_its_stop_started_in_either_order():
+    """Issue 33 #5: a held stop sends the turn back, so the waiter the same Stop starts does not arm (or, armed
+    first, is ended); the second stop's (stop_hook_active) arms."""
+    context("SessionStart")
+    send("first")
+    assert json.loads(hook("stop", claude_input("Stop")).stdout)["decision"] == "block"
+    late = _waiter(CLAUDE_PID=str(os.getpid()))  # started by the same Stop, after the hold
+    assert late.wait(timeout=20) == 0 and late.stderr.read() == b""
+    assert "at work" in _status()["reached_by"]
+    assert hook("stop", claude_input("Stop", stop_hook_active=True)).stdout == b""
+    for _ in range(3):  # the next turns: mail lands during each, and its Stop runs the guard and the waiter at once
+        send("during the turn")
+        waiter = _waiter(CLAUDE_PID=str(os.getpid()))
+        try:
+            held = bool(hook("stop", claude_input("Stop")).stdout)
+            code = waiter.wait(timeout=20)
+        finally:
+            if waiter.poll() is None:
+                waiter.kill()
+                waiter.wait()
+        # told once: held (the waiter, armed before or after, stands down quietly) or woken by the waiter
+        assert (code, held) in ((0, True), (2, False)), (code, held)
+        if held:
+            assert hook("stop", claude_input("Stop", stop_hook_active=True)).stdout == b""
+        assert context("PostToolUse") is None
 
 
 @pytest.mark.parametrize("stdin, field", [(b"not json", "stdin"), (b"[1, 2]", "stdin"), (b"{}", "stdin"),
@@ -774,7 +880,7 @@ def test_setup_gemini_writes_one_settings_file(tmp_path):
     assert json.loads(settings.read_text()) == {"theme": "Dracula", "mcpServers": {"other": {"command": "x"}}}
 
 
-@pytest.mark.parametrize("harness", ["claude-code", "codex", "gemini", "qwen", "copilot", "opencode", "kilo"])
+@pytest.mark.parametrize("harness", harnesses.NAMES)
 def test_setup_then_remove_in_an_empty_directory_leaves_it_empty(tmp_path, harness):
     tmp_path = tmp_path / "project"  # beside the test's mailbox
     tmp_path.mkdir()

@@ -25,6 +25,7 @@ from agent_mail.harness import json_text
 from tests.lib.cli import am_process, process_env
 from tests.lib.tools import NODE_BIN, find
 from tests.lib import opencode_family as family
+from tests.lib.waiting import until
 from tests.lib.fake_model import FakeModel
 from tests.lib.harnesses import HELD, URGENT, Terminal, mail_during_the_turn, private_tmp, send_urgent_mail, status_of
 
@@ -166,3 +167,34 @@ def _waiters(parent: int) -> list[int]:
         if ppid == parent and b"opencode" in words and b"wait" in words:
             found.append(int(entry))
     return found
+
+
+@pytest.mark.requires("tmux")
+def test_a_killed_opencode_is_not_reachable_at_once(project, model):
+    """Issue 33 #6: kill -9 of an idle OpenCode whose waiter is armed: the waiter ends with it (it sleeps on its
+    harness's process; it ran on for 3-5 s), so a send that requires a reachable recipient refuses at once."""
+    import signal
+
+    model.script = lambda request: [{"type": "text", "text": "ok from the model"}] if family.main(request) else None
+    env = _env(project)
+    passed = [k for k in env if k.startswith(("OPENCODE_", "npm_config_"))
+              or k in ("HOME", "PWD", "TMPDIR", "PYTHONPATH", "PATH")]
+    command = shlex.join(["env", "-u", "AGENT_MAIL_DB", *(f"{k}={env[k]}" for k in passed), OPENCODE])
+    with Terminal(project.parent, f"agent-mail-opencode-{os.getpid()}", project, command) as terminal:
+        terminal.wait_for(lambda: "Ask anything" in terminal.screen(), 60, "opencode did not reach its prompt")
+        terminal.type("hello", "Enter")
+        terminal.wait_for(lambda: status_of(AGENT)["watch_state"] == "armed", 60, "no waiter armed while idle")
+        opencode = int(subprocess.run([*terminal.tmux, "list-panes", "-t", terminal.name, "-F", "#{pane_pid}"],
+                                      capture_output=True, text=True).stdout.split()[0])
+        os.kill(opencode, signal.SIGKILL)
+        until(_refused, 3.0, lambda: f"still reachable after kill -9: {status_of(AGENT)}")
+
+
+def _refused() -> bool:
+    """Whether a send that requires a reachable recipient refuses (asked once status says not reachable: a send
+    that went through would be mail that wakes the session)."""
+    if status_of(AGENT)["reachable"]:
+        return False
+    done = am_process("send", "--from", "team:carl", "--to", AGENT, "--subject", "still there?", "--require-reachable")
+    assert done.returncode == 3, done.stdout + done.stderr
+    return True

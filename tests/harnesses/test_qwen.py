@@ -12,15 +12,21 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import subprocess
 
 import pytest
 
 from tests.lib.cli import am_process, process_env
 from tests.lib.tools import find
+from tests.lib.waiting import until
 from tests.lib.fake_model import FakeModel
-from tests.lib.harnesses import (HELD, URGENT, WOKEN, Terminal, chat_tools, mail_during_the_turn, private_tmp,
-                                 send_urgent_mail, status_of, wakers)
+from tests.lib.harnesses import (URGENT, WOKEN, ChatHarness, Terminal,
+                                 a_write_of_a_reserved_file_is_refused_while_a_free_one_is_written, chat_tools,
+                                 mail_after_a_tool_is_told_once_and_not_marked_read,
+                                 mail_during_a_turn_holds_the_stop_once, mail_reaches_once_and_the_mcp_tools_run,
+                                 private_tmp, send_urgent_mail, status_of, tool_results, wakers,
+                                 what_the_read_tool_showed_is_not_told_again)
 
 AGENT = "proj:coder"
 QWEN = find("qwen")
@@ -64,117 +70,29 @@ def _main(request: dict) -> bool:
     return "write_file" in chat_tools(request) and "You are Qwen Code" in json.dumps(messages[0])
 
 
-def _tool_results(request: dict) -> int:
-    return sum(m.get("role") == "tool" for m in request.get("messages", []))
+QWEN_CODE = ChatHarness(_run, _main, lambda request, name: f"mcp__agent-mail__{name}",
+                        lambda path, text: ("write_file", {"file_path": str(path), "content": text}),
+                        live="a live Qwen Code session", agent=AGENT)
 
 
 def test_mail_reaches_qwen_once_and_its_mcp_tools_run(project):
-    assert am_process("send", "--from", "boss:lead", "--to", AGENT, "--subject", "Fix the flaky test",
-                      "--body", "It is test_login.", env=process_env()).returncode == 0
-
-    during = []
-
-    def script(request):
-        if not _main(request):
-            return None
-        if _tool_results(request):
-            return [{"type": "text", "text": "done"}]
-        during.append(status_of(AGENT))  # while the session lives
-        return [{"type": "tool_use", "name": "mcp__agent-mail__read", "input": {}}]
-
-    with FakeModel(script) as model:
-        _run(project, model, "Check your mail.")
-    assert during[0]["reachable"] and "a live Qwen Code session" in during[0]["reached_by"]
-    assert not status_of(AGENT)["reachable"]  # its SessionEnd: no longer live
-    loop = [r for r in model.requests if _main(r)]
-    assert "mcp__agent-mail__read" in chat_tools(loop[0]) and "mcp__agent-mail__send" in chat_tools(loop[0])
-    first = json.dumps(loop[0]["messages"])
-    assert "you are proj:coder" in first and "Fix the flaky test" in first and "test_login" not in first
-    last = json.dumps(loop[-1]["messages"])
-    assert "test_login" in last  # the read tool ran, and its result reached the model
-    # told once: no hook told it again after the start (nor after the read, whose result showed it)
-    assert last.count("you are proj:coder") == 1 and "new message" not in last
-    assert json.loads(am_process("read", AGENT, "--no-mark-read").stdout)["count"] == 0
+    mail_reaches_once_and_the_mcp_tools_run(project, QWEN_CODE)
 
 
 def test_mail_after_a_tool_reaches_qwen_once_and_is_not_marked_read(project):
-    sent = []
-
-    def script(request):
-        if not _main(request):
-            return None
-        results = _tool_results(request)
-        if results == 0:
-            return [{"type": "tool_use", "name": "write_file",
-                     "input": {"file_path": str(project / "a.txt"), "content": "a\n"}}]
-        if results == 1 and not sent:
-            send_urgent_mail(AGENT)
-            sent.append(True)
-            return [{"type": "tool_use", "name": "write_file",
-                     "input": {"file_path": str(project / "b.txt"), "content": "b\n"}}]
-        return [{"type": "text", "text": "done"}]
-
-    with FakeModel(script) as model:
-        _run(project, model, "Write two files.")
-    last = json.dumps([r for r in model.requests if _main(r)][-1]["messages"])
-    assert last.count(URGENT) == 1  # told after the tool, once, though hooks ran again since
-    assert json.loads(am_process("read", AGENT, "--no-mark-read").stdout)["count"] == 1
-
+    mail_after_a_tool_is_told_once_and_not_marked_read(project, QWEN_CODE)
 
 
 def test_what_the_read_tool_showed_is_not_told_again(project):
-    """Mail that lands just before the model calls the read tool is shown by the tool's result: the hooks after it
-    (PostToolUse, the next prompt) do not tell it again."""
-    def script(request):
-        if not _main(request):
-            return None
-        if _tool_results(request):
-            return [{"type": "text", "text": "done"}]
-        send_urgent_mail(AGENT)
-        return [{"type": "tool_use", "name": "mcp__agent-mail__read", "input": {}}]
+    what_the_read_tool_showed_is_not_told_again(project, QWEN_CODE)
 
-    with FakeModel(script) as model:
-        _run(project, model, "Check your mail.")
-    last = json.dumps([r for r in model.requests if _main(r)][-1]["messages"])
-    assert URGENT in last and "new message" not in last
 
 def test_mail_during_a_qwen_turn_holds_the_stop_once(project):
-    script = mail_during_the_turn(_main, lambda request: request["messages"], lambda: send_urgent_mail(AGENT))
-    with FakeModel(script) as model:
-        proc = _run(project, model, "Do the task.")
-    loop = [r for r in model.requests if _main(r)]
-    held = [r for r in loop if HELD in json.dumps(r["messages"])]
-    assert len(held) == 1 and URGENT in json.dumps(held[0]["messages"])
-    assert "it is mail for you, not an error" in json.dumps(held[0]["messages"])
-    assert "I will handle it next." in proc.stdout
-    assert json.loads(am_process("read", AGENT, "--no-mark-read").stdout)["count"] == 1  # told, not consumed
+    mail_during_a_turn_holds_the_stop_once(project, QWEN_CODE)
 
 
 def test_a_write_of_a_reserved_file_is_refused_while_a_free_one_is_written(project):
-    subprocess.run(["git", "init", "-q"], cwd=project, check=True)
-    subprocess.run(["git", "remote", "add", "origin", "https://github.com/acme/widget.git"], cwd=project, check=True)
-    (project / "src").mkdir()
-    held, free = project / "src" / "lib.rs", project / "notes.txt"  # new files: write_file will not overwrite unread
-    done = am_process("reserve", "proj:holder", "src/**", "--reason", "parser rewrite", cwd=str(project))
-    assert done.returncode == 0, done.stderr
-
-    def script(request):
-        if not _main(request):
-            return None
-        results = _tool_results(request)
-        if results == 0:
-            return [{"type": "tool_use", "name": "write_file", "input": {"file_path": str(held), "content": "x\n"}}]
-        if results == 1:
-            return [{"type": "tool_use", "name": "write_file", "input": {"file_path": str(free), "content": "new\n"}}]
-        return [{"type": "text", "text": "done"}]
-
-    with FakeModel(script) as model:
-        _run(project, model, "Write the files.")
-    assert not held.exists()
-    assert free.read_text() == "new\n"
-    said = json.dumps([r for r in model.requests if _main(r)][-1]["messages"])
-    assert "held by proj:holder" in said and "parser rewrite" in said
-    assert "agent-mail send --from proj:coder --to proj:holder" in said
+    a_write_of_a_reserved_file_is_refused_while_a_free_one_is_written(project, QWEN_CODE)
 
 
 @pytest.mark.requires("tmux")
@@ -183,18 +101,8 @@ def test_an_idle_interactive_qwen_session_is_woken_by_mail_once_and_its_waker_en
     MCP server, as Qwen Code asks); idle after a turn, its waker is armed (status: reachable, armed). Mail sent
     from another process wakes it: the model gets a new request holding the envelope once, nobody having typed.
     After /quit the session no longer counts as live and its waker is gone."""
-    home = project.parent / "qwen-home"
     with FakeModel(lambda request: [{"type": "text", "text": "ok from the model"}]) as model:
-        env = process_env(HOME=str(home), OPENAI_API_KEY="x", OPENAI_BASE_URL=f"{model.url}/v1",
-                          OPENAI_MODEL="scripted", QWEN_USAGE_STATISTICS_ENABLED="false", TMPDIR=private_tmp(home))
-        passed = [k for k in env if k.startswith(("OPENAI_", "QWEN_"))
-                  or k in ("HOME", "TMPDIR", "PYTHONPATH", "PATH", "AGENT_MAIL_TOKEN")]
-        command = shlex.join(["env", "-u", "AGENT_MAIL_DB", *(f"{k}={env[k]}" for k in passed), QWEN, "--auth-type",
-                              "openai"])
-        with Terminal(project.parent, f"agent-mail-qwen-{os.getpid()}", project, command) as terminal:
-            terminal.wait_for(lambda: "Approve this server" in terminal.screen(), 60, "no MCP approval asked")
-            terminal.type("1", "Enter")  # the person approves the workspace's MCP server once
-            terminal.wait_for(lambda: "Type your message" in terminal.screen(), 60, "qwen did not reach its prompt")
+        with _interactive(project, model) as terminal:
             terminal.type("hello", "Enter")
             terminal.wait_for(lambda: "ok from the model" in terminal.screen(), 60, "the turn did not end")
             row = terminal.wait_for(lambda: (lambda r: r["sessions"] == 1 and r["watch_state"] == "armed" and r)(
@@ -222,3 +130,101 @@ def test_an_idle_interactive_qwen_session_is_woken_by_mail_once_and_its_waker_en
     assert json.loads(am_process("read", AGENT, "--no-mark-read").stdout)["count"] == 1  # told, never consumed
     inputs = list((project / ".qwen" / "agent-mail").glob("wake-*.jsonl"))  # one per Qwen Code process
     assert len(inputs) == 1 and inputs[0].read_text().count(URGENT) == 1
+
+
+def _interactive(project, model: FakeModel, *options: str) -> Terminal:
+    """Interactive `qwen` in tmux, at its prompt: the person approved the workspace's MCP server once."""
+    home = project.parent / "qwen-home"
+    env = process_env(HOME=str(home), OPENAI_API_KEY="x", OPENAI_BASE_URL=f"{model.url}/v1",
+                      OPENAI_MODEL="scripted", QWEN_USAGE_STATISTICS_ENABLED="false", TMPDIR=private_tmp(home))
+    passed = [k for k in env if k.startswith(("OPENAI_", "QWEN_"))
+              or k in ("HOME", "TMPDIR", "PYTHONPATH", "PATH", "AGENT_MAIL_TOKEN")]
+    command = shlex.join(["env", "-u", "AGENT_MAIL_DB", *(f"{k}={env[k]}" for k in passed), QWEN, "--auth-type",
+                          "openai", *options])
+
+    class AtItsPrompt(Terminal):
+        def __enter__(self) -> Terminal:
+            super().__enter__()
+            try:
+                if "--approval-mode" not in options:  # yolo asks nothing
+                    self.wait_for(lambda: "Approve this server" in self.screen(), 60, "no MCP approval asked")
+                    self.type("1", "Enter")  # the person approves the workspace's MCP server once
+                self.wait_for(lambda: "Type your message" in self.screen(), 60, "qwen did not reach its prompt")
+            except BaseException:
+                self.__exit__(None, None, None)
+                raise
+            return self
+
+    return AtItsPrompt(project.parent, f"agent-mail-qwen-{os.getpid()}", project, command)
+
+
+@pytest.mark.requires("tmux")
+def test_a_working_qwen_session_is_at_work_and_mail_during_a_tool_call_is_told_after_it(project):
+    """Issue 33 #5: the waker armed when the last turn ended stands down when the next turn starts: 2 s into a 5 s
+    tool call, status says the session is at work (not "woken within about a second"), and mail sent then is told
+    after the tool call, in that turn, once; not as an idle wake after the turn. The turn's end arms the waker
+    again."""
+    def script(request):
+        if not _main(request):
+            return None
+        said = json.dumps(request["messages"])
+        if "run the slow step" in said and "sleep 5" not in said:
+            return [{"type": "tool_use", "name": "run_shell_command",
+                     "input": {"command": "sleep 5", "description": "the slow step"}}]
+        return [{"type": "text", "text": "ok from the model"}]
+
+    with FakeModel(script) as model, _interactive(project, model, "--approval-mode", "yolo") as terminal:
+        terminal.type("hello", "Enter")
+        terminal.wait_for(lambda: "ok from the model" in terminal.screen(), 60, "the first turn did not end")
+        terminal.wait_for(lambda: status_of(AGENT)["watch_state"] == "armed", 30, "the idle session's waker")
+        terminal.type("run the slow step", "Enter")
+        assert model.wait_for(lambda r: _main(r) and "run the slow step" in json.dumps(r["messages"]), 60)
+        row = terminal.wait_for(lambda: (lambda r: "at work" in r["reached_by"] and r)(status_of(AGENT)), 3,
+                                "the working session is not said to be at work")
+        assert row["reachable"] and row["watch_state"] != "armed" and not wakers(project, "qwen")
+        assert row["reached_by"].startswith("told at its next prompt or tool call (a live Qwen Code session")
+        send_urgent_mail(AGENT)  # during the tool call
+        after = model.wait_for(lambda r: _main(r) and tool_results(r) and URGENT in json.dumps(r["messages"]), 30)
+        assert after is not None, terminal.screen()
+        terminal.wait_for(lambda: terminal.screen().count("ok from the model") >= 2, 60, "the turn did not end")
+        terminal.wait_for(lambda: status_of(AGENT)["watch_state"] == "armed" and len(wakers(project, "qwen")) == 1,
+                          30, "the waker did not arm again after the turn")
+        loop = [r for r in model.requests if _main(r)]
+        assert not any(WOKEN in json.dumps(r["messages"]) for r in loop)  # told in the turn, not as an idle wake
+        assert json.dumps(loop[-1]["messages"]).count(URGENT) == 1
+
+
+@pytest.mark.requires("tmux")
+def test_a_killed_qwen_session_is_not_reachable_at_once(project):
+    """Issue 33 #6: kill -9 of Qwen Code, idle with its waker armed: its waker ends with it (it sleeps on the
+    process's pidfd), so a send that requires a reachable recipient refuses at once, not seconds later."""
+    with FakeModel(lambda request: [{"type": "text", "text": "ok from the model"}]) as model, \
+            _interactive(project, model) as terminal:
+        terminal.type("hello", "Enter")
+        terminal.wait_for(lambda: "ok from the model" in terminal.screen(), 60, "the turn did not end")
+        terminal.wait_for(lambda: status_of(AGENT)["watch_state"] == "armed", 30, "the idle session's waker")
+        qwen = _harness_process(terminal)
+        os.kill(qwen, signal.SIGKILL)
+        until(_refused, 3.0, lambda: f"still reachable after kill -9: {status_of(AGENT)}")
+        until(lambda: not wakers(project, "qwen"), 3.0, "the waker outlived its harness")
+
+
+def _refused() -> bool:
+    """Whether a send that requires a reachable recipient refuses (it is asked once status says not reachable: a
+    send that went through would be mail that wakes the session)."""
+    if status_of(AGENT)["reachable"]:
+        return False
+    done = am_process("send", "--from", "team:carl", "--to", AGENT, "--subject", "still there?",
+                      "--require-reachable")
+    assert done.returncode == 3, done.stdout + done.stderr
+    return True
+
+
+def _harness_process(terminal: Terminal) -> int:
+    """The Qwen Code process in the terminal: the one whose hooks named it (the session's harness process)."""
+    from agent_mail.operations import mail
+
+    with mail.open_mailbox() as mailbox, mailbox.store.transaction():
+        pids = {s["pid"] for s in mailbox.store.harness_sessions_of(AGENT)}  # those not ended
+    assert len(pids) == 1, pids
+    return pids.pop()

@@ -21,6 +21,7 @@ from tests.lib.harnesses import Terminal, private_tmp
 from tests.lib.tools import ROOT, find
 from tests.lib.waiting import until
 
+from agent_mail import harnesses
 from agent_mail.harness import run as running
 
 AGENT = "proj:coder"
@@ -156,7 +157,7 @@ def test_run_is_stuck_where_it_cannot_type_and_the_screen_says_whether_a_known_p
 
     # Gemini CLI: its placeholder shows while its prompt is empty; keys do not decide there, the screen does.
     screen, keys = running.Screen(10, 60), running.KeyTracker()
-    waker = running.Waker(screen, keys, 0.0, empty=running.EMPTY_PROMPT["gemini"])
+    waker = running.Waker(screen, keys, 0.0, empty=harnesses.of("gemini").empty_prompt)
     screen.feed(b" >   Type your message or @path/to/file")
     keys.feed(b"hello\x1b\x1b", 1.0)  # typed, then Esc twice: Gemini CLI clears its line
     assert waker.stuck() is None and not keys.clear()
@@ -167,7 +168,7 @@ def test_run_is_stuck_where_it_cannot_type_and_the_screen_says_whether_a_known_p
 
     # Copilot CLI draws on the alternate screen: that is its own, not a program over its prompt.
     screen, keys = running.Screen(10, 100), running.KeyTracker()
-    waker = running.Waker(screen, keys, 0.0, empty=running.EMPTY_PROMPT["copilot"])
+    waker = running.Waker(screen, keys, 0.0, empty=harnesses.of("copilot").empty_prompt)
     screen.feed("\x1b[?1049h\u276f\r\n \u2190 open sidebar \u00b7 / commands \u00b7 ? help".encode())
     assert waker.stuck() is None
 

@@ -120,3 +120,155 @@ class Terminal:
         from tests.lib.waiting import until
 
         return until(predicate, seconds, lambda: f"{why}:\n{self.screen()}", interval=0.2)
+
+
+# -- What every harness driven through the Chat Completions API is checked for, end to end ------------------------
+def tool_results(request: dict) -> int:
+    """How many tool results a Chat Completions request carries."""
+    return sum(m.get("role") == "tool" for m in request.get("messages", []))
+
+
+class ChatHarness:
+    """A harness CLI as its end-to-end tests drive it through a scripted Chat Completions model: `run(project,
+    model, prompt)` runs one prompt headless (and checks it ended well); `main(request)`: a request of the
+    session's own loop, not a side call (a title, a summary); `mcp(request, name)`: how it names our MCP tool
+    `name` to its model; `write(path, text)`: its tool call that creates a file, as (name, input); `live`: the
+    words status's reached_by says of its live session; `agent`: the identity setup gave it."""
+
+    def __init__(self, run, main, mcp, write, live: str, agent: str = "proj:coder"):
+        self.run, self.main, self.mcp, self.write, self.live, self.agent = run, main, mcp, write, live, agent
+
+    def loop(self, model) -> list[dict]:
+        return [r for r in model.requests if self.main(r)]
+
+    def unread(self) -> int:
+        from tests.lib.cli import am_process
+
+        return json.loads(am_process("read", self.agent, "--no-mark-read").stdout)["count"]
+
+
+def mail_reaches_once_and_the_mcp_tools_run(project, harness: ChatHarness) -> None:
+    """Mail waiting at the start is in the first request's context (envelope only), once; the model's read tool runs
+    and its result (the body) reaches the model; the session is live while it runs and not after its end."""
+    from tests.lib.cli import am_process, process_env
+    from tests.lib.fake_model import FakeModel
+
+    agent = harness.agent
+    assert am_process("send", "--from", "boss:lead", "--to", agent, "--subject", "Fix the flaky test",
+                      "--body", "It is test_login.", env=process_env()).returncode == 0
+    during = []
+
+    def script(request):
+        if not harness.main(request):
+            return None
+        if tool_results(request):
+            return [{"type": "text", "text": "done"}]
+        during.append(status_of(agent))  # while the session lives
+        return [{"type": "tool_use", "name": harness.mcp(request, "read"), "input": {}}]
+
+    with FakeModel(script) as model:
+        harness.run(project, model, "Check your mail.")
+    assert during[0]["reachable"] and harness.live in during[0]["reached_by"]
+    assert not status_of(agent)["reachable"]  # its session's end: no longer live
+    loop = harness.loop(model)
+    assert all(harness.mcp(loop[0], name) in chat_tools(loop[0]) for name in ("read", "send", "reserve"))
+    first = json.dumps(loop[0]["messages"])
+    assert f"you are {agent}" in first and "Fix the flaky test" in first and "test_login" not in first
+    last = json.dumps(loop[-1]["messages"])
+    assert "test_login" in last  # the read tool ran, and its result reached the model
+    # told once: no hook told it again after the start (nor after the read, whose result showed it)
+    assert last.count(f"you are {agent}") == 1 and "new message" not in last
+    assert harness.unread() == 0
+
+
+def mail_after_a_tool_is_told_once_and_not_marked_read(project, harness: ChatHarness) -> None:
+    from tests.lib.fake_model import FakeModel
+
+    sent = []
+
+    def script(request):
+        if not harness.main(request):
+            return None
+        results = tool_results(request)
+        if results == 0:
+            name, given = harness.write(project / "a.txt", "a\n")
+            return [{"type": "tool_use", "name": name, "input": given}]
+        if results == 1 and not sent:
+            send_urgent_mail(harness.agent)
+            sent.append(True)
+            name, given = harness.write(project / "b.txt", "b\n")
+            return [{"type": "tool_use", "name": name, "input": given}]
+        return [{"type": "text", "text": "done"}]
+
+    with FakeModel(script) as model:
+        harness.run(project, model, "Write two files.")
+    last = json.dumps(harness.loop(model)[-1]["messages"])
+    assert last.count(URGENT) == 1  # told after the tool, once, though hooks ran again since
+    assert harness.unread() == 1
+
+
+def what_the_read_tool_showed_is_not_told_again(project, harness: ChatHarness) -> None:
+    """Mail that lands just before the model calls the read tool is shown by the tool's result: the hooks after it
+    (after the tool, the next prompt) do not tell it again."""
+    from tests.lib.fake_model import FakeModel
+
+    def script(request):
+        if not harness.main(request):
+            return None
+        if tool_results(request):
+            return [{"type": "text", "text": "done"}]
+        send_urgent_mail(harness.agent)
+        return [{"type": "tool_use", "name": harness.mcp(request, "read"), "input": {}}]
+
+    with FakeModel(script) as model:
+        harness.run(project, model, "Check your mail.")
+    last = json.dumps(harness.loop(model)[-1]["messages"])
+    assert URGENT in last and "new message" not in last
+
+
+def mail_during_a_turn_holds_the_stop_once(project, harness: ChatHarness) -> None:
+    from tests.lib.fake_model import FakeModel
+
+    script = mail_during_the_turn(harness.main, lambda request: request["messages"],
+                                  lambda: send_urgent_mail(harness.agent))
+    with FakeModel(script) as model:
+        proc = harness.run(project, model, "Do the task.")
+    held = [r for r in harness.loop(model) if HELD in json.dumps(r["messages"])]
+    assert len(held) == 1 and URGENT in json.dumps(held[0]["messages"])
+    assert "it is mail for you, not an error" in json.dumps(held[0]["messages"])
+    assert "I will handle it next." in proc.stdout
+    assert harness.unread() == 1  # told, not consumed
+
+
+def a_write_of_a_reserved_file_is_refused_while_a_free_one_is_written(project, harness: ChatHarness) -> None:
+    """New files (a harness's create tool may refuse to overwrite one it has not read): the one under another
+    identity's reservation is refused, with who holds it, why and the send that asks them; the free one is
+    written."""
+    import subprocess
+
+    from tests.lib.cli import am_process
+    from tests.lib.fake_model import FakeModel
+
+    subprocess.run(["git", "init", "-q"], cwd=project, check=True)
+    subprocess.run(["git", "remote", "add", "origin", "https://github.com/acme/widget.git"], cwd=project, check=True)
+    (project / "src").mkdir()
+    held, free = project / "src" / "lib.rs", project / "notes.txt"
+    done = am_process("reserve", "proj:holder", "src/**", "--reason", "parser rewrite", cwd=str(project))
+    assert done.returncode == 0, done.stderr
+
+    def script(request):
+        if not harness.main(request):
+            return None
+        results = tool_results(request)
+        if results < 2:
+            name, given = harness.write(held if results == 0 else free, "x\n" if results == 0 else "new\n")
+            return [{"type": "tool_use", "name": name, "input": given}]
+        return [{"type": "text", "text": "done"}]
+
+    with FakeModel(script) as model:
+        harness.run(project, model, "Write the files.")
+    assert not held.exists()
+    assert free.read_text() == "new\n"
+    said = json.dumps(harness.loop(model)[-1]["messages"])
+    assert "held by proj:holder" in said and "parser rewrite" in said
+    assert f"agent-mail send --from {harness.agent} --to proj:holder" in said

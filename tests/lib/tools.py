@@ -15,6 +15,7 @@ from tests.lib.postgres import TEST_PG_URL, postgres_bindir, postgres_problem
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NODE_BIN = os.path.join(ROOT, ".cache", "node", "node_modules", ".bin")  # where .ci/run installs the harnesses
+VIBE_BIN = os.path.join(ROOT, ".cache", "vibe", "bin")  # Mistral Vibe, in a virtual environment of its own
 
 # tool: (AGENT_MAIL_... variable naming another copy, or None; commands to look for; how to install it)
 TOOLS = {
@@ -33,6 +34,9 @@ TOOLS = {
     "copilot": ("AGENT_MAIL_COPILOT", ("copilot",), "npm install @github/copilot, or set AGENT_MAIL_COPILOT"),
     "opencode": ("AGENT_MAIL_OPENCODE", ("opencode",), "npm install opencode-ai, or set AGENT_MAIL_OPENCODE"),
     "kilo": ("AGENT_MAIL_KILO", ("kilo",), "npm install @kilocode/cli@7.7.7, or set AGENT_MAIL_KILO"),
+    "pi": ("AGENT_MAIL_PI", ("pi",), "npm install @mariozechner/pi-coding-agent, or set AGENT_MAIL_PI"),
+    "vibe": ("AGENT_MAIL_VIBE", ("vibe",), "python3.12 -m venv .cache/vibe && .cache/vibe/bin/pip install "
+             "mistral-vibe==3.0.2, or set AGENT_MAIL_VIBE"),
     "runuser": (None, ("runuser",), "apt-get install util-linux"),
     "pg_ctlcluster": (None, ("pg_ctlcluster",), "apt-get install postgresql-common"),
     "sqlite3": (None, ("sqlite3",), "apt-get install sqlite3"),
@@ -52,10 +56,11 @@ def unavailable(reason: str) -> None:
 
 def find(tool: str) -> str | None:
     """Where `tool` (a name in TOOLS) is: its AGENT_MAIL_... variable, the copy .ci/run installs under
-    .cache/node (the harnesses), or PATH; None when it is nowhere."""
+    .cache/node (the harnesses) or .cache/vibe (Mistral Vibe), or PATH; None when it is nowhere."""
     variable, commands, _ = TOOLS[tool]
     for candidate in (os.environ.get(variable) if variable else None,
-                      *(os.path.join(NODE_BIN, c) for c in commands), *(shutil.which(c) for c in commands)):
+                      *(os.path.join(where, c) for where in (NODE_BIN, VIBE_BIN) for c in commands),
+                      *(shutil.which(c) for c in commands)):
         if candidate and os.path.exists(candidate):
             return candidate
     return None

@@ -6,6 +6,7 @@
 - no import circle among agent_mail's modules;
 - no runaway file (a generous guard; a file is as long as its one job needs);
 - a name starting with `_` is used only in its own module (tests included);
+- no harness is named below its registry (operations, parts and spec ask agent_mail.harnesses);
 - the suite's layout: test modules in a folder per kind, helpers in tests/lib, and no module imports conftest
   (fixtures and hooks only) or another test module.
 
@@ -42,7 +43,8 @@ LAYERS = (
     ("parts", ("agent_mail.parts",)),  # what the operations are built from
     ("store", ("agent_mail.store",)),
     ("ground", ("agent_mail", "agent_mail.spec", "agent_mail.model", "agent_mail.errors", "agent_mail.jsonout",
-                "agent_mail.files", "agent_mail.urls")),
+                "agent_mail.files", "agent_mail.urls",
+                "agent_mail.harnesses")),  # what each harness is (one record a harness), which every layer asks
 )
 FRONT_END_LAYER = "front ends"
 CALL_LAYER = "agent_mail.calls"
@@ -241,6 +243,8 @@ def private_reaches(roots: tuple[Path, ...], package: str = PACKAGE) -> list[str
     found = []
     for root in roots:
         for path in sorted(root.rglob("*.py")):
+            if any(part.startswith(".") for part in path.relative_to(root).parts):
+                continue  # not ours: bench/.cache holds the benches' virtual environments
             tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
             module_names = set()
             for node in ast.walk(tree):
@@ -276,6 +280,57 @@ def _a_helper_module(root: Path, dotted: str) -> bool:
         return False
     parts = dotted.split(".")
     return any(base.joinpath(*parts[:-1], f"{parts[-1]}.py").exists() for base in (root, root.parent))
+
+
+# Where a harness may be named: its own module under the registry (and the front ends that run it); the layers
+# below ask the registry, and the ground only for its list of names.
+HARNESS_REGISTRY = "agent_mail/harnesses"
+HARNESS_FREE = ("agent_mail/operations", "agent_mail/parts", "agent_mail/spec")
+
+
+def harness_words(src: Path = SRC, registry: str = HARNESS_REGISTRY) -> tuple[set[str], set[str]]:
+    """(the words that name a harness or one of its tools: the registry's names and each record's tool names that
+    are no plain word, like apply_patch or MultiEdit; the parts of an identifier that name one, like claude in
+    claude_code), read from the registry's NAMES and each harness module's EDIT_TOOLS."""
+    import re
+
+    names: set[str] = set()
+    for node in ast.walk(ast.parse((src / registry / "__init__.py").read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "NAMES" for t in node.targets):
+            names |= set(ast.literal_eval(node.value))
+    words, parts = set(names), {name.split("-")[0] for name in names}
+    for name in names:
+        module = src / registry / f"{name.replace('-', '_')}.py"
+        for node in ast.walk(ast.parse(module.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "EDIT_TOOLS"
+                                                    for t in node.targets):
+                words |= {tool for tool in ast.literal_eval(node.value) if re.search(r"_|[a-z][A-Z]", tool)}
+    return words, parts
+
+
+def harness_specific(src: Path = SRC, places: tuple[str, ...] = HARNESS_FREE, words: set[str] = frozenset(),
+                     parts: set[str] = frozenset()) -> list[str]:
+    """Where a module of `places` names a harness: a text that is a harness's name or tool (a key of a table by
+    harness, a branch on one, a matcher "a|b"), or an identifier one of whose parts names one (_claude_servers).
+    Prose in longer texts (help, docstrings) is not a name."""
+    found = []
+    for place in places:
+        for path in sorted((src / place).rglob("*.py")):
+            tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+            where = path.relative_to(src).as_posix()
+            for node in ast.walk(tree):
+                named = None
+                if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                    if set(node.value.strip().split("|")) & words:
+                        named = repr(node.value)
+                elif isinstance(node, (ast.Name, ast.Attribute, ast.FunctionDef, ast.ClassDef, ast.arg)):
+                    identifier = getattr(node, "id", None) or getattr(node, "attr", None) or \
+                        getattr(node, "name", None) or getattr(node, "arg", None)
+                    if set(identifier.lower().split("_")) & parts:
+                        named = identifier
+                if named is not None:
+                    found.append(f"{where}:{node.lineno}: {named}")
+    return found
 
 
 def suite_layout_problems(tests: Path) -> list[str]:
@@ -394,6 +449,16 @@ def test_no_module_reaches_another_modules_private_names():
     found = private_reaches((SRC, TESTS, TESTS.parent / "bench"))
     assert not found, "a `_name` used outside its module (make it public, or reach it through public API):\n" + \
         "\n".join(f"  {f}" for f in found)
+
+def test_no_harness_is_named_below_its_registry():
+    """operations/, parts/ and spec/ ask a harness's record (agent_mail.harnesses) for what is particular to
+    it, and never name one: no table keyed by harness, no branch on one (issue 33, finding 11)."""
+    words, parts = harness_words()
+    assert {"claude-code", "opencode", "apply_patch", "MultiEdit"} <= words and "claude" in parts, (words, parts)
+    found = harness_specific(words=words, parts=parts)
+    assert not found, "a harness named outside its module (put it in its record, agent_mail.harnesses):\n" + \
+        "\n".join(f"  {f}" for f in found)
+
 
 def test_the_suite_keeps_its_layout():
     found = suite_layout_problems(TESTS)
@@ -546,6 +611,16 @@ def test_reading_finds_private_names_of_a_tests_lib_helper(tmp_path):
     (tmp_path / "tests" / "test_x.py").write_text("from tests.lib import waits\n\nwaits._poll()\n")
     found = private_reaches((tmp_path / "tests",), "pkg")
     assert len(found) == 1 and found[0].endswith("test_x.py:3: waits._poll"), found
+
+
+def test_reading_finds_a_harness_named_below_its_registry(tmp_path):
+    _made_up(tmp_path, ops__mail='"""Claude Code, codex and apply_patch in prose."""\nTOLD = {"codex": 1}\n\n\n'
+                                 'def f(harness, tool, claude_pid):\n'
+                                 '    if harness == "gemini" or tool == "apply_patch":\n'
+                                 '        return "Edit|MultiEdit"\n    return "say gemini in prose"\n')
+    found = harness_specific(tmp_path, ("pkg/ops",), {"codex", "gemini", "apply_patch", "MultiEdit"}, {"claude"})
+    assert sorted(f.split(": ", 1)[1] for f in found) == ["'Edit|MultiEdit'", "'apply_patch'", "'codex'", "'gemini'",
+                                                          "claude_pid"], found
 
 
 def test_reading_finds_a_suite_out_of_its_layout(tmp_path):

@@ -174,8 +174,10 @@ def test_a_page_of_a_backlog_is_fetched_by_id_in_a_mailbox_without_statistics(am
 def test_counts_stay_exact_across_the_migration_that_added_the_indexes(mailbox_path, monkeypatch):
     """A mailbox made before m006 (the arrival indexes), holding a backlog and every kind of state."""
     with monkeypatch.context() as before:
-        # (With the activity table, which today's commands write as they run: it adds a table and a column only.)
-        before.setattr(sqlite_schema, "MIGRATIONS", sqlite_schema.MIGRATIONS[:5] + (sqlite_schema.m016_activity,))
+        # (With the activity and webhooks tables, which today's commands write and read as they run: they add
+        # tables and a column only.)
+        before.setattr(sqlite_schema, "MIGRATIONS", sqlite_schema.MIGRATIONS[:5] + (sqlite_schema.m016_activity,
+                                                                                     sqlite_schema.m017_webhooks))
         # The version that wrote this knew no harness sessions (a later migration's table): its sends asked none.
         before.setattr(liveness, "harnesses_of", lambda store, agent=None: {})
         for i in range(40):
@@ -203,7 +205,7 @@ def test_counts_stay_exact_across_the_migration_that_added_the_indexes(mailbox_p
             db.execute("UPDATE messages SET read_at = ? WHERE recipient = 'u:d'", (at,))
         db.close()
         db = sqlite3.connect(mailbox_path)
-        assert db.execute("PRAGMA user_version").fetchone()[0] == 6  # m001-m005, and the activity table
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 7  # m001-m005, the activity and webhooks tables
         assert not db.execute("SELECT 1 FROM sqlite_master WHERE name = 'idx_messages_broadcast_arrival'").fetchone()
         db.close()
         expected = oracle(mailbox_path)

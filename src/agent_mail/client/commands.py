@@ -58,6 +58,13 @@ def main(name: str, values: dict, emit) -> int:
         given = _with_uploads(values, given)
     if name in ("reserve", "release", "reservations"):
         given = _located(values, given)
+    if name == "webhook" and given.get("secret_file") is not None:  # read here: the server never opens a file of ours
+        from agent_mail.parts.inputs import read_secret
+
+        secret, problem = read_secret(given.pop("secret_file"))
+        if problem:
+            raise errors.InvalidInput([("secret_file", problem)])
+        given["secret"] = secret
     _check_stdout()
     emitted, emit = emit, _said_after(name, values, emit)
     if name == "watch":

@@ -252,13 +252,24 @@ def _unreachable(root: str, action: str, why: str) -> int:
     return errors.EXIT_FAILED if strict else errors.EXIT_OK
 
 
+CHECK_BATCH = 20_000  # paths in one reservations --check through a server: well under its bound on a request's items
+
+
 def _served_check(served, root: str, agent: str, paths: list[str]) -> dict:
     """reservations --check through the server: the repository located in this checkout, the paths from its root
     (git gives them so), only the values sent."""
     from agent_mail.parts import repos
 
     located, _, relative = repos.for_server(None, (), [("paths", p) for p in paths], cwd=root)
-    return served.reservations_check(agent, located, relative)
+    # A commit of more paths than one request may carry (the server's bound on a request's items) is checked in
+    # batches, and the answers joined: refused if any batch holds a conflict.
+    merged: dict = {"ok": True, "conflicts": [], "next": []}
+    for start in range(0, len(relative), CHECK_BATCH):
+        result = served.reservations_check(agent, located, relative[start:start + CHECK_BATCH])
+        merged["ok"] = merged["ok"] and result["ok"]
+        merged["conflicts"] += result["conflicts"]
+        merged["next"] += [step for step in result["next"] if step not in merged["next"]]
+    return merged
 
 
 def _check(hook: str, action: str, stdin_text: str, served=None) -> int:

@@ -1,7 +1,8 @@
 """`agent-mail hook HARNESS EVENT`: mail put in the model's context from inside its harness.
 
-A harness (Claude Code, Codex, Gemini CLI) runs a hook command at points of a session and passes it a
-JSON document on stdin (session_id, hook_event_name, ...). The events:
+A harness runs a hook command at points of a session and passes it a JSON document on stdin (session_id,
+hook_event_name, ...); what each harness sends and takes, its events and its tools are its record's
+(agent_mail.harnesses, loaded for the one harness the hook is for). The events, in Claude Code's words:
 
 - context: SessionStart, UserPromptSubmit / BeforeAgent, PostToolUse / AfterTool. Adds to the model's
   context what is new since this session was last told: envelopes (never bodies), the unread count,
@@ -16,11 +17,15 @@ JSON document on stdin (session_id, hook_event_name, ...). The events:
   waiter ends the older, which exits 0 quietly. Never blocks a non-interactive run (claude -p, the SDK), and
   ends when the harness process does. Codex and Qwen Code (SessionStart and Stop): starts the session's waker
   detached and returns at once (harness.waker: the same wait, run by wake_once, the envelopes handed over as a
-  prompt through the harness's own way in).
-- end: SessionEnd. The session stops counting as live; its waiter is ended.
-- pretool (Claude Code PreToolUse on Edit|Write|MultiEdit|NotebookEdit; Codex PreToolUse on apply_patch|Bash;
-  Gemini CLI BeforeTool on write_file|replace; OpenCode's plugin before write, edit, multiedit, patch,
-  apply_patch): denies an edit of a file another live identity holds
+  prompt through the harness's own way in). A harness woken only under `agent-mail run` has no waiter.
+- end: SessionEnd. The session stops counting as live; its waiter is ended. A harness with no session-end hook
+  (its record's end_watch): through a server, which cannot see the harness's process, a detached watcher started by
+  its first hook ends the session when the harness exits.
+
+A hook of a subagent (its input carries the record's subagent_key) tells nothing: its parent session is told; its
+edits are guarded all the same.
+- pretool (PreToolUse, Gemini CLI's BeforeTool, ..., on the tools that edit: the record's edit_tools): denies an
+  edit of a file another live identity holds
   exclusively (agent_mail.operations.reservations), telling the model who holds it, why, until when, and the `send` that
   asks them. Any other tool, a read, a file outside a git repository or one nobody holds passes silently.
 
@@ -37,19 +42,21 @@ from __future__ import annotations
 import os
 import sys
 
-from agent_mail import calls, errors, jsonout, model
+from agent_mail import calls, errors, harnesses, jsonout, model
+from agent_mail.files import process_handle
 from agent_mail.parts.liveness import harness_pid, pid_alive
 from agent_mail.parts.liveness import host_name as _host
-from agent_mail.operations.telling import QUIET, WAKES_FROM_OUTSIDE, WAKES_IDLE
 
 INPUT_MAX_BYTES = 4 * 1024 * 1024
 _NON_INTERACTIVE = ("sdk-cli", "sdk-ts", "sdk-py", "mcp")  # CLAUDE_CODE_ENTRYPOINT values of headless runs
 EXIT_WAKE = 2  # what an asyncRewake hook exits with to wake its session
+WATCH_HARNESS_SECONDS = 0.5  # how often a waiter looks at its harness's process where it cannot sleep on a pidfd
 
 
 def read_input(stream=None, harness: str | None = None) -> dict:
     """The hook's JSON input from stdin; InvalidInput naming stdin if it is not a JSON object with a
-    session_id (Copilot CLI's camelCase input is first said in the others' words: copilot_input)."""
+    session_id (an input in other words, Copilot CLI's camelCase, is first said in Claude Code's: the record's
+    read_input)."""
     if stream is None:
         if sys.stdin is None or sys.stdin.isatty():
             raise errors.InvalidInput([("stdin", "is a terminal (or closed), not the harness's hook input: this "
@@ -67,8 +74,8 @@ def read_input(stream=None, harness: str | None = None) -> dict:
                                              "command is run by the harness; see agent-mail setup.")]) from None
     if not isinstance(document, dict):
         raise errors.InvalidInput([("stdin", "must be a JSON object (the harness's hook input).")])
-    if harness == "copilot":
-        document = copilot_input(document)
+    if harness is not None:
+        document = harnesses.of(harness).read_input(document)
     session = document.get("session_id")
     if not isinstance(session, str) or not session.strip() or len(session) > 200 or model.has_surrogates(session):
         raise errors.InvalidInput([("stdin", "has no usable session_id: the harness passes one to every hook.")])
@@ -86,52 +93,16 @@ def _checked(harness: str, event: str, agent: str | None) -> str:
     return agent
 
 
-# Copilot CLI 1.0.102 passes camelCase input and no event name: {sessionId, timestamp, cwd, ...}; sessionStart adds
-# source and initialPrompt, userPromptSubmitted prompt, preToolUse toolName and toolArgs, postToolUse toolResult,
-# agentStop stopReason and stop_hook_active. Which event it is shows in the keys it carries.
-_COPILOT_EVENTS = (("toolResult", "postToolUse"), ("toolName", "preToolUse"), ("stopReason", "agentStop"),
-                   ("source", "SessionStart"), ("initialPrompt", "SessionStart"), ("prompt", "userPromptSubmitted"))
-
-
-def copilot_input(document: dict) -> dict:
-    """Copilot CLI's hook input in the words of the others' (session_id, hook_event_name, tool_name, tool_input,
-    stop_hook_active); the session start named SessionStart, as the telling side knows it."""
-    found = dict(document)
-    if "session_id" not in found and "sessionId" in found:
-        found["session_id"] = found["sessionId"]
-    if "hook_event_name" not in found:
-        event = next((name for key, name in _COPILOT_EVENTS if key in document), None)
-        if event is not None:
-            found["hook_event_name"] = event
-    if "toolName" in found:
-        found.setdefault("tool_name", found["toolName"])
-        arguments = found.get("toolArgs")
-        if isinstance(arguments, str):  # a JSON text in some versions
-            try:
-                arguments = jsonout.loads(arguments)
-            except ValueError:
-                arguments = None
-        found.setdefault("tool_input", arguments if isinstance(arguments, dict) else {})
-    if "stopHookActive" in found:
-        found.setdefault("stop_hook_active", found["stopHookActive"])
-    return found
-
-
-# Codex 0.171 reports an edit made with `apply_patch <<EOF` in its shell as tool_name "Bash" (tool_input.command:
-# the patch; seen under `codex exec`), and a model given the apply_patch tool calls it "apply_patch".
-EDIT_TOOLS = {"claude-code": ("Edit", "Write", "MultiEdit", "NotebookEdit"), "codex": ("apply_patch", "Bash"),
-              "gemini": ("write_file", "replace"), "qwen": ("write_file", "edit"), "copilot": ("create", "edit"),
-              "opencode": ("write", "edit", "multiedit", "patch", "apply_patch"),  # OpenCode's plugin: args.filePath
-              "kilo": ("write", "edit", "multiedit", "patch", "apply_patch")}  # OpenCode's plugin, in Kilo Code
 _PATCH_HEADS = ("*** Update File: ", "*** Add File: ", "*** Delete File: ", "*** Move to: ")
 
 
 def edited_paths(harness: str, document: dict) -> list[str]:
     """The files the tool call in a pre-tool hook's input would change ([] for any other tool)."""
-    if document.get("tool_name") not in EDIT_TOOLS[harness]:
+    kind = harnesses.of(harness)
+    if document.get("tool_name") not in kind.edit_tools:
         return []
     given = document.get("tool_input")
-    if harness == "codex" or document.get("tool_name") in ("patch", "apply_patch"):
+    if document.get("tool_name") in kind.patch_tools:
         # apply_patch: the files are named in the patch's headers, wherever its text rides (OpenCode: patchText)
         texts = [given] if isinstance(given, str) else [v for v in (given or {}).values() if isinstance(v, str)] \
             if isinstance(given, dict) else []
@@ -141,16 +112,6 @@ def edited_paths(harness: str, document: dict) -> list[str]:
         return []
     return [p for p in (given.get("file_path"), given.get("notebook_path"), given.get("path"), given.get("filePath"))
             if isinstance(p, str) and p]
-
-
-def denial(harness: str, note: str) -> dict:
-    """The harness's documented way to refuse a tool call, with the reason the model is shown."""
-    if harness == "gemini":  # BeforeTool: decision deny, the reason sent to the agent as the tool's error
-        return {"decision": "deny", "reason": note}
-    if harness == "copilot":  # preToolUse: top-level (seen with 1.0.102)
-        return {"permissionDecision": "deny", "permissionDecisionReason": note}
-    return {"hookSpecificOutput": {"hookEventName": "PreToolUse", "permissionDecision": "deny",
-                                   "permissionDecisionReason": note}}
 
 
 def pretool_note(agent: str, result: dict) -> str:
@@ -215,14 +176,17 @@ def main(values: dict, emit, served=None) -> int:
 def run(harness: str, event: str, agent: str | None, emit, served=None) -> int:
     """Run one hook; the exit status (0, or EXIT_WAKE for a waiter that found mail)."""
     agent = _checked(harness, event, agent)
+    kind = harnesses.of(harness)
     document = read_input(harness=harness)
     printed = []
+    if kind.subagent_key and document.get(kind.subagent_key) and event != "pretool":
+        return errors.EXIT_OK  # a subagent's hooks: its parent session is told (a subagent's edits are guarded)
     if event == "pretool" and not edited_paths(harness, document):
-        if harness in QUIET:  # not an edit: answered without opening the mailbox
-            emit(QUIET[harness])
+        if kind.quiet is not None:  # not an edit: answered without opening the mailbox
+            emit(kind.quiet)
         return errors.EXIT_OK
 
-    if event == "wait" and harness in WAKES_FROM_OUTSIDE:  # a waker of its own, detached: the hook returns at once
+    if event == "wait" and kind.woken_by_our_waker:  # a waker of its own, detached: the hook returns at once
         from agent_mail.harness import waker
 
         return waker.start(harness, document, lambda deliver, pid: wake_once(harness, agent, document, served,
@@ -236,8 +200,8 @@ def run(harness: str, event: str, agent: str | None, emit, served=None) -> int:
         code = _served(served, harness, event, agent, document, emit_once)
     else:
         code = _local(harness, event, agent, document, emit_once)
-    if not printed and harness in QUIET and event != "wait":
-        emit(QUIET[harness])
+    if not printed and kind.quiet is not None and event != "wait":
+        emit(kind.quiet)
     return code
 
 
@@ -253,8 +217,10 @@ def _local(harness: str, event: str, agent: str, document: dict, emit) -> int:
         session = telling.Session(mailbox, harness, agent, document)
         if event == "context":
             session.context(emit)
+            _end_waiter(session.stood_down)  # the turn started: its idle waiter stands down
         elif event == "stop":
             session.stop(emit, bool(document.get("stop_hook_active")))
+            _end_waiter(session.stood_down)  # held: the turn goes on, without a waiter
         elif event == "end":
             _end_waiter(session.end())
         elif wait(session, model.WATCH_MINUTES_DEFAULT) is not None:
@@ -287,68 +253,54 @@ def pretool(harness: str, agent: str, document: dict, emit, check) -> dict | Non
         conflicts["next"] += [step for step in result["next"] if step not in conflicts["next"]]
     if not conflicts["conflicts"]:
         return None
-    output = denial(harness, pretool_note(agent, conflicts))
+    output = harnesses.of(harness).denial(pretool_note(agent, conflicts))
     emit(output)
     return output
 
 
 def wait(session, minutes: float, deliver=None, harness: int | None = None) -> str | None:
     """Block until mail this session was not told of arrives (the note to wake it with) or until the wait ends
-    (None): timeout, a newer waiter, the harness gone, or a non-interactive run. `deliver(note)`: how the note
-    reaches the session before it counts as told (stderr by default, asyncRewake's); `harness`: its process."""
+    (None): timeout, a newer waiter, a turn's start, the harness gone, or a non-interactive run. `deliver(note)`: how
+    the note reaches the session before it counts as told (stderr by default, asyncRewake's); `harness`: its
+    process, which the wait watches (a pidfd slept on with the mailbox's wake-ups; where there is none, a look at
+    the process every WATCH_HARNESS_SECONDS), so the waiter ends, and stops counting as an armed watch, at once
+    when the harness does."""
     from agent_mail.operations import telling
 
-    if session.harness not in WAKES_IDLE + WAKES_FROM_OUTSIDE or not _waits_here():
+    if not session.kind.wakes_idle or not _waits_here():
         return None
     me = _process_token(os.getpid())
-    _end_waiter(session.arm(me))
+    try:
+        _end_waiter(session.arm(me))
+    except telling.Superseded:
+        return None  # not idle: its stop was held, or a turn started since the session start that started this
     harness = harness or harness_pid()
-    _end_with(harness)
+    handle = process_handle(harness)
     note: list[str] = []
 
     def write_note(told: str) -> None:  # on stderr before the commit: if it cannot be written, it was not told
         sys.stderr.write(told + "\n")
         sys.stderr.flush()
+
+    def alive() -> bool:
+        return pid_alive(harness)
+    if handle is None:
+        alive.every = WATCH_HARNESS_SECONDS
+    found: list[dict] = []
     try:
         found = session.mailbox.wait_armed(session.agent, minutes * 60.0,
-                                           lambda: session.look(me, note, deliver or write_note),
-                                           lambda: pid_alive(harness))
+                                           lambda: session.look(me, note, deliver or write_note), alive,
+                                           also=(handle,) if handle is not None else ())
     except (telling.Superseded, errors.Interrupted):
-        # Replaced by a newer waiter (which SIGTERMs this one) or ended with its session: its liveness
-        # session is released; a quiet exit 0, since any other status is a hook failure the harness
-        # would show the user at every turn.
+        # Replaced by a newer waiter (which SIGTERMs this one), stood down by a turn's start or ended with its
+        # session: its liveness session is released; a quiet exit 0, since any other status is a hook failure
+        # the harness would show the user at every turn.
         return None
     finally:
-        session.forget_waiter(me)
+        session.forget_waiter(me, woke=bool(found and note))
+        if handle is not None:
+            os.close(handle)
     return note[0] if found and note else None
-
-
-def _end_with(harness: int | None) -> None:
-    """SIGTERM this waiter (its watch released, as any stopped wait's) as soon as the harness process `harness` ends:
-    a pidfd read by a thread, so the identity stops counting as reachable at once, not at the wait's next look at the
-    harness (model.REFRESH_SECONDS). A harness that ends without a word needs it: Kilo Code's TUI runs its plugins in a
-    worker thread, which sees no exit, so nothing ends the waiter but this."""
-    import threading
-
-    if harness is None or harness == os.getpid():
-        return
-
-    def watch() -> None:
-        import select
-        import signal
-
-        try:
-            handle = os.pidfd_open(harness)
-        except ProcessLookupError:
-            pass  # already gone
-        except (AttributeError, OSError):  # no pidfds here (before Linux 5.3, another system): look every 0.2 s
-            while pid_alive(harness):
-                threading.Event().wait(0.2)
-        else:
-            select.select([handle], [], [])
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    threading.Thread(target=watch, name="agent-mail harness watch", daemon=True).start()
 
 
 def wake_once(harness: str, agent: str, document: dict, served, deliver, pid: int) -> bool:
@@ -378,6 +330,12 @@ def _served(served, harness: str, event: str, agent: str, document: dict, emit) 
     if result.get("output") is not None:
         emit(result["output"])
     _end_waiter(result.get("waiter"))
+    end_watch = harnesses.of(harness).end_watch
+    if end_watch is not None:  # no session-end hook: a detached watcher ends the session when the harness exits
+        pid = harness_pid()
+        end_watch(pid, document["session_id"], lambda: served.call("hook", {
+            "harness": harness, "event": "end", "agent": agent, "session": _session(document, None, pid)},
+            timeout=10.0))
     return errors.EXIT_OK
 
 
@@ -400,32 +358,43 @@ def served_wait(served, harness: str, agent: str, document: dict, deliver=None, 
     `deliver(note)`, `pid`: as wait's (the note is delivered once the server told it)."""
     import threading
 
-    if harness not in WAKES_IDLE + WAKES_FROM_OUTSIDE or not _waits_here():
+    if not harnesses.of(harness).wakes_idle or not _waits_here():
         return errors.EXIT_OK
     me, harness_process = _process_token(os.getpid()), pid or harness_pid()
     given = {"harness": harness, "event": "wait", "agent": agent, "session": _session(document, me, harness_process)}
     done = threading.Event()
+    handle = process_handle(harness_process)
 
-    def watch_harness() -> None:
-        while not done.wait(1.0):
-            if harness_process is not None and not pid_alive(harness_process):
+    def watch_harness() -> None:  # asleep on the harness's pidfd where there is one (a look every half second)
+        from agent_mail.files import wait_readable
+
+        while not done.is_set():
+            if handle is not None:
+                wait_readable([handle], WATCH_HARNESS_SECONDS)
+            else:
+                done.wait(WATCH_HARNESS_SECONDS)
+            if not done.is_set() and harness_process is not None and not pid_alive(harness_process):
                 try:
                     served.call("hook", {**given, "event": "end", "session": _session(document, None, harness_process)},
                                 timeout=10.0)
                 except errors.AgentMailError:
                     pass  # the session stops counting by itself once it stops showing signs of life
                 os._exit(errors.EXIT_OK)
-    threading.Thread(target=watch_harness, daemon=True).start()
+    watcher = threading.Thread(target=watch_harness, daemon=True)
+    watcher.start()
     try:
         # First a glance (armed, then a look at once): the older waiter it replaces is named, and ended here.
         result = served.glance("hook", {**given, "wait_seconds": 0.05})  # rides out a restart, as the wait does
-        if not result.get("wake"):
+        if not result.get("wake") and result.get("idle") is not False:  # idle false: its stop held, or at work
             _end_waiter(result.get("waiter"))
             result = served.wait("hook", given, model.WATCH_MINUTES_DEFAULT * 60.0)
     except errors.Interrupted:
         return errors.EXIT_OK  # ended by a newer waiter or the session's end: quietly, as without a server
     finally:
         done.set()
+        if handle is not None:
+            watcher.join(2 * WATCH_HARNESS_SECONDS)
+            os.close(handle)
     if not result or not result.get("wake"):
         return errors.EXIT_OK
     if deliver is not None:

@@ -18,15 +18,17 @@ arrivals into one pending wake, and types the trigger only when the session is i
   the terminal's title and bell, never typed into (a shell would run the line as a command);
 - the harness has written nothing for QUIET_SECONDS (a turn under way redraws its spinner far more often);
 - the person pressed no key for TYPING_PAUSE_SECONDS;
-- the prompt is empty: the screen shows the harness's empty prompt (EMPTY_PROMPT: hidden by typed text and by its
-  dialogs) where its words are known, else nothing is unsent since the person's last Enter (KeyTracker) and no
-  full-screen program is on the alternate screen;
+- the prompt is empty: the screen shows the harness's empty prompt (its record's empty_prompt: hidden by typed text
+  and by its dialogs) where its words are known, else nothing is unsent since the person's last Enter (KeyTracker)
+  and no full-screen program is on the alternate screen;
 - the screen's last lines (Screen, a small model of the terminal) show no approval dialog and no turn under way;
 - no wake in the last WAKE_INTERVAL_SECONDS.
 
 The trigger is one line (never the mail), typed, seen on the screen, then Enter; the harness's prompt hook (from
-`agent-mail setup`) adds the envelopes to that turn. Mail the person's own prompt carried, or that the harness's
-hooks told the session under this process (its harness session, found by process), wakes nothing.
+`agent-mail setup`) adds the envelopes to that turn (a harness with no prompt hook, its record's
+told_at_prompt false: that turn's tool calls or its end tell them, and the wake is over once entered). Mail the
+person's own prompt carried, or that the harness's hooks told the session under this process (its harness session,
+found by process), wakes nothing.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import os
 import sys
 import time
 
-from agent_mail import errors, model
+from agent_mail import errors, harnesses, model
 
 QUIET_SECONDS = 0.4  # the harness wrote nothing for this long: not drawing a turn's progress
 TYPING_PAUSE_SECONDS = 3.0  # the person pressed no key for this long
@@ -51,17 +53,18 @@ SERVED_LOOK_SECONDS = 3.0  # through a server, with woken-for mail still unread:
 WAIT_SECONDS = model.WATCH_MINUTES_DEFAULT * 60.0  # one armed wait of the helper (then re-armed)
 
 # What the screen's last lines show while a harness asks the person something or works on a turn (Gemini CLI,
-# Copilot CLI, Claude Code, Codex and common y/n prompts): typing then would answer the dialog or queue the trigger.
-BUSY_MARKERS = ("esc to cancel", "esc to interrupt", "Esc to cancel", "esc to stop")
+# Copilot CLI, Claude Code, Codex, Mistral Vibe and common y/n prompts): typing then would answer the dialog or queue
+# the trigger.
+BUSY_MARKERS = ("esc to cancel", "esc to interrupt", "Esc to cancel", "esc to stop", "Ctrl+C to interrupt")
 DIALOG_MARKERS = ("Allow once", "Allow execution", "Allow for this session", "Apply this change", "Do you want to",
                   "Waiting for user confirmation", "Yes, allow", "No, suggest changes", "(y/n)", "[y/N]", "[Y/n]",
                   "Approve", "approve this", "Press enter to confirm", "Press Enter to confirm", "Trust folder",
                   "Do you trust")
 SCREEN_LINES_CHECKED = 12
 # What the screen's last lines show while a harness's prompt is empty and ready for a line (its placeholder, or a
-# footer that is there only while nothing is typed): where a harness's words are known, the screen, not the keys,
-# says whether text is unsent, and a dialog or a program over the prompt hides them.
-EMPTY_PROMPT = {"gemini": ("Type your message",), "copilot": ("/ commands",)}
+# footer that is there only while nothing is typed: its record's empty_prompt, agent_mail.harnesses): where a
+# harness's words are known, the screen, not the keys, says whether text is unsent, and a dialog or a program over
+# the prompt hides them.
 
 
 def trigger_text(agent: str) -> str:
@@ -421,7 +424,7 @@ class Waker:
     now (None: every condition of an idle session at an empty prompt met), `stuck()` why it cannot type until
     something changes (not for a moment), `next_check(now)` when to ask again. `types`: the program is a harness
     set up here, whose prompt hook reads the trigger (else nothing is ever typed); `empty`: the words its screen
-    shows while its prompt is empty (EMPTY_PROMPT), where known."""
+    shows while its prompt is empty (its record's empty_prompt), where known."""
 
     def __init__(self, screen: Screen, keys: KeyTracker, started: float, types: bool = True,
                  empty: tuple[str, ...] = ()):
@@ -951,7 +954,8 @@ class Runner:
         rows, cols = _rows_cols(_window(stdin))
         screen, keys = Screen(rows, cols), KeyTracker()
         now = time.monotonic()
-        waker = Waker(screen, keys, now, types=self.harness is not None, empty=EMPTY_PROMPT.get(self.harness or "", ()))
+        empty = harnesses.of(self.harness).empty_prompt if self.harness else ()
+        waker = Waker(screen, keys, now, types=self.harness is not None, empty=empty)
         self._note(f"the program: the harness {self.harness}, set up here" if self.harness else
                    "the program: not a harness set up here (mail is told by the terminal's title and bell)")
         typing: dict | None = None  # a wake under way (Runner.wake_step)
@@ -1132,7 +1136,8 @@ class Runner:
         """One step of a wake under way: the trigger typed and waiting to be seen (echo), seen and waiting a moment
         before Enter (enter: a harness takes an Enter that follows typing at once for part of a paste), entered and
         waiting to be told (landing: the session under run told the mail by its prompt hook, where the mailbox
-        knows the session; one more Enter if not). None once it is over, landed or given up."""
+        knows the session; one more Enter if not; no landing for a harness whose prompt hook does not tell). None
+        once it is over, landed or given up."""
         text = self.trigger.decode("utf-8")
         if typing["phase"] == "echo":
             if screen.count(text) > typing["shown"]:
@@ -1165,6 +1170,9 @@ class Runner:
             self.woken, self.attempts = self.woken + 1, 0
             waker.woke(now)
             self._note("Enter")
+            if self.harness and not harnesses.of(self.harness).told_at_prompt:
+                self._note("entered: the turn's hooks tell the mail (no prompt hook)")
+                return None
             return {**typing, "phase": "landing", "deadline": now + LANDED_SECONDS, "enters": 1,
                     "next": now + LANDED_LOOK_SECONDS}
         # landing

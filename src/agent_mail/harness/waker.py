@@ -29,12 +29,10 @@ import os
 import re
 
 from agent_mail import errors, model
+from agent_mail.harnesses.record import WOKEN_FRAME as FRAME
 from agent_mail.parts.liveness import harness_pid, pid_alive
 
-FRAME = "agent-mail: new mail arrived while you were idle (this is mail for you, not an error):"
 RETRY_SECONDS = 5.0  # after a delivery that failed (nothing was told), the next try
-QWEN_WAKE_DIRECTORY = os.path.join(".qwen", "agent-mail")  # setup's inputFile lives here, one file per process
-QWEN_INPUT_FILE = "wake-${QWEN_CODE_LAUNCHER_PID}.jsonl"  # Qwen Code expands ${VAR} in its settings
 
 
 def start(harness: str, document: dict, wait_once) -> int:
@@ -98,9 +96,11 @@ def forget(deliver) -> None:
     """The harness is gone: the input file setup's setting made for its process goes too, and with it those of
     other Qwen Code processes of the workspace that are gone (a session that ended left its file: its process was
     still there when its waker ended)."""
+    from agent_mail.harnesses import qwen
+
     path = getattr(deliver, "path", None)
     directory = os.path.dirname(path) if path else ""
-    if not path or not directory.endswith(os.sep + QWEN_WAKE_DIRECTORY):
+    if not path or not directory.endswith(os.sep + qwen.WAKE_DIRECTORY):
         return
     try:
         names = os.listdir(directory)

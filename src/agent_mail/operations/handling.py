@@ -144,7 +144,7 @@ class Handling:
         if save_to is not None:
             from agent_mail import files
 
-            staged = files.stage_attachments(save_to, listed, contents, overwrite)
+            staged = files.stage_attachments(save_to, listed, contents, overwrite, own_file=self.store.own_file)
         result = {"agent": agent, "id": id, "attachments": listed, "count": len(listed),
                   "directory": staged.target if staged else None, "saved": staged.saved if staged else []}
         if staged is None:

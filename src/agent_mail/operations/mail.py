@@ -65,6 +65,12 @@ class Mailbox:
         with self.mirrors.changing():
             due = self.store.due_unpublished(now)
             self.store.mark_published([d["message_id"] for d in due], now)
+            hooks = self.store.webhooks() if due else []
+            if hooks:  # mail that fell due is new mail now
+                from agent_mail.operations import webhooks
+
+                fallen = [self.store.get_message(d["message_id"]) for d in due]
+                webhooks.queue_mail(self.store, hooks, [m for m in fallen if m is not None])
             direct = [d["recipient"] for d in due if d["recipient"] != model.BROADCAST]
             if any(d["recipient"] == model.BROADCAST for d in due):
                 direct += self.store.mirrored_agents()
@@ -121,7 +127,7 @@ class Mailbox:
             seen = liveness.for_send(self.store, from_, recipients, require_reachable)
             reached, reachable, presence = seen["reached"], seen["reachable"], seen["sender"]
             attached = [{k: a[k] for k in ("name", "size", "sha256")} for a in prepared["attachments"]]
-            deliveries, published, written = [], [], {}
+            deliveries, published, written, bounced = [], [], {}, []
             for recipient in recipients:
                 entry = {"recipient": recipient, "id": None, "status": "delivered",
                          "reachable": reachable[recipient]}
@@ -132,9 +138,11 @@ class Mailbox:
                 if require_reachable and not reachable[recipient]:
                     entry["status"] = "refused"
                     entry["reason"] = seen["refusals"][recipient]
-                    self.store.add_event(model.new_message_id(), from_, "email.bounce", {
+                    bounce_id = model.new_message_id()
+                    self.store.add_event(bounce_id, from_, "email.bounce", {
                         "recipient": recipient, "subject": prepared["subject"], "reason": entry["reason"],
                     }, created)
+                    bounced.append((bounce_id, recipient, entry["reason"]))
                     deliveries.append(entry)
                     continue
                 message = {
@@ -156,6 +164,14 @@ class Mailbox:
                     published.append(recipient)
                 deliveries.append(entry)
             refused = [d for d in deliveries if d["status"] == "refused"]
+            hooks = self.store.webhooks()
+            if hooks:  # the events, queued with the mail: a server POSTs them once this commits
+                from agent_mail.operations import webhooks
+
+                webhooks.queue_mail(self.store, hooks, [m for m in written.values() if not m["deliver_at"]])
+                for bounce_id, recipient, reason in bounced:
+                    webhooks.queue_bounce(self.store, hooks, bounce_id, from_, recipient, prepared["subject"], reason,
+                                          created)
             # The reply settles what it answers only if it went out to someone.
             acknowledged, touched = (self._settle_reply(from_, reply_to, no_ack, created)
                                      if len(refused) < len(deliveries) else (None, []))
@@ -472,9 +488,10 @@ class Mailbox:
 
         return telling.served_step(self, **options)
 
-    def wait_armed(self, agent: str, seconds: float, look_for=None, wanted=None) -> list[dict]:
+    def wait_armed(self, agent: str, seconds: float, look_for=None, wanted=None, also: tuple[int, ...] = ()) \
+            -> list[dict]:
         """Block as a watch does until look_for() finds something; see Waits.wait_armed."""
-        return self.waits.wait_armed(agent, seconds, look_for, wanted)
+        return self.waits.wait_armed(agent, seconds, look_for, wanted, also=also)
 
     def wait_unarmed(self, agent: str, seconds: float, look_for=None, wanted=None) -> list[dict]:
         """Block until look_for() finds something, holding no watch session; see Waits.wait_unarmed."""

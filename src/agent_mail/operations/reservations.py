@@ -136,6 +136,11 @@ def reserve(mailbox, *, agent: str, patterns, shared: bool = False, reason: str 
         if conflicts:
             result = {"agent": agent, "repo": repository.key, "granted": [], "mode": "shared" if shared else
                       "exclusive", "expires_at": None, "conflicts": conflicts, "next": _asking(agent, conflicts)}
+            hooks = store.webhooks()
+            if hooks:  # the clash, told to whoever asked to be (a server POSTs it once this commits)
+                from agent_mail.operations import webhooks
+
+                webhooks.queue_clash(store, hooks, agent, repository.key, conflicts, now)
             emit(result)
             return result
         expires = model.iso(at + _dt.timedelta(minutes=minutes))

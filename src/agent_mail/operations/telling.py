@@ -15,32 +15,23 @@ it fresh; the client ends the session when its harness dies.
 from __future__ import annotations
 
 
-from agent_mail import errors, jsonout, model, spec
-from agent_mail.parts.liveness import SERVED, harness_pid, live_sessions
+from agent_mail import errors, harnesses, jsonout, model, spec
+from agent_mail.parts.liveness import AT_WORK, HELD, MARKS, SERVED, harness_pid, live_sessions
 from agent_mail.parts.liveness import host_name as _host
 from agent_mail.operations.results import no_emit
 
 SHOWN = 10  # envelopes listed in one context note; the rest are counted
 LAST_SEEN_EVERY_SECONDS = 60.0  # a quiet check refreshes the session's last_seen at most this often
 
-# Where each harness takes the hooks' output. All three read hookSpecificOutput.additionalContext on their
-# context events (Claude Code and Codex: SessionStart, UserPromptSubmit, PostToolUse; Gemini CLI:
-# SessionStart, BeforeAgent, AfterTool); a held stop is {"decision": "block"} on Stop (Claude Code, Codex)
-# and {"decision": "deny"} on AfterAgent (Gemini CLI), the reason becoming the next prompt either way.
-# Qwen Code takes Claude Code's forms (Stop, UserPromptSubmit, ...); Copilot CLI reads a TOP-LEVEL additionalContext
-# from sessionStart, userPromptSubmitted and postToolUse (it ignores the nested hookSpecificOutput form) and holds
-# its agentStop with {"decision": "block"} (both seen with 1.0.102).
-STOP_DECISION = {"claude-code": "block", "codex": "block", "gemini": "deny", "qwen": "block", "copilot": "block",
-                 "opencode": "block", "kilo": "block"}
-DEFAULT_EVENT = {"claude-code": "PostToolUse", "codex": "PostToolUse", "gemini": "AfterTool", "qwen": "PostToolUse",
-                 "copilot": "postToolUse", "opencode": "PostToolUse", "kilo": "PostToolUse"}
-# The harnesses whose idle session a waiter wakes: Claude Code's asyncRewake hook; OpenCode's plugin (Kilo Code's
-# too), which starts a turn with the waiter's note (agent_mail.harness.opencode).
-WAKES_IDLE = ("claude-code", "opencode", "kilo")
-# Harnesses whose idle session a waker of ours wakes from outside, through the harness's own primitive
-# (harness.waker: Qwen Code's dual-output input file, `codex queue`): the waiter's wait, the note delivered there.
-WAKES_FROM_OUTSIDE = ("qwen", "codex")
-QUIET = {"gemini": {}}  # Gemini CLI parses a hook's stdout as JSON: an empty object, not nothing
+# What each harness takes and how its idle session is woken (its context output, the decision that holds its stop,
+# what it prints when quiet, how it names our MCP tools, whether a waiter wakes it) are its record's
+# (agent_mail.harnesses); a Session asks the record of its harness, loaded for that harness only.
+# A waiter of a harness that wakes is armed when a turn ends and stood down when the next starts (its prompt hook, or
+# the first tool hook of a turn the waiter itself started): the session's waiter column then says AT_WORK
+# (liveness), so status and a send's receipt say it is at work, and mail during the turn is told by its hooks
+# (after the next tool call, or by holding its stop), not as an idle wake after the turn. A held stop marks it
+# HELD: the waiter that the same Stop starts stands down (the turn goes on), unless that Stop is the second
+# (stop_hook_active).
 
 
 def _age(created: str, now) -> str:
@@ -55,21 +46,6 @@ def _age(created: str, now) -> str:
     if seconds < 172800:
         return f"{seconds // 3600} h ago"
     return f"{seconds // 86400} days ago"
-
-
-def _tool(harness: str, name: str) -> str:
-    """How the harness names our MCP tool `name` to its model (as seen in their requests to the model:
-    Claude Code mcp__agent-mail__read, Gemini CLI mcp_agent-mail_read, Codex `read` in the namespace
-    mcp__agent_mail)."""
-    if harness == "claude-code":
-        return f"mcp__agent-mail__{name}"
-    if harness == "gemini":
-        return f"mcp_agent-mail_{name}"
-    if harness == "qwen":
-        return f"mcp__agent-mail__{name}"
-    if harness in ("opencode", "kilo"):
-        return f"agent-mail_{name}"
-    return f"the agent-mail MCP tool {name}"
 
 
 def render(harness: str, agent: str, envelopes: list[dict], new: int, unread: int, events: list[dict],
@@ -98,10 +74,15 @@ def render(harness: str, agent: str, envelopes: list[dict], new: int, unread: in
         sessions = "1 other live session uses" if others == 1 else f"{others} other live sessions use"
         lines.append(f"Warning: {sessions} the identity {agent}; you will take each other's unread mail. Use a "
                      "distinct identity (agent-mail setup --agent) unless this is intended.")
-    if unread:
-        lines.append(f"Next: take delivery with {_tool(harness, 'read')} (or `agent-mail read {agent}`); after "
-                     f"acting on a message, {_tool(harness, 'ack')} with its id (`agent-mail ack {agent} ID`); "
-                     f"reply with {_tool(harness, 'send')} and reply_to=ID.")
+    kind = harnesses.of(harness) if unread else None
+    if kind is not None and not kind.mcp:  # no MCP client: the commands, for its shell tool
+        lines.append(f"Next: take delivery with `agent-mail read {agent}` (in your bash tool); after acting on a "
+                     f"message, `agent-mail ack {agent} ID`; reply with `agent-mail send --from {agent} --to SENDER "
+                     "--subject ... --body ... --reply-to ID`.")
+    elif kind is not None:
+        lines.append(f"Next: take delivery with {kind.tool_named('read')} (or `agent-mail read {agent}`); after "
+                     f"acting on a message, {kind.tool_named('ack')} with its id (`agent-mail ack {agent} ID`); "
+                     f"reply with {kind.tool_named('send')} and reply_to=ID.")
     return "\n".join(lines)
 
 
@@ -113,13 +94,6 @@ def user_line(agent: str, envelopes: list[dict]) -> str:
     more = len(envelopes) - 1
     return (f"agent-mail: mail for {agent} from {first['sender']}: {jsonout.quoted(first['subject'])}"
             + (f" (+{more} more)" if more else ""))
-
-
-def _output(harness: str, event_name: str, note: str) -> dict:
-    """The context note in the harness's hook output."""
-    if harness == "copilot":
-        return {"additionalContext": note}
-    return {"hookSpecificOutput": {"hookEventName": event_name, "additionalContext": note}}
 
 
 class Superseded(Exception):
@@ -134,9 +108,12 @@ class Session:
                  host: str | None = None):
         self.mailbox, self.store = mailbox, mailbox.store
         self.harness, self.agent, self.document = harness, agent, document
+        self.kind = harnesses.of(harness)
         self.key = f"{harness}:{document['session_id']}"
         self.event_name = str(document.get("hook_event_name") or "")
         self.pid, self.host = (harness_pid(), _host()) if host is None else (pid, host)
+        self.wakes = self.kind.wakes_idle
+        self.stood_down: str | None = None  # the waiter a turn's start (or a held stop) stood down, to end
 
     def _active(self, now: str) -> None:
         """A hook of this session ran (in a write transaction: the common context hook that finds nothing new
@@ -158,6 +135,7 @@ class Session:
         if it cannot be printed, it was not told)."""
         now = model.now_iso()
         start = self.event_name == "SessionStart"
+        turn = self.wakes and not start  # a prompt or a tool: the session is at work, its waiter stands down
         if not start:
             with self.store.transaction():
                 session = self.store.harness_session(self.key)
@@ -165,25 +143,36 @@ class Session:
                     envelopes, new, events, _ = self._untold(session, now)
                     seen = model.parse_iso(session["last_seen"])
                     fresh = seen is not None and (model.now() - seen).total_seconds() < LAST_SEEN_EVERY_SECONDS
-                    if not new and not events and fresh:
+                    if not new and not events and fresh and (not turn or session["waiter"] == AT_WORK):
                         return None  # the common case: one read transaction, nothing written
         with self.store.transaction(write=True):
             self._active(now)
             session = self.store.harness_session(self.key)
             if session is None or start or session["agent"] != self.agent or session["ended_at"]:
-                note = self._start_note(session, now)
+                note = self._start_note(session, now, at_work=turn)
             else:
+                if turn:
+                    self._stand_down(session, AT_WORK)
                 note = self._tell(session, now)
-            output = None if note is None else _output(self.harness, self.event_name or DEFAULT_EVENT[self.harness],
-                                                       note)
+            output = None if note is None else self.kind.context_output(self.event_name or self.kind.context_event,
+                                                                        note)
             if output is not None:
                 emit(output)
         return output
 
-    def _start_note(self, previous: dict | None, now: str) -> str:
+    def _stand_down(self, session: dict, mark: str) -> None:
+        """Mark the session (AT_WORK, HELD; saved by the caller); the waiter it held is stood down (ended by the
+        caller on its machine: stood_down)."""
+        if session["waiter"] not in MARKS and session["waiter"] is not None:
+            self.stood_down = session["waiter"]
+        session["waiter"] = mark
+
+    def _start_note(self, previous: dict | None, now: str, at_work: bool = False) -> str:
         session = self._new_session(now)
         if previous is not None and previous["agent"] == self.agent:
             session["started_at"], session["waiter"] = previous["started_at"], previous["waiter"]
+        if at_work:
+            self._stand_down(session, AT_WORK)
         session["told_seq"] = self.store.newest_seq()
         events, session["told_event"] = self.store.events_since(self.agent, 0)
         unread = self.store.count_unread(self.agent, now)
@@ -208,25 +197,42 @@ class Session:
         return render(self.harness, self.agent, envelopes, new, unread, events)
 
     def stop(self, emit, active: bool = False) -> dict | None:
-        if active:
-            return None  # held once already: let it stop
         now = model.now_iso()
+        if active:  # held once already: let it stop (the turn ends; the Stop's waiter arms)
+            if self.wakes:
+                with self.store.transaction(write=True):
+                    session = self.store.harness_session(self.key)
+                    if session is not None and session["agent"] == self.agent and session["waiter"] in MARKS:
+                        session["waiter"] = None
+                        self.store.save_harness_session(session)
+            return None
         with self.store.transaction(write=True):
             self._active(now)
             session = self.store.harness_session(self.key)
-            if session is None or session["agent"] != self.agent or session["ended_at"]:
-                self._start_note(session, now)  # first contact: the baseline; nothing arrived "during" a turn
-                return None
             told: list[dict] = []
-            note = self._tell(session, now, told)
+            if session is None or session["agent"] != self.agent or session["ended_at"]:
+                note = self._start_note(session, now)  # first contact: the baseline; nothing arrived "during" a turn
+                if self.kind.starts:
+                    return None
+                told = self.store.unread(self.agent, now, limit=SHOWN)  # no session start told it: the stop does
+                if not told:
+                    return None
+            else:
+                if session["waiter"] in MARKS:
+                    session["waiter"] = None  # the turn ends (unless held, below): idle until the Stop's waiter arms
+                note = self._tell(session, now, told)
             if note is None:
                 return None
+            if self.wakes:  # held: the turn goes on, and a waiter the same Stop armed stands down
+                self._stand_down(session, HELD)
+                self.store.save_harness_session(session)
             # The reason goes to the model as the next prompt: mail, said as mail. systemMessage is the line each
             # harness shows the user (Claude Code and Codex under the hook's name; Gemini CLI after its fixed
-            # "Agent execution blocked:"), which would otherwise be the whole reason or nothing.
-            output = {"decision": STOP_DECISION[self.harness], "reason": note + "\nThis arrived while you worked: "
-                      "it is mail for you, not an error; deal with it (or say why not) before you stop.",
-                      "systemMessage": user_line(self.agent, told)}
+            # "Agent execution blocked:"), which would otherwise be the whole reason or nothing; the record's
+            # stop_output says it all in the harness's words.
+            output = self.kind.stop_output(self.kind.stop_decision, note + "\nThis arrived while you worked: it is "
+                                           "mail for you, not an error; deal with it (or say why not) before you stop.",
+                                           user_line(self.agent, told))
             emit(output)
         return output
 
@@ -242,10 +248,12 @@ class Session:
             waiter = session["waiter"]
             session["ended_at"], session["last_seen"], session["waiter"] = now, now, None
             self.store.save_harness_session(session)
-        return waiter
+        return None if waiter in MARKS else waiter
 
     def arm(self, me: str) -> str | None:
-        """Make `me` (a waiter's process token) the session's waiter; the older waiter's token, which ends."""
+        """Make `me` (a waiter's process token) the session's waiter; the older waiter's token, which ends.
+        Superseded when the session is not idle: its stop was held (HELD, and this is not the second stop), or a
+        turn started since the session start that started this waiter (AT_WORK)."""
         now = model.now_iso()
         with self.store.transaction(write=True):
             self._active(now)  # a waiter is armed as a turn ends
@@ -253,7 +261,11 @@ class Session:
             if session is None or session["agent"] != self.agent or session["ended_at"]:
                 self._start_note(session, now)
                 session = self.store.harness_session(self.key)
+            if (session["waiter"] == HELD and self.document.get("stop_hook_active") is not True) or \
+                    (session["waiter"] == AT_WORK and self.event_name == "SessionStart"):
+                raise Superseded()
             older = session["waiter"]
+            older = None if older in MARKS else older
             session["waiter"] = me
             session["pid"] = self.pid or session["pid"]
             session["last_seen"] = now
@@ -287,12 +299,14 @@ class Session:
                 self.store.save_harness_session(current)
         return True
 
-    def forget_waiter(self, me: str) -> None:
+    def forget_waiter(self, me: str, woke: bool = False) -> None:
+        """`me` is no longer the session's waiter: it woke the session (`woke`: at work from now), or its wait
+        ended."""
         try:
             with self.store.transaction(write=True, patience=1.0):
                 session = self.store.harness_session(self.key)
                 if session is not None and session["waiter"] == me:
-                    session["waiter"] = None
+                    session["waiter"] = AT_WORK if woke else None
                     self.store.save_harness_session(session)
         except errors.AgentMailError:
             pass
@@ -338,8 +352,10 @@ def served_step(mailbox, *, harness: str, event: str, agent: str, session: dict,
     result: dict = {"output": None, "wake": False, "note": None, "waiter": None}
     if event == "context":
         result["output"] = step.context(no_emit)
+        result["waiter"] = step.stood_down  # a turn's start stands the waiter down: the client ends it
     elif event == "stop":
         result["output"] = step.stop(no_emit, bool(given.get("stop_hook_active")))
+        result["waiter"] = step.stood_down
     elif event == "end":
         result["waiter"] = step.end()
     elif event == "wait":
@@ -363,13 +379,18 @@ class ServedWaiter:
         self.harness, self.agent, self.document = step.harness, step.agent, step.document
         self.pid, self.host, self.me = step.pid, step.host, me
         self.note: list[str] = []
-        self.older = step.arm(me)
+        try:
+            self.older, self.idle = step.arm(me), True
+        except Superseded:  # not idle (its stop held, or a turn started): nothing to wait for
+            self.older, self.idle = None, False
 
     def _step(self, mailbox) -> Session:
         return Session(mailbox, self.harness, self.agent, self.document, pid=self.pid, host=self.host)
 
     def look(self, mailbox) -> list[dict] | None:
         """Mail this session was not told of, told now; None when a newer waiter took over (the wait ends)."""
+        if not self.idle:
+            return None
         try:
             return self._step(mailbox).look(self.me, self.note)
         except Superseded:
@@ -379,16 +400,16 @@ class ServedWaiter:
         return self._step(mailbox).still_waiting(self.me, True)
 
     def end(self, mailbox, found) -> dict:
-        self._step(mailbox).forget_waiter(self.me)
+        self._step(mailbox).forget_waiter(self.me, woke=bool(found and self.note))
         return {"output": None, "wake": bool(found and self.note), "note": self.note[0] if found and self.note
-                else None, "waiter": self.older if self.older not in (None, self.me) else None}
+                else None, "waiter": self.older if self.older not in (None, self.me) else None, "idle": self.idle}
 
 
 def served_waiter(mailbox, *, harness: str, event: str, agent: str, session: dict, once: bool = False,
                   **_) -> ServedWaiter | None:
     """A hook step's wait to carry on a server's event loop, armed: a waiter's (`wait`) of a harness whose hooks can
     wake it; None for any other step (served_step carries it)."""
-    if event != "wait" or harness not in WAKES_IDLE:
+    if event != "wait" or not harnesses.of(harness).waits_in_its_hook:
         return None
     given = _session_input(session)
     me = given.get("waiter")
@@ -405,12 +426,15 @@ def _served_wait(step: Session, given: dict, wanted, seconds: float) -> dict:
     `waiter` in the answer: the older waiter this one replaced, for the client to end."""
     import time
 
-    if step.harness not in WAKES_IDLE + WAKES_FROM_OUTSIDE:
+    if not step.kind.wakes_idle:
         return {}
     me = given.get("waiter")
     if not me:
         raise errors.InvalidInput([("session", "wait needs the waiter's process token (waiter).")])
-    older = step.arm(me)
+    try:
+        older = step.arm(me)
+    except Superseded:  # not idle (its stop held, or a turn started): nothing to wait for
+        return {"wake": False, "note": None, "waiter": None, "idle": False}
     note: list[str] = []
     touched = [time.monotonic()]
 
@@ -421,12 +445,13 @@ def _served_wait(step: Session, given: dict, wanted, seconds: float) -> dict:
             return True
         touched[0] = time.monotonic()
         return step.still_waiting(me, True)
+    found: list[dict] = []
     try:
         found = step.mailbox.wait_armed(step.agent, seconds, lambda: step.look(me, note), still)
     except Superseded:
         found = []
     finally:
-        step.forget_waiter(me)
+        step.forget_waiter(me, woke=bool(found and note))
     # The older waiter's process is the client's to end (it is on the harness's machine): its request here would
     # otherwise see at its next look that it was superseded.
     return {"wake": bool(found and note), "note": note[0] if found and note else None,

@@ -238,3 +238,17 @@ def still_valid(store, grant: dict) -> None:
         raise errors.Forbidden(f"token {grant['id']} was removed while this call waited; it ended.",
                                unauthenticated=True)
     _refuse_ended(row, grant["id"], while_waiting=True)
+
+
+def session_grant(store, token_id: str, signed_by) -> dict:
+    """The grant of a console session made with token `token_id` (agent_mail.server.console): `signed_by(key)`
+    says whether the session's signature was made with that token's key (its stored secret hash), so a session
+    ends with its token (revoked, expired, rotated past its grace, removed). errors.Forbidden (unauthenticated)
+    otherwise; the error never repeats the session."""
+    with store.transaction():
+        row = store.token(token_id) if isinstance(token_id, str) and len(token_id) == 12 else None
+    if row is None or not signed_by(row["secret_hash"]):
+        raise errors.Forbidden("the console's session is not valid here (signed by no token of this mailbox); sign "
+                               "in again.", unauthenticated=True)
+    _refuse_ended(row, token_id)
+    return {"id": token_id, "agents": row["agents"], "supervisor": row["supervisor"]}

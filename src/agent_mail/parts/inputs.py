@@ -327,7 +327,90 @@ def input_problems(command: str, values: dict) -> list[tuple[str, str]]:
         return prepare_send(values)[1]
     if command == "profile":
         return profile_problems(values)
+    if command == "webhook" and values.get("action") == "add":
+        problems = []
+        if values.get("url") is not None and url_problem(values["url"]):
+            problems.append(("url", url_problem(values["url"])))
+        if values.get("secret_file") is not None:
+            problem = read_secret(values["secret_file"])[1]
+            if problem:
+                problems.append(("secret_file", problem))
+        return problems
     return []
+
+
+# -- a webhook's URL and secret file (agent-mail webhook add) ---------------------------------------------
+SECRET_MIN_CHARS, SECRET_MAX_CHARS = 16, 1000
+URL_MAX_CHARS = 2000
+
+
+def shown_url(url: str) -> str:
+    """`url` as it may be shown: scheme, host, port and the first part of its path; no user, password, query or
+    the rest of the path (a Slack incoming webhook's path is its secret)."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return "(not a URL)"
+    first, _, rest = parts.path.lstrip("/").partition("/")
+    path = f"/{first}" + ("/…" if rest or parts.query else "") if first else ("/…" if parts.query else "")
+    host = f"[{host}]" if ":" in host else host
+    return f"{parts.scheme}://{host}{port}{path}"
+
+
+def url_problem(url: str) -> str | None:
+    from urllib.parse import urlsplit
+
+    if len(url) > URL_MAX_CHARS or any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in url):
+        return f"is not a URL a webhook can POST to (spaces, control characters, or over {URL_MAX_CHARS} " \
+               "characters); give http://HOST[:PORT]/PATH or https://..."
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (a port that is no number raises here)
+    except ValueError:
+        return "is not a URL (its host or port cannot be read); give http://HOST[:PORT]/PATH or https://..."
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"{shown_url(url)!r} is not an http:// or https:// URL with a host; give one, such as " \
+               "https://hooks.example.com/agent-mail."
+    return None
+
+
+def read_secret(path: str) -> tuple[str | None, str | None]:
+    """The secret in the first line of the file at `path` (which only its owner may read): (secret, None) or
+    (None, why not). Never says what the file holds."""
+    path = os.path.expanduser(path)
+    try:
+        with open(path, "rb") as handle:
+            mode = os.fstat(handle.fileno()).st_mode
+            import stat
+
+            if not stat.S_ISREG(mode):
+                return None, f"{path} is not a regular file; give a file whose first line is the secret."
+            if mode & 0o077:
+                return None, f"{path} can be read by others (mode {mode & 0o777:o}): anyone who reads it can forge " \
+                             f"this webhook's POSTs. chmod 600 {path}"
+            raw = handle.read(SECRET_MAX_CHARS * 4 + 2)
+    except OSError as exc:
+        return None, f"{path} cannot be read ({exc.strerror or exc}); give a file whose first line is the secret " \
+                     "(e.g. openssl rand -hex 32 > FILE; chmod 600 FILE)."
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None, f"{path} is not UTF-8 text; put the secret in its first line."
+    lines = text.strip().splitlines()
+    return secret_checked(lines[0].strip() if lines else "", path)
+
+
+def secret_checked(secret: object, where: str = "the secret") -> tuple[str | None, str | None]:
+    if not isinstance(secret, str) or not secret:
+        return None, f"{where} holds no secret; put one in its first line (e.g. openssl rand -hex 32)."
+    if not SECRET_MIN_CHARS <= len(secret) <= SECRET_MAX_CHARS or any(ord(c) < 32 or ord(c) == 127 for c in secret):
+        return None, f"the secret in {where} must be {SECRET_MIN_CHARS} to {SECRET_MAX_CHARS} printable " \
+                     "characters (e.g. openssl rand -hex 32)."
+    return secret, None
 
 
 PROFILE_SETTINGS = ("human", "mirror-dir", "max-entries")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from agent_mail import model
+from agent_mail import harnesses, model
 from agent_mail.files import pid_alive
 
 TYPE_CHECKING = False
@@ -20,40 +20,48 @@ if TYPE_CHECKING:
 _NEVER = {"armed_seen": None, "released_at": None, "session_seen": None, "heartbeat": None, "sessions": 0}
 
 # How a live harness session hears of new mail, in words that start with how soon: "woken now" (its idle
-# session is started by a waiter: Claude Code's asyncRewake hook, OpenCode's plugin), "woken within ..." (a
-# waker hands the envelopes over through the harness's own primitive, which is slower: `codex queue`, Qwen
-# Code's input file), "told at its next ..." (no waiter: the model is told when the session next runs a hook),
-# "not listening" (nothing will tell it). WOKEN: a live session whose waiter is armed (hooks.py, operations.telling);
-# TOLD: a live session without one (at work, or a harness that cannot be woken while idle).
-WOKEN = {
-    "claude-code": "woken now (a live Claude Code session, idle: its asyncRewake waiter starts a turn)",
-    "opencode": "woken now (a live OpenCode session, idle: its agent-mail plugin's waiter starts a turn)",
-    "kilo": "woken now (a live Kilo Code session, idle: its agent-mail plugin's waiter starts a turn)",
-    "codex": "woken within a second (a live Codex session, idle: its waker queues the envelopes, `codex queue`)",
-    "qwen": "woken within about a second (a live Qwen Code session, idle: its waker hands the envelopes to Qwen "
-            "Code's input file, which it reads every 0.5 s)",
-}
-TOLD = {
-    "claude-code": "told at its next tool call or stop (a live Claude Code session, at work; woken when idle)",
-    "codex": "told at its next prompt or tool call (a live Codex session, at work; woken when idle)",
-    "gemini": "told at its next prompt or tool call (a live Gemini CLI session, which cannot be woken while idle: "
-              "`agent-mail run -- gemini` can)",
-    "qwen": "told at its next prompt or tool call (a live Qwen Code session, at work; woken when idle)",
-    "copilot": "told at its next prompt or tool call (a live Copilot CLI session, which cannot be woken while idle: "
-               "`agent-mail run -- copilot` can)",
-    "opencode": "told at its next prompt or tool call (a live OpenCode session, at work; woken when idle)",
-    "kilo": "told at its next prompt or tool call (a live Kilo Code session, at work; woken when idle)",
-}
+# session is started by a waiter its hooks run), "woken within ..." (a waker hands the envelopes over through the
+# harness's own primitive, which is slower), "told at its next ..." (no waiter: the model is told when the session
+# next runs a hook), "not listening" (nothing will tell it). Each harness's words are its record's
+# (agent_mail.harnesses): `woken` for a live session whose waiter is armed (hooks.py, operations.telling), `told`
+# for a live session without one (at work, or a harness that cannot be woken while idle);
+# and, for a live session of a harness that wakes, idle with no waiter armed (before its first turn ended, or after
+# its waiter's wait ran out), idle_words. A session at work (its turn's start stood its waiter down) says `told`.
 ARMED_WATCH = "woken now (an armed watch: `watch`, or a harness under `agent-mail run`, woken at its idle prompt)"
 HUMAN = "read by a person (human profile): reads the inbox"
 NOT_LISTENING = "not listening"
 WAITING = "/waiting"  # harnesses_of's mark on a live session whose waiter is armed
+UNARMED = "/idle"  # and on one of a harness that wakes, idle with no waiter armed
+# What a harness session's waiter column holds instead of a waiter's process token (operations.telling): AT_WORK,
+# a turn started (its prompt or tool hooks ran) and stood the waiter down; HELD, its stop was held (the turn goes
+# on), so a waiter armed by the same stop stands down too. Neither is a process.
+AT_WORK = "at-work"
+HELD = "held"
+MARKS = (AT_WORK, HELD)
+
+
+def idle_words(kind) -> str:
+    """How a live session of the harness `kind` (its record) hears of mail while idle with no waiter armed."""
+    return f"told at its next prompt (a live {kind.title} session, idle with no waiter armed: one arms when a turn " \
+           "ends)"
+
+
+def _words(way: str) -> str | None:
+    """The words of one of harnesses_of's entries (a harness's name, marked)."""
+    name, slash, rest = way.partition("/")
+    kind = harnesses.get(name)
+    if kind is None:
+        return None
+    if slash + rest == WAITING and kind.woken is not None:
+        return kind.woken
+    if slash + rest == UNARMED:
+        return idle_words(kind)
+    return kind.told
 
 
 def _soonest(ways: list[str]) -> str | None:
     """The words of the soonest of a live identity's harness sessions (harnesses_of's entries), or None."""
-    words = [WOKEN[w[:-len(WAITING)]] for w in ways if w.endswith(WAITING) and w[:-len(WAITING)] in WOKEN]
-    words += [TOLD[w.removesuffix(WAITING)] for w in ways if w.removesuffix(WAITING) in TOLD]
+    words = [w for w in map(_words, ways) if w is not None]
     order = ("woken now", "woken within a second", "woken within about a second", "woken within seconds", "told")
     return min(words, key=lambda w: next((i for i, o in enumerate(order) if w.startswith(o)), len(order)),
                default=None)
@@ -64,7 +72,8 @@ def describe_liveness(facts: dict | None, at: _dt.datetime, harnesses: list[str]
     """watching / last_seen / watch_state / released_at / reachable / reached_by from stored liveness facts
     and the identity's live harness sessions (harnesses_of's entries: a session whose hooks will tell the model is
     listening, whether or not a watch is armed at this moment; one whose waiter is armed will be woken); a human
-    is always reachable. reached_by says how soon, in words (WOKEN, TOLD, ...), or "not listening" and why."""
+    is always reachable. reached_by says how soon, in words (a harness's woken or told words, ...), or "not
+    listening" and why."""
     facts = facts or _NEVER
 
     def within(moment, seconds):
@@ -115,14 +124,17 @@ def _deaf(state: str) -> str:
 
 def harnesses_of(store: Store, agent: str | None = None, live: list[dict] | None = None) -> dict[str, list[str]]:
     """{identity: the harnesses of its live harness sessions} (of `agent`, or of everyone; `live`: those sessions,
-    when the caller has them), each marked WAITING where the session's waiter is armed (it will be woken when
-    idle)."""
+    when the caller has them), each of a harness that wakes marked WAITING where the session's waiter is armed (it
+    will be woken when idle), UNARMED where it is idle with none (told at its next prompt), and left unmarked while
+    it is at work (told by its hooks)."""
     found: dict[str, list[str]] = {}
     if live is None:
         live = live_sessions(store.harness_sessions_of(agent), model.now())
     for session in live:
-        waiting = WAITING if _waiting(session.get("waiter")) and session["harness"] in WOKEN else ""
-        found.setdefault(session["agent"], []).append(session["harness"] + waiting)
+        kind, waiter, mark = harnesses.get(session["harness"]), session.get("waiter"), ""
+        if kind is not None and kind.woken is not None and waiter not in MARKS:
+            mark = WAITING if _waiting(waiter) else UNARMED
+        found.setdefault(session["agent"], []).append(session["harness"] + mark)
     return found
 
 
@@ -146,7 +158,7 @@ def recent_since(at: _dt.datetime) -> str:
 def _waiting(waiter: str | None) -> bool:
     """Whether a session's waiter (its process token, pid:start@host) is still there: on this machine, while
     that process runs; elsewhere, while the session names it (a served waiter is forgotten when its request ends)."""
-    if not waiter:
+    if not waiter or waiter in MARKS:
         return False
     pid, _, rest = waiter.partition(":")
     if rest.partition("@")[2] != host_name() or not pid.isdigit():

@@ -97,12 +97,13 @@ class Waits:
         self.mailbox = mailbox
         self.store = mailbox.store
 
-    def wait_armed(self, agent: str, seconds: float, look_for=None, wanted=None, session: str | None = None) \
-            -> list[dict]:
+    def wait_armed(self, agent: str, seconds: float, look_for=None, wanted=None, session: str | None = None,
+                   also: tuple[int, ...] = ()) -> list[dict]:
         """Block as a watch does (an armed liveness session, released on the way out, signals included) until
-        look_for() finds something, wanted() turns False, or `seconds` pass; what was found, or []. `session`: the
-        session's id (a server's, made from its client's key), else a new one. wanted() raising HungUp leaves the
-        session armed and abandoned instead."""
+        look_for() finds something, wanted() turns False, one of `also` reads as ready (a pidfd: the harness the
+        waiter serves ended) or `seconds` pass; what was found, or []. `session`: the session's id (a server's, made
+        from its client's key), else a new one. wanted() raising HungUp leaves the session armed and abandoned
+        instead."""
         self.store.relax_durability()  # this connection writes liveness only; skip its syncs
         session = session or model.new_message_id()
         previous = install_stop_handlers()
@@ -114,7 +115,7 @@ class Waits:
                 at = model.now_iso()
                 self.store.open_session(session, agent, at, self.mailbox.host or None)
                 self.store.note_active(agent, self.mailbox.host, at)
-            found = self.wait_for_mail(agent, session, seconds, look_for, wanted)
+            found = self.wait_for_mail(agent, session, seconds, look_for, wanted, also)
             if found:  # the mail is the answer: a release that cannot take the write lock in time must not lose it
                 # (a thousand waits woken at once through a SQLite-backed server: issue 27); the session is left
                 # armed, and reads as stale once its wake-up pipe is gone with the wait
@@ -212,14 +213,17 @@ class Waits:
         moment = model.parse_iso(min((d for d in (due, *holds.values()) if d), default=None))
         return None if moment is None else max(0.0, (moment - now).total_seconds())
 
-    def wait_for_mail(self, agent: str, session: str | None, seconds: float, look_for=None, wanted=None) -> list[dict]:
+    def wait_for_mail(self, agent: str, session: str | None, seconds: float, look_for=None, wanted=None,
+                      also: tuple[int, ...] = ()) -> list[dict]:
         """The blocking loop: sleep until `agent` is woken (mail for it, or a broadcast, was committed) or a
         scheduled message for it falls due, refreshing liveness; return the envelopes, or [] at the deadline.
         The caller has called store.listen(agent, session) already (before the first look here: mail committed
         after it always wakes us).
 
         look_for(): what to look for instead of every unread envelope (a hook's waiter: mail its session was
-        not told of); wanted(): checked at each refresh, False ends the wait as a timeout (its harness is gone).
+        not told of); wanted(): checked at each refresh (every `wanted.every` seconds where it says), False ends
+        the wait as a timeout (its harness is gone); `also`: descriptors slept on with the wake-ups, one that reads
+        as ready ends the wait as a timeout at once, before any look (the pidfd of a waiter's harness: it ended).
 
         Nothing else wakes it: not other watches' refreshes, heartbeats, reads or mail for others. Every
         HELD_REFRESH_SECONDS (SAFETY_CHECK_SECONDS where its presence is not held) it also checks that its
@@ -241,7 +245,8 @@ class Waits:
         deadline, refresh_at, check_at = now + seconds, now + refresh_every, now + check_every
         # wanted() is asked every REFRESH_SECONDS whatever the backend (it costs no round trip), or, marked
         # asked_when_woken, at each wake-up and refresh only.
-        ask_every = refresh_every if getattr(wanted, "when_woken", False) else model.REFRESH_SECONDS
+        ask_every = refresh_every if getattr(wanted, "when_woken", False) else getattr(wanted, "every",
+                                                                                        model.REFRESH_SECONDS)
         ask_at = now + ask_every if wanted is not None else deadline
         marker = self.store.mail_marker()
         look, due_at = True, None
@@ -275,7 +280,13 @@ class Waits:
                     marker, look = current, True
                     continue
             wake = min(deadline, refresh_at, check_at, ask_at, due_at if due_at is not None else deadline)
-            if self.store.wait_for_wake(max(0.0, wake - now)):
+            if self.store.wait_for_wake(max(0.0, wake - now), also) if also else \
+                    self.store.wait_for_wake(max(0.0, wake - now)):
+                if also:
+                    from agent_mail.files import wait_readable
+
+                    if wait_readable(list(also), 0):
+                        return []  # what it also watches ended: no look, nothing told to a harness that is gone
                 look = True
                 if wanted is not None:  # asked again at once: a wake-up may also say the caller is gone (a
                     ask_at = 0.0  # server stopping, a token revoked)

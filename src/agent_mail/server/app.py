@@ -43,10 +43,10 @@ from starlette.routing import Route
 from agent_mail import __version__, calls, errors, jsonout, model, spec
 from agent_mail.protocols import http_api, wire
 from agent_mail.parts import checks
-from agent_mail.server import certs, grants, metrics, openapi, stops
+from agent_mail.server import certs, console, grants, metrics, openapi, stops
 from agent_mail.operations import tokens
 from agent_mail.server.edge import (BEARER_CHALLENGE, CUT_KEY, MAX_HEAD_BYTES, Admitted, Dated, EdgeProtocol, Gate,
-                                    admitted, forwarded_from, is_loopback, listen_address, log, read_body,
+                                    Penalties, admitted, forwarded_from, is_loopback, listen_address, log, read_body,
                                     spool_upload)
 from agent_mail.server.versions import Versioned
 from agent_mail.server.waits import ServedWaits, Stopping
@@ -729,7 +729,12 @@ def app_for(location: str) -> Starlette:
     # MCP over streamable HTTP (agent_mail.server.mcp_http), its session manager run by the app's lifespan; its
     # blocked watches on the same waits as the API's.
     mcp = _mcp_endpoint(location, waits)
-    return Starlette(routes=[Route(http_api.call_path("{command}"), call, methods=["POST"]),
+    # The web console at /ui/ (agent_mail.server.console): its login through the Gate's look-up and back-off, its
+    # actions through _carry_out as /v1's calls.
+    penalties = Penalties()
+    ui = console.Console(carrier, authenticate, penalties, console.call_for(_carry_out))
+    return Starlette(routes=[*ui.routes(),
+                             Route(http_api.call_path("{command}"), call, methods=["POST"]),
                              Route(http_api.EXPORT_PATH, transfer, methods=["POST"]),
                              Route(http_api.IMPORT_PATH, transfer, methods=["POST"]),
                              Route(http_api.DELIVERED_PATH, carried_by("delivered", _settle), methods=["POST"]),
@@ -745,7 +750,8 @@ def app_for(location: str) -> Starlette:
                      lifespan=getattr(mcp, "lifespan", None), exception_handlers={HTTPException: _not_routed},
                      middleware=[Middleware(Dated), Middleware(Versioned),
                                  Middleware(metrics.Counting, metrics=counted),
-                                 Middleware(Gate, authenticate=authenticate, guarded=_guarded)])
+                                 Middleware(Gate, authenticate=authenticate, guarded=_guarded,
+                                            penalties=penalties)])
 
 
 # The paths whose token the Gate checks (before any body is read): every one that takes a token, a command's call
@@ -854,14 +860,36 @@ class Server(uvicorn.Server):
 
         self._loop, self._stop_now = asyncio.get_running_loop(), asyncio.Event()
         counter, expiries_since = 0, model.now_iso()
-        while not await self.on_tick(counter):
-            counter = (counter + 10) % 864000
-            try:
-                await asyncio.wait_for(self._stop_now.wait(), min(60.0, EXPIRY_LOOK_SECONDS))
-            except TimeoutError:
-                pass
-            if not self._stop_now.is_set() and not _STOPPING.is_set():
-                expiries_since = await anyio.to_thread.run_sync(_woken_by_expiries, self.location, expiries_since)
+        delivering = [self._loop.create_task(_deliveries(carrier).run()) for carrier in _CARRIERS]
+        try:
+            while not await self.on_tick(counter):
+                counter = (counter + 10) % 864000
+                try:
+                    await asyncio.wait_for(self._stop_now.wait(), min(60.0, EXPIRY_LOOK_SECONDS))
+                except TimeoutError:
+                    pass
+                if not self._stop_now.is_set() and not _STOPPING.is_set():
+                    expiries_since = await anyio.to_thread.run_sync(_woken_by_expiries, self.location,
+                                                                    expiries_since)
+        finally:
+            for task in delivering:
+                task.cancel()
+
+
+def _deliveries(carrier: _Carrier):
+    """The webhooks' deliveries of a served mailbox (agent_mail.server.webhooks), on its waits' wake-ups."""
+    from agent_mail.server.webhooks import Deliveries
+
+    carrier.ready()
+    if carrier.waits is not None:
+        return Deliveries(carrier.waits, carrier.waits.db, carrier.instance, log)
+
+    async def db(action):
+        def run():
+            with carrier.store() as store:
+                return action(store)
+        return await carrier.run(run)
+    return Deliveries(None, db, carrier.instance, log)
 
 
 def _woken_by_expiries(location: str, since: str) -> str:

@@ -21,7 +21,7 @@ DOING = {"hook": "run a harness session's hooks as {}", "profile": "change the p
          "clear the notifications of {}", "read": "take delivery of {}'s mail", "attachments": "save the attachments "
          "of {}'s mail", "watch": "watch for {}'s mail", "heartbeat": "record a heartbeat of {}"}
 # Commands over the whole mailbox that only an operator's token ('*') may run.
-OPERATOR_ONLY = ("cleanup", "import")
+OPERATOR_ONLY = ("cleanup", "import", "webhook")
 
 
 def covers(grant: dict, identity: str) -> bool:

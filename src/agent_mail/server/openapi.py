@@ -19,12 +19,13 @@ from agent_mail.protocols.http_api import (CALL_PATH, DASHBOARD_PATH, DELIVERED_
 # The commands a client may call; the rest work on a mailbox itself, or are not served yet (the client says so).
 SERVED = ("send", "read", "ack", "watch", "heartbeat", "dismiss", "archive", "delete", "cancel", "attachments",
           "profile", "notifications", "status", "search", "cleanup", "doctor", "reserve", "release", "reservations",
-          "hook")
+          "hook", "webhook")
 # The calls that may block: a hanging-up client, a stopping server or a revoked token ends them (hook: its waiter).
 WAITS = ("watch", "hook")
 # Arguments that name a file on the server's machine: what the client reads or writes on its own machine instead.
 LOCAL_TO_CLIENT = {"send": ("body_file", "attach", "ref"), "attachments": ("save_to", "overwrite"),
-                   "profile": ("mirror_dir",), "notifications": ("follow",), "doctor": ("repair",)}
+                   "profile": ("mirror_dir",), "notifications": ("follow",), "doctor": ("repair",),
+                   "webhook": ("secret_file",)}
 _LOCATED = {"type": "object", "required": ["key"], "additionalProperties": False,
             "description": "The repository as the client located it on its own machine (its key, and whether its "
                            "core.ignorecase folds case); patterns and paths are then said from its root. The server "
@@ -46,7 +47,12 @@ _SESSION = {"type": "object", "required": ["session_id"],
 HOOK_RESULT = {"type": "object", "required": ["output", "wake", "note"], "properties": {
     "output": {"type": ["object", "null"], "description": "What the hook prints for the harness (null: nothing)."},
     "wake": {"type": "boolean", "description": "wait: mail arrived; the hook exits 2 with `note` on stderr."},
-    "note": {"type": ["string", "null"], "description": "wait: the envelopes that wake the session."}}}
+    "note": {"type": ["string", "null"], "description": "wait: the envelopes that wake the session."},
+    "waiter": {"type": ["string", "null"], "description": "A waiter of the session this step replaced or stood "
+                                                            "down (a turn started, a stop held): its process token, "
+                                                            "for the client to end on its machine."},
+    "idle": {"type": "boolean", "description": "wait: false when the session is not idle (its stop was held, or a "
+                                               "turn started since): the waiter does not arm."}}}
 # Values only a client sends, beside the command's own: content it read, a watch's remaining wait.
 EXTRAS = {
     "send": {
@@ -82,6 +88,9 @@ EXTRAS = {
     "attachments": {"with_content": {"type": "boolean", "description": "Add `contents`: sha256 -> base64 of each "
                                                                         "attachment listed."}},
     **{name: {"located": _LOCATED} for name in ("reserve", "release", "reservations")},
+    "webhook": {"secret": {"type": "string", "minLength": 16, "maxLength": 1000,
+                           "description": "add: the secret the client read from its --secret-file on its own "
+                                          "machine (each POST is signed with it; never shown again)."}},
     "hook": {"session": _SESSION,
              "wait_seconds": {"type": "number", "exclusiveMinimum": 0, "maximum": model.WATCH_MINUTES_MAX * 60,
                               "description": "wait: how long this request waits (the client's remaining wait)."}},
@@ -94,12 +103,13 @@ _THROUGH_A_SERVER = {"hook": {"required": ["agent", "session"]},
 # What a served call's operation takes from the extras (beside its checked values): a reservation command's
 # repository as the client located it ({} when it sent none: the server then needs `repo`, never looking at its own
 # files); a hook step's session as the client's machine knows it (a waiter's `once` is False: it blocks).
-_TAKEN = {"reserve": ("located",), "release": ("located",), "reservations": ("located",), "hook": ("session",)}
+_TAKEN = {"reserve": ("located",), "release": ("located",), "reservations": ("located",), "hook": ("session",),
+          "webhook": ("secret",)}
 
 
 def carried(name: str, extras: dict) -> dict:
     """The values the operation of served call `name` takes from the client's extras."""
-    taken = {key: extras.get(key) or {} for key in _TAKEN.get(name, ())}
+    taken = {key: extras.get(key) or ({} if key != "secret" else None) for key in _TAKEN.get(name, ())}
     if name == "hook":
         taken["once"] = False
     return taken

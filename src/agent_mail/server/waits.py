@@ -432,6 +432,29 @@ class ServedWaits:
         finally:
             self._delist(key, waiter, watching)
 
+    async def changes(self, key: str, seconds: float, gone: anyio.Event):
+        """Wake-ups for `key` ("": every message, and what Store.tell_supervisors announces; a broadcast, a revoked
+        token, a reconnection wake it too) as they come, for a stream that holds one enlistment (a console's live
+        updates): yields True after each wake-up (those that came while the consumer was busy, as one), False after
+        `seconds` without one; ends when the client is gone, Stopping when the server stops. Nothing is missed
+        between two yields: the waiter stays enlisted."""
+        await self._started()
+        waiter, subscribed, watching = self._enlist(key, gone)
+        try:
+            await self._listening(subscribed, "Load the page again.")
+            while True:
+                if self.stopping:
+                    raise Stopping()
+                if gone.is_set():
+                    return
+                await waiter.sleep(seconds)
+                if self.stopping:
+                    raise Stopping()
+                woken, waiter.woken = waiter.woken, False
+                yield woken
+        finally:
+            self._delist(key, waiter, watching)
+
     def _enlist(self, key: str, gone: anyio.Event) -> tuple[_Waiter, object, asyncio.Task]:
         """A wait's waiter for `key` (an identity, or "" for every message), counted among the server's waits,
         its channel subscribed on the hub, and a task that wakes it when its client is gone: a plain task,

@@ -4,7 +4,7 @@ start or connect another front end (mcp, dashboard, hook, setup)."""
 from __future__ import annotations
 
 from agent_mail.spec.base import (FIELDS, FLAG, HARNESSES, IDENTITY, INT, MAIL_IS_DATA, MESSAGE_ID, NUMBER, PATH,
-                                  PROJECT, RECIPIENT, TEXT, Arg, Command, register)
+                                  PROJECT, RECIPIENT, REMOVED, TEXT, Arg, Command, register)
 
 
 SEARCH_FIELDS = {
@@ -272,7 +272,8 @@ register(Command(
 
 register(Command(
     name="dashboard",
-    summary="The supervisor's live view of this mailbox in the terminal (or a browser tab with --web): Fleet (one "
+    summary="The supervisor's live view of this mailbox in the terminal (a browser has the web console of agent-mail "
+    "serve, /ui/): Fleet (one "
     "row per identity: watch state, live sessions, unread, unacked, age of the oldest unacked, last seen; problems "
     "first: deaf with mail, overdue, stale, bounced), Traffic (sends as they land, per-recipient state, threads, "
     "bodies, refs, attachments), each identity's Inbox as it would see it, and Charts (sends per hour, unread and "
@@ -286,37 +287,39 @@ register(Command(
             "only looks."),
         Arg("--overdue-minutes", NUMBER, "Unacked mail older than this makes its identity overdue (default 30; "
             "+ and - change it on screen).", minimum=1, maximum=10080),
-        Arg("--web", FLAG, "Serve the dashboard to a browser on 127.0.0.1 instead of drawing it in this terminal "
-            "(textual-serve; each browser tab runs its own dashboard)."),
-        Arg("--port", INT, "The port --web listens on (default 8000).", minimum=1, maximum=65535),
+        Arg("--web", REMOVED, "Removed.", removed_because="was removed: it served this terminal app to a browser "
+            "without a login. The web console replaces it: run agent-mail serve and open http://127.0.0.1:8025/ui/ "
+            "(sign in with a supervisor's token; docs/console.md)."),
+        Arg("--port", REMOVED, "Removed.", removed_because="was removed with --web: the web console is served by "
+            "agent-mail serve (--listen HOST:PORT) at /ui/."),
     ),
-    requires=(("--port", "--web"),),
     output={},
     notes=("Draws in the terminal until q (or ctrl+c); prints nothing on stdout. A mailbox that cannot be opened, "
            "or the extra missing, is a JSON error on stderr (exit 1) before anything is drawn. A lost PostgreSQL "
-           "connection is shown on screen and retried. Honours NO_COLOR. --web listens on 127.0.0.1 only.",),
-    examples=("dashboard", "dashboard --as ops:human", "dashboard --project deploy --overdue-minutes 10",
-              "dashboard --web --port 8080"),
+           "connection is shown on screen and retried. Honours NO_COLOR.",),
+    examples=("dashboard", "dashboard --as ops:human", "dashboard --project deploy --overdue-minutes 10"),
 ))
 
 register(Command(
     name="hook",
     summary="Run by a harness's hooks (set up by `agent-mail setup`), never by hand: reads the hook's JSON input "
     "on stdin (Copilot CLI's camelCase input too). context (SessionStart / sessionStart, UserPromptSubmit / "
-    "BeforeAgent / userPromptSubmitted, PostToolUse / AfterTool / postToolUse): adds the "
+    "BeforeAgent / userPromptSubmitted, PostToolUse / AfterTool / postToolUse / Mistral Vibe's post_tool): adds the "
     "envelopes of mail new to this session, the unread count, bounces and the next steps to the model's "
     "context, quiet when nothing is new, marking nothing read. stop: holds the stop once when mail the "
-    "session was not told of arrived. wait: the idle waiter (Claude Code's asyncRewake hook; OpenCode's and Kilo "
-    "Code's plugin, which starts a turn with its note), blocking like watch "
+    "session was not told of arrived (Mistral Vibe's post_agent: also its first, which has no session start). "
+    "wait: the idle waiter (Claude Code's asyncRewake hook; OpenCode's plugin and Pi's extension, which start a turn "
+    "with its note), blocking like watch "
     "until such mail arrives, then exit 2 with the envelopes on stderr (wakes an idle session); for Codex and Qwen "
     "Code it starts the session's waker detached and returns at once: the waker waits the same way and hands the "
-    "envelopes to the session as a prompt (`codex queue`; Qwen Code's dual-output input file). end: the "
+    "envelopes to the session as a prompt (Codex's queue command; Qwen Code's dual-output input file). end: the "
     "session ended. pretool (Claude Code, Codex and Qwen Code PreToolUse, Gemini CLI BeforeTool, Copilot CLI "
-    "preToolUse, OpenCode's and Kilo Code's plugin before write, edit, multiedit, patch and apply_patch): denies "
+    "preToolUse, OpenCode's plugin and Pi's extension before each tool that edits, Mistral Vibe's pre_tool before "
+    "write_file and edit): denies "
     "an edit of a file another live identity holds exclusively, saying who holds it, why, until when and the send "
     "that asks them; silent for any other tool or file.",
     args=(
-        Arg("harness", TEXT, "claude-code, codex, gemini, qwen, copilot, opencode or kilo.", required=True,
+        Arg("harness", TEXT, f"{', '.join(HARNESSES[:-1])} or {HARNESSES[-1]}.", required=True,
             choices=HARNESSES),
         Arg("event", TEXT, "context, stop, wait, end or pretool.", required=True,
             choices=("context", "stop", "wait", "end", "pretool")),
@@ -324,30 +327,35 @@ register(Command(
     ),
     output={"hookSpecificOutput": "context: {hookEventName, additionalContext} for the harness (printed only when "
             "there is something new; Copilot CLI gets a top-level additionalContext instead). pretool (Claude Code, "
-            "Codex, Qwen Code, OpenCode, Kilo Code): {hookEventName: PreToolUse, permissionDecision: deny, "
-            "permissionDecisionReason} when the edit is refused (the OpenCode and Kilo plugin throws the reason).",
+            "Codex, Qwen Code, OpenCode, Pi): {hookEventName: PreToolUse, permissionDecision: deny, "
+            "permissionDecisionReason} when the edit is refused (OpenCode's plugin throws the reason; Pi's extension "
+            "blocks the call).",
+            "hook_specific_output": "Mistral Vibe only: context's {additional_context} (printed only when there is "
+            "something new).",
+            "system_message": "Mistral Vibe only: stop's line for the person, with decision and reason.",
             "additionalContext": "Copilot CLI only: context's note, top-level (printed only when there is something "
             "new).",
             "permissionDecision": "Copilot CLI only: pretool's \"deny\" (with permissionDecisionReason) when the edit "
             "is refused.",
             "decision": "stop: \"block\" (Claude Code, Codex, Qwen Code's Stop, Copilot CLI's agentStop) or "
-            "\"deny\" (Gemini CLI's AfterAgent) when the stop "
+            "\"deny\" (Gemini CLI's AfterAgent, Mistral Vibe's post_agent) when the stop "
             "is held (printed only then; Gemini CLI gets {} when there is nothing to say). pretool (Gemini CLI's "
-            "BeforeTool): \"deny\" when the edit is refused.",
-            "reason": "stop: the envelopes and what to do, shown to the model as its next turn. pretool (Gemini CLI): "
+            "BeforeTool, Mistral Vibe's pre_tool): \"deny\" when the edit is refused.",
+            "reason": "stop: the envelopes and what to do, shown to the model as its next turn. pretool (Gemini CLI, "
+            "Mistral Vibe): "
             "who holds the file, why, until when, and the send that asks them."},
     modes={"wait": "Prints nothing on stdout. Claude Code: exit 2 with the note on stderr when mail arrives, 0 when "
                    "the wait ends (55 minutes, a newer waiter, the harness gone, or a run nobody waits on: claude -p, "
                    "the SDK). Codex, Qwen Code: exit 0 at once, the waker detached (none for codex exec or qwen -p)."},
-    examples=("hook claude-code context --agent deploy:worker",),
+    examples=(f"hook {HARNESSES[0]} context --agent deploy:worker",),
 ))
 
 
 register(Command(
     name="setup",
     summary="Connect a harness to this mailbox in one step: its hooks (mail in the model's context, a stop held "
-    "once for mail that arrived, and for Claude Code, OpenCode, Kilo Code, Codex and Qwen Code an idle session woken "
-    "when mail "
+    "once for mail that arrived, and for Claude Code, OpenCode, Pi, Codex and Qwen Code an idle session woken when "
+    "mail "
     "arrives) and the agent-mail "
     "MCP server, already allowed. Merges into existing settings (nothing else touched), idempotent, atomic; --dry-run "
     "shows the diff, --remove takes out only what it added. Records the identity and the mailbox resolved now, "
@@ -356,11 +364,8 @@ register(Command(
     "agent-mail server's URL as the mailbox, the MCP entry is the server's /mcp over HTTP, its token read from "
     "AGENT_MAIL_TOKEN in the environment (written in no file).",
     args=(
-        Arg("harness", TEXT, "The harness: claude-code (.mcp.json, .claude/settings.local.json), codex "
-            "(.codex/config.toml, .codex/hooks.json), gemini (.gemini/settings.json), qwen (.qwen/settings.json), "
-            "copilot (.mcp.json, .github/hooks/agent-mail.json), opencode (opencode.json, "
-            ".opencode/plugin/agent-mail.js) or kilo (kilo.json or kilo.jsonc, .kilo/plugin/agent-mail.js).",
-            required=True,
+        Arg("harness", TEXT, f"The harness: {', '.join(HARNESSES[:-1])} or {HARNESSES[-1]} (the files each one's "
+            "setup writes are in its output's files, and in docs/harnesses.md).", required=True,
             choices=HARNESSES),
         Arg("--agent", IDENTITY, "The identity the harness's sessions use (project:name).", required=True),
         Arg("--dir", PATH, "The project directory the harness starts in (default: the current directory)."),
@@ -384,8 +389,8 @@ register(Command(
         "token itself. null for a mailbox opened here, and with --remove.",
         "notes": "What the harness now does, and what it does not.",
     },
-    examples=("setup claude-code --agent deploy:worker", "setup claude-code --agent deploy:worker --dry-run",
-              "setup claude-code --agent deploy:worker --remove"),
+    examples=(f"setup {HARNESSES[0]} --agent deploy:worker", f"setup {HARNESSES[0]} --agent deploy:worker --dry-run",
+              f"setup {HARNESSES[0]} --agent deploy:worker --remove"),
     mutating=True,
     needs_mailbox=False,
 ))
@@ -441,6 +446,76 @@ register(Command(
 ))
 
 
+WEBHOOK_EVENTS = ("mail", "deaf", "bounce", "clash")
+WEBHOOK_DELIVERY_FIELDS = "{id, webhook_id, kind, created, due_at, attempts, state, last_status, last_error, done_at}"
+
+register(Command(
+    name="webhook",
+    summary="Tell people when something happens: signed HTTP POSTs that `agent-mail serve` sends for events of the "
+    "mailbox (the operator's side, like token: on the mailbox itself, or through a server with an operator's "
+    "token). add: a webhook for --agent identities and/or --event kinds (mail: new mail for an identity; deaf: an "
+    "identity with unread mail and nobody listening for --after-minutes; bounce: a send refused for a recipient; "
+    "clash: a reserve refused because another identity holds the files). list: every webhook with its recent "
+    "deliveries and failures, never its secret. remove ID: no more deliveries. Events are queued in the mailbox "
+    "when they happen, whoever commits them; only a running agent-mail serve on the mailbox delivers them.",
+    mutating=True,
+    args=(
+        Arg("action", TEXT, "add, list or remove.", required=True, choices=("add", "list", "remove")),
+        Arg("id", TEXT, "remove: the webhook's id (from add or list)."),
+        Arg("--url", TEXT, "add: where to POST: an http:// or https:// URL (a Slack incoming webhook's with "
+            "--format slack). Shown afterwards with its path cut after the first part (a Slack URL's path is "
+            "its secret)."),
+        Arg("--agent", IDENTITY, "add: an identity the webhook is about (mail for it; it deaf; a bounce of its "
+            "send or for it; a clash it asked or holds); repeatable. It must be known to the mailbox (in its "
+            "traffic, watches or profiles). Without --event: new mail for these identities. Without --agent: "
+            "the --event kinds for every identity.", repeat=True),
+        Arg("--event", TEXT, "add: an event kind to POST: mail, deaf, bounce or clash; repeatable.", repeat=True,
+            choices=WEBHOOK_EVENTS),
+        Arg("--secret-file", PATH, "add: a file (only its owner may read it) whose first line is the secret each "
+            "POST is signed with (X-Agent-Mail-Signature: sha256=HMAC-SHA256 of the raw body); 16 to 1000 "
+            "characters. Read on this machine; the mailbox keeps it so the server can sign; never shown again."),
+        Arg("--format", TEXT, "add: json (the event as JSON, the default) or slack ({\"text\": ...}, what a "
+            "Slack-compatible incoming webhook takes).", choices=("json", "slack")),
+        Arg("--after-minutes", NUMBER, "add, with --event deaf: how long an identity must have unread mail with "
+            "nobody listening before the event (default 10; fractions allowed: 0.05 is 3 s).", minimum=0.01,
+            maximum=10080),
+        Arg("--with-body", FLAG, "add: put the message's body in mail events (left out unless asked)."),
+    ),
+    output={
+        "id": "add, remove: the webhook's id.",
+        "url": "add: where it POSTs, the path cut after its first part.",
+        "agents": "add: the identities it is about ([]: every identity).",
+        "events": "add: the event kinds it POSTs.",
+        "format": "add: json or slack.",
+        "after_minutes": "add: deaf's minutes, or null.",
+        "with_body": "add: whether mail events carry the body.",
+        "created": "add: when.",
+        "delivered_by": "add: who delivers: 'agent-mail serve' (events are queued in the mailbox from now on; a "
+        "mailbox no server serves keeps them queued, and they fail once an hour has passed undelivered).",
+        "webhooks": "list: [{id, url, agents, events, format, after_minutes, with_body, created, deliveries: {pending, "
+        "delivered, failed}, recent: the newest five " + WEBHOOK_DELIVERY_FIELDS + "}], oldest first; never a secret.",
+        "failures": "list: the newest 20 failed deliveries of every webhook, " + WEBHOOK_DELIVERY_FIELDS + ".",
+        "count": "list: how many webhooks.",
+        "removed": "remove: true.",
+        "dropped": "remove: how many of its deliveries were still pending (never sent now).",
+    },
+    notes=("Each POST carries X-Agent-Mail-Delivery: the delivery's id (also the body's `id`), the same on every "
+           "retry, so a receiver drops repeats (delivery is at least once); and X-Agent-Mail-Signature: "
+           "sha256=HEX, the HMAC-SHA256 of the raw body under the secret. The JSON body: {id, kind, time, "
+           "webhook, agent, message: {id, sender, recipient, subject (, body with --with-body)}} for mail, with "
+           "kind-specific fields for deaf (unread, since, after_minutes), bounce (reason) and clash (repo, "
+           "patterns, holders).",
+           "A POST answered 2xx is delivered. No answer, a timeout (5 s), 408, 429 or a 5xx is retried after 2 s, "
+           "then doubling up to 5 minutes, for an hour after the event, then recorded failed; any other answer "
+           "(a 4xx, a redirect) is recorded failed at once. Each event is delivered by one server of several "
+           "replicas, within seconds of its commit."),
+    examples=("webhook add --url https://hooks.example.com/agent-mail --agent ops:alice --secret-file ~/.am-hook",
+              "webhook add --url https://hooks.slack.com/services/T0/B0/XXXX --event deaf --after-minutes 15 "
+              "--event bounce --secret-file ~/.am-hook --format slack",
+              "webhook list", "webhook remove 3f9c2a7d41b0"),
+))
+
+
 register(Command(
     name="serve",
     extra="server",
@@ -470,7 +545,12 @@ register(Command(
     modes={"serving": "Prints nothing on stdout; on stderr a JSON line {listening: URL} once it listens, then one "
            "line per request: {time, method, path, command, as, token_id, status, exit, ms} (a 5xx's with its "
            "error)."},
-    notes=("API: POST /v1/call/COMMAND with a JSON object of the command's values by argument name (reply_to, "
+    notes=("Webhooks (agent-mail webhook): the server POSTs the events queued in the mailbox's outbox, woken by "
+           "their commits, each by one server of several replicas; a POST gets AGENT_MAIL_WEBHOOK_TIMEOUT_SECONDS "
+           "(5) to answer, and a failing one is retried for AGENT_MAIL_WEBHOOK_RETRY_SECONDS (3600) after its "
+           "event. One JSON line per attempt on stderr: {webhook, delivery, kind, url (its path cut), status, "
+           "error, outcome, attempt, ms}.",
+           "API: POST /v1/call/COMMAND with a JSON object of the command's values by argument name (reply_to, "
            "from, agent...) and Authorization: Bearer TOKEN. The answer is the command's own result document, "
            "its exit code in the X-Agent-Mail-Exit header; an error is {error, problems} with HTTP 400 (exit 2), "
            "401 or 403 (exit 4), 500 or 503 (exit 1). GET /openapi.json describes it all (OpenAPI 3.1, from this "
@@ -539,7 +619,7 @@ register(Command(
            "harness."},
     notes=("Standard input must be a terminal (a person's); otherwise a JSON error, exit 2, before anything starts.",
            "A set-up harness: the command's file name is a harness's (gemini, copilot, claude, codex, qwen, opencode, "
-           "kilo) "
+           "pi) "
            "and its hooks file from agent-mail setup is in the current directory or one above. Anything else gets "
            "no keys from run: mail sets the terminal's title to `agent-mail: new mail for P:N` (OSC 0/2) and rings "
            "the bell, at most once every 10 s.",

@@ -215,6 +215,11 @@ class Store(WholeMailbox):
     def close(self) -> None:
         """Release the connection."""
 
+    def own_file(self, path: str) -> bool:
+        """Whether `path` (a real path) is one of the files this mailbox lives in, which nothing else written (a
+        saved attachment, say) may ever replace. A server's mailbox has none on this machine."""
+        return False
+
     def reusable(self) -> bool:
         """Whether this open store may serve another caller as it is (a pool's check when it is given back):
         its connection sound, no transaction open, no wake-up pending, not listening."""
@@ -567,6 +572,53 @@ class Store(WholeMailbox):
         server stopping): each looks again, and goes back to waiting if nothing is new for it."""
         raise NotImplementedError
 
+    # -- webhooks (agent-mail webhook; delivered by agent-mail serve) ------------------------
+    def add_webhook(self, row: dict) -> None:
+        """Store a webhook: {id, url, agents (identities it is about, [] for any), events, secret (kept: the server
+        signs with it), format ('json' or 'slack'), after_minutes (deaf's, or None), with_body, created}."""
+        raise NotImplementedError
+
+    def webhooks(self) -> list[dict]:
+        """Every webhook, oldest first: {id, url, agents, events, format, after_minutes, with_body, created}, never
+        its secret."""
+        raise NotImplementedError
+
+    def remove_webhook(self, webhook_id: str) -> int | None:
+        """Delete the webhook and its deliveries still pending; how many of those, or None when no webhook has
+        that id."""
+        raise NotImplementedError
+
+    def queue_webhook_events(self, rows: list[dict]) -> int:
+        """Queue deliveries {id, webhook_id, event_key, kind, payload, created}, due at once; one whose webhook and
+        event_key were queued before is skipped (replicas noticing the same event queue it once). How many were
+        queued; a server's deliveries are woken when the transaction commits."""
+        raise NotImplementedError
+
+    def claim_webhook_deliveries(self, holder: str, now: str, lease_until: str, limit: int) -> list[dict]:
+        """Lease up to `limit` pending deliveries due by `now` that no unexpired lease holds to `holder` until
+        `lease_until`, with their webhook's url, secret and format: {id, webhook_id, kind, payload, created,
+        attempts, url, secret, format}. Call it in a write transaction."""
+        raise NotImplementedError
+
+    def settle_webhook_delivery(self, delivery_id: str, holder: str, state: str, status: int | None,
+                                error: str | None, due_at: str | None, at: str) -> bool:
+        """Record an attempt of a delivery `holder` leased: state 'delivered', 'failed', or 'pending' again (due at
+        `due_at`); False when the lease was lost meanwhile (another server took it)."""
+        raise NotImplementedError
+
+    def next_webhook_due(self) -> str | None:
+        """When the next pending delivery is due (or its lease ends), or None."""
+        raise NotImplementedError
+
+    def webhook_deliveries(self, webhook_id: str | None, limit: int, state: str | None = None) -> list[dict]:
+        """The newest deliveries (of one webhook, of one state): {id, webhook_id, kind, created, due_at, attempts,
+        state, last_status, last_error, done_at}."""
+        raise NotImplementedError
+
+    def webhook_tallies(self) -> dict[str, dict[str, int]]:
+        """webhook id -> {state: how many deliveries}."""
+        raise NotImplementedError
+
     # -- waiting ------------------------------------------------------------
     # A watch waits for a wake-up meant for it, never for "the mailbox changed": a write that cannot
     # change what it waits for (another watch's liveness, a heartbeat, a read or an ack, mail for
@@ -592,8 +644,10 @@ class Store(WholeMailbox):
         dashboard). A listener of everything is nobody's watch: it counts for no identity's liveness."""
         self.listen("")
 
-    def wait_for_wake(self, timeout: float) -> bool:
-        """Block until a wake-up `listen` asked for arrives (True) or `timeout` passes (False).
+    def wait_for_wake(self, timeout: float, also: tuple[int, ...] = ()) -> bool:
+        """Block until a wake-up `listen` asked for arrives (True) or `timeout` passes (False). `also`: other
+        descriptors to sleep on (a pidfd of the harness a waiter serves): one that reads as ready answers True
+        too, and the caller sees which (files.wait_readable).
 
         A wake-up is a reason to look, not a promise of mail. The default polls mail_marker (any
         new message wakes every waiter); backends with notification override it. Raises
@@ -608,4 +662,10 @@ class Store(WholeMailbox):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
-            time.sleep(min(self.poll_seconds, remaining))
+            if also:
+                from agent_mail.files import wait_readable
+
+                if wait_readable(list(also), min(self.poll_seconds, remaining)):
+                    return True
+            else:
+                time.sleep(min(self.poll_seconds, remaining))

@@ -446,8 +446,13 @@ class PostgresStore(SQLStore):
         self._autocommit("refreshing a watch", lambda: self.touch_session(session_id, at))
 
     def release_session_alone(self, session_id: str, at: str, reason: str, patience: float | None = None) -> None:
-        # Likewise: the session's own row only, one round trip on the way out of a watch.
-        self._autocommit("releasing a watch", lambda: self.release_session(session_id, at, reason))
+        # Likewise: the session's own row only, one round trip on the way out of a watch; the looks at everything
+        # told (tell_supervisors) by a NOTIFY of its own, delivered at once in autocommit, else at the commit.
+        def release():
+            self.release_session(session_id, at, reason)
+            self._wakes.discard("")
+            self._x(f"NOTIFY {channel(self.schema, '')}")
+        self._autocommit("releasing a watch", release)
 
     def announce_release(self, agent: str, session_id: str) -> None:
         # On the identity's channel, naming the session (delivered at commit, as every wake-up): the hub holding
@@ -497,13 +502,14 @@ class PostgresStore(SQLStore):
         for name in self._listening:
             self.db.execute(f'LISTEN "{name}"'.encode())
 
-    def wait_for_wake(self, timeout: float) -> bool:
+    def wait_for_wake(self, timeout: float, also: tuple[int, ...] = ()) -> bool:
         """Sleep (no transaction open) until a NOTIFY for us arrives (True) or `timeout` passes (False). A
         dropped connection is re-made and answers True: the caller looks again, so nothing sent while it was
         down is missed. The sleep is the kernel's (poll on the connection's socket: files.wait_readable): the
-        driver's own wait wakes ten times a second, which a hundred idle watches would pay for."""
+        driver's own wait wakes ten times a second, which a hundred idle watches would pay for. `also`: other
+        descriptors slept on with the socket (a pidfd of the harness a waiter serves); one ready answers True."""
         if not self._listening:
-            return super().wait_for_wake(timeout)
+            return super().wait_for_wake(timeout, also)
         if not self._woken:
             if not self._healthy():
                 self._reconnect("waiting")
@@ -511,8 +517,12 @@ class PostgresStore(SQLStore):
                 from agent_mail.files import wait_readable
 
                 try:
-                    if not self._drain() and wait_readable([self.db.fileno()], timeout):
-                        self._drain()
+                    if not self._drain():
+                        ready = wait_readable([self.db.fileno(), *also], timeout)
+                        if self.db.fileno() in ready:
+                            self._drain()
+                        if ready - {self.db.fileno()}:
+                            self._woken = True  # what the caller also watches: it looks, and sees which
                 except psycopg.OperationalError:
                     self._reconnect("waiting")
                 except psycopg.Error as exc:

@@ -153,8 +153,23 @@ def m011_activity(x) -> None:
     x(f"ALTER TABLE watch_sessions ADD COLUMN IF NOT EXISTS host {T}")
 
 
+def m012_webhooks(x) -> None:
+    """Webhooks and their outbox (SQLite's m017_webhooks)."""
+    x(f"""CREATE TABLE IF NOT EXISTS webhooks (
+        id {T} PRIMARY KEY, url {T} NOT NULL, agents {T} NOT NULL, events {T} NOT NULL, secret {T} NOT NULL,
+        format {T} NOT NULL, after_minutes DOUBLE PRECISION, with_body INTEGER NOT NULL DEFAULT 0,
+        created {T} NOT NULL)""")
+    x(f"""CREATE TABLE IF NOT EXISTS webhook_outbox (
+        id {T} PRIMARY KEY, webhook_id {T} NOT NULL, event_key {T} NOT NULL, kind {T} NOT NULL, payload {T} NOT NULL,
+        created {T} NOT NULL, due_at {T} NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,
+        state {T} NOT NULL DEFAULT 'pending', lease_until {T}, leased_by {T}, last_status INTEGER, last_error {T},
+        done_at {T}, UNIQUE (webhook_id, event_key))""")
+    x("CREATE INDEX IF NOT EXISTS idx_webhook_outbox_due ON webhook_outbox(state, due_at)")
+
+
 MIGRATIONS = (m001_tables, m002_indexes, m003_count_indexes, m004_batch_index, m005_search, m006_search_marks,
-              m007_tokens, m008_reservations, m009_deliveries, m010_token_lifetimes, m011_activity)
+              m007_tokens, m008_reservations, m009_deliveries, m010_token_lifetimes, m011_activity,
+              m012_webhooks)
 
 
 def index_missing(x) -> int:

@@ -40,14 +40,20 @@ TABLES = {
                 "last_used", "rotated_to"), False, ("id",)),
     "reservations": (("id", "repo", "agent", "pattern", "exclusive", "reason", "created", "renewed_at",
                       "expires_at"), False, ("repo", "agent", "pattern")),
+    # Webhooks, with the secret each signs with (the server needs it): a moved mailbox keeps notifying its people.
+    "webhooks": (("id", "url", "agents", "events", "secret", "format", "after_minutes", "with_body", "created"),
+                 False, ("id",)),
 }
 #: Where applied migrations are recorded (every backend has it; copied by no one: each target has its own).
 MIGRATIONS_TABLE = "schema_migrations"
 #: Deliveries a reader has been answered but has not confirmed (a client of `agent-mail serve`): held for a
 #: moment, so copied by no one (a copy's messages stay unread, delivered again).
 DELIVERIES_TABLE = "deliveries"
+#: The webhooks' deliveries, pending and done (agent-mail serve POSTs them): a server's work queue and its recent
+#: record, copied by no one (a copy starts with an empty outbox).
+OUTBOX_TABLE = "webhook_outbox"
 #: Every table of a mailbox.
-ALL_TABLES = (*TABLES, DELIVERIES_TABLE, MIGRATIONS_TABLE)
+ALL_TABLES = (*TABLES, DELIVERIES_TABLE, OUTBOX_TABLE, MIGRATIONS_TABLE)
 #: The tables doctor requires of a complete SQLite mailbox (it has never asked for `watchers`, the seed lineage's
 #: and unused, nor `harness_sessions`).
 REQUIRED_TABLES = ("messages", "broadcast_acks", "watch_sessions", "heartbeats", "scheduled", "attachments",

@@ -30,6 +30,8 @@ def _statements(module: str):
         from agent_mail.store import sql_reservations as statements
     elif module == "sql_waits":
         from agent_mail.store import sql_waits as statements
+    elif module == "sql_webhooks":
+        from agent_mail.store import sql_webhooks as statements
     else:
         from agent_mail.store import sql_deliveries as statements
     return statements
@@ -356,6 +358,7 @@ class SQLStore(Store):
         return page(self._query(direct, params) + self._query(broadcast, params), None, newest=False)
 
     def set_flags(self, agent: str, messages: list[dict], at: str, flags: tuple[str, ...]) -> None:
+        self.tell_supervisors()
         columns = [_FLAG_COLUMNS[f] for f in flags]
         updates = ", ".join(f"{c} = COALESCE({c}, :at)" for c in columns)
         direct = [{"at": at, "id": m["id"]} for m in messages if m["recipient"] != "*"]
@@ -591,6 +594,7 @@ class SQLStore(Store):
         return found
 
     def open_session(self, session_id: str, agent: str, at: str, host: str | None = None) -> None:
+        self.tell_supervisors()
         self._x("INSERT INTO watch_sessions (id, agent, started_at, last_seen, state, host) "
                 "VALUES (?, ?, ?, ?, 'armed', ?)", (session_id, agent, at, at, host))
 
@@ -598,6 +602,7 @@ class SQLStore(Store):
         self._x("UPDATE watch_sessions SET last_seen = ? WHERE id = ? AND state = 'armed'", (at, session_id))
 
     def release_session(self, session_id: str, at: str, reason: str) -> None:
+        self.tell_supervisors()
         self._x("UPDATE watch_sessions SET state = 'released', released_at = :at, released_reason = :reason, "
                 "last_seen = :at WHERE id = :id AND state = 'armed'", {"at": at, "reason": reason, "id": session_id})
 
@@ -721,12 +726,19 @@ class SQLStore(Store):
     def wake_waits(self) -> None:
         self._wake("*")
 
+    def tell_supervisors(self) -> None:
+        """Wake only the looks at everything (a console, a dashboard: the "" channel) when the transaction commits:
+        a change they show that is not mail (a message read or acked, a watch started or ended, a reservation).
+        No identity's watch is woken by it."""
+        self._wake("")
+
     def touch_sessions(self, prefix: str, at: str) -> int:
         # The sessions a server holds are named INSTANCE.UUID: one statement refreshes them all.
         return self._x("UPDATE watch_sessions SET last_seen = :at WHERE state = 'armed' AND "
                        "substr(id, 1, :n) = :prefix", {"at": at, "n": len(prefix), "prefix": prefix}).rowcount
 
     def release_sessions(self, session_ids: list[str], at: str, reason: str) -> None:
+        self.tell_supervisors()
         for start in range(0, len(session_ids), 500):  # within any engine's limit on parameters
             chunk = session_ids[start:start + 500]
             self._x(f"UPDATE watch_sessions SET state = 'released', released_at = ?, released_reason = ?, "
@@ -734,6 +746,7 @@ class SQLStore(Store):
                     (at, reason, at, *chunk))
 
     def abandon_sessions(self, session_ids: list[str]) -> None:
+        self.tell_supervisors()
         from agent_mail.store.base import GONE_HOLDER
 
         # Each new id is made from the old one in SQL: one statement per position of its key part (a server's ids
@@ -782,7 +795,10 @@ KEPT_ELSEWHERE = {"sql_overview": ("recent_rows", "batch_rows", "broadcast_talli
                   "sql_reservations": ("reservations_in", "save_reservations", "delete_reservations",
                                        "expire_reservations"), "sql_waits": ("unread_of_many", "next_due_of_many"),
                   "sql_deliveries": ("leased_ids", "holds_of_many", "lease_deliveries", "lease_of",
-                                     "end_lease")}
+                                     "end_lease"),
+                  "sql_webhooks": ("add_webhook", "webhooks", "remove_webhook", "queue_webhook_events",
+                                   "claim_webhook_deliveries", "settle_webhook_delivery", "next_webhook_due",
+                                   "webhook_deliveries", "webhook_tallies")}
 for _module, _name in [(module, name) for module, names in KEPT_ELSEWHERE.items() for name in names]:
     setattr(SQLStore, _name, _kept_in(_module, _name))
 

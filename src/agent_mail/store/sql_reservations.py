@@ -23,6 +23,7 @@ def reservations_in(store, repo: str | None, now: str, agent: str | None = None)
 def save_reservations(store, rows: list[dict]) -> None:
     """Insert each row, or renew the one of its repository, holder and pattern (mode, reason, renewed_at and
     expires_at replaced; its id and created kept)."""
+    store.tell_supervisors()
     store._many(
         f"INSERT INTO reservations ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
         "ON CONFLICT (repo, agent, pattern) DO UPDATE SET exclusive = excluded.exclusive, reason = excluded.reason, "
@@ -35,6 +36,7 @@ def delete_reservations(store, ids: list[str]) -> int:
     """Delete these reservations; how many there were."""
     if not ids:
         return 0
+    store.tell_supervisors()
     marks, params = ids_clause(ids)
     return store._x(f"DELETE FROM reservations WHERE id IN ({marks})", params).rowcount
 

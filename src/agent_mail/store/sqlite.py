@@ -9,23 +9,64 @@ and describe's, doctor's and copy's look at a file (store/sqlite_checks.py).
 from __future__ import annotations
 
 import os
+import sys
 import time
-
-try:  # the driver itself: the `sqlite3` package adds only the datetime adapters (unused here) and imports
-    import _sqlite3 as sqlite3  # `datetime` for them, ~1.5 ms of every start
-except ImportError:  # an interpreter without it
-    import sqlite3
 
 from agent_mail import errors, jsonout
 from agent_mail.store.sql import SQLStore
 from agent_mail.store.sql_values import ids_clause
 from agent_mail.store.sqlite_bells import WakePipe, presence, ring_bells
 
+
+def _lru_cache(maxsize=128, typed=False):
+    """functools.lru_cache as the driver uses it, made of the same C cache functools itself wraps."""
+    from _functools import _lru_cache_wrapper
+
+    if callable(maxsize) and isinstance(typed, bool):  # lru_cache(function)
+        return _lru_cache_wrapper(maxsize, 128, typed, _cache_info)
+    if maxsize is not None and not isinstance(maxsize, int):
+        raise TypeError("Expected first argument to be an integer, a callable, or None")
+    return lambda function: _lru_cache_wrapper(function, maxsize if maxsize is None else max(maxsize, 0), typed,
+                                               _cache_info)
+
+
+def _cache_info(hits: int, misses: int, maxsize: int | None, currsize: int) -> tuple:
+    return hits, misses, maxsize, currsize
+
+
+def _load_driver():
+    """The C driver `_sqlite3` (the `sqlite3` package adds only the datetime adapters, unused here, and imports
+    `datetime` for them: ~1.5 ms of every start). On loading, the driver takes `functools.lru_cache` for its
+    statement cache, and importing `functools` brings `collections`, `types`, `operator` and more: about a third
+    of the interpreter's own start-up, on every command. Where nothing has imported functools yet, the driver is
+    given, for that moment, a stand-in holding only lru_cache, built on the C cache functools.lru_cache is itself
+    made of (`_functools._lru_cache_wrapper`); the stand-in is gone from sys.modules before anything else runs, so
+    a later `import functools` gets the real module."""
+    if "functools" in sys.modules or "_sqlite3" in sys.modules:
+        import _sqlite3
+
+        return _sqlite3
+    stand_in = type(sys)("functools")
+    stand_in.lru_cache = _lru_cache
+    sys.modules["functools"] = stand_in
+    try:
+        import _sqlite3
+    finally:
+        if sys.modules.get("functools") is stand_in:
+            del sys.modules["functools"]
+    return _sqlite3
+
+
+try:
+    sqlite3 = _load_driver()
+except ImportError:  # an interpreter without the C driver
+    import sqlite3
+
 # Marks a file as an agent-mail mailbox ("AGML"). Older mailboxes carry 0.
 APPLICATION_ID = 0x41474D4C
 # How many migrations sqlite_schema.MIGRATIONS holds, so the user_version of a mailbox that has them all: such a
 # mailbox opens without importing them (a test holds the two equal).
-SCHEMA_VERSION = 16
+SCHEMA_VERSION = 17
 BUSY_TIMEOUT_SECONDS = 10.0
 # SQLite's own busy handler sleeps in C, where a signal cannot act; it waits this long at most before
 # control comes back to Python, which keeps waiting up to BUSY_TIMEOUT_SECONDS, signals acted on at once.
@@ -147,6 +188,12 @@ class SQLiteStore(SQLStore):
     def liveness(self, agent: str | None = None) -> dict[str, dict]:
         """As stored, with what the armed sessions' wake-up pipes tell (sqlite_bells.presence)."""
         return presence(self.path, self.db, super().liveness(agent), agent)
+
+    def own_file(self, path: str) -> bool:
+        """The database and every file SQLite keeps beside it (-wal, -shm, -journal): named after it, in its folder."""
+        mine = os.path.realpath(self.path)
+        return os.path.dirname(path) == os.path.dirname(mine) and os.path.basename(path).startswith(
+            os.path.basename(mine))
 
     def __init__(self, path: str, any_thread: bool = False):
         self.path = path
@@ -409,11 +456,11 @@ class SQLiteStore(SQLStore):
         if self._pipe is None:
             super().listen(agent)
 
-    def wait_for_wake(self, timeout: float) -> bool:
-        """Sleep until our pipe is written to (True) or `timeout` passes (False)."""
+    def wait_for_wake(self, timeout: float, also: tuple[int, ...] = ()) -> bool:
+        """Sleep until our pipe is written to or one of `also` reads as ready (True) or `timeout` passes (False)."""
         if self._pipe is None:
-            return super().wait_for_wake(timeout)
-        return self._pipe.wait(timeout)
+            return super().wait_for_wake(timeout, also)
+        return self._pipe.wait(timeout, also)
 
     def _stop_listening(self) -> None:
         pipe, self._pipe = self._pipe, None

@@ -125,12 +125,13 @@ class WakePipe:
             return None
         return cls(pipe, reader, writer, session, locked)
 
-    def wait(self, timeout: float) -> bool:
-        """Sleep until the pipe is written to (True) or `timeout` passes (False)."""
+    def wait(self, timeout: float, also: tuple[int, ...] = ()) -> bool:
+        """Sleep until the pipe is written to or one of `also` reads as ready (True) or `timeout` passes (False)."""
         from agent_mail.files import wait_readable
 
-        if not wait_readable([self.reader], timeout):  # poll, not select: fds numbered 1,024 and more
-            return False
+        ready = wait_readable([self.reader, *also], timeout)  # poll, not select: fds numbered 1,024 and more
+        if self.reader not in ready:
+            return bool(ready)
         try:
             while os.read(self.reader, 4096):
                 pass

@@ -235,6 +235,20 @@ def m016_activity(db: sqlite3.Connection) -> None:
         db.execute("ALTER TABLE watch_sessions ADD COLUMN host TEXT")
 
 
+def m017_webhooks(db: sqlite3.Connection) -> None:
+    """Webhooks (agent-mail webhook add): where each POSTs, for which events and identities, and the secret it
+    signs with; and their outbox, one row per event to deliver, claimed by a server with a lease."""
+    db.execute("""CREATE TABLE IF NOT EXISTS webhooks (
+        id TEXT PRIMARY KEY, url TEXT NOT NULL, agents TEXT NOT NULL, events TEXT NOT NULL, secret TEXT NOT NULL,
+        format TEXT NOT NULL, after_minutes REAL, with_body INTEGER NOT NULL DEFAULT 0, created TEXT NOT NULL)""")
+    db.execute("""CREATE TABLE IF NOT EXISTS webhook_outbox (
+        id TEXT PRIMARY KEY, webhook_id TEXT NOT NULL, event_key TEXT NOT NULL, kind TEXT NOT NULL,
+        payload TEXT NOT NULL, created TEXT NOT NULL, due_at TEXT NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,
+        state TEXT NOT NULL DEFAULT 'pending', lease_until TEXT, leased_by TEXT, last_status INTEGER,
+        last_error TEXT, done_at TEXT, UNIQUE (webhook_id, event_key))""")
+    db.execute("CREATE INDEX IF NOT EXISTS idx_webhook_outbox_due ON webhook_outbox(state, due_at)")
+
+
 def has_table(db: sqlite3.Connection, name: str) -> bool:
     return db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).fetchone() is not None
 
@@ -242,7 +256,7 @@ def has_table(db: sqlite3.Connection, name: str) -> bool:
 MIGRATIONS = (m001_seed_schema, m002_inbox_indexes, m003_liveness, m004_delivery, m005_count_indexes,
               m006_arrival_indexes, m007_harness_sessions, m008_envelope_indexes, m009_batch_index, m010_search,
               m011_route_marks, m012_tokens, m013_reservations, m014_deliveries, m015_token_lifetimes,
-              m016_activity)
+              m016_activity, m017_webhooks)
 
 
 def index_missing(db: sqlite3.Connection) -> int:

@@ -1,12 +1,11 @@
-"""`agent-mail setup opencode` and `setup kilo`: what OpenCode (the npm package opencode-ai) and Kilo Code CLI
-(@kilocode/cli, a fork of OpenCode with its plugin API and config format) are given. Each is a Fork: its names, its
-plugin's path and its project config; everything else here is the same for both.
+"""`agent-mail setup opencode`: what OpenCode (the npm package opencode-ai) is given; and, by parameter, what a harness
+built on OpenCode (its plugin API and config format) is given: Kilo Code CLI (agent_mail.harnesses.kilo) differs in
+its names, its plugin's path, its project configs and whether those may read the environment (`plans_for`).
 
-OpenCode has no command hooks: it runs a project's JavaScript plugins (DIR/.opencode/plugin/*.js; Kilo:
-DIR/.kilo/plugin/*.js) in its own process. Setup writes one, DIR/.opencode/plugin/agent-mail.js, which runs
-`agent-mail hook opencode EVENT --agent P:N` (the JSON input on stdin, as every harness's hooks) at the points
-OpenCode offers, and adds the MCP server to DIR/opencode.json (the project's config, which OpenCode reads from the
-directory it starts in; Kilo: DIR/kilo.json, or a kilo.jsonc already there), merged into what is there:
+OpenCode has no command hooks: it runs a project's JavaScript plugins (DIR/.opencode/plugin/*.js) in its own process.
+Setup writes one, DIR/.opencode/plugin/agent-mail.js, which runs `agent-mail hook opencode EVENT --agent P:N` (the JSON
+input on stdin, as every harness's hooks) at the points OpenCode offers, and adds the MCP server to DIR/opencode.json
+(the project's config, which OpenCode reads from the directory it starts in), merged into what is there:
 
 - chat.message (each prompt, the first of a session as its SessionStart): the context note, a synthetic text part of
   the prompt (in the history from then on, as a hook's additionalContext is);
@@ -17,11 +16,9 @@ directory it starts in; Kilo: DIR/kilo.json, or a kilo.jsonc already there), mer
   prompt (client.session.promptAsync), once; otherwise the waiter `hook opencode wait` is started (the one Claude Code
   runs as its asyncRewake hook), which exits 2 with the note when mail the session was not told of arrives: the plugin
   starts a turn with it (promptAsync). A newer waiter ends the older; a prompt ends the session's waiter (the hooks
-  tell what comes during a turn); the waiter ends when OpenCode does (it watches its parent). Not under `opencode
+  tell what comes during a turn); the waiter ends when OpenCode does (it watches the harness's process). Not under `opencode
   run`, which exits when the session goes idle.
-- OpenCode's exit: `hook opencode end` for each session it told (the session stops counting as live). Kilo's TUI
-  runs plugins in a worker thread, which sees no exit: there the session ends with Kilo's process (a session whose
-  harness process is gone is not live, and its waiter watches that process).
+- OpenCode's exit: `hook opencode end` for each session it told (the session stops counting as live).
 
 Everything here is this person's (interpreter, identity, mailbox): OpenCode reads no personal project file.
 """
@@ -30,44 +27,27 @@ from __future__ import annotations
 
 import json
 import os
-from typing import NamedTuple
 
 from agent_mail import errors
+from agent_mail.harnesses.record import HOOK, SERVER, Harness
 
-SERVER = "agent-mail"
+NAME = "opencode"
+PLUGIN = os.path.join(".opencode", "plugin", "agent-mail.js")
+CONFIG = "opencode.json"
+MARK = "written by `agent-mail setup opencode"  # in the plugin's first line: how ours is told from another's
+
+
+def mark(name: str) -> str:
+    """In the plugin's first line: how ours is told from another's (MARK for OpenCode)."""
+    return f"written by `agent-mail setup {name}"
+
+
 EDIT_TOOLS = ("write", "edit", "multiedit", "patch", "apply_patch")
 
-
-class Fork(NamedTuple):
-    """What differs between OpenCode and a harness built on it."""
-
-    harness: str  # the name setup and hook take
-    name: str  # what people call it
-    plugin: str  # our plugin, from the project's root
-    configs: tuple[str, ...]  # the project configs it reads; setup merges into the first one there, else the first
-    # Whether a project's config may read the environment ({env:VAR}): how a remote MCP entry reads the token.
-    # Kilo refuses it ("environment references are not allowed in project config") and drops the entry; its user
-    # config (`user_config`) may.
-    env_in_project: bool = True
-    user_config: str = ""
-
-    @property
-    def mark(self) -> str:
-        """In the plugin's first line: how ours is told from another's."""
-        return f"written by `agent-mail setup {self.harness}"
-
-
-FORKS = {
-    "opencode": Fork("opencode", "OpenCode", os.path.join(".opencode", "plugin", "agent-mail.js"), ("opencode.json",)),
-    # Kilo also reads opencode.json(c), and plugins from .kilocode/: setup writes only Kilo's own files.
-    "kilo": Fork("kilo", "Kilo Code", os.path.join(".kilo", "plugin", "agent-mail.js"), ("kilo.json", "kilo.jsonc"),
-                 env_in_project=False, user_config="~/.config/kilo/kilo.json"),
-}
-
 _PLUGIN_TEXT = """\
-// agent-mail for {name}: {mark} --agent {agent}`; `agent-mail setup {harness} --remove` takes it out.
+// agent-mail for {title}: {mark} --agent {agent}`; `agent-mail setup {name} --remove` takes it out.
 // Mail in the model's context (each prompt, after each tool), the held stop, the idle wake and the pre-edit guard,
-// each by running `agent-mail hook {harness} EVENT` with the session's JSON on stdin. It holds this person's
+// each by running `agent-mail hook {name} EVENT` with the session's JSON on stdin. It holds this person's
 // interpreter, identity and mailbox: keep it out of version control unless the mailbox is shared.
 import {{ spawn, spawnSync }} from "node:child_process";
 
@@ -76,7 +56,7 @@ const COMMAND = {command_json};
 const ENV = {env_json};
 const WAKE = {wake_json};
 const EDITS = new Set({edits_json});
-// `{harness} run` exits once its session is idle: nobody is there to be woken or held.
+// `{name} run` exits once its session is idle: nobody is there to be woken or held.
 const HEADLESS = process.argv.slice(2).find((word) => !word.startsWith("-")) === "run";
 
 function parsed(text) {{
@@ -232,33 +212,27 @@ export default async ({{ client, directory }}) => {{
 """
 
 
-def plugin_text(fork: Fork, agent: str, command: list[str], mailbox: str, wake: str) -> str:
-    """The plugin for `agent` (the hook command's words up to the event; the mailbox its hooks use)."""
+def plugin_text(agent: str, command: list[str], mailbox: str, wake: str, name: str = NAME,
+                title: str = "OpenCode") -> str:
+    """The plugin for `agent` (the hook command's words up to the event; the mailbox its hooks use), for the harness
+    `name` (OpenCode's, or one built on it) that people call `title`."""
     def js(value) -> str:
         return json.dumps(value, ensure_ascii=False)
 
-    return _PLUGIN_TEXT.format(name=fork.name, harness=fork.harness, mark=fork.mark, agent=agent,
-                               agent_json=js(agent), command_json=js(command + ["hook", fork.harness]),
-                               env_json=js({"AGENT_MAIL_DB": mailbox}), wake_json=js(wake),
-                               edits_json=js(list(EDIT_TOOLS)))
+    return _PLUGIN_TEXT.format(title=title, name=name, mark=mark(name), agent=agent, agent_json=js(agent),
+                               command_json=js(command + ["hook", name]), env_json=js({"AGENT_MAIL_DB": mailbox}),
+                               wake_json=js(wake), edits_json=js(list(EDIT_TOOLS)))
 
 
-def is_ours(fork: Fork, text: str | None) -> bool:
-    return text is not None and fork.mark in text.split("\n", 1)[0]
+def is_ours(text: str | None, name: str = NAME) -> bool:
+    return text is not None and mark(name) in text.split("\n", 1)[0]
 
 
-def config_path(fork: Fork, root: str) -> str:
-    """The project config setup merges into: the first of the fork's config files that is there, else the first."""
-    for name in fork.configs:
-        if os.path.lexists(os.path.join(root, name)):
-            return os.path.join(root, name)
-    return os.path.join(root, fork.configs[0])
-
-
-def plugin_plan(fork: Fork, root: str, text: str | None, planned) -> dict:
-    """The plan for the plugin (DIR/.opencode/plugin/agent-mail.js; `text`: what it should hold, None to take it
-    out); refused when a file of that name is not ours. `planned(path, action, before, after)` makes the plan."""
-    path = os.path.join(root, fork.plugin)
+def plugin_plan(root: str, text: str | None, planned, plugin: str = PLUGIN, name: str = NAME) -> dict:
+    """The plan for the plugin DIR/`plugin` (DIR/.opencode/plugin/agent-mail.js; `text`: what it should hold, None to
+    take it out); refused when a file of that name is not the harness `name`'s, ours. `planned(path, action, before,
+    after)` makes the plan."""
+    path = os.path.join(root, plugin)
     try:
         with open(path, encoding="utf-8") as handle:
             before: str | None = handle.read()
@@ -266,7 +240,7 @@ def plugin_plan(fork: Fork, root: str, text: str | None, planned) -> dict:
         before = None
     except (OSError, UnicodeDecodeError) as exc:
         raise errors.AgentMailError(f"cannot read {path}: {exc}. Nothing was written.") from None
-    if before is not None and not is_ours(fork, before):
+    if before is not None and not is_ours(before, name):
         raise errors.InvalidInput([(path, "exists and was not written by agent-mail setup; move it aside (or rename "
                                           "it), then run setup again. Nothing was written.")])
     if text == before:
@@ -277,9 +251,9 @@ def plugin_plan(fork: Fork, root: str, text: str | None, planned) -> dict:
     return planned(path, action, before, text)
 
 
-def config_merged(document: dict, entry: dict | None, config: str) -> dict:
-    """DIR/opencode.json (the config file named `config`) with our MCP server (`entry`) put under mcp.agent-mail, or
-    taken out (None); every other key left as it was, in its order."""
+def config_merged(document: dict, entry: dict | None, config: str = CONFIG) -> dict:
+    """DIR/opencode.json (the project config named `config`) with our MCP server (`entry`) put under mcp.agent-mail,
+    or taken out (None); every other key left as it was, in its order."""
     document = dict(document)
     servers = document.get("mcp", {})
     if not isinstance(servers, dict):
@@ -296,10 +270,86 @@ def config_merged(document: dict, entry: dict | None, config: str) -> dict:
 
 
 def server_entry(command: list[str], agent: str, mailbox: str, remote_url: str | None, bearer: str) -> dict:
-    """OpenCode's (and Kilo's) MCP entry: a local server (the command and its environment), or the agent-mail
-    server's /mcp over HTTP with the token read from the environment ({env:AGENT_MAIL_TOKEN}: OpenCode substitutes
-    it)."""
+    """OpenCode's MCP entry: a local server (the command and its environment), or the agent-mail server's /mcp over
+    HTTP with the token read from the environment ({env:AGENT_MAIL_TOKEN}: OpenCode substitutes it)."""
     if remote_url is not None:
         return {"type": "remote", "url": remote_url, "headers": {"Authorization": bearer}, "enabled": True}
     return {"type": "local", "command": command + ["mcp", "--agent", agent], "environment": {"AGENT_MAIL_DB": mailbox},
             "enabled": True}
+
+
+BEARER_FROM_ENV = "Bearer {env:AGENT_MAIL_TOKEN}"  # OpenCode's substitution of a variable in its config
+
+
+def config_path(root: str, configs: tuple[str, ...]) -> str:
+    """The project config setup merges into: the first of `configs` (the names the harness reads) that is there in
+    DIR, else the first."""
+    for config in configs:
+        if os.path.lexists(os.path.join(root, config)):
+            return os.path.join(root, config)
+    return os.path.join(root, configs[0])
+
+
+def plans_for(name: str, title: str, plugin: str, configs: tuple[str, ...], env_in_project: bool = True):
+    """The `plans` of the harness `name` (OpenCode, or one built on it, called `title`): its plugin at DIR/`plugin`
+    and our MCP server merged into its project config (the first of `configs` there, else the first). Through an
+    agent-mail server the entry reads the token from the environment ({env:...}); where the project config may not
+    (`env_in_project` False: Kilo Code drops such an entry) none is written, and `remote_note_for` says where it goes."""
+    def plans(kit, root: str, agent: str, mailbox: str, remove: bool) -> list[dict]:
+        remote = kit.mcp_url(mailbox) if kit.is_server(mailbox) else None
+        entry = None if remove else server_entry(kit.base_command(), agent, mailbox, remote, BEARER_FROM_ENV)
+        if remote is not None and not env_in_project:
+            entry = None  # the token cannot be read there, and is never written in a file
+        text = None if remove else plugin_text(agent, kit.hook_base(), mailbox, kit.REWAKE_MESSAGE, name, title)
+        config = config_path(root, configs)
+        return [kit.json_plan(config, lambda d: config_merged(d, entry, os.path.basename(config)), comments=True),
+                plugin_plan(root, text, kit.planned, plugin, name)]
+
+    return plans
+
+
+def remote_note_for(title: str, user_config: str):
+    """The `remote_note` of a harness built on OpenCode whose project config may not read the environment: through
+    an agent-mail server no MCP entry is written in the project, and the note gives the one for the person's own
+    `user_config`, which may."""
+    def remote_note(kit, mailbox: str) -> str:
+        entry = {"type": "remote", "url": kit.mcp_url(mailbox), "headers": {"Authorization": BEARER_FROM_ENV}}
+        return (f"{title} refuses to read the environment in a project's config, so no MCP entry was written here "
+                "(one naming the token itself would put it in a file): for the MCP tools, add "
+                f'"mcp": {{"{SERVER}": {json.dumps(entry)}}} to your own {user_config}, which it trusts to read '
+                f"{kit.TOKEN_VAR}.")
+
+    return remote_note
+
+
+plans = plans_for(NAME, "OpenCode", PLUGIN, (CONFIG,))
+
+
+HARNESS = Harness(
+    name=NAME,
+    title="OpenCode",
+    program="opencode",
+    tool="agent-mail_{}",
+    edit_tools=EDIT_TOOLS,
+    patch_tools=("patch", "apply_patch"),  # the files in the patch's headers (args.patchText); the others: filePath
+    wake=HOOK,
+    woken="woken now (a live OpenCode session, idle: its agent-mail plugin's waiter starts a turn)",
+    told="told at its next prompt or tool call (a live OpenCode session, at work; woken when idle)",
+    plans=plans,
+    marker=(PLUGIN, (MARK,)),
+    notes=(
+        "Start `opencode` in this directory (OpenCode reads opencode.json from the directory it starts in): the "
+        "agent-mail MCP server (tools agent-mail_*) loads from opencode.json, the plugin from "
+        ".opencode/plugin/agent-mail.js.",
+        "Mail reaches the model's context at each prompt (the first one of a session gets the inbox) and after tool "
+        "calls; a session that goes idle with mail that arrived during its turn is sent it as one more prompt, once; "
+        "an idle session is woken when mail arrives (the plugin's waiter starts a turn with the envelopes). Under "
+        "`opencode run` nothing waits: it exits when its session is idle.",
+        "At its first start in a directory OpenCode installs @opencode-ai/plugin into .opencode/node_modules with npm "
+        "(a few seconds; without a network it retries for about 75 s before the session starts; "
+        "npm_config_fetch_retries=0 makes that fail at once). The agent-mail plugin does not use it.",
+        "The agent-mail entry of opencode.json and .opencode/plugin/agent-mail.js hold this interpreter, identity and "
+        "mailbox (OpenCode reads no personal project settings): keep them out of version control, or commit them only "
+        "for a shared mailbox.",
+    ),
+)
