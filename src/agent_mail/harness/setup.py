@@ -4,11 +4,11 @@ For a project directory DIR, the MCP server `agent-mail` (this interpreter runni
 with the mailbox it resolved in its environment) and the hooks (this interpreter running the installed agent-mail
 script, `hook ...`; `-m agent_mail hook ...` where no script is installed), and the file that names the mailbox.
 Each harness's files, what goes in them and the notes shown are its record's (agent_mail.harnesses: claude_code,
-codex, gemini, qwen, copilot, opencode, kilo, pi, vibe, one module each); this module writes them, the same way for all: hooks
-merged into a harness's hooks object (hooks_merged: the record says the events and the shape of one hook), the MCP
-server entry (servers), a JSON settings file edited in place (json_plan). Every harness gets the context hooks, the
-stop guard, the end of a session and the pre-tool hook (`hook HARNESS pretool`, which denies an edit of a file
-another live identity holds), and where it can be woken by itself its idle waiter.
+codex, gemini, qwen, copilot, opencode, kilo, pi, vibe, one module each); this module writes them, the same way for
+all: hooks merged into a harness's hooks object (hooks_merged: the record says the events and the shape of one
+hook), the MCP server entry (servers), a JSON settings file edited in place (json_plan). Every harness gets the
+context hooks, the stop guard, the end of a session and the pre-tool hook (`hook HARNESS pretool`, which denies an
+edit of a file another live identity holds), and where it can be woken by itself its idle waiter.
 
 Through a server (the mailbox an http(s):// URL): the MCP entry is the server's /mcp over streamable HTTP, its
 bearer token read from AGENT_MAIL_TOKEN in the harness's environment, never written (.mcp.json's

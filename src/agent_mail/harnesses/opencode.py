@@ -16,8 +16,8 @@ input on stdin, as every harness's hooks) at the points OpenCode offers, and add
   prompt (client.session.promptAsync), once; otherwise the waiter `hook opencode wait` is started (the one Claude Code
   runs as its asyncRewake hook), which exits 2 with the note when mail the session was not told of arrives: the plugin
   starts a turn with it (promptAsync). A newer waiter ends the older; a prompt ends the session's waiter (the hooks
-  tell what comes during a turn); the waiter ends when OpenCode does (it watches the harness's process). Not under `opencode
-  run`, which exits when the session goes idle.
+  tell what comes during a turn); the waiter ends when OpenCode does (it watches the harness's process). Not under
+  `opencode run`, which exits when the session goes idle.
 - OpenCode's exit: `hook opencode end` for each session it told (the session stops counting as live).
 
 Everything here is this person's (interpreter, identity, mailbox): OpenCode reads no personal project file.
@@ -294,7 +294,7 @@ def plans_for(name: str, title: str, plugin: str, configs: tuple[str, ...], env_
     """The `plans` of the harness `name` (OpenCode, or one built on it, called `title`): its plugin at DIR/`plugin`
     and our MCP server merged into its project config (the first of `configs` there, else the first). Through an
     agent-mail server the entry reads the token from the environment ({env:...}); where the project config may not
-    (`env_in_project` False: Kilo Code drops such an entry) none is written, and `remote_note_for` says where it goes."""
+    (`env_in_project` False: Kilo Code drops such an entry) none is written; `remote_note_for` says where it goes."""
     def plans(kit, root: str, agent: str, mailbox: str, remove: bool) -> list[dict]:
         remote = kit.mcp_url(mailbox) if kit.is_server(mailbox) else None
         entry = None if remove else server_entry(kit.base_command(), agent, mailbox, remote, BEARER_FROM_ENV)
