@@ -1,6 +1,7 @@
-"""Idle wake of the real OpenCode, end to end: `send` exits -> OpenCode's new request reaches the model.
+"""Idle wake of the real OpenCode (or Kilo Code CLI), end to end: `send` exits -> its new request reaches the model.
 
     python bench/bench_wake_opencode.py [--wakes 10] [--opencode PATH]
+    python bench/bench_wake_opencode.py --harness kilo [--wakes 10] [--kilo PATH]
 
 An interactive `opencode` (the TUI, in a tmux of its own) set up by `agent-mail setup opencode`, against
 tests/lib/fake_model.py (local, instant: the figure is OpenCode's and agent-mail's own, not a model's). After a first
@@ -8,7 +9,8 @@ turn the session is idle; each round waits until the plugin's waiter (`hook open
 with `agent-mail send`, and times from the moment send exits to the moment the fake model receives the woken
 session's request (the plugin's client.session.promptAsync with the waiter's note). Target: median <= 1 s (issue 28).
 Needs OpenCode (.cache/node, as .ci/run installs it, with @opencode-ai/plugin, linked in so OpenCode fetches nothing)
-and tmux; prints the median, the spread and the load average.
+and tmux; prints the median, the spread and the load average. --harness kilo: the same with `kilo` (@kilocode/cli,
+built on OpenCode: the same plugin, in .kilo/plugin, set up by `agent-mail setup kilo`; its config kilo.json).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # for tests.lib
 AGENT = "bench:opencode"
+NAMES = {"opencode": "OpenCode", "kilo": "Kilo Code"}
 TARGET_SECONDS = 1.0
 NODE = os.path.join(ROOT, ".cache", "node", "node_modules")
 
@@ -43,7 +46,7 @@ def _link_plugin_package(config: str) -> None:
         json.dump({"lockfileVersion": 3, "packages": {"": {"dependencies": dependencies}}}, handle)
 
 
-def run(opencode: str, wakes: int) -> list[float]:
+def run(opencode: str, wakes: int, harness: str = "opencode") -> list[float]:
     from tests.lib.fake_model import FakeModel
 
     arrived: list[float] = []
@@ -62,28 +65,32 @@ def run(opencode: str, wakes: int) -> list[float]:
         config = {"model": "scripted/scripted", "provider": {"scripted": {
             "npm": "@ai-sdk/openai-compatible", "options": {"baseURL": f"{model.url}/v1", "apiKey": "x"},
             "models": {"scripted": {}}}}}
-        with open(os.path.join(project, "opencode.json"), "w") as handle:
+        with open(os.path.join(project, f"{harness}.json"), "w") as handle:
             json.dump(config, handle)
-        _link_plugin_package(os.path.join(project, ".opencode"))
-        _link_plugin_package(os.path.join(home, ".config", "opencode"))
+        if harness == "opencode":
+            _link_plugin_package(os.path.join(project, ".opencode"))
+            _link_plugin_package(os.path.join(home, ".config", "opencode"))
         env = {key: value for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE"}
         env["AGENT_MAIL_DB"] = os.path.join(tmp, "mail.db")
         env["PYTHONPATH"] = os.path.join(ROOT, "src")
         cli = [sys.executable, "-m", "agent_mail"]
-        subprocess.run([*cli, "setup", "opencode", "--agent", AGENT, "--dir", project], env=env, check=True,
+        subprocess.run([*cli, "setup", harness, "--agent", AGENT, "--dir", project], env=env, check=True,
                        stdout=subprocess.DEVNULL)
-        variables = {"HOME": home, "PWD": project, "PYTHONPATH": env["PYTHONPATH"], "OPENCODE_DISABLE_AUTOUPDATE": "1",
-                     "OPENCODE_DISABLE_MODELS_FETCH": "1", "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
-                     "OPENCODE_DISABLE_SHARE": "1", "npm_config_fetch_retries": "0"}
+        prefix = harness.upper()
+        variables = {"HOME": home, "PWD": project, "PYTHONPATH": env["PYTHONPATH"], f"{prefix}_DISABLE_AUTOUPDATE": "1",
+                     f"{prefix}_DISABLE_MODELS_FETCH": "1", f"{prefix}_DISABLE_LSP_DOWNLOAD": "1",
+                     f"{prefix}_DISABLE_SHARE": "1", "npm_config_fetch_retries": "0"}
+        if harness == "kilo":  # its background npm install of @kilocode/plugin goes nowhere
+            variables.update(KILO_TELEMETRY_LEVEL="off", npm_config_registry="http://127.0.0.1:9/")
         command = " ".join(["env", "-u", "AGENT_MAIL_DB"] + [f"{k}={v}" for k, v in variables.items()] + [opencode])
-        session = f"agent-mail-bench-opencode-{os.getpid()}"
+        session = f"agent-mail-bench-{harness}-{os.getpid()}"
         tmux = ["tmux", "-S", os.path.join(tmp, "tmux.sock")]
 
         def until(predicate, what: str, timeout: float = 60) -> None:
             deadline = time.monotonic() + timeout
             while not predicate():
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"OpenCode: {what}")
+                    raise RuntimeError(f"{NAMES[harness]}: {what}")
                 time.sleep(0.01)
 
         def armed() -> bool:
@@ -116,16 +123,20 @@ def run(opencode: str, wakes: int) -> list[float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--wakes", type=int, default=10)
+    parser.add_argument("--harness", choices=sorted(NAMES), default="opencode")
     parser.add_argument("--opencode", default=os.environ.get("AGENT_MAIL_OPENCODE") or os.path.join(
         NODE, ".bin", "opencode"))
+    parser.add_argument("--kilo", default=os.environ.get("AGENT_MAIL_KILO") or os.path.join(NODE, ".bin", "kilo"))
     args = parser.parse_args()
-    if not os.path.exists(args.opencode) or shutil.which("tmux") is None:
-        sys.exit("not run: OpenCode (.ci/run installs it under .cache/node) or tmux is not installed")
+    program = args.kilo if args.harness == "kilo" else args.opencode
+    if not os.path.exists(program) or shutil.which("tmux") is None:
+        sys.exit(f"not run: {NAMES[args.harness]} (.ci/run installs it under .cache/node) or tmux is not installed")
     load = "{:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
-    samples = sorted(run(args.opencode, args.wakes))
+    samples = sorted(run(program, args.wakes, args.harness))
     median, p90 = statistics.median(samples), samples[int(0.9 * (len(samples) - 1))]
-    print(f"idle wake, OpenCode end to end (send exits -> model asked): median {median * 1000:.0f} ms over "
-          f"{len(samples)} wakes (min {samples[0] * 1000:.0f}, p90 {p90 * 1000:.0f}, max {samples[-1] * 1000:.0f}); "
+    print(f"idle wake, {NAMES[args.harness]} end to end (send exits -> model asked): median {median * 1000:.0f} ms "
+          f"over {len(samples)} wakes (min {samples[0] * 1000:.0f}, p90 {p90 * 1000:.0f}, "
+          f"max {samples[-1] * 1000:.0f}); "
           f"target <= {TARGET_SECONDS * 1000:.0f} ms: "
           f"{'met' if median <= TARGET_SECONDS else 'NOT met'}; load {load}")
 

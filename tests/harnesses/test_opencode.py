@@ -7,8 +7,9 @@ OpenAI Chat Completions API on 127.0.0.1, named in the project's opencode.json a
 writes first (as a person would), so setup must merge into it. HOME is a throwaway directory; updates, model lists,
 LSP downloads and sharing are off. Skipped with the reason where OpenCode is not installed; required in CI.
 
-`opencode run` (one prompt, then exit) proves context, told once, the MCP tools and the guard; the interactive TUI in
-tmux proves what needs an idle session: the held stop, the idle wake and the end of the session with OpenCode.
+`opencode run` (one prompt, then exit) proves context, told once, the MCP tools and the guard (by the scenarios Kilo
+Code's test runs too: tests/lib/opencode_family.py); the interactive TUI in tmux proves what needs an idle session: the
+held stop, the idle wake and the end of the session with OpenCode.
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ import pytest
 from agent_mail.harness import json_text
 from tests.lib.cli import am_process, process_env
 from tests.lib.tools import NODE_BIN, find
+from tests.lib import opencode_family as family
 from tests.lib.waiting import until
 from tests.lib.fake_model import FakeModel
-from tests.lib.harnesses import (HELD, URGENT, Terminal, chat_tools, mail_during_the_turn, private_tmp,
-                                 send_urgent_mail, status_of)
+from tests.lib.harnesses import HELD, URGENT, Terminal, mail_during_the_turn, private_tmp, send_urgent_mail, status_of
 
 AGENT = "proj:coder"
 OPENCODE = find("opencode")
@@ -99,99 +100,18 @@ def _run(project, prompt: str) -> subprocess.CompletedProcess:
     return proc
 
 
-def _main(request: dict) -> bool:
-    """A request of the session's own loop (it offers the tools), not a side call (the title)."""
-    return "write" in chat_tools(request)
-
-
-def _tool_results(request: dict) -> int:
-    return sum(m.get("role") == "tool" for m in request.get("messages", []))
-
-
-def _loop(model) -> list[dict]:
-    return [r for r in model.requests if _main(r)]
-
-
 def test_mail_reaches_opencode_once_and_its_mcp_tools_run(project, model):
-    assert am_process("send", "--from", "boss:lead", "--to", AGENT, "--subject", "Fix the flaky test",
-                      "--body", "It is test_login.", env=process_env()).returncode == 0
-    during = []
-
-    def script(request):
-        if not _main(request):
-            return None
-        if _tool_results(request):
-            return [{"type": "text", "text": "done"}]
-        during.append(status_of(AGENT))  # while the session lives
-        return [{"type": "tool_use", "name": "agent-mail_read", "input": {}}]
-
-    model.script = script
-    _run(project, "Check your mail.")
-    assert during[0]["reachable"] and "a live OpenCode session" in during[0]["reached_by"]
-    assert not status_of(AGENT)["reachable"]  # OpenCode exited: no longer live
-    loop = _loop(model)
-    assert "agent-mail_read" in chat_tools(loop[0]) and "agent-mail_send" in chat_tools(loop[0])
-    first = json.dumps(loop[0]["messages"])
-    assert "you are proj:coder" in first and "Fix the flaky test" in first and "test_login" not in first
-    last = json.dumps(loop[-1]["messages"])
-    assert "test_login" in last  # the read tool ran, and its result reached the model
-    # told once: nothing told it again after the prompt (nor after the read, whose result showed it)
-    assert last.count("you are proj:coder") == 1 and "new message" not in last
-    assert json.loads(am_process("read", AGENT, "--no-mark-read").stdout)["count"] == 0  # the read tool took it
+    family.mail_reaches_the_model_once_and_the_mcp_tools_run(lambda prompt: _run(project, prompt), model, AGENT,
+                                                             "a live OpenCode session")
 
 
 def test_mail_after_a_tool_reaches_opencode_once_and_is_not_marked_read(project, model):
-    sent = []
-
-    def script(request):
-        if not _main(request):
-            return None
-        results = _tool_results(request)
-        if results == 0:
-            return [{"type": "tool_use", "name": "write", "input": {"filePath": str(project / "a.txt"),
-                                                                    "content": "a\n"}}]
-        if results == 1 and not sent:
-            send_urgent_mail(AGENT)
-            sent.append(True)
-            return [{"type": "tool_use", "name": "write", "input": {"filePath": str(project / "b.txt"),
-                                                                    "content": "b\n"}}]
-        return [{"type": "text", "text": "done"}]
-
-    model.script = script
-    _run(project, "Write two files.")
-    assert (project / "b.txt").read_text() == "b\n"
-    last = json.dumps(_loop(model)[-1]["messages"])
-    assert last.count(URGENT) == 1  # told after the tool, once, though the hook ran again since
-    assert json.loads(am_process("read", AGENT, "--no-mark-read").stdout)["count"] == 1
+    family.mail_after_a_tool_is_told_once_and_not_marked_read(lambda prompt: _run(project, prompt), model, project,
+                                                              AGENT)
 
 
 def test_a_write_of_a_reserved_file_is_refused_while_a_free_one_is_written(project, model):
-    subprocess.run(["git", "init", "-q"], cwd=project, check=True)
-    subprocess.run(["git", "remote", "add", "origin", "https://github.com/acme/widget.git"], cwd=project, check=True)
-    (project / "src").mkdir()
-    held, free, edited = project / "src" / "lib.rs", project / "notes.txt", project / "src" / "main.rs"
-    edited.write_text("fn main() {}\n")
-    done = am_process("reserve", "proj:holder", "src/**", "--reason", "parser rewrite", cwd=str(project))
-    assert done.returncode == 0, done.stderr
-    calls = [("write", {"filePath": str(held), "content": "x\n"}),
-             ("edit", {"filePath": str(edited), "oldString": "fn main() {}", "newString": "fn main() { x() }"}),
-             ("write", {"filePath": str(free), "content": "new\n"})]
-
-    def script(request):
-        if not _main(request):
-            return None
-        results = _tool_results(request)
-        if results < len(calls):
-            return [{"type": "tool_use", "name": calls[results][0], "input": calls[results][1]}]
-        return [{"type": "text", "text": "done"}]
-
-    model.script = script
-    _run(project, "Write the files.")
-    assert not held.exists() and edited.read_text() == "fn main() {}\n"
-    assert free.read_text() == "new\n"
-    said = json.dumps(_loop(model)[-1]["messages"])
-    assert said.count("held by proj:holder") == 2 and "parser rewrite" in said
-    assert "agent-mail send --from proj:coder --to proj:holder" in said
+    family.a_reserved_file_is_not_written_while_a_free_one_is(lambda prompt: _run(project, prompt), model, project)
 
 
 @pytest.mark.requires("tmux")
@@ -199,7 +119,8 @@ def test_an_idle_opencode_is_woken_by_mail_its_stop_held_once_and_it_ends_with_o
     """Interactive `opencode` in tmux. Mail that lands during the first turn holds its stop once (sent back as the next
     prompt); idle afterwards, the session is reachable and mail wakes it (a new turn with the envelopes, told once);
     after /exit the session no longer counts as live and its waiter is gone."""
-    model.script = mail_during_the_turn(_main, lambda request: request["messages"], lambda: send_urgent_mail(AGENT))
+    model.script = mail_during_the_turn(family.main, lambda request: request["messages"],
+                                        lambda: send_urgent_mail(AGENT))
     env = _env(project)
     passed = [k for k in env if k.startswith(("OPENCODE_", "npm_config_"))
               or k in ("HOME", "PWD", "TMPDIR", "PYTHONPATH", "PATH")]
@@ -207,19 +128,19 @@ def test_an_idle_opencode_is_woken_by_mail_its_stop_held_once_and_it_ends_with_o
     with Terminal(project.parent, f"agent-mail-opencode-{os.getpid()}", project, command) as terminal:
         terminal.wait_for(lambda: "Ask anything" in terminal.screen(), 60, "opencode did not reach its prompt")
         terminal.type("Do the task.", "Enter")
-        held = terminal.wait_for(lambda: [r for r in _loop(model) if HELD in json.dumps(r["messages"])], 60,
+        held = terminal.wait_for(lambda: [r for r in family.loop(model) if HELD in json.dumps(r["messages"])], 60,
                                  "the stop was not held")
         assert URGENT in json.dumps(held[0]["messages"])
         terminal.wait_for(lambda: "I will handle it next." in terminal.screen(), 60, "the held turn did not end")
         row = terminal.wait_for(lambda: (lambda r: r["watch_state"] == "armed" and r)(status_of(AGENT)), 30,
                                 "no waiter armed while idle")
         assert row["reachable"] and "a live OpenCode session" in row["reached_by"] and row["sessions"] == 1
-        turns = len(_loop(model))
-        model.script = lambda request: [{"type": "text", "text": "woken and on it"}] if _main(request) else None
+        turns = len(family.loop(model))
+        model.script = lambda request: [{"type": "text", "text": "woken and on it"}] if family.main(request) else None
         assert am_process("send", "--from", "boss:lead", "--to", AGENT, "--subject", "Rebase the branch",
                           env=process_env()).returncode == 0
-        terminal.wait_for(lambda: len(_loop(model)) > turns, 30, "the idle session was not woken")
-        woken = json.dumps(_loop(model)[turns]["messages"])
+        terminal.wait_for(lambda: len(family.loop(model)) > turns, 30, "the idle session was not woken")
+        woken = json.dumps(family.loop(model)[turns]["messages"])
         assert WOKEN in woken and woken.count("Rebase the branch") == 1 and woken.count(URGENT) == 1
         terminal.wait_for(lambda: "woken and on it" in terminal.screen(), 60, "the woken turn did not end")
         opencode = int(subprocess.run([*terminal.tmux, "list-panes", "-t", terminal.name, "-F", "#{pane_pid}"],
@@ -254,7 +175,7 @@ def test_a_killed_opencode_is_not_reachable_at_once(project, model):
     harness's process; it ran on for 3-5 s), so a send that requires a reachable recipient refuses at once."""
     import signal
 
-    model.script = lambda request: [{"type": "text", "text": "ok from the model"}] if _main(request) else None
+    model.script = lambda request: [{"type": "text", "text": "ok from the model"}] if family.main(request) else None
     env = _env(project)
     passed = [k for k in env if k.startswith(("OPENCODE_", "npm_config_"))
               or k in ("HOME", "PWD", "TMPDIR", "PYTHONPATH", "PATH")]

@@ -32,6 +32,9 @@ FOUR_SPACES = {
     "opencode": {"opencode.json": '// my project\n{\n  "$schema": "https://opencode.ai/config.json",\n'
                  '  /* the model I use */\n  "model": "fake/fake-model",\n  "mcp": {\n'
                  '    "other": {"type": "local", "command": ["x"]}, // mine\n  },\n}\n'},
+    # Kilo reads kilo.jsonc too: setup merges into the one that is there
+    "kilo": {"kilo.jsonc": '// my project\n{\n    "$schema": "https://app.kilo.ai/config.json",\n'
+             '    /* the model I use */\n    "model": "fake/fake-model",\n}'},
 }
 
 
@@ -66,7 +69,7 @@ def test_remove_gives_back_the_exact_bytes_setup_found(tmp_path, harness, keep_o
     run_setup(project, harness)
     for name, text in FOUR_SPACES[harness].items():
         after = (project / name).read_text()
-        json_text.parse(after, comments=name == "opencode.json")  # still one document
+        json_text.parse(after, comments=name in ("opencode.json", "kilo.jsonc"))  # still one document
         # Setup edited the file in its own style: the same indentation, the person's first lines as they were.
         assert json_text.indent_unit(after) == json_text.indent_unit(text)
         assert after.splitlines()[:2] == text.splitlines()[:2]

@@ -33,6 +33,7 @@ TOOLS = {
     "qwen": ("AGENT_MAIL_QWEN", ("qwen",), "npm install @qwen-code/qwen-code, or set AGENT_MAIL_QWEN"),
     "copilot": ("AGENT_MAIL_COPILOT", ("copilot",), "npm install @github/copilot, or set AGENT_MAIL_COPILOT"),
     "opencode": ("AGENT_MAIL_OPENCODE", ("opencode",), "npm install opencode-ai, or set AGENT_MAIL_OPENCODE"),
+    "kilo": ("AGENT_MAIL_KILO", ("kilo",), "npm install @kilocode/cli@7.7.7, or set AGENT_MAIL_KILO"),
     "pi": ("AGENT_MAIL_PI", ("pi",), "npm install @mariozechner/pi-coding-agent, or set AGENT_MAIL_PI"),
     "vibe": ("AGENT_MAIL_VIBE", ("vibe",), "python3.12 -m venv .cache/vibe && .cache/vibe/bin/pip install "
              "mistral-vibe==3.0.2, or set AGENT_MAIL_VIBE"),

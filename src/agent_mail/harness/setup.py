@@ -4,16 +4,17 @@ For a project directory DIR, the MCP server `agent-mail` (this interpreter runni
 with the mailbox it resolved in its environment) and the hooks (this interpreter running the installed agent-mail
 script, `hook ...`; `-m agent_mail hook ...` where no script is installed), and the file that names the mailbox.
 Each harness's files, what goes in them and the notes shown are its record's (agent_mail.harnesses: claude_code,
-codex, gemini, qwen, copilot, opencode, vibe, one module each); this module writes them, the same way for all: hooks
-merged into a harness's hooks object (hooks_merged: the record says the events and the shape of one hook), the MCP
-server entry (servers), a JSON settings file edited in place (json_plan). Every harness gets the context hooks, the
-stop guard, the end of a session and the pre-tool hook (`hook HARNESS pretool`, which denies an edit of a file
-another live identity holds), and where it can be woken by itself its idle waiter.
+codex, gemini, qwen, copilot, opencode, kilo, pi, vibe, one module each); this module writes them, the same way for
+all: hooks merged into a harness's hooks object (hooks_merged: the record says the events and the shape of one
+hook), the MCP server entry (servers), a JSON settings file edited in place (json_plan). Every harness gets the
+context hooks, the stop guard, the end of a session and the pre-tool hook (`hook HARNESS pretool`, which denies an
+edit of a file another live identity holds), and where it can be woken by itself its idle waiter.
 
 Through a server (the mailbox an http(s):// URL): the MCP entry is the server's /mcp over streamable HTTP, its
 bearer token read from AGENT_MAIL_TOKEN in the harness's environment, never written (.mcp.json's
 `{"type": "http", "url": ".../mcp", "headers": {"Authorization": "Bearer ${AGENT_MAIL_TOKEN}"}}`, or each
-harness's own form). The hooks are the same commands; agent-mail runs them as a client of the server.
+harness's own form; none where the harness's project settings may not read the environment: the record's
+remote_note says where it goes). The hooks are the same commands; agent-mail runs them as a client of the server.
 
 Every harness: DIR/.agent-mail-db, the file by which any agent-mail command run in DIR or below finds the
 mailbox (agent_mail.operations.location). Setup first checks that the mailbox can be opened (without creating it).
@@ -24,7 +25,8 @@ reads JSONC, every byte setup does not change). Our entries are recognised by th
 hook`, or `-m agent_mail hook`, which older setups wrote; `agent_mail mcp`), so a second run changes no byte, a run
 with another identity replaces ours, and --remove takes out only ours; what a file held before setup first changed
 it is kept in the user's state directory and written back by --remove when it says the same (the exact bytes: a
-file of {}, an empty object setup filled). Writes are atomic (a temporary file renamed over the old one, its
+file of {}, an empty object setup filled); a file setup has nothing to add to or take out of is not rewritten (a
+file of {} stays). Writes are atomic (a temporary file renamed over the old one, its
 permissions kept); --dry-run prints the diff instead.
 """
 
@@ -326,6 +328,8 @@ def json_plan(path: str, change, comments: bool = False) -> dict:
     that was there (json_text: its formatting, order and comments kept; only what changed is rewritten)."""
     document, before = _load(path, comments)
     after_document = change(document or {})
+    if document is not None and after_document == document:
+        return planned(path, "unchanged", before, before)  # nothing of ours to add or take out: not a byte changed
     if not after_document:
         after = None
     elif before is None or not before.strip():
@@ -574,6 +578,9 @@ def _remote_notes(harness: str, mailbox: str) -> list[str]:
              f"taken from the token; the hooks run agent-mail as a client of {mailbox}. No file holds the token: "
              f"{kind.token_reader} read it from {TOKEN_VAR} in the "
              f"environment `{start}` starts with."]
+    if kind.remote_note is not None:  # no MCP entry written: the record says where it goes
+        notes[0] = (f"The hooks run agent-mail as a client of {mailbox}, reading the token from {TOKEN_VAR} in the "
+                    f"environment `{start}` starts with. " + kind.remote_note(KIT, mailbox))
     if not os.environ.get(TOKEN_VAR, "").strip():
         notes.append(f"{TOKEN_VAR} is not set here. Export it before starting `{start}` (the mailbox's operator "
                      "makes a token with agent-mail token create --agent P:N). With "

@@ -1,6 +1,6 @@
 """The harnesses agent-mail connects to, one module each, chosen by name through one small registry.
 
-Each module here (claude_code, codex, gemini, qwen, copilot, opencode, pi, vibe) holds everything about its
+Each module here (claude_code, codex, gemini, qwen, copilot, opencode, kilo, pi, vibe) holds everything about its
 harness in one record, a Harness: the program it starts as, the words of its hook input and output, the note's tool
 names, how its idle session is woken and the liveness words that say so, the tools whose edits the pre-tool guard
 checks, and what `agent-mail setup` writes for it (its files, merged, and the notes shown). Every layer asks the record
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 # The harnesses, by name (as `agent-mail setup NAME` and `agent-mail hook NAME` take it, and as harness sessions are
 # stored): the command line's choices, without loading a module.
-NAMES = ("claude-code", "codex", "gemini", "qwen", "copilot", "opencode", "pi", "vibe")
+NAMES = ("claude-code", "codex", "gemini", "qwen", "copilot", "opencode", "kilo", "pi", "vibe")
 
 
 def _load(name: str):
@@ -42,6 +42,8 @@ def _load(name: str):
         from agent_mail.harnesses import copilot as kind
     elif name == "opencode":
         from agent_mail.harnesses import opencode as kind
+    elif name == "kilo":
+        from agent_mail.harnesses import kilo as kind
     elif name == "pi":
         from agent_mail.harnesses import pi as kind
     elif name == "vibe":

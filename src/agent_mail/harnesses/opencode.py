@@ -1,4 +1,6 @@
-"""`agent-mail setup opencode`: what OpenCode (the npm package opencode-ai) is given.
+"""`agent-mail setup opencode`: what OpenCode (the npm package opencode-ai) is given; and, by parameter, what a harness
+built on OpenCode (its plugin API and config format) is given: Kilo Code CLI (agent_mail.harnesses.kilo) differs in
+its names, its plugin's path, its project configs and whether those may read the environment (`plans_for`).
 
 OpenCode has no command hooks: it runs a project's JavaScript plugins (DIR/.opencode/plugin/*.js) in its own process.
 Setup writes one, DIR/.opencode/plugin/agent-mail.js, which runs `agent-mail hook opencode EVENT --agent P:N` (the JSON
@@ -14,8 +16,8 @@ input on stdin, as every harness's hooks) at the points OpenCode offers, and add
   prompt (client.session.promptAsync), once; otherwise the waiter `hook opencode wait` is started (the one Claude Code
   runs as its asyncRewake hook), which exits 2 with the note when mail the session was not told of arrives: the plugin
   starts a turn with it (promptAsync). A newer waiter ends the older; a prompt ends the session's waiter (the hooks
-  tell what comes during a turn); the waiter ends when OpenCode does (it watches its parent). Not under `opencode
-  run`, which exits when the session goes idle.
+  tell what comes during a turn); the waiter ends when OpenCode does (it watches the harness's process). Not under
+  `opencode run`, which exits when the session goes idle.
 - OpenCode's exit: `hook opencode end` for each session it told (the session stops counting as live).
 
 Everything here is this person's (interpreter, identity, mailbox): OpenCode reads no personal project file.
@@ -33,12 +35,19 @@ NAME = "opencode"
 PLUGIN = os.path.join(".opencode", "plugin", "agent-mail.js")
 CONFIG = "opencode.json"
 MARK = "written by `agent-mail setup opencode"  # in the plugin's first line: how ours is told from another's
+
+
+def mark(name: str) -> str:
+    """In the plugin's first line: how ours is told from another's (MARK for OpenCode)."""
+    return f"written by `agent-mail setup {name}"
+
+
 EDIT_TOOLS = ("write", "edit", "multiedit", "patch", "apply_patch")
 
 _PLUGIN_TEXT = """\
-// agent-mail for OpenCode: {mark} --agent {agent}`; `agent-mail setup opencode --remove` takes it out.
+// agent-mail for {title}: {mark} --agent {agent}`; `agent-mail setup {name} --remove` takes it out.
 // Mail in the model's context (each prompt, after each tool), the held stop, the idle wake and the pre-edit guard,
-// each by running `agent-mail hook opencode EVENT` with the session's JSON on stdin. It holds this person's
+// each by running `agent-mail hook {name} EVENT` with the session's JSON on stdin. It holds this person's
 // interpreter, identity and mailbox: keep it out of version control unless the mailbox is shared.
 import {{ spawn, spawnSync }} from "node:child_process";
 
@@ -47,7 +56,7 @@ const COMMAND = {command_json};
 const ENV = {env_json};
 const WAKE = {wake_json};
 const EDITS = new Set({edits_json});
-// `opencode run` exits once its session is idle: nobody is there to be woken or held.
+// `{name} run` exits once its session is idle: nobody is there to be woken or held.
 const HEADLESS = process.argv.slice(2).find((word) => !word.startsWith("-")) === "run";
 
 function parsed(text) {{
@@ -203,24 +212,27 @@ export default async ({{ client, directory }}) => {{
 """
 
 
-def plugin_text(agent: str, command: list[str], mailbox: str, wake: str) -> str:
-    """The plugin for `agent` (the hook command's words up to the event; the mailbox its hooks use)."""
+def plugin_text(agent: str, command: list[str], mailbox: str, wake: str, name: str = NAME,
+                title: str = "OpenCode") -> str:
+    """The plugin for `agent` (the hook command's words up to the event; the mailbox its hooks use), for the harness
+    `name` (OpenCode's, or one built on it) that people call `title`."""
     def js(value) -> str:
         return json.dumps(value, ensure_ascii=False)
 
-    return _PLUGIN_TEXT.format(mark=MARK, agent=agent, agent_json=js(agent), command_json=js(command + ["hook",
-                               NAME]), env_json=js({"AGENT_MAIL_DB": mailbox}), wake_json=js(wake),
-                               edits_json=js(list(EDIT_TOOLS)))
+    return _PLUGIN_TEXT.format(title=title, name=name, mark=mark(name), agent=agent, agent_json=js(agent),
+                               command_json=js(command + ["hook", name]), env_json=js({"AGENT_MAIL_DB": mailbox}),
+                               wake_json=js(wake), edits_json=js(list(EDIT_TOOLS)))
 
 
-def is_ours(text: str | None) -> bool:
-    return text is not None and MARK in text.split("\n", 1)[0]
+def is_ours(text: str | None, name: str = NAME) -> bool:
+    return text is not None and mark(name) in text.split("\n", 1)[0]
 
 
-def plugin_plan(root: str, text: str | None, planned) -> dict:
-    """The plan for DIR/.opencode/plugin/agent-mail.js (`text`: what it should hold, None to take it out); refused
-    when a file of that name is not ours. `planned(path, action, before, after)` makes the plan."""
-    path = os.path.join(root, PLUGIN)
+def plugin_plan(root: str, text: str | None, planned, plugin: str = PLUGIN, name: str = NAME) -> dict:
+    """The plan for the plugin DIR/`plugin` (DIR/.opencode/plugin/agent-mail.js; `text`: what it should hold, None to
+    take it out); refused when a file of that name is not the harness `name`'s, ours. `planned(path, action, before,
+    after)` makes the plan."""
+    path = os.path.join(root, plugin)
     try:
         with open(path, encoding="utf-8") as handle:
             before: str | None = handle.read()
@@ -228,7 +240,7 @@ def plugin_plan(root: str, text: str | None, planned) -> dict:
         before = None
     except (OSError, UnicodeDecodeError) as exc:
         raise errors.AgentMailError(f"cannot read {path}: {exc}. Nothing was written.") from None
-    if before is not None and not is_ours(before):
+    if before is not None and not is_ours(before, name):
         raise errors.InvalidInput([(path, "exists and was not written by agent-mail setup; move it aside (or rename "
                                           "it), then run setup again. Nothing was written.")])
     if text == before:
@@ -239,13 +251,13 @@ def plugin_plan(root: str, text: str | None, planned) -> dict:
     return planned(path, action, before, text)
 
 
-def config_merged(document: dict, entry: dict | None) -> dict:
-    """DIR/opencode.json with our MCP server (`entry`) put under mcp.agent-mail, or taken out (None); every other
-    key left as it was, in its order."""
+def config_merged(document: dict, entry: dict | None, config: str = CONFIG) -> dict:
+    """DIR/opencode.json (the project config named `config`) with our MCP server (`entry`) put under mcp.agent-mail,
+    or taken out (None); every other key left as it was, in its order."""
     document = dict(document)
     servers = document.get("mcp", {})
     if not isinstance(servers, dict):
-        raise errors.InvalidInput([("mcp", "in opencode.json is not an object; fix it, then run setup again. Nothing "
+        raise errors.InvalidInput([("mcp", f"in {config} is not an object; fix it, then run setup again. Nothing "
                                            "was written.")])
     servers = {name: spec for name, spec in servers.items() if name != SERVER}
     if entry is not None:
@@ -269,13 +281,48 @@ def server_entry(command: list[str], agent: str, mailbox: str, remote_url: str |
 BEARER_FROM_ENV = "Bearer {env:AGENT_MAIL_TOKEN}"  # OpenCode's substitution of a variable in its config
 
 
-def plans(kit, root: str, agent: str, mailbox: str, remove: bool) -> list[dict]:
-    """DIR/opencode.json (the MCP server, merged) and DIR/.opencode/plugin/agent-mail.js (the hooks)."""
-    remote = kit.mcp_url(mailbox) if kit.is_server(mailbox) else None
-    entry = None if remove else server_entry(kit.base_command(), agent, mailbox, remote, BEARER_FROM_ENV)
-    text = None if remove else plugin_text(agent, kit.hook_base(), mailbox, kit.REWAKE_MESSAGE)
-    return [kit.json_plan(os.path.join(root, CONFIG), lambda d: config_merged(d, entry), comments=True),
-            plugin_plan(root, text, kit.planned)]
+def config_path(root: str, configs: tuple[str, ...]) -> str:
+    """The project config setup merges into: the first of `configs` (the names the harness reads) that is there in
+    DIR, else the first."""
+    for config in configs:
+        if os.path.lexists(os.path.join(root, config)):
+            return os.path.join(root, config)
+    return os.path.join(root, configs[0])
+
+
+def plans_for(name: str, title: str, plugin: str, configs: tuple[str, ...], env_in_project: bool = True):
+    """The `plans` of the harness `name` (OpenCode, or one built on it, called `title`): its plugin at DIR/`plugin`
+    and our MCP server merged into its project config (the first of `configs` there, else the first). Through an
+    agent-mail server the entry reads the token from the environment ({env:...}); where the project config may not
+    (`env_in_project` False: Kilo Code drops such an entry) none is written; `remote_note_for` says where it goes."""
+    def plans(kit, root: str, agent: str, mailbox: str, remove: bool) -> list[dict]:
+        remote = kit.mcp_url(mailbox) if kit.is_server(mailbox) else None
+        entry = None if remove else server_entry(kit.base_command(), agent, mailbox, remote, BEARER_FROM_ENV)
+        if remote is not None and not env_in_project:
+            entry = None  # the token cannot be read there, and is never written in a file
+        text = None if remove else plugin_text(agent, kit.hook_base(), mailbox, kit.REWAKE_MESSAGE, name, title)
+        config = config_path(root, configs)
+        return [kit.json_plan(config, lambda d: config_merged(d, entry, os.path.basename(config)), comments=True),
+                plugin_plan(root, text, kit.planned, plugin, name)]
+
+    return plans
+
+
+def remote_note_for(title: str, user_config: str):
+    """The `remote_note` of a harness built on OpenCode whose project config may not read the environment: through
+    an agent-mail server no MCP entry is written in the project, and the note gives the one for the person's own
+    `user_config`, which may."""
+    def remote_note(kit, mailbox: str) -> str:
+        entry = {"type": "remote", "url": kit.mcp_url(mailbox), "headers": {"Authorization": BEARER_FROM_ENV}}
+        return (f"{title} refuses to read the environment in a project's config, so no MCP entry was written here "
+                "(one naming the token itself would put it in a file): for the MCP tools, add "
+                f'"mcp": {{"{SERVER}": {json.dumps(entry)}}} to your own {user_config}, which it trusts to read '
+                f"{kit.TOKEN_VAR}.")
+
+    return remote_note
+
+
+plans = plans_for(NAME, "OpenCode", PLUGIN, (CONFIG,))
 
 
 HARNESS = Harness(

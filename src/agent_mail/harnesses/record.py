@@ -83,6 +83,8 @@ class Harness:
         "marker",  # (file, marks): set up in a directory when that file there holds one of the marks
         "set_up_at",  # directory -> whether setup connected exactly it, where no file there says so (None: marker)
         "token_reader",  # what reads the server's token from the environment, in the notes
+        "remote_note",  # (kit, mailbox) -> through a server, what to do for the MCP tools where setup can write no
+        # entry (its project settings may not read the token from the environment); None: the entry was written
         "notes",  # what setup tells the person
     )
 
@@ -93,7 +95,7 @@ class Harness:
                  quiet: dict | None = None, tool: str = "the agent-mail MCP tool {}", edit_tools: tuple[str, ...] = (),
                  patch_tools: tuple[str, ...] = (), denial=_denial, empty_prompt: tuple[str, ...] = (),
                  told_at_prompt: bool = True, end_watch=None, hook_entry=_hook_entry, hook_entries=None,
-                 token_reader: str = "the settings", mcp: bool = True):
+                 token_reader: str = "the settings", mcp: bool = True, remote_note=None):
         given = dict(locals())
         for field in self.__slots__:
             object.__setattr__(self, field, given[field])
