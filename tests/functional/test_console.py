@@ -384,6 +384,8 @@ def test_an_expired_or_rotated_past_grace_token_ends_the_session(server):
     json_of(server.direct("token", "rotate", rotated.split("_")[1], "--grace", "0s"))
     status, location, _ = _page_for(server, cookie)
     assert status in (302, 303) and location.startswith("/ui/login"), (status, location)
+
+
 def test_the_webhooks_page_shows_deliveries_and_failures_to_an_operator_only(mailbox_path, tmp_path):
     """`webhook list` in the console: a receiver answers the first POST 500, then 200. The retry window is shorter
     than the first retry's pause (AGENT_MAIL_WEBHOOK_RETRY_SECONDS), so the 500 is recorded failed at once and the

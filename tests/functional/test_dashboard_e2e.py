@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -109,15 +108,15 @@ def test_the_dashboard_ends_when_its_terminal_closes_or_it_is_terminated(tmp_pat
 
 
 
-def test_web_refuses_a_port_in_use():
-    with socket.socket() as busy:
-        busy.bind(("127.0.0.1", 0))
-        busy.listen()
-        port = busy.getsockname()[1]
-        done = subprocess.run([sys.executable, "-m", "agent_mail", "dashboard", "--web", "--port", str(port)],
-                              env=process_env(), capture_output=True, timeout=60)
+def test_web_is_refused_naming_the_console_that_replaces_it():
+    """`dashboard --web` served the fleet to a browser with no login: it is refused, naming the web console of
+    `agent-mail serve`, and nothing listens."""
+    done = subprocess.run([sys.executable, "-m", "agent_mail", "dashboard", "--web", "--port", "8099"],
+                          env=process_env(), capture_output=True, timeout=60)
     assert done.returncode == 2 and done.stdout == b""
-    assert json.loads(done.stderr)["problems"][0]["field"] == "--port"
+    problems = json.loads(done.stderr)["problems"]
+    assert [p["field"] for p in problems] == ["--web", "--port"]
+    assert "/ui/" in problems[0]["message"] and "agent-mail serve" in problems[0]["message"]
 
 
 # What an identity could store before refs and attachment names refused control characters (or an older version

@@ -299,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
 # back on before it starts.
 BRIEF = frozenset({"describe", "help", "version", "send", "read", "ack", "heartbeat", "dismiss", "archive", "delete",
                    "cancel", "attachments", "profile", "status", "reserve", "release", "reservations", "guard",
-                   "search", "hook", "setup", "token"})
+                   "search", "hook", "setup", "token", "webhook"})
 
 
 def brief(name: str, values: dict) -> bool:

@@ -5,7 +5,6 @@ holds locked (FOR UPDATE SKIP LOCKED), where SQLite's one writer at a time makes
 
 from __future__ import annotations
 
-import json
 
 _COLUMNS = "id, url, agents, events, format, after_minutes, with_body, created"
 _DELIVERY_COLUMNS = ("o.id, o.webhook_id, o.kind, o.created, o.due_at, o.attempts, o.state, o.last_status, "
@@ -13,6 +12,7 @@ _DELIVERY_COLUMNS = ("o.id, o.webhook_id, o.kind, o.created, o.due_at, o.attempt
 
 
 def _webhook(row: dict) -> dict:
+    import json  # loaded only where a webhook is (a send to a mailbox with none never loads it)
     row["agents"] = json.loads(row["agents"])
     row["events"] = json.loads(row["events"])
     row["with_body"] = bool(row["with_body"])
@@ -20,14 +20,16 @@ def _webhook(row: dict) -> dict:
 
 
 def add_webhook(store, row: dict) -> None:
+    import json  # loaded only where a webhook is (a send to a mailbox with none never loads it)
     store.tell_supervisors()  # an open console's webhooks page shows it
     store._x(f"INSERT INTO webhooks ({_COLUMNS}, secret) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
              (row["id"], row["url"], json.dumps(row["agents"]), json.dumps(row["events"]), row["format"],
               row["after_minutes"], int(row["with_body"]), row["created"], row["secret"]))
 
 
-def webhooks(store) -> list[dict]:
-    return [_webhook(r) for r in store._query(f"SELECT {_COLUMNS} FROM webhooks ORDER BY created, id")]
+def parsed(rows: list[dict]) -> list[dict]:
+    """SQLStore.webhooks' rows (store/sql.py asks, for every send) as the store gives them."""
+    return [_webhook(r) for r in rows]
 
 
 def remove_webhook(store, webhook_id: str) -> int | None:
@@ -38,6 +40,7 @@ def remove_webhook(store, webhook_id: str) -> int | None:
 
 
 def queue_webhook_events(store, rows: list[dict]) -> int:
+    import json  # loaded only where a webhook is (a send to a mailbox with none never loads it)
     if not rows:
         return 0
     added = 0
@@ -53,6 +56,7 @@ def queue_webhook_events(store, rows: list[dict]) -> int:
 
 
 def claim_webhook_deliveries(store, holder: str, now: str, lease_until: str, limit: int) -> list[dict]:
+    import json  # loaded only where a webhook is (a send to a mailbox with none never loads it)
     skip = " FOR UPDATE OF o SKIP LOCKED" if store.kind == "postgresql" else ""
     rows = store._query(
         "SELECT o.id, o.webhook_id, o.kind, o.payload, o.created, o.attempts, w.url, w.secret, w.format "
