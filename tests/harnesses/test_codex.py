@@ -347,12 +347,16 @@ def test_a_working_codex_session_is_at_work_and_mail_during_a_tool_call_is_told_
     """Issue 33 #5: the waker armed when the last turn ended stands down when the next turn starts: 2 s into a 5 s
     tool call, status says the session is at work (not "woken within a second"), and mail sent then is told after
     the tool call, in that turn, once; not as an idle wake (`codex queue`) after the turn."""
+    # At least 5 s, and until the test has sent its mail (a loaded machine must not end the call before it).
+    gate = os.path.join(str(project), "mail-sent")
+    slow = f"sleep 5; while [ ! -e {gate} ]; do sleep 0.1; done"
+
     def script(request):
         if not _main(request):
             return None
         said = json.dumps(request["input"])
         if "run the slow step" in said and not _tool_results(request):
-            return [{"type": "tool_use", "name": "exec_command", "input": {"cmd": "sleep 5"}}]
+            return [{"type": "tool_use", "name": "exec_command", "input": {"cmd": slow}}]
         return [{"type": "text", "text": "ok from the model"}]
 
     with FakeModel(script) as model, _interactive(project, model) as terminal:
@@ -368,6 +372,7 @@ def test_a_working_codex_session_is_at_work_and_mail_during_a_tool_call_is_told_
         assert row["reachable"] and row["watch_state"] != "armed"
         assert row["reached_by"].startswith("told at its next prompt or tool call (a live Codex session")
         send_urgent_mail(AGENT)  # during the tool call
+        open(gate, "w").close()  # the call may end now
         after = model.wait_for(lambda r: _main(r) and _tool_results(r) and URGENT in json.dumps(r["input"]), 30)
         assert after is not None, terminal.pane()
         terminal.wait_for(lambda: _status()["watch_state"] == "armed" and len(wakers(project, "codex")) == 1, 60,
