@@ -65,11 +65,13 @@ def test_the_command_lines_start_loads_no_harness_module():
 
 @pytest.mark.parametrize("name", harnesses.NAMES)
 def test_a_hook_loads_its_own_harness_module_and_no_other(name, tmp_path):
-    """A hook runs on every tool call: it loads the record of its harness, never the other harnesses' modules."""
+    """A hook runs on every tool call: it loads the record of its harness, never the other harnesses' modules (but
+    the one a fork is built on: Kilo Code's record is OpenCode's support, by parameter)."""
     module = "agent_mail.harnesses." + name.replace("-", "_")
+    built_on = {"kilo": ["agent_mail.harnesses.opencode"]}.get(name, [])
     code = ("import io, sys\nfrom agent_mail.cli import main\nsys.stdout = io.StringIO()\n"
             f"code = main.main(['hook', {name!r}, 'context', '--agent', 'proj:coder'])\n"
             "sys.stdout = sys.__stdout__\nassert code == 0, code")
     found = _loaded(code, stdin=json.dumps({"session_id": "s1", "hook_event_name": "SessionStart"}),
                     env=process_env(AGENT_MAIL_DB=str(tmp_path / "mail.db")))
-    assert found == sorted(["agent_mail.harnesses.record", module])
+    assert found == sorted(["agent_mail.harnesses.record", module, *built_on])
