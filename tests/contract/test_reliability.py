@@ -391,6 +391,8 @@ def test_fuzzed_mailbox_paths_describe_and_work_or_refuse(fuzz_room, monkeypatch
 
 @pytest.mark.fast
 @pytest.mark.sqlite_only  # about the SQLite file itself
+@pytest.mark.local_only("the refusal names the file and its chmod; a server's callers are never told where its "
+                        "database lives (the operator's log is)")
 def test_a_world_writable_directory_is_refused_untouched(am, send, mailbox_path):
     send("a:x", "b:y", "hi")
     os.chmod(mailbox_path.parent, 0o777)
@@ -404,6 +406,8 @@ def test_a_world_writable_directory_is_refused_untouched(am, send, mailbox_path)
 
 @pytest.mark.fast
 @pytest.mark.sqlite_only  # about the SQLite file itself
+@pytest.mark.local_only("the refusal names the file and its chmod; a server's callers are never told where its "
+                        "database lives (the operator's log is)")
 def test_a_world_writable_mailbox_is_refused(am, send, mailbox_path):
     send("a:x", "b:y", "hi")
     os.chmod(mailbox_path, 0o666)
