@@ -534,31 +534,37 @@ class _Changed(Exception):
 class _Control:
     """The helper's end of run's control pipe: whether its wait should be armed (b"a": run can type the trigger, so
     senders are told the identity is woken now) or not (b"q": run cannot type now, or never will; the helper still
-    waits, holding no session). run writes the byte, then sends SIGINT, which ends a wait under way (its session
-    released: the wait's own handler); a SIGINT as a wait starts or ends (`waiting`) raises _Changed; elsewhere it
-    is noted (`changed`), and the next wait does not start."""
+    waits, holding no session). run writes the byte, then sends SIGINT.
 
-    def __init__(self, fd: int, armed: bool):
+    On the mailbox's machine (`raising` False) the byte is what ends a wait under way: the pipe is slept on with
+    the mailbox's wake-ups (Waits.wait_for_mail's `also`), and SIGINT only notes the change (`changed`), never
+    raising, so no moment between one wait's signal handlers and the next can lose it. Through a server (`raising`)
+    the wait is a long request only a signal ends: SIGINT ends it (its session released on the server: the client's
+    own handler), a SIGINT as a wait starts or ends (`waiting`) raises _Changed, elsewhere it is noted and the next
+    wait does not start."""
+
+    def __init__(self, fd: int, armed: bool, raising: bool = True):
         import signal
 
         self.fd, self.armed, self.changed, self.gone, self.waiting = fd, armed, False, False, False
+        self.raising = raising
         os.set_blocking(fd, False)
         signal.signal(signal.SIGINT, self._interrupted)
 
     def _interrupted(self, signum, frame) -> None:
         self.changed = True
-        if self.waiting:
+        if self.waiting and self.raising:
             self.waiting = False
             raise _Changed
 
-    def wait(self, waiting, *args):
-        """waiting(*args), a wait that ends with errors.Interrupted(130) at SIGINT; None when run changed what it
-        wants meanwhile (SIGINT), else what it found."""
+    def wait(self, waiting, *args, **options):
+        """waiting(*args, **options), a wait that ends with errors.Interrupted(130) at SIGINT (through a server);
+        None when run changed what it wants meanwhile, else what it found."""
         if self.changed:
             return None
         try:
             self.waiting = True
-            return waiting(*args)
+            return waiting(*args, **options)
         except _Changed:
             return None
         except errors.Interrupted as exc:
@@ -620,7 +626,8 @@ def _helper_local(agent: str, notify: int, parent: int, control: _Control) -> No
         while os.getppid() == parent and not control.gone:
             control.read()
             wait = mailbox.wait_armed if control.armed else mailbox.wait_unarmed
-            control.wait(wait, agent, WAIT_SECONDS, look, wanted)
+            # Woken by run's byte on the control pipe; SIGTERM/SIGHUP still end it, its session released.
+            control.wait(wait, agent, WAIT_SECONDS, look, wanted, (control.fd,), stop_on=("SIGTERM", "SIGHUP"))
 
 
 def _helper_served(agent: str, notify: int, parent: int, served, control: _Control) -> None:
@@ -680,7 +687,7 @@ def start_helper(agent: str, served, armed: bool) -> tuple[int, int, int]:
             os.close(control_write)
             os.setpgid(0, 0)  # out of the terminal's reach: only run's SIGTERM (or its death) ends it, once
             _end_with(parent)
-            control = _Control(control_read, armed)
+            control = _Control(control_read, armed, raising=served is not None)
             if served is None:
                 _helper_local(agent, write_end, parent, control)
             else:

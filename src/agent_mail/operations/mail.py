@@ -488,14 +488,15 @@ class Mailbox:
 
         return telling.served_step(self, **options)
 
-    def wait_armed(self, agent: str, seconds: float, look_for=None, wanted=None, also: tuple[int, ...] = ()) \
-            -> list[dict]:
-        """Block as a watch does until look_for() finds something; see Waits.wait_armed."""
-        return self.waits.wait_armed(agent, seconds, look_for, wanted, also=also)
+    def wait_armed(self, agent: str, seconds: float, look_for=None, wanted=None, also: tuple[int, ...] = (),
+                   **options) -> list[dict]:
+        """Block as a watch does until look_for() finds something; see Waits.wait_armed (options: stop_on)."""
+        return self.waits.wait_armed(agent, seconds, look_for, wanted, also=also, **options)
 
-    def wait_unarmed(self, agent: str, seconds: float, look_for=None, wanted=None) -> list[dict]:
+    def wait_unarmed(self, agent: str, seconds: float, look_for=None, wanted=None, also: tuple[int, ...] = (),
+                     **options) -> list[dict]:
         """Block until look_for() finds something, holding no watch session; see Waits.wait_unarmed."""
-        return self.waits.wait_unarmed(agent, seconds, look_for, wanted)
+        return self.waits.wait_unarmed(agent, seconds, look_for, wanted, also, **options)
 
 
 def open_mailbox() -> OpenMailbox:

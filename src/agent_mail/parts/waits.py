@@ -57,15 +57,19 @@ class Stopped(Exception):
         self.signum = signum
 
 
-def install_stop_handlers() -> dict:
-    """Turn SIGTERM / SIGHUP / SIGINT into an exception, so a stopped watch releases its session."""
+STOP_SIGNALS = ("SIGTERM", "SIGHUP", "SIGINT")
+
+
+def install_stop_handlers(names: tuple[str, ...] = STOP_SIGNALS) -> dict:
+    """Turn SIGTERM / SIGHUP / SIGINT (or those of `names`) into an exception, so a stopped watch releases its
+    session."""
     import signal
 
     def stop(signum, frame):
         raise Stopped(signum)
 
     previous = {}
-    for name in ("SIGTERM", "SIGHUP", "SIGINT"):
+    for name in names:
         number = getattr(signal, name, None)
         if number is None:
             continue
@@ -98,15 +102,16 @@ class Waits:
         self.store = mailbox.store
 
     def wait_armed(self, agent: str, seconds: float, look_for=None, wanted=None, session: str | None = None,
-                   also: tuple[int, ...] = ()) -> list[dict]:
+                   also: tuple[int, ...] = (), stop_on: tuple[str, ...] = STOP_SIGNALS) -> list[dict]:
         """Block as a watch does (an armed liveness session, released on the way out, signals included) until
         look_for() finds something, wanted() turns False, one of `also` reads as ready (a pidfd: the harness the
         waiter serves ended) or `seconds` pass; what was found, or []. `session`: the session's id (a server's, made
         from its client's key), else a new one. wanted() raising HungUp leaves the session armed and abandoned
-        instead."""
+        instead. `stop_on`: the signals that end it (agent-mail run's helper leaves SIGINT to its own handler and
+        is told of a change by `also`, its control pipe)."""
         self.store.relax_durability()  # this connection writes liveness only; skip its syncs
         session = session or model.new_message_id()
-        previous = install_stop_handlers()
+        previous = install_stop_handlers(stop_on)
         try:
             # Listening first: where the listener holds the session's presence (a lock, a connection), the
             # session's row never exists without it, so a reader never takes a starting watch for a dead one.
@@ -143,15 +148,16 @@ class Waits:
         finally:
             restore_handlers(previous)
 
-    def wait_unarmed(self, agent: str, seconds: float, look_for=None, wanted=None) -> list[dict]:
+    def wait_unarmed(self, agent: str, seconds: float, look_for=None, wanted=None, also: tuple[int, ...] = (),
+                     stop_on: tuple[str, ...] = STOP_SIGNALS) -> list[dict]:
         """Block as wait_armed does, woken by the same wake-ups, but holding no liveness session: the wait of a
         process that wants to know of mail without telling senders it will be woken (agent-mail run while it
-        cannot type into its program). A signal ends it with errors.Interrupted (128+N)."""
+        cannot type into its program). A signal of `stop_on` ends it with errors.Interrupted (128+N)."""
         self.store.relax_durability()
-        previous = install_stop_handlers()
+        previous = install_stop_handlers(stop_on)
         try:
             self.store.listen(agent)
-            return self.wait_for_mail(agent, None, seconds, look_for, wanted)
+            return self.wait_for_mail(agent, None, seconds, look_for, wanted, also)
         except Stopped as stop:
             import signal
 
