@@ -15,6 +15,8 @@ import pytest
 from tests.lib.cli import json_of, process_env
 from tests.lib.serving import Server
 
+from agent_mail.protocols import http_api
+
 pytestmark = [pytest.mark.backends, pytest.mark.timeout(180)]
 
 
@@ -84,11 +86,22 @@ CHECKS = ("not_a_server_error,status_code_conformance,content_type_conformance,r
 # minutes), a hook's waiter, a look with wait_seconds. Each is made not to wait, without making an invalid case
 # valid: a watch gets once (unless its once is off the schema already), a wait at most half a second.
 NOT_WAITING = """
+import re
+
 import schemathesis
+from schemathesis import GenerationMode
+
+# schemathesis's coverage phase sends a placeholder such as "0" as a positive value of a header whose pattern it
+# cannot cover; a positive case carries a value on the pattern instead (a negative one keeps what it was given).
+HEADERS = {"X-Agent-Mail-Version": (VERSION_PATTERN, VERSION), "X-Agent-Mail-Host": (HOST_PATTERN, "test-host")}
 
 
 @schemathesis.hook
 def before_call(ctx, case, **kwargs):
+    if case.headers and case.meta is not None and case.meta.generation.mode == GenerationMode.POSITIVE:
+        for name, (pattern, value) in HEADERS.items():
+            if name in case.headers and not re.search(pattern, case.headers[name]):
+                case.headers[name] = value
     body = case.body
     if not isinstance(body, dict):
         return
@@ -102,26 +115,66 @@ def before_call(ctx, case, **kwargs):
 """
 
 
-def _schemathesis(server, tmp_path, examples: int, seconds: int) -> subprocess.CompletedProcess:
+def openapi_host_pattern() -> str:
+    from agent_mail.server import openapi
+
+    operation = openapi.document("0.1.0")["paths"]["/v1/call/status"]["post"]
+    return next(p for p in operation["parameters"] if p["name"] == "X-Agent-Mail-Host")["schema"]["pattern"]
+
+
+def _schemathesis(server, tmp_path, examples: int, seconds: int, phases: str = "examples,coverage,fuzzing") \
+        -> subprocess.CompletedProcess:
     token = server.token("--agent", "*")
     hooks = tmp_path / "not_waiting.py"
-    hooks.write_text(NOT_WAITING)
+    from agent_mail import __version__
+
+    hooks.write_text(NOT_WAITING.replace("VERSION_PATTERN", repr(http_api.served_pattern(__version__)))
+                     .replace("HOST_PATTERN", repr(openapi_host_pattern())).replace("VERSION", repr(__version__)))
     return subprocess.run(
         [os.path.join(os.path.dirname(sys.executable), "schemathesis"), "run", f"{server.url}/openapi.json",
          "--header", f"Authorization: Bearer {token}", "--checks", CHECKS, "--max-examples", str(examples),
-         "--seed", "21", "--request-timeout", "20", "--max-time", str(seconds), "--workers", "2"],
+         "--seed", "21", "--request-timeout", "20", "--max-time", str(seconds), "--workers", "2",
+         "--phases", phases],
         capture_output=True, text=True, timeout=seconds + 70, cwd=tmp_path, stdin=subprocess.DEVNULL,
         env=process_env(NO_COLOR="1", SCHEMATHESIS_HOOKS=str(hooks)))
 
 
+# Where schemathesis may still find "mostly rejected generated data", and why that is no mismatch of the schema:
+# the data is of the right form, refused for the mailbox's state (an empty mailbox: ids of messages, events,
+# waits and webhooks that do not exist), for a rule between values (the call layer's, not JSON Schema's), or the
+# operation's only generated value is a header (its coverage phase sends placeholders off the pattern, such as
+# "0", as positive; every value on the pattern is served: tests/unit/test_wire.py).
+MAY_REFUSE_VALID_FORMS = {
+    **{f"POST /v1/call/{name}": "ids of messages that do not exist" for name in (
+        "ack", "archive", "attachments", "cancel", "delete", "dismiss")},
+    "POST /v1/call/notifications": "dismiss: an event that is not open",
+    "POST /v1/call/search": "thread: a message that does not exist",
+    "POST /v1/call/send": "reply_to: a message that does not exist; refs as JSON",
+    "POST /v1/call/watch": "once with timeout_minutes (a rule between values)",
+    "POST /v1/call/webhook": "which values go with which action (a rule between values)",
+    "POST /v1/call/release": "patterns or all (a rule between values)",
+    "POST /v1/import": "its body is an export (JSON Lines), which the schema cannot state",
+    "POST /v1/watch/stop": "key: no wait was made with it",
+    "POST /v1/delivered": "delivery: no read answered with it",
+    **{f"GET {path}": "only a header is generated" for path in ("/v1/health", "/v1/health/live",
+                                                                 "/v1/health/ready", "/metrics")},
+}
+
+
 def test_schemathesis_finds_no_server_error_and_no_answer_off_the_schema(server, tmp_path):
-    proc = _schemathesis(server, tmp_path, 8, 20)
+    # The examples and the coverage phase run whole (their cases are set, ~10 s); the fuzzing phase runs until its
+    # time is up, which cuts an operation's cases short wherever that falls: its warnings are left out.
+    proc = _schemathesis(server, tmp_path, 8, 120, "examples,coverage")
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
     # The schema says what the server takes (issue 32: 23 of 30 operations "mostly rejected generated data" with
-    # these settings before; docs/testing.md has the figures). What is left is refused for the mailbox's state, not
-    # the data's form: ids of messages that do not exist, a stop_key no watch holds.
-    warned = re.search(r"Schema validation mismatch: (\d+) operations? mostly rejected", proc.stdout)
-    assert warned is None or int(warned.group(1)) <= 14, proc.stdout[-4000:]
+    # these settings before; docs/testing.md has the figures): what is left is in MAY_REFUSE_VALID_FORMS.
+    warned = proc.stdout.split("Schema validation mismatch:", 1)[1].split("\n\n", 2)[1] \
+        if "Schema validation mismatch:" in proc.stdout else ""
+    listed = set(re.findall(r"^\s+- ((?:GET|POST) \S+)$", warned, re.MULTILINE))
+    assert listed <= set(MAY_REFUSE_VALID_FORMS), (sorted(listed - set(MAY_REFUSE_VALID_FORMS)),
+                                                   proc.stdout[-4000:])
+    fuzzed = _schemathesis(server, tmp_path, 8, 20, "fuzzing")
+    assert fuzzed.returncode == 0, fuzzed.stdout[-6000:] + fuzzed.stderr[-2000:]
 
 
 @pytest.fixture

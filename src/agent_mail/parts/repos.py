@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 
-from agent_mail import errors
+from agent_mail import errors, model
 
 
 class Repository:
@@ -205,11 +205,12 @@ def from_client(located: dict, repo: str | None = None) -> Repository:
         return Repository(repo, None, False)
     located = located if isinstance(located, dict) else {"": located}
     key, fold = located.get("key"), located.get("fold", False)
-    if not isinstance(key, str) or not key.strip() or len(key) > KEY_MAX_CHARS or not isinstance(fold, bool) \
-            or set(located) - {"key", "fold"}:
+    if not isinstance(key, str) or not key.strip() or len(key) > KEY_MAX_CHARS or "\x00" in key \
+            or model.has_surrogates(key) or not isinstance(fold, bool) or set(located) - {"key", "fold"}:
         raise errors.InvalidInput([("located", "the repository as the client located it on its own machine: "
-                                               f"{{key: its key (1-{KEY_MAX_CHARS} characters), fold: true when its "
-                                               "core.ignorecase folds case}; agent-mail sends it itself when "
+                                               f"{{key: its key (1-{KEY_MAX_CHARS} characters of UTF-8 text, no "
+                                               "NUL), fold: true when its core.ignorecase folds case}; agent-mail "
+                                               "sends it itself when "
                                                "AGENT_MAIL_DB names a server (or name the key with repo).")])
     return Repository(key, None, fold)
 

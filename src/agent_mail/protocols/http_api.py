@@ -33,18 +33,35 @@ VERSION_HEADER = "X-Agent-Mail-Version"  # a client's request: its version; ever
 HOST_HEADER = "X-Agent-Mail-Host"
 
 
+_TAIL_CHARACTERS = frozenset("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz.+-")
+
+
+def release_of(version: str) -> tuple[int, int] | None:
+    """(major, minor) of `version`: MAJOR.MINOR in ASCII digits, then nothing, or a patch, pre-release or build
+    tail (".0", ".3rc1", "+local", "-dev") that starts with ".", "+", "-" or a letter and holds ASCII letters,
+    digits, ".", "+" and "-"; None for anything else. The same form as served_pattern's."""
+    major, dot, rest = version.partition(".")
+    cut = next((i for i, c in enumerate(rest) if not ("0" <= c <= "9")), len(rest))
+    minor, tail = rest[:cut], rest[cut:]
+    if not dot or not (major.isascii() and major.isdigit()) or not minor or not set(tail) <= _TAIL_CHARACTERS:
+        return None
+    return int(major), int(minor)
+
+
+def served_pattern(server: str) -> str:
+    """The versions a server of version `server` serves, as a regular expression (its OpenAPI document's pattern
+    for VERSION_HEADER): version_problem finds no fault in exactly these."""
+    major, minor = release_of(server) or (0, 0)
+    release = f"0*{major}\\.[0-9]+" if major > 0 else f"0*0\\.0*{minor}"
+    return f"^{release}([-+.A-Za-z][-+.0-9A-Za-z]*)?$"
+
+
 def version_problem(client: str, server: str) -> str | None:
     """Why a client of version `client` cannot be served by a server of version `server`, or None. The rule: the
     same major version, and before 1.0 the same minor one too (0.1.x with 0.1.y; 1.2 with 1.7; never 0.1 with
     0.2, nor 1.x with 2.x): within it the API only grows (new commands, arguments and fields, never one taken away
     or changed in meaning), so either side may be the newer."""
-    def release(version: str) -> tuple[int, int] | None:
-        parts = version.strip().split(".")
-        try:
-            return int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
-        except ValueError:
-            return None
-    mine, theirs = release(server), release(client)
+    mine, theirs = release_of(server), release_of(client)
     if theirs is None:
         return f"the client sent {VERSION_HEADER}: {client!r}, which is no version (MAJOR.MINOR.PATCH)."
     if mine is None or (theirs[0] == mine[0] and (mine[0] > 0 or theirs[1] == mine[1])):

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from agent_mail.parts import checks
+from agent_mail.parts.inputs import PROFILE_SETTINGS, URL_MAX_CHARS
 from agent_mail import model, spec
 
 _KINDS = {spec.INT: "integer", spec.NUMBER: "number", spec.FLAG: "boolean"}
@@ -40,11 +41,20 @@ _ARGUMENT_FORMS = {
     ("send", "subject"): {"maxLength": model.SUBJECT_MAX_CHARS, "pattern": f"^{_LINE}*[^\\s{_LINE[2:-1]}]{_LINE}*$"},
     ("send", "body"): {"maxLength": model.BODY_MAX_CHARS, "pattern": f"^{_BODY}*$"},
     ("search", "query"): {"pattern": "^[^\\u0000]*[^\\s\\u0000][^\\u0000]*$"},
-    **{(name, key): {"minLength": 1, "pattern": "^[^!#\\u0000\\n\\r][^\\u0000\\n\\r]*$"} for name, key in (
-        ("reserve", "patterns"), ("release", "patterns"))},  # never a negation, a comment or two lines (wildmatch)
+    # never a negation, a comment, or a control character (wildmatch.pattern_problem; others are shown it)
+    **{(name, key): {"minLength": 1, "pattern": f"^[^!#{_LINE[2:-1]}]{_LINE}*$"} for name, key in (
+        ("reserve", "patterns"), ("release", "patterns"))},
+    ("reserve", "reason"): {"pattern": f"^{_LINE}*$"},  # model.name_problem: others are shown it
+    ("profile", "clear"): {"enum": list(PROFILE_SETTINGS)},
+    # an http(s) URL with a host (inputs.url_problem says the rest: its port, control characters)
+    ("webhook", "url"): {"maxLength": URL_MAX_CHARS, "pattern": "^[Hh][Tt][Tt][Pp][Ss]?://[^\\s/?#]+(?:[/?#]\\S*)?$"},
     **{("reservations", key): {"minLength": 1, "pattern": _NO_NUL} for key in ("paths", "path")},
 }
 _MOST_ITEMS = {("send", "to"): model.RECIPIENTS_MAX}
+# A name shown to others as it is (an uploaded attachment's: model.name_problem, and no "/"), and standard base64.
+ATTACHMENT_NAME = {"type": "string", "minLength": 1, "pattern": f"^[^/{_LINE[2:-1]}]+$"}
+BASE64 = {"type": "string", "contentEncoding": "base64",
+          "pattern": "^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"}
 
 
 def identity_arg(command: spec.Command) -> spec.Arg | None:

@@ -14,7 +14,7 @@ from agent_mail.protocols.http_api import (CALL_PATH, DASHBOARD_PATH, DELIVERED_
                                            EXPORT_PATH, FOLLOW_PATH, HEALTH_LIVE_PATH, HEALTH_PATH, HOST_HEADER,
                                            HEALTH_READY_PATH, IMPORT_PATH, JSON, JSON_LINES, LOOK_WAIT_MAX, MBOX,
                                            METRICS_PATH, NAMES_HEADER, OCTETS, RESULT_HEADER, STOP_PATH, VERSION_HEADER,
-                                           call_path)
+                                           call_path, served_pattern)
 
 # The commands a client may call; the rest work on a mailbox itself, or are not served yet (the client says so).
 SERVED = ("send", "read", "ack", "watch", "heartbeat", "dismiss", "archive", "delete", "cancel", "attachments",
@@ -30,7 +30,7 @@ _LOCATED = {"type": "object", "required": ["key"], "additionalProperties": False
             "description": "The repository as the client located it on its own machine (its key, and whether its "
                            "core.ignorecase folds case); patterns and paths are then said from its root. The server "
                            "never looks at files of its own for it: without `located`, `repo` names the key.",
-            "properties": {"key": {"type": "string", "minLength": 1, "maxLength": 1000},
+            "properties": {"key": {"type": "string", "minLength": 1, "maxLength": 1000, "pattern": "^[^\\u0000]*$"},
                            "fold": {"type": "boolean"}}}
 _SESSION = {"type": "object", "required": ["session_id"],
             "description": "The harness session as the client's machine knows it: its session_id and "
@@ -58,9 +58,8 @@ EXTRAS = {
     "send": {
         "upload_attachments": {"type": "array", "description": "Attachments read on the client's machine.",
                                "items": {"type": "object", "required": ["name", "content_base64"],
-                                         "properties": {"name": {"type": "string"},
-                                                        "content_base64": {"type": "string",
-                                                                           "contentEncoding": "base64"}}}},
+                                         "properties": {"name": schemas.ATTACHMENT_NAME,
+                                                        "content_base64": schemas.BASE64}}},
         "client_refs": {"type": "array", "items": {"type": "string"},
                         "description": "The refs as the client resolved them on its own machine (checked there): "
                                        "KEY//PATH for a file in a git repository (its key and the path from its "
@@ -302,7 +301,7 @@ def _versioned(paths: dict, version: str) -> None:
              "description": "The client's agent-mail version (MAJOR.MINOR.PATCH). Left out: served. A version this "
                             "server cannot serve (another major version, or before 1.0 another minor one) is refused "
                             "with 400 naming both versions (exit 2), before anything else is done.",
-             "schema": {"type": "string"}}
+             "schema": {"type": "string", "pattern": served_pattern(version), "examples": [version]}}
     answered = {"required": True, "description": "The server's agent-mail version.",
                 "schema": {"type": "string", "example": version}}
     for operations in paths.values():
@@ -404,7 +403,8 @@ _CHECKED: dict = {}  # path -> the validator of its request body
 def refuse_off_schema(path: str, given: dict) -> None:
     """InvalidInput naming each value of `given` (a request's body, as JSON) that /openapi.json does not allow at
     `path`: the server takes nothing its document refuses. (The call layer's own checks come first, with their own
-    words; this holds the rest: a null, a number as text, a value of the wrong type inside a look.)"""
+    words; this holds the rest: a null, a number as text, a value of the wrong type inside a look. A text the
+    command refuses itself, in clearer words, is left to it: _refused_in_own_words.)"""
     validator = _CHECKED.get(path)
     if validator is None:
         from jsonschema import Draft202012Validator, FormatChecker  # the server's (the mcp SDK brings it)
@@ -416,9 +416,50 @@ def refuse_off_schema(path: str, given: dict) -> None:
             if body is not None:
                 _CHECKED[route] = Draft202012Validator(body["schema"], format_checker=FormatChecker())
         validator = _CHECKED[path]
-    problems = [_problem(error) for error in sorted(validator.iter_errors(given), key=lambda e: list(e.path))[:20]]
-    if problems:
-        raise errors.InvalidInput(problems)
+    found = sorted(validator.iter_errors(given), key=lambda e: list(e.path))
+    if found and not all(_refused_in_own_words(path, error) for error in found):
+        raise errors.InvalidInput([_problem(error) for error in found[:20]])
+
+
+def _own_checks() -> dict:
+    """(command, argument) -> a function saying whether the command itself refuses one value of that argument
+    (before it changes anything), in its own words: the text rules /openapi.json states as patterns and choices."""
+    from agent_mail.parts import inputs, query_language, wildmatch
+
+    def query_refused(text: str) -> bool:
+        try:
+            query_language.parse(text)
+        except errors.InvalidInput:
+            return True
+        return False
+
+    patterns = lambda value: wildmatch.pattern_problem(value) is not None  # noqa: E731
+    return {("search", "query"): query_refused, ("reserve", "patterns"): patterns, ("release", "patterns"): patterns,
+            ("reserve", "reason"): lambda value: model.name_problem(value) is not None,
+            ("send", "subject"): lambda value: model.subject_problem(value) is not None,
+            ("send", "body"): lambda value: model.body_problem(value) is not None,
+            ("webhook", "url"): lambda value: inputs.url_problem(value) is not None,
+            ("profile", "clear"): lambda value: value not in inputs.PROFILE_SETTINGS,
+            ("send", "upload_attachments"): lambda value: not value or "/" in value or model.has_surrogates(value)
+            or model.name_problem(value) is not None}
+
+
+_OWN_CHECKS: dict = {}
+
+
+def _refused_in_own_words(path: str, error) -> bool:
+    """Whether `error` (a value off the schema at `path`) is one the command refuses itself, with clearer words
+    (a pattern's negation, an empty query, a URL with no host) and every other problem of the call beside it: then
+    the schema leaves it to the command, which refuses the call before it changes anything."""
+    if not path.startswith(CALL_PATH) or not error.absolute_path or \
+            error.validator not in ("pattern", "enum", "minLength", "maxLength", "anyOf"):
+        return False
+    if not _OWN_CHECKS:
+        _OWN_CHECKS.update(_own_checks())
+    check = _OWN_CHECKS.get((path[len(CALL_PATH):], error.absolute_path[0]))
+    value = error.instance
+    values = value if isinstance(value, list) and len(error.absolute_path) == 1 else [value]
+    return check is not None and all(isinstance(v, str) for v in values) and any(check(v) for v in values)
 
 
 def _problem(error) -> tuple[str | None, str]:
