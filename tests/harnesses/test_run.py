@@ -649,7 +649,8 @@ def test_gemini_is_woken_after_escape_and_not_typed_into_while_a_dialog_is_open(
 
 
 def _tool_results(request: dict) -> int:
-    return sum("functionResponse" in part for content in request.get("contents", []) for part in content.get("parts", []))
+    return sum("functionResponse" in part for content in request.get("contents", [])
+               for part in content.get("parts", []))
 
 
 @pytest.mark.requires("gemini", "tmux")
