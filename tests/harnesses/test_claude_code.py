@@ -212,7 +212,11 @@ def test_an_idle_interactive_session_is_woken_by_a_send(project):
             subprocess.run([*tmux, "send-keys", "-t", name, "hello"], check=True)
             time.sleep(0.3)
             subprocess.run([*tmux, "send-keys", "-t", name, "Enter"], check=True)
-            # The turn ends; the waiter arms: the identity shows as armed, a live session holds it.
+            # The turn ends; the Stop's waiter arms (the session start's stood down when the prompt came): the
+            # identity shows as armed, a live session holds it.
+            assert model.wait_for(lambda r: _main_loop(r) and "hello" in json.dumps(r["messages"]), timeout=60)
+            until(lambda: status()["reached_by"].startswith("woken now (a live Claude Code"), 60,
+                  lambda: f"the turn's end armed no waiter: {status()}")
             armed(AGENT, timeout=60)
             assert status()["sessions"] == 1
             # Issue 20 #1: the live session is reachable and says how.
@@ -283,7 +287,9 @@ def test_mail_a_watch_tool_result_showed_is_not_told_again(project):
             until(lambda: "❯" in subprocess.run([*tmux, "capture-pane", "-p", "-t", name], capture_output=True,
                                                 text=True).stdout, 60, "claude did not reach its prompt")
             say("check your mail")
-            # The watch tool call is blocked: the identity shows as armed. Then the mail comes.
+            # The watch tool call is blocked: the identity shows as armed (the session start's waiter stood down
+            # when the prompt came, before the model was asked). Then the mail comes.
+            assert model.wait_for(lambda r: _main_loop(r) and "check your mail" in json.dumps(r["messages"]), 60)
             armed(AGENT, timeout=60)  # the watch tool never armed
             assert am_process("send", "--from", "boss:lead", "--to", AGENT, "--subject", subject,
                               env=process_env()).returncode == 0
@@ -380,3 +386,32 @@ def _refused() -> bool:
     done = am_process("send", "--from", "team:carl", "--to", AGENT, "--subject", "still there?", "--require-reachable")
     assert done.returncode == 3, done.stdout + done.stderr
     return True
+
+
+@pytest.mark.requires("tmux")
+def test_a_session_idle_before_its_first_prompt_is_woken_by_a_send(project):
+    """Issue 33 #7: Claude Code started and idle at its prompt, nobody having typed: its SessionStart hook armed the
+    asyncRewake waiter (as a Stop does), so status says "woken now" (not "at work", not "told at its next prompt"),
+    and mail sent from another process starts a turn that tells it, once."""
+    home = project.parent / "home"
+    _interactive_home(home, project)
+    with FakeModel() as model:
+        env = _env(model, home)
+        command = shlex.join(["env", "-u", "AGENT_MAIL_DB"] + [f"{k}={v}" for k, v in env.items() if k in (
+            "HOME", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY", "DISABLE_TELEMETRY", "ENABLE_TOOL_SEARCH",
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "DISABLE_AUTOUPDATER", "PYTHONPATH", "TMPDIR")] + [CLAUDE])
+        with Terminal(project.parent, f"agent-mail-first-{os.getpid()}", project, command) as terminal:
+            terminal.wait_for(lambda: "❯" in terminal.screen(), 60, "claude did not reach its prompt")
+            row = until(lambda: (lambda r: r["sessions"] == 1 and r["watch_state"] == "armed" and r)(_status()), 30,
+                        lambda: f"the session start armed no waiter: {_status()}")
+            assert row["reachable"] and row["reached_by"].startswith("woken now (a live Claude Code"), row
+            assert not [r for r in model.requests if _main_loop(r)]  # nobody typed: no turn yet
+            assert am_process("send", "--from", "boss:lead", "--to", AGENT, "--subject", "Before any prompt",
+                              env=process_env()).returncode == 0
+            woken = model.wait_for(lambda r: _main_loop(r) and "Before any prompt" in json.dumps(r["messages"]),
+                                   timeout=30)
+            assert woken is not None, f"the idle session was not woken:\n{terminal.screen()}"
+            said = json.dumps(woken["messages"])
+            assert "agent-mail: new mail arrived while you were idle" in said and said.count("Before any prompt") == 1
+            assert len([r for r in model.requests if _main_loop(r)]) == 1  # the wake's turn, nobody typed
+            armed(AGENT, timeout=60)  # the woken turn's Stop armed the next waiter

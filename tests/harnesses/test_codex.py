@@ -411,3 +411,27 @@ def _refused() -> bool:
                       "--require-reachable")
     assert done.returncode == 3, done.stdout + done.stderr
     return True
+
+
+
+@pytest.mark.requires("tmux")
+def test_before_its_first_prompt_codex_is_not_said_to_listen_and_mail_then_is_told_at_that_prompt(project):
+    """Issue 33 #7, as far as Codex 0.171 allows: it fires SessionStart with the first prompt, not when the session
+    opens (openai/codex#15269), so no hook runs while it sits at its prompt untouched: status says not listening
+    (nothing armed, nothing live; a send that requires a reachable recipient refuses), which is what happens: the
+    mail waits. The first prompt's session start tells it, once, and the session is then live and its waker armed."""
+    with FakeModel() as model, _interactive(project, model) as terminal:
+        row = _status()
+        assert row["sessions"] == 0 and not row["reachable"] and row["reached_by"].startswith("not listening"), row
+        assert not wakers(project, "codex")
+        send_urgent_mail(AGENT)
+        assert not _status()["reachable"]  # mail does not make it listen
+        terminal.keys("hello")
+        terminal.keys("Enter")
+        first = model.wait_for(lambda r: _main(r) and "hello" in json.dumps(r["input"]), 60)
+        assert first is not None, terminal.pane()
+        said = json.dumps(first["input"])
+        assert said.count(URGENT) == 1 and "you are proj:coder" in said and WOKEN not in said
+        terminal.wait_for(lambda: _status()["watch_state"] == "armed" and len(wakers(project, "codex")) == 1, 60,
+                          "the waker did not arm after the first turn")
+        assert _status()["reached_by"].startswith("woken within a second (a live Codex")

@@ -101,9 +101,11 @@ def test_a_write_of_a_reserved_file_is_refused_while_a_free_one_is_written(proje
 
 @pytest.mark.requires("tmux")
 def test_an_interactive_copilot_session_is_reachable_while_idle_told_at_its_next_prompt_and_ends_with_it(project):
-    """Interactive `copilot` in tmux: its session is live from its first prompt (Copilot CLI fires sessionStart
-    then); idle between turns it stays reachable; mail sent while it is idle is told in its next prompt's request,
-    once; after /exit the session no longer counts as live."""
+    """Interactive `copilot` in tmux: its session is live from its first prompt (Copilot CLI 1.0.102 fires
+    sessionStart then, with userPromptSubmitted, not when it opens: issue 33 #7), so before it status says not
+    listening, and mail sent then waits and is told at that first prompt, once; idle between turns it stays
+    reachable; mail sent while it is idle is told in its next prompt's request, once; after /exit the session no
+    longer counts as live."""
     home = project.parent / "copilot-home"
     with FakeModel(lambda request: [{"type": "text", "text": "ok from the model"}]) as model:
         env = process_env(HOME=str(home), COPILOT_OFFLINE="true", COPILOT_AUTO_UPDATE="false",
@@ -113,9 +115,15 @@ def test_an_interactive_copilot_session_is_reachable_while_idle_told_at_its_next
         command = shlex.join(["env", "-u", "AGENT_MAIL_DB", *(f"{k}={env[k]}" for k in passed), COPILOT])
         with Terminal(project.parent, f"agent-mail-copilot-{os.getpid()}", project, command) as terminal:
             terminal.wait_for(lambda: "/ commands" in terminal.screen(), 60, "copilot did not reach its prompt")
+            row = status_of(AGENT)  # no hook has run: nothing says it listens, and nothing wakes it
+            assert row["sessions"] == 0 and not row["reachable"] and row["reached_by"].startswith("not listening")
+            assert am_process("send", "--from", "boss:lead", "--to", AGENT, "--subject", "Before the first prompt",
+                              env=process_env()).returncode == 0
             terminal.type("hello", "Enter")
             terminal.wait_for(lambda: "ok from the model" in terminal.screen(), 60, "the turn did not end")
             turns = len([r for r in model.requests if _main(r)])
+            assert json.dumps([r for r in model.requests if _main(r)][0]["messages"]).count(
+                "Before the first prompt") == 1  # told at the first prompt (its session start), once
             row = terminal.wait_for(lambda: (lambda r: r["sessions"] == 1 and r)(status_of(AGENT)), 10, "not live")
             assert row["reachable"] and "a live Copilot CLI session" in row["reached_by"]  # idle, between turns
             send_urgent_mail(AGENT)
@@ -127,4 +135,4 @@ def test_an_interactive_copilot_session_is_reachable_while_idle_told_at_its_next
             terminal.type("/exit", "Enter")
             terminal.wait_for(lambda: status_of(AGENT)["sessions"] == 0, 30,
                               "the session still counts as live after /exit")
-    assert json.loads(am_process("read", AGENT, "--no-mark-read").stdout)["count"] == 1  # told, never consumed
+    assert json.loads(am_process("read", AGENT, "--no-mark-read").stdout)["count"] == 2  # told, never consumed

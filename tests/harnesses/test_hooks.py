@@ -465,6 +465,7 @@ def test_setup_merges_into_existing_settings_and_leaves_the_rest(tmp_path):
                                     "PreToolUse"}
     waiter = merged["hooks"]["Stop"][0]["hooks"][1]
     assert waiter["asyncRewake"] is True and waiter["timeout"] >= 3300 and " wait " in waiter["command"]
+    assert merged["hooks"]["SessionStart"][0]["hooks"][1] == waiter  # armed at the start too: idle before a prompt
     assert merged["enabledMcpjsonServers"] == ["agent-mail"]
     servers = json.loads((tmp_path / ".mcp.json").read_text())["mcpServers"]
     assert list(servers) == ["other", "agent-mail"]
@@ -480,7 +481,7 @@ def test_setup_merges_into_existing_settings_and_leaves_the_rest(tmp_path):
     # Another identity replaces ours, not theirs; --remove takes out only ours.
     assert am_process("setup", "claude-code", "--agent", "proj:other", "--dir", str(tmp_path)).returncode == 0
     again = json.loads(settings.read_text())
-    assert "proj:coder" not in json.dumps(again) and json.dumps(again).count("proj:other") == 9  # hooks, env, summary
+    assert "proj:coder" not in json.dumps(again) and json.dumps(again).count("proj:other") == 11  # hooks, env, summary
     assert setup(tmp_path, "--remove").returncode == 0
     assert json.loads(settings.read_text()) == mine
     assert json.loads((tmp_path / ".mcp.json").read_text()) == {"mcpServers": {"other": {"command": "x"}}}
@@ -591,7 +592,7 @@ def test_setup_writes_hooks_that_run_the_script_and_takes_out_those_of_older_set
     hooks = json.loads(settings.read_text())["hooks"]
     assert hooks["PostToolUse"][0]["hooks"][0] == mine  # theirs first, ours replaced in place
     commands = [h["command"] for groups in hooks.values() for group in groups for h in group["hooks"] if h != mine]
-    assert len(commands) == 7 and not [c for c in commands if "-m agent_mail" in c]
+    assert len(commands) == 8 and not [c for c in commands if "-m agent_mail" in c]
     for command in commands:
         words = shlex.split(command)
         assert words[1:4] == [sys.executable, SCRIPT, "hook"], command

@@ -163,6 +163,26 @@ def test_an_idle_kilo_is_woken_by_mail_its_stop_held_once_and_it_ends_with_kilo(
     assert json.loads(am_process("read", AGENT, "--no-mark-read").stdout)["count"] == 2  # told, never consumed
 
 
+@pytest.mark.requires("tmux")
+def test_a_kilo_idle_before_its_first_prompt_listens_and_mail_opens_a_session_with_it(project, model):
+    """Issue 33 #7, as for OpenCode (the same plugin): before the first prompt, when no session exists yet, the
+    plugin's own waiter makes the identity listening ("woken now"), and mail opens a session, shown in the TUI, whose
+    first request tells the envelope once; then that session's waiter takes over."""
+    model.script = lambda request: [{"type": "text", "text": "woken and on it"}] if family.main(request) else None
+    with _tui(project, "start") as terminal:
+        terminal.wait_for(lambda: "Ask anything" in terminal.screen(), 90, "kilo did not reach its prompt")
+        row = _armed_and_idle(terminal)
+        assert not family.loop(model)  # nobody typed
+        assert am_process("send", "--from", "boss:lead", "--to", AGENT, "--subject", "Before any prompt",
+                          env=process_env()).returncode == 0
+        terminal.wait_for(lambda: family.loop(model), 30, "the idle Kilo was not woken")
+        woken = json.dumps(family.loop(model)[0]["messages"])
+        assert WOKEN in woken and woken.count("Before any prompt") == 1 and f"you are {AGENT}" in woken
+        terminal.wait_for(lambda: "woken and on it" in terminal.screen(), 60, "the woken session is not shown")
+        assert _armed_and_idle(terminal)["sessions"] == row["sessions"] == 1
+        assert len(family.loop(model)) == 1
+
+
 def _parent(pid: int) -> int:
     with open(f"/proc/{pid}/stat", "rb") as handle:
         return int(handle.read().rsplit(b")", 1)[1].split()[1])

@@ -198,3 +198,35 @@ def _refused() -> bool:
     done = am_process("send", "--from", "team:carl", "--to", AGENT, "--subject", "still there?", "--require-reachable")
     assert done.returncode == 3, done.stdout + done.stderr
     return True
+
+
+@pytest.mark.requires("tmux")
+def test_an_opencode_idle_before_its_first_prompt_listens_and_mail_opens_a_session_with_it(project, model):
+    """Issue 33 #7: OpenCode's TUI opens a session only with the first prompt, but its plugin loads at the start: the
+    plugin arms a waiter of the process's own, so the identity is listening ("woken now") while nobody has typed, and
+    mail then opens a session, shown in the TUI, whose first request tells the envelope, once. From then on it is
+    that session's (one live session; its own waiter armed when the turn ends); /exit ends it."""
+    model.script = lambda request: [{"type": "text", "text": "woken and on it"}] if family.main(request) else None
+    env = _env(project)
+    passed = [k for k in env if k.startswith(("OPENCODE_", "npm_config_"))
+              or k in ("HOME", "PWD", "TMPDIR", "PYTHONPATH", "PATH")]
+    command = shlex.join(["env", "-u", "AGENT_MAIL_DB", *(f"{k}={env[k]}" for k in passed), OPENCODE])
+    with Terminal(project.parent, f"agent-mail-opencode-start-{os.getpid()}", project, command) as terminal:
+        terminal.wait_for(lambda: "Ask anything" in terminal.screen(), 60, "opencode did not reach its prompt")
+        row = until(lambda: (lambda r: r["watch_state"] == "armed" and r)(status_of(AGENT)), 30,
+                    lambda: f"nothing listens before the first prompt: {status_of(AGENT)}")
+        assert row["reachable"] and row["reached_by"].startswith("woken now (a live OpenCode session") \
+            and row["sessions"] == 1, row
+        assert not family.loop(model)  # nobody typed
+        assert am_process("send", "--from", "boss:lead", "--to", AGENT, "--subject", "Before any prompt",
+                          env=process_env()).returncode == 0
+        terminal.wait_for(lambda: family.loop(model), 30, "the idle OpenCode was not woken")
+        woken = json.dumps(family.loop(model)[0]["messages"])
+        assert WOKEN in woken and woken.count("Before any prompt") == 1 and "you are proj:coder" in woken
+        terminal.wait_for(lambda: "woken and on it" in terminal.screen(), 60, "the woken session is not shown")
+        row = terminal.wait_for(lambda: (lambda r: r["watch_state"] == "armed" and r)(status_of(AGENT)), 30,
+                                "no waiter armed after the woken turn")
+        assert row["sessions"] == 1 and row["reached_by"].startswith("woken now (a live OpenCode session")
+        assert len(family.loop(model)) == 1
+        terminal.type("/exit", "Enter")
+        terminal.wait_for(lambda: status_of(AGENT)["sessions"] == 0, 30, "still live after /exit")

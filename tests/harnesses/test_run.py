@@ -93,6 +93,7 @@ def test_a_wake_waits_for_quiet_no_keys_no_unsent_text_no_dialog_and_the_interva
     assert waker.blocked_by(at) == "a dialog is open"
     screen.feed(b"\r\x1b[2K\\ working (esc to cancel)")
     assert waker.blocked_by(at) == "a turn is under way"
+    assert waker.stuck() == "a turn is under way"  # until it ends: run's wait is not armed (status: not woken now)
     screen.feed(b"\r\x1b[2K> ")
     waker.woke(at)
     waker.mail(at + 1)
@@ -532,8 +533,8 @@ def _answer(request: dict):
     return [{"type": "text", "text": "ok from the model"}] if _main(request) else None
 
 
-def gemini_under_run(project, model, name: str):
-    """A Terminal running `agent-mail run --agent AGENT -- gemini` in `project` against `model`."""
+def gemini_under_run(project, model, name: str, *options: str):
+    """A Terminal running `agent-mail run --agent AGENT -- gemini [OPTIONS]` in `project` against `model`."""
     home = project.parent / "gemini-home"
     env = process_env(HOME=str(home), GEMINI_API_KEY="test", GOOGLE_GEMINI_BASE_URL=model.url,
                       GEMINI_CLI_TRUST_WORKSPACE="true", TMPDIR=private_tmp(home),
@@ -541,7 +542,7 @@ def gemini_under_run(project, model, name: str):
     passed = [k for k in env if k.startswith(("GEMINI_", "GOOGLE_")) or k in ("HOME", "TMPDIR", "PYTHONPATH", "PATH",
                                                                            "AGENT_MAIL_RUN_LOG")]
     command = shlex.join(["env", "-u", "AGENT_MAIL_DB", *(f"{k}={env[k]}" for k in passed), sys.executable, "-m",
-                          "agent_mail", "run", "--agent", AGENT, "--", GEMINI])
+                          "agent_mail", "run", "--agent", AGENT, "--", GEMINI, *options])
     command += f"; echo $? > {shlex.quote(str(project.parent / 'exit'))}"
     return Terminal(project.parent, name, project, command)
 
@@ -642,6 +643,58 @@ def test_gemini_is_woken_after_escape_and_not_typed_into_while_a_dialog_is_open(
             assert "given up" not in decisions.read_text()
             terminal.wait_for(lambda: _at_prompt(terminal), 60, "the woken turn did not end")
             until(lambda: _status().get("reached_by", "").startswith("woken now"), 30, "not armed again when idle")
+            terminal.type("/quit", "Enter")
+            code = gemini_project.parent / "exit"
+            until(lambda: code.exists() and code.read_text().strip(), 60, "run did not exit after /quit")
+
+
+def _tool_results(request: dict) -> int:
+    return sum("functionResponse" in part for content in request.get("contents", [])
+               for part in content.get("parts", []))
+
+
+@pytest.mark.requires("gemini", "tmux")
+def test_a_working_gemini_under_run_is_not_said_woken_now_and_mail_then_is_told_after_its_tool_call(gemini_project):
+    """Issue 33 #7: while a Gemini CLI turn is under way (its spinner drawn, a 5 s tool call running), run cannot type
+    the trigger, so its wait is not armed: status says the session hears at its next prompt or tool call, not
+    "woken now". Mail sent then is told after the tool call, in that turn (AfterTool), once; no trigger is typed for
+    it. Once the turn is over and the prompt idle, run's wait is armed again (woken now)."""
+    from tests.lib.fake_model import FakeModel
+
+    gate = gemini_project / "mail-sent"  # the call lasts 5 s and until the test sent its mail
+    slow = f"sleep 5; while [ ! -e {shlex.quote(str(gate))} ]; do sleep 0.1; done"
+
+    def script(request):
+        if not _main(request):
+            return None
+        if "run the slow step" in json.dumps(request["contents"]) and not _tool_results(request):
+            return [{"type": "tool_use", "name": "run_shell_command",
+                     "input": {"command": slow, "description": "the slow step"}}]
+        return [{"type": "text", "text": "ok from the model"}]
+
+    with FakeModel(script) as model:
+        with gemini_under_run(gemini_project, model, f"agent-mail-run-busy-{os.getpid()}", "--approval-mode",
+                              "yolo") as terminal:
+            terminal.wait_for(lambda: _at_prompt(terminal), 90, "gemini did not reach its prompt")
+            until(lambda: _status().get("reached_by", "").startswith("woken now"), 30,
+                  lambda: f"run did not arm its wait at the empty prompt: {_status()}")
+            terminal.type("run the slow step", "Enter")
+            assert model.wait_for(lambda r: _main(r) and "run the slow step" in json.dumps(r["contents"]), 60)
+            row = until(lambda: (lambda r: not r["reached_by"].startswith("woken") and r)(_status()), 3,
+                        lambda: f"a working session is said to be woken: {_status()}")
+            assert row["reachable"] and row["watch_state"] != "armed"
+            assert row["reached_by"].startswith("told at its next prompt or tool call (a live Gemini CLI session")
+            _send("During the call")
+            assert not _status()["reached_by"].startswith("woken")
+            gate.touch()
+            after = model.wait_for(lambda r: _main(r) and _tool_results(r), 60)
+            assert after is not None, terminal.screen()
+            assert "During the call" in json.dumps(after["contents"])  # told after the tool call, in the turn
+            terminal.wait_for(lambda: _at_prompt(terminal) and "ok from the model" in terminal.screen(), 60,
+                              "the turn did not end")
+            until(lambda: _status().get("reached_by", "").startswith("woken now"), 30, "not armed again when idle")
+            assert TRIGGER not in _prompts(model)  # told in the turn: no wake for it
+            assert json.dumps([r for r in model.requests if _main(r)][-1]["contents"]).count("During the call") == 1
             terminal.type("/quit", "Enter")
             code = gemini_project.parent / "exit"
             until(lambda: code.exists() and code.read_text().strip(), 60, "run did not exit after /quit")

@@ -11,10 +11,11 @@ hook_event_name, ...); what each harness sends and takes, its events and its too
 - stop (Stop; Gemini CLI's AfterAgent): holds the session's stop once when mail it was not told of
   arrived during the turn (the envelopes become the reason for one more turn); a second stop
   (stop_hook_active) always passes.
-- wait: the waiter, armed when a turn ends (Claude Code's asyncRewake hook; OpenCode's plugin, which starts a
-  turn with the note). Blocks like `watch` (it counts as one for liveness) until mail the session was not told
-  of arrives, then exits 2 with the envelopes on stderr, which wakes the idle session. One per session: a newer
-  waiter ends the older, which exits 0 quietly. Never blocks a non-interactive run (claude -p, the SDK), and
+- wait: the waiter, armed at a session's start and when a turn ends (Claude Code's asyncRewake hook on SessionStart
+  and Stop; OpenCode's plugin, which starts a turn with the note, and in its TUI one of its own from its start until
+  the first session begins). Blocks like `watch` (it counts as one for liveness) until mail the session was not
+  told of arrives, then exits 2 with the envelopes on stderr, which wakes the idle session. One per session: a
+  newer waiter ends the older, which exits 0 quietly. Never blocks a non-interactive run (claude -p, the SDK), and
   ends when the harness process does. Codex and Qwen Code (SessionStart and Stop): starts the session's waker
   detached and returns at once (harness.waker: the same wait, run by wake_once, the envelopes handed over as a
   prompt through the harness's own way in). A harness woken only under `agent-mail run` has no waiter.

@@ -493,9 +493,6 @@ class Waker:
             return stuck
         if now - self.last_wake < WAKE_INTERVAL_SECONDS:
             return "woken in the last interval"
-        tail = self.screen.last_lines(SCREEN_LINES_CHECKED)
-        if any(marker in tail for marker in BUSY_MARKERS):
-            return "a turn is under way"
         return None
 
     def stuck(self) -> str | None:
@@ -514,7 +511,15 @@ class Waker:
                 return "unsent text at the prompt"
         if self.dialog():
             return "a dialog is open"
+        if self.busy():
+            return "a turn is under way"
         return None
+
+    def busy(self) -> bool:
+        """Whether the screen's last lines show a turn under way (its spinner's "esc to cancel"): the harness's
+        hooks tell mail then (after its next tool call, or at its stop), and run types nothing until it is over."""
+        tail = self.screen.last_lines(SCREEN_LINES_CHECKED)
+        return any(marker in tail for marker in BUSY_MARKERS)
 
     def next_check(self, now: float) -> float | None:
         """Seconds until a condition may have changed by time alone (None: only an event can change it)."""
@@ -1089,7 +1094,11 @@ class Runner:
     def _steer(self, waker: Waker, now: float) -> None:
         """Arm the helper's wait while run can type the trigger (status: woken now), disarm it while it cannot until
         something changes (Waker.stuck): decided once the harness's output has settled, so a frame half drawn
-        changes nothing."""
+        changes nothing; but a turn under way (Waker.busy) disarms it at once, since its spinner never lets the
+        output settle, and mail then is told by the turn's hooks, not by a wake."""
+        if waker.busy():
+            self._arm(False, "a turn is under way")
+            return
         if now - waker.last_output < QUIET_SECONDS:
             return
         stuck = waker.stuck()

@@ -3,8 +3,9 @@ asyncRewake hook.
 
 Setup writes DIR/.mcp.json (the server, nothing personal in it: teams commit it) and DIR/.claude/settings.local.json
 (personal, not committed: the interpreter, identity and mailbox in `env`; context on SessionStart,
-UserPromptSubmit and PostToolUse; the stop guard and the asyncRewake waiter on Stop; the pre-tool guard on
-PreToolUse; end on SessionEnd; `mcp__agent-mail` allowed and the server enabled, so no prompt asks). Its hooks read
+UserPromptSubmit and PostToolUse; the stop guard on Stop; the asyncRewake waiter on SessionStart and Stop, so a
+session idle before its first prompt is woken too; the pre-tool guard on PreToolUse; end on SessionEnd;
+`mcp__agent-mail` allowed and the server enabled, so no prompt asks). Its hooks read
 hookSpecificOutput.additionalContext on the context events and {"decision": "block"} on Stop.
 """
 
@@ -33,7 +34,8 @@ def hook_entries(kit, hook, agent: str) -> dict[str, list[dict]]:
     waiter = hook("wait", asyncRewake=True, timeout=kit.WAITER_TIMEOUT_SECONDS, rewakeMessage=kit.REWAKE_MESSAGE,
                   rewakeSummary=f"agent-mail: new mail for {agent}")
     return {
-        "SessionStart": [{"hooks": [hook("context")]}],
+        # The waiter on SessionStart too: a session idle at its prompt before its first turn is woken as well.
+        "SessionStart": [{"hooks": [hook("context"), waiter]}],
         "UserPromptSubmit": [{"hooks": [hook("context")]}],
         "PostToolUse": [{"matcher": "*", "hooks": [hook("context")]}],
         "Stop": [{"hooks": [hook("stop"), waiter]}],
@@ -111,7 +113,8 @@ HARNESS = Harness(
     notes=(
         "Start `claude` in this directory: the agent-mail MCP tools (mcp__agent-mail__*) are allowed, mail reaches "
         "the model's context on session start, each prompt and after tool calls, a stop is held once for mail that "
-        "arrived during the turn, and an idle session is woken when mail arrives (an asyncRewake hook).",
+        "arrived during the turn, and an idle session is woken when mail arrives, from its start on (an asyncRewake "
+        "hook armed at the session's start and at the end of each turn).",
         "claude -p and SDK runs are not kept waiting: the waiter only arms in interactive sessions.",
     ),
 )

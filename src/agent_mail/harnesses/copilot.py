@@ -123,8 +123,9 @@ HARNESS = Harness(
     edit_tools=EDIT_TOOLS,
     denial=denial,
     wake=RUN,
-    told="told at its next prompt or tool call (a live Copilot CLI session, which cannot be woken while idle: "
-         "`agent-mail run -- copilot` can)",
+    # At work (under `run` too: run types nothing while a turn is under way), or idle where nothing wakes it.
+    told="told at its next prompt or tool call (a live Copilot CLI session, at work or idle with nothing to wake it: "
+         "`agent-mail run -- copilot` wakes it at its empty prompt)",
     empty_prompt=("/ commands",),
     plans=plans,
     hook_entry=hook_entry,

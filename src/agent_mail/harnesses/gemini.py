@@ -79,8 +79,9 @@ HARNESS = Harness(
     edit_tools=EDIT_TOOLS,
     denial=denial,
     wake=RUN,
-    told="told at its next prompt or tool call (a live Gemini CLI session, which cannot be woken while idle: "
-         "`agent-mail run -- gemini` can)",
+    # At work (under `run` too: run types nothing while a turn is under way), or idle where nothing wakes it.
+    told="told at its next prompt or tool call (a live Gemini CLI session, at work or idle with nothing to wake it: "
+         "`agent-mail run -- gemini` wakes it at its empty prompt)",
     empty_prompt=("Type your message",),
     plans=plans,
     hook_entry=hook_entry,

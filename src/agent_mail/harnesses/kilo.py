@@ -46,8 +46,9 @@ HARNESS = Harness(
         "server, see below).",
         "Mail reaches the model's context at each prompt (the first one of a session gets the inbox) and after tool "
         "calls; a session that goes idle with mail that arrived during its turn is sent it as one more prompt, once; "
-        "an idle session is woken when mail arrives (the plugin's waiter starts a turn with the envelopes). Under "
-        "`kilo run` nothing waits: it exits when its session is idle.",
+        "an idle session is woken when mail arrives (the plugin's waiter starts a turn with the envelopes). Before the "
+        "first prompt, when the TUI has no session yet, mail opens one with it. Under `kilo run` nothing waits: it "
+        "exits when its session is idle.",
         "Kilo's TUI runs plugins in a worker that sees no exit: the session stops counting as live when Kilo's "
         "process ends, and its waiter ends with that process.",
         "The agent-mail entry of kilo.json and .kilo/plugin/agent-mail.js hold this interpreter, identity and "

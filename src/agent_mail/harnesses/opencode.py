@@ -18,6 +18,12 @@ input on stdin, as every harness's hooks) at the points OpenCode offers, and add
   starts a turn with it (promptAsync). A newer waiter ends the older; a prompt ends the session's waiter (the hooks
   tell what comes during a turn); the waiter ends when OpenCode does (it watches the harness's process). Not under
   `opencode run`, which exits when the session goes idle.
+- before the first prompt: the TUI opens a session only with its first prompt (1.18.33: no session.created, no
+  session, until then), so the plugin, loaded at the start, arms a waiter of the process's own (session id
+  `start-PID-...`): the identity is listening from the start. Mail it finds opens a session (client.session.create),
+  shown in the TUI (the tui.session.select event; text the person typed stays in the prompt), and prompts it with
+  the wake's frame alone: that first prompt's context is the inbox, which holds the mail, so it is told once. The
+  first session to begin (that one, or the person's first prompt) ends the process's waiter and its session.
 - OpenCode's exit: `hook opencode end` for each session it told (the session stops counting as live).
 
 Everything here is this person's (interpreter, identity, mailbox): OpenCode reads no personal project file.
@@ -58,6 +64,8 @@ const WAKE = {wake_json};
 const EDITS = new Set({edits_json});
 // `{name} run` exits once its session is idle: nobody is there to be woken or held.
 const HEADLESS = process.argv.slice(2).find((word) => !word.startsWith("-")) === "run";
+// The TUI runs plugins in its worker; it opens a session only with the first prompt.
+const TUI = process.argv.some((word) => word.endsWith("/tui/worker.js"));
 
 function parsed(text) {{
   try {{
@@ -74,6 +82,10 @@ export default async ({{ client, directory }}) => {{
   const busy = new Set();
   const held = new Set(); // sessions whose stop was held once: their next stop passes
   const waiters = new Map();
+  // Until the TUI's first session begins, the process itself listens: a waiter of its own (START), and mail it
+  // finds opens a session (shown in the TUI) whose first prompt tells the inbox.
+  const START = `start-${{process.pid}}-${{Date.now().toString(36)}}`;
+  let starting = false; // START's waiter was armed and no session has begun since
 
   function start(event) {{
     return spawn(COMMAND[0], [...COMMAND.slice(1), event, "--agent", AGENT],
@@ -129,7 +141,7 @@ export default async ({{ client, directory }}) => {{
     }}
   }}
 
-  function arm(id) {{
+  function arm(id, event = "Stop", woken = (note) => prompt(id, `${{WAKE}}\\n${{note}}`, note.split("\\n")[0])) {{
     endWaiter(id);
     let waiter;
     try {{
@@ -145,10 +157,38 @@ export default async ({{ client, directory }}) => {{
     waiter.on("close", (code) => {{
       if (waiters.get(id) === waiter) waiters.delete(id);
       const note = Buffer.concat(err).toString().trim();
-      if (code === 2 && note) prompt(id, `${{WAKE}}\\n${{note}}`, note.split("\\n")[0]);
+      if (code === 2 && note) woken(note);
     }});
     waiter.stdin.on("error", () => {{}});
-    waiter.stdin.end(JSON.stringify({{ cwd: directory, session_id: id, hook_event_name: "Stop" }}));
+    waiter.stdin.end(JSON.stringify({{ cwd: directory, session_id: id, hook_event_name: event }}));
+  }}
+
+  async function endStart() {{
+    if (!starting) return;
+    starting = false;
+    endWaiter(START);
+    await hook("end", {{ session_id: START, hook_event_name: "SessionEnd" }});
+  }}
+
+  async function open(note) {{
+    // Mail before any session: a session opened with it, shown in the TUI. Its prompt is the frame alone: the first
+    // prompt's context (the inbox, which holds this mail) tells what came, once.
+    if (!starting) return;
+    let id;
+    try {{
+      id = (await client.session.create({{ body: {{}} }})).data?.id;
+    }} catch (error) {{
+      return warn(`agent-mail: could not open a session: ${{error}}`);
+    }}
+    if (!id) return warn("agent-mail: could not open a session");
+    const shown = {{ type: "tui.session.select", properties: {{ sessionID: id }} }};
+    await client.tui.publish({{ body: shown }}).catch(() => {{}});
+    prompt(id, WAKE, note.split("\\n")[0]);
+  }}
+
+  if (TUI && !HEADLESS) {{
+    starting = true;
+    arm(START, "SessionStart", open);
   }}
 
   async function idle(id) {{
@@ -164,7 +204,7 @@ export default async ({{ client, directory }}) => {{
 
   process.on("exit", () => {{
     for (const waiter of waiters.values()) waiter.kill("SIGTERM");
-    for (const id of told) {{
+    for (const id of starting ? [...told, START] : told) {{
       spawnSync(COMMAND[0], [...COMMAND.slice(1), "end", "--agent", AGENT], {{
         env: {{ ...process.env, ...ENV }}, timeout: 5000, stdio: ["pipe", "ignore", "ignore"],
         input: JSON.stringify({{ cwd: directory, session_id: id, hook_event_name: "SessionEnd" }}),
@@ -177,6 +217,7 @@ export default async ({{ client, directory }}) => {{
       const id = input.sessionID;
       if (children.has(id)) return;
       endWaiter(id);
+      await endStart(); // a session began: the process's own waiter is over
       const first = !told.has(id);
       told.add(id);
       const note = await context(id, first ? "SessionStart" : "UserPromptSubmit");
@@ -343,8 +384,9 @@ HARNESS = Harness(
         ".opencode/plugin/agent-mail.js.",
         "Mail reaches the model's context at each prompt (the first one of a session gets the inbox) and after tool "
         "calls; a session that goes idle with mail that arrived during its turn is sent it as one more prompt, once; "
-        "an idle session is woken when mail arrives (the plugin's waiter starts a turn with the envelopes). Under "
-        "`opencode run` nothing waits: it exits when its session is idle.",
+        "an idle session is woken when mail arrives (the plugin's waiter starts a turn with the envelopes). Before the "
+        "first prompt, when the TUI has no session yet, mail opens one with it. Under `opencode run` nothing waits: "
+        "it exits when its session is idle.",
         "At its first start in a directory OpenCode installs @opencode-ai/plugin into .opencode/node_modules with npm "
         "(a few seconds; without a network it retries for about 75 s before the session starts; "
         "npm_config_fetch_retries=0 makes that fail at once). The agent-mail plugin does not use it.",

@@ -263,8 +263,9 @@ HARNESS = Harness(
     edit_tools=EDIT_TOOLS,
     denial=denial,
     wake=RUN,
-    told="told at its next tool call or turn's end (a live Mistral Vibe session, which cannot be woken while idle: "
-         "`agent-mail run -- vibe` can)",
+    # At work (under `run` too: run types nothing while a turn is under way), or idle where nothing wakes it.
+    told="told at its next tool call or turn's end (a live Mistral Vibe session, at work or idle with nothing to "
+         "wake it: `agent-mail run -- vibe` wakes it at its empty prompt)",
     # Its whole interface is on the alternate screen: its empty prompt is a line of ">" alone (typed text follows
     # it; an approval dialog takes its place).
     empty_prompt=("\n>\n",),
