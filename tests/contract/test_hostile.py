@@ -27,7 +27,7 @@ from agent_mail.operations import mail
 from agent_mail.store import sqlite as sqlite_store
 from tests.lib.cli import am_process, as_a_user, process_env, run_inprocess
 from tests.lib.tools import ROOT
-from tests.lib.waiting import armed
+from tests.lib.waiting import armed, until
 
 
 def closed_stdout(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -634,6 +634,7 @@ def test_a_delayed_message_sorts_by_when_it_arrived(am, send, mailbox_path, tmp_
     with _set_scheduled:
         _set_scheduled.execute("UPDATE scheduled SET deliver_at = ? WHERE message_id = ?", (fell_due, delayed))
     _set_scheduled.close()
+    until(lambda: model.now() > model.parse_iso(fell_due), 5, "the delayed message never fell due")
     assert subjects(am("read", "b:y", "--no-mark-read").json) == ["prompt", "delayed"]
     assert subjects(am("watch", "b:y", "--once").json) == ["prompt", "delayed"]
     mirror_doc = am("notifications", "b:y").json["email"]["data"]
