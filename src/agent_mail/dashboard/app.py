@@ -166,10 +166,20 @@ class Dashboard(App):
                 self.feeder.poke.set()
 
     def on_feed_read(self, message: FeedRead) -> None:
-        self.apply_snapshot(message.snapshot)
+        from textual.css.query import NoMatches
+
+        try:
+            self.apply_snapshot(message.snapshot)
+        except NoMatches:  # a read that arrives as the app closes (its panes gone) or before they are composed:
+            pass  # nothing to draw on; the next read draws what is in view
 
     def on_feed_problem(self, message: FeedProblem) -> None:
-        self.show_problem(message.text)
+        from textual.css.query import NoMatches
+
+        try:
+            self.show_problem(message.text)
+        except NoMatches:
+            pass
 
     def show_problem(self, text: str | None) -> None:
         shown = f"{text} (retrying)" if text else ""
