@@ -27,6 +27,7 @@ AGENT = "proj:coder"
 
 
 CODEX = find("codex")
+SLOW_DONE = "the slow step is done"
 pytestmark = pytest.mark.requires("codex")
 pytest.importorskip("mcp", reason="the mcp extra is not installed")
 
@@ -349,7 +350,7 @@ def test_a_working_codex_session_is_at_work_and_mail_during_a_tool_call_is_told_
     the tool call, in that turn, once; not as an idle wake (`codex queue`) after the turn."""
     # At least 5 s, and until the test has sent its mail (a loaded machine must not end the call before it).
     gate = os.path.join(str(project), "mail-sent")
-    slow = f"sleep 5; while [ ! -e {gate} ]; do sleep 0.1; done"
+    slow = f"sleep 5; while [ ! -e {gate} ]; do sleep 0.1; done; echo {SLOW_DONE}"
 
     def script(request):
         if not _main(request):
@@ -373,8 +374,10 @@ def test_a_working_codex_session_is_at_work_and_mail_during_a_tool_call_is_told_
         assert row["reached_by"].startswith("told at its next prompt or tool call (a live Codex session")
         send_urgent_mail(AGENT)  # during the tool call
         open(gate, "w").close()  # the call may end now
-        after = model.wait_for(lambda r: _main(r) and _tool_results(r) and URGENT in json.dumps(r["input"]), 30)
+        # The request that carries the call's result (it ran to its end: it was not refused) carries the mail too.
+        after = model.wait_for(lambda r: _main(r) and SLOW_DONE in json.dumps(_tool_results(r)), 30)
         assert after is not None, terminal.pane()
+        assert URGENT in json.dumps(after["input"])
         terminal.wait_for(lambda: _status()["watch_state"] == "armed" and len(wakers(project, "codex")) == 1, 60,
                           "the waker did not arm again after the turn")
         loop = [r for r in model.requests if _main(r)]

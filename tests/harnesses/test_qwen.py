@@ -30,6 +30,7 @@ from tests.lib.harnesses import (URGENT, WOKEN, ChatHarness, Terminal,
 
 AGENT = "proj:coder"
 QWEN = find("qwen")
+SLOW_DONE = "the slow step is done"
 pytestmark = pytest.mark.requires("qwen")
 pytest.importorskip("mcp", reason="the mcp extra is not installed")
 
@@ -159,23 +160,22 @@ def _interactive(project, model: FakeModel, *options: str) -> Terminal:
 
 
 @pytest.mark.requires("tmux")
-@pytest.mark.xfail(reason="known race, open (issue 33 #5): in about one run of two a Qwen Code waker is armed again "
-                          "during the turn after the prompt hook stood it down, so status says 'woken within about a "
-                          "second' while the session works", strict=False)
 def test_a_working_qwen_session_is_at_work_and_mail_during_a_tool_call_is_told_after_it(project):
     """Issue 33 #5: the waker armed when the last turn ended stands down when the next turn starts: 2 s into a 5 s
     tool call, status says the session is at work (not "woken within about a second"), and mail sent then is told
     after the tool call, in that turn, once; not as an idle wake after the turn. The turn's end arms the waker
     again."""
-    # At least 5 s, and until the test has sent its mail (a loaded machine must not end the call before it).
+    # At least 5 s, and until the test has sent its mail (a loaded machine must not end the call before it). Not
+    # `sleep 5; ...`: Qwen Code refuses a command that starts with a sleep of 2 s or more followed by another
+    # ("Blocked: sleep 5 followed by: ..."), and the turn would end at once, its waker rightly armed.
     gate = os.path.join(str(project), "mail-sent")
-    slow = f"sleep 5; while [ ! -e {gate} ]; do sleep 0.1; done"
+    slow = f"for i in 1 2 3 4 5; do sleep 1; done; while [ ! -e {gate} ]; do sleep 0.1; done; echo {SLOW_DONE}"
 
     def script(request):
         if not _main(request):
             return None
         said = json.dumps(request["messages"])
-        if "run the slow step" in said and "sleep 5" not in said:
+        if "run the slow step" in said and not tool_results(request):
             return [{"type": "tool_use", "name": "run_shell_command",
                      "input": {"command": slow, "description": "the slow step"}}]
         return [{"type": "text", "text": "ok from the model"}]
@@ -192,8 +192,10 @@ def test_a_working_qwen_session_is_at_work_and_mail_during_a_tool_call_is_told_a
         assert row["reached_by"].startswith("told at its next prompt or tool call (a live Qwen Code session")
         send_urgent_mail(AGENT)  # during the tool call
         open(gate, "w").close()  # the call may end now
-        after = model.wait_for(lambda r: _main(r) and tool_results(r) and URGENT in json.dumps(r["messages"]), 30)
+        # The request that carries the call's result (it ran to its end: it was not refused) carries the mail too.
+        after = model.wait_for(lambda r: _main(r) and SLOW_DONE in json.dumps(r["messages"]), 30)
         assert after is not None, terminal.screen()
+        assert URGENT in json.dumps(after["messages"])
         terminal.wait_for(lambda: terminal.screen().count("ok from the model") >= 2, 60, "the turn did not end")
         terminal.wait_for(lambda: status_of(AGENT)["watch_state"] == "armed" and len(wakers(project, "qwen")) == 1,
                           30, "the waker did not arm again after the turn")

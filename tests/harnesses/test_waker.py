@@ -13,7 +13,8 @@ import textwrap
 
 import pytest
 
-from tests.lib.cli import am_process, process_env
+from tests.lib.cli import am_process, process_env, run_inprocess
+from tests.lib.harnesses import wakers
 from tests.lib.waiting import until
 from agent_mail.harness import waker
 
@@ -138,3 +139,64 @@ def test_the_waker_is_detached_armed_wakes_once_and_ends_with_its_harness(tmp_pa
         doomed.wait()
     until(lambda: not _wakers(), 30, "the waker outlived its harness")
     until(lambda: not _armed(), 30, "still armed after the harness died")
+
+
+def test_the_stop_s_wait_hook_returns_once_its_waker_is_armed_so_the_next_turn_stands_it_down(tmp_path):
+    """Issue 33 #5: Qwen Code and Codex start their next turn only once the Stop's hooks have returned, and the
+    `wait` hook returns only once its waker is armed (or has found the session not idle): so the next turn's prompt
+    hook always comes after the arming and stands the waker down. A waker that armed after that prompt (a prompt
+    queued during the turn is submitted as soon as it ends) would say "woken" all through the turn that follows."""
+    harness = _sleeper("--input-file", str(tmp_path / "in.jsonl"), cwd=tmp_path)
+    env = process_env(CLAUDE_PID=str(harness.pid))
+
+    def hook(event: str, name: str) -> subprocess.CompletedProcess:
+        document = {"session_id": "s-1", "hook_event_name": name, "cwd": str(tmp_path)}
+        if name == "Stop":
+            document["stop_hook_active"] = False
+        done = am_process("hook", "qwen", event, "--agent", AGENT, input=json.dumps(document).encode(), env=env,
+                          cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        return done
+
+    def status() -> dict:
+        return json.loads(run_inprocess("status", "--agent", AGENT).out)["agents"][0]
+    try:
+        hook("context", "SessionStart")
+        hook("context", "UserPromptSubmit")  # the first turn
+        hook("stop", "Stop")  # it ends: the Stop's hooks
+        hook("wait", "Stop")
+        assert status()["watch_state"] == "armed"  # at once: the hook returned once its waker was armed
+        assert len(wakers(tmp_path, "qwen")) == 1
+        hook("context", "UserPromptSubmit")  # the next turn, at once
+        until(lambda: not wakers(tmp_path, "qwen"), 30, "the waker did not stand down at the turn's start")
+        # (through a server, its request there ends when the server sees it hung up: within its 5 s checks)
+        until(lambda: (lambda r: r["watch_state"] != "armed" and "at work" in r["reached_by"])(status()), 15,
+              lambda: f"not said to be at work: {status()}")
+    finally:
+        harness.kill()
+        harness.wait()
+    until(lambda: not wakers(tmp_path, "qwen"), 30, "the waker outlived its harness")
+
+
+def test_a_waker_armed_again_is_stood_down_by_a_turn_that_started_since_its_last_wait(mailbox_path, monkeypatch):
+    """Issue 33 #5: a waker arms again when its wait ran out (or, through a server, after the short request that
+    armed it first): a turn that started in between left its mark (at work), which stands it down, where its first
+    arming, right after its Stop, takes the mark of the turn that Stop ends (its stop hook not run yet)."""
+    from agent_mail.operations import mail, telling
+    from agent_mail.operations.results import no_emit
+
+    monkeypatch.setenv("AGENT_MAIL_DB", str(mailbox_path))  # the mailbox itself (the server's steps are the same)
+    with mail.open_mailbox() as mailbox:
+        def session(event: str) -> telling.Session:
+            return telling.Session(mailbox, "qwen", AGENT, {"session_id": "s-1", "hook_event_name": event,
+                                                            "stop_hook_active": False})
+        session("SessionStart").context(no_emit)
+        session("UserPromptSubmit").context(no_emit)  # a turn: at work
+        stopped = session("Stop")
+        assert stopped.arm("1:1@here") is None  # the turn's Stop: its waker arms (before its stop hook ran)
+        stopped.forget_waiter("1:1@here")  # its wait ran out
+        session("UserPromptSubmit").context(no_emit)  # meanwhile the next turn started
+        with pytest.raises(telling.Superseded):
+            stopped.arm("1:1@here", again=True)
+        row = json.loads(run_inprocess("status", "--agent", AGENT).out)["agents"][0]
+        assert row["watch_state"] != "armed" and "at work" in row["reached_by"], row

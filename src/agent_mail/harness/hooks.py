@@ -17,8 +17,8 @@ hook_event_name, ...); what each harness sends and takes, its events and its too
   told of arrives, then exits 2 with the envelopes on stderr, which wakes the idle session. One per session: a
   newer waiter ends the older, which exits 0 quietly. Never blocks a non-interactive run (claude -p, the SDK), and
   ends when the harness process does. Codex and Qwen Code (SessionStart and Stop): starts the session's waker
-  detached and returns at once (harness.waker: the same wait, run by wake_once, the envelopes handed over as a
-  prompt through the harness's own way in). A harness woken only under `agent-mail run` has no waiter.
+  detached and returns once it is armed (harness.waker: the same wait, run by wake_once, the envelopes handed over
+  as a prompt through the harness's own way in). A harness woken only under `agent-mail run` has no waiter.
 - end: SessionEnd. The session stops counting as live; its waiter is ended. A harness with no session-end hook
   (its record's end_watch): through a server, which cannot see the harness's process, a detached watcher started by
   its first hook ends the session when the harness exits.
@@ -187,11 +187,11 @@ def run(harness: str, event: str, agent: str | None, emit, served=None) -> int:
             emit(kind.quiet)
         return errors.EXIT_OK
 
-    if event == "wait" and kind.woken_by_our_waker:  # a waker of its own, detached: the hook returns at once
+    if event == "wait" and kind.woken_by_our_waker:  # a waker of its own, detached: the hook returns once it armed
         from agent_mail.harness import waker
 
-        return waker.start(harness, document, lambda deliver, pid: wake_once(harness, agent, document, served,
-                                                                             deliver, pid))
+        return waker.start(harness, document, lambda deliver, pid, armed, again: wake_once(
+            harness, agent, document, served, deliver, pid, armed, again))
 
     def emit_once(document: dict) -> None:
         emit(document)
@@ -259,21 +259,26 @@ def pretool(harness: str, agent: str, document: dict, emit, check) -> dict | Non
     return output
 
 
-def wait(session, minutes: float, deliver=None, harness: int | None = None) -> str | None:
+def wait(session, minutes: float, deliver=None, harness: int | None = None, armed=None,
+         again: bool = False) -> str | None:
     """Block until mail this session was not told of arrives (the note to wake it with) or until the wait ends
     (None): timeout, a newer waiter, a turn's start, the harness gone, or a non-interactive run. `deliver(note)`: how
     the note reaches the session before it counts as told (stderr by default, asyncRewake's); `harness`: its
     process, which the wait watches (a pidfd slept on with the mailbox's wake-ups; where there is none, a look at
     the process every WATCH_HARNESS_SECONDS), so the waiter ends, and stops counting as an armed watch, at once
-    when the harness does."""
+    when the harness does. `armed()`: called once the waiter is armed (its watch open, its first look taken), or
+    found it has nothing to wait for; `again`: this waiter was armed before (its last wait ran out), so a turn's
+    mark found now stands it down."""
     from agent_mail.operations import telling
 
     if not session.kind.wakes_idle or not _waits_here():
         return None
     me = _process_token(os.getpid())
     try:
-        _end_waiter(session.arm(me))
+        _end_waiter(session.arm(me, again))
     except telling.Superseded:
+        if armed is not None:
+            armed()
         return None  # not idle: its stop was held, or a turn started since the session start that started this
     harness = harness or harness_pid()
     handle = process_handle(harness)
@@ -287,10 +292,16 @@ def wait(session, minutes: float, deliver=None, harness: int | None = None) -> s
         return pid_alive(harness)
     if handle is None:
         alive.every = WATCH_HARNESS_SECONDS
+
+    def look() -> list[dict]:
+        try:
+            return session.look(me, note, deliver or write_note)
+        finally:
+            if armed is not None:
+                armed()  # its first look: armed (status shows it), or stood down already
     found: list[dict] = []
     try:
-        found = session.mailbox.wait_armed(session.agent, minutes * 60.0,
-                                           lambda: session.look(me, note, deliver or write_note), alive,
+        found = session.mailbox.wait_armed(session.agent, minutes * 60.0, look, alive,
                                            also=(handle,) if handle is not None else ())
     except (telling.Superseded, errors.Interrupted):
         # Replaced by a newer waiter (which SIGTERMs this one), stood down by a turn's start or ended with its
@@ -304,16 +315,18 @@ def wait(session, minutes: float, deliver=None, harness: int | None = None) -> s
     return note[0] if found and note else None
 
 
-def wake_once(harness: str, agent: str, document: dict, served, deliver, pid: int) -> bool:
+def wake_once(harness: str, agent: str, document: dict, served, deliver, pid: int, armed=None,
+              again: bool = False) -> bool:
     """One wait of a detached waker (harness.waker) for the harness process `pid`, on the mailbox or through a
-    server: whether it woke the session, the note handed over by `deliver`."""
+    server: whether it woke the session, the note handed over by `deliver`; `armed()` called once it is armed (or
+    will not be); `again`: not its first wait."""
     if served is not None:
-        return served_wait(served, harness, agent, document, deliver, pid) == EXIT_WAKE
+        return served_wait(served, harness, agent, document, deliver, pid, armed, again) == EXIT_WAKE
     from agent_mail.operations import mail, telling
 
     with mail.open_mailbox() as mailbox:
         session = telling.Session(mailbox, harness, agent, document, pid=pid, host=_host())
-        return wait(session, model.WATCH_MINUTES_DEFAULT, deliver, pid) is not None
+        return wait(session, model.WATCH_MINUTES_DEFAULT, deliver, pid, armed, again) is not None
 
 
 # -- through an agent-mail server (AGENT_MAIL_DB=http(s)://) ------------------------------------------------------
@@ -340,23 +353,28 @@ def _served(served, harness: str, event: str, agent: str, document: dict, emit) 
     return errors.EXIT_OK
 
 
-def _session(document: dict, waiter: str | None = None, pid: int | None = None) -> dict:
-    """The harness session as this machine knows it, for the server."""
+def _session(document: dict, waiter: str | None = None, pid: int | None = None, again: bool = False) -> dict:
+    """The harness session as this machine knows it, for the server (`again`: its waiter was armed before)."""
     found = {"session_id": document["session_id"], "pid": pid or harness_pid(), "host": _host(),
              "stop_hook_active": document.get("stop_hook_active") is True}
     if isinstance(document.get("hook_event_name"), str):
         found["hook_event_name"] = document["hook_event_name"][:200]
     if waiter is not None:
         found["waiter"] = waiter
+    if again:
+        found["again"] = True
     return found
 
 
-def served_wait(served, harness: str, agent: str, document: dict, deliver=None, pid: int | None = None) -> int:
+def served_wait(served, harness: str, agent: str, document: dict, deliver=None, pid: int | None = None,
+                armed=None, again: bool = False) -> int:
     """The waiter as a long request the server holds (armed there like a watch, refreshing the session), reconnecting
     across a server restart. This process watches the harness: when it dies, the session is ended through the
     server (so it stops counting as live at once) and this process exits, which ends the request. It replaces the
     session's older waiter: a first short request names it, and it is SIGTERMed here, as without a server.
-    `deliver(note)`, `pid`: as wait's (the note is delivered once the server told it)."""
+    `deliver(note)`, `pid`, `armed()`, `again`: as wait's (the note is delivered once the server told it; armed by the
+    first short request, so the long one is armed again: a turn that started in between, its prompt hook run after
+    the short request, keeps it from arming)."""
     import threading
 
     if not harnesses.of(harness).wakes_idle or not _waits_here():
@@ -385,10 +403,14 @@ def served_wait(served, harness: str, agent: str, document: dict, deliver=None, 
     watcher.start()
     try:
         # First a glance (armed, then a look at once): the older waiter it replaces is named, and ended here.
-        result = served.glance("hook", {**given, "wait_seconds": 0.05})  # rides out a restart, as the wait does
+        result = served.glance("hook", {**given, "wait_seconds": 0.05, "session": _session(
+            document, me, harness_process, again)})  # rides out a restart, as the wait does
+        if armed is not None:
+            armed()  # armed there (or not idle: nothing to wait for)
         if not result.get("wake") and result.get("idle") is not False:  # idle false: its stop held, or at work
             _end_waiter(result.get("waiter"))
-            result = served.wait("hook", given, model.WATCH_MINUTES_DEFAULT * 60.0)
+            result = served.wait("hook", {**given, "session": _session(document, me, harness_process, True)},
+                                 model.WATCH_MINUTES_DEFAULT * 60.0)
     except errors.Interrupted:
         return errors.EXIT_OK  # ended by a newer waiter or the session's end: quietly, as without a server
     finally:

@@ -19,7 +19,9 @@ once and ends, as Claude Code's does; what lands during the woken turn is told b
 or a held stop), and the turn's Stop starts the next waker. A delivery that failed told nothing and is tried again.
 A waker ends with the harness's process (checked every few seconds), when the session ends (SessionEnd ends its
 waiter) or when a newer waker replaces it; between its waits (55 minutes each) it stays armed. Stdio goes to
-/dev/null and it runs in a session of its own, so the hook returns at once and the harness never waits for it.
+/dev/null and it runs in a session of its own: the hook returns as soon as the waker is armed (or found the session
+not idle), and the harness never waits for its end. Armed before the hook returns, it is armed before the next turn
+starts (the harnesses start it once the Stop's hooks returned), whose prompt hook then stands it down.
 """
 
 from __future__ import annotations
@@ -33,36 +35,59 @@ from agent_mail.harnesses.record import WOKEN_FRAME as FRAME
 from agent_mail.parts.liveness import harness_pid, pid_alive
 
 RETRY_SECONDS = 5.0  # after a delivery that failed (nothing was told), the next try
+ARMED_SECONDS = 10.0  # the longest the hook waits for its waker to arm (a mailbox busy that long: it returns anyway)
 
 
 def start(harness: str, document: dict, wait_once) -> int:
-    """The `wait` hook of Qwen Code and Codex: start the session's waker, detached, and return at once (0). Quiet
-    when the session cannot be woken (no harness process known; Qwen Code without an input file). `wait_once(deliver,
-    pid)`: one wait of the waiter (harness.hooks), True when it woke the session."""
+    """The `wait` hook of Qwen Code and Codex: start the session's waker, detached, and return (0) once it is armed,
+    or has found the session not idle, not while it waits. Both harnesses start the next turn only once the Stop's
+    hooks have returned, so the next turn's prompt hook comes after the arming and stands the waker down: a waker
+    that armed after that prompt (a prompt queued during a turn is submitted as soon as the turn ends, and a held
+    stop's reason at once) would be taken for an idle session's all through the turn. Quiet when the session
+    cannot be woken (no harness process known; Qwen Code without an input file). `wait_once(deliver, pid, armed,
+    again)`: one wait of the waiter (harness.hooks), True when it woke the session; it calls `armed()` once it is
+    armed (or will not be); `again`: not the waker's first wait, so a turn's mark found now stands it down."""
+    from agent_mail.files import wait_readable
+
     pid = harness_pid()
     if pid is None or not interactive(harness, pid):
         return errors.EXIT_OK
     deliver = qwen_delivery(pid) if harness == "qwen" else codex_delivery(pid, document)
     if deliver is None:
         return errors.EXIT_OK
+    told, tell = os.pipe()
     first = os.fork()
     if first:
+        os.close(tell)
         os.waitpid(first, 0)
+        wait_readable([told], ARMED_SECONDS)  # its end closed: armed, or nothing to wait for (or the waker gone)
+        os.close(told)
         return errors.EXIT_OK
     try:  # the first child: a session of its own, then the waker as its child, which init adopts
+        os.close(told)
         os.setsid()
         if os.fork():
             os._exit(0)
+        if tell < 3:  # the hook was started with a standard stream closed: the pipe's end must outlive stdio's
+            import fcntl
+
+            tell = fcntl.fcntl(tell, fcntl.F_DUPFD_CLOEXEC, 3)
         null = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(null, fd)
-        os.closerange(3, 1024)  # the harness's pipes too: it must not wait for the waker's end
+        os.closerange(3, tell)  # the harness's pipes too: it must not wait for the waker's end
+        os.closerange(tell + 1, 1024)
+        untold = [tell]
+
+        def armed() -> None:  # the hook is told once: its pipe's end closed (its number is then free for others)
+            if untold:
+                os.close(untold.pop())
         import signal
 
         signal.signal(signal.SIGTERM, lambda *_: os._exit(0))  # replaced, or its session ended: gone at once
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         forget(deliver)  # the input files of Qwen Code processes that are gone
-        serve(wait_once, pid, deliver)
+        serve(wait_once, pid, deliver, armed)
     finally:
         os._exit(0)
 
@@ -76,20 +101,28 @@ def interactive(harness: str, pid: int) -> bool:
     return not any(a in ("exec", "e", "review") for a in arguments[1:2])
 
 
-def serve(wait_once, pid: int, deliver) -> None:
-    """Wait until the session is woken once, while the harness process `pid` lives."""
+def serve(wait_once, pid: int, deliver, armed=lambda: None) -> None:
+    """Wait until the session is woken once, while the harness process `pid` lives. `armed()`: called once the
+    first wait is armed (or is not to be)."""
     import time
 
-    while pid_alive(pid):
-        began = time.monotonic()
-        try:
-            woke = wait_once(deliver, pid)
-        except (errors.AgentMailError, OSError):
-            time.sleep(RETRY_SECONDS)  # the mailbox or the delivery failed: nothing was told; try again
-            continue
-        if woke or time.monotonic() - began < model.WATCH_MINUTES_DEFAULT * 60.0 - 5.0:
-            return  # woken (the woken turn's Stop starts the next waker), or ended early: replaced, session over
-    forget(deliver)
+    try:
+        again = False
+        while pid_alive(pid):
+            began = time.monotonic()
+            try:
+                woke = wait_once(deliver, pid, armed, again)
+            except (errors.AgentMailError, OSError):
+                armed()  # not armed (the mailbox failed): the hook need not wait for the retry
+                time.sleep(RETRY_SECONDS)  # the mailbox or the delivery failed: nothing was told; try again
+                continue
+            finally:
+                again = True  # from now on a turn's mark (at work, held) is a later turn's: it stands the waker down
+            if woke or time.monotonic() - began < model.WATCH_MINUTES_DEFAULT * 60.0 - 5.0:
+                return  # woken (the woken turn's Stop starts the next waker), or ended early: replaced, session over
+        forget(deliver)
+    finally:
+        armed()
 
 
 def forget(deliver) -> None:

@@ -121,5 +121,5 @@ class Harness:
 
     @property
     def woken_by_our_waker(self) -> bool:
-        """Whether its `wait` hook starts our waker, detached (agent_mail.harness.waker), and returns at once."""
+        """Whether its `wait` hook starts our waker, detached (agent_mail.harness.waker), and returns once it armed."""
         return self.wake == WAKER

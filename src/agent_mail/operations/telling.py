@@ -250,10 +250,12 @@ class Session:
             self.store.save_harness_session(session)
         return None if waiter in MARKS else waiter
 
-    def arm(self, me: str) -> str | None:
+    def arm(self, me: str, again: bool = False) -> str | None:
         """Make `me` (a waiter's process token) the session's waiter; the older waiter's token, which ends.
         Superseded when the session is not idle: its stop was held (HELD, and this is not the second stop), or a
-        turn started since the session start that started this waiter (AT_WORK)."""
+        turn started since the session start that started this waiter (AT_WORK); `again` (this waiter was armed
+        before: its first short request through a server, or its last wait, which ran out): a mark at all, which a
+        turn since then left."""
         now = model.now_iso()
         with self.store.transaction(write=True):
             self._active(now)  # a waiter is armed as a turn ends
@@ -262,7 +264,8 @@ class Session:
                 self._start_note(session, now)
                 session = self.store.harness_session(self.key)
             if (session["waiter"] == HELD and self.document.get("stop_hook_active") is not True) or \
-                    (session["waiter"] == AT_WORK and self.event_name == "SessionStart"):
+                    (session["waiter"] == AT_WORK and self.event_name == "SessionStart") or \
+                    (again and session["waiter"] in MARKS):
                 raise Superseded()
             older = session["waiter"]
             older = None if older in MARKS else older
@@ -318,10 +321,11 @@ def _session_input(session) -> dict:
     def fail(why: str) -> errors.InvalidInput:
         return errors.InvalidInput([("session", f"{why}; the client sends the harness session's "
                                                 "{session_id, hook_event_name, stop_hook_active, pid, host, "
-                                                "waiter} (agent-mail hook does, when AGENT_MAIL_DB names a server).")])
+                                                "waiter, again} (agent-mail hook does, when AGENT_MAIL_DB names a "
+                                                "server).")])
     if not isinstance(session, dict) or not session:
         raise fail("is required")
-    known = {"session_id", "hook_event_name", "stop_hook_active", "pid", "host", "waiter"}
+    known = {"session_id", "hook_event_name", "stop_hook_active", "pid", "host", "waiter", "again"}
     if set(session) - known:
         raise fail(f"has unknown keys {sorted(set(session) - known)}")
     sid, event, pid = session.get("session_id"), session.get("hook_event_name"), session.get("pid")
@@ -336,8 +340,9 @@ def _session_input(session) -> dict:
         if value is not None and (not isinstance(value, str) or not value or len(value) > most
                                   or model.has_surrogates(value)):
             raise fail(f"{name} must be a text of at most {most} characters")
-    if not isinstance(session.get("stop_hook_active", False), bool):
-        raise fail("stop_hook_active must be true or false")
+    for name in ("stop_hook_active", "again"):
+        if not isinstance(session.get(name, False), bool):
+            raise fail(f"{name} must be true or false")
     return session
 
 
@@ -380,7 +385,7 @@ class ServedWaiter:
         self.pid, self.host, self.me = step.pid, step.host, me
         self.note: list[str] = []
         try:
-            self.older, self.idle = step.arm(me), True
+            self.older, self.idle = step.arm(me, step.document.get("again") is True), True
         except Superseded:  # not idle (its stop held, or a turn started): nothing to wait for
             self.older, self.idle = None, False
 
@@ -432,7 +437,7 @@ def _served_wait(step: Session, given: dict, wanted, seconds: float) -> dict:
     if not me:
         raise errors.InvalidInput([("session", "wait needs the waiter's process token (waiter).")])
     try:
-        older = step.arm(me)
+        older = step.arm(me, given.get("again") is True)
     except Superseded:  # not idle (its stop held, or a turn started): nothing to wait for
         return {"wake": False, "note": None, "waiter": None, "idle": False}
     note: list[str] = []

@@ -35,14 +35,16 @@ _LOCATED = {"type": "object", "required": ["key"], "additionalProperties": False
 _SESSION = {"type": "object", "required": ["session_id"],
             "description": "The harness session as the client's machine knows it: its session_id and "
                            "hook_event_name (from the hook's input), stop_hook_active, the harness's process id and "
-                           "the machine's name (so status counts it live while it shows signs of life), and a "
-                           "waiter's process token.",
+                           "the machine's name (so status counts it live while it shows signs of life), a "
+                           "waiter's process token, and `again` when that waiter was armed before (a turn that "
+                           "started since then keeps it from arming).",
             "properties": {"session_id": {"type": "string", "minLength": 1, "maxLength": 200},
                            "hook_event_name": {"type": ["string", "null"], "maxLength": 200},
                            "stop_hook_active": {"type": "boolean"},
                            "pid": {"type": ["integer", "null"], "minimum": 1},
                            "host": {"type": ["string", "null"], "maxLength": 300},
-                           "waiter": {"type": ["string", "null"], "maxLength": 400}}}
+                           "waiter": {"type": ["string", "null"], "maxLength": 400},
+                           "again": {"type": "boolean"}}}
 # What a hook step answers through a server: the harness's output as the hook prints it, and a waiter's note.
 HOOK_RESULT = {"type": "object", "required": ["output", "wake", "note"], "properties": {
     "output": {"type": ["object", "null"], "description": "What the hook prints for the harness (null: nothing)."},
