@@ -361,9 +361,7 @@ def test_a_killed_interactive_session_is_not_reachable_at_once(project):
     _interactive_home(home, project)
     with FakeModel() as model:
         env = _env(model, home)
-        command = shlex.join(["env", "-u", "AGENT_MAIL_DB"] + [f"{k}={v}" for k, v in env.items() if k in (
-            "HOME", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY", "DISABLE_TELEMETRY", "ENABLE_TOOL_SEARCH",
-            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "DISABLE_AUTOUPDATER", "PYTHONPATH", "TMPDIR")] + [CLAUDE])
+        command = _claude_command(env)
         with Terminal(project.parent, f"agent-mail-test-{os.getpid()}", project, command) as terminal:
             terminal.wait_for(lambda: "❯" in terminal.screen(), 60, "claude did not reach its prompt")
             terminal.type("hello", "Enter")
@@ -372,6 +370,13 @@ def test_a_killed_interactive_session_is_not_reachable_at_once(project):
                                          "#{pane_pid}"], check=True, capture_output=True, text=True).stdout)
             os.kill(claude, signal.SIGKILL)
             until(lambda: _refused(), 3.0, lambda: f"still reachable after kill -9: {_status()}")
+
+
+def _claude_command(env: dict) -> str:
+    """The shell command that starts the interactive Claude Code in tmux with the test's environment only."""
+    return shlex.join(["env", "-u", "AGENT_MAIL_DB"] + [f"{k}={v}" for k, v in env.items() if k in (
+        "HOME", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY", "DISABLE_TELEMETRY", "ENABLE_TOOL_SEARCH",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "DISABLE_AUTOUPDATER", "PYTHONPATH", "TMPDIR")] + [CLAUDE])
 
 
 def _status() -> dict:
@@ -397,9 +402,7 @@ def test_a_session_idle_before_its_first_prompt_is_woken_by_a_send(project):
     _interactive_home(home, project)
     with FakeModel() as model:
         env = _env(model, home)
-        command = shlex.join(["env", "-u", "AGENT_MAIL_DB"] + [f"{k}={v}" for k, v in env.items() if k in (
-            "HOME", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY", "DISABLE_TELEMETRY", "ENABLE_TOOL_SEARCH",
-            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "DISABLE_AUTOUPDATER", "PYTHONPATH", "TMPDIR")] + [CLAUDE])
+        command = _claude_command(env)
         with Terminal(project.parent, f"agent-mail-first-{os.getpid()}", project, command) as terminal:
             terminal.wait_for(lambda: "❯" in terminal.screen(), 60, "claude did not reach its prompt")
             row = until(lambda: (lambda r: r["sessions"] == 1 and r["watch_state"] == "armed" and r)(_status()), 30,
