@@ -87,6 +87,36 @@ def test_the_blocking_loop_times_out_on_a_sub_floor_deadline(send):
     assert listed == ["b:y"]  # an identity that has only ever watched is still listed
 
 
+@pytest.mark.local_only("the library's blocking loop, called in-process, signalled")
+def test_a_second_signal_while_a_stopped_wait_releases_its_session_still_ends_it_as_stopped(mailbox_path):
+    """SIGTERM, then another while the session is being released (a waiter stood down twice): the wait ends with
+    the first signal's Interrupted, its session released, the process's own handler back; never an exception from
+    inside the release."""
+    before = signal.getsignal(signal.SIGTERM)
+    with open_mailbox() as mailbox:
+        release = mailbox.waits.release
+        seen = []
+
+        def release_signalled(session, reason, **options):
+            seen.append(reason)
+            os.kill(os.getpid(), signal.SIGTERM)  # the second stand-down, as the release starts
+            return release(session, reason, **options)
+
+        mailbox.waits.release = release_signalled
+
+        def look() -> list:
+            os.kill(os.getpid(), signal.SIGTERM)  # the first, while the wait looks
+            return []
+
+        with pytest.raises(errors.Interrupted) as stopped:
+            mailbox.wait_armed("b:y", 30.0, look)
+    assert stopped.value.exit_code == 128 + signal.SIGTERM
+    assert seen == [f"signal {int(signal.SIGTERM)}"]
+    assert signal.getsignal(signal.SIGTERM) is before
+    state, reason = raw_db(mailbox_path).execute("SELECT state, released_reason FROM watch_sessions").fetchone()
+    assert (state, reason) == ("released", f"signal {int(signal.SIGTERM)}")
+
+
 @pytest.mark.local_only("the library's blocking loop, called in-process with its refresh interval shortened")
 def test_the_blocking_loop_refreshes_its_session(monkeypatch, mailbox_path):
     monkeypatch.setattr(model, "REFRESH_SECONDS", 0.1)

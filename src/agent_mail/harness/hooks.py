@@ -52,6 +52,7 @@ INPUT_MAX_BYTES = 4 * 1024 * 1024
 _NON_INTERACTIVE = ("sdk-cli", "sdk-ts", "sdk-py", "mcp")  # CLAUDE_CODE_ENTRYPOINT values of headless runs
 EXIT_WAKE = 2  # what an asyncRewake hook exits with to wake its session
 WATCH_HARNESS_SECONDS = 0.5  # how often a waiter looks at its harness's process where it cannot sleep on a pidfd
+_TOLD: list[bool] = []  # this waiter process's note is out (on stderr): an exit from now on must still wake
 
 
 def read_input(stream=None, harness: str | None = None) -> dict:
@@ -192,6 +193,8 @@ def run(harness: str, event: str, agent: str | None, emit, served=None) -> int:
 
         return waker.start(harness, document, lambda deliver, pid, armed, again: wake_once(
             harness, agent, document, served, deliver, pid, armed, again))
+    if event == "wait":
+        _stand_down_quietly()
 
     def emit_once(document: dict) -> None:
         emit(document)
@@ -287,6 +290,7 @@ def wait(session, minutes: float, deliver=None, harness: int | None = None, arme
     def write_note(told: str) -> None:  # on stderr before the commit: if it cannot be written, it was not told
         sys.stderr.write(told + "\n")
         sys.stderr.flush()
+        _TOLD.append(True)
 
     def alive() -> bool:
         return pid_alive(harness)
@@ -425,4 +429,14 @@ def served_wait(served, harness: str, agent: str, document: dict, deliver=None, 
         return EXIT_WAKE
     sys.stderr.write(result["note"] + "\n")
     sys.stderr.flush()
+    _TOLD.append(True)
     return EXIT_WAKE
+
+
+def _stand_down_quietly() -> None:
+    """A hook's waiter is ended by SIGTERM (a newer waiter, a turn's start, the session's end): outside its wait,
+    which releases its liveness session first, the signal ends the process at once with 0, not 143 (any other
+    status is a hook failure the harness shows the user); with EXIT_WAKE once its note is out, so it still wakes."""
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(EXIT_WAKE if _TOLD else errors.EXIT_OK))

@@ -87,6 +87,15 @@ def restore_handlers(previous: dict) -> None:
         signal.signal(number, handler)
 
 
+def hush_handlers(previous: dict) -> None:
+    """Ignore the signals install_stop_handlers took (`previous`) until restore_handlers: on the way out of a stopped
+    wait, a second signal must not break off the release with an exception nobody catches."""
+    import signal
+
+    for number in previous:
+        signal.signal(number, signal.SIG_IGN)
+
+
 def _not_held(found, held: dict | None):
     """Envelopes `found` (a list, or jsonout.Rendered) without those whose ids are `held`."""
     if not held or not found:
@@ -129,6 +138,7 @@ class Waits:
                 self.release(session, "timeout")
             return found
         except Stopped as stop:
+            hush_handlers(previous)
             self.release(session, f"signal {stop.signum}", quietly=True)
             import signal
 
@@ -143,6 +153,7 @@ class Waits:
                 pass  # the hang-up is what to report; an armed session left as it is turns stale by itself
             raise
         except BaseException:
+            hush_handlers(previous)
             self.release(session, "error", quietly=True)
             raise
         finally:
