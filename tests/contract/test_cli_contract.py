@@ -310,14 +310,20 @@ def test_everyday_commands_import_nothing_they_do_not_need(argv, mailbox_path):
     regular expressions, enum, json, signal, hashlib or ctypes (send checks and indexes plain text with
     str methods; a regex only for text that is not plain), nor the pure-Python `datetime` (its C module
     serves), the `sqlite3` package (its C driver serves) or contextlib (~3 ms between them), nor functools
-    and the collections it brings (the driver's statement cache is functools' C one: ~2 ms)."""
+    and the collections it brings (the driver's statement cache is functools' C one: ~2 ms), nor the file helpers,
+    notification files and errno that only attachments, mirrors, waits and wake-ups need."""
     code = ("import sys; from agent_mail.cli.main import main; code = main(sys.argv[1:]); "
             "heavy = {'re', 'enum', 'json', 'signal', 'hashlib', 'ctypes', 'select', 'typing', 'dataclasses', "
             "'uuid', 'urllib.parse', 'importlib.metadata', 'mcp', 'anyio', 'pydantic', 'psycopg', 'datetime', "
             "'sqlite3', 'contextlib', 'math', 'functools', 'collections', 'types', 'operator', "
             "'textual', 'rich', 'textual_serve', 'plotext', 'aiohttp', 'pathspec', 'agent_mail.parts.wildmatch', "
-            "'agent_mail.operations.reservations', 'agent_mail.parts.repos', 'subprocess'}; "
+            "'agent_mail.operations.reservations', 'agent_mail.parts.repos', 'subprocess', 'errno', "
+            "'agent_mail.files', 'agent_mail.parts.notifications'}; "
             "print(code, sorted(heavy & set(sys.modules)), file=sys.stderr)")
+    first = subprocess.run([sys.executable, "-S", "-c", code, *argv], env=process_env(), capture_output=True,
+                           text=True)
+    # making the mailbox (its folder, its file) takes the file helpers: a first run's, not every run's
+    assert first.stderr.strip().splitlines()[-1] in ("0 []", "0 ['agent_mail.files']"), first.stderr
     proc = subprocess.run([sys.executable, "-S", "-c", code, *argv], env=process_env(), capture_output=True, text=True)
     assert proc.stderr.strip().splitlines()[-1] == "0 []", proc.stderr
 

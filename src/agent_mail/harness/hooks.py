@@ -44,8 +44,7 @@ import os
 import sys
 
 from agent_mail import calls, errors, harnesses, jsonout, model
-from agent_mail.files import process_handle
-from agent_mail.parts.liveness import harness_pid, pid_alive
+from agent_mail.parts.liveness import harness_pid
 from agent_mail.parts.liveness import host_name as _host
 
 INPUT_MAX_BYTES = 4 * 1024 * 1024
@@ -283,6 +282,8 @@ def wait(session, minutes: float, deliver=None, harness: int | None = None, arme
         if armed is not None:
             armed()
         return None  # not idle: its stop was held, or a turn started since the session start that started this
+    from agent_mail.files import pid_alive, process_handle  # a waiter's, not every hook's start
+
     harness = harness or harness_pid()
     handle = process_handle(harness)
     note: list[str] = []
@@ -383,6 +384,8 @@ def served_wait(served, harness: str, agent: str, document: dict, deliver=None, 
 
     if not harnesses.of(harness).wakes_idle or not _waits_here():
         return errors.EXIT_OK
+    from agent_mail.files import pid_alive, process_handle
+
     me, harness_process = _process_token(os.getpid()), pid or harness_pid()
     given = {"harness": harness, "event": "wait", "agent": agent, "session": _session(document, me, harness_process)}
     done = threading.Event()

@@ -32,7 +32,8 @@ import re
 
 from agent_mail import errors, model
 from agent_mail.harnesses.record import WOKEN_FRAME as FRAME
-from agent_mail.parts.liveness import harness_pid, pid_alive
+from agent_mail.files import pid_alive
+from agent_mail.parts.liveness import harness_pid
 
 RETRY_SECONDS = 5.0  # after a delivery that failed (nothing was told), the next try
 ARMED_SECONDS = 10.0  # the longest the hook waits for its waker to arm (a mailbox busy that long: it returns anyway)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 
 from agent_mail import harnesses, model
-from agent_mail.files import pid_alive
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -163,6 +162,8 @@ def _waiting(waiter: str | None) -> bool:
     pid, _, rest = waiter.partition(":")
     if rest.partition("@")[2] != host_name() or not pid.isdigit():
         return True
+    from agent_mail.files import pid_alive  # here, not at the top: files is no part of a brief command's start
+
     return pid_alive(int(pid))
 
 
@@ -248,6 +249,8 @@ def live_sessions(sessions: list[dict], now: _dt.datetime) -> list[dict]:
             if seen is not None and (now - seen).total_seconds() < SERVED_SESSION_SECONDS:
                 live.append(session)
         elif session.get("host") == host and session.get("pid"):
+            from agent_mail.files import pid_alive
+
             if pid_alive(session["pid"]):
                 live.append(session)
         else:

@@ -96,8 +96,6 @@ class Mirrors:
     def render_each(self, wanted: dict[str, tuple[bool, bool]], written: dict | None = None) -> list[dict]:
         """Rewrite, for each agent with a mirror directory, its email mirror and/or system channel (wanted:
         {agent: (email, system)}): every document made first, then all written in one go."""
-        from agent_mail.parts import notifications
-
         results, planned = [], []
         for agent in sorted(wanted):
             email, system = wanted[agent]
@@ -110,6 +108,8 @@ class Mirrors:
                 results.append({"agent": agent, "path": profile["mirror_dir"], "status": "elsewhere"})
                 continue
             self._rendered.add(agent)
+            from agent_mail.parts import notifications  # here: most sends reach nobody with a mirror
+
             if email:
                 planned.append((agent, profile["mirror_dir"], notifications.EMAIL_FILE,
                                 self.unread_mirror(agent, profile, written)))
@@ -117,6 +117,8 @@ class Mirrors:
                 events = self.store.events(agent)
                 planned.append((agent, profile["mirror_dir"], notifications.SYSTEM_FILE,
                                 notifications.system_channel(events) if events else None))
+        if not planned:
+            return results
         return results + notifications.write_documents(planned, self._journal, self._new_folders)
 
     def unread_mirror(self, agent: str, profile: dict | None, written: dict | None = None) -> dict | None:

@@ -238,11 +238,11 @@ class SQLiteStore(SQLStore):
     def connect(self) -> sqlite3.Connection:
         import stat
 
-        from agent_mail import files
-
         directory = os.path.dirname(os.path.abspath(self.path))
         try:
             if not os.path.isdir(directory):
+                from agent_mail import files
+
                 files.make_private_dirs(directory)
             try:
                 info = os.stat(self.path)

@@ -169,14 +169,14 @@ def ring_bells(path: str, recipients) -> None:
     pipes. Never blocks and never fails a send: a pipe whose reader is gone (its watch was killed) is
     removed once its process is gone, and mail whose wake-up is lost is still found by every watch's
     periodic look at the mailbox."""
-    import errno
-    import stat
-
     bells = bell_dir(path)
     try:
         names = os.listdir(bells)
     except OSError:
-        return
+        return  # no watch has ever waited here
+    import errno
+    import stat
+
     everyone = "*" in recipients
     for name in names:
         agent, at, owner = name.partition("@")
@@ -237,13 +237,13 @@ def pipe_presence(path: str, agent: str | None, skip=()) -> dict[str, tuple]:
     (or all) that have a pipe: held True, its watch holds the pipe's lock (alive); False, its watch is gone
     (killed); None, its watch holds no lock (an older agent-mail, or no locks here) and is alive by its
     process, so its refreshes tell."""
-    from agent_mail import files
-
     bells = bell_dir(path)
     try:
         names = os.listdir(bells)
     except OSError:
         return {}
+    from agent_mail import files  # only where some watch has waited (a brief command's start does without it)
+
     found = {}
     for name in names:
         identity, at, owner = name.partition("@")
