@@ -240,6 +240,18 @@ def _waiter(session: str = "s-1", **env) -> subprocess.Popen:
     return proc
 
 
+def _woken_now(waiter: subprocess.Popen) -> dict:
+    """The status row once it says the session is woken now (its waiter armed). Through a server the waiter first
+    glances (armed for a moment, to name the waiter it replaces and look at once), then waits: a status read between
+    the two says "told at its next prompt", which promises less than happens, never more."""
+    armed(AGENT, procs=[waiter])
+
+    def woken() -> dict | None:
+        row = _status()
+        return row if row["reached_by"].startswith("woken now") else None
+    return until(woken, what=lambda: _status()["reached_by"])
+
+
 def test_the_waiter_exits_2_with_the_envelopes_when_new_mail_lands():
     context("SessionStart")
     send("already told")
@@ -316,8 +328,7 @@ def test_a_waiter_ends_with_its_killed_harness_at_once_and_a_zombie_harness_is_n
         document = json.dumps(claude_input("SessionStart")).encode()
         assert am_process("hook", "claude-code", "context", "--agent", AGENT, input=document, env=env).returncode == 0
         waiter = _waiter(CLAUDE_PID=str(harness.pid))
-        armed(AGENT, procs=[waiter])
-        assert _status()["reached_by"].startswith("woken now (a live Claude Code session")
+        assert _woken_now(waiter)["reached_by"].startswith("woken now (a live Claude Code session")
         harness.kill()  # not reaped: a zombie until harness.wait() below
         until(lambda: _require_reachable().returncode == 3, 3.0,
               lambda: f"still reachable after its harness was killed: {_status()}")
@@ -353,8 +364,7 @@ def test_a_turns_start_stands_the_waiter_down_and_mail_is_told_after_the_next_to
     context("SessionStart")
     waiter = _waiter(CLAUDE_PID=str(os.getpid()))
     try:
-        armed(AGENT, procs=[waiter])
-        assert _status()["reached_by"].startswith("woken now")
+        _woken_now(waiter)
         assert context("UserPromptSubmit") is None  # the next turn starts
         assert waiter.wait(timeout=20) == 0 and waiter.stderr.read() == b""
         row = _status()
@@ -372,8 +382,7 @@ def test_a_turns_start_stands_the_waiter_down_and_mail_is_told_after_the_next_to
     assert hook("stop", claude_input("Stop")).stdout == b""
     again = _waiter(CLAUDE_PID=str(os.getpid()))
     try:
-        armed(AGENT, procs=[again])
-        assert _status()["reached_by"].startswith("woken now")
+        _woken_now(again)
     finally:
         again.kill()
         again.wait()
