@@ -276,7 +276,7 @@ def test_a_newer_waiter_replaces_the_older_so_one_wake_per_mail():
     context("SessionStart")
     older = _waiter(CLAUDE_PID=str(os.getpid()))
     try:
-        armed(AGENT)
+        _woken_now(older)
         newer = _waiter(CLAUDE_PID=str(os.getpid()))
         try:
             assert older.wait(timeout=20) == 0  # ended quietly: no wake, and no hook failure to show
