@@ -17,6 +17,9 @@ from tests.lib.cli import am_process, as_a_user, process_env
 from tests.lib.waiting import armed, presences, until
 
 pytestmark = pytest.mark.backends  # every test here runs on SQLite and on PostgreSQL
+# Setup of the mailbox itself: the stdio MCP entries and hook files it writes (through a server it writes remote
+# entries, which tests/functional/test_server_hooks.py and test_server_mcp.py check).
+LOCAL_SETUP = pytest.mark.local_only("setup of the mailbox itself (through a server: test_server_hooks, _mcp)")
 
 AGENT = "proj:coder"
 
@@ -189,6 +192,7 @@ def _require_reachable(to: str = AGENT) -> subprocess.CompletedProcess:
     return am_process("send", "--from", "team:carl", "--to", to, "--subject", "still there?", "--require-reachable")
 
 
+@pytest.mark.local_only("reads the dashboard's fleet in-process from the mailbox itself")
 @pytest.mark.parametrize("harness", harnesses.NAMES)
 def test_a_live_harness_session_is_reachable_while_it_works_and_says_how(harness):
     """Issue 20 #1: a session at work (no watch armed: its last one was released) will be told at its next tool
@@ -456,6 +460,7 @@ def setup(directory, *extra: str, **kwargs):
     return am_process("setup", "claude-code", "--agent", AGENT, "--dir", str(directory), *extra, **kwargs)
 
 
+@LOCAL_SETUP
 def test_setup_merges_into_existing_settings_and_leaves_the_rest(tmp_path):
     settings = tmp_path / ".claude" / "settings.local.json"
     settings.parent.mkdir()
@@ -497,6 +502,7 @@ def test_setup_merges_into_existing_settings_and_leaves_the_rest(tmp_path):
     assert not (tmp_path / ".agent-mail-db").exists()
 
 
+@LOCAL_SETUP
 def test_setup_dry_run_shows_the_diff_and_writes_nothing(tmp_path):
     done = setup(tmp_path, "--dry-run")
     result = json.loads(done.stdout)
@@ -528,6 +534,7 @@ def test_setup_on_a_read_only_directory_changes_nothing(tmp_path):
     assert list(project.iterdir()) == []
 
 
+@LOCAL_SETUP
 def test_setup_over_an_unreadable_settings_path_writes_nothing(tmp_path):
     (tmp_path / ".claude").write_text("a file where the settings directory would go")
     done = setup(tmp_path)
@@ -672,6 +679,7 @@ def test_gemini_hooks_answer_in_its_schema():
     assert run("stop", "AfterAgent", prompt="go", prompt_response="ok", stop_hook_active=True) == {}
 
 
+@LOCAL_SETUP
 def test_setup_codex_writes_its_toml_and_hooks_and_takes_out_only_its_own(tmp_path):
     import tomllib
 
@@ -792,6 +800,7 @@ def test_setup_qwen_and_copilot_merge_into_their_files_and_remove_exactly(tmp_pa
         assert json.loads(path.read_text())["dualOutput"] == {"inputFile": "/srv/mine.jsonl", "jsonFile": "/srv/o"}
 
 
+@LOCAL_SETUP
 def test_setup_opencode_merges_into_opencode_json_writes_its_plugin_and_removes_exactly(tmp_path):
     """The project's opencode.json (its provider settings written first) keeps every key; the MCP server goes under
     mcp.agent-mail; the plugin runs `hook opencode` with this identity and mailbox; --dry-run writes nothing; a second
@@ -890,6 +899,7 @@ def test_setup_gemini_writes_one_settings_file(tmp_path):
     assert json.loads(settings.read_text()) == {"theme": "Dracula", "mcpServers": {"other": {"command": "x"}}}
 
 
+@LOCAL_SETUP
 @pytest.mark.parametrize("harness", harnesses.NAMES)
 def test_setup_then_remove_in_an_empty_directory_leaves_it_empty(tmp_path, harness):
     tmp_path = tmp_path / "project"  # beside the test's mailbox
@@ -957,6 +967,7 @@ def test_a_plain_shell_in_the_project_finds_the_mailbox_setup_recorded(tmp_path)
     assert refused.returncode == 2 and "names no mailbox" in json.loads(refused.stderr)["error"]
 
 
+@LOCAL_SETUP
 @pytest.mark.parametrize("first", ["claude-code", "copilot"])
 def test_claude_code_and_copilot_share_mcp_json_in_either_order(tmp_path, first):
     """Both read DIR/.mcp.json; Copilot CLI cannot start Claude Code's shared entry (no AGENT_MAIL_PYTHON in its
