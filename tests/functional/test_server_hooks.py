@@ -115,6 +115,41 @@ def _stop(*procs: subprocess.Popen) -> None:
                 stream.close()
 
 
+@pytest.mark.parametrize("harness", ["claude-code", "gemini"])
+def test_a_harness_killed_mid_turn_stops_counting_through_the_server_within_seconds(server, harness):
+    """The server cannot see the agent's processes, and a harness killed in the middle of a turn runs no end hook
+    and has no waiter of ours watching it. The session's first hook through the server starts a watcher on the
+    agent's machine (agent_mail.harness.ends), which ends the session once the harness is gone: status and
+    --require-reachable stop counting it within seconds, not after 10 minutes of silence. The watcher goes too."""
+    from agent_mail.files import pid_alive
+    from agent_mail.harness import ends
+
+    token = server.token("--agent", AGENT)
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    start, prompt = NAMES[harness][0], NAMES[harness][1]
+    try:
+        for event in (start, prompt):  # a turn under way: no waiter runs
+            done = _served(server, token, harness, "context", {"session_id": "killed", "hook_event_name": event},
+                           CLAUDE_PID=str(process.pid))
+            assert done.returncode == 0, done.stderr
+        row = _status()
+        assert row["sessions"] == 1 and row["reachable"] and row["reached_by"].startswith("told at its next")
+        assert [n for n in os.listdir(ends.ends_directory()) if n.startswith(f"{process.pid}-")]  # its watcher
+        process.kill()
+        process.wait()
+        until(lambda: _status()["sessions"] == 0, 10, lambda: f"still counted after its harness died: {_status()}")
+        refused = am_process("send", "--from", "boss:lead", "--to", AGENT, "--subject", "anyone?",
+                             "--require-reachable")
+        assert refused.returncode == 3, refused.stdout
+        until(lambda: not [n for n in os.listdir(ends.ends_directory()) if n.startswith(f"{process.pid}-")], 10,
+              "the watcher's lock file outlived it")
+        assert not pid_alive(process.pid)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
 def test_the_waiter_blocks_through_the_server_and_lives_and_dies_with_its_harness(server):
     token = server.token("--agent", AGENT)
     harness = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])

@@ -19,9 +19,9 @@ hook_event_name, ...); what each harness sends and takes, its events and its too
   ends when the harness process does. Codex and Qwen Code (SessionStart and Stop): starts the session's waker
   detached and returns once it is armed (harness.waker: the same wait, run by wake_once, the envelopes handed over
   as a prompt through the harness's own way in). A harness woken only under `agent-mail run` has no waiter.
-- end: SessionEnd. The session stops counting as live; its waiter is ended. A harness with no session-end hook
-  (its record's end_watch): through a server, which cannot see the harness's process, a detached watcher started by
-  its first hook ends the session when the harness exits.
+- end: SessionEnd. The session stops counting as live; its waiter is ended. Through a server, which cannot see the
+  harness's process, a detached watcher started by the session's first hook ends the session when the harness
+  exits, killed mid-turn or with no session-end hook (harness.ends).
 
 A hook of a subagent (its input carries the record's subagent_key) tells nothing: its parent session is told; its
 edits are guarded all the same.
@@ -349,10 +349,11 @@ def _served(served, harness: str, event: str, agent: str, document: dict, emit) 
     if result.get("output") is not None:
         emit(result["output"])
     _end_waiter(result.get("waiter"))
-    end_watch = harnesses.of(harness).end_watch
-    if end_watch is not None:  # no session-end hook: a detached watcher ends the session when the harness exits
+    if event != "end":  # the server cannot see this machine: a watcher here ends the session when the harness does
+        from agent_mail.harness import ends
+
         pid = harness_pid()
-        end_watch(pid, document["session_id"], lambda: served.call("hook", {
+        ends.watch(pid, document["session_id"], lambda: served.call("hook", {
             "harness": harness, "event": "end", "agent": agent, "session": _session(document, None, pid)},
             timeout=10.0))
     return errors.EXIT_OK

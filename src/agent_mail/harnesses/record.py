@@ -74,8 +74,6 @@ class Harness:
         "empty_prompt",  # what its screen shows while its prompt is empty (`agent-mail run`)
         "told_at_prompt",  # whether a prompt hook tells the mail when run's typed line lands (run waits for that);
         # if not, the woken turn's own hooks tell it, and the wake is done once the line is entered
-        "end_watch",  # (pid, session_id, end) for a harness with no session-end hook: through a server (which cannot
-        # see the process), end() once the harness process `pid` exits (None: its end hook says so)
         # -- what `agent-mail setup` writes (agent_mail.harness.setup)
         "plans",  # (kit, root, agent, mailbox, remove) -> the plans of its files
         "hook_entry",  # (command, event, extra) -> one of our hooks in its settings' shape
@@ -94,7 +92,7 @@ class Harness:
                  stop_decision: str = "block", stop_output=_stop, starts: bool = True, subagent_key: str | None = None,
                  quiet: dict | None = None, tool: str = "the agent-mail MCP tool {}", edit_tools: tuple[str, ...] = (),
                  patch_tools: tuple[str, ...] = (), denial=_denial, empty_prompt: tuple[str, ...] = (),
-                 told_at_prompt: bool = True, end_watch=None, hook_entry=_hook_entry, hook_entries=None,
+                 told_at_prompt: bool = True, hook_entry=_hook_entry, hook_entries=None,
                  token_reader: str = "the settings", mcp: bool = True, remote_note=None):
         given = dict(locals())
         for field in self.__slots__:

@@ -185,71 +185,6 @@ def plans(kit, root: str, agent: str, mailbox: str, remove: bool) -> list[dict]:
     return [hooks_plan(root, agent, mailbox, remove, kit.hook_base(), kit.planned)]
 
 
-def ends_directory() -> str:
-    """Where the watchers of served Vibe sessions keep their lock files ($XDG_STATE_HOME/agent-mail/vibe-ends)."""
-    state = os.environ.get("XDG_STATE_HOME", "").strip()
-    if not state or not os.path.isabs(state):
-        state = os.path.join(os.path.expanduser("~"), ".local", "state")
-    return os.path.join(state, "agent-mail", "vibe-ends")
-
-
-def watch_end(pid: int | None, session_id: str, end) -> None:
-    """Through an agent-mail server, which cannot see the harness's process: make sure one detached watcher per
-    session waits for the Vibe process `pid` to end, then calls `end()` (the served `end` hook), so the session
-    stops counting as live within about a second of Vibe's exit (Vibe has no session-end hook). The watcher holds an
-    flock on its file while it runs: a hook that finds it held starts none."""
-    import fcntl
-
-    from agent_mail import files
-    from agent_mail.files import pid_alive
-
-    if pid is None or not pid_alive(pid):
-        return
-    directory = ends_directory()
-    try:
-        files.make_private_dirs(directory)
-        name = hashlib.sha256(session_id.encode("utf-8", "surrogateescape")).hexdigest()[:24]
-        fd = os.open(os.path.join(directory, f"{pid}-{name}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
-    except (OSError, errors.AgentMailError):
-        return  # best effort: without it the session still ends once it has been quiet a while
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        return  # its watcher runs
-    path = os.path.join(directory, f"{pid}-{name}.lock")
-    first = os.fork()
-    if first:
-        os.close(fd)
-        os.waitpid(first, 0)
-        return
-    try:  # the first child: a session of its own, then the watcher as its child, which init adopts
-        os.setsid()
-        if os.fork():
-            os._exit(0)
-        null = os.open(os.devnull, os.O_RDWR)
-        for stream in (0, 1, 2):
-            os.dup2(null, stream)
-        os.closerange(3, fd)  # Vibe waits for the hook's pipes to close: the watcher holds none
-        os.closerange(fd + 1, 1024)
-        import signal
-        import time
-
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
-        while pid_alive(pid):
-            time.sleep(0.25)
-        try:
-            end()
-        except errors.AgentMailError:
-            pass  # the session stops counting by itself once it has been quiet a while
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
-    finally:
-        os._exit(0)
-
-
 HARNESS = Harness(
     name=NAME,
     title="Mistral Vibe",
@@ -270,7 +205,6 @@ HARNESS = Harness(
     # it; an approval dialog takes its place).
     empty_prompt=("\n>\n",),
     told_at_prompt=False,
-    end_watch=watch_end,
     plans=plans,
     set_up_at=set_up_at,
     mcp=False,
