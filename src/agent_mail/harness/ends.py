@@ -49,14 +49,19 @@ def watch(pid: int | None, session_id: str, end) -> None:
         return
     import fcntl
 
-    from agent_mail import files
-
     directory = ends_directory()
     path = os.path.join(directory, _name(pid, session_id))
-    try:
-        files.make_private_dirs(directory)
+    try:  # every served hook comes here: its directory is made only the first time
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    except (OSError, errors.AgentMailError):
+    except FileNotFoundError:
+        from agent_mail import files
+
+        try:
+            files.make_private_dirs(directory)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except (OSError, errors.AgentMailError):
+            return
+    except OSError:
         return
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -102,9 +107,5 @@ def _wait_for_end(pid: int) -> None:
 
     handle = process_handle(pid)
     while pid_alive(pid):
-        if handle is not None:
-            wait_readable([handle], 5.0)  # a zombie's pidfd reads as ready: pid_alive then says it ended
-            if pid_alive(pid):
-                time.sleep(POLL_SECONDS)  # ready yet alive: not a pidfd's answer to trust; look as without one
-        else:
-            time.sleep(POLL_SECONDS)
+        if handle is None or wait_readable([handle], 5.0):  # ready: it ended (pid_alive says so next)
+            time.sleep(POLL_SECONDS if handle is None else 0.01)  # never a busy loop on a pidfd that stays ready
