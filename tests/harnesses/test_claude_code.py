@@ -8,6 +8,7 @@ is not installed; required in CI.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -357,19 +358,24 @@ def test_a_killed_interactive_session_is_not_reachable_at_once(project):
     harness's process), so a send that requires a reachable recipient refuses at once, not 2-4 s later."""
     import signal
 
+    with FakeModel() as model, _at_its_prompt(project, model, "test") as terminal:
+        terminal.type("hello", "Enter")
+        armed(AGENT, timeout=60)
+        claude = int(subprocess.run([*terminal.tmux, "display-message", "-p", "-t", terminal.name,
+                                     "#{pane_pid}"], check=True, capture_output=True, text=True).stdout)
+        os.kill(claude, signal.SIGKILL)
+        until(lambda: _refused(), 3.0, lambda: f"still reachable after kill -9: {_status()}")
+
+
+@contextlib.contextmanager
+def _at_its_prompt(project, model, name: str):
+    """An interactive Claude Code on `model`, in a tmux session of its own, once it shows its prompt."""
     home = project.parent / "home"
     _interactive_home(home, project)
-    with FakeModel() as model:
-        env = _env(model, home)
-        command = _claude_command(env)
-        with Terminal(project.parent, f"agent-mail-test-{os.getpid()}", project, command) as terminal:
-            terminal.wait_for(lambda: "❯" in terminal.screen(), 60, "claude did not reach its prompt")
-            terminal.type("hello", "Enter")
-            armed(AGENT, timeout=60)
-            claude = int(subprocess.run([*terminal.tmux, "display-message", "-p", "-t", terminal.name,
-                                         "#{pane_pid}"], check=True, capture_output=True, text=True).stdout)
-            os.kill(claude, signal.SIGKILL)
-            until(lambda: _refused(), 3.0, lambda: f"still reachable after kill -9: {_status()}")
+    command = _claude_command(_env(model, home))
+    with Terminal(project.parent, f"agent-mail-{name}-{os.getpid()}", project, command) as terminal:
+        terminal.wait_for(lambda: "❯" in terminal.screen(), 60, "claude did not reach its prompt")
+        yield terminal
 
 
 def _claude_command(env: dict) -> str:
@@ -398,23 +404,17 @@ def test_a_session_idle_before_its_first_prompt_is_woken_by_a_send(project):
     """Issue 33 #7: Claude Code started and idle at its prompt, nobody having typed: its SessionStart hook armed the
     asyncRewake waiter (as a Stop does), so status says "woken now" (not "at work", not "told at its next prompt"),
     and mail sent from another process starts a turn that tells it, once."""
-    home = project.parent / "home"
-    _interactive_home(home, project)
-    with FakeModel() as model:
-        env = _env(model, home)
-        command = _claude_command(env)
-        with Terminal(project.parent, f"agent-mail-first-{os.getpid()}", project, command) as terminal:
-            terminal.wait_for(lambda: "❯" in terminal.screen(), 60, "claude did not reach its prompt")
-            row = until(lambda: (lambda r: r["sessions"] == 1 and r["watch_state"] == "armed" and r)(_status()), 30,
-                        lambda: f"the session start armed no waiter: {_status()}")
-            assert row["reachable"] and row["reached_by"].startswith("woken now (a live Claude Code"), row
-            assert not [r for r in model.requests if _main_loop(r)]  # nobody typed: no turn yet
-            assert am_process("send", "--from", "boss:lead", "--to", AGENT, "--subject", "Before any prompt",
-                              env=process_env()).returncode == 0
-            woken = model.wait_for(lambda r: _main_loop(r) and "Before any prompt" in json.dumps(r["messages"]),
-                                   timeout=30)
-            assert woken is not None, f"the idle session was not woken:\n{terminal.screen()}"
-            said = json.dumps(woken["messages"])
-            assert "agent-mail: new mail arrived while you were idle" in said and said.count("Before any prompt") == 1
-            assert len([r for r in model.requests if _main_loop(r)]) == 1  # the wake's turn, nobody typed
-            armed(AGENT, timeout=60)  # the woken turn's Stop armed the next waiter
+    with FakeModel() as model, _at_its_prompt(project, model, "first") as terminal:
+        row = until(lambda: (lambda r: r["sessions"] == 1 and r["watch_state"] == "armed" and r)(_status()), 30,
+                    lambda: f"the session start armed no waiter: {_status()}")
+        assert row["reachable"] and row["reached_by"].startswith("woken now (a live Claude Code"), row
+        assert not [r for r in model.requests if _main_loop(r)]  # nobody typed: no turn yet
+        assert am_process("send", "--from", "boss:lead", "--to", AGENT, "--subject", "Before any prompt",
+                          env=process_env()).returncode == 0
+        woken = model.wait_for(lambda r: _main_loop(r) and "Before any prompt" in json.dumps(r["messages"]),
+                               timeout=30)
+        assert woken is not None, f"the idle session was not woken:\n{terminal.screen()}"
+        said = json.dumps(woken["messages"])
+        assert "agent-mail: new mail arrived while you were idle" in said and said.count("Before any prompt") == 1
+        assert len([r for r in model.requests if _main_loop(r)]) == 1  # the wake's turn, nobody typed
+        armed(AGENT, timeout=60)  # the woken turn's Stop armed the next waiter

@@ -121,10 +121,7 @@ def test_an_idle_opencode_is_woken_by_mail_its_stop_held_once_and_it_ends_with_o
     after /exit the session no longer counts as live and its waiter is gone."""
     model.script = mail_during_the_turn(family.main, lambda request: request["messages"],
                                         lambda: send_urgent_mail(AGENT))
-    env = _env(project)
-    passed = [k for k in env if k.startswith(("OPENCODE_", "npm_config_"))
-              or k in ("HOME", "PWD", "TMPDIR", "PYTHONPATH", "PATH")]
-    command = shlex.join(["env", "-u", "AGENT_MAIL_DB", *(f"{k}={env[k]}" for k in passed), OPENCODE])
+    command = _tui_command(project)
     with Terminal(project.parent, f"agent-mail-opencode-{os.getpid()}", project, command) as terminal:
         terminal.wait_for(lambda: "Ask anything" in terminal.screen(), 60, "opencode did not reach its prompt")
         terminal.type("Do the task.", "Enter")
@@ -176,10 +173,7 @@ def test_a_killed_opencode_is_not_reachable_at_once(project, model):
     import signal
 
     model.script = lambda request: [{"type": "text", "text": "ok from the model"}] if family.main(request) else None
-    env = _env(project)
-    passed = [k for k in env if k.startswith(("OPENCODE_", "npm_config_"))
-              or k in ("HOME", "PWD", "TMPDIR", "PYTHONPATH", "PATH")]
-    command = shlex.join(["env", "-u", "AGENT_MAIL_DB", *(f"{k}={env[k]}" for k in passed), OPENCODE])
+    command = _tui_command(project)
     with Terminal(project.parent, f"agent-mail-opencode-{os.getpid()}", project, command) as terminal:
         terminal.wait_for(lambda: "Ask anything" in terminal.screen(), 60, "opencode did not reach its prompt")
         terminal.type("hello", "Enter")
@@ -188,6 +182,15 @@ def test_a_killed_opencode_is_not_reachable_at_once(project, model):
                                       capture_output=True, text=True).stdout.split()[0])
         os.kill(opencode, signal.SIGKILL)
         until(_refused, 3.0, lambda: f"still reachable after kill -9: {status_of(AGENT)}")
+
+
+def _tui_command(project) -> str:
+    """The shell command that starts OpenCode's TUI in tmux with the test's environment only (no AGENT_MAIL_DB: the
+    plugin names the mailbox itself)."""
+    env = _env(project)
+    passed = [k for k in env if k.startswith(("OPENCODE_", "npm_config_"))
+              or k in ("HOME", "PWD", "TMPDIR", "PYTHONPATH", "PATH")]
+    return shlex.join(["env", "-u", "AGENT_MAIL_DB", *(f"{k}={env[k]}" for k in passed), OPENCODE])
 
 
 def _refused() -> bool:
@@ -207,10 +210,7 @@ def test_an_opencode_idle_before_its_first_prompt_listens_and_mail_opens_a_sessi
     mail then opens a session, shown in the TUI, whose first request tells the envelope, once. From then on it is
     that session's (one live session; its own waiter armed when the turn ends); /exit ends it."""
     model.script = lambda request: [{"type": "text", "text": "woken and on it"}] if family.main(request) else None
-    env = _env(project)
-    passed = [k for k in env if k.startswith(("OPENCODE_", "npm_config_"))
-              or k in ("HOME", "PWD", "TMPDIR", "PYTHONPATH", "PATH")]
-    command = shlex.join(["env", "-u", "AGENT_MAIL_DB", *(f"{k}={env[k]}" for k in passed), OPENCODE])
+    command = _tui_command(project)
     with Terminal(project.parent, f"agent-mail-opencode-start-{os.getpid()}", project, command) as terminal:
         terminal.wait_for(lambda: "Ask anything" in terminal.screen(), 60, "opencode did not reach its prompt")
         row = until(lambda: (lambda r: r["watch_state"] == "armed" and r)(status_of(AGENT)), 30,
